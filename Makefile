@@ -1,0 +1,47 @@
+# Self-documenting Makefile: `make help` lists the targets.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+
+help: ## Show this help
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first, pinned to the CPU build, so nothing pulls a CUDA wheel.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[dev,bench]"
+	touch $(STAMP)
+
+venv: $(STAMP) ## Create .venv and install the project with its dev extras
+
+train: $(STAMP) ## Train the default experiment (ppo_nav); pass extra overrides with ARGS="..."
+	$(BIN)/python train.py +experiment=ppo_nav $(ARGS)
+
+test: $(STAMP) ## Run the test suite (what CI runs)
+	$(BIN)/python -m pytest -q $(ARGS)
+
+lint: $(STAMP) ## ruff check + format check
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: $(STAMP) ## Format the code with ruff
+	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
+
+smoke: $(STAMP) ## A tiny end-to-end training run
+	$(BIN)/python train.py +experiment=ppo_nav +debug=smoke
+
+sweep-dry: $(STAMP) ## Show the composed ppo_nav config, resolved
+	$(BIN)/python train.py +experiment=ppo_nav --cfg job --resolve
+
+bench: $(STAMP) ## Training-throughput benchmark: ours vs stable-baselines3
+	$(BIN)/python bench/train_fps.py $(ARGS)
+
+clean-outputs: ## Remove outputs/ and local wandb files
+	rm -rf outputs wandb
+
+.PHONY: help venv train test lint format smoke sweep-dry bench clean-outputs

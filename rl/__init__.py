@@ -1,0 +1,1 @@
+"""rl: a Hydra-configured on-policy RL framework."""

@@ -1,0 +1,49 @@
+"""Any registered gymnasium environment as a task, with optional wrappers.
+
+``conf/task/gym.yaml`` points here: ``task=gym task.env_id=CartPole-v1`` trains on CartPole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+
+
+def make_gym_env(
+    *,
+    env_id: str,
+    env_kwargs: Mapping[str, Any] | None = None,
+    wrappers: Sequence[Callable[[gym.Env], gym.Env]] | None = None,
+    render_mode: str | None = None,
+) -> gym.Env:
+    """Build ``gymnasium.make(env_id, **env_kwargs)`` and apply ``wrappers`` in order.
+
+    Args:
+        env_id: A registered gymnasium id, e.g. ``CartPole-v1`` or ``rl/PointNav-v0``.
+        env_kwargs: Keyword arguments for the environment's constructor.
+        wrappers: Callables taking and returning an env, applied innermost first; in YAML,
+            ``{_target_: gymnasium.wrappers.TimeLimit, _partial_: true, max_episode_steps: 200}``.
+        render_mode: Passed to ``gymnasium.make`` (``rgb_array`` for videos).
+
+    Returns:
+        The wrapped environment.
+    """
+    import rl.tasks  # noqa: F401  (registers this project's environments in this process)
+
+    kwargs = dict(env_kwargs or {})
+    if render_mode is not None:
+        kwargs["render_mode"] = render_mode
+    try:
+        env = gym.make(env_id, **kwargs)
+    except gym.error.Error as e:
+        raise ValueError(f"task.env_id={env_id!r}: {e}") from e
+    for wrap in wrappers or ():
+        env = wrap(env)
+    if not isinstance(env.action_space, gym.spaces.Discrete):
+        raise ValueError(
+            f"task.env_id={env_id!r} has action space {env.action_space}; "
+            "only Discrete action spaces are supported"
+        )
+    return env
