@@ -1,0 +1,104 @@
+"""Checkpoint files: sortable names, atomic writes, safe loading.
+
+Names are ``ckpt_stage{SS}_step{NNNNNNNNNNNN}.pt`` so that a plain sort is step order; a
+``latest`` file beside them names the newest. Files are written to a temporary name, fsynced
+and renamed, so a crash mid-write never leaves a corrupt file under a checkpoint name. Loading
+uses ``torch.load(weights_only=True)``: a checkpoint that needs arbitrary unpickling is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CHECKPOINT_DIR = "checkpoints"
+LATEST = "latest"
+_NAME_RE = re.compile(r"^ckpt_stage(\d+)_step(\d+)\.pt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be found or read."""
+
+
+def checkpoint_name(stage: int, env_steps: int) -> str:
+    """Sortable file name for a checkpoint at ``stage`` and global ``env_steps``."""
+    return f"ckpt_stage{stage:02d}_step{env_steps:012d}.pt"
+
+
+def parse_checkpoint_name(path: str | Path) -> tuple[int, int] | None:
+    """``(stage, env_steps)`` from a checkpoint file name, or None."""
+    m = _NAME_RE.match(Path(path).name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps: int) -> Path:
+    """Atomically write ``state`` to ``run_dir/checkpoints/<name>`` and update ``latest``."""
+    path = Path(run_dir) / CHECKPOINT_DIR / checkpoint_name(stage, env_steps)
+    _atomic_write(path, lambda f: torch.save(state, f))
+    _atomic_write(path.parent / LATEST, lambda f: f.write(path.name.encode()))
+    return path
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Checkpoints of a run in step order."""
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if parse_checkpoint_name(p) is not None]
+    return sorted(found, key=lambda p: parse_checkpoint_name(p)[::-1])  # type: ignore[index]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path:
+    """The newest checkpoint of a run (via ``latest``, else the last in step order)."""
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    pointer = folder / LATEST
+    if pointer.is_file():
+        candidate = folder / pointer.read_text().strip()
+        if candidate.is_file():
+            return candidate
+    found = list_checkpoints(run_dir)
+    if not found:
+        raise CheckpointError(f"no checkpoint in {folder}")
+    return found[-1]
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint safely (``weights_only=True``), with a clear error if that fails."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:
+        raise CheckpointError(
+            f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0]}\n"
+            "(checkpoints are loaded with weights_only=True; a file that needs arbitrary "
+            "unpickling is refused)"
+        ) from e
+    if not isinstance(state, dict) or "model" not in state or "config" not in state:
+        raise CheckpointError(f"{path} is not a checkpoint of this project (no model/config)")
+    return state

@@ -1,0 +1,101 @@
+"""Evaluation on a fixed list of seeded episodes (every episode counted exactly once)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from rl.engine.trainer import episode_metric_key, obs_to_torch
+from rl.models.actor_critic import ActorCritic
+from rl.sampling.serial import SerialSampler
+
+
+@dataclasses.dataclass
+class EvalResult:
+    """Outcome of an evaluation.
+
+    Attributes:
+        metrics: Mean of each episode metric (``success``, ``spl``, ``return``, ...).
+        episodes: One record per episode, in episode-list order, with its ``episode_seed``.
+    """
+
+    metrics: dict[str, float]
+    episodes: list[dict[str, Any]]
+
+    def as_logged(self, prefix: str = "eval") -> dict[str, float]:
+        """Metrics under logged names, e.g. ``eval/success``, ``eval/episodic_return``."""
+        return {
+            f"{prefix}/{episode_metric_key(k).split('/', 1)[1]}": v
+            for k, v in self.metrics.items()
+        }
+
+
+def episode_seed_list(num_episodes: int, first_seed: int) -> list[int]:
+    """The fixed evaluation episode list: seeds ``first_seed .. first_seed + n - 1``."""
+    return list(range(first_seed, first_seed + num_episodes))
+
+
+@torch.no_grad()
+def evaluate_policy(
+    *,
+    model: ActorCritic,
+    task: Mapping[str, Any],
+    episode_seeds: Sequence[int],
+    num_envs: int = 16,
+    deterministic: bool = False,
+    action_seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> EvalResult:
+    """Run ``model`` on every episode of ``episode_seeds`` once.
+
+    Each environment runs a contiguous share of the list; one that has finished its share is
+    paused (dropped from the batch, its recurrent state included) until all are done.
+
+    Args:
+        model: The policy.
+        task: Plain task config (``_target_`` + arguments).
+        episode_seeds: Seeds of the episodes to run.
+        num_envs: Environments stepped together (capped at the number of episodes).
+        deterministic: Argmax actions instead of sampled ones.
+        action_seed: Seed of the generator that samples actions (sampled mode).
+        device: Where the model runs.
+
+    Returns:
+        Mean metrics and per-episode records.
+    """
+    device = torch.device(device)
+    model.eval()
+    generator = torch.Generator(device=device).manual_seed(action_seed)
+    records: dict[int, dict[str, Any]] = {}
+    with SerialSampler(task=task, num_envs=num_envs, episode_seeds=episode_seeds) as sampler:
+        obs_np, _ = sampler.reset()
+        obs = obs_to_torch(obs_np, device)
+        n = sampler.num_envs
+        starts = torch.ones(n, dtype=torch.bool, device=device)
+        hidden = model.initial_hidden(n, device)
+        while sampler.num_active:
+            actions, _, _, _, hidden = model.act(obs, starts, hidden, deterministic, generator)
+            result = sampler.step(actions.cpu().numpy())
+            for ep in result.episodes:
+                assert ep.episode_seed is not None
+                records[ep.episode_seed] = {"episode_seed": ep.episode_seed, **ep.metrics}
+            keep = torch.from_numpy(~result.paused).to(device)
+            obs = {k: v[keep] for k, v in obs_to_torch(result.obs, device).items()}
+            starts = torch.from_numpy(result.terminated | result.truncated).to(device)[keep]
+            hidden = hidden[:, keep]
+    if len(records) != len(episode_seeds):
+        raise RuntimeError(
+            f"evaluation finished {len(records)} episodes, expected {len(episode_seeds)}"
+        )
+    episodes = [records[s] for s in episode_seeds]
+    keys = [k for k in episodes[0] if k != "episode_seed"]
+    metrics = {}
+    for k in keys:
+        values = [float(e[k]) for e in episodes if k in e and not math.isnan(float(e[k]))]
+        metrics[k] = float(np.mean(values)) if values else float("nan")
+    return EvalResult(metrics=metrics, episodes=episodes)

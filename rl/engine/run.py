@@ -1,0 +1,265 @@
+"""Run wiring: the only code that sees the whole config (``train.py``/``evaluate.py`` call it).
+
+``train(cfg)``: verify the config (every error at once, before anything starts), resolve it once
+into plain containers, seed, build sampler, model, pipeline and loggers with
+``hydra.utils.instantiate``, train, optionally evaluate the final policy, and always close the
+samplers and loggers. ``evaluate(cfg)``: load a checkpoint safely, rebuild the task and model
+from the config saved in it, and run a fixed, seeded episode list.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra.utils
+import torch
+import yaml
+from omegaconf import DictConfig
+
+from rl.engine.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from rl.engine.evaluator import EvalResult, episode_seed_list, evaluate_policy
+from rl.engine.trainer import OnPolicyTrainer
+from rl.loggers.base import MetricsLogger, RunContext
+from rl.models.actor_critic import ActorCritic
+from rl.pipeline.stages import TrainingPipeline
+from rl.sampling.serial import build_env, dict_space
+from rl.utils.config import ConfigError, check_targets, to_plain
+from rl.utils.seeding import set_seed
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------ verification
+def sampler_num_envs(sampler: dict[str, Any]) -> int:
+    """Total environments a sampler config asks for."""
+    if "num_envs" in sampler:
+        return int(sampler["num_envs"])
+    return int(sampler.get("num_processes", 1)) * int(sampler.get("envs_per_process", 1))
+
+
+def verify_train_cfg(cfg: dict[str, Any]) -> None:
+    """Raise :class:`ConfigError` listing every problem of a resolved training config."""
+    errors: list[str] = []
+    for key, kind in (("seed", int), ("total_env_steps", int), ("exp_name", str),
+                      ("device", str), ("output_dir", str)):
+        if key not in cfg:
+            errors.append(f"{key}: missing")
+        elif not isinstance(cfg[key], kind) or isinstance(cfg[key], bool):
+            errors.append(f"{key}: expected {kind.__name__}, got {cfg[key]!r}")
+    for group in ("task", "model", "pipeline", "sampler", "logger"):
+        if not isinstance(cfg.get(group), dict):
+            errors.append(f"{group}: missing config group (choose one, e.g. {group}=...)")
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+    if isinstance(cfg["total_env_steps"], int) and cfg["total_env_steps"] <= 0:
+        errors.append(f"total_env_steps: must be positive, got {cfg['total_env_steps']}")
+    if str(cfg["device"]).startswith("cuda") and not torch.cuda.is_available():
+        errors.append(f"device: {cfg['device']!r} requested but CUDA is not available")
+    errors += check_targets({k: v for k, v in cfg.items() if k != "hydra"})
+
+    pipe = cfg["pipeline"]
+    num_envs = sampler_num_envs(cfg["sampler"])
+    if num_envs < 1:
+        errors.append(f"sampler: needs at least one environment, got {num_envs}")
+    losses = pipe.get("named_losses") or {}
+    stages = pipe.get("stages") or []
+    if not stages:
+        errors.append("pipeline.stages: at least one stage is required")
+    for i, stage in enumerate(stages):
+        where = f"pipeline.stages.{i}"
+        for name in stage.get("loss_names") or []:
+            if name not in losses:
+                errors.append(
+                    f"{where}.loss_names: no loss named {name!r} in pipeline.named_losses "
+                    f"(defined: {sorted(losses)})"
+                )
+        if not stage.get("loss_names"):
+            errors.append(f"{where}.loss_names: must name at least one loss")
+        weights = stage.get("loss_weights")
+        if weights is not None and len(weights) != len(stage.get("loss_names") or []):
+            errors.append(f"{where}.loss_weights: one weight per loss name is required")
+
+        def setting(key: str, stage: dict[str, Any] = stage) -> Any:
+            return stage[key] if stage.get(key) is not None else pipe.get(key)
+
+        for key in ("num_steps", "num_mini_batch", "update_repeats"):
+            value = setting(key)
+            if isinstance(value, int) and value < 1:
+                errors.append(f"{where}.{key} (or pipeline.{key}): must be >= 1, got {value}")
+        mb = setting("num_mini_batch")
+        if isinstance(mb, int) and mb > num_envs:
+            errors.append(
+                f"{where}.num_mini_batch (or pipeline.num_mini_batch)={mb} > {num_envs} "
+                "environments: minibatches are split by environment, so at most one per env"
+            )
+        budget = stage.get("max_stage_steps")
+        if isinstance(budget, int) and budget <= 0:
+            errors.append(f"{where}.max_stage_steps: must be positive, got {budget}")
+    ev = cfg.get("eval") or {}
+    if int(ev.get("num_episodes", 0)) < 0:
+        errors.append("eval.num_episodes: must be >= 0")
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+
+
+# ------------------------------------------------------------------------ helpers
+def _device(name: str) -> torch.device:
+    return torch.device(name)
+
+
+def build_model(model_cfg: dict[str, Any], task_cfg: dict[str, Any]) -> ActorCritic:
+    """Instantiate the model for the observation and action spaces of the task."""
+    env = build_env(task_cfg)
+    try:
+        obs_space, act_space = dict_space(env.observation_space), env.action_space
+    finally:
+        env.close()
+    return hydra.utils.instantiate(model_cfg)(  # type: ignore[no-any-return]
+        observation_space=obs_space, action_space=act_space
+    )
+
+
+def task_id_of(task_cfg: dict[str, Any]) -> str:
+    """Readable task identifier: the gymnasium id or the environment class name."""
+    if "env_id" in task_cfg:
+        return str(task_cfg["env_id"])
+    env = build_env(task_cfg)
+    try:
+        return env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+    finally:
+        env.close()
+
+
+def write_eval_json(path: Path, result: EvalResult, settings: dict[str, Any]) -> None:
+    """Write mean metrics and per-episode records as JSON."""
+    path.write_text(
+        json.dumps(
+            {"settings": settings, "metrics": result.metrics, "episodes": result.episodes},
+            indent=1,
+        )
+    )
+
+
+def format_table(rows: dict[str, float], title: str) -> str:
+    """A two-column text table of metrics."""
+    width = max(len(k) for k in rows) if rows else 10
+    lines = [title, "-" * (width + 14)]
+    lines += [f"{k:<{width}}  {v:>12.4f}" for k, v in rows.items()]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- train
+def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
+    """Train from a composed config; return the final metrics (``eval/*`` included if run)."""
+    plain = to_plain(cfg)
+    verify_train_cfg(plain)
+    output_dir = Path(plain["output_dir"])
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "config.yaml").write_text(yaml.safe_dump(plain, sort_keys=False))
+    seed = plain["seed"]
+    if plain.get("torch_threads"):
+        torch.set_num_threads(int(plain["torch_threads"]))
+    device = _device(plain["device"])
+    set_seed(seed)
+
+    pipeline: TrainingPipeline = hydra.utils.instantiate(plain["pipeline"])
+    task_cfg = plain["task"]
+    model = build_model(plain["model"], task_cfg).to(device)
+    context = RunContext(
+        output_dir=output_dir,
+        config=plain,
+        exp_name=plain["exp_name"],
+        task_id=task_id_of(task_cfg),
+        seed=seed,
+        total_steps=pipeline.total_max_steps,
+        run_name=f"{task_id_of(task_cfg)}__{plain['exp_name']}__{seed}__{int(time.time())}",
+    )
+    log.info("run folder: %s", output_dir)
+    sampler = hydra.utils.instantiate(plain["sampler"])(task=task_cfg, seed=seed)
+    try:
+        sinks = [
+            hydra.utils.instantiate(s)(context=context)
+            for s in (plain["logger"].get("sinks") or {}).values()
+            if s
+        ]
+        logger = MetricsLogger(sinks)
+        try:
+            trainer = OnPolicyTrainer(
+                model=model,
+                pipeline=pipeline,
+                sampler=sampler,
+                logger=logger,
+                output_dir=output_dir,
+                config=plain,
+                device=device,
+                seed=seed,
+            )
+            metrics = trainer.train()
+            final_ckpt = trainer.save()
+            log.info("final checkpoint: %s", final_ckpt)
+            ev = plain.get("eval") or {}
+            if int(ev.get("num_episodes", 0)) > 0:
+                result = evaluate_policy(
+                    model=model,
+                    task=task_cfg,
+                    episode_seeds=episode_seed_list(ev["num_episodes"], ev["episode_seed"]),
+                    num_envs=ev.get("num_envs", 16),
+                    deterministic=ev.get("deterministic", False),
+                    action_seed=ev.get("action_seed", 0),
+                    device=device,
+                )
+                write_eval_json(final_ckpt.with_suffix(".eval.json"), result, ev)
+                logged = result.as_logged("eval")
+                logger.log(pipeline.total_steps, logged)
+                metrics.update(logged)
+                log.info("\n%s", format_table(logged, f"final evaluation ({final_ckpt.name})"))
+        finally:
+            logger.close()
+    finally:
+        sampler.close()
+    return metrics
+
+
+# ------------------------------------------------------------------------ evaluate
+def evaluate(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
+    """Evaluate one checkpoint (``ckpt=``) or a run's newest (``run_dir=``)."""
+    plain = to_plain(cfg)
+    if plain.get("ckpt"):
+        path = Path(plain["ckpt"])
+    elif plain.get("run_dir"):
+        path = latest_checkpoint(plain["run_dir"])
+    else:
+        raise ConfigError("evaluate: set ckpt=PATH (a checkpoint) or run_dir=PATH (a run folder)")
+    if int(plain["num_episodes"]) < 1:
+        raise ConfigError(f"num_episodes: must be >= 1, got {plain['num_episodes']}")
+    state = load_checkpoint(path)
+    train_cfg = state["config"]
+    device = _device(plain.get("device", "cpu"))
+    try:
+        model = build_model(train_cfg["model"], train_cfg["task"]).to(device)
+        model.load_state_dict(state["model"])
+    except (KeyError, RuntimeError) as e:
+        raise CheckpointError(f"{path}: model does not match its saved config: {e}") from e
+    result = evaluate_policy(
+        model=model,
+        task=train_cfg["task"],
+        episode_seeds=episode_seed_list(plain["num_episodes"], plain["episode_seed"]),
+        num_envs=plain["num_envs"],
+        deterministic=plain["deterministic"],
+        action_seed=plain["action_seed"],
+        device=device,
+    )
+    settings = {k: plain[k] for k in ("num_episodes", "episode_seed", "deterministic",
+                                      "action_seed")}
+    settings["checkpoint"] = str(path)
+    out = path.with_suffix(".eval.json")
+    write_eval_json(out, result, settings)
+    logged = result.as_logged("eval")
+    print(format_table(logged, f"evaluation of {path} ({plain['num_episodes']} episodes, "
+                               f"{'argmax' if plain['deterministic'] else 'sampled'} actions)"))
+    print(f"wrote {out}")
+    return logged

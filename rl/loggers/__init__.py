@@ -1,0 +1,8 @@
+"""Metric sinks (console with progress bar, JSONL file, wandb) behind one logger."""
+
+from rl.loggers.base import MetricsLogger, MetricsSink, RunContext
+from rl.loggers.console import ConsoleSink
+from rl.loggers.jsonl import JsonlSink
+from rl.loggers.wandb import WandbSink
+
+__all__ = ["ConsoleSink", "JsonlSink", "MetricsLogger", "MetricsSink", "RunContext", "WandbSink"]

@@ -1,0 +1,78 @@
+"""The logger the engine talks to, fanning out to sinks built from ``conf/logger``."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+@dataclasses.dataclass
+class RunContext:
+    """What every sink may need to know about the run.
+
+    Attributes:
+        output_dir: The run folder.
+        config: The resolved config as a plain dict.
+        exp_name: Experiment name (wandb group).
+        task_id: Task identifier (e.g. ``rl/PointNav-v0``).
+        seed: Run seed.
+        total_steps: Env-step budget of the whole pipeline (for progress and ETA).
+        run_name: ``{task_id}__{exp_name}__{seed}__{unix_time}``.
+    """
+
+    output_dir: Path
+    config: dict[str, Any]
+    exp_name: str
+    task_id: str
+    seed: int
+    total_steps: int
+    run_name: str
+
+
+class MetricsSink(abc.ABC):
+    """One destination of metrics."""
+
+    @abc.abstractmethod
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Record ``metrics`` at global env step ``step``."""
+
+    def progress(self, step: int, status: Mapping[str, Any]) -> None:  # noqa: B027
+        """Cheap per-rollout progress update (most sinks ignore it)."""
+
+    def close(self) -> None:  # noqa: B027
+        """Flush and release resources."""
+
+
+class MetricsLogger:
+    """Fans ``log``/``progress`` out to every sink; closes them all even if one fails.
+
+    Args:
+        sinks: The sinks.
+    """
+
+    def __init__(self, sinks: Sequence[MetricsSink]) -> None:
+        self.sinks = list(sinks)
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Record ``metrics`` at env step ``step`` in every sink."""
+        for sink in self.sinks:
+            sink.log(step, metrics)
+
+    def progress(self, step: int, status: Mapping[str, Any]) -> None:
+        """Per-rollout progress for the sinks that show it."""
+        for sink in self.sinks:
+            sink.progress(step, status)
+
+    def close(self) -> None:
+        """Close every sink; re-raise the first error after trying all."""
+        error: BaseException | None = None
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except BaseException as e:  # noqa: BLE001
+                error = error or e
+        if error is not None:
+            raise error

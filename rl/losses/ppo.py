@@ -1,0 +1,95 @@
+"""Proximal policy optimisation loss (Schulman et al., 2017), AllenAct's parameter names."""
+
+from __future__ import annotations
+
+import torch
+
+from rl.losses.base import Loss, LossOutput, explained_variance
+from rl.models import distributions as D
+from rl.models.actor_critic import ActorCriticOutput
+from rl.pipeline.schedules import Schedule
+from rl.storage.rollout import RolloutBatch
+
+
+class PPOLoss(Loss):
+    """Clipped surrogate + (clipped) value loss - entropy bonus.
+
+    Args:
+        clip_param: Clip range of the probability ratio (and of the value change).
+        clip_decay: Multiplier of ``clip_param`` as a function of env steps (None: constant).
+        value_loss_coef: Weight of the value loss.
+        entropy_coef: Weight of the entropy bonus.
+        use_clipped_value_loss: Clip the value update around the rollout's values.
+        normalize_advantage: Normalise advantages per minibatch to zero mean, unit std.
+    """
+
+    def __init__(
+        self,
+        *,
+        clip_param: float = 0.2,
+        clip_decay: Schedule | None = None,
+        value_loss_coef: float = 0.5,
+        entropy_coef: float = 0.01,
+        use_clipped_value_loss: bool = True,
+        normalize_advantage: bool = True,
+    ) -> None:
+        self.clip_param = clip_param
+        self.clip_decay = clip_decay
+        self.value_loss_coef = value_loss_coef
+        self.entropy_coef = entropy_coef
+        self.use_clipped_value_loss = use_clipped_value_loss
+        self.normalize_advantage = normalize_advantage
+
+    def current_clip(self, step_count: int) -> float:
+        """The clip range at ``step_count`` env steps."""
+        decay = 1.0 if self.clip_decay is None else self.clip_decay(step_count)
+        return self.clip_param * decay
+
+    def __call__(
+        self, *, batch: RolloutBatch, output: ActorCriticOutput, step_count: int
+    ) -> LossOutput:
+        """PPO on a minibatch; see :class:`rl.losses.Loss`."""
+        clip = self.current_clip(step_count)
+        logp_all = D.log_probs_all(output.logits)
+        logprobs = logp_all.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
+
+        adv = batch.advantages
+        if self.normalize_advantage and adv.numel() > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+
+        logratio = logprobs - batch.old_logprobs
+        ratio = logratio.exp()
+        surr1 = ratio * adv
+        surr2 = ratio.clamp(1.0 - clip, 1.0 + clip) * adv
+        policy_loss = -torch.min(surr1, surr2).mean()
+
+        values = output.values
+        if self.use_clipped_value_loss:
+            v_clipped = batch.old_values + (values - batch.old_values).clamp(-clip, clip)
+            value_loss = 0.5 * torch.max(
+                (values - batch.returns).pow(2), (v_clipped - batch.returns).pow(2)
+            ).mean()
+        else:
+            value_loss = 0.5 * (values - batch.returns).pow(2).mean()
+
+        total = policy_loss + self.value_loss_coef * value_loss - self.entropy_coef * entropy
+        with torch.no_grad():
+            approx_kl = ((ratio - 1.0) - logratio).mean().item()
+            old_approx_kl = (-logratio).mean().item()
+            clipfrac = ((ratio - 1.0).abs() > clip).float().mean().item()
+        return LossOutput(
+            total=total,
+            terms={
+                "policy_loss": policy_loss.item(),
+                "value_loss": value_loss.item(),
+                "entropy": entropy.item(),
+            },
+            diagnostics={
+                "approx_kl": approx_kl,
+                "old_approx_kl": old_approx_kl,
+                "clipfrac": clipfrac,
+                "clip_param": clip,
+                "explained_variance": explained_variance(batch.old_values, batch.returns),
+            },
+        )

@@ -1,0 +1,36 @@
+"""Pipeline primitives: stages, settings, schedules, trackers, early stopping."""
+
+from rl.pipeline.early_stopping import (
+    EarlyStoppingCriterion,
+    MetricThresholdCriterion,
+    NeverEarlyStoppingCriterion,
+)
+from rl.pipeline.schedules import (
+    ConstantSchedule,
+    LinearDecay,
+    MultiLinearDecay,
+    Schedule,
+    step_lr_scheduler_to,
+)
+from rl.pipeline.stages import PipelineStage, TrainingPipeline, TrainingSettings
+from rl.pipeline.trackers import ScalarMeanTracker
+from rl.utils import evenly_distribute_count_into_bins, recursive_update, set_seed, worker_seeds
+
+__all__ = [
+    "ConstantSchedule",
+    "EarlyStoppingCriterion",
+    "LinearDecay",
+    "MetricThresholdCriterion",
+    "MultiLinearDecay",
+    "NeverEarlyStoppingCriterion",
+    "PipelineStage",
+    "ScalarMeanTracker",
+    "Schedule",
+    "TrainingPipeline",
+    "TrainingSettings",
+    "evenly_distribute_count_into_bins",
+    "recursive_update",
+    "set_seed",
+    "step_lr_scheduler_to",
+    "worker_seeds",
+]

@@ -1,0 +1,305 @@
+"""Training pipelines as data: stages of named losses run in order (AllenAct's semantics).
+
+A :class:`TrainingPipeline` holds the named losses, the optimizer and LR-scheduler builders,
+default :class:`TrainingSettings`, and a list of :class:`PipelineStage`. Each stage names the
+losses it optimises (with weights), its budget in env steps, optional teacher forcing, an
+optional early-stopping criterion, and overrides of any training setting; unset values fall back
+to the pipeline's. The pipeline tracks where training is (stage index, stage and total env
+steps) and round-trips that position through :meth:`TrainingPipeline.state_dict`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from rl.pipeline.early_stopping import EarlyStoppingCriterion, NeverEarlyStoppingCriterion
+from rl.pipeline.schedules import Schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSettings:
+    """Settings of the rollout/update loop; in a stage, ``None`` means "use the pipeline's".
+
+    Attributes:
+        num_steps: Rollout length per environment (T).
+        num_mini_batch: Minibatches per update epoch (split by environment).
+        update_repeats: Update epochs over each rollout.
+        max_grad_norm: Gradient-norm clipping threshold.
+        gamma: Discount factor.
+        use_gae: Generalised advantage estimation (False: discounted returns).
+        gae_lambda: GAE's lambda.
+        advance_scene_rollout_period: Reserved for samplers that switch scenes every k rollouts.
+        save_interval: Save a checkpoint every this many env steps (0: only at stage ends).
+        metric_accumulate_interval: Log every this many env steps.
+    """
+
+    num_steps: int | None = None
+    num_mini_batch: int | None = None
+    update_repeats: int | None = None
+    max_grad_norm: float | None = None
+    gamma: float | None = None
+    use_gae: bool | None = None
+    gae_lambda: float | None = None
+    advance_scene_rollout_period: int | None = None
+    save_interval: int | None = None
+    metric_accumulate_interval: int | None = None
+
+    def overridden_by(self, other: TrainingSettings) -> TrainingSettings:
+        """These settings with every non-None value of ``other`` replacing ours."""
+        updates = {k: v for k, v in dataclasses.asdict(other).items() if v is not None}
+        return dataclasses.replace(self, **updates)
+
+    def set_fields(self) -> dict[str, Any]:
+        """The settings that are not None."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+# Settings that may stay None even in the merged result.
+_OPTIONAL_SETTINGS = frozenset({"advance_scene_rollout_period"})
+
+
+class PipelineStage:
+    """One stage of a pipeline.
+
+    Args:
+        loss_names: Names of the losses (keys of the pipeline's ``named_losses``) to optimise.
+        max_stage_steps: Budget of the stage in env steps (summed over all environments).
+        loss_weights: One weight per loss name (default: all 1).
+        teacher_forcing: Schedule over the stage's env steps giving the probability that the
+            expert's action is taken instead of the policy's (None: never).
+        early_stopping_criterion: Ends the stage before its budget (None: never).
+        num_steps: Override of :attr:`TrainingSettings.num_steps` (likewise the rest).
+        num_mini_batch: Override.
+        update_repeats: Override.
+        max_grad_norm: Override.
+        gamma: Override.
+        use_gae: Override.
+        gae_lambda: Override.
+        advance_scene_rollout_period: Override.
+        save_interval: Override.
+        metric_accumulate_interval: Override.
+    """
+
+    def __init__(
+        self,
+        *,
+        loss_names: Sequence[str],
+        max_stage_steps: int,
+        loss_weights: Sequence[float] | None = None,
+        teacher_forcing: Schedule | None = None,
+        early_stopping_criterion: EarlyStoppingCriterion | None = None,
+        num_steps: int | None = None,
+        num_mini_batch: int | None = None,
+        update_repeats: int | None = None,
+        max_grad_norm: float | None = None,
+        gamma: float | None = None,
+        use_gae: bool | None = None,
+        gae_lambda: float | None = None,
+        advance_scene_rollout_period: int | None = None,
+        save_interval: int | None = None,
+        metric_accumulate_interval: int | None = None,
+    ) -> None:
+        self.loss_names = list(loss_names)
+        if not self.loss_names:
+            raise ValueError("a pipeline stage needs at least one loss name")
+        self.loss_weights = (
+            [1.0] * len(self.loss_names) if loss_weights is None else list(loss_weights)
+        )
+        if len(self.loss_weights) != len(self.loss_names):
+            raise ValueError(
+                f"loss_weights has {len(self.loss_weights)} entries for "
+                f"{len(self.loss_names)} loss_names {self.loss_names}"
+            )
+        if int(max_stage_steps) <= 0:
+            raise ValueError(f"max_stage_steps must be positive, got {max_stage_steps}")
+        self.max_stage_steps = int(max_stage_steps)
+        self.teacher_forcing = teacher_forcing
+        self.early_stopping_criterion = early_stopping_criterion or NeverEarlyStoppingCriterion()
+        self.training_settings = TrainingSettings(
+            num_steps=num_steps,
+            num_mini_batch=num_mini_batch,
+            update_repeats=update_repeats,
+            max_grad_norm=max_grad_norm,
+            gamma=gamma,
+            use_gae=use_gae,
+            gae_lambda=gae_lambda,
+            advance_scene_rollout_period=advance_scene_rollout_period,
+            save_interval=save_interval,
+            metric_accumulate_interval=metric_accumulate_interval,
+        )
+
+    @property
+    def weighted_losses(self) -> dict[str, float]:
+        """``{loss_name: weight}`` for this stage."""
+        return dict(zip(self.loss_names, self.loss_weights, strict=True))
+
+    def __repr__(self) -> str:
+        return (
+            f"PipelineStage(loss_names={self.loss_names}, max_stage_steps={self.max_stage_steps},"
+            f" overrides={self.training_settings.set_fields()})"
+        )
+
+
+class TrainingPipeline:
+    """Stages of training run in order, with named losses and default settings.
+
+    Args:
+        named_losses: Losses by name; stages refer to them by these names.
+        stages: The stages, in order.
+        optimizer: Builder of the optimizer, called as ``optimizer(params=...)`` (a Hydra
+            ``_partial_``).
+        lr_scheduler: Builder of the LR scheduler, called as ``lr_scheduler(optimizer=...)``
+            (e.g. a partial ``LambdaLR`` with ``lr_lambda: LinearDecay``); stepped with env steps.
+            None keeps the LR constant.
+        num_steps: Default rollout length (see :class:`TrainingSettings` for all settings).
+        num_mini_batch: Default.
+        update_repeats: Default.
+        max_grad_norm: Default.
+        gamma: Default.
+        use_gae: Default.
+        gae_lambda: Default.
+        advance_scene_rollout_period: Default.
+        save_interval: Default.
+        metric_accumulate_interval: Default.
+    """
+
+    def __init__(
+        self,
+        *,
+        named_losses: Mapping[str, Callable[..., Any]],
+        stages: Sequence[PipelineStage],
+        optimizer: Callable[..., torch.optim.Optimizer],
+        lr_scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
+        num_steps: int = 128,
+        num_mini_batch: int = 4,
+        update_repeats: int = 4,
+        max_grad_norm: float = 0.5,
+        gamma: float = 0.99,
+        use_gae: bool = True,
+        gae_lambda: float = 0.95,
+        advance_scene_rollout_period: int | None = None,
+        save_interval: int = 0,
+        metric_accumulate_interval: int = 10_000,
+    ) -> None:
+        self.named_losses = dict(named_losses)
+        self.stages = list(stages)
+        if not self.stages:
+            raise ValueError("a training pipeline needs at least one stage")
+        for i, stage in enumerate(self.stages):
+            unknown = [n for n in stage.loss_names if n not in self.named_losses]
+            if unknown:
+                raise ValueError(
+                    f"pipeline.stages.{i}.loss_names: unknown loss name(s) {unknown}; "
+                    f"pipeline.named_losses defines {sorted(self.named_losses)}"
+                )
+        self.optimizer_builder = optimizer
+        self.lr_scheduler_builder = lr_scheduler
+        self.defaults = TrainingSettings(
+            num_steps=num_steps,
+            num_mini_batch=num_mini_batch,
+            update_repeats=update_repeats,
+            max_grad_norm=max_grad_norm,
+            gamma=gamma,
+            use_gae=use_gae,
+            gae_lambda=gae_lambda,
+            advance_scene_rollout_period=advance_scene_rollout_period,
+            save_interval=save_interval,
+            metric_accumulate_interval=metric_accumulate_interval,
+        )
+        missing = [
+            k for k, v in dataclasses.asdict(self.defaults).items()
+            if v is None and k not in _OPTIONAL_SETTINGS
+        ]
+        if missing:
+            raise ValueError(f"pipeline settings must not be null: {missing}")
+        self.current_stage_index = 0
+        self.stage_steps = 0
+        self.total_steps = 0
+        self.rollout_count = 0
+
+    # ---------------------------------------------------------------- position
+    @property
+    def finished(self) -> bool:
+        """True once every stage has run."""
+        return self.current_stage_index >= len(self.stages)
+
+    @property
+    def current_stage(self) -> PipelineStage:
+        """The stage being trained."""
+        if self.finished:
+            raise RuntimeError("the training pipeline has finished; there is no current stage")
+        return self.stages[self.current_stage_index]
+
+    @property
+    def current_settings(self) -> TrainingSettings:
+        """The pipeline's settings overridden by the current stage's."""
+        return self.settings_for(self.current_stage_index)
+
+    def settings_for(self, stage_index: int) -> TrainingSettings:
+        """Merged settings of stage ``stage_index``."""
+        return self.defaults.overridden_by(self.stages[stage_index].training_settings)
+
+    @property
+    def total_max_steps(self) -> int:
+        """Sum of the stages' budgets."""
+        return sum(s.max_stage_steps for s in self.stages)
+
+    @property
+    def stage_remaining_steps(self) -> int:
+        """Env steps left in the current stage's budget."""
+        return self.current_stage.max_stage_steps - self.stage_steps
+
+    def teacher_forcing_probability(self) -> float:
+        """Probability of taking the expert's action now (0 when the stage has none)."""
+        tf = self.current_stage.teacher_forcing
+        return 0.0 if tf is None else float(tf(self.stage_steps))
+
+    def add_steps(self, env_steps: int) -> None:
+        """Count ``env_steps`` env steps (one finished rollout) towards the current stage."""
+        self.stage_steps += env_steps
+        self.total_steps += env_steps
+        self.rollout_count += 1
+
+    def should_advance(self, training_metrics: Mapping[str, float]) -> bool:
+        """True if the current stage's budget is spent or its criterion fires."""
+        stage = self.current_stage
+        if self.stage_steps >= stage.max_stage_steps:
+            return True
+        return bool(
+            stage.early_stopping_criterion(
+                stage_steps=self.stage_steps,
+                total_steps=self.total_steps,
+                training_metrics=training_metrics,
+            )
+        )
+
+    def advance(self) -> None:
+        """Move to the next stage."""
+        self.current_stage_index += 1
+        self.stage_steps = 0
+        self.rollout_count = 0
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, int]:
+        """Position of training (plain ints; safe for ``torch.load(weights_only=True)``)."""
+        return {
+            "current_stage_index": self.current_stage_index,
+            "stage_steps": self.stage_steps,
+            "total_steps": self.total_steps,
+            "rollout_count": self.rollout_count,
+        }
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Restore a position saved by :meth:`state_dict`."""
+        index = int(state["current_stage_index"])
+        if not 0 <= index <= len(self.stages):
+            raise ValueError(f"checkpoint stage index {index} but the pipeline has "
+                             f"{len(self.stages)} stages")
+        self.current_stage_index = index
+        self.stage_steps = int(state["stage_steps"])
+        self.total_steps = int(state["total_steps"])
+        self.rollout_count = int(state["rollout_count"])

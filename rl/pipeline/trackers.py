@@ -1,0 +1,53 @@
+"""Weighted running means of scalars (AllenAct's ``ScalarMeanTracker``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class ScalarMeanTracker:
+    """Accumulate weighted sums of named scalars and report their means."""
+
+    def __init__(self) -> None:
+        self._sums: dict[str, float] = {}
+        self._counts: dict[str, float] = {}
+
+    def add_scalars(
+        self, scalars: Mapping[str, float], n: float | Mapping[str, float] = 1
+    ) -> None:
+        """Add ``scalars``, each weighted by ``n`` (a number, or one per key).
+
+        Args:
+            scalars: Values to add, by name.
+            n: Weight of each value: the number of samples it is a mean over.
+        """
+        for key, value in scalars.items():
+            weight = n[key] if isinstance(n, Mapping) else n
+            self._sums[key] = self._sums.get(key, 0.0) + float(value) * weight
+            self._counts[key] = self._counts.get(key, 0.0) + weight
+
+    def means(self) -> dict[str, float]:
+        """Weighted means of everything added since the last reset."""
+        return {k: self._sums[k] / self._counts[k] for k in self._sums if self._counts[k] > 0}
+
+    def sums(self) -> dict[str, float]:
+        """Weighted sums since the last reset."""
+        return dict(self._sums)
+
+    def counts(self) -> dict[str, float]:
+        """Total weights since the last reset."""
+        return dict(self._counts)
+
+    def reset(self) -> None:
+        """Forget everything."""
+        self._sums.clear()
+        self._counts.clear()
+
+    def pop_and_reset(self) -> dict[str, float]:
+        """Return :meth:`means`, then reset."""
+        means = self.means()
+        self.reset()
+        return means
+
+    def __len__(self) -> int:
+        return len(self._sums)

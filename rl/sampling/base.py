@@ -1,0 +1,92 @@
+"""The sampler interface the engine drives, and what one step returns."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+
+@dataclasses.dataclass
+class EpisodeRecord:
+    """One finished episode.
+
+    Attributes:
+        env_index: Global index of the environment that ran it.
+        metrics: ``return``, ``length`` and the task's own ``info["episode_metrics"]``.
+        episode_seed: The seed the episode was reset with (evaluation mode), else None.
+    """
+
+    env_index: int
+    metrics: dict[str, float]
+    episode_seed: int | None = None
+
+
+@dataclasses.dataclass
+class StepBatch:
+    """What a sampler returns for one step of its (active) environments, ``[N, ...]`` arrays.
+
+    ``obs`` is the observation to act on next: for an environment whose episode just ended it is
+    already the first observation of its next episode (auto-reset); the last observation of a
+    truncated episode is in ``final_obs`` so its value can be bootstrapped.
+
+    Attributes:
+        obs: Next observations by key.
+        rewards: ``[N]`` float32.
+        terminated: ``[N]`` bool.
+        truncated: ``[N]`` bool (never both).
+        expert_actions: ``[N]`` int64, -1 where the task gives none.
+        final_obs: Last observations of the truncated episodes by key, ``[K, ...]``.
+        final_obs_indices: ``[K]`` positions (in this batch) of those environments.
+        episodes: Episodes that finished in this step.
+        paused: ``[N]`` bool (evaluation mode): the environment ran out of episodes and leaves
+            the active set after this step; its ``obs`` row is meaningless.
+    """
+
+    obs: dict[str, np.ndarray]
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    expert_actions: np.ndarray
+    final_obs: dict[str, np.ndarray]
+    final_obs_indices: np.ndarray
+    episodes: list[EpisodeRecord]
+    paused: np.ndarray
+
+
+class Sampler(abc.ABC):
+    """A batch of environments stepped together.
+
+    Training mode auto-resets forever; evaluation mode (``episode_seeds`` given) runs each
+    environment through its share of a fixed list of seeded episodes and then pauses it.
+    """
+
+    num_envs: int
+    observation_space: gym.spaces.Dict
+    action_space: gym.spaces.Discrete
+
+    @abc.abstractmethod
+    def reset(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Reset every environment; return ``(obs [N, ...], expert_actions [N])``."""
+
+    @abc.abstractmethod
+    def step(self, actions: np.ndarray) -> StepBatch:
+        """Step the active environments with ``actions`` (``[N_active]`` int)."""
+
+    @property
+    @abc.abstractmethod
+    def num_active(self) -> int:
+        """Environments still running (all of them in training mode)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the environments (idempotent)."""
+
+    def __enter__(self) -> Sampler:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

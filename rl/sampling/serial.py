@@ -1,0 +1,201 @@
+"""Single-process vectorised sampler: every environment stepped in a loop in this process.
+
+The reference implementation of :class:`rl.sampling.Sampler` (for debugging, tests, and small
+tasks); multiprocess samplers must produce exactly what this one does for the same seeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import hydra.utils
+import numpy as np
+
+from rl.sampling.base import EpisodeRecord, Sampler, StepBatch
+from rl.utils.misc import evenly_distribute_count_into_bins
+from rl.utils.seeding import worker_seeds
+
+
+def dict_space(space: gym.Space) -> gym.spaces.Dict:
+    """``space`` as a Dict space (non-dict spaces become ``{"obs": space}``)."""
+    return space if isinstance(space, gym.spaces.Dict) else gym.spaces.Dict({"obs": space})
+
+
+def build_env(task: Mapping[str, Any], **kwargs: Any) -> gym.Env:
+    """Instantiate the task config (a plain mapping with ``_target_``) into an environment."""
+    env = hydra.utils.instantiate(dict(task), **kwargs)
+    if not isinstance(env, gym.Env):
+        raise TypeError(f"task._target_={task.get('_target_')!r} built {type(env)}, not a gym.Env")
+    return env
+
+
+class SerialSampler(Sampler):
+    """Steps ``num_envs`` environments one after the other.
+
+    Args:
+        task: Plain (resolved) task config with a ``_target_`` returning a ``gymnasium.Env``.
+        num_envs: Number of environments.
+        seed: Seeds environment ``i``'s first reset with ``worker_seeds(num_envs, seed)[i]``
+            (``env_offset`` shifts the global index, for samplers sharing one seed stream).
+        episode_seeds: Evaluation mode: a fixed list of episode seeds, split into contiguous
+            shares (one per environment); each episode resets with its own seed, and an
+            environment that has run its share is paused.
+        env_offset: Global index of this sampler's first environment.
+        total_envs: Size of the global seed stream (default ``env_offset + num_envs``).
+    """
+
+    def __init__(
+        self,
+        *,
+        task: Mapping[str, Any],
+        num_envs: int,
+        seed: int | None = 0,
+        episode_seeds: Sequence[int] | None = None,
+        env_offset: int = 0,
+        total_envs: int | None = None,
+    ) -> None:
+        self._closed = False
+        self.envs: list[gym.Env] = []
+        if num_envs < 1:
+            raise ValueError(f"sampler.num_envs must be >= 1, got {num_envs}")
+        self.eval_mode = episode_seeds is not None
+        if episode_seeds is not None:
+            if len(episode_seeds) == 0:
+                raise ValueError("evaluation needs at least one episode")
+            num_envs = min(num_envs, len(episode_seeds))
+            shares = evenly_distribute_count_into_bins(len(episode_seeds), num_envs)
+            bounds = np.cumsum([0, *shares])
+            self._queues = [
+                list(episode_seeds[bounds[i] : bounds[i + 1]]) for i in range(num_envs)
+            ]
+        self.num_envs = num_envs
+        self.env_offset = env_offset
+        total = env_offset + num_envs if total_envs is None else total_envs
+        self._seeds = worker_seeds(total, seed)[env_offset : env_offset + num_envs]
+        try:
+            for _ in range(num_envs):
+                self.envs.append(build_env(task))
+        except Exception:
+            self.close()
+            raise
+        first = self.envs[0]
+        self._dict_obs = isinstance(first.observation_space, gym.spaces.Dict)
+        self.observation_space = dict_space(first.observation_space)
+        if not isinstance(first.action_space, gym.spaces.Discrete):
+            raise ValueError(f"only Discrete action spaces are supported, got {first.action_space}")
+        self.action_space = first.action_space
+        self._active = list(range(num_envs))
+        self._returns = np.zeros(num_envs, dtype=np.float64)
+        self._lengths = np.zeros(num_envs, dtype=np.int64)
+        self._current_seed: list[int | None] = [None] * num_envs
+
+    # --------------------------------------------------------------- helpers
+    def _as_dict(self, obs: Any) -> dict[str, Any]:
+        return obs if self._dict_obs else {"obs": obs}
+
+    def _stack(self, rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+        out = {}
+        for key, space in self.observation_space.spaces.items():
+            out[key] = np.stack([np.asarray(r[key], dtype=space.dtype) for r in rows])
+        return out
+
+    def _reset_env(self, i: int, first: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        if self.eval_mode:
+            seed: int | None = self._queues[i].pop(0)
+            self._current_seed[i] = seed
+        else:
+            seed = self._seeds[i] if first else None
+        obs, info = self.envs[i].reset(seed=seed)
+        self._returns[i] = 0.0
+        self._lengths[i] = 0
+        return self._as_dict(obs), info
+
+    # ------------------------------------------------------------- interface
+    @property
+    def num_active(self) -> int:
+        """Environments still running."""
+        return len(self._active)
+
+    @property
+    def active_indices(self) -> list[int]:
+        """Local indices of the running environments, in batch order."""
+        return list(self._active)
+
+    def reset(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Reset every environment (training: with its seed; evaluation: its first episode)."""
+        self._active = list(range(self.num_envs))
+        rows, experts = [], []
+        for i in self._active:
+            obs, info = self._reset_env(i, first=True)
+            rows.append(obs)
+            experts.append(info.get("expert_action", -1))
+        return self._stack(rows), np.asarray(experts, dtype=np.int64)
+
+    def step(self, actions: np.ndarray) -> StepBatch:
+        """Step the active environments; see :class:`rl.sampling.StepBatch`."""
+        actions = np.asarray(actions)
+        n = len(self._active)
+        if actions.shape != (n,):
+            raise ValueError(f"expected {n} actions, got shape {actions.shape}")
+        rows: list[dict[str, Any]] = []
+        rewards = np.zeros(n, dtype=np.float32)
+        terminated = np.zeros(n, dtype=bool)
+        truncated = np.zeros(n, dtype=bool)
+        experts = np.full(n, -1, dtype=np.int64)
+        paused = np.zeros(n, dtype=bool)
+        final_rows: list[dict[str, Any]] = []
+        final_idx: list[int] = []
+        episodes: list[EpisodeRecord] = []
+        for pos, i in enumerate(self._active):
+            env = self.envs[i]
+            obs, reward, term, trunc, info = env.step(int(actions[pos]))
+            obs = self._as_dict(obs)
+            self._returns[i] += float(reward)
+            self._lengths[i] += 1
+            rewards[pos] = reward
+            terminated[pos] = term
+            truncated[pos] = trunc and not term
+            if term or trunc:
+                metrics = {"return": float(self._returns[i]), "length": float(self._lengths[i])}
+                metrics.update({k: float(v) for k, v in info.get("episode_metrics", {}).items()})
+                episodes.append(
+                    EpisodeRecord(self.env_offset + i, metrics, self._current_seed[i])
+                )
+                if truncated[pos]:
+                    final_rows.append(obs)
+                    final_idx.append(pos)
+                if self.eval_mode and not self._queues[i]:
+                    paused[pos] = True
+                else:
+                    obs, info = self._reset_env(i, first=False)
+            experts[pos] = info.get("expert_action", -1)
+            rows.append(obs)
+        batch = StepBatch(
+            obs=self._stack(rows),
+            rewards=rewards,
+            terminated=terminated,
+            truncated=truncated,
+            expert_actions=experts,
+            final_obs=self._stack(final_rows) if final_rows else {},
+            final_obs_indices=np.asarray(final_idx, dtype=np.int64),
+            episodes=episodes,
+            paused=paused,
+        )
+        if paused.any():
+            self._active = [i for pos, i in enumerate(self._active) if not paused[pos]]
+        return batch
+
+    def render(self, env_index: int = 0) -> np.ndarray | None:
+        """RGB frame of one environment (it must have been built with ``render_mode``)."""
+        frame = self.envs[env_index].render()
+        return None if frame is None else np.asarray(frame)
+
+    def close(self) -> None:
+        """Close every environment."""
+        if self._closed:
+            return
+        self._closed = True
+        for env in self.envs:
+            env.close()

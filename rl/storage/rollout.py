@@ -1,0 +1,205 @@
+"""Time-major rollout storage ``[T, N, ...]`` for on-policy training.
+
+Index conventions: ``obs[t]`` is the observation the action at step ``t`` was taken on;
+``episode_starts[t]`` marks ``obs[t]`` as the first of an episode (the recurrent state is reset
+before it is processed); ``rewards[t]``, ``terminated[t]``, ``truncated[t]`` are what the
+environment returned for that action; ``obs[T]`` / ``episode_starts[T]`` are the observation
+after the rollout, used to bootstrap. ``hidden`` is the recurrent state before ``obs[0]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+
+import torch
+
+from rl.storage.advantages import compute_discounted_returns, compute_gae
+from rl.utils.misc import evenly_distribute_count_into_bins
+
+
+@dataclasses.dataclass
+class RolloutBatch:
+    """A minibatch: all time steps of a subset of environments, time-major ``[T, n, ...]``.
+
+    Attributes:
+        obs: Observations by key, ``[T, n, *shape]``.
+        episode_starts: ``[T, n]`` bool.
+        hidden: ``[L, n, H]`` recurrent state before ``obs[0]``.
+        actions: ``[T, n]`` actions taken (the expert's where teacher forcing chose it).
+        old_logprobs: ``[T, n]`` log-probabilities of ``actions`` under the rollout policy.
+        old_values: ``[T, n]`` value estimates from the rollout.
+        advantages: ``[T, n]``.
+        returns: ``[T, n]`` value targets.
+        expert_actions: ``[T, n]`` expert's actions, -1 where the task gives none.
+    """
+
+    obs: dict[str, torch.Tensor]
+    episode_starts: torch.Tensor
+    hidden: torch.Tensor
+    actions: torch.Tensor
+    old_logprobs: torch.Tensor
+    old_values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    expert_actions: torch.Tensor
+
+    @property
+    def num_samples(self) -> int:
+        """``T * n``."""
+        return self.actions.numel()
+
+
+class RolloutStorage:
+    """Fixed-capacity buffers for one rollout of ``num_envs`` environments.
+
+    Args:
+        num_steps: Capacity in time steps (a rollout may use fewer: see :meth:`reset`).
+        num_envs: Number of environments (N).
+        obs_shapes: Shape of each observation entry (without batch dims), by key.
+        obs_dtypes: Torch dtype of each observation entry, by key.
+        hidden_shape: ``(L, H)`` of the recurrent state, ``(0, 0)``-like for memoryless models.
+        device: Where the buffers live.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_steps: int,
+        num_envs: int,
+        obs_shapes: Mapping[str, tuple[int, ...]],
+        obs_dtypes: Mapping[str, torch.dtype],
+        hidden_shape: tuple[int, int],
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.capacity = num_steps
+        self.num_envs = num_envs
+        self.device = torch.device(device)
+        t, n = num_steps, num_envs
+
+        def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=self.device)
+
+        self.obs = {k: zeros(t + 1, n, *obs_shapes[k], dtype=obs_dtypes[k]) for k in obs_shapes}
+        self.episode_starts = zeros(t + 1, n, dtype=torch.bool)
+        self.hidden = zeros(hidden_shape[0], n, hidden_shape[1])
+        self.actions = zeros(t, n, dtype=torch.long)
+        self.logprobs = zeros(t, n)
+        self.values = zeros(t, n)
+        self.rewards = zeros(t, n)
+        self.terminated = zeros(t, n, dtype=torch.bool)
+        self.truncated = zeros(t, n, dtype=torch.bool)
+        self.truncation_values = zeros(t, n)
+        self.expert_actions = zeros(t, n, dtype=torch.long)
+        self.advantages = zeros(t, n)
+        self.returns = zeros(t, n)
+        self.num_steps = num_steps
+        self.step = 0
+
+    def reset(self, num_steps: int | None = None) -> None:
+        """Start a new rollout of ``num_steps`` (default: capacity) steps."""
+        num_steps = self.capacity if num_steps is None else num_steps
+        if not 0 < num_steps <= self.capacity:
+            raise ValueError(f"rollout length {num_steps} not in [1, {self.capacity}]")
+        self.num_steps = num_steps
+        self.step = 0
+
+    def set_first(
+        self, obs: Mapping[str, torch.Tensor], episode_starts: torch.Tensor, hidden: torch.Tensor
+    ) -> None:
+        """Record the observation and recurrent state the rollout starts from."""
+        for k, v in obs.items():
+            self.obs[k][0].copy_(v)
+        self.episode_starts[0].copy_(episode_starts)
+        self.hidden.copy_(hidden)
+
+    def insert(
+        self,
+        *,
+        next_obs: Mapping[str, torch.Tensor],
+        actions: torch.Tensor,
+        logprobs: torch.Tensor,
+        values: torch.Tensor,
+        rewards: torch.Tensor,
+        terminated: torch.Tensor,
+        truncated: torch.Tensor,
+        truncation_values: torch.Tensor,
+        expert_actions: torch.Tensor,
+    ) -> None:
+        """Record one step: the action taken on ``obs[step]`` and what followed (``[N]`` each)."""
+        t = self.step
+        if t >= self.num_steps:
+            raise RuntimeError(f"rollout storage is full ({self.num_steps} steps)")
+        self.actions[t].copy_(actions)
+        self.logprobs[t].copy_(logprobs)
+        self.values[t].copy_(values)
+        self.rewards[t].copy_(rewards)
+        self.terminated[t].copy_(terminated)
+        self.truncated[t].copy_(truncated)
+        self.truncation_values[t].copy_(truncation_values)
+        self.expert_actions[t].copy_(expert_actions)
+        for k, v in next_obs.items():
+            self.obs[k][t + 1].copy_(v)
+        self.episode_starts[t + 1].copy_(terminated | truncated)
+        self.step = t + 1
+
+    def last_obs(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """``(obs[T], episode_starts[T])``: where the next rollout starts."""
+        t = self.step
+        return {k: v[t] for k, v in self.obs.items()}, self.episode_starts[t]
+
+    def compute_returns(
+        self, *, next_value: torch.Tensor, gamma: float, use_gae: bool, gae_lambda: float
+    ) -> None:
+        """Fill ``advantages`` and ``returns`` for the recorded steps."""
+        t = self.step
+        kwargs = dict(
+            rewards=self.rewards[:t],
+            values=self.values[:t],
+            next_value=next_value,
+            terminated=self.terminated[:t],
+            truncated=self.truncated[:t],
+            truncation_values=self.truncation_values[:t],
+            gamma=gamma,
+        )
+        if use_gae:
+            adv, ret = compute_gae(**kwargs, gae_lambda=gae_lambda)
+        else:
+            adv, ret = compute_discounted_returns(**kwargs)
+        self.advantages[:t] = adv
+        self.returns[:t] = ret
+
+    def minibatches(
+        self, num_mini_batch: int, generator: torch.Generator | None = None
+    ) -> Iterator[RolloutBatch]:
+        """Yield ``num_mini_batch`` minibatches, each all steps of a random subset of envs.
+
+        Splitting by environment keeps every recurrent sequence whole, so the update can re-run
+        the RNN from the rollout's first state.
+        """
+        if num_mini_batch > self.num_envs:
+            raise ValueError(
+                f"num_mini_batch={num_mini_batch} > number of environments {self.num_envs}: "
+                "minibatches are split by environment"
+            )
+        perm = torch.randperm(self.num_envs, generator=generator).to(self.device)
+        start = 0
+        for size in evenly_distribute_count_into_bins(self.num_envs, num_mini_batch):
+            yield self.batch(perm[start : start + size])
+            start += size
+
+    def batch(self, env_indices: torch.Tensor) -> RolloutBatch:
+        """All recorded steps of the environments ``env_indices``."""
+        t = self.step
+        idx = env_indices
+        return RolloutBatch(
+            obs={k: v[:t, idx] for k, v in self.obs.items()},
+            episode_starts=self.episode_starts[:t, idx],
+            hidden=self.hidden[:, idx],
+            actions=self.actions[:t, idx],
+            old_logprobs=self.logprobs[:t, idx],
+            old_values=self.values[:t, idx],
+            advantages=self.advantages[:t, idx],
+            returns=self.returns[:t, idx],
+            expert_actions=self.expert_actions[:t, idx],
+        )
