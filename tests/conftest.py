@@ -1,0 +1,59 @@
+"""Shared fixtures: composing the Hydra configs of conf/ exactly as train.py does."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hydra import compose, initialize
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+ComposeFn = Callable[..., DictConfig]
+
+
+@pytest.fixture
+def compose_cfg(tmp_path: Path) -> Iterator[ComposeFn]:
+    """Compose a config of conf/ with overrides (run folder redirected to ``tmp_path``).
+
+    ``${hydra:...}`` interpolations resolve because the composed ``hydra`` node is installed
+    as the current HydraConfig. ``output_dir`` is only overridden for ``train``-like configs.
+    """
+
+    def _compose(
+        overrides: Sequence[str] = (), config_name: str = "train", set_output_dir: bool = True
+    ) -> DictConfig:
+        overrides = list(overrides)
+        if set_output_dir and config_name == "train":
+            overrides.append(f"output_dir={tmp_path / 'run'}")
+        GlobalHydra.instance().clear()
+        with initialize(version_base="1.3", config_path="../conf"):
+            cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        return cfg
+
+    yield _compose
+    GlobalHydra.instance().clear()
+
+
+def _resolve_without_hydra(cfg: DictConfig) -> dict[str, Any]:
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+    plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    assert isinstance(plain, dict)
+    return plain
+
+
+@pytest.fixture
+def resolve_cfg() -> Callable[[DictConfig], dict[str, Any]]:
+    """Fully resolve a composed config, minus its ``hydra`` node (raises on ``???``)."""
+    return _resolve_without_hydra

@@ -1,0 +1,167 @@
+"""Every config under conf/ composes, resolves, names real targets, and passes verification."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from omegaconf import open_dict
+
+from rl.engine.run import train, verify_train_cfg
+from rl.utils.config import ConfigError, import_target
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+GROUPS = ("task", "model", "pipeline", "sampler", "logger")
+
+
+def _stems(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+EXPERIMENTS = _stems("experiment")
+DEBUG_OVERLAYS = _stems("debug")
+GROUP_OPTIONS = [(group, option) for group in GROUPS for option in _stems(group)]
+YAML_FILES = sorted(
+    p for p in CONF.rglob("*.yaml") if "hydra" not in p.relative_to(CONF).parts
+)
+
+
+def test_conf_has_configs_to_test() -> None:
+    assert "ppo_nav" in EXPERIMENTS
+    assert all(_stems(group) for group in GROUPS)
+
+
+# ----------------------------------------------------------------- composition
+@pytest.mark.parametrize("stem", EXPERIMENTS)
+def test_experiment_composes_and_resolves(compose_cfg, resolve_cfg, stem: str) -> None:
+    cfg = compose_cfg([f"+experiment={stem}"])
+    plain = resolve_cfg(cfg)
+    assert plain["exp_name"] == stem
+    for group in GROUPS:
+        assert isinstance(plain[group], dict), group
+
+
+@pytest.mark.parametrize(("group", "option"), GROUP_OPTIONS)
+def test_group_option_composes_and_resolves(compose_cfg, resolve_cfg, group, option) -> None:
+    plain = resolve_cfg(compose_cfg([f"{group}={option}"]))
+    assert isinstance(plain[group], dict)
+
+
+@pytest.mark.parametrize("overlay", DEBUG_OVERLAYS)
+def test_debug_overlay_composes_on_experiment(compose_cfg, resolve_cfg, overlay: str) -> None:
+    base = resolve_cfg(compose_cfg(["+experiment=ppo_nav"]))
+    plain = resolve_cfg(compose_cfg(["+experiment=ppo_nav", f"+debug={overlay}"]))
+    assert plain["exp_name"] == "ppo_nav"
+    assert plain != base  # the overlay changed something
+    verify_train_cfg(plain)
+
+
+def test_smoke_overlay_shrinks_the_run(compose_cfg, resolve_cfg) -> None:
+    plain = resolve_cfg(compose_cfg(["+experiment=ppo_nav", "+debug=smoke"]))
+    assert plain["total_env_steps"] == 256
+    # Interpolated budgets follow the overlay's total, not the experiment's.
+    assert plain["pipeline"]["stages"][0]["max_stage_steps"] == 256
+    assert plain["pipeline"]["named_losses"]["ppo"]["clip_decay"]["steps"] == 256
+
+
+def test_evaluate_config_composes(compose_cfg, resolve_cfg) -> None:
+    plain = resolve_cfg(compose_cfg(["ckpt=some.pt"], config_name="evaluate"))
+    assert plain["ckpt"] == "some.pt"
+    assert plain["num_episodes"] >= 1
+
+
+# ------------------------------------------------------------------ _target_s
+def _target_nodes(node: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
+    found = []
+    if isinstance(node, dict):
+        if "_target_" in node:
+            found.append((where, node))
+        for key, value in node.items():
+            found += _target_nodes(value, f"{where}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += _target_nodes(value, f"{where}.{i}")
+    return found
+
+
+TARGET_NODES = [
+    pytest.param(node, id=where)
+    for path in YAML_FILES
+    for where, node in _target_nodes(yaml.safe_load(path.read_text()), str(path.relative_to(CONF)))
+]
+
+
+def test_yaml_walk_finds_targets() -> None:
+    # The walk must see the nested ones (a stage, a loss, a schedule), not only the roots.
+    ids = [p.id for p in TARGET_NODES]
+    assert any(".stages.0" in i for i in ids)
+    assert any("named_losses.ppo.clip_decay" in i for i in ids)
+
+
+@pytest.mark.parametrize("node", TARGET_NODES)
+def test_target_imports_and_accepts_its_keys(node: dict[str, Any]) -> None:
+    target = import_target(node["_target_"])
+    assert callable(target)
+    kwargs = {k: v for k, v in node.items() if not k.startswith("_")}
+    inspect.signature(target).bind_partial(**kwargs)  # TypeError on an unknown keyword
+
+
+@pytest.mark.parametrize("option", _stems("pipeline"))
+def test_stage_loss_names_exist(compose_cfg, resolve_cfg, option: str) -> None:
+    pipe = resolve_cfg(compose_cfg([f"pipeline={option}"]))["pipeline"]
+    assert pipe["stages"]
+    for stage in pipe["stages"]:
+        assert set(stage["loss_names"]) <= set(pipe["named_losses"])
+
+
+# -------------------------------------------------------------- verification
+def test_verify_accepts_ppo_nav(compose_cfg, resolve_cfg) -> None:
+    verify_train_cfg(resolve_cfg(compose_cfg(["+experiment=ppo_nav"])))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        pytest.param(["+pipeline.named_losses.ppo.clip=0.3"],
+                     ["pipeline.named_losses.ppo.clip"], id="unknown-loss-key"),
+        pytest.param(["pipeline.num_steps=abc"], ["pipeline.num_steps"], id="wrong-type"),
+        pytest.param(["pipeline.stages.0.loss_names=[nope]"],
+                     ["nope", "pipeline.stages.0.loss_names"], id="missing-loss"),
+        pytest.param(["pipeline.num_mini_batch=64"], ["num_mini_batch"], id="minibatch-split"),
+        pytest.param(["+model.foo=1"], ["model.foo"], id="unknown-model-key"),
+    ],
+)
+def test_verify_names_the_offending_key(
+    compose_cfg, resolve_cfg, overrides: list[str], expected: list[str]
+) -> None:
+    plain = resolve_cfg(compose_cfg(["+experiment=ppo_nav", *overrides]))
+    assert plain["sampler"]["num_envs"] == 16
+    with pytest.raises(ConfigError) as info:
+        verify_train_cfg(plain)
+    for fragment in expected:
+        assert fragment in str(info.value)
+
+
+def test_verify_reports_every_error_at_once(compose_cfg, resolve_cfg) -> None:
+    plain = resolve_cfg(
+        compose_cfg(["+experiment=ppo_nav", "+model.foo=1", "pipeline.num_steps=abc"])
+    )
+    with pytest.raises(ConfigError) as info:
+        verify_train_cfg(plain)
+    assert "model.foo" in str(info.value)
+    assert "pipeline.num_steps" in str(info.value)
+
+
+def test_train_rejects_bad_config_before_creating_anything(compose_cfg, tmp_path) -> None:
+    cfg = compose_cfg(["+experiment=ppo_nav", "+debug=smoke", "+model.foo=1"])
+    with open_dict(cfg):
+        del cfg["hydra"]  # @hydra.main hands train() the config without its hydra node
+    output_dir = Path(cfg.output_dir)
+    assert output_dir.is_relative_to(tmp_path)
+    with pytest.raises(ConfigError, match="model.foo"):
+        train(cfg)
+    assert not (output_dir / "checkpoints").exists()
+    assert not output_dir.exists()
