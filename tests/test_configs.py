@@ -24,9 +24,7 @@ def _stems(group: str) -> list[str]:
 EXPERIMENTS = _stems("experiment")
 DEBUG_OVERLAYS = _stems("debug")
 GROUP_OPTIONS = [(group, option) for group in GROUPS for option in _stems(group)]
-YAML_FILES = sorted(
-    p for p in CONF.rglob("*.yaml") if "hydra" not in p.relative_to(CONF).parts
-)
+YAML_FILES = sorted(p for p in CONF.rglob("*.yaml") if "hydra" not in p.relative_to(CONF).parts)
 
 
 def test_conf_has_configs_to_test() -> None:
@@ -125,11 +123,17 @@ def test_verify_accepts_ppo_nav(compose_cfg, resolve_cfg) -> None:
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        pytest.param(["+pipeline.named_losses.ppo.clip=0.3"],
-                     ["pipeline.named_losses.ppo.clip"], id="unknown-loss-key"),
+        pytest.param(
+            ["+pipeline.named_losses.ppo.clip=0.3"],
+            ["pipeline.named_losses.ppo.clip"],
+            id="unknown-loss-key",
+        ),
         pytest.param(["pipeline.num_steps=abc"], ["pipeline.num_steps"], id="wrong-type"),
-        pytest.param(["pipeline.stages.0.loss_names=[nope]"],
-                     ["nope", "pipeline.stages.0.loss_names"], id="missing-loss"),
+        pytest.param(
+            ["pipeline.stages.0.loss_names=[nope]"],
+            ["nope", "pipeline.stages.0.loss_names"],
+            id="missing-loss",
+        ),
         pytest.param(["pipeline.num_mini_batch=64"], ["num_mini_batch"], id="minibatch-split"),
         pytest.param(["+model.foo=1"], ["model.foo"], id="unknown-model-key"),
     ],

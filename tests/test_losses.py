@@ -32,8 +32,9 @@ def _batch_and_output(seed: int = 0) -> tuple[RolloutBatch, ActorCriticOutput]:
         returns=torch.randn(T, N, generator=g),
         expert_actions=torch.full((T, N), -1),
     )
-    output = ActorCriticOutput(logits=logits.clone().requires_grad_(),
-                               values=values.clone().requires_grad_())
+    output = ActorCriticOutput(
+        logits=logits.clone().requires_grad_(), values=values.clone().requires_grad_()
+    )
     return batch, output
 
 
@@ -55,8 +56,9 @@ def test_clipped_surrogate_matches_hand_computation() -> None:
     new_logits.scatter_add_(-1, batch.actions[..., None], shift[..., None])
     output = ActorCriticOutput(logits=new_logits.requires_grad_(), values=output.values)
     clip = 0.2
-    loss = PPOLoss(clip_param=clip, normalize_advantage=False, value_loss_coef=0.0,
-                   entropy_coef=0.0)
+    loss = PPOLoss(
+        clip_param=clip, normalize_advantage=False, value_loss_coef=0.0, entropy_coef=0.0
+    )
     result = loss(batch=batch, output=output, step_count=0)
 
     expected, clipped = [], 0
@@ -78,11 +80,17 @@ def test_clipped_surrogate_matches_hand_computation() -> None:
 def test_clip_decay_schedule_scales_clip_param() -> None:
     batch, output = _batch_and_output()
     loss = PPOLoss(clip_param=0.2, clip_decay=LinearDecay(steps=1000, startp=1.0, endp=0.0))
-    clips = [loss(batch=batch, output=output, step_count=s).diagnostics["clip_param"]
-             for s in (0, 250, 1000, 5000)]
+    clips = [
+        loss(batch=batch, output=output, step_count=s).diagnostics["clip_param"]
+        for s in (0, 250, 1000, 5000)
+    ]
     assert clips == pytest.approx([0.2, 0.15, 0.0, 0.0])
-    assert PPOLoss(clip_param=0.3)(batch=batch, output=output,
-                                   step_count=10**9).diagnostics["clip_param"] == 0.3
+    assert (
+        PPOLoss(clip_param=0.3)(batch=batch, output=output, step_count=10**9).diagnostics[
+            "clip_param"
+        ]
+        == 0.3
+    )
 
 
 def test_clipped_value_loss_limits_value_change() -> None:
@@ -91,7 +99,8 @@ def test_clipped_value_loss_limits_value_change() -> None:
     moved = ActorCriticOutput(logits=output.logits, values=batch.returns.clone())
     clip = 0.1
     result = PPOLoss(clip_param=clip, use_clipped_value_loss=True)(
-        batch=batch, output=moved, step_count=0)
+        batch=batch, output=moved, step_count=0
+    )
     v_clipped = batch.old_values + (batch.returns - batch.old_values).clamp(-clip, clip)
     expected = 0.5 * (v_clipped - batch.returns).pow(2).mean().item()
     assert result.terms["value_loss"] == pytest.approx(expected, rel=1e-5)

@@ -22,15 +22,18 @@ def _random_obs(space: gym.spaces.Dict, lead: tuple[int, ...], seed: int = 0):
     samples = [space.sample() for _ in range(int(np.prod(lead)))]
     return {
         k: torch.as_tensor(np.stack([np.asarray(s[k]) for s in samples])).reshape(
-            *lead, *np.asarray(samples[0][k]).shape)
+            *lead, *np.asarray(samples[0][k]).shape
+        )
         for k in space.spaces
     }
 
 
-IMAGE_VECTOR = gym.spaces.Dict({
-    "image": gym.spaces.Box(0, 255, (7, 7, 3), dtype=np.uint8),
-    "goal": gym.spaces.Box(-np.inf, np.inf, (3,), dtype=np.float32),
-})
+IMAGE_VECTOR = gym.spaces.Dict(
+    {
+        "image": gym.spaces.Box(0, 255, (7, 7, 3), dtype=np.uint8),
+        "goal": gym.spaces.Box(-np.inf, np.inf, (3,), dtype=np.float32),
+    }
+)
 
 
 @pytest.mark.parametrize(
@@ -40,17 +43,29 @@ IMAGE_VECTOR = gym.spaces.Dict({
         pytest.param(IMAGE_VECTOR, {"image_encoding": "scale"}, id="image-scale+vector"),
         pytest.param(IMAGE_VECTOR, {"cnn_channels": []}, id="image-flattened+vector"),
         pytest.param(dict_space(gym.spaces.Box(-1, 1, (4,), dtype=np.float32)), {}, id="vector"),
-        pytest.param(gym.spaces.Dict({
-            "pos": gym.spaces.Discrete(5),
-            "v": gym.spaces.Box(-1, 1, (2,), dtype=np.float32),
-        }), {}, id="discrete+vector"),
+        pytest.param(
+            gym.spaces.Dict(
+                {
+                    "pos": gym.spaces.Discrete(5),
+                    "v": gym.spaces.Box(-1, 1, (2,), dtype=np.float32),
+                }
+            ),
+            {},
+            id="discrete+vector",
+        ),
     ],
 )
 @pytest.mark.parametrize("rnn", [None, "gru"])
 def test_output_shapes(space: gym.spaces.Dict, kwargs: dict, rnn: str | None) -> None:
     t, n, a = 3, 5, 4
-    model = ActorCritic(observation_space=space, action_space=gym.spaces.Discrete(a),
-                        rnn=rnn, rnn_hidden_size=16, trunk_layers=[32], **kwargs)
+    model = ActorCritic(
+        observation_space=space,
+        action_space=gym.spaces.Discrete(a),
+        rnn=rnn,
+        rnn_hidden_size=16,
+        trunk_layers=[32],
+        **kwargs,
+    )
     obs = _random_obs(space, (t, n))
     starts = torch.zeros(t, n, dtype=torch.bool)
     out, hidden = model(obs, starts, model.initial_hidden(n))
@@ -59,7 +74,8 @@ def test_output_shapes(space: gym.spaces.Dict, kwargs: dict, rnn: str | None) ->
     assert hidden.shape == (*model.hidden_shape[:1], n, model.hidden_shape[1])
     assert torch.isfinite(out.logits).all() and torch.isfinite(out.values).all()
     actions, logprobs, values, logits, _ = model.act(
-        {k: v[0] for k, v in obs.items()}, starts[0], model.initial_hidden(n))
+        {k: v[0] for k, v in obs.items()}, starts[0], model.initial_hidden(n)
+    )
     assert actions.shape == logprobs.shape == values.shape == (n,)
     assert logits.shape == (n, a)
 
@@ -72,13 +88,15 @@ def test_vector_space_is_wrapped_by_dict_space() -> None:
 
 def test_deterministic_act_is_argmax() -> None:
     torch.manual_seed(0)
-    model = ActorCritic(observation_space=IMAGE_VECTOR, action_space=gym.spaces.Discrete(4),
-                        rnn=None)
+    model = ActorCritic(
+        observation_space=IMAGE_VECTOR, action_space=gym.spaces.Discrete(4), rnn=None
+    )
     # Larger output weights so the logits are well separated.
     torch.nn.init.normal_(model.actor_out.weight, std=1.0)
     obs = _random_obs(IMAGE_VECTOR, (16,))
     actions, logprobs, _, logits, _ = model.act(
-        obs, torch.zeros(16, dtype=torch.bool), model.initial_hidden(16), deterministic=True)
+        obs, torch.zeros(16, dtype=torch.bool), model.initial_hidden(16), deterministic=True
+    )
     torch.testing.assert_close(actions, logits.argmax(-1))
     torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1).max(-1).values)
 
@@ -93,9 +111,14 @@ def gru_rollout():
     torch.manual_seed(0)
     sampler = SerialSampler(task=SMALL_NAV, num_envs=N_ENVS, seed=3)
     try:
-        model = ActorCritic(observation_space=sampler.observation_space,
-                            action_space=sampler.action_space, rnn="gru", rnn_hidden_size=32,
-                            cnn_channels=[16], trunk_layers=[32])
+        model = ActorCritic(
+            observation_space=sampler.observation_space,
+            action_space=sampler.action_space,
+            rnn="gru",
+            rnn_hidden_size=32,
+            cnn_channels=[16],
+            trunk_layers=[32],
+        )
         # Bigger output weights than the 0.01 init so the log-probs really depend on the input.
         torch.nn.init.normal_(model.actor_out.weight, std=0.1)
         with torch.no_grad():  # rarely STOP, so some episodes run into the time limit
@@ -103,10 +126,13 @@ def gru_rollout():
         model.eval()
         space = sampler.observation_space
         storage = RolloutStorage(
-            num_steps=T_ROLLOUT, num_envs=N_ENVS,
+            num_steps=T_ROLLOUT,
+            num_envs=N_ENVS,
             obs_shapes={k: s.shape for k, s in space.spaces.items()},
-            obs_dtypes={k: torch.from_numpy(np.zeros((), dtype=s.dtype)).dtype
-                        for k, s in space.spaces.items()},
+            obs_dtypes={
+                k: torch.from_numpy(np.zeros((), dtype=s.dtype)).dtype
+                for k, s in space.spaces.items()
+            },
             hidden_shape=model.hidden_shape,
         )
         obs_np, expert_np = sampler.reset()
@@ -123,23 +149,32 @@ def gru_rollout():
         with torch.no_grad():
             for _ in range(T_ROLLOUT):
                 actions, logprobs, values, _, hidden = model.act(
-                    obs, episode_starts, hidden, generator=gen)
+                    obs, episode_starts, hidden, generator=gen
+                )
                 result = sampler.step(actions.numpy())
                 next_obs = obs_to_torch(result.obs, torch.device("cpu"))
                 truncation_values = zeros
                 if len(result.final_obs_indices):
                     idx = torch.from_numpy(result.final_obs_indices)
                     final = obs_to_torch(result.final_obs, torch.device("cpu"))
-                    out, _ = model({k: v.unsqueeze(0) for k, v in final.items()},
-                                   torch.zeros(1, len(idx), dtype=torch.bool), hidden[:, idx])
+                    out, _ = model(
+                        {k: v.unsqueeze(0) for k, v in final.items()},
+                        torch.zeros(1, len(idx), dtype=torch.bool),
+                        hidden[:, idx],
+                    )
                     truncation_values = zeros.clone()
                     truncation_values[idx] = out.values[0]
                 terminated = torch.from_numpy(result.terminated)
                 truncated = torch.from_numpy(result.truncated)
                 storage.insert(
-                    next_obs=next_obs, actions=actions, logprobs=logprobs, values=values,
-                    rewards=torch.from_numpy(result.rewards), terminated=terminated,
-                    truncated=truncated, truncation_values=truncation_values,
+                    next_obs=next_obs,
+                    actions=actions,
+                    logprobs=logprobs,
+                    values=values,
+                    rewards=torch.from_numpy(result.rewards),
+                    terminated=terminated,
+                    truncated=truncated,
+                    truncation_values=truncation_values,
                     expert_actions=expert,
                 )
                 expert = torch.from_numpy(result.expert_actions)
@@ -196,20 +231,29 @@ def test_hidden_state_is_reset_at_episode_starts(gru_rollout) -> None:
         # From the first reset on, ignoring the mask changes the outputs.
         assert not torch.allclose(out.logits[first, env], no_resets.logits[first, env])
         # And the state really is zero there: one step from a zero state on that obs matches.
-        step, _ = model({k: v[first : first + 1, env : env + 1] for k, v in batch.obs.items()},
-                        torch.zeros(1, 1, dtype=torch.bool), model.initial_hidden(1))
+        step, _ = model(
+            {k: v[first : first + 1, env : env + 1] for k, v in batch.obs.items()},
+            torch.zeros(1, 1, dtype=torch.bool),
+            model.initial_hidden(1),
+        )
         torch.testing.assert_close(step.logits[0, 0], out.logits[first, env])
 
 
 @pytest.mark.parametrize("rnn", [None, "gru"])
 def test_discrete_only_observation(rnn: str | None) -> None:
     space = dict_space(gym.spaces.Discrete(6))  # e.g. FrozenLake / Taxi through a sampler
-    model = ActorCritic(observation_space=space, action_space=gym.spaces.Discrete(3), rnn=rnn,
-                        rnn_hidden_size=8, trunk_layers=[16])
+    model = ActorCritic(
+        observation_space=space,
+        action_space=gym.spaces.Discrete(3),
+        rnn=rnn,
+        rnn_hidden_size=8,
+        trunk_layers=[16],
+    )
     obs = {"obs": torch.tensor([[0, 5], [3, 1]])}
     out, _ = model(obs, torch.zeros(2, 2, dtype=torch.bool), model.initial_hidden(2))
     assert out.logits.shape == (2, 2, 3)
     # One-hot input: the same state gives the same output wherever it occurs.
-    same, _ = model({"obs": torch.tensor([[5]])}, torch.zeros(1, 1, dtype=torch.bool),
-                    model.initial_hidden(1))
+    same, _ = model(
+        {"obs": torch.tensor([[5]])}, torch.zeros(1, 1, dtype=torch.bool), model.initial_hidden(1)
+    )
     torch.testing.assert_close(same.logits[0, 0], out.logits[0, 1])

@@ -46,10 +46,12 @@ STAGE_BUDGETS = (100, 50)
 
 
 def _two_piece() -> MultiLinearDecay:
-    return MultiLinearDecay(schedule=[
-        LinearDecay(steps=STAGE_BUDGETS[0], startp=1.0, endp=0.5),
-        LinearDecay(steps=STAGE_BUDGETS[1], startp=0.5, endp=0.0),
-    ])
+    return MultiLinearDecay(
+        schedule=[
+            LinearDecay(steps=STAGE_BUDGETS[0], startp=1.0, endp=0.5),
+            LinearDecay(steps=STAGE_BUDGETS[1], startp=0.5, endp=0.0),
+        ]
+    )
 
 
 @pytest.mark.parametrize(
@@ -155,8 +157,12 @@ def test_recursive_update() -> None:
 def _pipeline(budgets=(100, 50), criterion=None, **defaults) -> TrainingPipeline:
     stages = [
         PipelineStage(loss_names=["ppo"], max_stage_steps=budgets[0], num_steps=16, gamma=0.9),
-        PipelineStage(loss_names=["ppo"], max_stage_steps=budgets[1], loss_weights=[0.5],
-                      early_stopping_criterion=criterion),
+        PipelineStage(
+            loss_names=["ppo"],
+            max_stage_steps=budgets[1],
+            loss_weights=[0.5],
+            early_stopping_criterion=criterion,
+        ),
     ]
     return TrainingPipeline(
         named_losses={"ppo": PPOLoss()},
@@ -226,9 +232,16 @@ def test_state_dict_round_trip() -> None:
     state = pipe.state_dict()
     restored = _pipeline()
     restored.load_state_dict(state)
-    assert restored.state_dict() == state == {
-        "current_stage_index": 1, "stage_steps": 32, "total_steps": 152, "rollout_count": 2,
-    }
+    assert (
+        restored.state_dict()
+        == state
+        == {
+            "current_stage_index": 1,
+            "stage_steps": 32,
+            "total_steps": 152,
+            "rollout_count": 2,
+        }
+    )
     assert restored.current_stage is restored.stages[1]
     with pytest.raises(ValueError):
         restored.load_state_dict({**state, "current_stage_index": 3})
@@ -248,8 +261,14 @@ def test_lr_scheduler_reaches_zero_at_total_env_steps() -> None:
     base_lr = 0.01
     opt = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=base_lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda=LinearDecay(steps=total))
-    for steps, fraction in [(0, 1.0), (250, 0.75), (500, 0.5), (900, 0.1), (total, 0.0),
-                            (2 * total, 0.0)]:
+    for steps, fraction in [
+        (0, 1.0),
+        (250, 0.75),
+        (500, 0.5),
+        (900, 0.1),
+        (total, 0.0),
+        (2 * total, 0.0),
+    ]:
         step_lr_scheduler_to(sched, steps)
         assert opt.param_groups[0]["lr"] == pytest.approx(base_lr * fraction, abs=1e-12)
     assert opt.param_groups[0]["lr"] == 0.0

@@ -164,8 +164,11 @@ def _fill(storage: RolloutStorage, steps: int) -> None:
     """Tag every entry with its env index (and step) so minibatches can be checked."""
     n = storage.num_envs
     env_ids = torch.arange(n, dtype=torch.float32)
-    storage.set_first({"x": env_ids[:, None].expand(n, 2)}, torch.ones(n, dtype=torch.bool),
-                      env_ids.view(1, n, 1).expand(1, n, 3))
+    storage.set_first(
+        {"x": env_ids[:, None].expand(n, 2)},
+        torch.ones(n, dtype=torch.bool),
+        env_ids.view(1, n, 1).expand(1, n, 3),
+    )
     for t in range(steps):
         storage.insert(
             next_obs={"x": env_ids[:, None].expand(n, 2)},
@@ -242,10 +245,15 @@ def test_shorter_rollout_than_capacity() -> None:
 def _fill_one_more(storage: RolloutStorage) -> None:
     n = storage.num_envs
     storage.insert(
-        next_obs={"x": torch.zeros(n, 2)}, actions=torch.zeros(n, dtype=torch.long),
-        logprobs=torch.zeros(n), values=torch.zeros(n), rewards=torch.zeros(n),
-        terminated=torch.zeros(n, dtype=torch.bool), truncated=torch.zeros(n, dtype=torch.bool),
-        truncation_values=torch.zeros(n), expert_actions=torch.zeros(n, dtype=torch.long),
+        next_obs={"x": torch.zeros(n, 2)},
+        actions=torch.zeros(n, dtype=torch.long),
+        logprobs=torch.zeros(n),
+        values=torch.zeros(n),
+        rewards=torch.zeros(n),
+        terminated=torch.zeros(n, dtype=torch.bool),
+        truncated=torch.zeros(n, dtype=torch.bool),
+        truncation_values=torch.zeros(n),
+        expert_actions=torch.zeros(n, dtype=torch.long),
     )
 
 

@@ -44,8 +44,13 @@ def sampler_num_envs(sampler: dict[str, Any]) -> int:
 def verify_train_cfg(cfg: dict[str, Any]) -> None:
     """Raise :class:`ConfigError` listing every problem of a resolved training config."""
     errors: list[str] = []
-    for key, kind in (("seed", int), ("total_env_steps", int), ("exp_name", str),
-                      ("device", str), ("output_dir", str)):
+    for key, kind in (
+        ("seed", int),
+        ("total_env_steps", int),
+        ("exp_name", str),
+        ("device", str),
+        ("output_dir", str),
+    ):
         if key not in cfg:
             errors.append(f"{key}: missing")
         elif not isinstance(cfg[key], kind) or isinstance(cfg[key], bool):
@@ -253,13 +258,19 @@ def evaluate(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
         action_seed=plain["action_seed"],
         device=device,
     )
-    settings = {k: plain[k] for k in ("num_episodes", "episode_seed", "deterministic",
-                                      "action_seed")}
+    settings = {
+        k: plain[k] for k in ("num_episodes", "episode_seed", "deterministic", "action_seed")
+    }
     settings["checkpoint"] = str(path)
     out = path.with_suffix(".eval.json")
     write_eval_json(out, result, settings)
     logged = result.as_logged("eval")
-    print(format_table(logged, f"evaluation of {path} ({plain['num_episodes']} episodes, "
-                               f"{'argmax' if plain['deterministic'] else 'sampled'} actions)"))
+    print(
+        format_table(
+            logged,
+            f"evaluation of {path} ({plain['num_episodes']} episodes, "
+            f"{'argmax' if plain['deterministic'] else 'sampled'} actions)",
+        )
+    )
     print(f"wrote {out}")
     return logged

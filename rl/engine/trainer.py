@@ -258,9 +258,7 @@ class OnPolicyTrainer:
         steps = pipe.total_steps
         elapsed = time.perf_counter() - self._interval_start[0]
         fps = (steps - self._interval_start[1]) / max(elapsed, 1e-9)
-        self.logger.progress(
-            steps, {"stage": pipe.current_stage_index, "fps": f"{fps:,.0f}"}
-        )
+        self.logger.progress(steps, {"stage": pipe.current_stage_index, "fps": f"{fps:,.0f}"})
         interval = settings.metric_accumulate_interval or 0
         if interval and steps // interval > steps_before // interval:
             self._log()

@@ -67,9 +67,12 @@ class PPOLoss(Loss):
         values = output.values
         if self.use_clipped_value_loss:
             v_clipped = batch.old_values + (values - batch.old_values).clamp(-clip, clip)
-            value_loss = 0.5 * torch.max(
-                (values - batch.returns).pow(2), (v_clipped - batch.returns).pow(2)
-            ).mean()
+            value_loss = (
+                0.5
+                * torch.max(
+                    (values - batch.returns).pow(2), (v_clipped - batch.returns).pow(2)
+                ).mean()
+            )
         else:
             value_loss = 0.5 * (values - batch.returns).pow(2).mean()
 

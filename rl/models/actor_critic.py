@@ -136,7 +136,9 @@ class ActorCritic(nn.Module):
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ValueError(f"ActorCritic needs a Discrete action space, got {action_space}")
         if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+            raise ValueError(
+                f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}"
+            )
         self.keys = sorted(observation_space.spaces)
         self.encoders = nn.ModuleDict()
         self._kinds: dict[str, str] = {}
@@ -269,8 +271,9 @@ class ActorCritic(nn.Module):
         Returns:
             ``(actions [N], logprobs [N], values [N], logits [N, A], hidden [L, N, H])``.
         """
-        out, hidden = self({k: v.unsqueeze(0) for k, v in obs.items()},
-                           episode_starts.unsqueeze(0), hidden)
+        out, hidden = self(
+            {k: v.unsqueeze(0) for k, v in obs.items()}, episode_starts.unsqueeze(0), hidden
+        )
         logits = out.logits[0]
         actions = D.sample(logits, deterministic, generator)
         return actions, D.log_prob(logits, actions), out.values[0], logits, hidden

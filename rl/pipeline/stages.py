@@ -211,7 +211,8 @@ class TrainingPipeline:
             metric_accumulate_interval=metric_accumulate_interval,
         )
         missing = [
-            k for k, v in dataclasses.asdict(self.defaults).items()
+            k
+            for k, v in dataclasses.asdict(self.defaults).items()
             if v is None and k not in _OPTIONAL_SETTINGS
         ]
         if missing:
@@ -297,8 +298,9 @@ class TrainingPipeline:
         """Restore a position saved by :meth:`state_dict`."""
         index = int(state["current_stage_index"])
         if not 0 <= index <= len(self.stages):
-            raise ValueError(f"checkpoint stage index {index} but the pipeline has "
-                             f"{len(self.stages)} stages")
+            raise ValueError(
+                f"checkpoint stage index {index} but the pipeline has {len(self.stages)} stages"
+            )
         self.current_stage_index = index
         self.stage_steps = int(state["stage_steps"])
         self.total_steps = int(state["total_steps"])

@@ -84,7 +84,9 @@ class SerialSampler(Sampler):
         self._dict_obs = isinstance(first.observation_space, gym.spaces.Dict)
         self.observation_space = dict_space(first.observation_space)
         if not isinstance(first.action_space, gym.spaces.Discrete):
-            raise ValueError(f"only Discrete action spaces are supported, got {first.action_space}")
+            raise ValueError(
+                f"only Discrete action spaces are supported, got {first.action_space}"
+            )
         self.action_space = first.action_space
         self._active = list(range(num_envs))
         self._returns = np.zeros(num_envs, dtype=np.float64)
@@ -160,9 +162,7 @@ class SerialSampler(Sampler):
             if term or trunc:
                 metrics = {"return": float(self._returns[i]), "length": float(self._lengths[i])}
                 metrics.update({k: float(v) for k, v in info.get("episode_metrics", {}).items()})
-                episodes.append(
-                    EpisodeRecord(self.env_offset + i, metrics, self._current_seed[i])
-                )
+                episodes.append(EpisodeRecord(self.env_offset + i, metrics, self._current_seed[i]))
                 if truncated[pos]:
                     final_rows.append(obs)
                     final_idx.append(pos)

@@ -81,8 +81,9 @@ def _accepts_none(hint: Any) -> bool:
     return origin in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
 
 
-def check_targets(node: Any, path: str = "", runtime_kwargs: Mapping[str, set[str]] | None = None
-                  ) -> list[str]:
+def check_targets(
+    node: Any, path: str = "", runtime_kwargs: Mapping[str, set[str]] | None = None
+) -> list[str]:
     """Errors for every ``_target_`` node under ``node`` (a plain container).
 
     Args:
@@ -125,9 +126,7 @@ def _check_target_node(node: Mapping[str, Any], path: str, runtime: set[str]) ->
     for key in keys:
         if key not in params and not var_kw:
             accepted = ", ".join(n for n, p in params.items() if p.kind is not p.VAR_POSITIONAL)
-            errors.append(
-                f"{where}.{key}: unknown key for {target_path} (accepted: {accepted})"
-            )
+            errors.append(f"{where}.{key}: unknown key for {target_path} (accepted: {accepted})")
             continue
         if key in hints and not _type_ok(node[key], hints[key]):
             hint = hints[key]
@@ -137,10 +136,13 @@ def _check_target_node(node: Mapping[str, Any], path: str, runtime: set[str]) ->
             )
     if not node.get("_partial_", False):
         missing = [
-            n for n, p in params.items()
+            n
+            for n, p in params.items()
             if p.default is inspect.Parameter.empty
             and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-            and n not in node and n not in runtime and n != "self"
+            and n not in node
+            and n not in runtime
+            and n != "self"
         ]
         if missing:
             errors.append(f"{where}: missing required argument(s) {missing} for {target_path}")
