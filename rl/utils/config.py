@@ -15,7 +15,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 
 class ConfigError(ValueError):
@@ -152,5 +152,9 @@ def _check_target_node(node: Mapping[str, Any], path: str, runtime: set[str]) ->
 def to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     """Resolve ``cfg`` once into plain dicts and lists (for workers, checkpoints, wandb)."""
     if isinstance(cfg, DictConfig):
+        if "hydra" in cfg:  # composed with return_hydra_config (tests); @hydra.main drops it
+            cfg = cfg.copy()
+            with open_dict(cfg):
+                cfg.pop("hydra")
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
-    return dict(cfg)
+    return {k: v for k, v in cfg.items() if k != "hydra"}

@@ -1,0 +1,153 @@
+"""The real command lines, as subprocesses: train.py, evaluate.py, wandb offline, bad configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, "WANDB_MODE": "disabled", "WANDB_SILENT": "true", **env}
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def train(tmp_path: Path, *overrides: str, **env: str) -> tuple[Path, subprocess.CompletedProcess]:
+    run_dir = tmp_path / "run"
+    proc = run(
+        ["train.py", "+experiment=ppo_nav", "+debug=smoke", f"hydra.run.dir={run_dir}", *overrides],
+        tmp_path,
+        **env,
+    )
+    return run_dir, proc
+
+
+def test_train_then_evaluate(tmp_path: Path) -> None:
+    run_dir, proc = train(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "success" in proc.stderr  # the summary line
+    # The run folder: Hydra's config, the resolved config, checkpoints, metrics, evaluation.
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert (run_dir / "config.yaml").is_file()
+    ckpts = sorted((run_dir / "checkpoints").glob("ckpt_*.pt"))
+    assert [c.name for c in ckpts] == [
+        "ckpt_stage00_step000000000128.pt",
+        "ckpt_stage00_step000000000256.pt",
+    ]
+    assert (run_dir / "checkpoints" / "latest").read_text() == ckpts[-1].name
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["env_step"] for r in records[:4]] == [64, 128, 192, 256]
+    keys = set().union(*records)
+    for key in (
+        "charts/SPS",
+        "charts/learning_rate",
+        "pipeline/stage",
+        "losses/ppo/policy_loss",
+        "losses/ppo/value_loss",
+        "losses/ppo/entropy",
+        "losses/ppo/approx_kl",
+        "losses/ppo/clipfrac",
+        "losses/ppo/explained_variance",
+        "losses/grad_norm",
+        "eval/success",
+        "eval/spl",
+    ):
+        assert key in keys, key
+    final_eval = json.loads(ckpts[-1].with_suffix(".eval.json").read_text())
+    assert len(final_eval["episodes"]) == 4
+
+    # evaluate.py on the run folder (newest checkpoint), argmax actions.
+    proc = run(
+        ["evaluate.py", f"run_dir={run_dir}", "num_episodes=6", "deterministic=true",
+         f"hydra.run.dir={tmp_path / 'eval'}"],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "eval/success" in proc.stdout
+    result = json.loads(ckpts[-1].with_suffix(".eval.json").read_text())
+    assert result["settings"]["deterministic"] is True
+    assert [e["episode_seed"] for e in result["episodes"]] == list(range(1_000_000, 1_000_006))
+    assert set(result["metrics"]) >= {"success", "spl", "return", "length", "final_distance"}
+
+    # One checkpoint file, sampled actions: the same seeds give the same result twice.
+    outs = []
+    for i in range(2):
+        proc = run(
+            ["evaluate.py", f"ckpt={ckpts[0]}", "num_episodes=5",
+             f"hydra.run.dir={tmp_path / f'eval{i}'}"],
+            tmp_path,
+        )
+        assert proc.returncode == 0, proc.stderr
+        outs.append(json.loads(ckpts[0].with_suffix(".eval.json").read_text())["episodes"])
+    assert outs[0] == outs[1]
+
+
+def test_wandb_offline_run_file_holds_metrics_and_config(tmp_path: Path) -> None:
+    run_dir, proc = train(tmp_path, "logger=wandb", WANDB_MODE="offline")
+    assert proc.returncode == 0, proc.stderr
+    files = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 1, list(run_dir.rglob("*"))
+    data = files[0].read_bytes()
+    for key in (b"charts/episodic_return", b"losses/ppo/policy_loss", b"charts/SPS",
+                b"eval/success", b"global_step"):
+        assert key in data, key
+    for key in (b"exp_name", b"task_id", b"pipeline.num_steps", b"model.rnn"):
+        assert key in data, key
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("pipeline.num_steps=abc", "pipeline.num_steps"),
+        ("+pipeline.named_losses.ppo.clip=0.3", "pipeline.named_losses.ppo.clip"),
+        ("pipeline.stages.0.loss_names=[nope]", "pipeline.stages.0.loss_names"),
+        ("pipeline.num_mini_batch=64", "num_mini_batch"),
+    ],
+)
+def test_bad_config_fails_before_training(tmp_path: Path, override: str, named: str) -> None:
+    run_dir, proc = train(tmp_path, override)
+    assert proc.returncode != 0
+    assert named in proc.stderr
+    assert "ConfigError" in proc.stderr
+    assert not (run_dir / "checkpoints").exists()
+    assert not (run_dir / "metrics.jsonl").exists()
+
+
+def test_unknown_key_is_rejected_by_hydra(tmp_path: Path) -> None:
+    _, proc = train(tmp_path, "pipeline.num_stepz=8")
+    assert proc.returncode != 0
+    assert "num_stepz" in proc.stderr
+
+
+def test_cfg_job_shows_what_runs(tmp_path: Path) -> None:
+    proc = run(["train.py", "+experiment=ppo_nav", "--cfg", "job", "--resolve"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "exp_name: ppo_nav" in proc.stdout
+    assert "_target_: rl.losses.PPOLoss" in proc.stdout
+
+
+def test_gym_task_trains(tmp_path: Path) -> None:
+    run_dir, proc = train(tmp_path, "task=gym", "task.env_id=CartPole-v1", "model=mlp")
+    assert proc.returncode == 0, proc.stderr
+    assert list((run_dir / "checkpoints").glob("ckpt_*.pt"))
+
+
+def test_evaluate_without_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    proc = run(["evaluate.py", f"run_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'e'}"],
+               tmp_path)
+    assert proc.returncode != 0
+    assert "no checkpoint in" in proc.stderr

@@ -1,0 +1,25 @@
+"""Learning tests with thresholds on small tasks (AllenAct's CPU test asserts success > 0.95)."""
+
+from __future__ import annotations
+
+import pytest
+
+import rl.engine.run
+
+pytestmark = pytest.mark.slow
+
+
+def test_ppo_learns_small_pointnav(compose_cfg) -> None:
+    cfg = compose_cfg(
+        [
+            "+experiment=ppo_nav",
+            "task=nav_small",
+            "total_env_steps=150_000",
+            "torch_threads=1",
+            "eval.num_episodes=100",
+            "logger.sinks.console.progress_bar=false",
+        ]
+    )
+    metrics = rl.engine.run.train(cfg)
+    assert metrics["eval/success"] >= 0.9, metrics
+    assert metrics["eval/spl"] >= 0.7, metrics
