@@ -29,7 +29,13 @@ def run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProc
 def train(tmp_path: Path, *overrides: str, **env: str) -> tuple[Path, subprocess.CompletedProcess]:
     run_dir = tmp_path / "run"
     proc = run(
-        ["train.py", "+experiment=ppo_nav", "+debug=smoke", f"hydra.run.dir={run_dir}", *overrides],
+        [
+            "train.py",
+            "+experiment=ppo_nav",
+            "+debug=smoke",
+            f"hydra.run.dir={run_dir}",
+            *overrides,
+        ],
         tmp_path,
         **env,
     )
@@ -72,8 +78,13 @@ def test_train_then_evaluate(tmp_path: Path) -> None:
 
     # evaluate.py on the run folder (newest checkpoint), argmax actions.
     proc = run(
-        ["evaluate.py", f"run_dir={run_dir}", "num_episodes=6", "deterministic=true",
-         f"hydra.run.dir={tmp_path / 'eval'}"],
+        [
+            "evaluate.py",
+            f"run_dir={run_dir}",
+            "num_episodes=6",
+            "deterministic=true",
+            f"hydra.run.dir={tmp_path / 'eval'}",
+        ],
         tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
@@ -87,8 +98,12 @@ def test_train_then_evaluate(tmp_path: Path) -> None:
     outs = []
     for i in range(2):
         proc = run(
-            ["evaluate.py", f"ckpt={ckpts[0]}", "num_episodes=5",
-             f"hydra.run.dir={tmp_path / f'eval{i}'}"],
+            [
+                "evaluate.py",
+                f"ckpt={ckpts[0]}",
+                "num_episodes=5",
+                f"hydra.run.dir={tmp_path / f'eval{i}'}",
+            ],
             tmp_path,
         )
         assert proc.returncode == 0, proc.stderr
@@ -102,8 +117,13 @@ def test_wandb_offline_run_file_holds_metrics_and_config(tmp_path: Path) -> None
     files = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 1, list(run_dir.rglob("*"))
     data = files[0].read_bytes()
-    for key in (b"charts/episodic_return", b"losses/ppo/policy_loss", b"charts/SPS",
-                b"eval/success", b"global_step"):
+    for key in (
+        b"charts/episodic_return",
+        b"losses/ppo/policy_loss",
+        b"charts/SPS",
+        b"eval/success",
+        b"global_step",
+    ):
         assert key in data, key
     for key in (b"exp_name", b"task_id", b"pipeline.num_steps", b"model.rnn"):
         assert key in data, key
@@ -147,7 +167,13 @@ def test_gym_task_trains(tmp_path: Path) -> None:
 
 
 def test_evaluate_without_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
-    proc = run(["evaluate.py", f"run_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'e'}"],
-               tmp_path)
+    proc = run(["evaluate.py", f"run_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'e'}"], tmp_path)
     assert proc.returncode != 0
     assert "no checkpoint in" in proc.stderr
+
+
+def test_unknown_top_level_key_added_with_plus(tmp_path: Path) -> None:
+    run_dir, proc = train(tmp_path, "+lr=0.1")
+    assert proc.returncode != 0
+    assert "lr: unknown top-level key" in proc.stderr
+    assert not (run_dir / "checkpoints").exists()

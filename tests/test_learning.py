@@ -23,3 +23,12 @@ def test_ppo_learns_small_pointnav(compose_cfg) -> None:
     metrics = rl.engine.run.train(cfg)
     assert metrics["eval/success"] >= 0.9, metrics
     assert metrics["eval/spl"] >= 0.7, metrics
+
+
+def test_ppo_cartpole_experiment_reaches_475(compose_cfg) -> None:
+    """The ppo_cartpole experiment as shipped (200k env steps) solves CartPole-v1."""
+    cfg = compose_cfg(
+        ["+experiment=ppo_cartpole", "torch_threads=1", "logger.sinks.console.progress_bar=false"]
+    )
+    metrics = rl.engine.run.train(cfg)
+    assert metrics["eval/episodic_return"] >= 475, metrics

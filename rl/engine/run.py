@@ -34,6 +34,28 @@ log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------ verification
+# Top-level keys a training config may have; anything else is a typo (e.g. `+lr=1e-3`).
+TOP_LEVEL_KEYS = frozenset(
+    {
+        "task",
+        "model",
+        "pipeline",
+        "sampler",
+        "logger",
+        "exp_name",
+        "seed",
+        "device",
+        "torch_threads",
+        "total_env_steps",
+        "tags",
+        "output_dir",
+        "eval",
+        "optimized_metric",
+    }
+)
+EVAL_KEYS = frozenset({"num_episodes", "episode_seed", "num_envs", "deterministic", "action_seed"})
+
+
 def sampler_num_envs(sampler: dict[str, Any]) -> int:
     """Total environments a sampler config asks for."""
     if "num_envs" in sampler:
@@ -43,7 +65,16 @@ def sampler_num_envs(sampler: dict[str, Any]) -> int:
 
 def verify_train_cfg(cfg: dict[str, Any]) -> None:
     """Raise :class:`ConfigError` listing every problem of a resolved training config."""
-    errors: list[str] = []
+    errors: list[str] = [
+        f"{key}: unknown top-level key (known: {', '.join(sorted(TOP_LEVEL_KEYS))})"
+        for key in cfg
+        if key not in TOP_LEVEL_KEYS and key != "hydra"
+    ]
+    errors += [
+        f"eval.{key}: unknown key (known: {', '.join(sorted(EVAL_KEYS))})"
+        for key in cfg.get("eval") or {}
+        if key not in EVAL_KEYS
+    ]
     for key, kind in (
         ("seed", int),
         ("total_env_steps", int),

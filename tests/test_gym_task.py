@@ -1,0 +1,64 @@
+"""Any registered gymnasium environment as a task: kwargs, wrappers, clear errors."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import hydra.utils
+import pytest
+
+from rl.tasks import make_gym_env
+
+
+def test_env_kwargs_and_wrappers_from_a_config() -> None:
+    env = hydra.utils.instantiate(
+        {
+            "_target_": "rl.tasks.make_gym_env",
+            "env_id": "CartPole-v1",
+            "env_kwargs": {"sutton_barto_reward": True},
+            "wrappers": [
+                {
+                    "_target_": "gymnasium.wrappers.TimeLimit",
+                    "_partial_": True,
+                    "max_episode_steps": 7,
+                },
+            ],
+        }
+    )
+    env.reset(seed=0)
+    assert env.unwrapped._sutton_barto_reward is True
+    for step in range(1, 8):
+        _, reward, terminated, truncated, _ = env.step(step % 2)
+        if terminated:
+            break
+    assert truncated or terminated
+    assert step <= 7
+
+
+def test_registered_pointnav_through_the_gym_task() -> None:
+    env = make_gym_env(env_id="rl/PointNavSmall-v0", env_kwargs={"max_steps": 5})
+    obs, info = env.reset(seed=1)
+    assert set(obs) == {"image", "goal"} and "expert_action" in info
+
+
+def test_unknown_env_id_names_the_key() -> None:
+    with pytest.raises(ValueError, match="task.env_id='NoSuchEnv-v0'"):
+        make_gym_env(env_id="NoSuchEnv-v0")
+
+
+def test_continuous_actions_are_refused() -> None:
+    with pytest.raises(ValueError, match="only Discrete action spaces"):
+        make_gym_env(env_id="Pendulum-v1")
+
+
+def test_image_observation_env_builds_a_cnn_model() -> None:
+    from rl.models import ActorCritic
+    from rl.sampling import dict_space
+
+    space = dict_space(gym.spaces.Box(0, 255, (16, 16, 3), "uint8"))
+    model = ActorCritic(
+        observation_space=space,
+        action_space=gym.spaces.Discrete(3),
+        image_encoding="scale",
+        rnn=None,
+    )
+    assert model._kinds == {"obs": "image"}
