@@ -14,7 +14,7 @@ from rl.sampling import SerialSampler, dict_space
 from rl.storage import RolloutStorage
 from rl.tasks import Actions
 
-SMALL_NAV = {"_target_": "rl.tasks.make_nav_env", "size": 9, "rooms_per_side": 2, "max_steps": 20}
+SMALL_NAV = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 20}
 
 
 def _random_obs(space: gym.spaces.Dict, lead: tuple[int, ...], seed: int = 0):

@@ -10,7 +10,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 from minigrid.minigrid_env import MiniGridEnv
 
-from rl.tasks import Actions, PointNavEnv, make_gym_env, make_nav_env
+from rl.tasks import Actions, PointNavEnv, make_gym_env
 
 LAYOUTS = [
     pytest.param({"size": 19, "rooms_per_side": 2}, id="19x19"),
@@ -360,7 +360,7 @@ def test_expert_turns_toward_path() -> None:
 
 
 def test_render_rgb_array() -> None:
-    env = make_nav_env(size=9, render_mode="rgb_array")
+    env = PointNavEnv(size=9, render_mode="rgb_array")
     env.reset(seed=0)
     frame = env.render()
     assert frame.dtype == np.uint8 and frame.shape == (9 * 32, 9 * 32, 3)
@@ -396,7 +396,7 @@ def test_registration_is_idempotent() -> None:
 
 
 def test_make_nav_env_defaults() -> None:
-    env = make_nav_env()
+    env = PointNavEnv()
     assert type(env) is PointNavEnv
     assert env.width == 19 and env.rooms_per_side == 2 and env.max_steps == 100
     assert env.action_space.n == 4

@@ -7,7 +7,7 @@ import pytest
 
 from rl.sampling import SerialSampler
 
-SMALL = {"_target_": "rl.tasks.make_nav_env", "size": 9, "rooms_per_side": 2, "max_steps": 12}
+SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 12}
 CARTPOLE = {"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1"}
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import gymnasium
 
 from rl.tasks.gym import make_gym_env  # binds the submodule name `gym` here, hence `gymnasium`
-from rl.tasks.nav import Actions, PointNavEnv, make_nav_env
+from rl.tasks.nav import Actions, PointNavEnv
 
-__all__ = ["Actions", "PointNavEnv", "make_gym_env", "make_nav_env"]
+__all__ = ["Actions", "PointNavEnv", "make_gym_env"]
 
 _NAV_ENTRY_POINT = "rl.tasks.nav:PointNavEnv"
 _NAV_REGISTRATIONS: dict[str, dict[str, int]] = {

@@ -26,7 +26,7 @@ from minigrid.core.mission import MissionSpace
 from minigrid.core.world_object import Goal, Wall
 from minigrid.minigrid_env import MiniGridEnv
 
-__all__ = ["Actions", "PointNavEnv", "make_nav_env"]
+__all__ = ["Actions", "PointNavEnv"]
 
 # Direction index -> (dx, dy), as minigrid's DIR_TO_VEC: 0 right (+x), 1 down (+y), 2 left, 3 up.
 _DIR_VEC: tuple[tuple[int, int], ...] = ((1, 0), (0, 1), (-1, 0), (0, -1))
@@ -451,40 +451,3 @@ class PointNavEnv(MiniGridEnv):
             self.render()
         return self._obs(), float(reward), terminated, truncated, info
 
-
-def make_nav_env(
-    *,
-    size: int = 19,
-    rooms_per_side: int = 2,
-    max_steps: int = 100,
-    step_penalty: float = 0.01,
-    success_bonus: float = 2.5,
-    distance_reward_scale: float = 1.0,
-    min_start_distance: int = 1,
-    render_mode: str | None = None,
-) -> PointNavEnv:
-    """Build a :class:`PointNavEnv` directly (no ``gymnasium.make`` wrappers, for speed).
-
-    Args:
-        size: Side of the square grid, outer walls included.
-        rooms_per_side: Rooms per row and column.
-        max_steps: Steps after which the episode is truncated.
-        step_penalty: Subtracted from the reward on every step.
-        success_bonus: Added when ``STOP`` is taken on the goal cell.
-        distance_reward_scale: Multiplies the per-step decrease of geodesic distance.
-        min_start_distance: Minimum geodesic start-to-goal distance (cells).
-        render_mode: ``None``, ``"rgb_array"`` or ``"human"``.
-
-    Returns:
-        The environment.
-    """
-    return PointNavEnv(
-        size=size,
-        rooms_per_side=rooms_per_side,
-        max_steps=max_steps,
-        step_penalty=step_penalty,
-        success_bonus=success_bonus,
-        distance_reward_scale=distance_reward_scale,
-        min_start_distance=min_start_distance,
-        render_mode=render_mode,
-    )
