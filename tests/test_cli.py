@@ -177,3 +177,32 @@ def test_unknown_top_level_key_added_with_plus(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert "lr: unknown top-level key" in proc.stderr
     assert not (run_dir / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("experiment", "stages"),
+    [("dagger_ppo_nav", 2), ("bc_offline_ppo_nav", 2), ("a2c_nav", 1), ("ppo_cartpole", 1)],
+)
+def test_every_experiment_smoke_runs(tmp_path: Path, experiment: str, stages: int) -> None:
+    budgets = [f"pipeline.stages.{i}.max_stage_steps=128" for i in range(stages)]
+    if experiment.startswith("bc_"):  # keep the generated expert data inside tmp_path
+        data = "pipeline.stages.0.offpolicy_component.data_iterator"
+        budgets += [f"{data}.path={tmp_path / 'expert.npz'}", f"{data}.generate.num_episodes=50"]
+    run_dir = tmp_path / "run"
+    proc = run(
+        [
+            "train.py",
+            f"+experiment={experiment}",
+            "+debug=smoke",
+            f"hydra.run.dir={run_dir}",
+            f"total_env_steps={128 * stages}",
+            *budgets,
+        ],
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    names = [p.name for p in sorted((run_dir / "checkpoints").glob("ckpt_*.pt"))]
+    assert names[-1] == f"ckpt_stage{stages - 1:02d}_step{128 * stages:012d}.pt"
+    records = (run_dir / "metrics.jsonl").read_text()
+    if stages > 1:
+        assert '"pipeline/stage": 1.0' in records

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl.engine.trainer import episode_metric_key, obs_to_torch
+from rl.engine.trainer import OnPolicyTrainer, RolloutInfo, episode_metric_key, obs_to_torch
 from rl.models.actor_critic import ActorCritic
 from rl.sampling.serial import SerialSampler
 
@@ -99,3 +99,60 @@ def evaluate_policy(
         values = [float(e[k]) for e in episodes if k in e and not math.isnan(float(e[k]))]
         metrics[k] = float(np.mean(values)) if values else float("nan")
     return EvalResult(metrics=metrics, episodes=episodes)
+
+
+class PeriodicEvaluation:
+    """Trainer callback: evaluate the policy every ``interval`` env steps during training.
+
+    Runs the fixed episode list in this process (its own action generator, so training
+    randomness is untouched), logs ``eval/*`` at the current env step, and makes the results
+    visible to early-stopping criteria (e.g. ``MetricThresholdCriterion(metric=eval/success)``).
+
+    Args:
+        task: Plain task config.
+        interval: Env steps between evaluations.
+        num_episodes: Episodes per evaluation.
+        episode_seed: First episode seed (the list is the same every time).
+        num_envs: Environments stepped together.
+        deterministic: Argmax actions instead of sampled ones.
+        action_seed: Seed of the action generator.
+        device: Where the model runs.
+    """
+
+    def __init__(
+        self,
+        *,
+        task: Mapping[str, Any],
+        interval: int,
+        num_episodes: int,
+        episode_seed: int,
+        num_envs: int = 16,
+        deterministic: bool = False,
+        action_seed: int = 0,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.task = task
+        self.interval = interval
+        self.episode_seeds = episode_seed_list(num_episodes, episode_seed)
+        self.num_envs = num_envs
+        self.deterministic = deterministic
+        self.action_seed = action_seed
+        self.device = device
+
+    def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
+        """Evaluate when this rollout crossed a multiple of ``interval``."""
+        before = info.total_steps - info.env_steps
+        if info.total_steps // self.interval == before // self.interval:
+            return
+        result = evaluate_policy(
+            model=trainer.model,
+            task=self.task,
+            episode_seeds=self.episode_seeds,
+            num_envs=self.num_envs,
+            deterministic=self.deterministic,
+            action_seed=self.action_seed,
+            device=self.device,
+        )
+        logged = result.as_logged("eval")
+        trainer.logger.log(info.total_steps, logged)
+        trainer.last_metrics.update(logged)

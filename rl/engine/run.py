@@ -21,7 +21,12 @@ import yaml
 from omegaconf import DictConfig
 
 from rl.engine.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from rl.engine.evaluator import EvalResult, episode_seed_list, evaluate_policy
+from rl.engine.evaluator import (
+    EvalResult,
+    PeriodicEvaluation,
+    episode_seed_list,
+    evaluate_policy,
+)
 from rl.engine.trainer import OnPolicyTrainer
 from rl.loggers.base import MetricsLogger, RunContext
 from rl.models.actor_critic import ActorCritic
@@ -53,7 +58,9 @@ TOP_LEVEL_KEYS = frozenset(
         "optimized_metric",
     }
 )
-EVAL_KEYS = frozenset({"num_episodes", "episode_seed", "num_envs", "deterministic", "action_seed"})
+EVAL_KEYS = frozenset(
+    {"num_episodes", "episode_seed", "num_envs", "deterministic", "action_seed", "interval"}
+)
 
 
 def sampler_num_envs(sampler: dict[str, Any]) -> int:
@@ -107,14 +114,23 @@ def verify_train_cfg(cfg: dict[str, Any]) -> None:
         errors.append("pipeline.stages: at least one stage is required")
     for i, stage in enumerate(stages):
         where = f"pipeline.stages.{i}"
-        for name in stage.get("loss_names") or []:
+        component = stage.get("offpolicy_component") or {}
+        named = [(f"{where}.loss_names", n) for n in stage.get("loss_names") or []]
+        named += [
+            (f"{where}.offpolicy_component.loss_names", n)
+            for n in component.get("loss_names") or []
+        ]
+        for key, name in named:
             if name not in losses:
                 errors.append(
-                    f"{where}.loss_names: no loss named {name!r} in pipeline.named_losses "
+                    f"{key}: no loss named {name!r} in pipeline.named_losses "
                     f"(defined: {sorted(losses)})"
                 )
-        if not stage.get("loss_names"):
-            errors.append(f"{where}.loss_names: must name at least one loss")
+        if not stage.get("loss_names") and not component:
+            errors.append(
+                f"{where}.loss_names: must name at least one loss "
+                "(or the stage needs an offpolicy_component)"
+            )
         weights = stage.get("loss_weights")
         if weights is not None and len(weights) != len(stage.get("loss_names") or []):
             errors.append(f"{where}.loss_weights: one weight per loss name is required")
@@ -135,9 +151,17 @@ def verify_train_cfg(cfg: dict[str, Any]) -> None:
         budget = stage.get("max_stage_steps")
         if isinstance(budget, int) and budget <= 0:
             errors.append(f"{where}.max_stage_steps: must be positive, got {budget}")
+    budgets = [st.get("max_stage_steps") for st in stages]
+    if all(isinstance(b, int) for b in budgets) and sum(budgets) != cfg["total_env_steps"]:
+        errors.append(
+            f"pipeline.stages.*.max_stage_steps sum to {sum(budgets):,} but total_env_steps is "
+            f"{cfg['total_env_steps']:,} (schedules run over total_env_steps: make them agree)"
+        )
     ev = cfg.get("eval") or {}
     if int(ev.get("num_episodes", 0)) < 0:
         errors.append("eval.num_episodes: must be >= 0")
+    if int(ev.get("interval") or 0) > 0 and int(ev.get("num_episodes", 0)) < 1:
+        errors.append("eval.interval: periodic evaluation needs eval.num_episodes >= 1")
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
 
@@ -224,6 +248,21 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
         ]
         logger = MetricsLogger(sinks)
         try:
+            ev = plain.get("eval") or {}
+            callbacks = []
+            if int(ev.get("interval") or 0) > 0:
+                callbacks.append(
+                    PeriodicEvaluation(
+                        task=task_cfg,
+                        interval=int(ev["interval"]),
+                        num_episodes=int(ev["num_episodes"]),
+                        episode_seed=int(ev["episode_seed"]),
+                        num_envs=int(ev.get("num_envs", 16)),
+                        deterministic=bool(ev.get("deterministic", False)),
+                        action_seed=int(ev.get("action_seed", 0)),
+                        device=device,
+                    )
+                )
             trainer = OnPolicyTrainer(
                 model=model,
                 pipeline=pipeline,
@@ -233,11 +272,11 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
                 config=plain,
                 device=device,
                 seed=seed,
+                callbacks=callbacks,
             )
             metrics = trainer.train()
             final_ckpt = trainer.save()
             log.info("final checkpoint: %s", final_ckpt)
-            ev = plain.get("eval") or {}
             if int(ev.get("num_episodes", 0)) > 0:
                 result = evaluate_policy(
                     model=model,

@@ -6,14 +6,20 @@ is shortened so the stage ends at its budget), computes advantages, runs the cur
 weighted losses for ``update_repeats`` x ``num_mini_batch`` minibatches, steps the schedules with
 the env-step count, logs every ``metric_accumulate_interval`` env steps, saves a checkpoint
 every ``save_interval`` env steps and at the end of every stage, and advances the stage when its
-budget is spent or its early-stopping criterion fires.
+budget is spent or its early-stopping criterion fires. A stage's off-policy component adds its
+updates after each rollout's on-policy update; teacher forcing replaces the sampled action by the
+expert's with the stage schedule's probability at each step.
+
+Extension point: ``callbacks`` objects may define ``on_rollout_end(trainer, info)`` and
+``on_stage_end(trainer, stage_index)`` (both optional).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +30,9 @@ from rl.engine.checkpoint import save_checkpoint
 from rl.loggers.base import MetricsLogger
 from rl.models import distributions as D
 from rl.models.actor_critic import ActorCritic
+from rl.pipeline.offpolicy import OffPolicyPipelineComponent
 from rl.pipeline.schedules import step_lr_scheduler_to
-from rl.pipeline.stages import TrainingPipeline
+from rl.pipeline.stages import TrainingPipeline, TrainingSettings
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.sampling.base import EpisodeRecord, Sampler
 from rl.storage.rollout import RolloutStorage
@@ -45,6 +52,29 @@ def obs_to_torch(obs: Mapping[str, np.ndarray], device: torch.device) -> dict[st
     return {k: torch.from_numpy(v).to(device, non_blocking=True) for k, v in obs.items()}
 
 
+@dataclasses.dataclass
+class RolloutInfo:
+    """What one iteration (rollout + updates) did, for callbacks.
+
+    Attributes:
+        stage_index: The stage the rollout belonged to.
+        num_steps: Rollout length per environment (shortened at a stage's end).
+        env_steps: Env steps of the rollout (``num_steps * num_envs``).
+        total_steps: Global env steps after the rollout.
+        settings: The stage's effective training settings.
+        teacher_forced: Steps whose action was the expert's by teacher forcing.
+        offpolicy_updates: Off-policy optimiser steps after the rollout.
+    """
+
+    stage_index: int
+    num_steps: int
+    env_steps: int
+    total_steps: int
+    settings: TrainingSettings
+    teacher_forced: int
+    offpolicy_updates: int
+
+
 class OnPolicyTrainer:
     """Train ``model`` with ``pipeline`` on the environments of ``sampler``.
 
@@ -58,6 +88,8 @@ class OnPolicyTrainer:
         device: Torch device of the model and the rollout storage.
         seed: Seed of the minibatch shuffling generator.
         on_checkpoint: Called with each saved checkpoint's path.
+        callbacks: Objects with optional ``on_rollout_end(trainer, info)`` /
+            ``on_stage_end(trainer, stage_index)`` methods.
     """
 
     def __init__(
@@ -72,6 +104,7 @@ class OnPolicyTrainer:
         device: torch.device | str = "cpu",
         seed: int = 0,
         on_checkpoint: Callable[[Path], None] | None = None,
+        callbacks: Sequence[Any] = (),
     ) -> None:
         self.model = model
         self.pipeline = pipeline
@@ -81,6 +114,7 @@ class OnPolicyTrainer:
         self.config = dict(config)
         self.device = torch.device(device)
         self.on_checkpoint = on_checkpoint
+        self.callbacks = list(callbacks)
         self.optimizer = pipeline.optimizer_builder(params=model.parameters())
         self.lr_scheduler = (
             pipeline.lr_scheduler_builder(optimizer=self.optimizer)
@@ -107,6 +141,8 @@ class OnPolicyTrainer:
         self.last_checkpoint: Path | None = None
         self._last_saved_step = -1
         self._last_log_step = -1
+        self.offpolicy_update_count = 0
+        self._teacher_forced = 0
         self._timers: dict[str, float] = {"env": 0.0, "inference": 0.0, "update": 0.0}
         self._interval_start = (time.perf_counter(), 0)
 
@@ -129,11 +165,26 @@ class OnPolicyTrainer:
             obs, expert, episode_starts, hidden = self._collect(
                 num_steps, obs, expert, episode_starts, hidden
             )
-            self._update(obs, episode_starts, hidden)
+            stage_index, settings = pipe.current_stage_index, pipe.current_settings
+            if pipe.current_stage.loss_names:
+                self._update(obs, episode_starts, hidden)
+            offpolicy = self._offpolicy_update()
             steps_before = pipe.total_steps
             pipe.add_steps(num_steps * n)
             if self.lr_scheduler is not None:
                 step_lr_scheduler_to(self.lr_scheduler, pipe.total_steps)
+            info = RolloutInfo(
+                stage_index=stage_index,
+                num_steps=num_steps,
+                env_steps=num_steps * n,
+                total_steps=pipe.total_steps,
+                settings=settings,
+                teacher_forced=self._teacher_forced,
+                offpolicy_updates=offpolicy,
+            )
+            for cb in self.callbacks:
+                if hasattr(cb, "on_rollout_end"):
+                    cb.on_rollout_end(self, info)
             self._after_rollout(steps_before)
         self._log()
         return dict(self.last_metrics)
@@ -153,17 +204,26 @@ class OnPolicyTrainer:
         model.eval()
         storage.reset(num_steps)
         storage.set_first(obs, episode_starts, hidden)
-        tf_prob = pipe.teacher_forcing_probability()
-        zeros = torch.zeros(self.sampler.num_envs, device=self.device)
-        for _ in range(num_steps):
+        n = self.sampler.num_envs
+        teacher_forcing = pipe.current_stage.teacher_forcing is not None
+        self._teacher_forced = 0
+        zeros = torch.zeros(n, device=self.device)
+        for t in range(num_steps):
             t0 = time.perf_counter()
             actions, logprobs, values, logits, hidden = model.act(obs, episode_starts, hidden)
-            if tf_prob > 0:
-                # ALGO: teacher forcing takes the expert's action with probability tf_prob.
-                forced = (torch.rand(actions.shape) < tf_prob) & (expert >= 0)
-                actions = torch.where(forced.to(self.device), expert.to(self.device), actions)
-                logprobs = D.log_prob(logits, actions)
-                self.train_tracker.add_scalars({"pipeline/teacher_ratio": forced.float().mean()})
+            if teacher_forcing:
+                # ALGO: take the expert's action with the schedule's probability at this step;
+                # the storage records the taken action and its log-probability.
+                prob = pipe.teacher_forcing_probability(extra_steps=t * n)
+                forced = (torch.rand(actions.shape) < prob) & (expert >= 0)
+                if forced.any():
+                    actions = torch.where(forced.to(self.device), expert.to(self.device), actions)
+                    logprobs = D.log_prob(logits, actions)
+                count = int(forced.sum())
+                self._teacher_forced += count
+                self.train_tracker.add_scalars(
+                    {"pipeline/teacher_ratio": count / n, "pipeline/teacher_forcing_prob": prob}
+                )
             t1 = time.perf_counter()
             result = self.sampler.step(actions.cpu().numpy())
             t2 = time.perf_counter()
@@ -251,6 +311,44 @@ class OnPolicyTrainer:
                 )
         self._timers["update"] += time.perf_counter() - t0
 
+    def _offpolicy_update(self) -> int:
+        """The current stage's off-policy updates; returns how many optimiser steps ran."""
+        component: OffPolicyPipelineComponent | None = (
+            self.pipeline.current_stage.offpolicy_component
+        )
+        if component is None:
+            return 0
+        t0 = time.perf_counter()
+        model, pipe = self.model, self.pipeline
+        max_grad_norm = pipe.current_settings.max_grad_norm
+        params = [p for p in model.parameters() if p.requires_grad]
+        model.train()
+        for _ in range(component.updates):
+            # ALGO: e.g. behaviour cloning on stored expert trajectories.
+            batch = component.next_batch()
+            obs = {k: v.to(self.device) for k, v in batch.obs.items()}
+            starts = batch.episode_starts.to(self.device)
+            batch_size = starts.shape[1]
+            output, _ = model(obs, starts, model.initial_hidden(batch_size, self.device))
+            total = torch.zeros((), device=self.device)
+            logged: dict[str, float] = {}
+            for name, weight in component.weighted_losses.items():
+                result = pipe.named_losses[name](
+                    batch=batch, output=output, step_count=pipe.total_steps
+                )
+                total = total + weight * result.total
+                for key, value in {**result.terms, **result.diagnostics}.items():
+                    logged[f"losses/{name}/{key}"] = value
+            self.optimizer.zero_grad(set_to_none=True)
+            total.backward()
+            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)  # type: ignore[arg-type]
+            self.optimizer.step()
+            self.train_tracker.add_scalars(logged)
+            self.offpolicy_update_count += 1
+        self.train_tracker.add_scalars({"pipeline/offpolicy_updates": component.updates})
+        self._timers["update"] += time.perf_counter() - t0
+        return component.updates
+
     # --------------------------------------------------------- bookkeeping
     def _after_rollout(self, steps_before: int) -> None:
         pipe = self.pipeline
@@ -268,7 +366,11 @@ class OnPolicyTrainer:
         if pipe.should_advance(self.last_metrics):
             self._log()
             self.save()
+            finished = pipe.current_stage_index
             pipe.advance()
+            for cb in self.callbacks:
+                if hasattr(cb, "on_stage_end"):
+                    cb.on_stage_end(self, finished)
             if not pipe.finished:
                 self.logger.log(steps, {"pipeline/stage": float(pipe.current_stage_index)})
 
@@ -292,7 +394,7 @@ class OnPolicyTrainer:
             metrics[f"time/{name}_fraction"] = seconds / elapsed
             self._timers[name] = 0.0
         self.logger.log(steps, metrics)
-        self.last_metrics = metrics
+        self.last_metrics.update(metrics)  # the latest value of every metric
         self._interval_start = (now, steps)
 
     # ---------------------------------------------------------- checkpoints

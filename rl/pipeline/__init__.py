@@ -5,6 +5,7 @@ from rl.pipeline.early_stopping import (
     MetricThresholdCriterion,
     NeverEarlyStoppingCriterion,
 )
+from rl.pipeline.offpolicy import OffPolicyPipelineComponent
 from rl.pipeline.schedules import (
     ConstantSchedule,
     LinearDecay,
@@ -23,6 +24,7 @@ __all__ = [
     "MetricThresholdCriterion",
     "MultiLinearDecay",
     "NeverEarlyStoppingCriterion",
+    "OffPolicyPipelineComponent",
     "PipelineStage",
     "ScalarMeanTracker",
     "Schedule",

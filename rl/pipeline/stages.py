@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from rl.pipeline.early_stopping import EarlyStoppingCriterion, NeverEarlyStoppingCriterion
+from rl.pipeline.offpolicy import OffPolicyPipelineComponent
 from rl.pipeline.schedules import Schedule
 
 
@@ -72,6 +73,8 @@ class PipelineStage:
         teacher_forcing: Schedule over the stage's env steps giving the probability that the
             expert's action is taken instead of the policy's (None: never).
         early_stopping_criterion: Ends the stage before its budget (None: never).
+        offpolicy_component: Off-policy losses run after every rollout's update (None: none).
+            A stage with a component may have no on-policy losses (``loss_names: []``).
         num_steps: Override of :attr:`TrainingSettings.num_steps` (likewise the rest).
         num_mini_batch: Override.
         update_repeats: Override.
@@ -92,6 +95,7 @@ class PipelineStage:
         loss_weights: Sequence[float] | None = None,
         teacher_forcing: Schedule | None = None,
         early_stopping_criterion: EarlyStoppingCriterion | None = None,
+        offpolicy_component: OffPolicyPipelineComponent | None = None,
         num_steps: int | None = None,
         num_mini_batch: int | None = None,
         update_repeats: int | None = None,
@@ -104,8 +108,9 @@ class PipelineStage:
         metric_accumulate_interval: int | None = None,
     ) -> None:
         self.loss_names = list(loss_names)
-        if not self.loss_names:
-            raise ValueError("a pipeline stage needs at least one loss name")
+        self.offpolicy_component = offpolicy_component
+        if not self.loss_names and offpolicy_component is None:
+            raise ValueError("a pipeline stage needs loss names or an off-policy component")
         self.loss_weights = (
             [1.0] * len(self.loss_names) if loss_weights is None else list(loss_weights)
         )
@@ -190,7 +195,10 @@ class TrainingPipeline:
         if not self.stages:
             raise ValueError("a training pipeline needs at least one stage")
         for i, stage in enumerate(self.stages):
-            unknown = [n for n in stage.loss_names if n not in self.named_losses]
+            names = list(stage.loss_names)
+            if stage.offpolicy_component is not None:
+                names += stage.offpolicy_component.loss_names
+            unknown = [n for n in names if n not in self.named_losses]
             if unknown:
                 raise ValueError(
                     f"pipeline.stages.{i}.loss_names: unknown loss name(s) {unknown}; "
@@ -254,10 +262,14 @@ class TrainingPipeline:
         """Env steps left in the current stage's budget."""
         return self.current_stage.max_stage_steps - self.stage_steps
 
-    def teacher_forcing_probability(self) -> float:
-        """Probability of taking the expert's action now (0 when the stage has none)."""
+    def teacher_forcing_probability(self, extra_steps: int = 0) -> float:
+        """Probability of taking the expert's action ``extra_steps`` env steps from now.
+
+        The stage's schedule is a function of the env steps taken in the stage (0 when the
+        stage has no teacher forcing).
+        """
         tf = self.current_stage.teacher_forcing
-        return 0.0 if tf is None else float(tf(self.stage_steps))
+        return 0.0 if tf is None else float(tf(self.stage_steps + extra_steps))
 
     def add_steps(self, env_steps: int) -> None:
         """Count ``env_steps`` env steps (one finished rollout) towards the current stage."""

@@ -450,4 +450,3 @@ class PointNavEnv(MiniGridEnv):
         if self.render_mode == "human":
             self.render()
         return self._obs(), float(reward), terminated, truncated, info
-

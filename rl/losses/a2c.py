@@ -1,0 +1,54 @@
+"""Advantage actor-critic loss (Mnih et al., 2016), AllenAct's parameter names."""
+
+from __future__ import annotations
+
+from rl.losses.base import Loss, LossOutput, explained_variance
+from rl.models import distributions as D
+from rl.models.actor_critic import ActorCriticOutput
+from rl.storage.rollout import RolloutBatch
+
+
+class A2CLoss(Loss):
+    """Policy gradient with the advantage + value regression - entropy bonus.
+
+    Args:
+        value_loss_coef: Weight of the value loss.
+        entropy_coef: Weight of the entropy bonus.
+        normalize_advantage: Normalise advantages per minibatch (A2C usually does not).
+    """
+
+    def __init__(
+        self,
+        *,
+        value_loss_coef: float = 0.5,
+        entropy_coef: float = 0.01,
+        normalize_advantage: bool = False,
+    ) -> None:
+        self.value_loss_coef = value_loss_coef
+        self.entropy_coef = entropy_coef
+        self.normalize_advantage = normalize_advantage
+
+    def __call__(
+        self, *, batch: RolloutBatch, output: ActorCriticOutput, step_count: int
+    ) -> LossOutput:
+        """A2C on a minibatch; see :class:`rl.losses.Loss`."""
+        logp_all = D.log_probs_all(output.logits)
+        logprobs = logp_all.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
+        adv = batch.advantages
+        if self.normalize_advantage and adv.numel() > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        policy_loss = -(logprobs * adv.detach()).mean()
+        value_loss = 0.5 * (output.values - batch.returns).pow(2).mean()
+        total = policy_loss + self.value_loss_coef * value_loss - self.entropy_coef * entropy
+        return LossOutput(
+            total=total,
+            terms={
+                "policy_loss": policy_loss.item(),
+                "value_loss": value_loss.item(),
+                "entropy": entropy.item(),
+            },
+            diagnostics={
+                "explained_variance": explained_variance(batch.old_values, batch.returns)
+            },
+        )

@@ -1,0 +1,61 @@
+"""Off-policy updates between on-policy rollouts (AllenAct's ``OffPolicyPipelineComponent``).
+
+A stage may carry one component: after each rollout's on-policy update, the trainer draws
+``updates`` minibatches from ``data_iterator`` and optimises the component's named losses
+(weighted) on them, e.g. behaviour cloning on stored expert trajectories.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+
+class OffPolicyPipelineComponent:
+    """Losses fed by a data iterator, run ``updates`` times per rollout.
+
+    Args:
+        data_iterator: An iterable of batches with ``obs``, ``episode_starts`` (time-major
+            ``[T, B, ...]``) and whatever its losses read (e.g. ``expert_actions``); it is
+            iterated endlessly (restarted if it ends).
+        loss_names: Names of the losses (keys of the pipeline's ``named_losses``).
+        updates: Optimiser steps on off-policy batches after every rollout.
+        loss_weights: One weight per loss name (default: all 1).
+    """
+
+    def __init__(
+        self,
+        *,
+        data_iterator: Iterable[Any],
+        loss_names: Sequence[str],
+        updates: int,
+        loss_weights: Sequence[float] | None = None,
+    ) -> None:
+        self.data_iterator = data_iterator
+        self.loss_names = list(loss_names)
+        if not self.loss_names:
+            raise ValueError("an off-policy component needs at least one loss name")
+        if updates < 1:
+            raise ValueError(f"off-policy updates per rollout must be >= 1, got {updates}")
+        self.updates = int(updates)
+        self.loss_weights = (
+            [1.0] * len(self.loss_names) if loss_weights is None else list(loss_weights)
+        )
+        if len(self.loss_weights) != len(self.loss_names):
+            raise ValueError("off-policy loss_weights needs one weight per loss name")
+        self._iterator: Any = None
+
+    @property
+    def weighted_losses(self) -> dict[str, float]:
+        """``{loss_name: weight}``."""
+        return dict(zip(self.loss_names, self.loss_weights, strict=True))
+
+    def next_batch(self) -> Any:
+        """The next batch, restarting the iterator when it is exhausted."""
+        if self._iterator is None:
+            self._iterator = iter(self.data_iterator)
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            self._iterator = iter(self.data_iterator)
+            return next(self._iterator)

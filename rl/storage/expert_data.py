@@ -1,0 +1,185 @@
+"""Stored expert trajectories for off-policy updates (e.g. offline behaviour cloning).
+
+:func:`generate_expert_trajectories` runs a task's expert (``info["expert_action"]``) on seeded
+episodes and writes them to one ``.npz`` file; :class:`ExpertTrajectoryIterator` yields endless
+time-major minibatches of windows from such a file, for an
+:class:`~rl.pipeline.OffPolicyPipelineComponent`. ``python -m rl.storage.expert_data`` is the
+command-line generator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import os
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+
+@dataclasses.dataclass
+class ExpertBatch:
+    """A window of expert steps, time-major ``[T, B, ...]``.
+
+    Attributes:
+        obs: Observations by key, ``[T, B, *shape]``.
+        episode_starts: ``[T, B]`` bool; the first step of every window is marked, so the
+            recurrent state starts from zeros there.
+        expert_actions: ``[T, B]`` the expert's actions.
+    """
+
+    obs: dict[str, torch.Tensor]
+    episode_starts: torch.Tensor
+    expert_actions: torch.Tensor
+
+    @property
+    def num_samples(self) -> int:
+        """``T * B``."""
+        return self.expert_actions.numel()
+
+
+def generate_expert_trajectories(
+    *, task: Mapping[str, Any], num_episodes: int, seed: int, path: str | Path
+) -> Path:
+    """Run the task's expert on ``num_episodes`` seeded episodes and save them to ``path``.
+
+    Args:
+        task: Plain task config (``_target_`` + arguments) whose env reports
+            ``info["expert_action"]``.
+        num_episodes: Episodes to record; episode ``i`` resets with seed ``seed + i``.
+        seed: First episode seed.
+        path: Output ``.npz`` (written atomically).
+
+    Returns:
+        ``path``.
+    """
+    from rl.sampling.serial import build_env  # local: avoid an import cycle
+
+    env = build_env(task)
+    is_dict = isinstance(env.observation_space, gym.spaces.Dict)
+    steps: dict[str, list[np.ndarray]] = {}
+    actions: list[int] = []
+    starts: list[bool] = []
+    try:
+        for i in range(num_episodes):
+            obs, info = env.reset(seed=seed + i)
+            first = True
+            while True:
+                if "expert_action" not in info:
+                    raise ValueError(f"task {task.get('_target_')} gives no info['expert_action']")
+                entries = obs if is_dict else {"obs": obs}
+                for key, value in entries.items():
+                    steps.setdefault(key, []).append(np.asarray(value))
+                action = int(info["expert_action"])
+                actions.append(action)
+                starts.append(first)
+                first = False
+                obs, _, terminated, truncated, info = env.step(action)
+                if terminated or truncated:
+                    break
+    finally:
+        env.close()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {f"obs/{k}": np.stack(v) for k, v in steps.items()}
+    arrays["expert_action"] = np.asarray(actions, dtype=np.int64)
+    arrays["episode_start"] = np.asarray(starts, dtype=bool)
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **arrays)  # type: ignore[arg-type]
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(buffer.getvalue())
+    os.replace(tmp, path)
+    return path
+
+
+class ExpertTrajectoryIterator:
+    """Endless minibatches of random ``seq_len``-step windows from an expert-trajectory file.
+
+    Args:
+        path: The ``.npz`` written by :func:`generate_expert_trajectories`.
+        batch_size: Windows per minibatch (B).
+        seq_len: Steps per window (T).
+        seed: Seed of the window sampler.
+        generate: If the file is missing, generate it with these arguments of
+            :func:`generate_expert_trajectories` (``task``, ``num_episodes``, ``seed``); None
+            makes a missing file an error.
+    """
+
+    def __init__(
+        self,
+        *,
+        path: str,
+        batch_size: int = 16,
+        seq_len: int = 32,
+        seed: int = 0,
+        generate: Mapping[str, Any] | None = None,
+    ) -> None:
+        file = Path(path)
+        if not file.is_file():
+            if generate is None:
+                raise FileNotFoundError(
+                    f"expert trajectories {file} not found; create them with "
+                    "`python -m rl.storage.expert_data` or set `generate`"
+                )
+            generate_expert_trajectories(**generate, path=file)
+        with np.load(file) as data:
+            self.obs = {
+                k[4:]: torch.from_numpy(data[k]) for k in data.files if k.startswith("obs/")
+            }
+            self.expert_actions = torch.from_numpy(data["expert_action"])
+            self.episode_starts = torch.from_numpy(data["episode_start"])
+        self.num_steps = int(self.expert_actions.shape[0])
+        if self.num_steps < seq_len:
+            raise ValueError(f"{file} holds {self.num_steps} steps, fewer than seq_len={seq_len}")
+        self.batch_size = batch_size
+        self.seq_len = seq_len
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __iter__(self) -> Iterator[ExpertBatch]:
+        return self
+
+    def __next__(self) -> ExpertBatch:
+        starts = torch.randint(
+            0, self.num_steps - self.seq_len + 1, (self.batch_size,), generator=self.generator
+        )
+        idx = starts.unsqueeze(0) + torch.arange(self.seq_len).unsqueeze(1)  # [T, B]
+        episode_starts = self.episode_starts[idx].clone()
+        episode_starts[0] = True
+        return ExpertBatch(
+            obs={k: v[idx] for k, v in self.obs.items()},
+            episode_starts=episode_starts,
+            expert_actions=self.expert_actions[idx],
+        )
+
+
+def main() -> None:
+    """``python -m rl.storage.expert_data --out FILE [--episodes N] [--size 19]``."""
+    parser = argparse.ArgumentParser(description="Record PointNav expert trajectories.")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--episodes", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--size", type=int, default=19)
+    parser.add_argument("--rooms-per-side", type=int, default=2)
+    parser.add_argument("--max-steps", type=int, default=100)
+    args = parser.parse_args()
+    task = {
+        "_target_": "rl.tasks.PointNavEnv",
+        "size": args.size,
+        "rooms_per_side": args.rooms_per_side,
+        "max_steps": args.max_steps,
+    }
+    out = generate_expert_trajectories(
+        task=task, num_episodes=args.episodes, seed=args.seed, path=args.out
+    )
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

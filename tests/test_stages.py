@@ -1,0 +1,272 @@
+"""Multi-stage pipelines through the real trainer: budgets, early stopping, overrides, teacher
+forcing, off-policy updates, schedules across stage boundaries, imitation learning."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rl.engine.checkpoint import list_checkpoints
+from rl.engine.evaluator import episode_seed_list, evaluate_policy
+from rl.engine.trainer import OnPolicyTrainer, RolloutInfo
+from rl.loggers import MetricsLogger
+from rl.losses import ImitationLoss, PPOLoss
+from rl.models import ActorCritic
+from rl.pipeline import (
+    ConstantSchedule,
+    EarlyStoppingCriterion,
+    LinearDecay,
+    MetricThresholdCriterion,
+    MultiLinearDecay,
+    OffPolicyPipelineComponent,
+    PipelineStage,
+    TrainingPipeline,
+)
+from rl.sampling import SerialSampler
+from rl.storage import ExpertTrajectoryIterator
+
+SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 30}
+
+
+class Recorder:
+    """Callback recording every rollout and stage end."""
+
+    def __init__(self) -> None:
+        self.rollouts: list[RolloutInfo] = []
+        self.stage_ends: list[tuple[int, int]] = []
+        self.lrs: list[float] = []
+        self.actions_equal_expert: list[bool] = []
+
+    def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
+        self.rollouts.append(info)
+        self.lrs.append(trainer.optimizer.param_groups[0]["lr"])
+        s = trainer.storage
+        self.actions_equal_expert.append(
+            bool((s.actions[: s.step] == s.expert_actions[: s.step]).all())
+        )
+
+    def on_stage_end(self, trainer: OnPolicyTrainer, stage_index: int) -> None:
+        self.stage_ends.append((stage_index, trainer.pipeline.total_steps))
+
+
+def pipeline(stages: list[PipelineStage], lr_lambda=None, **settings) -> TrainingPipeline:
+    defaults = dict(
+        num_steps=16, num_mini_batch=2, update_repeats=1, metric_accumulate_interval=64
+    )
+    defaults.update(settings)
+    return TrainingPipeline(
+        named_losses={"ppo": PPOLoss(), "imitation": ImitationLoss()},
+        stages=stages,
+        optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
+        lr_scheduler=None
+        if lr_lambda is None
+        else functools.partial(torch.optim.lr_scheduler.LambdaLR, lr_lambda=lr_lambda),
+        **defaults,
+    )
+
+
+def train(pipe: TrainingPipeline, tmp_path: Path, num_envs: int = 4, seed: int = 0):
+    torch.manual_seed(seed)
+    recorder = Recorder()
+    with SerialSampler(task=SMALL, num_envs=num_envs, seed=seed) as sampler:
+        model = ActorCritic(
+            observation_space=sampler.observation_space,
+            action_space=sampler.action_space,
+            cnn_channels=[16],
+            trunk_layers=[64],
+            rnn=None,
+        )
+        trainer = OnPolicyTrainer(
+            model=model,
+            pipeline=pipe,
+            sampler=sampler,
+            logger=MetricsLogger([]),
+            output_dir=tmp_path,
+            config={},
+            seed=seed,
+            callbacks=[recorder],
+        )
+        trainer.train()
+    return trainer, recorder
+
+
+def stage_steps(recorder: Recorder, stage: int) -> int:
+    return sum(r.env_steps for r in recorder.rollouts if r.stage_index == stage)
+
+
+def test_stages_end_exactly_at_their_budgets_and_save_checkpoints(tmp_path: Path) -> None:
+    # 4 envs x 16 steps = 64 per rollout: stage 0's last rollout is cut to 8 steps (96 = 64+32).
+    pipe = pipeline(
+        [
+            PipelineStage(loss_names=["ppo"], max_stage_steps=96),
+            PipelineStage(loss_names=["ppo"], max_stage_steps=64),
+        ]
+    )
+    trainer, rec = train(pipe, tmp_path)
+    assert stage_steps(rec, 0) == 96 and stage_steps(rec, 1) == 64
+    assert [r.num_steps for r in rec.rollouts] == [16, 8, 16]
+    assert rec.stage_ends == [(0, 96), (1, 160)]
+    assert pipe.finished and pipe.total_steps == 160
+    names = [p.name for p in list_checkpoints(tmp_path)]
+    assert names == ["ckpt_stage00_step000000000096.pt", "ckpt_stage01_step000000000160.pt"]
+
+
+class StopAfter(EarlyStoppingCriterion):
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def __call__(self, *, stage_steps, total_steps, training_metrics) -> bool:
+        return stage_steps >= self.steps
+
+
+def test_early_stopping_ends_the_stage_and_the_next_starts_at_once(tmp_path: Path) -> None:
+    pipe = pipeline(
+        [
+            PipelineStage(
+                loss_names=["ppo"], max_stage_steps=10_000, early_stopping_criterion=StopAfter(128)
+            ),
+            PipelineStage(
+                loss_names=["ppo"],
+                max_stage_steps=10_000,
+                early_stopping_criterion=MetricThresholdCriterion(
+                    metric="pipeline/stage_steps", threshold=192
+                ),
+            ),
+            PipelineStage(loss_names=["ppo"], max_stage_steps=64),
+        ]
+    )
+    _, rec = train(pipe, tmp_path)
+    assert rec.stage_ends == [(0, 128), (1, 128 + 192), (2, 128 + 192 + 64)]
+    assert [r.stage_index for r in rec.rollouts] == [0, 0, 1, 1, 1, 2]
+
+
+def test_stage_overrides_take_effect_and_unset_values_fall_back(tmp_path: Path) -> None:
+    pipe = pipeline(
+        [
+            PipelineStage(loss_names=["ppo"], max_stage_steps=64),
+            PipelineStage(
+                loss_names=["ppo"],
+                max_stage_steps=64,
+                num_steps=8,
+                gamma=0.5,
+                num_mini_batch=4,
+                update_repeats=3,
+            ),
+        ],
+        update_repeats=2,
+    )
+    _, rec = train(pipe, tmp_path)
+    first, second = rec.rollouts[0], rec.rollouts[-1]
+    assert (first.num_steps, first.settings.gamma, first.settings.num_mini_batch) == (16, 0.99, 2)
+    assert first.settings.update_repeats == 2
+    assert (second.num_steps, second.settings.gamma, second.settings.num_mini_batch) == (8, 0.5, 4)
+    assert second.settings.update_repeats == 3
+    assert second.settings.gae_lambda == first.settings.gae_lambda == 0.95  # inherited
+    assert [r.num_steps for r in rec.rollouts] == [16, 8, 8]
+
+
+def test_teacher_forcing_frequency_follows_its_schedule(tmp_path: Path) -> None:
+    num_envs, decay = 8, 8 * 16 * 40  # 40 rollouts of decay, then 20 without forcing
+    pipe = pipeline(
+        [
+            PipelineStage(
+                loss_names=["imitation"],
+                max_stage_steps=decay + decay // 2,
+                teacher_forcing=LinearDecay(steps=decay, startp=0.6, endp=0.0),
+            )
+        ],
+        num_mini_batch=1,
+        metric_accumulate_interval=10**9,
+    )
+    _, rec = train(pipe, tmp_path, num_envs=num_envs)
+    during = [r for r in rec.rollouts if r.total_steps <= decay]
+    after = [r for r in rec.rollouts if r.total_steps > decay]
+    forced = sum(r.teacher_forced for r in during) / sum(r.env_steps for r in during)
+    assert forced == pytest.approx(0.3, abs=0.03)  # mean of 0.6 -> 0
+    # Per rollout, the frequency tracks the schedule at that point.
+    early = sum(r.teacher_forced for r in during[:10]) / sum(r.env_steps for r in during[:10])
+    assert early == pytest.approx(0.6 * (1 - 5 / 40), abs=0.06)
+    assert after and all(r.teacher_forced == 0 for r in after)
+
+
+def test_full_teacher_forcing_records_the_expert_actions(tmp_path: Path) -> None:
+    pipe = pipeline(
+        [
+            PipelineStage(
+                loss_names=["imitation"],
+                max_stage_steps=128,
+                teacher_forcing=ConstantSchedule(value=1.0),
+            )
+        ]
+    )
+    _, rec = train(pipe, tmp_path)
+    assert all(rec.actions_equal_expert)
+    assert sum(r.teacher_forced for r in rec.rollouts) == 128
+
+
+def test_offpolicy_component_runs_exactly_its_updates(tmp_path: Path) -> None:
+    data = ExpertTrajectoryIterator(
+        path=str(tmp_path / "expert.npz"),
+        batch_size=4,
+        seq_len=8,
+        generate={"task": SMALL, "num_episodes": 20, "seed": 0},
+    )
+    component = OffPolicyPipelineComponent(data_iterator=data, loss_names=["imitation"], updates=3)
+    pipe = pipeline(
+        [
+            PipelineStage(loss_names=[], max_stage_steps=192, offpolicy_component=component),
+            PipelineStage(loss_names=["ppo"], max_stage_steps=64),
+        ]
+    )
+    trainer, rec = train(pipe, tmp_path)
+    assert [r.offpolicy_updates for r in rec.rollouts] == [3, 3, 3, 0]
+    assert trainer.offpolicy_update_count == 9
+
+
+def test_lr_multi_linear_decay_across_stage_boundaries(tmp_path: Path) -> None:
+    schedule = MultiLinearDecay(
+        schedule=[
+            LinearDecay(steps=128, startp=1.0, endp=0.5),
+            LinearDecay(steps=128, startp=0.5, endp=0.0),
+        ]
+    )
+    pipe = pipeline(
+        [
+            PipelineStage(loss_names=["ppo"], max_stage_steps=128),
+            PipelineStage(loss_names=["ppo"], max_stage_steps=128),
+        ],
+        lr_lambda=schedule,
+    )
+    _, rec = train(pipe, tmp_path)
+    steps = [r.total_steps for r in rec.rollouts]
+    assert steps == [64, 128, 192, 256]
+    np.testing.assert_allclose(rec.lrs, [1e-3 * f for f in (0.75, 0.5, 0.25, 0.0)], atol=1e-12)
+
+
+@pytest.mark.slow
+def test_imitation_with_teacher_forcing_learns_the_expert(tmp_path: Path) -> None:
+    pipe = pipeline(
+        [
+            PipelineStage(
+                loss_names=["imitation"],
+                max_stage_steps=40_000,
+                teacher_forcing=LinearDecay(steps=20_000, startp=1.0, endp=0.0),
+            )
+        ],
+        num_steps=32,
+        num_mini_batch=4,
+        update_repeats=2,
+        metric_accumulate_interval=10**9,
+    )
+    trainer, _ = train(pipe, tmp_path, num_envs=16)
+    result = evaluate_policy(
+        model=trainer.model,
+        task=SMALL,
+        episode_seeds=episode_seed_list(100, 1_000_000),
+        deterministic=False,
+    )
+    assert result.metrics["success"] >= 0.9, result.metrics
