@@ -92,6 +92,9 @@ class SerialSampler(Sampler):
         self._returns = np.zeros(num_envs, dtype=np.float64)
         self._lengths = np.zeros(num_envs, dtype=np.int64)
         self._current_seed: list[int | None] = [None] * num_envs
+        # Global index of the environment being reset or stepped (None between calls), so a
+        # caller catching an environment's exception can name the environment that raised.
+        self.current_env: int | None = None
 
     # --------------------------------------------------------------- helpers
     def _as_dict(self, obs: Any) -> dict[str, Any]:
@@ -109,6 +112,7 @@ class SerialSampler(Sampler):
             self._current_seed[i] = seed
         else:
             seed = self._seeds[i] if first else None
+        self.current_env = self.env_offset + i
         obs, info = self.envs[i].reset(seed=seed)
         self._returns[i] = 0.0
         self._lengths[i] = 0
@@ -133,6 +137,7 @@ class SerialSampler(Sampler):
             obs, info = self._reset_env(i, first=True)
             rows.append(obs)
             experts.append(info.get("expert_action", -1))
+        self.current_env = None
         return self._stack(rows), np.asarray(experts, dtype=np.int64)
 
     def step(self, actions: np.ndarray) -> StepBatch:
@@ -152,6 +157,7 @@ class SerialSampler(Sampler):
         episodes: list[EpisodeRecord] = []
         for pos, i in enumerate(self._active):
             env = self.envs[i]
+            self.current_env = self.env_offset + i
             obs, reward, term, trunc, info = env.step(int(actions[pos]))
             obs = self._as_dict(obs)
             self._returns[i] += float(reward)
@@ -172,6 +178,7 @@ class SerialSampler(Sampler):
                     obs, info = self._reset_env(i, first=False)
             experts[pos] = info.get("expert_action", -1)
             rows.append(obs)
+        self.current_env = None
         batch = StepBatch(
             obs=self._stack(rows),
             rewards=rewards,

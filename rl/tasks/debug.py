@@ -1,0 +1,110 @@
+"""Debug environments for sampler tests: a tiny counter task that can fail on purpose.
+
+:class:`FaultyEnv` behaves normally until the environment that was first reset with
+``fail_seed`` reaches its ``fail_at_step``-th step (counted over its whole life, across
+auto-resets); it then raises, exits the process with ``os._exit``, kills itself with
+``SIGSEGV`` or ``SIGKILL``, or hangs, as chosen. Samplers seed environment ``i`` with
+``worker_seeds(num_envs, seed)[i]``, so a test picks the failing environment by its seed. The
+module is importable in worker processes (no torch, no state at import time).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+
+__all__ = ["FaultyEnv"]
+
+FailureMode = Literal["raise", "exit", "segfault", "kill", "hang"]
+
+
+class FaultyEnv(gym.Env):
+    """A counter environment that fails on purpose.
+
+    Observation: ``[3]`` float32 ``(step in episode, episode seed mod 1000, last action)``.
+    Actions: ``Discrete(2)``. Reward 1 per step; the episode terminates after action 1 at an
+    even step and is truncated at ``max_steps``. ``info["expert_action"]`` is always 0.
+
+    Args:
+        fail_seed: The environment first reset with this seed fails (None: never fails).
+        fail_at_step: Fail on this step of that environment's life (1 = its first step).
+        mode: ``raise`` (a ``ValueError``), ``exit`` (``os._exit(3)``), ``segfault``
+            (``SIGSEGV``), ``kill`` (``SIGKILL``) or ``hang`` (sleeps ``hang_seconds``).
+        fail_on_reset: Fail in the first ``reset`` with ``fail_seed`` instead of a step.
+        max_steps: Truncation limit.
+        hang_seconds: How long ``hang`` sleeps.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(
+        self,
+        *,
+        fail_seed: int | None = None,
+        fail_at_step: int = 1,
+        mode: FailureMode = "raise",
+        fail_on_reset: bool = False,
+        max_steps: int = 10,
+        hang_seconds: float = 3600.0,
+    ) -> None:
+        if mode not in ("raise", "exit", "segfault", "kill", "hang"):
+            raise ValueError(f"unknown failure mode {mode!r}")
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(3,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.fail_seed = fail_seed
+        self.fail_at_step = fail_at_step
+        self.mode = mode
+        self.fail_on_reset = fail_on_reset
+        self.max_steps = max_steps
+        self.hang_seconds = hang_seconds
+        self._doomed = False
+        self._life_steps = 0
+        self._t = 0
+        self._episode_seed = 0
+
+    def _fail(self, where: str) -> None:
+        if self.mode == "raise":
+            raise ValueError(f"FaultyEnv failed on purpose at {where}")
+        if self.mode == "exit":
+            os._exit(3)
+        if self.mode == "segfault":
+            # Default action (die): libraries such as pygame install SIGSEGV handlers.
+            signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if self.mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(self.hang_seconds)
+
+    def _obs(self, action: int) -> np.ndarray:
+        return np.array([self._t, self._episode_seed % 1000, action], dtype=np.float32)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Start an episode; the first seeded reset decides whether this env is doomed."""
+        super().reset(seed=seed)
+        if seed is not None and self.fail_seed is not None and seed == self.fail_seed:
+            self._doomed = True
+            if self.fail_on_reset:
+                self._fail("reset")
+        self._episode_seed = seed if seed is not None else int(self.np_random.integers(1000))
+        self._t = 0
+        return self._obs(-1), {"expert_action": 0}
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Advance the counter; fail if this is the chosen step of the doomed env."""
+        self._life_steps += 1
+        if self._doomed and self._life_steps == self.fail_at_step:
+            self._fail(f"step {self._life_steps}")
+        self._t += 1
+        terminated = action == 1 and self._t % 2 == 0
+        truncated = self._t >= self.max_steps
+        info: dict[str, Any] = {"expert_action": 0}
+        if terminated or truncated:
+            info["episode_metrics"] = {"seed_mod": float(self._episode_seed % 1000)}
+        return self._obs(int(action)), 1.0, bool(terminated), bool(truncated), info

@@ -1,0 +1,321 @@
+"""The multiprocess sampler: bitwise parity with the serial one, exact evaluation lists, faults."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from rl.sampling import (
+    MultiprocessSampler,
+    SamplerWorkerError,
+    SerialSampler,
+    StepBatch,
+    build_sampler,
+)
+from rl.utils.seeding import worker_seeds
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 12}
+CARTPOLE = {"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1"}
+FAULTY = {"_target_": "rl.tasks.debug.FaultyEnv"}
+FIELDS = ("rewards", "terminated", "truncated", "expert_actions", "final_obs_indices", "paused")
+
+
+def live_children() -> list[psutil.Process]:
+    """Live descendants, except multiprocessing's own forkserver and resource tracker.
+
+    Those two are started once per interpreter by the standard library and exit with it.
+    """
+    out = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if any("forkserver" in p or "resource_tracker" in p for p in proc.cmdline()):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        out.append(proc)
+    return out
+
+
+def assert_no_children(timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while live_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live_children() == []
+
+
+def assert_same(a: StepBatch, b: StepBatch) -> None:
+    for field in FIELDS:
+        x, y = getattr(a, field), getattr(b, field)
+        assert x.dtype == y.dtype and np.array_equal(x, y), field
+    assert a.obs.keys() == b.obs.keys() and a.final_obs.keys() == b.final_obs.keys()
+    for key in a.obs:
+        assert a.obs[key].dtype == b.obs[key].dtype
+        assert a.obs[key].tobytes() == b.obs[key].tobytes(), key
+    for key in a.final_obs:
+        assert a.final_obs[key].tobytes() == b.final_obs[key].tobytes(), key
+    assert a.episodes == b.episodes  # env index, metrics (exact floats) and episode seed
+
+
+@pytest.mark.parametrize(
+    ("task", "processes", "envs", "steps"),
+    [
+        (SMALL, 1, 3, 60),
+        (SMALL, 2, 4, 60),
+        (SMALL, 2, 5, 60),  # uneven: 3 + 2
+        (SMALL, 3, 7, 60),  # uneven: 3 + 2 + 2
+        (CARTPOLE, 2, 3, 150),
+    ],
+)
+def test_bitwise_identical_to_serial(task: dict, processes: int, envs: int, steps: int) -> None:
+    rng = np.random.default_rng(processes * 100 + envs)
+    num_actions = 4 if task is SMALL else 2
+    with (
+        SerialSampler(task=task, num_envs=envs, seed=5) as serial,
+        MultiprocessSampler(task=task, num_processes=processes, num_envs=envs, seed=5) as multi,
+    ):
+        assert multi.num_envs == envs and multi.num_processes == processes
+        assert multi.observation_space == serial.observation_space
+        assert multi.action_space == serial.action_space
+        (obs_s, exp_s), (obs_m, exp_m) = serial.reset(), multi.reset()
+        assert np.array_equal(exp_s, exp_m)
+        assert all(obs_s[k].tobytes() == obs_m[k].tobytes() for k in obs_s)
+        truncations = episodes = 0
+        for _ in range(steps):
+            actions = rng.integers(0, num_actions, envs)
+            a, b = serial.step(actions), multi.step(actions)
+            assert_same(a, b)
+            truncations += int(a.truncated.sum())
+            episodes += len(a.episodes)
+        assert episodes > 0
+        if task is SMALL:
+            assert truncations > 0  # the final-observation path is exercised
+
+
+def test_envs_per_process_and_num_envs_precedence() -> None:
+    with MultiprocessSampler(task=SMALL, num_processes=2, envs_per_process=3, seed=0) as s:
+        assert s.num_envs == 6 and s.worker_envs == [(0, 3), (3, 6)]
+    with MultiprocessSampler(task=SMALL, num_processes=3, envs_per_process=8, num_envs=4) as s:
+        assert s.num_envs == 4 and s.worker_envs == [(0, 2), (2, 3), (3, 4)]
+    with MultiprocessSampler(task=SMALL, num_processes=4, num_envs=2) as s:
+        assert s.num_processes == 2
+
+
+def run_episode_list(sampler: SerialSampler | MultiprocessSampler) -> list:
+    _, expert = sampler.reset()
+    episodes = []
+    while sampler.num_active:
+        actions = expert.copy()
+        actions[::3] = 0  # deterministic, not the pure expert: some episodes are truncated
+        batch = sampler.step(actions)
+        episodes += batch.episodes
+        expert = batch.expert_actions[~batch.paused]
+    return episodes
+
+
+@pytest.mark.parametrize(("processes", "envs"), [(1, 1), (2, 3), (2, 4), (3, 7), (2, 16)])
+def test_evaluation_runs_every_episode_exactly_once(processes: int, envs: int) -> None:
+    seeds = list(range(100, 113))  # 13 episodes: uneven over 3, 4 and 7; fewer than 16
+    with MultiprocessSampler(
+        task=SMALL, num_processes=processes, num_envs=envs, episode_seeds=seeds
+    ) as multi:
+        got = run_episode_list(multi)
+        assert multi.num_active == 0
+    assert sorted(e.episode_seed for e in got) == seeds
+    with SerialSampler(task=SMALL, num_envs=envs, episode_seeds=seeds) as serial:
+        assert got == run_episode_list(serial)  # same order, env indices and metrics
+
+
+def test_build_sampler_makes_either_kind() -> None:
+    cfg = {
+        "_target_": "rl.sampling.MultiprocessSampler",
+        "_partial_": True,
+        "num_processes": 2,
+        "envs_per_process": 8,
+        "mp_start_method": "forkserver",
+    }
+    seeds = list(range(9))
+    with build_sampler(cfg, task=SMALL, episode_seeds=seeds, num_envs=4) as multi:
+        assert isinstance(multi, MultiprocessSampler) and multi.num_envs == 4
+        got = run_episode_list(multi)
+    with build_sampler(None, task=SMALL, episode_seeds=seeds, num_envs=4) as serial:
+        assert isinstance(serial, SerialSampler)
+        assert got == run_episode_list(serial)
+
+
+def test_spawn_start_method_works() -> None:
+    with MultiprocessSampler(
+        task=CARTPOLE, num_processes=1, num_envs=2, mp_start_method="spawn", seed=1
+    ) as multi:
+        assert multi.start_method == "spawn"
+        obs, _ = multi.reset()
+        assert obs["obs"].shape == (2, 4)
+    assert_no_children()
+
+
+# ---------------------------------------------------------------------------------- faults
+def faulty(num_envs: int, env_index: int, **kwargs: object) -> dict:
+    """A FaultyEnv task whose environment ``env_index`` fails (seed 0 stream)."""
+    return {**FAULTY, "fail_seed": worker_seeds(num_envs, 0)[env_index], **kwargs}
+
+
+def step_until_error(sampler: MultiprocessSampler, steps: int = 20) -> None:
+    sampler.reset()
+    for _ in range(steps):
+        sampler.step(np.zeros(sampler.num_active, dtype=np.int64))
+
+
+def test_raising_env_names_worker_env_and_traceback() -> None:
+    task = faulty(5, 3, fail_at_step=4)
+    sampler = MultiprocessSampler(task=task, num_processes=2, num_envs=5, seed=0)
+    pids = sampler.worker_pids
+    start = time.monotonic()
+    with pytest.raises(SamplerWorkerError) as info:
+        step_until_error(sampler)
+    assert time.monotonic() - start < 10
+    message = str(info.value)
+    assert "sampler worker 1" in message and "environment 3 raised" in message
+    assert "Traceback (most recent call last)" in message
+    assert "ValueError: FaultyEnv failed on purpose at step 4" in message
+    assert "rl/tasks/debug.py" in message
+    assert info.value.worker_index == 1 and info.value.env_index == 3
+    assert not any(psutil.pid_exists(p) and _alive(p) for p in pids)
+    assert_no_children()
+    sampler.close()  # idempotent after a failure
+
+
+def test_raising_on_reset_is_reported() -> None:
+    task = faulty(4, 0, fail_on_reset=True)
+    with MultiprocessSampler(task=task, num_processes=2, num_envs=4, seed=0) as sampler:
+        with pytest.raises(SamplerWorkerError, match=r"worker 0 .*environment 0 raised while"):
+            sampler.reset()
+    assert_no_children()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_killed_worker_is_detected_quickly() -> None:
+    sampler = MultiprocessSampler(task=SMALL, num_processes=3, num_envs=6, seed=0)
+    sampler.reset()
+    pids = sampler.worker_pids
+    os.kill(pids[1], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(SamplerWorkerError, match=r"worker 1 .*died with SIGKILL while stepping"):
+        for _ in range(100):
+            sampler.step(np.zeros(6, dtype=np.int64))
+    assert time.monotonic() - start < 10
+    assert not any(_alive(p) for p in pids)
+    assert_no_children()
+
+
+@pytest.mark.parametrize(("mode", "reason"), [("segfault", "SIGSEGV"), ("exit", "code 3")])
+def test_worker_crash_inside_env_step(mode: str, reason: str) -> None:
+    task = faulty(4, 2, fail_at_step=3, mode=mode)
+    start = time.monotonic()
+    with MultiprocessSampler(task=task, num_processes=2, num_envs=4, seed=0) as sampler:
+        with pytest.raises(SamplerWorkerError, match=rf"worker 1 .*{reason}"):
+            step_until_error(sampler)
+    assert time.monotonic() - start < 10
+    assert_no_children()
+
+
+def test_hung_worker_times_out() -> None:
+    task = faulty(2, 1, fail_at_step=2, mode="hang")
+    start = time.monotonic()
+    with MultiprocessSampler(task=task, num_processes=2, num_envs=2, seed=0, timeout=1.0) as s:
+        with pytest.raises(SamplerWorkerError, match=r"no reply within 1.0 s while stepping"):
+            step_until_error(s)
+    assert time.monotonic() - start < 10
+    assert_no_children()
+
+
+def test_close_and_garbage_collection_end_every_worker() -> None:
+    sampler = MultiprocessSampler(task=SMALL, num_processes=2, num_envs=4, seed=0)
+    pids = sampler.worker_pids
+    assert all(_alive(p) for p in pids)
+    sampler.close()
+    sampler.close()
+    assert not any(_alive(p) for p in pids)
+    with pytest.raises(RuntimeError, match="closed"):
+        sampler.reset()
+    sampler = MultiprocessSampler(task=SMALL, num_processes=2, num_envs=4, seed=0)
+    pids = sampler.worker_pids
+    del sampler
+    gc.collect()
+    assert not any(_alive(p) for p in pids)
+    assert_no_children()
+
+
+def test_interrupted_main_process_leaves_no_worker(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) in a script using the sampler: the workers end with it."""
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import numpy as np\n"
+        "from rl.sampling import MultiprocessSampler\n"
+        f"TASK = {SMALL!r}\n"
+        "if __name__ == '__main__':\n"
+        "    s = MultiprocessSampler(task=TASK, num_processes=2, num_envs=4)\n"
+        "    s.reset()\n"
+        "    print(*s.worker_pids, flush=True)\n"
+        "    while True:\n"
+        "        s.step(np.zeros(4, dtype=np.int64))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=20)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids)
+
+
+# ------------------------------------------------------------------------------ training
+def test_training_smoke_run_with_multiprocess_sampler(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "+experiment=ppo_nav",
+            "+debug=smoke",
+            "sampler=multiprocess",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "WANDB_MODE": "disabled", "WANDB_SILENT": "true"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    resolved = (run_dir / "config.yaml").read_text()
+    assert "rl.sampling.MultiprocessSampler" in resolved
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt_*.pt"))[-1] == (
+        "ckpt_stage00_step000000000256.pt"
+    )
+    assert (run_dir / "metrics.jsonl").read_text().count("charts/SPS") >= 4
