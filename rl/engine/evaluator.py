@@ -88,6 +88,55 @@ def evaluate_policy(
             obs = {k: v[keep] for k, v in obs_to_torch(result.obs, device).items()}
             starts = torch.from_numpy(result.terminated | result.truncated).to(device)[keep]
             hidden = hidden[:, keep]
+    return _summarise(records, episode_seeds)
+
+
+class NoExpertError(ValueError):
+    """The task gives no expert action (``info["expert_action"]``), so it cannot be evaluated."""
+
+
+def evaluate_expert(
+    *,
+    task: Mapping[str, Any],
+    episode_seeds: Sequence[int],
+    num_envs: int = 16,
+) -> EvalResult:
+    """Run the task's expert (``info["expert_action"]``) on every episode of ``episode_seeds``.
+
+    The reference for a policy's evaluation: the same episode list, split and paused the same
+    way as :func:`evaluate_policy`, with the expert's action taken at every step (exposed by
+    samplers as ``StepBatch.expert_actions``).
+
+    Args:
+        task: Plain task config (``_target_`` + arguments).
+        episode_seeds: Seeds of the episodes to run.
+        num_envs: Environments stepped together (capped at the number of episodes).
+
+    Returns:
+        Mean metrics and per-episode records.
+
+    Raises:
+        NoExpertError: If the task gives no expert action at some step.
+    """
+    records: dict[int, dict[str, Any]] = {}
+    with SerialSampler(task=task, num_envs=num_envs, episode_seeds=episode_seeds) as sampler:
+        _, expert = sampler.reset()
+        while sampler.num_active:
+            if (expert < 0).any():
+                raise NoExpertError(
+                    f"task {task.get('_target_')!r} gives no expert action "
+                    '(info["expert_action"]); test_expert needs a task with an expert'
+                )
+            result = sampler.step(expert)
+            for ep in result.episodes:
+                assert ep.episode_seed is not None
+                records[ep.episode_seed] = {"episode_seed": ep.episode_seed, **ep.metrics}
+            expert = result.expert_actions[~result.paused]
+    return _summarise(records, episode_seeds)
+
+
+def _summarise(records: Mapping[int, dict[str, Any]], episode_seeds: Sequence[int]) -> EvalResult:
+    """Per-episode records in list order and their means (NaNs ignored)."""
     if len(records) != len(episode_seeds):
         raise RuntimeError(
             f"evaluation finished {len(records)} episodes, expected {len(episode_seeds)}"

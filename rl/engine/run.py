@@ -20,7 +20,6 @@ import torch
 import yaml
 from omegaconf import DictConfig
 
-from rl.engine.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from rl.engine.evaluator import (
     EvalResult,
     PeriodicEvaluation,
@@ -301,46 +300,15 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
 
 # ------------------------------------------------------------------------ evaluate
 def evaluate(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
-    """Evaluate one checkpoint (``ckpt=``) or a run's newest (``run_dir=``)."""
-    plain = to_plain(cfg)
-    if plain.get("ckpt"):
-        path = Path(plain["ckpt"])
-    elif plain.get("run_dir"):
-        path = latest_checkpoint(plain["run_dir"])
-    else:
-        raise ConfigError("evaluate: set ckpt=PATH (a checkpoint) or run_dir=PATH (a run folder)")
-    if int(plain["num_episodes"]) < 1:
-        raise ConfigError(f"num_episodes: must be >= 1, got {plain['num_episodes']}")
-    state = load_checkpoint(path)
-    train_cfg = state["config"]
-    device = _device(plain.get("device", "cpu"))
-    try:
-        model = build_model(train_cfg["model"], train_cfg["task"]).to(device)
-        model.load_state_dict(state["model"])
-    except (KeyError, RuntimeError) as e:
-        raise CheckpointError(f"{path}: model does not match its saved config: {e}") from e
-    result = evaluate_policy(
-        model=model,
-        task=train_cfg["task"],
-        episode_seeds=episode_seed_list(plain["num_episodes"], plain["episode_seed"]),
-        num_envs=plain["num_envs"],
-        deterministic=plain["deterministic"],
-        action_seed=plain["action_seed"],
-        device=device,
-    )
-    settings = {
-        k: plain[k] for k in ("num_episodes", "episode_seed", "deterministic", "action_seed")
-    }
-    settings["checkpoint"] = str(path)
-    out = path.with_suffix(".eval.json")
-    write_eval_json(out, result, settings)
-    logged = result.as_logged("eval")
-    print(
-        format_table(
-            logged,
-            f"evaluation of {path} ({plain['num_episodes']} episodes, "
-            f"{'argmax' if plain['deterministic'] else 'sampled'} actions)",
-        )
-    )
-    print(f"wrote {out}")
-    return logged
+    """Evaluate checkpoints (``run_dir=``: every one of a run; ``ckpt=``: a file or a glob).
+
+    Each selected checkpoint runs the same fixed, seeded episode list and gets its
+    ``<checkpoint>.eval.json``; a run also gets ``eval_summary.{csv,json,png}``.
+    ``test_expert=true`` evaluates the task's expert instead. See :mod:`rl.engine.eval_runs`.
+
+    Returns:
+        The last checkpoint's ``eval/*`` metrics (``expert/*`` with ``test_expert``).
+    """
+    from rl.engine.eval_runs import evaluate_from_config  # it uses this module's helpers
+
+    return evaluate_from_config(to_plain(cfg))

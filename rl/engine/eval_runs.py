@@ -1,0 +1,419 @@
+"""Evaluation of checkpoints in bulk: ``evaluate.py`` with a run folder, a file or a glob.
+
+habitat-baselines' "evaluate every checkpoint" done without its silent skips: the checkpoints to
+evaluate are chosen up front (all of a run in step order, a file, or a glob; optionally thinned
+to at least ``every_steps`` env steps apart, always keeping the last), each is evaluated exactly
+once on the same fixed episode list (:func:`~rl.engine.evaluator.episode_seed_list`), and each
+gets its ``<checkpoint>.eval.json``. A run folder also gets ``eval_summary.csv``/``.json`` and
+``eval_summary.png`` (success / SPL / return against env steps). ``test_expert=true`` runs the
+task's expert on the same episodes instead, as a reference (``expert.eval.json``), which later
+summaries and plots show beside the policy.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import glob
+import json
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from tqdm.auto import tqdm
+
+from rl.engine.checkpoint import (
+    CHECKPOINT_DIR,
+    CheckpointError,
+    list_checkpoints,
+    load_checkpoint,
+    parse_checkpoint_name,
+)
+from rl.engine.evaluator import EvalResult, episode_seed_list, evaluate_expert, evaluate_policy
+from rl.engine.plots import plot_checkpoint_metrics
+from rl.engine.run import build_model, format_table, write_eval_json
+from rl.models.actor_critic import ActorCritic
+from rl.utils.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+SUMMARY_NAME = "eval_summary"
+EXPERT_NAME = "expert.eval.json"
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt")
+# Columns of the printed summary, in this order, when present.
+TABLE_METRICS = ("success", "spl", "return", "length", "final_distance")
+_GLOB_CHARS = frozenset("*?[")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointRef:
+    """A checkpoint file and its position in training.
+
+    Attributes:
+        path: The file.
+        stage: Pipeline stage index it was saved in.
+        step: Global env steps when it was saved.
+    """
+
+    path: Path
+    stage: int
+    step: int
+
+    @property
+    def run_dir(self) -> Path:
+        """The run folder: the parent of ``checkpoints/``, else the file's folder."""
+        parent = self.path.parent
+        return parent.parent if parent.name == CHECKPOINT_DIR else parent
+
+
+# ------------------------------------------------------------------ selection
+def checkpoint_ref(path: str | Path) -> CheckpointRef:
+    """Stage and env step of a checkpoint: from its name, else from its contents.
+
+    Raises:
+        CheckpointError: If the file cannot be read (the message names it).
+    """
+    path = Path(path)
+    parsed = parse_checkpoint_name(path)
+    if parsed is not None:
+        return CheckpointRef(path, parsed[0], parsed[1])
+    pipe = load_checkpoint(path).get("pipeline") or {}
+    return CheckpointRef(
+        path, int(pipe.get("current_stage_index", 0)), int(pipe.get("total_steps", 0))
+    )
+
+
+def find_checkpoints(
+    *, ckpt: str | None = None, run_dir: str | None = None
+) -> list[CheckpointRef]:
+    """The checkpoints named by ``ckpt`` (a file or a glob) or ``run_dir`` (all of a run).
+
+    Args:
+        ckpt: A checkpoint file, or a glob of them (``**`` allowed), e.g.
+            ``outputs/x/*/checkpoints/ckpt_*.pt``.
+        run_dir: A run folder: every checkpoint in its ``checkpoints/``.
+
+    Returns:
+        The checkpoints grouped by run folder, each run in step order (stage breaks ties).
+
+    Raises:
+        ConfigError: If neither or both are given.
+        CheckpointError: If nothing matches, or a file needed for ordering is unreadable.
+    """
+    if bool(ckpt) == bool(run_dir):
+        raise ConfigError(
+            "evaluate: set exactly one of ckpt=FILE_OR_GLOB (checkpoint files) or "
+            f"run_dir=RUN_FOLDER (every checkpoint of a run); got ckpt={ckpt!r}, "
+            f"run_dir={run_dir!r}"
+        )
+    if run_dir:
+        paths = list_checkpoints(run_dir)
+        if not paths:
+            raise CheckpointError(f"no checkpoint in {Path(run_dir) / CHECKPOINT_DIR}")
+    elif _GLOB_CHARS & set(str(ckpt)):
+        paths = [
+            Path(p)
+            for p in glob.glob(str(ckpt), recursive=True)
+            if Path(p).is_file() and Path(p).suffix in CHECKPOINT_SUFFIXES
+        ]
+        if not paths:
+            raise CheckpointError(
+                f"no checkpoint file ({'/'.join(CHECKPOINT_SUFFIXES)}) matches ckpt={ckpt!r}"
+            )
+    else:
+        path = Path(str(ckpt))
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint {path} does not exist")
+        paths = [path]
+    refs = [checkpoint_ref(p) for p in paths]
+    return sorted(refs, key=lambda r: (str(r.run_dir), r.step, r.stage, r.path.name))
+
+
+def thin_by_steps(refs: Sequence[CheckpointRef], every_steps: int) -> list[CheckpointRef]:
+    """Keep checkpoints at least ``every_steps`` env steps apart, always keeping the last.
+
+    Works per run folder on step-ordered ``refs`` (as :func:`find_checkpoints` returns them):
+    the first checkpoint is kept, then each one at least ``every_steps`` after the last kept,
+    and the run's last checkpoint is always kept.
+
+    Args:
+        refs: Checkpoints in run, then step order.
+        every_steps: Minimum env-step distance (0 keeps everything).
+
+    Returns:
+        The kept checkpoints, in the same order.
+    """
+    if every_steps < 0:
+        raise ConfigError(f"every_steps: must be >= 0, got {every_steps}")
+    if every_steps == 0:
+        return list(refs)
+    kept: list[CheckpointRef] = []
+    for i, ref in enumerate(refs):
+        last_of_run = i + 1 == len(refs) or refs[i + 1].run_dir != ref.run_dir
+        first_of_run = not kept or kept[-1].run_dir != ref.run_dir
+        if first_of_run or last_of_run or ref.step - kept[-1].step >= every_steps:
+            kept.append(ref)
+    return kept
+
+
+# ----------------------------------------------------------------- evaluation
+class _ModelCache:
+    """One model per distinct (model, task) config; checkpoints of a run share it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._models: dict[str, ActorCritic] = {}
+
+    def load(self, ref: CheckpointRef) -> tuple[ActorCritic, dict[str, Any]]:
+        state = load_checkpoint(ref.path, map_location=self.device)
+        train_cfg = state["config"]
+        try:
+            key = json.dumps([train_cfg["model"], train_cfg["task"]], sort_keys=True, default=str)
+            if key not in self._models:
+                model = build_model(train_cfg["model"], train_cfg["task"])
+                self._models[key] = model.to(self.device)
+            model = self._models[key]
+            model.load_state_dict(state["model"])
+        except (KeyError, RuntimeError) as e:
+            raise CheckpointError(f"{ref.path}: model does not match its saved config: {e}") from e
+        return model, train_cfg
+
+
+def _settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: cfg[k] for k in ("num_episodes", "episode_seed", "deterministic", "action_seed")}
+
+
+def summary_row(ref: CheckpointRef, result: EvalResult) -> dict[str, Any]:
+    """One summary row: ``checkpoint``, ``step``, ``stage`` and the mean metrics."""
+    return {"checkpoint": ref.path.name, "step": ref.step, "stage": ref.stage, **result.metrics}
+
+
+def format_summary(
+    rows: Sequence[Mapping[str, Any]], title: str, expert: Mapping[str, float] | None = None
+) -> str:
+    """A text table of summary rows (step, stage and the main metrics), expert row last."""
+    keys = [k for k in TABLE_METRICS if any(k in r for r in rows)]
+    if not keys:
+        keys = sorted({k for r in rows for k in r} - {"checkpoint", "step", "stage"})
+    header = f"{'step':>14} {'stage':>5} " + " ".join(f"{k:>14}" for k in keys)
+    lines = [title, header, "-" * len(header)]
+
+    def cells(row: Mapping[str, Any]) -> str:
+        return " ".join(f"{float(row[k]):>14.4f}" if k in row else f"{'-':>14}" for k in keys)
+
+    lines += [f"{int(r['step']):>14,} {int(r['stage']):>5} {cells(r)}" for r in rows]
+    if expert is not None:
+        lines.append(f"{'expert':>14} {'':>5} {cells(expert)}")
+    return "\n".join(lines)
+
+
+def write_summary(
+    folder: Path,
+    rows: Sequence[Mapping[str, Any]],
+    settings: Mapping[str, Any],
+    expert: Mapping[str, float] | None = None,
+) -> tuple[Path, Path]:
+    """Write ``eval_summary.csv`` (one row per checkpoint) and ``eval_summary.json``."""
+    columns = ["checkpoint", "step", "stage"]
+    columns += sorted({k for r in rows for k in r} - set(columns))
+    csv_path, json_path = folder / f"{SUMMARY_NAME}.csv", folder / f"{SUMMARY_NAME}.json"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    json_path.write_text(
+        json.dumps(
+            {"settings": dict(settings), "checkpoints": list(rows), "expert": expert}, indent=1
+        )
+    )
+    return csv_path, json_path
+
+
+def load_expert_reference(folder: Path, settings: Mapping[str, Any]) -> dict[str, float] | None:
+    """Mean metrics of ``folder/expert.eval.json`` if it ran on the same episode list."""
+    path = folder / EXPERT_NAME
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        seeds = [e["episode_seed"] for e in data["episodes"]]
+    except (ValueError, KeyError, TypeError):
+        log.warning("ignoring unreadable expert reference %s", path)
+        return None
+    if seeds != episode_seed_list(int(settings["num_episodes"]), int(settings["episode_seed"])):
+        return None
+    return {k: float(v) for k, v in data["metrics"].items()}
+
+
+def evaluate_checkpoints(cfg: Mapping[str, Any]) -> dict[str, float]:
+    """Evaluate every selected checkpoint; write per-checkpoint JSONs, summaries and plots.
+
+    Args:
+        cfg: The plain ``conf/evaluate.yaml`` config (``ckpt``/``run_dir``, ``every_steps``,
+            ``num_episodes``, ``episode_seed``, ``num_envs``, ``deterministic``,
+            ``action_seed``, ``device``, ``progress_bar``).
+
+    Returns:
+        The last evaluated checkpoint's metrics as ``eval/*``.
+    """
+    refs = find_checkpoints(ckpt=cfg.get("ckpt"), run_dir=cfg.get("run_dir"))
+    selected = thin_by_steps(refs, int(cfg.get("every_steps") or 0))
+    if len(selected) < len(refs):
+        log.info(
+            "every_steps=%s: evaluating %d of %d checkpoints",
+            cfg["every_steps"],
+            len(selected),
+            len(refs),
+        )
+    device = torch.device(cfg.get("device") or "cpu")
+    episode_seeds = episode_seed_list(int(cfg["num_episodes"]), int(cfg["episode_seed"]))
+    settings = _settings(cfg)
+    models = _ModelCache(device)
+    rows_by_run: dict[Path, list[dict[str, Any]]] = {}
+    logged: dict[str, float] = {}
+    bar = tqdm(
+        selected,
+        desc="checkpoints",
+        unit="ckpt",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        disable=not cfg.get("progress_bar", True),
+    )
+    for ref in bar:
+        bar.set_postfix_str(ref.path.name, refresh=True)
+        model, train_cfg = models.load(ref)
+        result = evaluate_policy(
+            model=model,
+            task=train_cfg["task"],
+            episode_seeds=episode_seeds,
+            num_envs=int(cfg["num_envs"]),
+            deterministic=bool(cfg["deterministic"]),
+            action_seed=int(cfg["action_seed"]),
+            device=device,
+        )
+        write_eval_json(
+            ref.path.with_suffix(".eval.json"),
+            result,
+            {**settings, "checkpoint": str(ref.path), "step": ref.step, "stage": ref.stage},
+        )
+        rows_by_run.setdefault(ref.run_dir, []).append(summary_row(ref, result))
+        logged = result.as_logged("eval")
+    bar.close()
+
+    mode = "argmax" if cfg["deterministic"] else "sampled"
+    single_file = len(refs) == 1 and not cfg.get("run_dir") and not _is_glob(cfg.get("ckpt"))
+    for run_dir, rows in rows_by_run.items():
+        expert = load_expert_reference(run_dir, settings)
+        title = f"{run_dir} ({cfg['num_episodes']} episodes, {mode} actions)"
+        print(format_summary(rows, title, expert))
+        if single_file:
+            print(f"wrote {selected[0].path.with_suffix('.eval.json')}")
+            continue
+        csv_path, json_path = write_summary(run_dir, rows, settings, expert)
+        print(f"wrote {len(rows)} <checkpoint>.eval.json files, {csv_path}, {json_path}")
+        if cfg.get("plot", True):
+            png = plot_checkpoint_metrics(
+                rows, run_dir / f"{SUMMARY_NAME}.png", title=str(run_dir), expert=expert
+            )
+            if png is not None:
+                print(f"wrote {png}")
+    return logged
+
+
+def _is_glob(value: Any) -> bool:
+    return bool(value) and bool(_GLOB_CHARS & set(str(value)))
+
+
+# --------------------------------------------------------------------- expert
+def _task_of_run(run_dir: Path) -> dict[str, Any]:
+    resolved = run_dir / "config.yaml"
+    if resolved.is_file():
+        task = (yaml.safe_load(resolved.read_text()) or {}).get("task")
+        if isinstance(task, dict):
+            return task
+    refs = find_checkpoints(run_dir=str(run_dir))
+    return dict(load_checkpoint(refs[-1].path)["config"]["task"])
+
+
+def evaluate_expert_reference(cfg: Mapping[str, Any]) -> dict[str, float]:
+    """``test_expert=true``: run the task's expert on the evaluation episode list.
+
+    The task comes from ``task=NAME`` (a config group choice) if given, else from the run
+    (``run_dir``, or the first checkpoint matched by ``ckpt``). Results go to
+    ``<run>/expert.eval.json`` (or ``<output_dir>/expert.eval.json`` without a run), where
+    later checkpoint summaries and plots pick them up as the reference.
+
+    Returns:
+        The expert's mean metrics as ``expert/*``.
+
+    Raises:
+        ConfigError: If no task can be found.
+        NoExpertError: If the task has no expert.
+    """
+    folder: Path | None = None
+    if cfg.get("run_dir"):
+        folder = Path(cfg["run_dir"])
+    elif cfg.get("ckpt"):
+        folder = find_checkpoints(ckpt=cfg["ckpt"])[0].run_dir
+    if cfg.get("task"):
+        task = dict(cfg["task"])
+    elif folder is not None:
+        task = _task_of_run(folder)
+    else:
+        raise ConfigError(
+            "test_expert=true needs a task: run_dir=RUN_FOLDER, ckpt=FILE or task=NAME "
+            "(a conf/task option)"
+        )
+    if folder is None:
+        folder = Path(cfg.get("output_dir") or ".")
+    folder.mkdir(parents=True, exist_ok=True)
+    episode_seeds = episode_seed_list(int(cfg["num_episodes"]), int(cfg["episode_seed"]))
+    result = evaluate_expert(task=task, episode_seeds=episode_seeds, num_envs=int(cfg["num_envs"]))
+    out = folder / EXPERT_NAME
+    settings = {
+        "num_episodes": cfg["num_episodes"],
+        "episode_seed": cfg["episode_seed"],
+        "expert": True,
+        "task": task,
+    }
+    write_eval_json(out, result, settings)
+    logged = result.as_logged("expert")
+    print(
+        format_table(logged, f"expert on {task.get('_target_')} ({len(episode_seeds)} episodes)")
+    )
+    print(f"wrote {out}")
+    return logged
+
+
+def evaluate_from_config(cfg: Mapping[str, Any]) -> dict[str, float]:
+    """Entry point of ``evaluate.py`` (``rl.engine.run.evaluate``): checkpoints or expert."""
+    if int(cfg["num_episodes"]) < 1:
+        raise ConfigError(f"num_episodes: must be >= 1, got {cfg['num_episodes']}")
+    if int(cfg.get("every_steps") or 0) < 0:
+        raise ConfigError(f"every_steps: must be >= 0, got {cfg['every_steps']}")
+    if cfg.get("test_expert"):
+        return evaluate_expert_reference(cfg)
+    if cfg.get("task"):
+        raise ConfigError(
+            "task=... is only used with test_expert=true; checkpoints are evaluated on the task "
+            "saved in them"
+        )
+    return evaluate_checkpoints(cfg)
+
+
+__all__ = [
+    "CheckpointRef",
+    "checkpoint_ref",
+    "evaluate_checkpoints",
+    "evaluate_expert_reference",
+    "evaluate_from_config",
+    "find_checkpoints",
+    "format_summary",
+    "load_expert_reference",
+    "thin_by_steps",
+    "write_summary",
+]

@@ -1,0 +1,70 @@
+"""PNG plots of a run's checkpoint evaluations (success, SPL, return against env steps).
+
+Uses matplotlib's object API with the Agg canvas only (no ``pyplot``, no global backend
+switch), so it works headless and never changes the backend of the calling program.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+# Panels in this order, when the metric is present: (metric, axis label).
+PLOTTED_METRICS = (("success", "success"), ("spl", "SPL"), ("return", "return"))
+
+
+def plot_checkpoint_metrics(
+    rows: Sequence[Mapping[str, Any]],
+    path: Path,
+    *,
+    title: str = "",
+    expert: Mapping[str, float] | None = None,
+) -> Path | None:
+    """Plot success / SPL / return of evaluated checkpoints against env steps.
+
+    Args:
+        rows: One mapping per checkpoint, in step order, with ``step`` and metric values
+            (``success``, ``spl``, ``return``, ...).
+        path: The PNG to write.
+        title: Figure title (e.g. the run folder).
+        expert: Mean metrics of the task's expert on the same episodes, drawn as dashed lines.
+
+    Returns:
+        ``path``, or None when no row has any of the plotted metrics.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    panels = [
+        (key, label)
+        for key, label in PLOTTED_METRICS
+        if any(_finite(row.get(key)) for row in rows)
+    ]
+    if not panels:
+        return None
+    fig = Figure(figsize=(4.0 * len(panels), 3.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    steps = [int(row["step"]) for row in rows]
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        values = [float(row[key]) if _finite(row.get(key)) else math.nan for row in rows]
+        ax.plot(steps, values, marker="o", markersize=3, label="policy")
+        if expert is not None and _finite(expert.get(key)):
+            ax.axhline(float(expert[key]), linestyle="--", color="gray", label="expert")
+            ax.legend(loc="best", fontsize="small")
+        ax.set_xlabel("env steps")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        if key in ("success", "spl"):
+            ax.set_ylim(-0.05, 1.05)
+    if title:
+        fig.suptitle(title, fontsize="medium")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(float(value))
