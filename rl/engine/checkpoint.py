@@ -36,10 +36,21 @@ def parse_checkpoint_name(path: str | Path) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
+# Mode of checkpoint files and of ``latest`` (mkstemp creates 0600 files).
+FILE_MODE = 0o644
+TMP_SUFFIX = ".tmp"
+
+
 def _atomic_write(path: Path, write: Any) -> None:
+    """Write ``path`` via a temporary file in the same folder: write, fsync, rename, fsync dir.
+
+    A crash (even ``kill -9``) at any moment leaves either the old file or the complete new
+    one under ``path``, plus at worst a stray hidden ``.<name>.*.tmp`` file.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -61,6 +72,17 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps:
     _atomic_write(path, lambda f: torch.save(state, f))
     _atomic_write(path.parent / LATEST, lambda f: f.write(path.name.encode()))
     return path
+
+
+def remove_stale_temp_files(run_dir: str | Path) -> list[Path]:
+    """Delete temporary files left by writes that were killed (call only when nothing writes)."""
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    if not folder.is_dir():
+        return []
+    stale = [p for p in folder.glob(".*" + TMP_SUFFIX) if p.is_file()]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:

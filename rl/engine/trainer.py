@@ -12,11 +12,20 @@ expert's with the stage schedule's probability at each step.
 
 Extension point: ``callbacks`` objects may define ``on_rollout_end(trainer, info)`` and
 ``on_stage_end(trainer, stage_index)`` (both optional).
+
+Checkpoints are taken at rollout boundaries, after the stage bookkeeping, so a checkpoint holds
+a consistent position: :meth:`OnPolicyTrainer.state_dict` saves the model, optimizer, scheduler,
+pipeline position, trackers, every RNG the loop draws from, the sampler's episodes in flight and
+the observation / recurrent state carried into the next rollout, and
+:meth:`OnPolicyTrainer.load_state_dict` restores all of it, so that a resumed run continues
+bitwise like an uninterrupted one (single-process sampler, CPU). :meth:`request_stop` (called by
+signal handlers) ends training at the next rollout boundary with a checkpoint.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,7 +45,12 @@ from rl.pipeline.stages import TrainingPipeline, TrainingSettings
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.sampling.base import EpisodeRecord, Sampler
 from rl.storage.rollout import RolloutStorage
-from rl.utils.seeding import rng_state
+from rl.utils.seeding import rng_state, set_rng_state
+
+log = logging.getLogger(__name__)
+
+# Version of the checkpoint layout written by OnPolicyTrainer.state_dict.
+CHECKPOINT_FORMAT = 2
 
 # cleanrl-compatible names for the sampler's generic episode metrics.
 _EPISODE_KEY = {"return": "charts/episodic_return", "length": "charts/episodic_length"}
@@ -85,6 +99,9 @@ class OnPolicyTrainer:
         logger: Where metrics go.
         output_dir: The run folder (checkpoints go to ``output_dir/checkpoints``).
         config: Resolved run config stored in every checkpoint.
+        config_unresolved: The composed config before interpolation (``${total_env_steps}``
+            kept), stored too so a resume can re-resolve it with new safe overrides.
+        wandb_run_id: Id of the wandb run (stored so a resume continues the same run).
         device: Torch device of the model and the rollout storage.
         seed: Seed of the minibatch shuffling generator.
         on_checkpoint: Called with each saved checkpoint's path.
@@ -101,6 +118,8 @@ class OnPolicyTrainer:
         logger: MetricsLogger,
         output_dir: Path,
         config: Mapping[str, Any],
+        config_unresolved: Mapping[str, Any] | None = None,
+        wandb_run_id: str | None = None,
         device: torch.device | str = "cpu",
         seed: int = 0,
         on_checkpoint: Callable[[Path], None] | None = None,
@@ -112,6 +131,8 @@ class OnPolicyTrainer:
         self.logger = logger
         self.output_dir = Path(output_dir)
         self.config = dict(config)
+        self.config_unresolved = None if config_unresolved is None else dict(config_unresolved)
+        self.wandb_run_id = wandb_run_id
         self.device = torch.device(device)
         self.on_checkpoint = on_checkpoint
         self.callbacks = list(callbacks)
@@ -145,26 +166,56 @@ class OnPolicyTrainer:
         self._teacher_forced = 0
         self._timers: dict[str, float] = {"env": 0.0, "inference": 0.0, "update": 0.0}
         self._interval_start = (time.perf_counter(), 0)
+        # What one rollout hands the next (obs, expert actions, episode starts, hidden state);
+        # None until the environments are reset or restored from a checkpoint.
+        self._carry: dict[str, Any] | None = None
+        self.stop_reason: str | None = None
+
+    def request_stop(self, reason: str) -> None:
+        """Stop at the next rollout boundary, after saving a checkpoint (signal-safe).
+
+        Args:
+            reason: Why (e.g. ``"SIGTERM"``); kept in :attr:`stop_reason`.
+        """
+        if self.stop_reason is None:
+            self.stop_reason = reason
 
     # ------------------------------------------------------------------ API
     def train(self) -> dict[str, float]:
         """Run every remaining stage of the pipeline; return the last logged metrics."""
+        """Run every remaining stage of the pipeline; return the last logged metrics.
+
+        Returns early, with a checkpoint saved, when :meth:`request_stop` was called
+        (:attr:`stop_reason` says why).
+        """
         pipe = self.pipeline
         n = self.sampler.num_envs
-        obs_np, expert_np = self.sampler.reset()
-        obs = obs_to_torch(obs_np, self.device)
-        expert = torch.from_numpy(expert_np)
-        episode_starts = torch.ones(n, dtype=torch.bool, device=self.device)
-        hidden = self.model.initial_hidden(n, self.device)
+        if self._carry is None:
+            obs_np, expert_np = self.sampler.reset()
+            self._carry = {
+                "obs": obs_to_torch(obs_np, self.device),
+                "expert": torch.from_numpy(expert_np),
+                "episode_starts": torch.ones(n, dtype=torch.bool, device=self.device),
+                "hidden": self.model.initial_hidden(n, self.device),
+            }
+        carry = self._carry
+        obs, expert = carry["obs"], carry["expert"]
+        episode_starts, hidden = carry["episode_starts"], carry["hidden"]
         if self.lr_scheduler is not None:
             step_lr_scheduler_to(self.lr_scheduler, pipe.total_steps)
         self._interval_start = (time.perf_counter(), pipe.total_steps)
-        while not pipe.finished:
+        while not pipe.finished and self.stop_reason is None:
             settings = pipe.current_settings
             num_steps = min(settings.num_steps, math.ceil(pipe.stage_remaining_steps / n))
             obs, expert, episode_starts, hidden = self._collect(
                 num_steps, obs, expert, episode_starts, hidden
             )
+            self._carry = {
+                "obs": obs,
+                "expert": expert,
+                "episode_starts": episode_starts,
+                "hidden": hidden,
+            }
             stage_index, settings = pipe.current_stage_index, pipe.current_settings
             if pipe.current_stage.loss_names:
                 self._update(obs, episode_starts, hidden)
@@ -185,7 +236,17 @@ class OnPolicyTrainer:
             for cb in self.callbacks:
                 if hasattr(cb, "on_rollout_end"):
                     cb.on_rollout_end(self, info)
-            self._after_rollout(steps_before)
+            self._after_rollout(steps_before, stage_index)
+        if self.stop_reason is not None:
+            # HARNESS: preempted; the trackers stay in the checkpoint (no log, no double count).
+            path = self.save()
+            log.warning(
+                "stopped (%s) at env step %d; checkpoint %s",
+                self.stop_reason,
+                pipe.total_steps,
+                path,
+            )
+            return dict(self.last_metrics)
         self._log()
         return dict(self.last_metrics)
 
@@ -350,7 +411,10 @@ class OnPolicyTrainer:
         return component.updates
 
     # --------------------------------------------------------- bookkeeping
-    def _after_rollout(self, steps_before: int) -> None:
+    def _after_rollout(self, steps_before: int, stage_index: int) -> None:
+        # HARNESS: log, advance the stage if it is done, then save once. Saving after the
+        # advance keeps a checkpoint's position consistent (a resumed run never has to finish a
+        # half-done stage switch); a stage-end checkpoint is named after the stage that ended.
         pipe = self.pipeline
         settings = pipe.current_settings
         steps = pipe.total_steps
@@ -361,18 +425,18 @@ class OnPolicyTrainer:
         if interval and steps // interval > steps_before // interval:
             self._log()
         save_interval = settings.save_interval or 0
-        if save_interval and steps // save_interval > steps_before // save_interval:
-            self.save()
+        due = bool(save_interval) and steps // save_interval > steps_before // save_interval
         if pipe.should_advance(self.last_metrics):
             self._log()
-            self.save()
-            finished = pipe.current_stage_index
             pipe.advance()
-            for cb in self.callbacks:
-                if hasattr(cb, "on_stage_end"):
-                    cb.on_stage_end(self, finished)
             if not pipe.finished:
                 self.logger.log(steps, {"pipeline/stage": float(pipe.current_stage_index)})
+            self.save(stage=stage_index)
+            for cb in self.callbacks:
+                if hasattr(cb, "on_stage_end"):
+                    cb.on_stage_end(self, stage_index)
+        elif due:
+            self.save(stage=stage_index)
 
     def _log(self) -> None:
         pipe = self.pipeline
@@ -399,24 +463,150 @@ class OnPolicyTrainer:
 
     # ---------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue training (safe for ``weights_only`` loading)."""
+        """Everything needed to continue training exactly (safe for ``weights_only`` loading).
+
+        Keys: ``model``, ``optimizer``, ``lr_scheduler``, ``pipeline`` (stage index, step
+        counts), ``trackers`` (metric sums and counts not yet logged), ``trainer`` (last
+        metrics, log and save positions), ``rng`` (Python, NumPy, torch global, the shuffle
+        generator, off-policy data iterators), ``sampler`` (episodes in flight, or None if the
+        sampler cannot save them), ``rollout`` (observations, expert actions, episode starts
+        and recurrent state carried into the next rollout), ``config`` (resolved),
+        ``config_unresolved`` and ``wandb_run_id``.
+        """
+        sampler_state: dict[str, Any] | None
+        try:
+            sampler_state = self.sampler.state_dict()
+        except NotImplementedError:
+            sampler_state = None
+        rollout = None
+        if self._carry is not None:
+            rollout = {k: v for k, v in self._carry.items() if k != "obs"}
+            rollout["obs"] = dict(self._carry["obs"])
         return {
-            "format_version": 1,
+            "format_version": CHECKPOINT_FORMAT,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.state_dict(),
             "pipeline": self.pipeline.state_dict(),
+            "trackers": {
+                "episode": self.episode_tracker.state_dict(),
+                "train": self.train_tracker.state_dict(),
+            },
+            "trainer": {
+                "last_metrics": dict(self.last_metrics),
+                "last_log_step": self._last_log_step,
+                "offpolicy_update_count": self.offpolicy_update_count,
+            },
+            "rng": {
+                **rng_state(),
+                "shuffle": self.shuffle_generator.get_state(),
+                "offpolicy": self._offpolicy_rng_states(),
+            },
+            "sampler": sampler_state,
+            "rollout": rollout,
             "config": self.config,
-            "rng": rng_state(),
+            "config_unresolved": self.config_unresolved,
+            "wandb_run_id": self.wandb_run_id,
         }
 
-    def save(self) -> Path:
-        """Write a checkpoint at the current stage and env step (once per step)."""
+    def _offpolicy_rng_states(self) -> dict[str, torch.Tensor]:
+        """Generator states of the stages' off-policy data iterators, by stage index."""
+        out = {}
+        for i, stage in enumerate(self.pipeline.stages):
+            component = stage.offpolicy_component
+            generator = getattr(getattr(component, "data_iterator", None), "generator", None)
+            if isinstance(generator, torch.Generator):
+                out[str(i)] = generator.get_state()
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint written by :meth:`state_dict` (call before :meth:`train`).
+
+        The episodes in flight are restored through the sampler's ``load_state_dict``; a
+        sampler that cannot do that gets fresh episodes (with a warning), which is the only
+        case where the continuation differs from an uninterrupted run.
+
+        Args:
+            state: A loaded checkpoint (see :func:`rl.engine.checkpoint.load_checkpoint`).
+        """
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
+            sched = dict(state["lr_scheduler"])
+            # The schedule functions come from the config (their horizon may have been
+            # extended on resume): keep them, restore only the scheduler's counters.
+            if "lr_lambdas" in sched:
+                sched["lr_lambdas"] = [None] * len(sched["lr_lambdas"])
+            self.lr_scheduler.load_state_dict(sched)
+        self.pipeline.load_state_dict(state["pipeline"])
+        if self.wandb_run_id is None:
+            self.wandb_run_id = state.get("wandb_run_id")
+        trackers = state.get("trackers") or {}
+        if "episode" in trackers:
+            self.episode_tracker.load_state_dict(trackers["episode"])
+            self.train_tracker.load_state_dict(trackers["train"])
+        trainer = state.get("trainer") or {}
+        self.last_metrics = dict(trainer.get("last_metrics", {}))
+        self._last_log_step = int(trainer.get("last_log_step", -1))
+        self.offpolicy_update_count = int(trainer.get("offpolicy_update_count", 0))
+        self._last_saved_step = self.pipeline.total_steps
+        self._carry = self._restore_rollout(state)
+        rng = state["rng"]
+        if "shuffle" in rng:
+            self.shuffle_generator.set_state(rng["shuffle"])
+        for index, generator_state in (rng.get("offpolicy") or {}).items():
+            component = self.pipeline.stages[int(index)].offpolicy_component
+            component.data_iterator.generator.set_state(generator_state)  # type: ignore[union-attr]
+        set_rng_state(rng)  # last: nothing above may draw from the global generators
+
+    def _restore_rollout(self, state: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The carried rollout state, with the sampler's episodes replayed (None: start fresh)."""
+        rollout, sampler_state = state.get("rollout"), state.get("sampler")
+        if rollout is None:
+            return None
+        if sampler_state is None:
+            log.warning(
+                "the checkpoint holds no sampler state (its sampler could not save episodes in "
+                "flight): starting fresh episodes; the run will not match an uninterrupted one"
+            )
+            return None
+        try:
+            obs_np, expert_np = self.sampler.load_state_dict(sampler_state)
+        except NotImplementedError as e:
+            log.warning("%s: starting fresh episodes instead", e)
+            return None
+        obs = obs_to_torch(obs_np, self.device)
+        saved_obs = rollout["obs"]
+        if set(saved_obs) != set(obs) or not all(
+            torch.equal(obs[k], saved_obs[k].to(self.device)) for k in obs
+        ):
+            log.warning(
+                "the restored environments' observations differ from the saved ones (is the "
+                "environment deterministic given its seed?); continuing from the restored ones"
+            )
+        return {
+            "obs": obs,
+            "expert": torch.from_numpy(expert_np),
+            "episode_starts": rollout["episode_starts"].to(self.device),
+            "hidden": rollout["hidden"].to(self.device),
+        }
+
+    def save(self, stage: int | None = None) -> Path:
+        """Write a checkpoint at the current env step (once per step).
+
+        Args:
+            stage: Stage index in the file name (default: the current stage; the trainer
+                passes the stage that just ended for stage-end checkpoints).
+
+        Returns:
+            The checkpoint's path.
+        """
         pipe = self.pipeline
         steps = pipe.total_steps
         if steps == self._last_saved_step and self.last_checkpoint is not None:
             return self.last_checkpoint
-        stage = min(pipe.current_stage_index, len(pipe.stages) - 1)
+        if stage is None:
+            stage = min(pipe.current_stage_index, len(pipe.stages) - 1)
         path = save_checkpoint(self.output_dir, self.state_dict(), stage, steps)
         self._last_saved_step = steps
         self.last_checkpoint = path

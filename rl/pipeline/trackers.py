@@ -49,5 +49,14 @@ class ScalarMeanTracker:
         self.reset()
         return means
 
+    def state_dict(self) -> dict[str, dict[str, float]]:
+        """Sums and counts so far (plain floats; for checkpoints)."""
+        return {"sums": dict(self._sums), "counts": dict(self._counts)}
+
+    def load_state_dict(self, state: Mapping[str, Mapping[str, float]]) -> None:
+        """Restore sums and counts saved by :meth:`state_dict`."""
+        self._sums = {k: float(v) for k, v in state["sums"].items()}
+        self._counts = {k: float(v) for k, v in state["counts"].items()}
+
     def __len__(self) -> int:
         return len(self._sums)

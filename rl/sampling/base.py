@@ -85,6 +85,38 @@ class Sampler(abc.ABC):
     def close(self) -> None:
         """Release the environments (idempotent)."""
 
+    def state_dict(self) -> dict[str, Any]:
+        """What is needed to restore the episodes in flight (for exact resume).
+
+        The result must load with ``torch.load(weights_only=True)`` (plain containers, numbers,
+        strings, tensors). Samplers that cannot do this keep this default, and a resumed run
+        starts fresh episodes instead.
+
+        Raises:
+            NotImplementedError: This sampler cannot save its episodes in flight.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot save its episodes in flight (no state_dict); "
+            "a resumed run starts fresh episodes"
+        )
+
+    def load_state_dict(self, state: dict[str, Any]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Restore the episodes in flight saved by :meth:`state_dict` (instead of :meth:`reset`).
+
+        Args:
+            state: What :meth:`state_dict` returned, on a sampler built with the same arguments.
+
+        Returns:
+            ``(obs [N, ...], expert_actions [N])`` as :meth:`reset` returns them: the
+            observations the saved sampler was about to act on.
+
+        Raises:
+            NotImplementedError: This sampler cannot restore episodes.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot restore episodes in flight (no load_state_dict)"
+        )
+
     def __enter__(self) -> Sampler:
         return self
 

@@ -31,6 +31,19 @@ def build_env(task: Mapping[str, Any], **kwargs: Any) -> gym.Env:
     return env
 
 
+def _np_random_state(env: gym.Env) -> dict[str, Any] | None:
+    """The bit-generator state of ``env``'s ``np_random`` (None if it has none yet)."""
+    rng = getattr(env.unwrapped, "_np_random", None)
+    return None if rng is None else dict(rng.bit_generator.state)
+
+
+def _set_np_random_state(env: gym.Env, state: dict[str, Any]) -> None:
+    """Give ``env`` an ``np_random`` in exactly ``state`` (from :func:`_np_random_state`)."""
+    bit_generator = getattr(np.random, state["bit_generator"])()
+    bit_generator.state = state
+    env.unwrapped.np_random = np.random.Generator(bit_generator)
+
+
 class SerialSampler(Sampler):
     """Steps ``num_envs`` environments one after the other.
 
@@ -92,6 +105,10 @@ class SerialSampler(Sampler):
         self._returns = np.zeros(num_envs, dtype=np.float64)
         self._lengths = np.zeros(num_envs, dtype=np.int64)
         self._current_seed: list[int | None] = [None] * num_envs
+        # How each environment's current episode started and the actions taken since, so the
+        # episodes in flight can be saved and replayed (state_dict / load_state_dict).
+        self._episode_start: list[dict[str, Any]] = [{} for _ in range(num_envs)]
+        self._episode_actions: list[list[int]] = [[] for _ in range(num_envs)]
         # Global index of the environment being reset or stepped (None between calls), so a
         # caller catching an environment's exception can name the environment that raised.
         self.current_env: int | None = None
@@ -113,6 +130,8 @@ class SerialSampler(Sampler):
         else:
             seed = self._seeds[i] if first else None
         self.current_env = self.env_offset + i
+        self._episode_start[i] = {"seed": seed, "np_random": _np_random_state(self.envs[i])}
+        self._episode_actions[i] = []
         obs, info = self.envs[i].reset(seed=seed)
         self._returns[i] = 0.0
         self._lengths[i] = 0
@@ -158,7 +177,9 @@ class SerialSampler(Sampler):
         for pos, i in enumerate(self._active):
             env = self.envs[i]
             self.current_env = self.env_offset + i
-            obs, reward, term, trunc, info = env.step(int(actions[pos]))
+            action = int(actions[pos])
+            self._episode_actions[i].append(action)
+            obs, reward, term, trunc, info = env.step(action)
             obs = self._as_dict(obs)
             self._returns[i] += float(reward)
             self._lengths[i] += 1
@@ -193,6 +214,75 @@ class SerialSampler(Sampler):
         if paused.any():
             self._active = [i for pos, i in enumerate(self._active) if not paused[pos]]
         return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The episodes in flight: per environment, how it started and the actions since.
+
+        An episode started with a seed is restored by resetting with that seed; one started
+        without (an auto-reset) by restoring the environment's ``np_random`` bit-generator state
+        from just before that reset. Either way the recorded actions are then replayed, so this
+        is exact for environments that are deterministic given their ``np_random``.
+
+        Raises:
+            NotImplementedError: In evaluation mode (episode lists are not resumable).
+        """
+        if self.eval_mode:
+            raise NotImplementedError("a SerialSampler in evaluation mode cannot be saved")
+        return {
+            "num_envs": self.num_envs,
+            "env_offset": self.env_offset,
+            "episodes": [
+                {**start, "actions": list(actions)}
+                for start, actions in zip(self._episode_start, self._episode_actions, strict=True)
+            ],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Restore the episodes in flight saved by :meth:`state_dict` (replaces :meth:`reset`).
+
+        Returns:
+            ``(obs [N, ...], expert_actions [N])``: what the saved sampler was about to act on.
+
+        Raises:
+            ValueError: The state belongs to a different sampler layout.
+            RuntimeError: Replaying an episode ended it (the environment is not deterministic
+                given its seed and ``np_random``).
+        """
+        if self.eval_mode:
+            raise NotImplementedError("a SerialSampler in evaluation mode cannot be restored")
+        if int(state["num_envs"]) != self.num_envs or int(state["env_offset"]) != self.env_offset:
+            raise ValueError(
+                f"sampler state for {state['num_envs']} envs at offset {state['env_offset']}, "
+                f"but this sampler has {self.num_envs} at offset {self.env_offset}"
+            )
+        self._active = list(range(self.num_envs))
+        rows, experts = [], []
+        for i, episode in enumerate(state["episodes"]):
+            env = self.envs[i]
+            self.current_env = self.env_offset + i
+            seed = episode["seed"]
+            if seed is None and episode["np_random"] is not None:
+                _set_np_random_state(env, episode["np_random"])
+            self._episode_start[i] = {"seed": seed, "np_random": episode["np_random"]}
+            obs, info = env.reset(seed=None if seed is None else int(seed))
+            self._returns[i] = 0.0
+            self._lengths[i] = 0
+            actions = [int(a) for a in episode["actions"]]
+            for action in actions:
+                obs, reward, term, trunc, info = env.step(action)
+                self._returns[i] += float(reward)
+                self._lengths[i] += 1
+                if term or trunc:
+                    raise RuntimeError(
+                        f"environment {self.env_offset + i}: replaying its saved episode ended it "
+                        f"after {self._lengths[i]} of {len(actions)} actions; the environment is "
+                        "not deterministic given its seed and np_random"
+                    )
+            self._episode_actions[i] = actions
+            rows.append(self._as_dict(obs))
+            experts.append(info.get("expert_action", -1))
+        self.current_env = None
+        return self._stack(rows), np.asarray(experts, dtype=np.int64)
 
     def render(self, env_index: int = 0) -> np.ndarray | None:
         """RGB frame of one environment (it must have been built with ``render_mode``)."""
