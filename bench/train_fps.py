@@ -11,10 +11,12 @@ tanh actor and critic networks). FPS = env steps / wall time of training (set-up
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,7 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 NUM_ENVS, NUM_STEPS, EPOCHS, MINIBATCHES = 16, 128, 4, 4
 
 
-def ours(model: str, steps: int) -> float:
+def ours(
+    model: str, steps: int, extra_overrides: list[str] | None = None, return_record: bool = False
+) -> Any:
+    """Training FPS of ppo_nav with ``model`` (and the last metrics record if asked)."""
     from hydra import compose, initialize_config_dir
 
     import rl.engine.run
@@ -46,14 +51,17 @@ def ours(model: str, steps: int) -> float:
                     "logger.sinks.console.progress_bar=false",
                     "logger.sinks.console.summary_every=0",
                     f"output_dir={tmp}",
+                    *(extra_overrides or []),
                 ],
             )
         rl.engine.run.train(cfg)
         last = json.loads((Path(tmp) / "metrics.jsonl").read_text().splitlines()[-1])
-        return last["env_step"] / last["wall_time"]
+        fps = last["env_step"] / last["wall_time"]
+        return (fps, last.get("metrics", last)) if return_record else fps
 
 
-def sb3(steps: int) -> float:
+def sb3(steps: int, vec_env: str = "dummy") -> float:
+    """SB3 PPO's training FPS with ``DummyVecEnv`` (``dummy``) or ``SubprocVecEnv``."""
     import gymnasium as gym
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
@@ -71,7 +79,13 @@ def sb3(steps: int) -> float:
         def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
             return torch.cat([obs[k].flatten(1).float() for k in sorted(obs)], dim=1)
 
-    env = make_vec_env("rl/PointNav-v0", n_envs=NUM_ENVS, seed=0)
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    vec_cls = SubprocVecEnv if vec_env == "subproc" else DummyVecEnv
+    kwargs = {"start_method": "forkserver"} if vec_env == "subproc" else None
+    # A picklable factory: SubprocVecEnv's workers must register rl/PointNav-v0 themselves.
+    make = functools.partial(rl.tasks.make_gym_env, env_id="rl/PointNav-v0")
+    env = make_vec_env(make, n_envs=NUM_ENVS, seed=0, vec_env_cls=vec_cls, vec_env_kwargs=kwargs)
     agent = PPO(
         "MultiInputPolicy",
         env,

@@ -103,6 +103,31 @@ def test_bitwise_identical_to_serial(task: dict, processes: int, envs: int, step
             assert truncations > 0  # the final-observation path is exercised
 
 
+def test_halves_with_env_offset_match_one_serial_sampler() -> None:
+    """Two samplers over halves of one seed stream (double buffering) = one serial sampler."""
+    rng = np.random.default_rng(0)
+    with (
+        SerialSampler(task=SMALL, num_envs=6, seed=2) as serial,
+        MultiprocessSampler(task=SMALL, num_processes=1, num_envs=3, seed=2, total_envs=6) as a,
+        MultiprocessSampler(
+            task=SMALL, num_processes=2, num_envs=3, seed=2, env_offset=3, total_envs=6
+        ) as b,
+    ):
+        obs, _ = serial.reset()
+        obs_a, obs_b = a.reset()[0], b.reset()[0]
+        assert all(np.array_equal(obs[k], np.concatenate([obs_a[k], obs_b[k]])) for k in obs)
+        for _ in range(40):
+            actions = rng.integers(0, 4, 6)
+            a.step_async(actions[:3])
+            b.step_async(actions[3:])
+            x, ya, yb = serial.step(actions), a.step_wait(), b.step_wait()
+            assert np.array_equal(x.rewards, np.concatenate([ya.rewards, yb.rewards]))
+            assert all(
+                np.array_equal(x.obs[k], np.concatenate([ya.obs[k], yb.obs[k]])) for k in x.obs
+            )
+            assert x.episodes == ya.episodes + yb.episodes
+
+
 def test_envs_per_process_and_num_envs_precedence() -> None:
     with MultiprocessSampler(task=SMALL, num_processes=2, envs_per_process=3, seed=0) as s:
         assert s.num_envs == 6 and s.worker_envs == [(0, 3), (3, 6)]

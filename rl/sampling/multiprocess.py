@@ -134,13 +134,17 @@ def _worker_main(
     layout: dict[str, tuple[int, tuple[int, ...], str]],
     obs_keys: list[str],
     task: dict[str, Any],
+    row_offset: int,
     env_offset: int,
     num_envs: int,
     total_envs: int,
     seed: int | None,
     episode_seeds: list[int] | None,
 ) -> None:
-    """Worker process: build a SerialSampler over envs ``env_offset ..`` and serve commands."""
+    """Worker process: a SerialSampler over global envs ``env_offset ..``, serving commands.
+
+    Its environments' results go to rows ``row_offset ..`` of the shared arrays.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
     sampler: SerialSampler | None = None
     try:
@@ -170,7 +174,7 @@ def _worker_main(
                 return  # the main process is gone
             try:
                 if cmd == _STEP:
-                    rows = np.asarray(sampler.active_indices, dtype=np.int64) + env_offset
+                    rows = np.asarray(sampler.active_indices, dtype=np.int64) + row_offset
                     batch = sampler.step(actions[rows])
                     for obs_buf, final_buf, k in obs_views:
                         obs_buf[rows] = batch.obs[k]
@@ -184,7 +188,7 @@ def _worker_main(
                     conn.send(batch.episodes or None)
                 elif cmd == _RESET:
                     obs, expert = sampler.reset()
-                    rows = np.arange(env_offset, env_offset + sampler.num_envs)
+                    rows = np.arange(row_offset, row_offset + sampler.num_envs)
                     for obs_buf, _, k in obs_views:
                         obs_buf[rows] = obs[k]
                     experts[rows] = expert
@@ -379,6 +383,7 @@ class MultiprocessSampler(Sampler):
                         layout,
                         self._obs_keys,
                         dict(task),
+                        lo,
                         env_offset + lo,
                         hi - lo,
                         self.total_envs,
@@ -398,6 +403,7 @@ class MultiprocessSampler(Sampler):
             raise
         self._active = np.arange(num_envs, dtype=np.int64)
         self._all_active = True
+        self._stepping: list[int] | None = None
 
     # ------------------------------------------------------------------ plumbing
     @property
@@ -500,6 +506,8 @@ class MultiprocessSampler(Sampler):
     def reset(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Reset every environment (training: with its seed; evaluation: its first episode)."""
         self._check_open()
+        if self._stepping is not None:
+            self.step_wait()  # finish a step left in flight
         workers = list(range(self.num_processes))
         self._broadcast(workers, _RESET)
         self._await(workers, self.timeout, "resetting")
@@ -518,14 +526,28 @@ class MultiprocessSampler(Sampler):
         Returns:
             The step's results for the environments that were active before it.
         """
+        self.step_async(actions)
+        return self.step_wait()
+
+    def step_async(self, actions: np.ndarray) -> None:
+        """Start a step and return at once (the workers step while the caller computes).
+
+        Finish it with :meth:`step_wait` before the next ``step``/``reset``. Two samplers over
+        halves of the environments (``env_offset``/``total_envs``) give double-buffered
+        sampling: one half steps while the policy acts on the other.
+
+        Args:
+            actions: ``[N_active]`` integer actions, in the order of the active environments.
+        """
         self._check_open()
+        if self._stepping is not None:
+            raise RuntimeError("step_async called twice without step_wait")
         actions = np.asarray(actions)
         n = len(self._active)
         if actions.shape != (n,):
             raise ValueError(f"expected {n} actions, got shape {actions.shape}")
-        arr = self._shared.arrays
         idx: slice | np.ndarray = slice(None) if self._all_active else self._active
-        arr["actions"][idx] = actions
+        self._shared.arrays["actions"][idx] = actions
         if self._all_active:
             workers = list(range(self.num_processes))
         else:
@@ -535,7 +557,17 @@ class MultiprocessSampler(Sampler):
                 if np.any((self._active >= lo) & (self._active < hi))
             ]
         self._broadcast(workers, _STEP)
+        self._stepping = workers
+
+    def step_wait(self) -> StepBatch:
+        """Wait for the step started by :meth:`step_async`; return its results."""
+        self._check_open()
+        if self._stepping is None:
+            raise RuntimeError("step_wait called without step_async")
+        workers, self._stepping = self._stepping, None
         replies = self._await(workers, self.timeout, "stepping")
+        arr = self._shared.arrays
+        idx: slice | np.ndarray = slice(None) if self._all_active else self._active
         episodes: list[EpisodeRecord] = [ep for r in replies if r for ep in r]
         truncated = arr["truncated"][idx].copy()
         final_idx = np.flatnonzero(truncated)
