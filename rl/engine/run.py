@@ -26,7 +26,9 @@ from rl.engine.evaluator import (
     episode_seed_list,
     evaluate_policy,
 )
+from rl.engine.monitors import RunMonitors
 from rl.engine.trainer import OnPolicyTrainer
+from rl.engine.validation import verify_valid_cfg
 from rl.loggers.base import MetricsLogger, RunContext
 from rl.models.actor_critic import ActorCritic
 from rl.pipeline.stages import TrainingPipeline
@@ -55,6 +57,8 @@ TOP_LEVEL_KEYS = frozenset(
         "output_dir",
         "eval",
         "optimized_metric",
+        "valid",
+        "video_interval",
     }
 )
 EVAL_KEYS = frozenset(
@@ -102,6 +106,7 @@ def verify_train_cfg(cfg: dict[str, Any]) -> None:
     if str(cfg["device"]).startswith("cuda") and not torch.cuda.is_available():
         errors.append(f"device: {cfg['device']!r} requested but CUDA is not available")
     errors += check_targets({k: v for k, v in cfg.items() if k != "hydra"})
+    errors += verify_valid_cfg(cfg)  # `valid` and `video_interval`
 
     pipe = cfg["pipeline"]
     num_envs = sampler_num_envs(cfg["sampler"])
@@ -246,9 +251,10 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
             if s
         ]
         logger = MetricsLogger(sinks)
+        monitors = RunMonitors(plain, logger=logger, output_dir=output_dir, device=device)
         try:
             ev = plain.get("eval") or {}
-            callbacks = []
+            callbacks = [*monitors.callbacks]  # validation during training, probe videos
             if int(ev.get("interval") or 0) > 0:
                 callbacks.append(
                     PeriodicEvaluation(
@@ -272,6 +278,7 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
                 device=device,
                 seed=seed,
                 callbacks=callbacks,
+                on_checkpoint=monitors.on_checkpoint,
             )
             metrics = trainer.train()
             final_ckpt = trainer.save()
@@ -291,7 +298,9 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
                 logger.log(pipeline.total_steps, logged)
                 metrics.update(logged)
                 log.info("\n%s", format_table(logged, f"final evaluation ({final_ckpt.name})"))
+            metrics.update(monitors.finish())  # waits for every pending validation
         finally:
+            monitors.close()
             logger.close()
     finally:
         sampler.close()

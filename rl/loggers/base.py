@@ -42,6 +42,9 @@ class MetricsSink(abc.ABC):
     def progress(self, step: int, status: Mapping[str, Any]) -> None:  # noqa: B027
         """Cheap per-rollout progress update (most sinks ignore it)."""
 
+    def log_video(self, step: int, path: Path) -> None:  # noqa: B027
+        """Record the video file ``path`` at env step ``step`` (only sinks that show videos)."""
+
     def close(self) -> None:  # noqa: B027
         """Flush and release resources."""
 
@@ -65,6 +68,11 @@ class MetricsLogger:
         """Per-rollout progress for the sinks that show it."""
         for sink in self.sinks:
             sink.progress(step, status)
+
+    def log_video(self, step: int, path: Path) -> None:
+        """Hand the video file ``path`` (env step ``step``) to the sinks that show videos."""
+        for sink in self.sinks:
+            sink.log_video(step, path)
 
     def close(self) -> None:
         """Close every sink; re-raise the first error after trying all."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from rl.loggers.base import MetricsSink, RunContext
@@ -74,6 +75,13 @@ class WandbSink(MetricsSink):
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """Log ``metrics`` with ``global_step=step``."""
         self.run.log({"global_step": step, **metrics})
+
+    def log_video(self, step: int, path: Path) -> None:
+        """Log a video file (e.g. a probe episode) as ``videos/probe`` at ``global_step=step``."""
+        import wandb
+
+        fmt = Path(path).suffix.lstrip(".") or "mp4"
+        self.run.log({"global_step": step, "videos/probe": wandb.Video(str(path), format=fmt)})
 
     def close(self) -> None:
         """Finish the run (always, so multirun jobs never share one)."""

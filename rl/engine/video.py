@@ -1,0 +1,216 @@
+"""Probe videos (AllenAct's ``probe``): one full episode of the current policy, as a video.
+
+Every ``video_interval`` env steps, :class:`ProbeVideo` builds (once) a separate environment
+from the task config with ``render_mode="rgb_array"`` (minigrid renders RGB frames), resets it
+with environment 0's seed, runs the current policy for one whole episode (recurrent state
+handled, actions sampled from the callback's own generator so training's random streams are
+untouched), and writes ``<run>/videos/step_<N>.mp4`` (imageio + ffmpeg; an animated GIF via
+Pillow when ffmpeg is missing). The logger's ``log_video`` hands it to the sinks that show
+videos (wandb).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rl.engine.trainer import obs_to_torch
+from rl.models.actor_critic import ActorCritic
+from rl.sampling.serial import build_env
+from rl.utils.seeding import worker_seeds
+
+log = logging.getLogger(__name__)
+
+
+def _pad_frame(frame: np.ndarray, block: int = 16) -> np.ndarray:
+    """Pad an ``[H, W, 3]`` frame to multiples of ``block`` (what video codecs want)."""
+    h, w = frame.shape[:2]
+    ph, pw = (-h) % block, (-w) % block
+    if ph or pw:
+        frame = np.pad(frame, ((0, ph), (0, pw), (0, 0)))
+    return frame
+
+
+def write_video(frames: Sequence[np.ndarray], path: Path, fps: int = 8) -> Path:
+    """Write RGB frames as an MP4 (imageio-ffmpeg), else as a GIF next to it (Pillow).
+
+    Args:
+        frames: ``[H, W, 3]`` uint8 frames.
+        path: Target path with a ``.mp4`` suffix.
+        fps: Frames per second.
+
+    Returns:
+        The path written (``.gif`` suffix when ffmpeg was not available).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    padded = [_pad_frame(np.asarray(f, dtype=np.uint8)) for f in frames]
+    try:
+        import imageio.v2 as imageio
+        import imageio_ffmpeg  # noqa: F401  (the ffmpeg binary the mp4 writer needs)
+
+        with imageio.get_writer(path, fps=fps, codec="libx264", macro_block_size=16) as writer:
+            for frame in padded:
+                writer.append_data(frame)
+        return path
+    except ImportError:
+        from PIL import Image
+
+        gif = path.with_suffix(".gif")
+        images = [Image.fromarray(f) for f in padded]
+        images[0].save(
+            gif, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0
+        )
+        return gif
+
+
+@torch.no_grad()
+def record_episode(
+    *,
+    model: ActorCritic,
+    env: Any,
+    seed: int,
+    device: torch.device | str = "cpu",
+    deterministic: bool = False,
+    generator: torch.Generator | None = None,
+    max_frames: int = 2_000,
+) -> tuple[list[np.ndarray], dict[str, float]]:
+    """Run ``model`` for one episode of ``env`` (built with ``render_mode="rgb_array"``).
+
+    Args:
+        model: The policy (its training/eval mode is restored afterwards).
+        env: A gymnasium environment rendering RGB arrays.
+        seed: Reset seed of the episode.
+        device: Where the model runs.
+        deterministic: Argmax actions instead of sampled ones.
+        generator: Generator for sampled actions (keeps the global RNG untouched).
+        max_frames: Stop after this many steps even if the episode has not ended.
+
+    Returns:
+        The frames (the first observation's included) and ``{"return", "length"}`` plus the
+        task's ``episode_metrics``.
+    """
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    try:
+        obs, _ = env.reset(seed=seed)
+        frames = [np.asarray(env.render())]
+        hidden = model.initial_hidden(1, device)
+        starts = torch.ones(1, dtype=torch.bool, device=device)
+        total, length, metrics = 0.0, 0, {}
+        while length < max_frames:
+            batch = {
+                k: v[None] for k, v in (obs if isinstance(obs, dict) else {"obs": obs}).items()
+            }
+            actions, _, _, _, hidden = model.act(
+                obs_to_torch({k: np.asarray(v) for k, v in batch.items()}, device),
+                starts,
+                hidden,
+                deterministic,
+                generator,
+            )
+            obs, reward, terminated, truncated, info = env.step(int(actions[0]))
+            frames.append(np.asarray(env.render()))
+            total += float(reward)
+            length += 1
+            starts = torch.zeros(1, dtype=torch.bool, device=device)
+            if terminated or truncated:
+                metrics = {k: float(v) for k, v in info.get("episode_metrics", {}).items()}
+                break
+    finally:
+        model.train(was_training)
+    return frames, {"return": total, "length": float(length), **metrics}
+
+
+class ProbeVideo:
+    """Trainer callback: every ``interval`` env steps, record one episode as a video.
+
+    Args:
+        task: Plain task config (its ``_target_`` must accept ``render_mode``).
+        output_dir: The run folder; videos go to ``output_dir/videos/step_<N>.mp4``.
+        interval: Env steps between videos.
+        seed: Reset seed of the recorded episode (environment 0's training seed by default in
+            :func:`build_probe_video`: the same episode every time, to compare policies).
+        device: Where the model runs.
+        fps: Frames per second of the video.
+        deterministic: Argmax actions instead of sampled ones.
+    """
+
+    def __init__(
+        self,
+        *,
+        task: Mapping[str, Any],
+        output_dir: Path,
+        interval: int,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+        fps: int = 8,
+        deterministic: bool = False,
+    ) -> None:
+        if interval < 1:
+            raise ValueError(f"video_interval must be >= 1, got {interval}")
+        self.task = dict(task)
+        self.folder = Path(output_dir) / "videos"
+        self.interval = interval
+        self.seed = seed
+        self.device = torch.device(device)
+        self.fps = fps
+        self.deterministic = deterministic
+        self.videos: list[Path] = []
+        self._env: Any = None
+
+    def on_rollout_end(self, trainer: Any, info: Any) -> None:
+        """Record when this rollout crossed a multiple of ``interval``."""
+        before = info.total_steps - info.env_steps
+        if info.total_steps // self.interval == before // self.interval:
+            return
+        self.record(trainer.model, info.total_steps, trainer.logger)
+
+    def record(self, model: ActorCritic, step: int, logger: Any = None) -> Path:
+        """Record one episode with ``model`` now and save it as ``videos/step_<step>``."""
+        if self._env is None:
+            self._env = build_env(self.task, render_mode="rgb_array")
+        generator = torch.Generator(device=self.device).manual_seed(self.seed)
+        frames, metrics = record_episode(
+            model=model,
+            env=self._env,
+            seed=self.seed,
+            device=self.device,
+            deterministic=self.deterministic,
+            generator=generator,
+        )
+        path = write_video(frames, self.folder / f"step_{step:012d}.mp4", fps=self.fps)
+        self.videos.append(path)
+        log.info(
+            "probe video %s (%d frames, return %.2f)", path.name, len(frames), metrics["return"]
+        )
+        if logger is not None and hasattr(logger, "log_video"):
+            logger.log_video(step, path)
+        return path
+
+    def close(self) -> None:
+        """Close the rendering environment."""
+        if self._env is not None:
+            self._env.close()
+            self._env = None
+
+
+def build_probe_video(
+    cfg: Mapping[str, Any], *, output_dir: Path, device: torch.device | str = "cpu"
+) -> ProbeVideo | None:
+    """The probe-video callback of a resolved training config (None if ``video_interval`` 0)."""
+    interval = int(cfg.get("video_interval") or 0)
+    if interval <= 0:
+        return None
+    from rl.engine.run import sampler_num_envs
+
+    num_envs = sampler_num_envs(cfg["sampler"])
+    seed = worker_seeds(num_envs, cfg["seed"])[0]
+    return ProbeVideo(
+        task=cfg["task"], output_dir=output_dir, interval=interval, seed=seed, device=device
+    )

@@ -1,0 +1,175 @@
+"""Validation during training (separate process, one result per checkpoint) and probe videos."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from hydra import compose, initialize
+from hydra.core.global_hydra import GlobalHydra
+
+from rl.engine.run import train
+from rl.engine.trainer import OnPolicyTrainer
+from rl.engine.validation import BackgroundValidation
+from rl.engine.video import write_video
+from rl.loggers.base import MetricsLogger
+from rl.utils.config import ConfigError
+
+STEPS = [128, 256, 384, 512]
+
+
+def compose_train(out: Path, *overrides: str) -> Any:
+    GlobalHydra.instance().clear()
+    try:
+        with initialize(version_base="1.3", config_path="../conf"):
+            return compose(
+                config_name="train",
+                overrides=[
+                    "+experiment=ppo_nav",
+                    "+debug=smoke",
+                    "task=nav_small",
+                    f"output_dir={out}",
+                    "total_env_steps=512",
+                    "pipeline.stages.0.max_stage_steps=512",
+                    "eval.num_episodes=0",
+                    *overrides,
+                ],
+            )
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def validation_children() -> list[Any]:
+    return [p for p in mp.active_children() if p.name == "rl-validation"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, float]]:
+    """A tiny run with validation and probe videos on; checkpoints every 128 env steps."""
+    out = tmp_path_factory.mktemp("valid") / "run"
+    metrics = train(
+        compose_train(
+            out,
+            "valid.enabled=true",
+            "valid.num_episodes=3",
+            "valid.num_envs=2",
+            "video_interval=256",
+        )
+    )
+    return out, metrics
+
+
+def test_one_valid_result_per_checkpoint(run: tuple[Path, dict[str, float]]) -> None:
+    out, metrics = run
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in records if any(k.startswith("valid/") for k in r)]
+    assert [r["env_step"] for r in valid] == STEPS  # every checkpoint, once, in order
+    ckpts = sorted((out / "checkpoints").glob("ckpt_*.pt"))
+    assert len(ckpts) == len(STEPS)
+    for r in valid:
+        assert {"valid/success", "valid/spl", "valid/episodic_return"} <= set(r)
+    assert "valid/success" in metrics  # the newest result is returned (sweep objectives)
+    assert validation_children() == []  # no process left behind
+
+
+def test_probe_videos_written(run: tuple[Path, dict[str, float]]) -> None:
+    out, _ = run
+    videos = sorted((out / "videos").iterdir())
+    assert [v.name for v in videos] == ["step_000000000256.mp4", "step_000000000512.mp4"]
+    import imageio.v2 as imageio
+
+    with imageio.get_reader(videos[0]) as reader:
+        frames = [frame for frame in reader]  # noqa: C416  (len(reader) is inf)
+    assert len(frames) >= 2 and frames[0].shape[2] == 3
+
+
+def test_gif_when_ffmpeg_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)  # import fails
+    frames = [np.full((20, 30, 3), i * 40, dtype=np.uint8) for i in range(4)]
+    path = write_video(frames, tmp_path / "v.mp4")
+    assert path.suffix == ".gif" and path.read_bytes()[:3] == b"GIF"
+
+
+class RecordingLogger(MetricsLogger):
+    def __init__(self) -> None:
+        super().__init__([])
+        self.records: list[tuple[int, dict[str, float]]] = []
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.records.append((step, dict(metrics)))
+
+
+def test_falls_behind_loudly_and_skips_nothing(
+    run: tuple[Path, dict[str, float]], caplog: pytest.LogCaptureFixture
+) -> None:
+    out, _ = run
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    logger = RecordingLogger()
+    validation = BackgroundValidation(
+        task=cfg["task"], model=cfg["model"], logger=logger, num_episodes=2, num_envs=2
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="rl.engine.validation"):
+            for path in sorted((out / "checkpoints").glob("ckpt_*.pt")):
+                validation.on_checkpoint(path)
+        assert "4 checkpoints pending" in caplog.text
+        validation.finish()
+    finally:
+        validation.close()
+    assert [step for step, _ in logger.records] == STEPS
+    assert not validation._process.is_alive()
+
+
+def test_validation_process_stopped_when_training_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_save = OnPolicyTrainer.save
+    saves: list[Path] = []
+
+    def failing_save(self: OnPolicyTrainer, *args: Any, **kwargs: Any) -> Path:
+        path = real_save(self, *args, **kwargs)
+        saves.append(path)
+        if len(saves) == 2:
+            raise RuntimeError("boom")
+        return path
+
+    monkeypatch.setattr(OnPolicyTrainer, "save", failing_save)
+    with pytest.raises(RuntimeError, match="boom"):
+        train(compose_train(tmp_path / "run", "valid.enabled=true", "valid.num_episodes=2"))
+    assert validation_children() == []
+
+
+def test_valid_keys_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="valid.episodes: unknown key"):
+        train(compose_train(tmp_path / "run", "+valid.episodes=3"))
+    with pytest.raises(ConfigError, match="video_interval"):
+        train(compose_train(tmp_path / "run", "video_interval=-1"))
+
+
+def test_wandb_sink_logs_videos(run: tuple[Path, dict[str, float]], tmp_path: Path) -> None:
+    from rl.loggers import RunContext, WandbSink
+
+    video = sorted((run[0] / "videos").iterdir())[0]
+    context = RunContext(
+        output_dir=tmp_path,
+        config={"a": 1},
+        exp_name="x",
+        task_id="t",
+        seed=1,
+        total_steps=10,
+        run_name="r",
+    )
+    sink = WandbSink(context=context, mode="offline")
+    try:
+        sink.log_video(256, video)
+    finally:
+        sink.close()
+    assert list(tmp_path.glob("wandb/offline-run-*/files/media/videos/**/*.mp4"))
