@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 __all__ = ["MultiprocessSampler", "SamplerWorkerError", "resolve_start_method"]
 
 # Commands (main -> worker), one byte each; replies are pickled objects.
-_RESET, _STEP, _CLOSE = b"r", b"s", b"c"
+_RESET, _STEP, _CLOSE, _SAVE, _LOAD = b"r", b"s", b"c", b"S", b"L"
 _ALIGN = 64  # byte alignment of each array in the shared block
 _DEAD = object()  # marks a pipe closed by a dead worker
 
@@ -188,6 +188,16 @@ def _worker_main(
                     conn.send(batch.episodes or None)
                 elif cmd == _RESET:
                     obs, expert = sampler.reset()
+                    rows = np.arange(row_offset, row_offset + sampler.num_envs)
+                    for obs_buf, _, k in obs_views:
+                        obs_buf[rows] = obs[k]
+                    experts[rows] = expert
+                    paused[rows] = False
+                    conn.send(None)
+                elif cmd == _SAVE:
+                    conn.send(sampler.state_dict())
+                elif cmd == _LOAD:
+                    obs, expert = sampler.load_state_dict(conn.recv())
                     rows = np.arange(row_offset, row_offset + sampler.num_envs)
                     for obs_buf, _, k in obs_views:
                         obs_buf[rows] = obs[k]
@@ -591,6 +601,69 @@ class MultiprocessSampler(Sampler):
             self._active = self._active[~paused]
             self._all_active = False
         return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The episodes in flight, in :class:`~rl.sampling.SerialSampler`'s format.
+
+        Each worker saves its block (how each episode started and the actions since); the
+        blocks are concatenated, so the state loads into a ``SerialSampler`` or a
+        ``MultiprocessSampler`` of any layout over the same environments.
+
+        Raises:
+            NotImplementedError: In evaluation mode.
+        """
+        self._check_open()
+        if self.eval_mode:
+            raise NotImplementedError("a MultiprocessSampler in evaluation mode cannot be saved")
+        workers = list(range(self.num_processes))
+        self._broadcast(workers, _SAVE)
+        blocks = self._await(workers, self.timeout, "saving its state")
+        return {
+            "num_envs": self.num_envs,
+            "env_offset": self.env_offset,
+            "episodes": [ep for block in blocks for ep in block["episodes"]],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Restore the episodes in flight saved by :meth:`state_dict` (replaces :meth:`reset`).
+
+        Args:
+            state: From this class's or ``SerialSampler``'s ``state_dict`` over the same
+                environments (``num_envs`` and ``env_offset`` must match).
+
+        Returns:
+            ``(obs [N, ...], expert_actions [N])``: what the saved sampler was about to act on.
+        """
+        self._check_open()
+        if self.eval_mode:
+            raise NotImplementedError(
+                "a MultiprocessSampler in evaluation mode cannot be restored"
+            )
+        if int(state["num_envs"]) != self.num_envs or int(state["env_offset"]) != self.env_offset:
+            raise ValueError(
+                f"sampler state for {state['num_envs']} envs at offset {state['env_offset']}, "
+                f"but this sampler has {self.num_envs} at offset {self.env_offset}"
+            )
+        if self._stepping is not None:
+            self.step_wait()
+        workers = list(range(self.num_processes))
+        for w, (lo, hi) in enumerate(self.worker_envs):
+            block = {
+                "num_envs": hi - lo,
+                "env_offset": self.env_offset + lo,
+                "episodes": state["episodes"][lo:hi],
+            }
+            try:
+                self._conns[w].send_bytes(_LOAD)
+                self._conns[w].send(block)
+            except (BrokenPipeError, OSError):
+                pass  # dead: _await reports it through the sentinel
+        self._await(workers, self.timeout, "restoring its state")
+        self._active = np.arange(self.num_envs, dtype=np.int64)
+        self._all_active = True
+        arr = self._shared.arrays
+        obs = {k: arr[_obs_key(k)].copy() for k in self._obs_keys}
+        return obs, arr["expert_actions"].copy()
 
     def close(self) -> None:
         """Stop every worker (idempotent; never hangs: SIGTERM, then SIGKILL)."""
