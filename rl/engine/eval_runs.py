@@ -395,6 +395,8 @@ def evaluate_from_config(cfg: Mapping[str, Any]) -> dict[str, float]:
         raise ConfigError(f"num_episodes: must be >= 1, got {cfg['num_episodes']}")
     if int(cfg.get("every_steps") or 0) < 0:
         raise ConfigError(f"every_steps: must be >= 0, got {cfg['every_steps']}")
+    if cfg.get("torch_threads"):
+        torch.set_num_threads(int(cfg["torch_threads"]))
     if cfg.get("test_expert"):
         return evaluate_expert_reference(cfg)
     if cfg.get("task"):
