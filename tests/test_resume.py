@@ -8,18 +8,32 @@ In-process tests drive :class:`OnPolicyTrainer` directly (fast); the CLI tests r
 from __future__ import annotations
 
 import functools
+import json
+import logging
 from pathlib import Path
 
 import pytest
 import torch
 
-from rl.engine.checkpoint import CheckpointError, list_checkpoints, load_checkpoint
-from rl.engine.trainer import OnPolicyTrainer, RolloutInfo
+from rl.engine import run
+from rl.engine.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from rl.engine.inference import InferenceAgent
+from rl.engine.resume import plan_start
+from rl.engine.run import build_model
+from rl.engine.trainer import OnPolicyTrainer, RolloutInfo, obs_to_torch
 from rl.loggers import MetricsLogger
 from rl.losses import ImitationLoss, PPOLoss
 from rl.models import ActorCritic
 from rl.pipeline import LinearDecay, PipelineStage, TrainingPipeline
-from rl.sampling import SerialSampler
+from rl.sampling import SerialSampler, build_env
+from rl.utils.config import ConfigError, to_plain
+from rl.utils.seeding import worker_seeds
 
 SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 30}
 
@@ -142,3 +156,128 @@ def test_checkpoint_that_needs_a_pickle_is_refused(tmp_path: Path) -> None:
     torch.save({"model": {}, "config": {}, "x": Pickled()}, path)
     with pytest.raises(CheckpointError, match="weights_only"):
         load_checkpoint(path)
+
+
+# ----------------------------------------------------------------- inference agent
+MODEL_CFG = {
+    "_target_": "rl.models.ActorCritic",
+    "_partial_": True,
+    "cnn_channels": [8],
+    "trunk_layers": [32],
+    "rnn": "gru",
+    "rnn_hidden_size": 16,
+}
+
+
+def test_inference_agent_reproduces_the_engines_argmax_actions(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    model = build_model(MODEL_CFG, SMALL)
+    with torch.no_grad():  # random weights: varied actions that depend on the GRU state
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+    path = save_checkpoint(tmp_path, {"model": model.state_dict(), "config": _cfg()}, 0, 0)
+    seed = 7
+    engine_actions: list[list[int]] = [[]]
+    with SerialSampler(task=SMALL, num_envs=1, seed=seed) as sampler:
+        obs_np, _ = sampler.reset()
+        starts = torch.ones(1, dtype=torch.bool)
+        hidden = model.initial_hidden(1)
+        while len(engine_actions) < 3:  # two episodes (the second after an auto-reset)
+            obs = obs_to_torch(obs_np, torch.device("cpu"))
+            actions, _, _, _, hidden = model.act(obs, starts, hidden, deterministic=True)
+            engine_actions[-1].append(int(actions[0]))
+            result = sampler.step(actions.numpy())
+            obs_np = result.obs
+            starts = torch.from_numpy(result.terminated | result.truncated)
+            if starts[0]:
+                engine_actions.append([])
+    agent = InferenceAgent.from_checkpoint(path, deterministic=True)
+    env = build_env(SMALL)
+    agent_actions = []
+    for episode in range(2):
+        obs, _ = env.reset(seed=worker_seeds(1, seed)[0] if episode == 0 else None)
+        agent.reset()
+        actions, done = [], False
+        while not done:
+            actions.append(agent.act(obs))
+            obs, _, terminated, truncated, _ = env.step(actions[-1])
+            done = terminated or truncated
+        agent_actions.append(actions)
+    env.close()
+    assert agent_actions == engine_actions[:2]
+    assert len({a for ep in agent_actions for a in ep}) > 1  # not a constant policy
+
+
+def _cfg() -> dict:
+    return {"model": MODEL_CFG, "task": SMALL}
+
+
+# --------------------------------------------------------- resume / init_from configs
+SMOKE = ["+experiment=ppo_nav", "+debug=smoke", "eval.num_episodes=0", "model.cnn_channels=[8]"]
+
+
+def test_resume_accepts_safe_overrides_and_refuses_unsafe_ones(
+    compose_cfg, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_dir = tmp_path / "run"
+    run.train(compose_cfg([*SMOKE, "logger=wandb"]))
+    saved = load_checkpoint(latest_checkpoint(run_dir))
+    assert saved["wandb_run_id"] and saved["config_unresolved"]["total_env_steps"] == 256
+    assert saved["config_unresolved"]["pipeline"]["stages"][0]["max_stage_steps"] == (
+        "${total_env_steps}"
+    )
+    for override, key in [
+        ("pipeline.optimizer.lr=0.1", "pipeline.optimizer.lr: 0.0005 -> 0.1"),
+        ("model.rnn_hidden_size=32", "model.rnn_hidden_size: 128 -> 32"),
+    ]:
+        with pytest.raises(ConfigError, match="cannot change when resuming") as err:
+            run.train(compose_cfg([*SMOKE, "logger=wandb", f"resume={run_dir}", override]))
+        assert key in str(err.value)
+    # Safe: a larger budget (the stage budget and schedule horizons follow), the same folder,
+    # the same wandb run; not-typed differences (no +debug=smoke) keep the saved values.
+    other = tmp_path / "other"
+    cfg = compose_cfg(
+        ["+experiment=ppo_nav", "logger=wandb", f"resume={run_dir}", "total_env_steps=384"]
+    )
+    start = plan_start(cfg, to_plain(cfg))
+    start.close()
+    assert start.config["logger"]["sinks"]["wandb"]["id"] == saved["wandb_run_id"]
+    assert start.config["sampler"]["num_envs"] == 4  # saved value, not ppo_nav's 16
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        run.train(
+            compose_cfg(
+                [*SMOKE, f"resume={run_dir}", f"hydra.run.dir={other}", "total_env_steps=384"]
+            )
+        )
+    text = caplog.text
+    assert "total_env_steps: 256 -> 384" in text
+    assert "pipeline.stages.0.max_stage_steps: 256 -> 384  (derived)" in text
+    names = [p.name for p in list_checkpoints(run_dir)]
+    assert names[-1] == "ckpt_stage00_step000000000384.pt"
+    steps = [json.loads(line)["env_step"] for line in (run_dir / "metrics.jsonl").open()]
+    assert steps[0] == 64 and steps[-1] == 384  # appended to, not replaced
+    assert "resuming" in (run_dir / "train.log").read_text()
+
+
+def test_init_from_loads_weights_and_restarts_the_pipeline(compose_cfg, tmp_path: Path) -> None:
+    first = tmp_path / "run"
+    run.train(compose_cfg(SMOKE))
+    ckpt = latest_checkpoint(first)
+    weights = load_checkpoint(ckpt)["model"]
+    cfg = compose_cfg(
+        [*SMOKE, f"init_from={ckpt}", f"output_dir={tmp_path / 'new'}"], set_output_dir=False
+    )
+    start = plan_start(cfg, to_plain(cfg))
+    model = build_model(start.config["model"], start.config["task"])
+    start.init_model(model)
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    run.train(cfg)
+    names = [p.name for p in list_checkpoints(tmp_path / "new")]
+    assert names == ["ckpt_stage00_step000000000128.pt", "ckpt_stage00_step000000000256.pt"]
+    state = load_checkpoint(tmp_path / "new" / "checkpoints" / names[0])
+    assert state["pipeline"]["total_steps"] == 128
+    # A fresh optimizer: 2 rollouts x 2 minibatches so far, not the first run's count too.
+    assert int(state["optimizer"]["state"][0]["step"]) == 4
+    with pytest.raises(ConfigError, match="exclude each other"):
+        run.train(compose_cfg([*SMOKE, f"init_from={ckpt}", f"resume={first}"]))

@@ -8,11 +8,13 @@ from rl.engine.checkpoint import (
     save_checkpoint,
 )
 from rl.engine.evaluator import EvalResult, episode_seed_list, evaluate_policy
+from rl.engine.inference import InferenceAgent
 from rl.engine.trainer import OnPolicyTrainer
 
 __all__ = [
     "CheckpointError",
     "EvalResult",
+    "InferenceAgent",
     "OnPolicyTrainer",
     "episode_seed_list",
     "evaluate_policy",

@@ -27,6 +27,7 @@ from rl.engine.evaluator import (
     evaluate_policy,
 )
 from rl.engine.monitors import RunMonitors
+from rl.engine.resume import TrainingStopped, plan_start, stop_on_signals, wandb_run_id
 from rl.engine.trainer import OnPolicyTrainer
 from rl.engine.validation import verify_valid_cfg
 from rl.loggers.base import MetricsLogger, RunContext
@@ -59,6 +60,8 @@ TOP_LEVEL_KEYS = frozenset(
         "optimized_metric",
         "valid",
         "video_interval",
+        "resume",
+        "init_from",
     }
 )
 EVAL_KEYS = frozenset(
@@ -218,8 +221,16 @@ def format_table(rows: dict[str, float], title: str) -> str:
 
 # --------------------------------------------------------------------------- train
 def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
-    """Train from a composed config; return the final metrics (``eval/*`` included if run)."""
-    plain = to_plain(cfg)
+    """Train from a composed config; return the final metrics (``eval/*`` included if run).
+
+    ``resume=RUN_DIR|CHECKPOINT`` continues a run exactly in its own folder, ``init_from=`` starts
+    a new one from a checkpoint's weights (see :mod:`rl.engine.resume`).
+
+    Raises:
+        TrainingStopped: SIGTERM / SIGUSR1 / Ctrl-C stopped training after a checkpoint.
+    """
+    start = plan_start(cfg, to_plain(cfg))
+    plain = start.config
     verify_train_cfg(plain)
     output_dir = Path(plain["output_dir"])
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -233,6 +244,7 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
     pipeline: TrainingPipeline = hydra.utils.instantiate(plain["pipeline"])
     task_cfg = plain["task"]
     model = build_model(plain["model"], task_cfg).to(device)
+    start.init_model(model)
     context = RunContext(
         output_dir=output_dir,
         config=plain,
@@ -275,12 +287,19 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
                 logger=logger,
                 output_dir=output_dir,
                 config=plain,
+                config_unresolved=start.config_unresolved,
+                wandb_run_id=wandb_run_id(sinks) or start.wandb_run_id,
                 device=device,
                 seed=seed,
                 callbacks=callbacks,
                 on_checkpoint=monitors.on_checkpoint,
             )
-            metrics = trainer.train()
+            if start.resume_state is not None:
+                trainer.load_state_dict(start.resume_state)
+            with stop_on_signals(trainer):
+                metrics = trainer.train()
+            if trainer.stop_reason is not None:
+                raise TrainingStopped(trainer.stop_reason, trainer.last_checkpoint)
             final_ckpt = trainer.save()
             log.info("final checkpoint: %s", final_ckpt)
             if int(ev.get("num_episodes", 0)) > 0:
@@ -304,6 +323,7 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
             logger.close()
     finally:
         sampler.close()
+        start.close()
     return metrics
 
 

@@ -539,6 +539,17 @@ class OnPolicyTrainer:
                 sched["lr_lambdas"] = [None] * len(sched["lr_lambdas"])
             self.lr_scheduler.load_state_dict(sched)
         self.pipeline.load_state_dict(state["pipeline"])
+        pipe = self.pipeline
+        if pipe.finished and pipe.total_steps < pipe.total_max_steps:
+            # A finished run resumed with a larger budget: reopen its last stage.
+            last = len(pipe.stages) - 1
+            pipe.current_stage_index = last
+            pipe.stage_steps = pipe.total_steps - sum(
+                st.max_stage_steps for st in pipe.stages[:last]
+            )
+            log.info(
+                "budget extended: stage %d continues at its env step %d", last, pipe.stage_steps
+            )
         if self.wandb_run_id is None:
             self.wandb_run_id = state.get("wandb_run_id")
         trackers = state.get("trackers") or {}
