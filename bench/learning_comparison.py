@@ -1,0 +1,96 @@
+"""Env steps to reach evaluation success >= 0.9 on 19x19 PointNav, per experiment and seed.
+
+Each run trains an experiment as shipped, evaluating the policy every ``--eval-interval`` env
+steps on evaluate.py's fixed 200 episodes (sampled actions); its last stage stops early once
+``eval/success >= --target``. The figure reported is the env step of the first evaluation at or
+above the target (so it is resolved to ``--eval-interval``).
+
+    python bench/learning_comparison.py [--seeds 1 2] [--experiments ppo_nav dagger_ppo_nav ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAST_STAGE = {"ppo_nav": 0, "dagger_ppo_nav": 1, "bc_offline_ppo_nav": 1, "a2c_nav": 0}
+
+
+def run(experiment: str, seed: int, target: float, interval: int, out: Path) -> dict:
+    run_dir = out / f"{experiment}_seed{seed}"
+    stop = (
+        f"+pipeline.stages.{LAST_STAGE[experiment]}.early_stopping_criterion="
+        f"{{_target_:rl.pipeline.MetricThresholdCriterion,metric:eval/success,threshold:{target}}}"
+    )
+    start = time.time()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            f"+experiment={experiment}",
+            f"seed={seed}",
+            f"eval.interval={interval}",
+            "eval.num_episodes=200",
+            stop,
+            "logger.sinks.console.progress_bar=false",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{experiment} seed {seed} failed:\n{proc.stderr[-3000:]}")
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [(r["env_step"], r["eval/success"]) for r in records if "eval/success" in r]
+    reached = next((step for step, success in evals if success >= target), None)
+    return {
+        "experiment": experiment,
+        "seed": seed,
+        "steps_to_target": reached,
+        "final_step": records[-1]["env_step"],
+        "eval_curve": evals,
+        "wall_minutes": (time.time() - start) / 60,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--experiments", nargs="+", default=list(LAST_STAGE))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--target", type=float, default=0.9)
+    parser.add_argument("--eval-interval", type=int, default=25_000)
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench_learning")
+    args = parser.parse_args()
+    results = []
+    for experiment in args.experiments:
+        for seed in args.seeds:
+            result = run(experiment, seed, args.target, args.eval_interval, args.out)
+            results.append(result)
+            print(json.dumps({k: v for k, v in result.items() if k != "eval_curve"}), flush=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    print(
+        f"\nenv steps to eval success >= {args.target} (200 episodes, sampled actions, "
+        f"evaluated every {args.eval_interval:,} steps)"
+    )
+    for experiment in args.experiments:
+        rows = [r for r in results if r["experiment"] == experiment]
+        cells = [
+            f"{r['steps_to_target']:,}" if r["steps_to_target"] else f"not by {r['final_step']:,}"
+            for r in rows
+        ]
+        wall = sum(r["wall_minutes"] for r in rows) / len(rows)
+        print(
+            f"  {experiment:<20} "
+            + "  ".join(f"{c:>16}" for c in cells)
+            + f"   ({wall:.1f} min/run)"
+        )
+
+
+if __name__ == "__main__":
+    main()
