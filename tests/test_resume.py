@@ -10,6 +10,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,13 +24,14 @@ import torch
 from rl.engine import run
 from rl.engine.checkpoint import (
     CheckpointError,
+    checkpoint_name,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
 )
 from rl.engine.inference import InferenceAgent
-from rl.engine.resume import plan_start
+from rl.engine.resume import EXIT_REQUEUE, EXIT_SIGTERM, plan_start, resolve_resume_path
 from rl.engine.run import build_model
 from rl.engine.trainer import OnPolicyTrainer, RolloutInfo, obs_to_torch
 from rl.loggers import MetricsLogger
@@ -158,6 +165,17 @@ def test_checkpoint_that_needs_a_pickle_is_refused(tmp_path: Path) -> None:
         load_checkpoint(path)
 
 
+def test_resume_picks_the_newest_complete_checkpoint(tmp_path: Path) -> None:
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, {"model": {}, "config": {}}, 0, step)
+    folder = tmp_path / "checkpoints"
+    (folder / "latest").write_text(checkpoint_name(0, 2))  # killed before `latest` moved on
+    (folder / checkpoint_name(0, 4)).write_bytes(b"not a checkpoint")  # unreadable: skipped
+    run_dir, path, _ = resolve_resume_path(tmp_path)
+    assert run_dir == tmp_path.resolve() and path.name == checkpoint_name(0, 3)
+    assert resolve_resume_path(folder / checkpoint_name(0, 1))[1].name == checkpoint_name(0, 1)
+
+
 # ----------------------------------------------------------------- inference agent
 MODEL_CFG = {
     "_target_": "rl.models.ActorCritic",
@@ -281,3 +299,89 @@ def test_init_from_loads_weights_and_restarts_the_pipeline(compose_cfg, tmp_path
     assert int(state["optimizer"]["state"][0]["step"]) == 4
     with pytest.raises(ConfigError, match="exclude each other"):
         run.train(compose_cfg([*SMOKE, f"init_from={ckpt}", f"resume={first}"]))
+
+
+# ------------------------------------------------------------ the real CLI: signals
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [
+    "+experiment=ppo_nav",
+    "+debug=smoke",
+    "total_env_steps=3072",
+    "pipeline.save_interval=128",
+    "eval.num_episodes=0",
+]
+
+
+def launch(tmp_path: Path, name: str, *overrides: str) -> subprocess.Popen:
+    env = {**os.environ, "WANDB_MODE": "disabled", "WANDB_SILENT": "true"}
+    return subprocess.Popen(
+        [sys.executable, "train.py", *overrides, f"hydra.run.dir={tmp_path / name}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / f"{name}.err").open("w"),
+    )
+
+
+def newest_step(run_dir: Path) -> int:
+    found = list_checkpoints(run_dir)
+    return int(found[-1].name[-15:-3]) if found else -1
+
+
+def wait_for_checkpoint_after(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
+    deadline = time.monotonic() + 120
+    while newest_step(run_dir) <= step:
+        assert proc.poll() is None, "train.py ended before writing a checkpoint"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def assert_checkpoints_valid(run_dir: Path) -> None:
+    """Every file under a checkpoint name loads, and ``latest`` names a loadable one."""
+    for path in list_checkpoints(run_dir):
+        load_checkpoint(path)
+    pointer = (run_dir / "checkpoints" / "latest").read_text()
+    load_checkpoint(run_dir / "checkpoints" / pointer)
+
+
+@pytest.mark.slow
+def test_signals_and_kill9_during_writes_never_lose_the_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    # SIGTERM: a checkpoint at the next rollout boundary, exit code 143.
+    proc = launch(tmp_path, "run", *CLI)
+    wait_for_checkpoint_after(proc, run_dir, -1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == EXIT_SIGTERM
+    assert "stopped by SIGTERM" in (tmp_path / "run.err").read_text()
+    assert_checkpoints_valid(run_dir)
+    step = newest_step(run_dir)
+    assert 0 < step < 3072 and step % 64 == 0  # a rollout boundary, not only save_interval
+    # kill -9 at random moments, some while a checkpoint is being written; resume each time.
+    rng = random.Random(0)
+    for attempt in range(3):
+        proc = launch(tmp_path, f"kill{attempt}", *CLI, f"resume={run_dir}")
+        wait_for_checkpoint_after(proc, run_dir, step)
+        if attempt != 1:  # wait until a temporary checkpoint file exists, then kill
+            folder = run_dir / "checkpoints"
+            while proc.poll() is None and not any(folder.glob(".*.tmp")):
+                pass
+        else:
+            time.sleep(rng.uniform(0.0, 0.3))
+        proc.kill()
+        proc.wait(timeout=30)
+        assert_checkpoints_valid(run_dir)
+        assert newest_step(run_dir) > step
+        step = newest_step(run_dir)
+    # SIGUSR1: checkpoint and the requeue exit code.
+    proc = launch(tmp_path, "usr1", *CLI, f"resume={run_dir}")
+    wait_for_checkpoint_after(proc, run_dir, step)
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(timeout=60) == EXIT_REQUEUE
+    assert_checkpoints_valid(run_dir)
+    # The last resume finishes the run in the same folder.
+    proc = launch(tmp_path, "final", *CLI, f"resume={run_dir}")
+    assert proc.wait(timeout=240) == 0, (tmp_path / "final.err").read_text()
+    assert newest_step(run_dir) == 3072
+    assert not list((run_dir / "checkpoints").glob(".*.tmp"))  # stale ones were removed
+    steps = [json.loads(line)["env_step"] for line in (run_dir / "metrics.jsonl").open()]
+    assert steps[0] == 64 and steps[-1] == 3072

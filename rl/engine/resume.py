@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -135,8 +136,10 @@ def stop_on_signals(trainer: Any) -> Iterator[None]:
 def resolve_resume_path(path: str | Path) -> tuple[Path, Path, dict[str, Any]]:
     """``(run_dir, checkpoint, state)`` for ``resume=PATH`` (a run folder or a checkpoint file).
 
-    For a run folder this is the newest checkpoint that loads (``latest``, else the newest in
-    step order); unreadable ones are skipped with a warning.
+    For a run folder this is the newest checkpoint in step order that loads (unreadable ones
+    are skipped with a warning). Every file under a checkpoint name is complete (atomic
+    writes), so this is also right when a crash fell between a checkpoint's rename and the
+    update of ``latest``.
     """
     path = Path(path).expanduser().resolve()
     if path.is_file():
@@ -147,8 +150,9 @@ def resolve_resume_path(path: str | Path) -> tuple[Path, Path, dict[str, Any]]:
         return path.parent.parent, path, load_checkpoint(path)
     if not path.is_dir():
         raise CheckpointError(f"resume={path}: no such run folder or checkpoint")
-    candidates = [latest_checkpoint(path)]  # raises CheckpointError when there is none
-    candidates += [p for p in reversed(list_checkpoints(path)) if p != candidates[0]]
+    candidates = list(reversed(list_checkpoints(path)))
+    if not candidates:
+        latest_checkpoint(path)  # raises the usual "no checkpoint in ..." error
     for candidate in candidates:
         try:
             state = load_checkpoint(candidate)
@@ -424,7 +428,19 @@ def plan_start(cfg: DictConfig | Mapping[str, Any], plain: dict[str, Any]) -> St
     )
     newer = [p for p in list_checkpoints(run_dir) if p.name > path.name]
     if newer:
-        log.warning("resuming from an older checkpoint: later ones will be overwritten: %s", newer)
+        # Resuming from an older checkpoint branches the run: move the later checkpoints aside so
+        # that step order stays the run's history (and resume=RUN_DIR finds the right one).
+        aside = run_dir / CHECKPOINT_DIR / f"superseded_{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir(exist_ok=True)
+        for p in newer:
+            for f in (p, p.with_suffix(".eval.json")):
+                if f.exists():
+                    f.rename(aside / f.name)
+        log.warning(
+            "resuming from an older checkpoint: %d later checkpoint(s) moved to %s",
+            len(newer),
+            aside,
+        )
     wandb_id = state.get("wandb_run_id")
     sinks = (config.get("logger") or {}).get("sinks") or {}
     for sink in sinks.values():
