@@ -190,6 +190,8 @@ def test_errors_name_the_problem(run_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="exactly one of"):
         evaluate(eval_cfg(tmp_path))
     run = copy_run(run_dir, tmp_path)
+    with pytest.raises(ConfigError, match="is a folder"):
+        evaluate(eval_cfg(tmp_path, f"ckpt={run}"))
     bad = run / "checkpoints" / "ckpt_stage00_step000000000300.pt"
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match=str(bad.name)):

@@ -126,6 +126,10 @@ def find_checkpoints(
             )
     else:
         path = Path(str(ckpt))
+        if path.is_dir():
+            raise ConfigError(
+                f"ckpt={ckpt!r} is a folder; for every checkpoint of a run use run_dir="
+            )
         if not path.is_file():
             raise CheckpointError(f"checkpoint {path} does not exist")
         paths = [path]
