@@ -92,7 +92,11 @@ def test_bitwise_identical_to_serial(task: dict, processes: int, envs: int, step
         assert np.array_equal(exp_s, exp_m)
         assert all(obs_s[k].tobytes() == obs_m[k].tobytes() for k in obs_s)
         truncations = episodes = 0
-        for _ in range(steps):
+        for t in range(steps):
+            if t == steps // 2:  # forced new episodes (advance_scene_rollout_period) match too
+                (obs_s, exp_s), (obs_m, exp_m) = serial.new_episodes(), multi.new_episodes()
+                assert np.array_equal(exp_s, exp_m)
+                assert all(obs_s[k].tobytes() == obs_m[k].tobytes() for k in obs_s)
             actions = rng.integers(0, num_actions, envs)
             a, b = serial.step(actions), multi.step(actions)
             assert_same(a, b)

@@ -94,3 +94,25 @@ def test_wrong_action_count_is_an_error() -> None:
         sampler.reset()
         with pytest.raises(ValueError, match="expected 2 actions"):
             sampler.step(np.zeros(3, dtype=np.int64))
+
+
+def test_new_episodes_cuts_every_episode() -> None:
+    with SerialSampler(task={**SMALL, "max_steps": 50}, num_envs=3, seed=5) as sampler:
+        sampler.reset()
+        for _ in range(3):
+            batch = sampler.step(np.zeros(3, dtype=np.int64))
+        obs, expert = sampler.new_episodes()
+        assert obs["image"].shape == (3, 7, 7, 3) and expert.shape == (3,)
+        assert not np.array_equal(obs["goal"], batch.obs["goal"])
+        # Lengths restart: the next episode end comes after the full max_steps.
+        lengths = []
+        for _ in range(50):
+            lengths += [e.metrics["length"] for e in sampler.step(np.zeros(3, np.int64)).episodes]
+        assert lengths == [50.0, 50.0, 50.0]
+
+
+def test_new_episodes_is_refused_in_evaluation_mode() -> None:
+    with SerialSampler(task=SMALL, num_envs=2, episode_seeds=[1, 2, 3]) as sampler:
+        sampler.reset()
+        with pytest.raises(RuntimeError, match="skip evaluation episodes"):
+            sampler.new_episodes()

@@ -270,3 +270,46 @@ def test_imitation_with_teacher_forcing_learns_the_expert(tmp_path: Path) -> Non
         deterministic=False,
     )
     assert result.metrics["success"] >= 0.9, result.metrics
+
+
+class FirstStepStarts:
+    """Records whether every env began an episode at each rollout's first step."""
+
+    def __init__(self) -> None:
+        self.all_start: list[bool] = []
+
+    def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
+        self.all_start.append(bool(trainer.storage.episode_starts[0].all()))
+
+
+def test_advance_scene_rollout_period_starts_new_episodes(tmp_path: Path) -> None:
+    pipe = pipeline(
+        [
+            PipelineStage(loss_names=["ppo"], max_stage_steps=64 * 3),
+            PipelineStage(
+                loss_names=["ppo"], max_stage_steps=64 * 5, advance_scene_rollout_period=2
+            ),
+        ],
+        num_steps=16,
+    )
+    probe = FirstStepStarts()
+    with SerialSampler(task={**SMALL, "max_steps": 100}, num_envs=4, seed=0) as sampler:
+        model = ActorCritic(
+            observation_space=sampler.observation_space,
+            action_space=sampler.action_space,
+            cnn_channels=[8],
+            rnn=None,
+        )
+        OnPolicyTrainer(
+            model=model,
+            pipeline=pipe,
+            sampler=sampler,
+            logger=MetricsLogger([]),
+            output_dir=tmp_path,
+            config={},
+            callbacks=[probe],
+        ).train()
+    # Rollout 0 starts from reset; in stage 1 (rollouts 3..7) every 2nd rollout forces new
+    # episodes, so rollouts 5 and 7 start with all envs at an episode start.
+    assert probe.all_start[0] and probe.all_start[5] and probe.all_start[7]
+    assert not any(probe.all_start[i] for i in (1, 2, 3, 4, 6))

@@ -182,7 +182,6 @@ class OnPolicyTrainer:
 
     # ------------------------------------------------------------------ API
     def train(self) -> dict[str, float]:
-        """Run every remaining stage of the pipeline; return the last logged metrics."""
         """Run every remaining stage of the pipeline; return the last logged metrics.
 
         Returns early, with a checkpoint saved, when :meth:`request_stop` was called
@@ -224,6 +223,12 @@ class OnPolicyTrainer:
             pipe.add_steps(num_steps * n)
             if self.lr_scheduler is not None:
                 step_lr_scheduler_to(self.lr_scheduler, pipe.total_steps)
+            period = settings.advance_scene_rollout_period
+            if period and pipe.rollout_count % period == 0:
+                # HARNESS: AllenAct's forced scene advance: every env starts a new episode
+                # (the interrupted ones were bootstrapped as cut-off rollouts already).
+                obs, expert, episode_starts = self._new_episodes()
+                self._carry.update(obs=obs, expert=expert, episode_starts=episode_starts)
             info = RolloutInfo(
                 stage_index=stage_index,
                 num_steps=num_steps,
@@ -249,6 +254,12 @@ class OnPolicyTrainer:
             return dict(self.last_metrics)
         self._log()
         return dict(self.last_metrics)
+
+    def _new_episodes(self) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+        obs_np, expert_np = self.sampler.new_episodes()
+        n = self.sampler.num_envs
+        starts = torch.ones(n, dtype=torch.bool, device=self.device)
+        return obs_to_torch(obs_np, self.device), torch.from_numpy(expert_np), starts
 
     # ------------------------------------------------------------ collection
     @torch.no_grad()

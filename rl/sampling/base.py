@@ -81,6 +81,14 @@ class Sampler(abc.ABC):
     def num_active(self) -> int:
         """Environments still running (all of them in training mode)."""
 
+    def new_episodes(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Cut every environment's episode and start a new one (training mode).
+
+        AllenAct's forced scene advance (``advance_scene_rollout_period``): the interrupted
+        episodes are not reported as finished. Returns ``(obs [N, ...], expert_actions [N])``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot start new episodes on demand")
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release the environments (idempotent)."""

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 __all__ = ["MultiprocessSampler", "SamplerWorkerError", "resolve_start_method"]
 
 # Commands (main -> worker), one byte each; replies are pickled objects.
-_RESET, _STEP, _CLOSE, _SAVE, _LOAD = b"r", b"s", b"c", b"S", b"L"
+_RESET, _STEP, _CLOSE, _SAVE, _LOAD, _NEW = b"r", b"s", b"c", b"S", b"L", b"n"
 _ALIGN = 64  # byte alignment of each array in the shared block
 _DEAD = object()  # marks a pipe closed by a dead worker
 
@@ -186,8 +186,8 @@ def _worker_main(
                     experts[rows] = batch.expert_actions
                     paused[rows] = batch.paused
                     conn.send(batch.episodes or None)
-                elif cmd == _RESET:
-                    obs, expert = sampler.reset()
+                elif cmd in (_RESET, _NEW):
+                    obs, expert = sampler.reset() if cmd == _RESET else sampler.new_episodes()
                     rows = np.arange(row_offset, row_offset + sampler.num_envs)
                     for obs_buf, _, k in obs_views:
                         obs_buf[rows] = obs[k]
@@ -515,11 +515,20 @@ class MultiprocessSampler(Sampler):
 
     def reset(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Reset every environment (training: with its seed; evaluation: its first episode)."""
+        return self._reset_all(_RESET)
+
+    def new_episodes(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Cut every episode and start new ones (unseeded resets; training mode only)."""
+        if self.eval_mode:
+            raise RuntimeError("new_episodes() would skip evaluation episodes")
+        return self._reset_all(_NEW)
+
+    def _reset_all(self, cmd: bytes) -> tuple[dict[str, np.ndarray], np.ndarray]:
         self._check_open()
         if self._stepping is not None:
             self.step_wait()  # finish a step left in flight
         workers = list(range(self.num_processes))
-        self._broadcast(workers, _RESET)
+        self._broadcast(workers, cmd)
         self._await(workers, self.timeout, "resetting")
         self._active = np.arange(self.num_envs, dtype=np.int64)
         self._all_active = True

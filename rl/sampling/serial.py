@@ -159,6 +159,18 @@ class SerialSampler(Sampler):
         self.current_env = None
         return self._stack(rows), np.asarray(experts, dtype=np.int64)
 
+    def new_episodes(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Cut every episode and start new ones (unseeded resets; training mode only)."""
+        if self.eval_mode:
+            raise RuntimeError("new_episodes() would skip evaluation episodes")
+        rows, experts = [], []
+        for i in self._active:
+            obs, info = self._reset_env(i, first=False)
+            rows.append(obs)
+            experts.append(info.get("expert_action", -1))
+        self.current_env = None
+        return self._stack(rows), np.asarray(experts, dtype=np.int64)
+
     def step(self, actions: np.ndarray) -> StepBatch:
         """Step the active environments; see :class:`rl.sampling.StepBatch`."""
         actions = np.asarray(actions)
