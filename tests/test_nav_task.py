@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import gymnasium
@@ -429,3 +430,125 @@ def test_invalid_action_raises() -> None:
     env.reset(seed=0)
     with pytest.raises(ValueError, match="unknown action"):
         env.step(7)
+
+
+def _reference_bfs(free: np.ndarray, start: tuple[int, int]) -> np.ndarray:
+    """Plain breadth-first search over ``free`` (4-connected); -1 on unreachable cells."""
+    from collections import deque
+
+    dist = np.full(free.shape, -1, dtype=np.int64)
+    dist[start] = 0
+    queue = deque([start])
+    while queue:
+        x, y = queue.popleft()
+        for dx, dy in ((1, 0), (-1, 0), (0, 1), (0, -1)):
+            nx, ny = x + dx, y + dy
+            if (
+                0 <= nx < free.shape[0]
+                and 0 <= ny < free.shape[1]
+                and free[nx, ny]
+                and dist[nx, ny] < 0
+            ):
+                dist[nx, ny] = dist[x, y] + 1
+                queue.append((nx, ny))
+    return dist
+
+
+@pytest.mark.parametrize(
+    ("size", "rooms"), [(19, 2), (9, 2), (13, 3), (10, 3), (17, 4), (5, 1), (19, 1), (24, 2)]
+)
+def test_distance_field_matches_reference_bfs(size: int, rooms: int) -> None:
+    env = PointNavEnv(size=size, rooms_per_side=rooms)
+    rng = np.random.default_rng(size * 10 + rooms)
+    for seed in range(25):
+        env.reset(seed=seed)
+        free = env._free
+        # Free cells are the room interiors plus one door per wall segment.
+        expected_free = env._interior.copy()
+        expected_free[env._door_x, env._door_y] = True
+        np.testing.assert_array_equal(free, expected_free)
+        assert len(env._door_x) == 2 * rooms * (rooms - 1)
+        # The layout is what the minigrid Grid holds: walls exactly where not free.
+        kinds = env.grid.encode()[:, :, 0]
+        np.testing.assert_array_equal(kinds == 2, ~free)
+        np.testing.assert_array_equal(env.distance_field, _reference_bfs(free, env.goal_pos))
+        assert env._dist == env.distance_field.tolist()
+        # From every door (the goal may be one) and from random free cells as the goal.
+        cells = [*zip(env._door_x, env._door_y, strict=True)]
+        cells += [tuple(c) for c in _free_cells(env)[rng.integers(len(free.nonzero()[0]), size=5)]]
+        for gx, gy in cells:
+            assert free[gx, gy]
+            np.testing.assert_array_equal(
+                env._bfs(int(gx), int(gy)), _reference_bfs(free, (int(gx), int(gy)))
+            )
+
+
+def test_goal_on_a_door_and_min_distance_fallback() -> None:
+    # Over many seeds the goal lands on a door sometimes, and with a large minimum distance the
+    # pre-drawn start is often rejected (fallback draw among candidates); both stay exact.
+    env = PointNavEnv(size=9, min_start_distance=6)
+    on_door = 0
+    for seed in range(400):
+        env.reset(seed=seed)
+        on_door += env.goal_pos in set(zip(env._door_x, env._door_y, strict=True))
+        np.testing.assert_array_equal(env.distance_field, _reference_bfs(env._free, env.goal_pos))
+        assert env.distance_field[env.agent_pos] >= 6
+    assert on_door > 0
+
+
+def _chi2_ok(counts: np.ndarray, expected: np.ndarray) -> bool:
+    """Loose chi-square goodness of fit (far beyond the 99.9% quantile for these sizes)."""
+    stat = float(((counts - expected) ** 2 / expected).sum())
+    df = len(counts) - 1
+    return stat < df + 6 * math.sqrt(2 * df) + 10
+
+
+def test_layout_distribution_is_uniform() -> None:
+    # 9x9 with 2x2 rooms: 3 door positions per wall segment, 40 free cells.
+    env = PointNavEnv(size=9, min_start_distance=4)
+    env.reset(seed=0)
+    episodes = 4000
+    door_counts = np.zeros((4, 3))
+    goal_counts: dict[tuple[int, int], int] = {}
+    dir_counts = np.zeros(4)
+    start_rank_bins = np.zeros(10)
+    for _ in range(episodes):
+        env.reset()
+        for d, (slot, x, y) in enumerate(
+            zip(env._door_slots, env._door_x, env._door_y, strict=True)
+        ):
+            x0, y0, ax, ay, _ = slot
+            door_counts[d, (x - x0) * ax + (y - y0) * ay] += 1
+        goal_counts[env.goal_pos] = goal_counts.get(env.goal_pos, 0) + 1
+        dir_counts[env.agent_dir] += 1
+        # The start is uniform among the cells at distance >= 4: its rank among them is too.
+        candidates = [tuple(c) for c in np.argwhere(env.distance_field >= 4)]
+        rank = candidates.index(env.agent_pos)
+        start_rank_bins[int(10 * (rank + 0.5) / len(candidates))] += 1
+    for row in door_counts:
+        assert _chi2_ok(row, np.full(3, episodes / 3))
+    assert _chi2_ok(dir_counts, np.full(4, episodes / 4))
+    # Every interior cell can be the goal (doors only when their slot is drawn).
+    interior = env._interior
+    interior_goals = np.array([goal_counts.get(tuple(c), 0) for c in np.argwhere(interior)])
+    assert len(interior_goals) == 36
+    assert _chi2_ok(interior_goals, np.full(36, episodes / 40))
+    door_goals = episodes - interior_goals.sum()
+    assert abs(door_goals - episodes * 4 / 40) < 6 * math.sqrt(episodes * 4 / 40)
+    # Rank bins are not exactly equal in expectation (candidate counts vary), but close.
+    assert _chi2_ok(start_rank_bins, np.full(10, episodes / 10))
+
+
+def test_grid_is_lazy_and_assignable() -> None:
+    env = PointNavEnv(size=9)
+    env.reset(seed=0)
+    assert env._grid is None  # reset does not build minigrid objects
+    grid = env.grid
+    assert env.grid is grid  # built once per episode
+    assert grid.get(*env.goal_pos).type == "goal"
+    np.testing.assert_array_equal(MiniGridEnv.gen_obs(env)["image"], env._image())
+    env.reset()
+    assert env._grid is None and env.grid is not grid
+    other = env.grid.copy()
+    env.grid = other
+    assert env.grid is other

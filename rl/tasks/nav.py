@@ -8,13 +8,16 @@ shortest-path action on every step (for imitation or diagnostics; never in the o
 
 The observation is bit-identical to minigrid's ``MiniGridEnv.gen_obs()["image"]`` but is built
 from numpy arrays encoded once per episode, and cached per ``(x, y, direction)``, instead of
-minigrid's per-cell Python objects.
+minigrid's per-cell Python objects. ``reset()`` is cheap too: the layout is drawn as a few
+integers (one random call), the geodesic distance field is computed exactly from the room
+structure (Manhattan distances within each rectangular room, a tiny Dijkstra over the doors), and
+the minigrid ``Grid`` (only needed for rendering and minigrid's own ``gen_obs``) is built lazily
+on first access of ``self.grid``.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from enum import IntEnum
 from typing import Any
 
@@ -31,6 +34,12 @@ __all__ = ["Actions", "PointNavEnv"]
 # Direction index -> (dx, dy), as minigrid's DIR_TO_VEC: 0 right (+x), 1 down (+y), 2 left, 3 up.
 _DIR_VEC: tuple[tuple[int, int], ...] = ((1, 0), (0, 1), (-1, 0), (0, -1))
 _EMPTY_ENCODING = (OBJECT_TO_IDX["empty"], 0, 0)
+_WALL_ENCODING = Wall().encode()
+_GOAL_ENCODING = Goal().encode()
+# Larger than any geodesic distance; marks "no entry" in the distance computation.
+_FAR = 1 << 40
+# Random draws are packed into integers below this bound (numpy's int64 range, with margin).
+_MAX_PACKED = 1 << 62
 # Visibility depends only on the view's see-behind pattern; walls repeat, so patterns do too.
 _VIS_CACHE_LIMIT = 100_000
 
@@ -209,11 +218,16 @@ class PointNavEnv(MiniGridEnv):
             self._view_x.append(fx * (n - 1 - vy) + rx * (vx - n // 2) + self._pad)
             self._view_y.append(fy * (n - 1 - vy) + ry * (vx - n // 2) + self._pad)
 
+        self._build_layout_tables()
+
         # Per-episode state (filled by reset).
         self.goal_pos: tuple[int, int] = (-1, -1)
         self.distance_field: np.ndarray = np.full((size, size), -1, dtype=np.int64)
         self._dist: list[list[int]] = []
         self._free = np.zeros((size, size), dtype=bool)
+        self._door_x: list[int] = []
+        self._door_y: list[int] = []
+        self._door_v: list[int] = []
         self._enc_padded = np.zeros((size + 2 * n, size + 2 * n, 3), dtype=np.uint8)
         self._see_behind_padded = np.zeros((size + 2 * n, size + 2 * n), dtype=bool)
         self._image_cache: dict[int, np.ndarray] = {}
@@ -225,90 +239,275 @@ class PointNavEnv(MiniGridEnv):
 
     # ------------------------------------------------------------------ layout
 
-    def _gen_grid(self, width: int, height: int) -> None:
-        """Draw walls, doors, goal and agent start for a new episode (minigrid's hook)."""
-        walls = np.zeros((width, height), dtype=bool)
-        walls[0, :] = walls[-1, :] = walls[:, 0] = walls[:, -1] = True
-        lines = self._walls_at
-        for p in lines[1:-1]:
-            walls[p, :] = True
-            walls[:, p] = True
-        k = self.rooms_per_side
-        for j in range(k):  # row of rooms
-            for i in range(k):  # column of rooms
-                x_left, x_right = lines[i], lines[i + 1]
-                y_top, y_bottom = lines[j], lines[j + 1]
-                if i + 1 < k:  # door in the wall to the right of this room
-                    walls[x_right, self._rand_int(y_top + 1, y_bottom)] = False
-                if j + 1 < k:  # door in the wall below this room
-                    walls[self._rand_int(x_left + 1, x_right), y_bottom] = False
+    @property
+    def grid(self) -> Grid:
+        """The minigrid ``Grid`` of the current episode, built on first access.
 
-        self._free = ~walls
-        free_cells = np.argwhere(self._free)  # (N, 2) of (x, y), row-major in x
-        for _ in range(100):
-            gx, gy = free_cells[self._rand_int(0, len(free_cells))]
-            dist = self._bfs(int(gx), int(gy))
-            candidates = np.argwhere(dist >= max(self.min_start_distance, 0))
+        Only rendering and minigrid's own methods (``gen_obs``, ``hash``, ...) need it; the fast
+        observation path and ``step`` use numpy arrays, so ``reset`` does not build it.
+        """
+        grid = self._grid
+        if grid is None:
+            grid = self._grid = self._build_minigrid_grid()
+        return grid
+
+    @grid.setter
+    def grid(self, value: Grid | None) -> None:
+        self._grid = value
+
+    def _build_layout_tables(self) -> None:
+        """Precompute what every episode's layout shares (walls, rooms, door slots, templates).
+
+        Rooms are the rectangles between consecutive wall lines; each interior wall segment
+        between two adjacent rooms holds one door, drawn uniformly along the segment.
+        """
+        w = h = self.size
+        k = self.rooms_per_side
+        lines = self._walls_at
+        # Door slots in drawing order: per room (row-major), the wall to its right, then below.
+        # A door is at (x0 + ax * v, y0 + ay * v) for v uniform in range(size).
+        slots: list[tuple[int, int, int, int, int]] = []  # (x0, y0, ax, ay, size)
+        room_doors: list[list[int]] = [[] for _ in range(k * k)]
+        for j in range(k):
+            for i in range(k):
+                r = j * k + i
+                y_top, y_bottom = lines[j], lines[j + 1]
+                x_left, x_right = lines[i], lines[i + 1]
+                if i + 1 < k:
+                    slots.append((x_right, y_top + 1, 0, 1, y_bottom - y_top - 1))
+                    room_doors[r].append(len(slots) - 1)
+                    room_doors[r + 1].append(len(slots) - 1)
+                if j + 1 < k:
+                    slots.append((x_left + 1, y_bottom, 1, 0, x_right - x_left - 1))
+                    room_doors[r].append(len(slots) - 1)
+                    room_doors[r + k].append(len(slots) - 1)
+        n_doors = len(slots)
+        self._door_slots = slots
+        self._room_doors = room_doors
+        # Doors sharing a room (the only door-to-door moves that do not pass another door).
+        self._door_adj = [
+            sorted({e for r in range(k * k) if d in room_doors[r] for e in room_doors[r]} - {d})
+            for d in range(n_doors)
+        ]
+
+        # Interior cells grouped by room (contiguous slices), and the cell -> room map.
+        cell_x: list[int] = []
+        cell_y: list[int] = []
+        cell_room: list[int] = []
+        room_slice: list[tuple[int, int]] = []
+        room_of_flat = [-1] * (w * h)
+        for j in range(k):
+            for i in range(k):
+                r = j * k + i
+                first = len(cell_x)
+                for x in range(lines[i] + 1, lines[i + 1]):
+                    for y in range(lines[j] + 1, lines[j + 1]):
+                        cell_x.append(x)
+                        cell_y.append(y)
+                        cell_room.append(r)
+                        room_of_flat[x * h + y] = r
+                room_slice.append((first, len(cell_x)))
+        self._cell_x, self._cell_y = cell_x, cell_y
+        self._room_slice = room_slice
+        self._room_of_flat = room_of_flat
+        self._cell_x_np = np.asarray(cell_x, dtype=np.int64)
+        self._cell_y_np = np.asarray(cell_y, dtype=np.int64)
+        self._cell_flat = self._cell_x_np * h + self._cell_y_np
+        # Door slots of each cell's room, padded with a dummy entry (index n_doors, never best:
+        # its distance is _FAR). Per (cell, slot), the distance from the cell to the slot's wall
+        # line and the cell's coordinate along that wall relative to the slot's start, so the
+        # Manhattan distance to a door drawn at offset v is perp + |along - v|.
+        width = max(1, max(len(d) for d in room_doors))
+        table = np.full((k * k, width), n_doors, dtype=np.intp)
+        for r, doors in enumerate(room_doors):
+            table[r, : len(doors)] = doors
+        cell_slots = table[np.asarray(cell_room, dtype=np.intp)]
+        slot_params = np.asarray([*(slot[:4] for slot in slots), (0, 0, 0, 0)], dtype=np.int64)
+        x0, y0, ax, ay = slot_params[cell_slots].transpose(2, 0, 1)
+        cx = np.asarray(cell_x, dtype=np.int64)[:, None]
+        cy = np.asarray(cell_y, dtype=np.int64)[:, None]
+        # Vertical wall (ax=0, ay=1): perp |cx - x0|, along cy - y0; horizontal: swapped.
+        # Stored slot-major, (slots, cells): `take` and a min over axis 0 are fast on these.
+        self._cell_slots = np.ascontiguousarray(cell_slots.T)
+        self._slot_perp = np.ascontiguousarray((ay * np.abs(cx - x0) + ax * np.abs(cy - y0)).T)
+        self._slot_along = np.ascontiguousarray((ay * (cy - y0) + ax * (cx - x0)).T)
+        self._n_free = len(cell_x) + n_doors
+
+        # Random draws per episode: each door's offset, goal cell, direction, start cell (the
+        # latter by rejection, see _gen_grid). Packed into as few uniform integers as fit.
+        radices = [slot[4] for slot in slots] + [self._n_free, 4, self._n_free]
+        chunks: list[tuple[int, list[int]]] = []
+        bound, group = 1, []
+        for radix in radices:
+            if group and bound * radix > _MAX_PACKED:
+                chunks.append((bound, group))
+                bound, group = 1, []
+            bound *= radix
+            group.append(radix)
+        chunks.append((bound, group))
+        self._draw_chunks = chunks
+
+        # Templates with every door slot closed (walls) and no goal, padded with walls as
+        # Grid.slice does outside the grid.
+        pad = self._pad
+        interior = np.zeros((w, h), dtype=bool)
+        interior.flat[self._cell_flat] = True
+        self._interior = interior
+        enc = np.empty((w + 2 * pad, h + 2 * pad, 3), dtype=np.uint8)
+        enc[...] = _WALL_ENCODING
+        enc[pad : pad + w, pad : pad + h][interior] = _EMPTY_ENCODING
+        see_behind = np.zeros((w + 2 * pad, h + 2 * pad), dtype=bool)
+        see_behind[pad : pad + w, pad : pad + h] = interior
+        self._enc_template = enc
+        self._see_behind_template = see_behind
+
+    def _draw(self, rng: np.random.Generator) -> list[int]:
+        """Draw the episode's uniform integers (see ``_draw_chunks``), exactly uniform each."""
+        values: list[int] = []
+        for bound, radices in self._draw_chunks:
+            u = int(rng.integers(bound))
+            for radix in radices:
+                u, v = divmod(u, radix)
+                values.append(v)
+        return values
+
+    def _free_cell(self, index: int) -> tuple[int, int]:
+        """Free cell ``index`` in ``range(n_free)``: interior cells (by room), then doors."""
+        m = len(self._cell_x)
+        if index < m:
+            return self._cell_x[index], self._cell_y[index]
+        return self._door_x[index - m], self._door_y[index - m]
+
+    def _gen_grid(self, width: int, height: int) -> None:
+        """Draw doors, goal, agent start and direction for a new episode (minigrid's hook).
+
+        Doors are uniform in each wall segment, the goal uniform over free cells, the start
+        uniform over free cells at geodesic distance >= ``min_start_distance`` from the goal
+        (a pre-drawn free cell, accepted if far enough, else one draw among the candidates:
+        exactly uniform either way), and the direction uniform.
+        """
+        rng = self.np_random
+        values = self._draw(rng)
+        n_doors = len(self._door_slots)
+        door_x: list[int] = []
+        door_y: list[int] = []
+        for (x0, y0, ax, ay, _), v in zip(self._door_slots, values, strict=False):
+            door_x.append(x0 + ax * v)
+            door_y.append(y0 + ay * v)
+        self._door_x, self._door_y = door_x, door_y
+        self._door_v = values[:n_doors]
+        goal_index, direction, start_index = values[n_doors : n_doors + 3]
+        min_dist = self.min_start_distance
+
+        for attempt in range(100):
+            if attempt:
+                goal_index = int(rng.integers(self._n_free))
+            gx, gy = self._free_cell(goal_index)
+            dist = self._bfs(gx, gy)
+            dist_list = dist.tolist()
+            if attempt == 0:  # the pre-drawn start, accepted if far enough
+                sx, sy = self._free_cell(start_index)
+                if dist_list[sx][sy] >= min_dist:
+                    break
+            candidates = np.flatnonzero(dist >= min_dist)
             if len(candidates):
+                sx, sy = divmod(int(candidates[int(rng.integers(len(candidates)))]), height)
                 break
         else:
             raise RuntimeError(
-                f"no start cell at geodesic distance >= {self.min_start_distance} from the goal "
+                f"no start cell at geodesic distance >= {min_dist} from the goal "
                 f"after 100 goal draws; lower min_start_distance"
             )
-        sx, sy = candidates[self._rand_int(0, len(candidates))]
-        self.goal_pos = (int(gx), int(gy))
+        self.goal_pos = (gx, gy)
         self.distance_field = dist
-        self._dist = dist.tolist()
-        self.agent_pos = (int(sx), int(sy))
-        self.agent_dir = int(self._rand_int(0, 4))
+        self._dist = dist_list
+        self._free = dist >= 0
+        self.agent_pos = (sx, sy)
+        self.agent_dir = direction
+        self._grid = None  # built on demand by the `grid` property
 
-        # minigrid Grid (for rendering and the reference gen_obs): one shared Wall instance.
-        grid = Grid(width, height)
-        wall = Wall()
-        walls_list = walls.T.ravel().tolist()  # index j * width + i
-        grid.grid = [wall if w else None for w in walls_list]
-        goal = Goal()
-        grid.set(*self.goal_pos, goal)
-        goal.init_pos = goal.cur_pos = self.goal_pos
-        self.grid = grid
-
-        # Static numpy encoding, padded with walls as Grid.slice does outside the grid.
+        # Static numpy encoding of this episode's layout, from the templates.
         pad = self._pad
-        wall_enc = np.asarray(wall.encode(), dtype=np.uint8)
-        enc = np.empty((width + 2 * pad, height + 2 * pad, 3), dtype=np.uint8)
-        enc[...] = wall_enc
-        inner = enc[pad : pad + width, pad : pad + height]
-        inner[self._free] = _EMPTY_ENCODING
-        inner[self.goal_pos] = goal.encode()
-        see_behind = np.zeros((width + 2 * pad, height + 2 * pad), dtype=bool)
-        see_behind[pad : pad + width, pad : pad + height] = self._free
+        enc = self._enc_template.copy()
+        see_behind = self._see_behind_template.copy()
+        for x, y in zip(door_x, door_y, strict=True):  # a few doors: scalar writes are fastest
+            enc[x + pad, y + pad] = _EMPTY_ENCODING
+            see_behind[x + pad, y + pad] = True
+        enc[gx + pad, gy + pad] = _GOAL_ENCODING
         self._enc_padded = enc
         self._see_behind_padded = see_behind
         self._image_cache = {}
 
+    def _build_minigrid_grid(self) -> Grid:
+        """The minigrid ``Grid`` of the current layout: one shared ``Wall``, and the ``Goal``."""
+        grid = Grid(self.width, self.height)
+        wall = Wall()
+        free_list = self._free.T.ravel().tolist()  # index j * width + i
+        grid.grid = [None if f else wall for f in free_list]
+        if self.goal_pos[0] >= 0:
+            goal = Goal()
+            grid.set(*self.goal_pos, goal)
+            goal.init_pos = goal.cur_pos = self.goal_pos
+        return grid
+
     def _bfs(self, gx: int, gy: int) -> np.ndarray:
         """Geodesic (4-connected) distance from ``(gx, gy)`` over free cells; -1 elsewhere.
 
-        Runs on flat indices ``x * h + y``; the outer walls make bounds checks unnecessary.
+        Exactly what a breadth-first search gives, computed from the room structure for the
+        current doors (``self._door_x``, ``self._door_y``): inside a rectangular room the
+        shortest path between two cells (or a cell and a door in the room's wall) is their
+        Manhattan distance, and a shortest path to a cell outside the goal's room enters that
+        room last through one of its doors. So door distances come from a Dijkstra over the
+        doors (edges between doors of a common room), and each interior cell takes the minimum
+        over its room's doors of door distance + Manhattan distance (or its Manhattan distance
+        to the goal, in the goal's room).
         """
-        w, h = self._free.shape
-        free = self._free.ravel().tolist()
-        dist = [-1] * (w * h)
-        start = gx * h + gy
-        dist[start] = 0
-        offsets = (h, -h, 1, -1)
-        queue = deque((start,))
-        pop, push = queue.popleft, queue.append
-        while queue:
-            c = pop()
-            d = dist[c] + 1
-            for o in offsets:
-                nc = c + o
-                if free[nc] and dist[nc] < 0:
-                    dist[nc] = d
-                    push(nc)
-        return np.asarray(dist, dtype=np.int64).reshape(w, h)
+        w, h = self.width, self.height
+        door_x, door_y = self._door_x, self._door_y
+        n_doors = len(door_x)
+        far = _FAR
+        door_dist = [far] * n_doors
+        goal_room = self._room_of_flat[gx * h + gy]
+        if goal_room >= 0:
+            for d in self._room_doors[goal_room]:
+                door_dist[d] = abs(door_x[d] - gx) + abs(door_y[d] - gy)
+        else:  # the goal is a door
+            for d in range(n_doors):
+                if door_x[d] == gx and door_y[d] == gy:
+                    door_dist[d] = 0
+        # Dijkstra over the doors (a handful of nodes: O(n^2) without a heap).
+        pending = list(range(n_doors))
+        adj = self._door_adj
+        while pending:
+            u = min(pending, key=door_dist.__getitem__)
+            pending.remove(u)
+            du, ux, uy = door_dist[u], door_x[u], door_y[u]
+            for v in adj[u]:
+                dv = du + abs(door_x[v] - ux) + abs(door_y[v] - uy)
+                if dv < door_dist[v]:
+                    door_dist[v] = dv
+
+        # (slots, cells): Manhattan distance to the slot's door plus the door's distance.
+        gathered = np.array([[*self._door_v, 0], [*door_dist, far]], dtype=np.int64).take(
+            self._cell_slots, axis=1
+        )
+        cell_to_door = gathered[0]
+        cell_to_door -= self._slot_along
+        np.abs(cell_to_door, out=cell_to_door)
+        cell_to_door += self._slot_perp
+        cell_to_door += gathered[1]
+        cell_dist = cell_to_door.min(axis=0)
+        if goal_room >= 0:  # direct Manhattan distance within the goal's room
+            lo, hi = self._room_slice[goal_room]
+            cx = self._cell_x_np[lo:hi]
+            cy = self._cell_y_np[lo:hi]
+            cell_dist[lo:hi] = np.abs(cx - gx) + np.abs(cy - gy)
+
+        field = np.full(w * h, -1, dtype=np.int64)
+        field[self._cell_flat] = cell_dist
+        for x, y, d in zip(door_x, door_y, door_dist, strict=True):
+            field[x * h + y] = d
+        return field.reshape(w, h)
 
     # ------------------------------------------------------------- observation
 
