@@ -186,8 +186,13 @@ def _worker_main(
                     experts[rows] = batch.expert_actions
                     paused[rows] = batch.paused
                     conn.send(batch.episodes or None)
-                elif cmd in (_RESET, _NEW):
-                    obs, expert = sampler.reset() if cmd == _RESET else sampler.new_episodes()
+                elif cmd in (_RESET, _NEW, _LOAD):
+                    if cmd == _RESET:
+                        obs, expert = sampler.reset()
+                    elif cmd == _NEW:
+                        obs, expert = sampler.new_episodes()
+                    else:
+                        obs, expert = sampler.load_state_dict(conn.recv())
                     rows = np.arange(row_offset, row_offset + sampler.num_envs)
                     for obs_buf, _, k in obs_views:
                         obs_buf[rows] = obs[k]
@@ -196,14 +201,6 @@ def _worker_main(
                     conn.send(None)
                 elif cmd == _SAVE:
                     conn.send(sampler.state_dict())
-                elif cmd == _LOAD:
-                    obs, expert = sampler.load_state_dict(conn.recv())
-                    rows = np.arange(row_offset, row_offset + sampler.num_envs)
-                    for obs_buf, _, k in obs_views:
-                        obs_buf[rows] = obs[k]
-                    experts[rows] = expert
-                    paused[rows] = False
-                    conn.send(None)
                 elif cmd == _CLOSE:
                     return
                 else:

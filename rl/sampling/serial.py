@@ -151,21 +151,18 @@ class SerialSampler(Sampler):
     def reset(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Reset every environment (training: with its seed; evaluation: its first episode)."""
         self._active = list(range(self.num_envs))
-        rows, experts = [], []
-        for i in self._active:
-            obs, info = self._reset_env(i, first=True)
-            rows.append(obs)
-            experts.append(info.get("expert_action", -1))
-        self.current_env = None
-        return self._stack(rows), np.asarray(experts, dtype=np.int64)
+        return self._reset_active(first=True)
 
     def new_episodes(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Cut every episode and start new ones (unseeded resets; training mode only)."""
         if self.eval_mode:
             raise RuntimeError("new_episodes() would skip evaluation episodes")
+        return self._reset_active(first=False)
+
+    def _reset_active(self, first: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
         rows, experts = [], []
         for i in self._active:
-            obs, info = self._reset_env(i, first=False)
+            obs, info = self._reset_env(i, first=first)
             rows.append(obs)
             experts.append(info.get("expert_action", -1))
         self.current_env = None
