@@ -20,6 +20,8 @@ import torch
 import yaml
 from omegaconf import DictConfig
 
+from rl.distributed.setup import DistContext, distributed_settings, synchronize_model
+from rl.engine.checkpoint import load_checkpoint
 from rl.engine.evaluator import (
     EvalResult,
     PeriodicEvaluation,
@@ -27,7 +29,13 @@ from rl.engine.evaluator import (
     evaluate_policy,
 )
 from rl.engine.monitors import RunMonitors
-from rl.engine.resume import TrainingStopped, plan_start, stop_on_signals, wandb_run_id
+from rl.engine.resume import (
+    StartPlan,
+    TrainingStopped,
+    plan_start,
+    stop_on_signals,
+    wandb_run_id,
+)
 from rl.engine.trainer import OnPolicyTrainer
 from rl.engine.validation import verify_valid_cfg
 from rl.loggers.base import MetricsLogger, RunContext
@@ -62,6 +70,7 @@ TOP_LEVEL_KEYS = frozenset(
         "video_interval",
         "resume",
         "init_from",
+        "distributed",
     }
 )
 EVAL_KEYS = frozenset(
@@ -164,6 +173,7 @@ def verify_train_cfg(cfg: dict[str, Any]) -> None:
             f"pipeline.stages.*.max_stage_steps sum to {sum(budgets):,} but total_env_steps is "
             f"{cfg['total_env_steps']:,} (schedules run over total_env_steps: make them agree)"
         )
+    errors += verify_distributed_cfg(cfg)
     ev = cfg.get("eval") or {}
     if int(ev.get("num_episodes", 0)) < 0:
         errors.append("eval.num_episodes: must be >= 0")
@@ -171,6 +181,33 @@ def verify_train_cfg(cfg: dict[str, Any]) -> None:
         errors.append("eval.interval: periodic evaluation needs eval.num_episodes >= 1")
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def verify_distributed_cfg(cfg: dict[str, Any]) -> list[str]:
+    """Problems of the ``distributed`` group (see ``conf/distributed/``)."""
+    from rl.distributed.setup import DISTRIBUTED_DEFAULTS, distributed_settings
+
+    raw = cfg.get("distributed") or {}
+    errors = [
+        f"distributed.{k}: unknown key (known: {', '.join(sorted(DISTRIBUTED_DEFAULTS))})"
+        for k in raw
+        if k not in DISTRIBUTED_DEFAULTS
+    ]
+    d = distributed_settings(cfg)
+    workers = d["workers"]
+    if workers is not None and (not isinstance(workers, int) or workers < 1):
+        errors.append(f"distributed.workers: expected a positive integer or null, got {workers!r}")
+    if workers is not None and not d["enabled"]:
+        errors.append("distributed.workers: needs distributed=ddp (distributed.enabled=true)")
+    if d["backend"] not in ("auto", "gloo", "nccl", "mpi"):
+        errors.append(f"distributed.backend: auto, gloo, nccl or mpi, got {d['backend']!r}")
+    sync = d["sync_frac"]
+    if sync is not None and not (isinstance(sync, (int, float)) and 0 < sync <= 1):
+        errors.append(f"distributed.sync_frac: must be in (0, 1] or null, got {sync!r}")
+    low = d["min_rollout_frac"]
+    if not (isinstance(low, (int, float)) and 0 <= low <= 1):
+        errors.append(f"distributed.min_rollout_frac: must be in [0, 1], got {low!r}")
+    return errors
 
 
 # ------------------------------------------------------------------------ helpers
@@ -226,25 +263,101 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
     ``resume=RUN_DIR|CHECKPOINT`` continues a run exactly in its own folder, ``init_from=`` starts
     a new one from a checkpoint's weights (see :mod:`rl.engine.resume`).
 
+    ``distributed=ddp`` trains on several workers (:mod:`rl.distributed.launch`): under
+    torchrun, or spawned here with ``distributed.workers=N``; the metrics are rank 0's.
+
     Raises:
         TrainingStopped: SIGTERM / SIGUSR1 / Ctrl-C stopped training after a checkpoint.
     """
-    start = plan_start(cfg, to_plain(cfg))
+    plain = to_plain(cfg)
+    settings = distributed_settings(plain)
+    if not settings["enabled"]:
+        return _train(plan_start(cfg, plain))
+    from rl.distributed import launch
+
+    def make_plan() -> dict[str, Any]:
+        start = plan_start(cfg, plain)
+        start.close()
+        verify_train_cfg(start.config)
+        return _plan_payload(start)
+
+    if settings["workers"] is None or launch.launched_by_torchrun():
+        return launch.run_torchrun_worker(settings, plain["device"], make_plan, _train_worker)
+    start = plan_start(cfg, plain)
+    try:
+        verify_train_cfg(start.config)
+        kind, result, checkpoint = launch.spawn_workers(
+            int(settings["workers"]),
+            settings,
+            str(start.config["device"]),
+            _plan_payload(start),
+            _train_worker,
+        )
+    finally:
+        start.close()
+    if kind == "stopped":
+        raise TrainingStopped(result, None if checkpoint is None else Path(checkpoint))
+    return result  # type: ignore[no-any-return]
+
+
+def _plan_payload(start: StartPlan) -> dict[str, Any]:
+    """A start plan as plain data for other workers (they reload its checkpoint)."""
+    return {
+        "config": start.config,
+        "config_unresolved": start.config_unresolved,
+        "resume": None if start.resume_state is None else str(start.checkpoint),
+        "init_from": None if start.init_state is None else str(start.checkpoint),
+    }
+
+
+def _train_worker(payload: dict[str, Any], ctx: DistContext) -> dict[str, float]:
+    """One distributed worker: rebuild the start plan from ``payload`` and train."""
+    resume, init_from = payload["resume"], payload["init_from"]
+    start = StartPlan(
+        payload["config"],
+        payload["config_unresolved"],
+        resume_state=None if resume is None else load_checkpoint(Path(resume)),
+        checkpoint=Path(resume or init_from) if (resume or init_from) else None,
+        init_state=None if init_from is None else load_checkpoint(Path(init_from)),
+    )
+    return _train(start, ctx)
+
+
+def _train(start: StartPlan, ctx: DistContext | None = None) -> dict[str, float]:
+    """Train from a start plan; ``ctx``: this distributed worker (None: one process)."""
     plain = start.config
     verify_train_cfg(plain)
+    main = ctx is None or ctx.is_main
     output_dir = Path(plain["output_dir"])
-    output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "config.yaml").write_text(yaml.safe_dump(plain, sort_keys=False))
+    if main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config.yaml").write_text(yaml.safe_dump(plain, sort_keys=False))
     seed = plain["seed"]
     if plain.get("torch_threads"):
         torch.set_num_threads(int(plain["torch_threads"]))
-    device = _device(plain["device"])
+    device = _device(plain["device"]) if ctx is None else ctx.device
     set_seed(seed)
 
     pipeline: TrainingPipeline = hydra.utils.instantiate(plain["pipeline"])
     task_cfg = plain["task"]
     model = build_model(plain["model"], task_cfg).to(device)
     start.init_model(model)
+    sampler_kwargs: dict[str, Any] = {}
+    if ctx is not None and ctx.enabled:
+        synchronize_model(model)  # rank 0's weights everywhere, checked bitwise
+        # Seeds: environment i of rank r is global env r * num_envs + i of one seed stream;
+        # action sampling and shuffling draw from seed + rank.
+        n = sampler_num_envs(plain["sampler"])
+        sampler_kwargs = {"env_offset": ctx.rank * n, "total_envs": ctx.world_size * n}
+        set_seed(seed + ctx.rank)
+        if ctx.is_main:
+            log.info(
+                "distributed seeds: env seeds from worker_seeds(%d, %d) by global env index "
+                "rank * %d + i; torch/numpy/python generators seeded with seed + rank",
+                ctx.world_size * n,
+                seed,
+                n,
+            )
     context = RunContext(
         output_dir=output_dir,
         config=plain,
@@ -255,17 +368,25 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
         run_name=f"{task_id_of(task_cfg)}__{plain['exp_name']}__{seed}__{int(time.time())}",
     )
     log.info("run folder: %s", output_dir)
-    sampler = hydra.utils.instantiate(plain["sampler"])(task=task_cfg, seed=seed)
+    sampler = hydra.utils.instantiate(plain["sampler"])(task=task_cfg, seed=seed, **sampler_kwargs)
     try:
+        # Distributed: only rank 0 logs (its sinks, e.g. wandb), validates and records videos.
         sinks = [
             hydra.utils.instantiate(s)(context=context)
             for s in (plain["logger"].get("sinks") or {}).values()
-            if s
+            if s and main
         ]
         logger = MetricsLogger(sinks)
-        monitors = RunMonitors(plain, logger=logger, output_dir=output_dir, device=device)
+        monitors = RunMonitors(
+            plain if main else {**plain, "valid": {"enabled": False}, "video_interval": 0},
+            logger=logger,
+            output_dir=output_dir,
+            device=device,
+        )
         try:
             ev = plain.get("eval") or {}
+            if not main:
+                ev = {**ev, "interval": 0, "num_episodes": 0}
             callbacks = [*monitors.callbacks]  # validation during training, probe videos
             if int(ev.get("interval") or 0) > 0:
                 callbacks.append(
@@ -293,6 +414,7 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
                 seed=seed,
                 callbacks=callbacks,
                 on_checkpoint=monitors.on_checkpoint,
+                dist=ctx,
             )
             if start.resume_state is not None:
                 trainer.load_state_dict(start.resume_state)
@@ -318,6 +440,7 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
                 metrics.update(logged)
                 log.info("\n%s", format_table(logged, f"final evaluation ({final_ckpt.name})"))
             metrics.update(monitors.finish())  # waits for every pending validation
+            logger.log_checkpoint(pipeline.total_steps, final_ckpt)  # e.g. a wandb artifact
         finally:
             monitors.close()
             logger.close()

@@ -20,6 +20,16 @@ the observation / recurrent state carried into the next rollout, and
 :meth:`OnPolicyTrainer.load_state_dict` restores all of it, so that a resumed run continues
 bitwise like an uninterrupted one (single-process sampler, CPU). :meth:`request_stop` (called by
 signal handlers) ends training at the next rollout boundary with a checkpoint.
+
+Distributed (``dist`` with several workers, :mod:`rl.distributed`): every worker collects its
+own rollout, and the workers meet after it in one all-reduce (global env steps, stop requests).
+Budgets and step counts are in global env steps (each rollout adds the sum over workers).
+Advantages are normalised with the statistics of all workers' rollouts (per-rollout, global),
+each minibatch's gradients are averaged weighted by every worker's batch size, metrics are
+reduced over workers before rank 0 logs, and only rank 0 writes checkpoints (each worker's
+sampler, carried rollout state and RNGs are gathered into them, so a resume with the same
+number of workers continues every worker's episodes). With ``dist.sync_frac`` set, stragglers
+end their rollouts early (:class:`~rl.distributed.preemption.RolloutPreemption`).
 """
 
 from __future__ import annotations
@@ -35,6 +45,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from rl.distributed.preemption import RolloutPreemption
+from rl.distributed.reduce import (
+    advantage_stats,
+    all_reduce_sum,
+    average_gradients,
+    broadcast_object,
+    gather_objects,
+    reduce_tracker_states,
+)
+from rl.distributed.setup import DistContext
 from rl.engine.checkpoint import save_checkpoint
 from rl.loggers.base import MetricsLogger
 from rl.models import distributions as D
@@ -52,6 +72,10 @@ log = logging.getLogger(__name__)
 # Version of the checkpoint layout written by OnPolicyTrainer.state_dict.
 CHECKPOINT_FORMAT = 2
 
+# Stop requests agreed across workers: the highest code wins.
+_STOP_CODES = {"SIGINT": 1, "SIGTERM": 2, "SIGUSR1": 3}
+_STOP_NAMES = {v: k for k, v in _STOP_CODES.items()}
+
 # cleanrl-compatible names for the sampler's generic episode metrics.
 _EPISODE_KEY = {"return": "charts/episodic_return", "length": "charts/episodic_length"}
 
@@ -59,6 +83,17 @@ _EPISODE_KEY = {"return": "charts/episodic_return", "length": "charts/episodic_l
 def episode_metric_key(name: str) -> str:
     """Logged key of an episode metric (``return`` -> ``charts/episodic_return``)."""
     return _EPISODE_KEY.get(name, f"charts/{name}")
+
+
+def _to_cpu(value: Any) -> Any:
+    """``value`` with every tensor inside (dicts, lists, tuples) moved to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
 
 
 def obs_to_torch(obs: Mapping[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
@@ -72,8 +107,10 @@ class RolloutInfo:
 
     Attributes:
         stage_index: The stage the rollout belonged to.
-        num_steps: Rollout length per environment (shortened at a stage's end).
-        env_steps: Env steps of the rollout (``num_steps * num_envs``).
+        num_steps: Rollout length per environment of this worker (shortened at a stage's end,
+            or by straggler preemption).
+        env_steps: Env steps of the rollout over all workers (``num_steps * num_envs`` on
+            one process).
         total_steps: Global env steps after the rollout.
         settings: The stage's effective training settings.
         teacher_forced: Steps whose action was the expert's by teacher forcing.
@@ -107,6 +144,8 @@ class OnPolicyTrainer:
         on_checkpoint: Called with each saved checkpoint's path.
         callbacks: Objects with optional ``on_rollout_end(trainer, info)`` /
             ``on_stage_end(trainer, stage_index)`` methods.
+        dist: This worker's place among distributed workers (None: a single process). Every
+            worker needs the same pipeline, model and number of environments.
     """
 
     def __init__(
@@ -124,7 +163,9 @@ class OnPolicyTrainer:
         seed: int = 0,
         on_checkpoint: Callable[[Path], None] | None = None,
         callbacks: Sequence[Any] = (),
+        dist: DistContext | None = None,
     ) -> None:
+        self.dist = dist if dist is not None else DistContext(device=torch.device(device))
         self.model = model
         self.pipeline = pipeline
         self.sampler = sampler
@@ -170,6 +211,16 @@ class OnPolicyTrainer:
         # None until the environments are reset or restored from a checkpoint.
         self._carry: dict[str, Any] | None = None
         self.stop_reason: str | None = None
+        # Distributed: the stop request every worker agreed on, and straggler preemption.
+        self._agreed_stop: str | None = None
+        self._rollout_index = 0
+        self.preemption: RolloutPreemption | None = None
+        if self.dist.enabled and self.dist.sync_frac is not None:
+            self.preemption = RolloutPreemption(
+                sync_frac=self.dist.sync_frac,
+                min_rollout_frac=self.dist.min_rollout_frac,
+                world_size=self.dist.world_size,
+            )
 
     def request_stop(self, reason: str) -> None:
         """Stop at the next rollout boundary, after saving a checkpoint (signal-safe).
@@ -179,6 +230,29 @@ class OnPolicyTrainer:
         """
         if self.stop_reason is None:
             self.stop_reason = reason
+
+    def _stopping(self) -> bool:
+        """Whether the loop ends now: a local request, or (distributed) an agreed one."""
+        if self.dist.enabled:
+            return self._agreed_stop is not None
+        return self.stop_reason is not None
+
+    def _sync_rollout(self, local_steps: int) -> int:
+        """Global env steps of the rollout; agree on stop requests (one all-reduce).
+
+        Args:
+            local_steps: Env steps this worker collected.
+        """
+        if not self.dist.enabled:
+            return local_steps
+        code = _STOP_CODES.get(self.stop_reason, 4) if self.stop_reason else 0
+        # [steps, how many workers asked to stop with code 1, 2, 3, 4]; the highest code wins.
+        requests = [float(code == c) for c in range(1, 5)]
+        steps, *counts = all_reduce_sum([float(local_steps), *requests], self.device)
+        asked = [c for c in range(1, 5) if counts[c - 1] > 0]
+        if asked and self._agreed_stop is None:
+            self._agreed_stop = _STOP_NAMES.get(max(asked), "SIGTERM")
+        return int(round(steps))
 
     # ------------------------------------------------------------------ API
     def train(self) -> dict[str, float]:
@@ -203,12 +277,18 @@ class OnPolicyTrainer:
         if self.lr_scheduler is not None:
             step_lr_scheduler_to(self.lr_scheduler, pipe.total_steps)
         self._interval_start = (time.perf_counter(), pipe.total_steps)
-        while not pipe.finished and self.stop_reason is None:
+        world = self.dist.world_size
+        while not pipe.finished and not self._stopping():
             settings = pipe.current_settings
-            num_steps = min(settings.num_steps, math.ceil(pipe.stage_remaining_steps / n))
+            num_steps = min(
+                settings.num_steps,  # type: ignore[type-var]
+                math.ceil(pipe.stage_remaining_steps / (n * world)),
+            )
             obs, expert, episode_starts, hidden = self._collect(
                 num_steps, obs, expert, episode_starts, hidden
             )
+            num_steps = self.storage.step  # fewer when a straggler was preempted
+            env_steps = self._sync_rollout(num_steps * n)
             self._carry = {
                 "obs": obs,
                 "expert": expert,
@@ -220,7 +300,7 @@ class OnPolicyTrainer:
                 self._update(obs, episode_starts, hidden)
             offpolicy = self._offpolicy_update()
             steps_before = pipe.total_steps
-            pipe.add_steps(num_steps * n)
+            pipe.add_steps(env_steps)
             if self.lr_scheduler is not None:
                 step_lr_scheduler_to(self.lr_scheduler, pipe.total_steps)
             period = settings.advance_scene_rollout_period
@@ -232,7 +312,7 @@ class OnPolicyTrainer:
             info = RolloutInfo(
                 stage_index=stage_index,
                 num_steps=num_steps,
-                env_steps=num_steps * n,
+                env_steps=env_steps,
                 total_steps=pipe.total_steps,
                 settings=settings,
                 teacher_forced=self._teacher_forced,
@@ -242,6 +322,11 @@ class OnPolicyTrainer:
                 if hasattr(cb, "on_rollout_end"):
                     cb.on_rollout_end(self, info)
             self._after_rollout(steps_before, stage_index)
+        if self.dist.enabled and self.stop_reason != self._agreed_stop:
+            # A request after the last agreement: every worker must take the same path.
+            if self.stop_reason is not None:
+                log.warning("%s arrived after training finished; ignored", self.stop_reason)
+            self.stop_reason = self._agreed_stop
         if self.stop_reason is not None:
             # HARNESS: preempted; the trackers stay in the checkpoint (no log, no double count).
             path = self.save()
@@ -279,6 +364,11 @@ class OnPolicyTrainer:
         n = self.sampler.num_envs
         teacher_forcing = pipe.current_stage.teacher_forcing is not None
         self._teacher_forced = 0
+        world = self.dist.world_size
+        preemption = self.preemption
+        if preemption is not None:
+            preemption.start(self._rollout_index)
+        self._rollout_index += 1
         zeros = torch.zeros(n, device=self.device)
         for t in range(num_steps):
             t0 = time.perf_counter()
@@ -286,7 +376,7 @@ class OnPolicyTrainer:
             if teacher_forcing:
                 # ALGO: take the expert's action with the schedule's probability at this step;
                 # the storage records the taken action and its log-probability.
-                prob = pipe.teacher_forcing_probability(extra_steps=t * n)
+                prob = pipe.teacher_forcing_probability(extra_steps=t * n * world)
                 forced = (torch.rand(actions.shape) < prob) & (expert >= 0)
                 if forced.any():
                     actions = torch.where(forced.to(self.device), expert.to(self.device), actions)
@@ -331,6 +421,13 @@ class OnPolicyTrainer:
             self._timers["inference"] += (t1 - t0) + (t3 - t2)
             self._timers["env"] += t2 - t1
             obs, episode_starts = next_obs, terminated | truncated
+            if preemption is not None and preemption.should_stop(t + 1, num_steps):
+                # HARNESS: enough workers are done: this straggler ends its rollout here.
+                break
+        if preemption is not None:
+            if storage.step == num_steps:
+                preemption.finished()
+            self.train_tracker.add_scalars({"distributed/rollout_frac": storage.step / num_steps})
         return obs, expert, episode_starts, hidden
 
     def _record_episodes(self, episodes: list[EpisodeRecord]) -> None:
@@ -357,6 +454,11 @@ class OnPolicyTrainer:
             use_gae=settings.use_gae,  # type: ignore[arg-type]
             gae_lambda=settings.gae_lambda,  # type: ignore[arg-type]
         )
+        if self.dist.enabled:
+            # ALGO: per-rollout advantage normalisation with every worker's rollout (sum, sum of
+            # squares and count all-reduced), independent of how the data is split over ranks.
+            mean, std, _ = advantage_stats(storage.advantages[: storage.step])
+            storage.advantage_stats = (mean, std)
         # ALGO: update_repeats epochs of num_mini_batch minibatches (split by environment).
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
@@ -374,6 +476,9 @@ class OnPolicyTrainer:
                         logged[f"losses/{name}/{key}"] = value
                 self.optimizer.zero_grad(set_to_none=True)
                 total.backward()
+                if self.dist.enabled:
+                    # ALGO: gradient of the mean over every worker's minibatch.
+                    average_gradients(params, batch.num_samples)
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, settings.max_grad_norm)  # type: ignore[arg-type]
                 self.optimizer.step()
                 logged["losses/total"] = total.item()
@@ -413,6 +518,8 @@ class OnPolicyTrainer:
                     logged[f"losses/{name}/{key}"] = value
             self.optimizer.zero_grad(set_to_none=True)
             total.backward()
+            if self.dist.enabled:
+                average_gradients(params, starts.numel())
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)  # type: ignore[arg-type]
             self.optimizer.step()
             self.train_tracker.add_scalars(logged)
@@ -458,8 +565,8 @@ class OnPolicyTrainer:
         now = time.perf_counter()
         elapsed = max(now - self._interval_start[0], 1e-9)
         metrics: dict[str, float] = {}
-        metrics.update(self.episode_tracker.pop_and_reset())
-        metrics.update(self.train_tracker.pop_and_reset())
+        metrics.update(self._pop_tracker(self.episode_tracker))
+        metrics.update(self._pop_tracker(self.train_tracker))
         metrics["charts/SPS"] = (steps - self._interval_start[1]) / elapsed
         metrics["charts/learning_rate"] = self.optimizer.param_groups[0]["lr"]
         stage_index = min(pipe.current_stage_index, len(pipe.stages) - 1)
@@ -468,9 +575,22 @@ class OnPolicyTrainer:
         for name, seconds in self._timers.items():
             metrics[f"time/{name}_fraction"] = seconds / elapsed
             self._timers[name] = 0.0
+        if self.dist.enabled:
+            # Rank 0's view (its timers and SPS): identical last_metrics on every worker keep
+            # metric-based stage advances in step.
+            metrics = broadcast_object(metrics)
         self.logger.log(steps, metrics)
         self.last_metrics.update(metrics)  # the latest value of every metric
         self._interval_start = (now, steps)
+
+    def _pop_tracker(self, tracker: ScalarMeanTracker) -> dict[str, float]:
+        """The tracker's means (over every worker when distributed), then reset it."""
+        if not self.dist.enabled:
+            return tracker.pop_and_reset()
+        state = reduce_tracker_states(tracker.state_dict())
+        tracker.reset()
+        sums, counts = state["sums"], state["counts"]
+        return {k: sums[k] / counts[k] for k in sums if counts.get(k, 0) > 0}
 
     # ---------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -482,7 +602,9 @@ class OnPolicyTrainer:
         generator, off-policy data iterators), ``sampler`` (episodes in flight, or None if the
         sampler cannot save them), ``rollout`` (observations, expert actions, episode starts
         and recurrent state carried into the next rollout), ``config`` (resolved),
-        ``config_unresolved`` and ``wandb_run_id``.
+        ``config_unresolved`` and ``wandb_run_id``. Distributed, it is a collective and rank 0's
+        result also holds ``distributed``: ``world_size`` and every rank's ``sampler``,
+        ``rollout`` and ``rng`` (the top-level ones are rank 0's).
         """
         sampler_state: dict[str, Any] | None
         try:
@@ -493,7 +615,7 @@ class OnPolicyTrainer:
         if self._carry is not None:
             rollout = {k: v for k, v in self._carry.items() if k != "obs"}
             rollout["obs"] = dict(self._carry["obs"])
-        return {
+        state: dict[str, Any] = {
             "format_version": CHECKPOINT_FORMAT,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -519,6 +641,12 @@ class OnPolicyTrainer:
             "config_unresolved": self.config_unresolved,
             "wandb_run_id": self.wandb_run_id,
         }
+        if self.dist.enabled:
+            mine = {k: _to_cpu(state[k]) for k in ("sampler", "rollout", "rng")}
+            ranks = gather_objects(mine)
+            if ranks is not None:
+                state["distributed"] = {"world_size": self.dist.world_size, "ranks": ranks}
+        return state
 
     def _offpolicy_rng_states(self) -> dict[str, torch.Tensor]:
         """Generator states of the stages' off-policy data iterators, by stage index."""
@@ -540,6 +668,8 @@ class OnPolicyTrainer:
         Args:
             state: A loaded checkpoint (see :func:`rl.engine.checkpoint.load_checkpoint`).
         """
+        if self.dist.enabled:
+            state = self._rank_view(state)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
@@ -580,6 +710,21 @@ class OnPolicyTrainer:
             component = self.pipeline.stages[int(index)].offpolicy_component
             component.data_iterator.generator.set_state(generator_state)  # type: ignore[union-attr]
         set_rng_state(rng)  # last: nothing above may draw from the global generators
+
+    def _rank_view(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """``state`` with this rank's ``sampler``, ``rollout`` and ``rng`` (distributed)."""
+        saved = state.get("distributed") or {}
+        ranks = saved.get("ranks")
+        if ranks is not None and int(saved.get("world_size", 0)) == self.dist.world_size:
+            return {**state, **ranks[self.dist.rank]}
+        if self.dist.is_main:
+            log.warning(
+                "the checkpoint holds no per-worker state for %d workers (saved with %s): "
+                "every worker starts fresh episodes",
+                self.dist.world_size,
+                saved.get("world_size", "one process"),
+            )
+        return {**state, "sampler": None, "rollout": None}
 
     def _restore_rollout(self, state: Mapping[str, Any]) -> dict[str, Any] | None:
         """The carried rollout state, with the sampler's episodes replayed (None: start fresh)."""
@@ -629,9 +774,15 @@ class OnPolicyTrainer:
             return self.last_checkpoint
         if stage is None:
             stage = min(pipe.current_stage_index, len(pipe.stages) - 1)
-        path = save_checkpoint(self.output_dir, self.state_dict(), stage, steps)
+        state = self.state_dict()  # a collective when distributed
+        path: Path | None = None
+        if self.dist.is_main:
+            path = save_checkpoint(self.output_dir, state, stage, steps)
+        if self.dist.enabled:
+            path = Path(broadcast_object(None if path is None else str(path)))
+        assert path is not None
         self._last_saved_step = steps
         self.last_checkpoint = path
-        if self.on_checkpoint is not None:
+        if self.on_checkpoint is not None and self.dist.is_main:
             self.on_checkpoint(path)
         return path

@@ -20,7 +20,10 @@ class PPOLoss(Loss):
         value_loss_coef: Weight of the value loss.
         entropy_coef: Weight of the entropy bonus.
         use_clipped_value_loss: Clip the value update around the rollout's values.
-        normalize_advantage: Normalise advantages per minibatch to zero mean, unit std.
+        normalize_advantage: Normalise advantages to zero mean, unit std: per minibatch, or
+            with the whole rollout's statistics when the batch carries them
+            (``batch.advantage_stats``; the distributed trainer sets them from every worker's
+            rollout, so that normalisation does not depend on how the data is split).
     """
 
     def __init__(
@@ -55,7 +58,10 @@ class PPOLoss(Loss):
         entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
 
         adv = batch.advantages
-        if self.normalize_advantage and adv.numel() > 1:
+        if self.normalize_advantage and batch.advantage_stats is not None:
+            mean, std = batch.advantage_stats
+            adv = (adv - mean) / (std + 1e-8)
+        elif self.normalize_advantage and adv.numel() > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
 
         logratio = logprobs - batch.old_logprobs

@@ -32,6 +32,9 @@ class RolloutBatch:
         advantages: ``[T, n]``.
         returns: ``[T, n]`` value targets.
         expert_actions: ``[T, n]`` expert's actions, -1 where the task gives none.
+        advantage_stats: ``(mean, std)`` of the whole rollout's advantages (over every
+            distributed worker); losses that normalise advantages use these instead of the
+            minibatch's own when set (None: per-minibatch statistics).
     """
 
     obs: dict[str, torch.Tensor]
@@ -43,6 +46,7 @@ class RolloutBatch:
     advantages: torch.Tensor
     returns: torch.Tensor
     expert_actions: torch.Tensor
+    advantage_stats: tuple[float, float] | None = None
 
     @property
     def num_samples(self) -> int:
@@ -95,14 +99,22 @@ class RolloutStorage:
         self.returns = zeros(t, n)
         self.num_steps = num_steps
         self.step = 0
+        # (mean, std) of the rollout's advantages handed to every minibatch (None: per-minibatch
+        # normalisation); the distributed trainer sets global statistics here.
+        self.advantage_stats: tuple[float, float] | None = None
 
     def reset(self, num_steps: int | None = None) -> None:
-        """Start a new rollout of ``num_steps`` (default: capacity) steps."""
+        """Start a new rollout of ``num_steps`` (default: capacity) steps.
+
+        A rollout may end after fewer steps (straggler preemption): everything downstream
+        (returns, minibatches, :meth:`last_obs`) uses the :attr:`step` steps actually recorded.
+        """
         num_steps = self.capacity if num_steps is None else num_steps
         if not 0 < num_steps <= self.capacity:
             raise ValueError(f"rollout length {num_steps} not in [1, {self.capacity}]")
         self.num_steps = num_steps
         self.step = 0
+        self.advantage_stats = None
 
     def set_first(
         self, obs: Mapping[str, torch.Tensor], episode_starts: torch.Tensor, hidden: torch.Tensor
@@ -202,4 +214,5 @@ class RolloutStorage:
             advantages=self.advantages[:t, idx],
             returns=self.returns[:t, idx],
             expert_actions=self.expert_actions[:t, idx],
+            advantage_stats=self.advantage_stats,
         )

@@ -1,0 +1,41 @@
+"""Distributed training over processes and machines (torch.distributed; gloo or nccl).
+
+``setup`` joins the process group and keeps model initialisation identical across ranks;
+``reduce`` holds the collectives the trainer uses (weighted gradient average, global advantage
+statistics, metric reduction, AllenAct's ``distributed_weighted_sum``); ``preemption`` ends
+stragglers' rollouts early (DD-PPO); ``launch`` starts workers under torchrun or spawns them.
+"""
+
+from rl.distributed.preemption import RolloutPreemption
+from rl.distributed.reduce import (
+    advantage_stats,
+    all_reduce_sum,
+    average_gradients,
+    distributed_weighted_sum,
+    is_distributed,
+    weighted_mean,
+)
+from rl.distributed.setup import (
+    DISTRIBUTED_DEFAULTS,
+    DistContext,
+    distributed_settings,
+    init_distributed,
+    synchronize_model,
+    teardown,
+)
+
+__all__ = [
+    "DISTRIBUTED_DEFAULTS",
+    "DistContext",
+    "RolloutPreemption",
+    "advantage_stats",
+    "all_reduce_sum",
+    "average_gradients",
+    "distributed_settings",
+    "distributed_weighted_sum",
+    "init_distributed",
+    "is_distributed",
+    "synchronize_model",
+    "teardown",
+    "weighted_mean",
+]

@@ -1,0 +1,198 @@
+"""Starting distributed training: under torchrun, or as workers spawned by ``train.py``.
+
+``distributed=ddp`` under ``torchrun`` (``RANK``/``WORLD_SIZE`` set): every rank composed the
+config itself, but only rank 0 plans the start (resume, ``init_from``, run folder; Hydra's
+``${hydra:runtime.output_dir}`` may differ between ranks) and broadcasts the resolved plan,
+which the other ranks rebuild (loading the same checkpoint). ``distributed.workers=N`` without
+torchrun: this process plans the start, then spawns N workers (``torch.multiprocessing``,
+``spawn``) on a free local port with the resolved plain plan (never a live ``DictConfig``:
+Hydra's resolvers do not work in children) and waits for them. A worker that fails or dies
+makes the others fail fast (gloo sees the closed connection; a hung peer is bounded by
+``distributed.timeout_s``) and the launcher terminates the rest and raises, naming the worker.
+SIGTERM and SIGUSR1 sent to the launcher are forwarded to the workers (checkpoint and stop).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch.multiprocessing as mp
+
+from rl.distributed.reduce import broadcast_object
+from rl.distributed.setup import DistContext, init_distributed, teardown
+
+log = logging.getLogger(__name__)
+
+# train_fn(plan, ctx) -> metrics; plan: the resolved start (see `plan_payload`).
+TrainFn = Callable[[dict[str, Any], DistContext], dict[str, float]]
+
+
+def launched_by_torchrun() -> bool:
+    """True when a launcher (torchrun, or srun exporting the same variables) set the rank."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def free_port() -> int:
+    """A TCP port that was free on this machine a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_torchrun_worker(
+    settings: dict[str, Any],
+    device: str,
+    make_plan: Callable[[], dict[str, Any]],
+    train_fn: TrainFn,
+) -> dict[str, float]:
+    """One rank under torchrun: rank 0 plans the start, every rank trains.
+
+    Args:
+        settings: The ``distributed`` config.
+        device: The run's ``device``.
+        make_plan: Plans the start (rank 0 only); returns the plain plan.
+        train_fn: Trains from a plan on this rank.
+
+    Raises:
+        RuntimeError: Rank 0 failed to plan the start (on the other ranks).
+    """
+    ctx = init_distributed(settings, device)
+    try:
+        plan: dict[str, Any] | None = None
+        error: str | None = None
+        if ctx.is_main:
+            try:
+                plan = make_plan()
+            except BaseException as e:
+                error = f"{type(e).__name__}: {e}"
+                broadcast_object({"error": error})
+                raise
+        shared = broadcast_object(plan)
+        if "error" in shared:
+            raise RuntimeError(f"rank 0 could not start the run: {shared['error']}")
+        return train_fn(shared, ctx)
+    finally:
+        teardown()
+
+
+def _spawned_worker(
+    index: int,
+    world_size: int,
+    port: int,
+    settings: dict[str, Any],
+    device: str,
+    plan: dict[str, Any],
+    train_fn: TrainFn,
+    results: Any,
+) -> None:
+    """Entry point of a spawned worker (rank ``index``)."""
+    os.environ.update(
+        RANK=str(index),
+        LOCAL_RANK=str(index),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    logging.basicConfig(
+        level=logging.INFO if index == 0 else logging.WARNING,
+        format=f"[%(asctime)s][rank {index}][%(name)s][%(levelname)s] - %(message)s",
+        stream=sys.stderr,
+    )
+    if index == 0:
+        handler = logging.FileHandler(Path(plan["config"]["output_dir"]) / "train.log")
+        handler.setFormatter(
+            logging.Formatter("[%(asctime)s][rank 0][%(name)s][%(levelname)s] - %(message)s")
+        )
+        logging.getLogger().addHandler(handler)
+    ctx = init_distributed(settings, device)
+    try:
+        from rl.engine.resume import TrainingStopped
+
+        try:
+            metrics = train_fn(plan, ctx)
+        except TrainingStopped as e:
+            if ctx.is_main:
+                results.put(("stopped", e.reason, str(e.checkpoint) if e.checkpoint else None))
+            return
+        if ctx.is_main:
+            results.put(("done", metrics, None))
+    finally:
+        teardown()
+
+
+@contextlib.contextmanager
+def _forward_signals(context: Any) -> Iterator[None]:
+    """Forward SIGTERM/SIGUSR1 to the workers (Ctrl-C reaches them through the terminal)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        for p in context.processes:
+            if p.is_alive() and p.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signum)
+
+    previous = {}
+    try:
+        for name in ("SIGTERM", "SIGUSR1"):
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                previous[sig] = signal.signal(sig, handler)
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def spawn_workers(
+    workers: int,
+    settings: dict[str, Any],
+    device: str,
+    plan: dict[str, Any],
+    train_fn: TrainFn,
+) -> tuple[str, Any, str | None]:
+    """Run ``train_fn`` on ``workers`` local spawned workers; return rank 0's outcome.
+
+    Args:
+        workers: Number of workers.
+        settings: The ``distributed`` config.
+        device: The run's ``device`` (``cuda`` -> ``cuda:LOCAL_RANK``).
+        plan: The plain start plan every worker trains from.
+        train_fn: A picklable (module-level) function.
+
+    Returns:
+        ``("done", metrics, None)`` or ``("stopped", reason, checkpoint)``.
+
+    Raises:
+        RuntimeError: A worker failed or died (the others are terminated).
+    """
+    port = free_port()
+    mpctx = mp.get_context("spawn")
+    results = mpctx.SimpleQueue()
+    log.info("spawning %d distributed workers (rendezvous 127.0.0.1:%d)", workers, port)
+    context = mp.start_processes(
+        _spawned_worker,
+        args=(workers, port, settings, device, plan, train_fn, results),
+        nprocs=workers,
+        join=False,
+        start_method="spawn",
+    )
+    try:
+        with _forward_signals(context):
+            while not context.join(timeout=1.0):
+                pass
+    except mp.ProcessException as e:
+        raise RuntimeError(
+            f"distributed training failed: worker {e.error_index} (pid {e.pid}) {e}; the other "
+            "workers were terminated"
+        ) from None
+    if results.empty():
+        raise RuntimeError("distributed training: rank 0 exited without a result")
+    return results.get()  # type: ignore[no-any-return]

@@ -1,0 +1,68 @@
+"""Straggler preemption (DD-PPO; PyTorchRL's ``fraction_samples``) through the group's store.
+
+Each rollout has a counter in the process group's key-value store (the ``TCPStore`` hosted by
+rank 0 under the ``env://`` rendezvous). A worker that collects all its steps adds one to the
+counter; a worker still collecting polls it after every step and ends its rollout early once
+``count >= sync_frac * world_size`` and it has at least ``min_rollout_frac`` of its steps.
+Shortened rollouts are fine downstream: the storage keeps the steps actually recorded and the
+gradient average weighs each worker by its batch size. Polling is one store round trip per
+step, and only once the minimum is reached.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch.distributed as dist
+
+
+class RolloutPreemption:
+    """Per-rollout "how many workers are done" counters.
+
+    Args:
+        sync_frac: Fraction of workers that must have finished before a straggler stops.
+        min_rollout_frac: Fraction of its steps a straggler collects at least.
+        world_size: Number of workers.
+        store: The key-value store (default: the process group's).
+    """
+
+    def __init__(
+        self,
+        *,
+        sync_frac: float,
+        min_rollout_frac: float,
+        world_size: int,
+        store: dist.Store | None = None,
+    ) -> None:
+        if not 0.0 < sync_frac <= 1.0:
+            raise ValueError(f"distributed.sync_frac must be in (0, 1], got {sync_frac}")
+        if not 0.0 <= min_rollout_frac <= 1.0:
+            raise ValueError(
+                f"distributed.min_rollout_frac must be in [0, 1], got {min_rollout_frac}"
+            )
+        self.sync_frac = sync_frac
+        self.min_rollout_frac = min_rollout_frac
+        self.world_size = world_size
+        self.threshold = math.ceil(sync_frac * world_size - 1e-9)
+        if store is None:
+            store = dist.distributed_c10d._get_default_store()
+        self.store = store
+        self._key = ""
+
+    def start(self, rollout_index: int) -> None:
+        """Begin rollout ``rollout_index`` (the same sequence on every rank)."""
+        self._key = f"rl/preempt/{rollout_index}"
+
+    def min_steps(self, num_steps: int) -> int:
+        """The fewest steps a worker collects in a rollout of ``num_steps`` (at least 1)."""
+        return max(1, math.ceil(self.min_rollout_frac * num_steps - 1e-9))
+
+    def should_stop(self, steps_done: int, num_steps: int) -> bool:
+        """True if enough workers are done and this one has its minimum of ``num_steps``."""
+        if steps_done >= num_steps or steps_done < self.min_steps(num_steps):
+            return False
+        return int(self.store.add(self._key, 0)) >= self.threshold
+
+    def finished(self) -> None:
+        """Count this worker as done with the rollout (it collected every step)."""
+        self.store.add(self._key, 1)

@@ -1,0 +1,160 @@
+"""Reductions across distributed workers: weighted sums, gradients, advantage stats, metrics.
+
+Every function is a no-op on one process (``torch.distributed`` not initialised, or a world of
+one), so the trainer calls them unconditionally. All of them are collectives: every rank must
+call them in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def is_distributed() -> bool:
+    """True when a process group with more than one rank is initialised."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _reduce_device(device: torch.device | None = None) -> torch.device:
+    """Where collective tensors must live: CUDA for nccl, CPU for gloo."""
+    if device is not None and device.type == "cuda":
+        return device
+    if is_distributed() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_sum(values: Sequence[float], device: torch.device | None = None) -> list[float]:
+    """Sum each of ``values`` over all ranks (float64)."""
+    if not is_distributed():
+        return [float(v) for v in values]
+    t = torch.tensor(list(values), dtype=torch.float64, device=_reduce_device(device))
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return [float(v) for v in t.cpu()]
+
+
+def distributed_weighted_sum(
+    to_share: float | torch.Tensor, weight: float | torch.Tensor
+) -> float:
+    """AllenAct's ``distributed_weighted_sum``: ``sum_r weight_r * to_share_r`` over ranks.
+
+    Divide by ``all_reduce_sum([weight])`` for a weighted mean (see :func:`weighted_mean`).
+
+    Args:
+        to_share: This rank's value.
+        weight: This rank's weight (e.g. its number of samples).
+    """
+    return all_reduce_sum([float(to_share) * float(weight)])[0]
+
+
+def weighted_mean(value: float, weight: float) -> float:
+    """``sum_r weight_r * value_r / sum_r weight_r`` over ranks (one collective)."""
+    total, weights = all_reduce_sum([float(value) * float(weight), float(weight)])
+    return total / weights if weights > 0 else float("nan")
+
+
+def average_gradients(params: Iterable[torch.nn.Parameter], batch_size: float) -> float:
+    """Replace every gradient by the batch-size-weighted mean over ranks; return the total size.
+
+    Each rank's loss is a mean over its own ``batch_size`` samples, so
+    ``sum_r batch_size_r * grad_r / sum_r batch_size_r`` is the gradient of the mean over the
+    concatenated batch: ranks with shorter (preempted) rollouts weigh less. One flat
+    all-reduce carries all gradients and the batch size; missing gradients count as zeros.
+
+    Args:
+        params: The parameters whose ``.grad`` to average (identical order on every rank).
+        batch_size: Samples behind this rank's loss.
+
+    Returns:
+        The global batch size (this rank's alone without a process group).
+    """
+    params = [p for p in params if p.requires_grad]
+    if not is_distributed():
+        return float(batch_size)
+    if not params:
+        return all_reduce_sum([batch_size])[0]
+    device = params[0].device
+    grads = [
+        (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(torch.float32)
+        for p in params
+    ]
+    flat = torch.cat([*grads, torch.ones(1, device=device)]) * float(batch_size)
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    total = flat[-1].item()
+    flat = flat[:-1] / total
+    offset = 0
+    for p in params:
+        n = p.numel()
+        chunk = flat[offset : offset + n].view_as(p).to(p.dtype)
+        if p.grad is None:
+            p.grad = chunk.clone()
+        else:
+            p.grad.copy_(chunk)
+        offset += n
+    return float(total)
+
+
+def advantage_stats(advantages: torch.Tensor) -> tuple[float, float, int]:
+    """Mean, standard deviation (unbiased, as ``Tensor.std``) and count over all ranks.
+
+    One all-reduce of the sum, the sum of squares and the count (float64), so the result
+    equals the statistics of the concatenated advantages of every rank.
+
+    Args:
+        advantages: This rank's advantages (any shape).
+    """
+    a = advantages.detach().to(torch.float64)
+    values = torch.stack([a.sum(), (a * a).sum(), torch.tensor(float(a.numel()), device=a.device)])
+    if is_distributed():
+        values = values.to(_reduce_device(a.device))
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    total, total_sq, count = (float(v) for v in values.cpu())
+    mean = total / count
+    var = (total_sq - count * mean * mean) / max(count - 1.0, 1.0)
+    return mean, max(var, 0.0) ** 0.5, int(count)
+
+
+def reduce_tracker_states(
+    states: Mapping[str, Mapping[str, float]],
+) -> dict[str, dict[str, float]]:
+    """Sum the sums and counts of ``ScalarMeanTracker.state_dict()`` over all ranks.
+
+    Key sets may differ between ranks (e.g. no episode ended on one of them), so the states
+    travel as objects; the result's means are the sample-weighted means over all ranks.
+    """
+    if not is_distributed():
+        return {"sums": dict(states["sums"]), "counts": dict(states["counts"])}
+    gathered: list[Any] = [None] * dist.get_world_size()
+    mine = {"sums": dict(states["sums"]), "counts": dict(states["counts"])}
+    dist.all_gather_object(gathered, mine)
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for state in gathered:
+        for k, v in state["sums"].items():
+            sums[k] = sums.get(k, 0.0) + float(v)
+        for k, v in state["counts"].items():
+            counts[k] = counts.get(k, 0.0) + float(v)
+    return {"sums": sums, "counts": counts}
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` on every rank (``obj`` itself without a process group)."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def gather_objects(obj: Any, dst: int = 0) -> list[Any] | None:
+    """Every rank's ``obj`` in rank order on rank ``dst`` (None elsewhere; ``[obj]`` alone)."""
+    if not is_distributed():
+        return [obj]
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out: list[Any] | None = [None] * world if rank == dst else None
+    dist.gather_object(obj, out, dst=dst)
+    return out

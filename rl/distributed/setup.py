@@ -1,0 +1,196 @@
+"""Process-group setup and teardown, per-worker devices, identical model initialisation.
+
+A worker learns its place from the environment variables torchrun sets (``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``; :mod:`rl.distributed.launch`
+sets the same ones for workers it spawns) and joins the group with the ``env://`` rendezvous.
+The collective timeout bounds how long a worker waits for a peer that died or hangs: gloo
+fails at once when a peer's connection closes (a killed process) and after ``timeout_s``
+otherwise, so a job never hangs forever.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+# Defaults of the `distributed` config group (conf/distributed/none.yaml).
+DISTRIBUTED_DEFAULTS: dict[str, Any] = {
+    "enabled": False,
+    "workers": None,
+    "backend": "auto",
+    "device": None,
+    "timeout_s": 300,
+    "sync_frac": None,
+    "min_rollout_frac": 0.25,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DistContext:
+    """Where this worker stands in the world.
+
+    Attributes:
+        rank: Global rank (0 logs and writes).
+        world_size: Number of workers.
+        local_rank: Rank on this machine (picks the GPU).
+        device: This worker's torch device.
+        sync_frac: Straggler preemption: a worker may end its rollout once this fraction of
+            workers has finished theirs (None: never).
+        min_rollout_frac: ... and it has collected at least this fraction of its steps.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    sync_frac: float | None = None
+    min_rollout_frac: float = 0.25
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0 (the one that logs and writes)."""
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        """True with more than one worker."""
+        return self.world_size > 1
+
+
+def distributed_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``distributed`` group of a resolved config, defaults filled in."""
+    return {**DISTRIBUTED_DEFAULTS, **(cfg.get("distributed") or {})}
+
+
+def worker_device(device: str, local_rank: int) -> torch.device:
+    """``cuda`` -> ``cuda:LOCAL_RANK`` (one GPU per local worker); anything else unchanged."""
+    if device == "cuda":
+        return torch.device("cuda", local_rank)
+    return torch.device(device)
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """``auto`` -> nccl for CUDA devices, gloo otherwise."""
+    if backend == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    return backend
+
+
+def init_distributed(settings: Mapping[str, Any], device: str) -> DistContext:
+    """Join the process group described by the environment (``env://``).
+
+    Args:
+        settings: The ``distributed`` config (see :data:`DISTRIBUTED_DEFAULTS`).
+        device: The run's ``device`` (``distributed.device`` overrides it when set).
+
+    Returns:
+        This worker's context.
+
+    Raises:
+        RuntimeError: The launcher's environment variables are missing.
+    """
+    required = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    missing = [k for k in required if k not in os.environ]
+    if missing:
+        raise RuntimeError(
+            f"distributed=ddp needs {', '.join(missing)} in the environment: launch with "
+            "`torchrun --nproc_per_node=N train.py ... distributed=ddp`, or set "
+            "distributed.workers=N to spawn N local workers"
+        )
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    dev = worker_device(str(settings.get("device") or device), local_rank)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    backend = resolve_backend(str(settings.get("backend", "auto")), dev)
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend,
+            init_method="env://",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=float(settings.get("timeout_s") or 300)),
+        )
+    sync_frac = settings.get("sync_frac")
+    ctx = DistContext(
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        device=dev,
+        sync_frac=None if sync_frac is None else float(sync_frac),
+        min_rollout_frac=float(settings.get("min_rollout_frac") or 0.0),
+    )
+    log.info(
+        "distributed: rank %d of %d (local rank %d), backend %s, device %s, preemption %s",
+        rank,
+        world,
+        local_rank,
+        backend,
+        dev,
+        "off" if ctx.sync_frac is None else f"sync_frac={ctx.sync_frac}",
+    )
+    return ctx
+
+
+def teardown() -> None:
+    """Leave the process group (no-op without one)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op without a process group)."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def state_checksum(module: torch.nn.Module) -> str:
+    """SHA-256 of every parameter's and buffer's bytes (bitwise identity check)."""
+    h = hashlib.sha256()
+    for name, t in module.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def checksums_across_ranks(module: torch.nn.Module) -> list[str]:
+    """:func:`state_checksum` of ``module`` on every rank, in rank order."""
+    mine = state_checksum(module)
+    if not (dist.is_available() and dist.is_initialized()):
+        return [mine]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine)
+    return [str(s) for s in out]
+
+
+def synchronize_model(module: torch.nn.Module) -> None:
+    """Give every rank rank 0's parameters and buffers, and check that they are identical.
+
+    Every rank seeds identically before building the model, so the weights should already
+    agree; a warning says when they did not (nondeterministic initialisation), and the
+    broadcast makes them agree regardless. A mismatch after the broadcast raises.
+
+    Raises:
+        RuntimeError: The weights still differ after the broadcast.
+    """
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return
+    before = checksums_across_ranks(module)
+    if len(set(before)) > 1 and dist.get_rank() == 0:
+        log.warning("model initialisation differed across ranks; using rank 0's weights")
+    with torch.no_grad():
+        for t in module.state_dict().values():
+            dist.broadcast(t, src=0)
+    after = checksums_across_ranks(module)
+    if len(set(after)) > 1:
+        raise RuntimeError(f"model weights differ across ranks after broadcast: {after}")
