@@ -1,7 +1,8 @@
 """Train an agent: ``python train.py +experiment=ppo_nav [overrides...]``.
 
 Exit codes: 0 done; 143 stopped by SIGTERM, 3 by SIGUSR1 (requeue), 130 by Ctrl-C (each after
-saving a checkpoint; continue with ``resume=RUN_DIR``); 1 on errors.
+saving a checkpoint; continue with ``resume=RUN_DIR``); 1 on errors. In a multirun (``-m``) a
+failing job is logged and the sweep goes on; it exits 1 at the end (see rl/engine/sweeps.py).
 """
 
 from __future__ import annotations
@@ -13,25 +14,22 @@ from omegaconf import DictConfig
 
 import rl.engine.run
 from rl.engine.resume import EXIT_SIGINT, TrainingStopped
+from rl.engine.sweeps import check_objective, failures_logged, objective
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     """Compose, verify and run; return the sweep objective (``optimized_metric``), if set."""
     try:
-        metrics = rl.engine.run.train(cfg)
+        with failures_logged():  # a failed multirun job: its traceback in its train.log
+            check_objective(cfg)
+            return objective(rl.engine.run.train(cfg), cfg.get("optimized_metric"))
     except TrainingStopped as e:
         print(e, file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print("aborted (Ctrl-C twice); the last checkpoint on disk is valid", file=sys.stderr)
         sys.exit(EXIT_SIGINT)
-    key = cfg.get("optimized_metric")
-    if key is None:
-        return None
-    if key not in metrics:
-        raise KeyError(f"optimized_metric={key!r} was never logged; logged: {sorted(metrics)}")
-    return float(metrics[key])
 
 
 if __name__ == "__main__":

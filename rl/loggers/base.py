@@ -45,6 +45,9 @@ class MetricsSink(abc.ABC):
     def log_video(self, step: int, path: Path) -> None:  # noqa: B027
         """Record the video file ``path`` at env step ``step`` (only sinks that show videos)."""
 
+    def log_checkpoint(self, step: int, path: Path) -> None:  # noqa: B027
+        """Keep the checkpoint file ``path`` (env step ``step``), e.g. as an artifact."""
+
     def close(self) -> None:  # noqa: B027
         """Flush and release resources."""
 
@@ -73,6 +76,11 @@ class MetricsLogger:
         """Hand the video file ``path`` (env step ``step``) to the sinks that show videos."""
         for sink in self.sinks:
             sink.log_video(step, path)
+
+    def log_checkpoint(self, step: int, path: Path) -> None:
+        """Hand the final checkpoint ``path`` (env step ``step``) to the sinks that keep it."""
+        for sink in self.sinks:
+            sink.log_checkpoint(step, path)
 
     def close(self) -> None:
         """Close every sink; re-raise the first error after trying all."""

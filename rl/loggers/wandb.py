@@ -1,12 +1,30 @@
-"""Weights & Biases sink: online, offline or disabled; env steps as the x-axis."""
+"""Weights & Biases sink: online, offline or disabled; env steps as the x-axis.
+
+Every chart uses ``global_step`` (env steps summed over workers and ranks) as its x-axis, the
+scalars of each log point included (``charts/``, ``losses/<loss>/``, ``eval/``, ``valid/``,
+``time/``, ``pipeline/``), the probe videos (``videos/probe``) and the run summary (the last value
+of each key). The resolved config is logged flat (``pipeline.optimizer.lr``) with ``task_id``,
+``exp_name``, ``seed``, ``git_sha`` and ``git_dirty`` at the top level (cleanrl's and
+sample-factory's choices, so openrlbenchmark can filter on them).
+
+Grouping: a single run's group is ``exp_name``; the jobs of a Hydra multirun (``-m``, Optuna
+included) share the group ``<exp_name>__sweep_<sweep folder name>`` and get the tag ``sweep``, so
+a ``seed=1,2,3`` sweep is one group on the dashboard. A resumed run (``id`` set) keeps its group.
+"""
 
 from __future__ import annotations
 
+import logging
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rl.loggers.base import MetricsSink, RunContext
+
+log = logging.getLogger(__name__)
+
+_REPO = Path(__file__).resolve().parents[2]
 
 
 def flatten_dict(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -21,19 +39,61 @@ def flatten_dict(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def git_state(repo: Path = _REPO) -> dict[str, Any]:
+    """``{"git_sha": ..., "git_dirty": ...}`` of the code's repository (empty outside one)."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10
+        )
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if sha.returncode != 0 or status.returncode != 0:
+        return {}
+    return {"git_sha": sha.stdout.strip(), "git_dirty": bool(status.stdout.strip())}
+
+
+def sweep_of_current_job() -> tuple[str, int] | None:
+    """``(sweep folder name, job number)`` inside a Hydra multirun job, else None."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if not HydraConfig.initialized():
+            return None
+        hydra_cfg = HydraConfig.get()
+        if hydra_cfg.mode != RunMode.MULTIRUN:
+            return None
+        return Path(str(hydra_cfg.sweep.dir)).name, int(hydra_cfg.job.num)
+    except Exception:  # noqa: BLE001  (grouping is cosmetic: never fail a run over it)
+        return None
+
+
 class WandbSink(MetricsSink):
     """Log to wandb; every chart's x-axis is ``global_step`` (env steps over all workers).
+
+    Only build it on rank 0 under DDP (the engine does). ``close()`` always finishes the run, so
+    consecutive multirun jobs in one process never share a run.
 
     Args:
         context: The run (filled in by the engine).
         project: wandb project.
         entity: wandb entity (None: the default of the logged-in user).
-        mode: ``online``, ``offline`` (sync later with ``wandb sync``) or ``disabled``.
-        group: Run group (default: the experiment name).
-        tags: Run tags.
-        name: Run name (default: ``{task_id}__{exp_name}__{seed}__{unix_time}``).
-        id: Run id, to resume a run.
+        mode: ``online`` (needs ``wandb login``), ``offline`` (sync later with ``wandb sync``)
+            or ``disabled``.
+        group: Run group (None: ``exp_name``, or ``<exp_name>__sweep_<time>`` for sweep jobs).
+        tags: Run tags (sweep jobs also get ``sweep``).
+        name: Run name (None: ``{task_id}__{exp_name}__{seed}__{unix_time}``).
+        id: Run id, to resume a run (set by ``resume=``).
         job_type: wandb job type.
+        log_checkpoint: Upload the final checkpoint (and its ``.eval.json``) as a ``model``
+            artifact named ``model-<run id>``.
     """
 
     def __init__(
@@ -48,19 +108,30 @@ class WandbSink(MetricsSink):
         name: str | None = None,
         id: str | None = None,  # noqa: A002  (wandb's own name)
         job_type: str = "train",
+        log_checkpoint: bool = False,
     ) -> None:
         import wandb
 
         if mode not in ("online", "offline", "disabled"):
             raise ValueError(f"logger.wandb.mode must be online/offline/disabled, got {mode!r}")
+        self.log_checkpoints = log_checkpoint
+        tags = list(tags or [])
         config = flatten_dict(context.config)
         config.update(task_id=context.task_id, exp_name=context.exp_name, seed=context.seed)
+        config.update(git_state())
+        sweep = sweep_of_current_job()
+        if sweep is not None:
+            config.update(sweep=sweep[0], sweep_job=sweep[1])
+            if "sweep" not in tags:
+                tags.append("sweep")
+        if group is None and id is None:  # a resumed run keeps the group it has
+            group = f"{context.exp_name}__sweep_{sweep[0]}" if sweep else context.exp_name
         self.run = wandb.init(
             project=project,
             entity=entity,
             mode=mode,
-            group=group or context.exp_name,
-            tags=list(tags or []),
+            group=group,
+            tags=tags,
             name=name or context.run_name,
             id=id,
             resume="allow" if id else None,
@@ -69,6 +140,7 @@ class WandbSink(MetricsSink):
             config=config,
             reinit="finish_previous",
         )
+        # `*` covers every key logged later: scalars of all sections, videos and the summary.
         self.run.define_metric("global_step")
         self.run.define_metric("*", step_metric="global_step")
 
@@ -82,6 +154,28 @@ class WandbSink(MetricsSink):
 
         fmt = Path(path).suffix.lstrip(".") or "mp4"
         self.run.log({"global_step": step, "videos/probe": wandb.Video(str(path), format=fmt)})
+
+    def log_checkpoint(self, step: int, path: Path) -> None:
+        """Upload checkpoint ``path`` as artifact ``model-<run id>`` (if ``log_checkpoint``).
+
+        Its ``<checkpoint>.eval.json`` goes along when it exists. Aliases: ``latest`` and
+        ``step_<step>``; offline runs upload it with ``wandb sync``.
+        """
+        if not self.log_checkpoints:
+            return
+        import wandb
+
+        path = Path(path)
+        artifact = wandb.Artifact(
+            name=f"model-{self.run.id}",
+            type="model",
+            metadata={"env_step": step, "checkpoint": path.name},
+        )
+        artifact.add_file(str(path))
+        if path.with_suffix(".eval.json").is_file():
+            artifact.add_file(str(path.with_suffix(".eval.json")))
+        self.run.log_artifact(artifact, aliases=["latest", f"step_{step}"])
+        log.info("wandb: checkpoint %s logged as artifact model-%s", path.name, self.run.id)
 
     def close(self) -> None:
         """Finish the run (always, so multirun jobs never share one)."""
