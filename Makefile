@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch first, pinned to the CPU build, so nothing pulls a CUDA wheel.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[dev,bench]"
+	$(BIN)/pip install --quiet -e ".[dev,bench,sweep]"
 	touch $(STAMP)
 
 venv: $(STAMP) ## Create .venv and install the project with its dev extras

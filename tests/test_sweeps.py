@@ -1,0 +1,176 @@
+"""Hydra multiruns through the real CLI: basic and joblib launchers, Optuna, the SLURM preset,
+a failing job that does not stop the others, and the sweep objective's errors."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from wandb_records import read_run
+
+from rl.engine.sweeps import ObjectiveError, check_objective, objective
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ["+experiment=ppo_nav", "+debug=smoke"]
+
+
+def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, "WANDB_MODE": "disabled", "WANDB_SILENT": "true", **env}
+    return subprocess.run(
+        [sys.executable, "train.py", *args],
+        cwd=ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def assert_complete_run(job_dir: Path) -> None:
+    assert (job_dir / ".hydra" / "config.yaml").is_file()
+    assert (job_dir / "config.yaml").is_file()
+    assert (job_dir / "checkpoints" / "ckpt_stage00_step000000000256.pt").is_file()
+    lines = (job_dir / "metrics.jsonl").read_text().splitlines()
+    assert '"env_step": 256' in lines[-1]
+
+
+@pytest.mark.slow
+def test_basic_multirun_two_seeds_two_folders_two_wandb_runs(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    proc = cli(
+        "-m", *SMOKE, "seed=1,2", "logger=wandb", f"hydra.sweep.dir={sweep}", WANDB_MODE="offline"
+    )
+    assert proc.returncode == 0, proc.stderr
+    for job, seed in ((0, 1), (1, 2)):
+        assert_complete_run(sweep / str(job))
+        assert yaml.safe_load((sweep / str(job) / "config.yaml").read_text())["seed"] == seed
+    # One wandb run per job (the previous one finished), grouped by sweep, tagged `sweep`.
+    runs = [read_run(p) for p in sorted(sweep.glob("*/wandb/offline-run-*/run-*.wandb"))]
+    assert len(runs) == 2
+    assert runs[0].run.run_id != runs[1].run.run_id
+    assert {r.run.run_group for r in runs} == {f"ppo_nav__sweep_{sweep.name}"}
+    assert all("sweep" in r.run.tags for r in runs)
+    assert [r.config["sweep_job"] for r in runs] == [0, 1]
+
+
+def test_default_sweep_dir_layout() -> None:
+    proc = cli("+experiment=ppo_nav", "--cfg", "hydra")
+    assert proc.returncode == 0, proc.stderr
+    hydra_cfg = yaml.safe_load(proc.stdout)["hydra"]
+    assert hydra_cfg["sweep"]["dir"] == "outputs/${exp_name}/multirun/${now:%Y-%m-%d_%H-%M-%S}"
+    assert hydra_cfg["sweep"]["subdir"] == "${hydra.job.num}"
+    assert hydra_cfg["job"]["chdir"] is False
+
+
+@pytest.mark.slow
+def test_joblib_launcher_runs_jobs_in_parallel_processes(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    proc = cli("-m", *SMOKE, "seed=1,2", "hydra/launcher=joblib_local", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stderr
+    assert "Joblib.Parallel(n_jobs=2" in proc.stdout + proc.stderr
+    assert_complete_run(sweep / "0")
+    assert_complete_run(sweep / "1")
+
+
+@pytest.mark.slow
+def test_failing_job_does_not_stop_the_others(tmp_path: Path) -> None:
+    # task.size=2 raises ValueError in the environment's constructor (job 0); job 1 must run.
+    sweep = tmp_path / "sweep"
+    proc = cli("-m", *SMOKE, "task.size=2,9", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 1  # the sweep reports the failure at its end
+    assert "size=2 is too small" in proc.stderr
+    assert_complete_run(sweep / "1")
+    log = (sweep / "0" / "train.log").read_text()
+    assert "job 0 (+experiment=ppo_nav +debug=smoke task.size=2) failed" in log
+    assert "Traceback" in log and "size=2 is too small" in log
+    assert not (sweep / "0" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_optuna_sweep_two_trials_returns_the_objective(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    proc = cli(
+        *SMOKE,
+        "+hparams_search=ppo_nav_optuna",  # turns on multirun by itself
+        "hydra.sweeper.n_trials=2",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Sampler: TPESampler" in proc.stdout + proc.stderr
+    result = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    assert result["name"] == "optuna"
+    assert set(result["best_params"]) == {
+        "pipeline.optimizer.lr",
+        "pipeline.named_losses.ppo.entropy_coef",
+        "pipeline.named_losses.ppo.clip_param",
+        "pipeline.num_steps",
+    }
+    assert 0.0 <= result["best_value"] <= 1.0
+    # The best value is a trial's final eval/success, as the trial's run logged it.
+    finals = []
+    for job in ("0", "1"):
+        assert_complete_run(sweep / job)
+        cfg = yaml.safe_load((sweep / job / "config.yaml").read_text())
+        assert cfg["optimized_metric"] == "eval/success"
+        last = (sweep / job / "metrics.jsonl").read_text().splitlines()[-1]
+        finals.append(yaml.safe_load(last)["eval/success"])
+    assert result["best_value"] == max(finals)
+
+
+def test_slurm_launcher_preset_composes() -> None:
+    proc = cli("+experiment=ppo_nav", "hydra/launcher=slurm", "--cfg", "hydra")
+    assert proc.returncode == 0, proc.stderr
+    launcher = yaml.safe_load(proc.stdout)["hydra"]["launcher"]
+    assert launcher["_target_"].endswith("submitit_launcher.SlurmLauncher")
+    assert launcher["timeout_min"] > 0
+    assert launcher["gpus_per_node"] == 1
+    assert launcher["partition"] is None
+    assert launcher["additional_parameters"]["signal"] == "USR1@120"
+
+
+def test_objective_missing_from_the_run_is_a_clear_error(tmp_path: Path) -> None:
+    proc = cli(*SMOKE, "optimized_metric=charts/nope", f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 1
+    assert "optimized_metric='charts/nope' was never logged" in proc.stderr
+    assert "charts/episodic_return" in proc.stderr  # the logged keys are listed
+
+
+def test_objective_of_a_section_that_is_off_fails_before_training(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = cli(*SMOKE, "optimized_metric=valid/success", f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 1
+    assert "only logged with valid.enabled=true" in proc.stderr
+    assert not (run_dir / "checkpoints").exists()
+
+
+# ----------------------------------------------------------------------- in-process
+def test_objective_helpers() -> None:
+    assert objective({"eval/success": 0.5}, None) is None
+    assert objective({"eval/success": 0.5}, "eval/success") == 0.5
+    with pytest.raises(ObjectiveError, match="NaN"):
+        objective({"eval/success": math.nan}, "eval/success")
+    with pytest.raises(ObjectiveError, match="charts/a"):
+        objective({"charts/a": 1.0}, "eval/success")
+    check_objective({"optimized_metric": "eval/success", "eval": {"num_episodes": 4}})
+    check_objective({"optimized_metric": "charts/success"})
+    with pytest.raises(ObjectiveError, match="eval.num_episodes > 0"):
+        check_objective({"optimized_metric": "eval/success", "eval": {"num_episodes": 0}})
+
+
+def test_hparams_search_composes_on_the_experiment(compose_cfg, resolve_cfg) -> None:
+    cfg = compose_cfg(["+experiment=ppo_nav", "+hparams_search=ppo_nav_optuna"])
+    assert cfg.hydra.sweeper._target_.endswith("OptunaSweeper")
+    assert cfg.hydra.sweeper.direction == "maximize"
+    assert cfg.hydra.sweeper.sampler._target_.endswith("TPESampler")
+    plain = resolve_cfg(cfg)
+    assert plain["optimized_metric"] == "eval/success"
+    assert plain["eval"]["num_episodes"] > 0
+    for key in cfg.hydra.sweeper.params:  # every searched key exists in the config
+        node = plain
+        for part in key.split("."):
+            node = node[part]
