@@ -129,7 +129,7 @@ class WandbSink(MetricsSink):
         self.run = wandb.init(
             project=project,
             entity=entity,
-            mode=mode,
+            mode=mode,  # type: ignore[arg-type]  # checked above
             group=group,
             tags=tags,
             name=name or context.run_name,
@@ -153,7 +153,8 @@ class WandbSink(MetricsSink):
         import wandb
 
         fmt = Path(path).suffix.lstrip(".") or "mp4"
-        self.run.log({"global_step": step, "videos/probe": wandb.Video(str(path), format=fmt)})
+        video = wandb.Video(str(path), format=fmt)  # type: ignore[arg-type]
+        self.run.log({"global_step": step, "videos/probe": video})
 
     def log_checkpoint(self, step: int, path: Path) -> None:
         """Upload checkpoint ``path`` as artifact ``model-<run id>`` (if ``log_checkpoint``).
