@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
 
 from rl.distributed.reduce import broadcast_object
 from rl.distributed.setup import DistContext, init_distributed, teardown
@@ -78,7 +79,9 @@ def run_torchrun_worker(
         shared = broadcast_object(plan)
         if "error" in shared:
             raise RuntimeError(f"rank 0 could not start the run: {shared['error']}")
-        return train_fn(shared, ctx)
+        metrics = train_fn(shared, ctx)
+        teardown(wait=True)
+        return metrics
     finally:
         teardown()
 
@@ -108,7 +111,9 @@ def _spawned_worker(
         stream=sys.stderr,
     )
     if index == 0:
-        handler = logging.FileHandler(Path(plan["config"]["output_dir"]) / "train.log")
+        output_dir = Path(plan["config"]["output_dir"])
+        output_dir.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(output_dir / "train.log")
         handler.setFormatter(
             logging.Formatter("[%(asctime)s][rank 0][%(name)s][%(levelname)s] - %(message)s")
         )
@@ -122,9 +127,11 @@ def _spawned_worker(
         except TrainingStopped as e:
             if ctx.is_main:
                 results.put(("stopped", e.reason, str(e.checkpoint) if e.checkpoint else None))
+            teardown(wait=True)
             return
         if ctx.is_main:
             results.put(("done", metrics, None))
+        teardown(wait=True)
     finally:
         teardown()
 
@@ -188,9 +195,9 @@ def spawn_workers(
         with _forward_signals(context):
             while not context.join(timeout=1.0):
                 pass
-    except mp.ProcessException as e:
+    except ProcessException as e:
         raise RuntimeError(
-            f"distributed training failed: worker {e.error_index} (pid {e.pid}) {e}; the other "
+            f"distributed training failed: worker {e.error_index} ({e}); the other "
             "workers were terminated"
         ) from None
     if results.empty():

@@ -142,9 +142,16 @@ def init_distributed(settings: Mapping[str, Any], device: str) -> DistContext:
     return ctx
 
 
-def teardown() -> None:
-    """Leave the process group (no-op without one)."""
+def teardown(wait: bool = False) -> None:
+    """Leave the process group (no-op without one).
+
+    Args:
+        wait: Meet every rank at a barrier first (after success: a rank that tears its
+            connections down while a peer still uses them can abort the peer in gloo).
+    """
     if dist.is_available() and dist.is_initialized():
+        if wait and dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -4,8 +4,10 @@
 ``fail_seed`` reaches its ``fail_at_step``-th step (counted over its whole life, across
 auto-resets); it then raises, exits the process with ``os._exit``, kills itself with
 ``SIGSEGV`` or ``SIGKILL``, or hangs, as chosen. Samplers seed environment ``i`` with
-``worker_seeds(num_envs, seed)[i]``, so a test picks the failing environment by its seed. The
-module is importable in worker processes (no torch, no state at import time).
+``worker_seeds(num_envs, seed)[i]``, so a test picks the failing environment by its seed.
+:class:`SlowEnv` is the same counter task sleeping ``delay`` seconds per step (a straggler for
+distributed preemption tests). The module is importable in worker processes (no torch, no
+state at import time).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["FaultyEnv"]
+__all__ = ["FaultyEnv", "SlowEnv"]
 
 FailureMode = Literal["raise", "exit", "segfault", "kill", "hang"]
 
@@ -108,3 +110,22 @@ class FaultyEnv(gym.Env):
         if terminated or truncated:
             info["episode_metrics"] = {"seed_mod": float(self._episode_seed % 1000)}
         return self._obs(int(action)), 1.0, bool(terminated), bool(truncated), info
+
+
+class SlowEnv(FaultyEnv):
+    """:class:`FaultyEnv` (never failing) that sleeps ``delay`` seconds in every step.
+
+    Args:
+        delay: Seconds per step.
+        max_steps: Truncation limit.
+    """
+
+    def __init__(self, *, delay: float = 0.0, max_steps: int = 10) -> None:
+        super().__init__(max_steps=max_steps)
+        self.delay = delay
+
+    def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """Sleep, then advance the counter."""
+        if self.delay > 0:
+            time.sleep(self.delay)
+        return super().step(action)

@@ -1,0 +1,299 @@
+"""Distributed training on CPU with gloo and 2 processes: collectives, trainer, faults, CLI.
+
+Workers are spawned with ``torch.multiprocessing`` on a free local port; assertions run inside
+the workers (a failing one surfaces as the parent's ``ProcessRaisedException``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from rl.distributed import (
+    DistContext,
+    advantage_stats,
+    average_gradients,
+    distributed_weighted_sum,
+    weighted_mean,
+)
+from rl.distributed.launch import free_port, spawn_workers
+from rl.distributed.reduce import reduce_tracker_states
+from rl.distributed.setup import checksums_across_ranks, teardown
+from rl.engine.run import _train_worker, verify_train_cfg
+from rl.loggers import MetricsLogger
+from rl.losses import PPOLoss
+from rl.models import ActorCritic
+from rl.pipeline import PipelineStage, TrainingPipeline
+from rl.sampling import SerialSampler
+from rl.utils.config import ConfigError
+from rl.utils.seeding import worker_seeds
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 30}
+WORLD = 2
+
+
+def _entry(rank: int, port: int, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    fn(rank, *args)
+    teardown(wait=True)
+
+
+def run_workers(fn: Callable[..., None], *args: Any) -> None:
+    """Run ``fn(rank, *args)`` on 2 gloo workers."""
+    mp.start_processes(
+        _entry, args=(free_port(), fn, args), nprocs=WORLD, join=True, start_method="spawn"
+    )
+
+
+# ------------------------------------------------------------------ collectives
+def _check_reductions(rank: int) -> None:
+    torch.manual_seed(0)
+    sizes = [3, 7]  # unequal local batch sizes
+    xs = [torch.randn(n, 5) for n in sizes]
+    ys = [torch.randn(n, 2) for n in sizes]
+    model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    ((model(xs[rank]) - ys[rank]) ** 2).mean().backward()
+    total = average_gradients(model.parameters(), sizes[rank])
+    assert total == sum(sizes)
+    reference = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    ((model(torch.cat(xs)) - torch.cat(ys)) ** 2).mean().backward()
+    for got, want in zip(reference, [p.grad for p in model.parameters()], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+    advs = [torch.randn(4, n) * 3 + 1 for n in sizes]
+    mean, std, count = advantage_stats(advs[rank])
+    flat = torch.cat([a.reshape(-1) for a in advs]).double()
+    assert count == flat.numel()
+    assert mean == pytest.approx(flat.mean().item(), rel=1e-9)
+    assert std == pytest.approx(flat.std().item(), rel=1e-9)
+
+    assert distributed_weighted_sum(float(rank + 1), sizes[rank]) == pytest.approx(3 + 14)
+    assert weighted_mean(float(rank + 1), sizes[rank]) == pytest.approx(17 / 10)
+    tracker = {"sums": {"a": 2.0 * (rank + 1)}, "counts": {"a": 2.0}}
+    if rank == 1:
+        tracker["sums"]["b"], tracker["counts"]["b"] = 5.0, 1.0  # keys may differ by rank
+    merged = reduce_tracker_states(tracker)
+    assert merged == {"sums": {"a": 6.0, "b": 5.0}, "counts": {"a": 4.0, "b": 1.0}}
+
+
+def test_weighted_gradients_and_global_advantage_stats() -> None:
+    run_workers(_check_reductions)
+
+
+# ----------------------------------------------------------------- trainer level
+class Recorder:
+    """Per-rollout steps of this worker, and optionally a stop request at one rollout."""
+
+    def __init__(self, stop_at: int | None = None) -> None:
+        self.num_steps: list[int] = []
+        self.env_steps: list[int] = []
+        self.stop_at = stop_at
+
+    def on_rollout_end(self, trainer: Any, info: Any) -> None:
+        self.num_steps.append(info.num_steps)
+        self.env_steps.append(info.env_steps)
+        if self.stop_at is not None and len(self.num_steps) == self.stop_at:
+            trainer.request_stop("SIGTERM")
+
+
+def make_trainer(
+    rank: int,
+    out: Path,
+    *,
+    task: dict[str, Any] = SMALL,
+    budget: int = 384,
+    num_steps: int = 16,
+    sync_frac: float | None = None,
+    recorder: Recorder | None = None,
+) -> Any:
+    from rl.engine.trainer import OnPolicyTrainer
+
+    torch.manual_seed(0)
+    num_envs = 4
+    sampler = SerialSampler(
+        task=task, num_envs=num_envs, seed=3, env_offset=rank * num_envs, total_envs=8
+    )
+    model = ActorCritic(
+        observation_space=sampler.observation_space,
+        action_space=sampler.action_space,
+        cnn_channels=[8],
+        image_encoding="scale",
+        trunk_layers=[32],
+        rnn="gru",
+        rnn_hidden_size=16,
+    )
+    torch.manual_seed(100 + rank)  # action sampling differs by rank (as run.py seeds it)
+    pipe = TrainingPipeline(
+        named_losses={"ppo": PPOLoss()},
+        stages=[PipelineStage(loss_names=["ppo"], max_stage_steps=budget)],
+        optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
+        num_steps=num_steps,
+        num_mini_batch=2,
+        update_repeats=2,
+        metric_accumulate_interval=128,
+        save_interval=128,
+    )
+    ctx = DistContext(rank=rank, world_size=WORLD, local_rank=rank, sync_frac=sync_frac)
+    return OnPolicyTrainer(
+        model=model,
+        pipeline=pipe,
+        sampler=sampler,
+        logger=MetricsLogger([]),
+        output_dir=out,
+        config={},
+        seed=7,
+        callbacks=[recorder] if recorder is not None else [],
+        dist=ctx,
+    )
+
+
+def _train_stop_resume(rank: int, tmp: str) -> None:
+    base = Path(tmp)
+    # Uninterrupted: 3 rollouts of 2 workers x 4 envs x 16 steps = 128 env steps each.
+    full = make_trainer(rank, base / "full")
+    seeds = [None] * WORLD
+    dist.all_gather_object(seeds, full.sampler._seeds)
+    assert seeds[0] == worker_seeds(8, 3)[:4] and seeds[1] == worker_seeds(8, 3)[4:]
+    assert len(set(seeds[0]) | set(seeds[1])) == 8  # unique across ranks and environments
+    obs = [None] * WORLD
+    dist.all_gather_object(obs, full.sampler.reset()[0]["image"])
+    assert not (obs[0] == obs[1]).all()
+    full = make_trainer(rank, base / "full")
+    full.train()
+    full.sampler.close()
+    assert full.pipeline.total_steps == 384
+    sums = checksums_across_ranks(full.model)
+    assert sums[0] == sums[1], "parameters differ across ranks after updates"
+    if rank == 0:
+        names = sorted(p.name for p in (base / "full" / "checkpoints").glob("ckpt_*.pt"))
+        assert names[-1].endswith("384.pt") and len(names) == 3
+
+    # Rank 1 alone asks to stop after the first rollout; the workers agree on it at the next
+    # rollout's all-reduce, so both stop after the second one, with one checkpoint.
+    rec = Recorder(stop_at=1 if rank == 1 else None)
+    part = make_trainer(rank, base / "part", recorder=rec)
+    part.train()
+    part.sampler.close()
+    assert part.stop_reason == "SIGTERM" and part.pipeline.total_steps == 256
+    dist.barrier()
+    ckpt = part.last_checkpoint
+    state = torch.load(ckpt, weights_only=True)
+    assert state["distributed"]["world_size"] == WORLD
+    resumed = make_trainer(rank, base / "part")
+    resumed.load_state_dict(state)
+    resumed.train()
+    resumed.sampler.close()
+    assert resumed.pipeline.total_steps == 384
+    assert checksums_across_ranks(resumed.model)[rank] == sums[rank], "resume is not exact"
+
+
+def test_trainer_identical_parameters_unique_seeds_stop_and_exact_resume(tmp_path: Path) -> None:
+    run_workers(_train_stop_resume, str(tmp_path))
+
+
+def _preempt(rank: int, tmp: str) -> None:
+    delay = 0.02 if rank == 1 else 0.0  # rank 1 is the straggler (4 envs: 0.08 s a step)
+    task = {"_target_": "rl.tasks.debug.SlowEnv", "delay": delay, "max_steps": 10}
+    rec = Recorder()
+    trainer = make_trainer(
+        rank, Path(tmp), task=task, budget=300, num_steps=20, sync_frac=0.5, recorder=rec
+    )
+    trainer.train()
+    trainer.sampler.close()
+    steps = [None] * WORLD
+    dist.all_gather_object(steps, rec.num_steps)
+    # The first two rollouts are full-length (4 envs x (20 + 5) steps = 100 env steps); the
+    # rest of the 300-step budget is planned as shorter rollouts (the stage's tail).
+    assert steps[0][:2] == [20, 20], steps  # the fast worker completes
+    # min_rollout_frac 0.25 of 20 = 5 steps: the straggler stops as soon as it may.
+    assert all(5 <= s <= 7 for s in steps[1][:2]), steps
+    assert all(b <= a for a, b in zip(steps[0], steps[1], strict=True)), steps
+    assert rec.env_steps == [4 * (a + b) for a, b in zip(steps[0], steps[1], strict=True)]
+    assert trainer.pipeline.total_steps == sum(rec.env_steps)
+    sums = checksums_across_ranks(trainer.model)
+    assert sums[0] == sums[1]
+
+
+def test_preemption_cuts_the_straggler_at_the_configured_fractions(tmp_path: Path) -> None:
+    run_workers(_preempt, str(tmp_path))
+
+
+# ---------------------------------------------------------------- config, faults
+def test_distributed_config_is_verified(compose_cfg: Any, resolve_cfg: Any) -> None:
+    plain = resolve_cfg(compose_cfg(["+experiment=ppo_nav", "distributed.workers=2"]))
+    with pytest.raises(ConfigError, match="needs distributed=ddp"):
+        verify_train_cfg(plain)
+    plain = resolve_cfg(
+        compose_cfg(["+experiment=ppo_nav", "distributed=ddp_preempt", "distributed.sync_frac=2"])
+    )
+    with pytest.raises(ConfigError, match="sync_frac"):
+        verify_train_cfg(plain)
+
+
+def test_a_killed_worker_ends_the_job_with_an_error(
+    compose_cfg: Any, resolve_cfg: Any, tmp_path: Path
+) -> None:
+    plain = resolve_cfg(
+        compose_cfg(
+            ["+experiment=ppo_nav", "+debug=smoke", "model=mlp", "distributed=ddp", "eval=null"]
+        )
+    )
+    plain["total_env_steps"] = plain["pipeline"]["stages"][0]["max_stage_steps"] = 100_000
+    # Rank 1's first environment (global env 4 of 8) SIGKILLs its process at its 40th step.
+    doomed = worker_seeds(8, plain["seed"])[4]
+    plain["task"] = {
+        "_target_": "rl.tasks.debug.FaultyEnv",
+        "fail_seed": doomed,
+        "fail_at_step": 40,
+        "mode": "kill",
+    }
+    plain["logger"] = {"sinks": {}}
+    payload = {"config": plain, "config_unresolved": plain, "resume": None, "init_from": None}
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="worker 1 .*SIGKILL"):
+        spawn_workers(2, plain["distributed"], "cpu", payload, _train_worker)
+    assert time.monotonic() - start < 60
+
+
+# --------------------------------------------------------------------------- CLI
+def _cli(tmp_path: Path, launcher: list[str], *overrides: str) -> Path:
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [*launcher, "train.py", "+experiment=ppo_nav", "+debug=smoke", "distributed=ddp",
+         f"hydra.run.dir={run_dir}", "eval.num_episodes=2", *overrides],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [r["env_step"] for r in records if "charts/SPS" in r]
+    assert train_steps == [128, 256]  # logged once (rank 0), global env steps (2 x 4 x 16)
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt_*.pt"))
+    assert ckpts == ["ckpt_stage00_step000000000128.pt", "ckpt_stage00_step000000000256.pt"]
+    return run_dir
+
+
+def test_cli_spawned_workers(tmp_path: Path) -> None:
+    _cli(tmp_path, [sys.executable], "distributed.workers=2")
+
+
+def test_cli_torchrun(tmp_path: Path) -> None:
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    _cli(tmp_path, [*torchrun, "--master_port", str(free_port())])
