@@ -14,7 +14,7 @@ def test_ppo_learns_small_pointnav(compose_cfg) -> None:
         [
             "+experiment=ppo_nav",
             "task=nav_small",
-            "total_env_steps=150_000",
+            "total_env_steps=200_000",
             "torch_threads=1",
             "eval.num_episodes=100",
             "logger.sinks.console.progress_bar=false",
