@@ -6,6 +6,7 @@ the workers (a failing one surfaces as the parent's ``ProcessRaisedException``).
 
 from __future__ import annotations
 
+import faulthandler
 import functools
 import json
 import os
@@ -47,6 +48,7 @@ WORLD = 2
 
 
 def _entry(rank: int, port: int, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+    faulthandler.enable()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)

@@ -15,6 +15,7 @@ import datetime
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -152,6 +153,19 @@ def teardown(wait: bool = False) -> None:
     if dist.is_available() and dist.is_initialized():
         if wait and dist.get_world_size() > 1:
             dist.barrier()
+            # Rank 0 hosts the store: it leaves last (a rare SIGABRT in a peer was seen when the
+            # store went away while the peer was still tearing down).
+            store = dist.distributed_c10d._get_default_store()
+            if dist.get_rank() != 0:
+                store.add("rl/teardown", 1)
+            else:
+                deadline = time.monotonic() + 10.0
+                while (
+                    int(store.add("rl/teardown", 0)) < dist.get_world_size() - 1
+                    and time.monotonic() < deadline
+                ):
+                    time.sleep(0.01)
+                time.sleep(0.2)
         dist.destroy_process_group()
 
 

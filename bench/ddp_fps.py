@@ -1,0 +1,75 @@
+"""Distributed training throughput: ``ppo_nav`` with 1 process vs N DDP workers (CLI runs).
+
+Each run is the real command line (``python train.py +experiment=ppo_nav ...``; with
+``distributed=ddp distributed.workers=N`` for N > 1), every worker with ``num_envs`` envs
+and one torch thread, so N workers collect N times the env steps per rollout. FPS is the mean
+``charts/SPS`` of the logged intervals after the first (start-up excluded), in global env
+steps per second. Optionally ``--preempt`` adds the ``ddp_preempt`` preset (sync_frac 0.5).
+
+    python bench/ddp_fps.py [--steps 32768] [--workers 1 2] [--num-envs 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(workers: int, steps: int, num_envs: int, preempt: bool) -> dict[str, float]:
+    """One CLI run; returns its mean logged FPS and wall time."""
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [
+            sys.executable,
+            "train.py",
+            "+experiment=ppo_nav",
+            f"hydra.run.dir={tmp}/run",
+            f"total_env_steps={steps}",
+            f"sampler.num_envs={num_envs}",
+            "pipeline.num_steps=128",
+            "pipeline.metric_accumulate_interval=4096",
+            "pipeline.save_interval=1000000000",
+            "eval.num_episodes=0",
+            "logger.sinks.console.progress_bar=false",
+        ]
+        if workers > 1:
+            preset = "ddp_preempt" if preempt else "ddp"
+            args += [f"distributed={preset}", f"distributed.workers={workers}"]
+            if preempt:
+                args.append("distributed.sync_frac=0.5")
+        env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+        t0 = time.perf_counter()
+        proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr[-3000:])
+        lines = (Path(tmp) / "run" / "metrics.jsonl").read_text().splitlines()
+        sps = [r["charts/SPS"] for r in map(json.loads, lines) if "charts/SPS" in r]
+    steady = sps[1:] or sps
+    return {"fps": sum(steady) / len(steady), "wall_s": wall}
+
+
+def main() -> None:
+    """Print a table of FPS by worker count."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=32768)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--num-envs", type=int, default=8, help="environments per worker")
+    parser.add_argument("--preempt", action="store_true")
+    args = parser.parse_args()
+    print(f"ppo_nav, {args.num_envs} envs/worker, 128-step rollouts, {args.steps} env steps")
+    print(f"{'workers':>7}  {'FPS':>8}  {'wall s':>7}")
+    for workers in args.workers:
+        result = run(workers, args.steps, args.num_envs, args.preempt)
+        print(f"{workers:>7}  {result['fps']:>8.0f}  {result['wall_s']:>7.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
