@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from rl.losses.base import Loss, LossOutput, explained_variance
-from rl.models import distributions as D
+from rl.losses.base import (
+    Loss,
+    LossOutput,
+    explained_variance,
+    normalized_advantages,
+    policy_terms,
+)
 from rl.models.actor_critic import ActorCriticOutput
 from rl.storage.rollout import RolloutBatch
 
@@ -32,12 +37,8 @@ class A2CLoss(Loss):
         self, *, batch: RolloutBatch, output: ActorCriticOutput, step_count: int
     ) -> LossOutput:
         """A2C on a minibatch; see :class:`rl.losses.Loss`."""
-        logp_all = D.log_probs_all(output.logits)
-        logprobs = logp_all.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
-        adv = batch.advantages
-        if self.normalize_advantage and adv.numel() > 1:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        logprobs, entropy = policy_terms(output.logits, batch.actions)
+        adv = normalized_advantages(batch) if self.normalize_advantage else batch.advantages
         policy_loss = -(logprobs * adv.detach()).mean()
         value_loss = 0.5 * (output.values - batch.returns).pow(2).mean()
         total = policy_loss + self.value_loss_coef * value_loss - self.entropy_coef * entropy

@@ -48,3 +48,25 @@ def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> float:
     if var_target.item() == 0:
         return float("nan")
     return float(1.0 - torch.var(target - predicted, unbiased=False) / var_target)
+
+
+def policy_terms(logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log-probabilities of actions [T, n], mean entropy [])`` of a categorical policy."""
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logprobs = logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    return logprobs, -(logp_all.exp() * logp_all).sum(-1).mean()
+
+
+def normalized_advantages(batch: RolloutBatch) -> torch.Tensor:
+    """Advantages ``[T, n]`` at zero mean and unit std.
+
+    Uses the rollout-wide statistics in ``batch.advantage_stats`` when the engine set them
+    (global statistics under DDP), else this minibatch's own.
+    """
+    adv = batch.advantages
+    if batch.advantage_stats is not None:
+        mean, std = batch.advantage_stats
+        return (adv - mean) / (std + 1e-8)
+    if adv.numel() > 1:
+        return (adv - adv.mean()) / (adv.std() + 1e-8)
+    return adv

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from rl.losses.base import Loss, LossOutput, explained_variance
-from rl.models import distributions as D
+from rl.losses.base import (
+    Loss,
+    LossOutput,
+    explained_variance,
+    normalized_advantages,
+    policy_terms,
+)
 from rl.models.actor_critic import ActorCriticOutput
 from rl.pipeline.schedules import Schedule
 from rl.storage.rollout import RolloutBatch
@@ -53,16 +58,8 @@ class PPOLoss(Loss):
     ) -> LossOutput:
         """PPO on a minibatch; see :class:`rl.losses.Loss`."""
         clip = self.current_clip(step_count)
-        logp_all = D.log_probs_all(output.logits)
-        logprobs = logp_all.gather(-1, batch.actions.unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1).mean()
-
-        adv = batch.advantages
-        if self.normalize_advantage and batch.advantage_stats is not None:
-            mean, std = batch.advantage_stats
-            adv = (adv - mean) / (std + 1e-8)
-        elif self.normalize_advantage and adv.numel() > 1:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        logprobs, entropy = policy_terms(output.logits, batch.actions)
+        adv = normalized_advantages(batch) if self.normalize_advantage else batch.advantages
 
         logratio = logprobs - batch.old_logprobs
         ratio = logratio.exp()

@@ -49,6 +49,11 @@ class TrainingSettings:
     save_interval: int | None = None
     metric_accumulate_interval: int | None = None
 
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> TrainingSettings:
+        """The settings found in ``values`` (e.g. a constructor's ``locals()``)."""
+        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+
     def overridden_by(self, other: TrainingSettings) -> TrainingSettings:
         """These settings with every non-None value of ``other`` replacing ours."""
         updates = {k: v for k, v in dataclasses.asdict(other).items() if v is not None}
@@ -124,18 +129,7 @@ class PipelineStage:
         self.max_stage_steps = int(max_stage_steps)
         self.teacher_forcing = teacher_forcing
         self.early_stopping_criterion = early_stopping_criterion or NeverEarlyStoppingCriterion()
-        self.training_settings = TrainingSettings(
-            num_steps=num_steps,
-            num_mini_batch=num_mini_batch,
-            update_repeats=update_repeats,
-            max_grad_norm=max_grad_norm,
-            gamma=gamma,
-            use_gae=use_gae,
-            gae_lambda=gae_lambda,
-            advance_scene_rollout_period=advance_scene_rollout_period,
-            save_interval=save_interval,
-            metric_accumulate_interval=metric_accumulate_interval,
-        )
+        self.training_settings = TrainingSettings.from_mapping(locals())
 
     @property
     def weighted_losses(self) -> dict[str, float]:
@@ -206,18 +200,7 @@ class TrainingPipeline:
                 )
         self.optimizer_builder = optimizer
         self.lr_scheduler_builder = lr_scheduler
-        self.defaults = TrainingSettings(
-            num_steps=num_steps,
-            num_mini_batch=num_mini_batch,
-            update_repeats=update_repeats,
-            max_grad_norm=max_grad_norm,
-            gamma=gamma,
-            use_gae=use_gae,
-            gae_lambda=gae_lambda,
-            advance_scene_rollout_period=advance_scene_rollout_period,
-            save_interval=save_interval,
-            metric_accumulate_interval=metric_accumulate_interval,
-        )
+        self.defaults = TrainingSettings.from_mapping(locals())
         missing = [
             k
             for k, v in dataclasses.asdict(self.defaults).items()
