@@ -358,14 +358,15 @@ def _train(start: StartPlan, ctx: DistContext | None = None) -> dict[str, float]
                 seed,
                 n,
             )
+    task_id = task_id_of(task_cfg)
     context = RunContext(
         output_dir=output_dir,
         config=plain,
         exp_name=plain["exp_name"],
-        task_id=task_id_of(task_cfg),
+        task_id=task_id,
         seed=seed,
         total_steps=pipeline.total_max_steps,
-        run_name=f"{task_id_of(task_cfg)}__{plain['exp_name']}__{seed}__{int(time.time())}",
+        run_name=f"{task_id}__{plain['exp_name']}__{seed}__{int(time.time())}",
     )
     log.info("run folder: %s", output_dir)
     sampler = hydra.utils.instantiate(plain["sampler"])(task=task_cfg, seed=seed, **sampler_kwargs)
