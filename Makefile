@@ -26,8 +26,8 @@ train: $(STAMP) ## Train the default experiment (ppo_nav); pass extra overrides 
 test: $(STAMP) ## Run the test suite (what CI runs)
 	$(BIN)/python -m pytest -q $(ARGS)
 
-lint: $(STAMP) ## ruff check + format check
-	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+lint: $(STAMP) ## ruff check + format check + import contracts (layers, no cycles)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/lint-imports --no-cache
 
 format: $(STAMP) ## Format the code with ruff
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .

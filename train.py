@@ -13,8 +13,8 @@ import hydra
 from omegaconf import DictConfig
 
 import rl.engine.run
-from rl.engine.resume import EXIT_SIGINT, TrainingStopped
 from rl.engine.sweeps import check_objective, failures_logged, objective
+from rl.training.stopping import EXIT_SIGINT, TrainingStopped
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

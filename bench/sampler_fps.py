@@ -71,17 +71,17 @@ def raw_fps(kind: str, processes: int, seconds: float) -> float:
 
 # ---------------------------------------------------------------------- (o) overlap
 def build_policy(model: str) -> Any:
-    from rl.engine.run import build_model
+    from rl.models import build_model
+    from rl.tasks import task_spaces
 
     cfg = yaml.safe_load((ROOT / "conf" / "model" / f"{model}.yaml").read_text())
     torch.manual_seed(0)
-    return build_model(cfg, TASK).eval()
+    return build_model(cfg, *task_spaces(TASK)).eval()
 
 
 def collect_fps(model: str, mode: str, seconds: float, processes: int = 2) -> float:
     """Steps/s of inference + stepping: ``sync`` (one sampler) or ``overlap`` (two halves)."""
-    from rl.engine.trainer import obs_to_torch
-    from rl.sampling import MultiprocessSampler
+    from rl.sampling import MultiprocessSampler, obs_to_torch
 
     policy = build_policy(model)
     dev = torch.device("cpu")

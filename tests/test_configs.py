@@ -10,7 +10,8 @@ import pytest
 import yaml
 from omegaconf import open_dict
 
-from rl.engine.run import train, verify_train_cfg
+from rl.engine.run import train
+from rl.engine.settings import verify_train_cfg
 from rl.utils.config import ConfigError, import_target
 
 CONF = Path(__file__).resolve().parent.parent / "conf"

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from rl.collection import InProcessCollector
 from rl.distributed import (
     DistContext,
     advantage_stats,
@@ -31,13 +32,16 @@ from rl.distributed import (
 )
 from rl.distributed.launch import free_port, spawn_workers
 from rl.distributed.reduce import reduce_tracker_states
+from rl.distributed.settings import DistributedSettings
 from rl.distributed.setup import checksums_across_ranks, teardown
-from rl.engine.run import _train_worker, verify_train_cfg
+from rl.engine.run import _train_worker
+from rl.engine.settings import verify_train_cfg
 from rl.loggers import MetricsLogger
 from rl.losses import PPOLoss
 from rl.models import ActorCritic
 from rl.pipeline import PipelineStage, TrainingPipeline
 from rl.sampling import SerialSampler
+from rl.training import Callback, OnPolicyTrainer
 from rl.utils.config import ConfigError
 from rl.utils.seeding import worker_seeds
 
@@ -100,7 +104,7 @@ def test_weighted_gradients_and_global_advantage_stats() -> None:
 
 
 # ----------------------------------------------------------------- trainer level
-class Recorder:
+class Recorder(Callback):
     """Per-rollout steps of this worker, and optionally a stop request at one rollout."""
 
     def __init__(self, stop_at: int | None = None) -> None:
@@ -124,9 +128,7 @@ def make_trainer(
     num_steps: int = 16,
     sync_frac: float | None = None,
     recorder: Recorder | None = None,
-) -> Any:
-    from rl.engine.trainer import OnPolicyTrainer
-
+) -> OnPolicyTrainer:
     torch.manual_seed(0)
     num_envs = 4
     sampler = SerialSampler(
@@ -156,10 +158,9 @@ def make_trainer(
     return OnPolicyTrainer(
         model=model,
         pipeline=pipe,
-        sampler=sampler,
+        collector=InProcessCollector(model=model, sampler=sampler, dist=ctx),
         logger=MetricsLogger([]),
         output_dir=out,
-        config={},
         seed=7,
         callbacks=[recorder] if recorder is not None else [],
         dist=ctx,
@@ -171,15 +172,15 @@ def _train_stop_resume(rank: int, tmp: str) -> None:
     # Uninterrupted: 3 rollouts of 2 workers x 4 envs x 16 steps = 128 env steps each.
     full = make_trainer(rank, base / "full")
     seeds = [None] * WORLD
-    dist.all_gather_object(seeds, full.sampler._seeds)
+    dist.all_gather_object(seeds, full.collector.sampler._seeds)
     assert seeds[0] == worker_seeds(8, 3)[:4] and seeds[1] == worker_seeds(8, 3)[4:]
     assert len(set(seeds[0]) | set(seeds[1])) == 8  # unique across ranks and environments
     obs = [None] * WORLD
-    dist.all_gather_object(obs, full.sampler.reset()[0]["image"])
+    dist.all_gather_object(obs, full.collector.sampler.reset()[0]["image"])
     assert not (obs[0] == obs[1]).all()
     full = make_trainer(rank, base / "full")
     full.train()
-    full.sampler.close()
+    full.collector.close()
     assert full.pipeline.total_steps == 384
     sums = checksums_across_ranks(full.model)
     assert sums[0] == sums[1], "parameters differ across ranks after updates"
@@ -192,7 +193,7 @@ def _train_stop_resume(rank: int, tmp: str) -> None:
     rec = Recorder(stop_at=1 if rank == 1 else None)
     part = make_trainer(rank, base / "part", recorder=rec)
     part.train()
-    part.sampler.close()
+    part.collector.close()
     assert part.stop_reason == "SIGTERM" and part.pipeline.total_steps == 256
     dist.barrier()
     ckpt = part.last_checkpoint
@@ -201,7 +202,7 @@ def _train_stop_resume(rank: int, tmp: str) -> None:
     resumed = make_trainer(rank, base / "part")
     resumed.load_state_dict(state)
     resumed.train()
-    resumed.sampler.close()
+    resumed.collector.close()
     assert resumed.pipeline.total_steps == 384
     assert checksums_across_ranks(resumed.model)[rank] == sums[rank], "resume is not exact"
 
@@ -218,7 +219,7 @@ def _preempt(rank: int, tmp: str) -> None:
         rank, Path(tmp), task=task, budget=300, num_steps=20, sync_frac=0.5, recorder=rec
     )
     trainer.train()
-    trainer.sampler.close()
+    trainer.collector.close()
     steps = [None] * WORLD
     dist.all_gather_object(steps, rec.num_steps)
     # The first two rollouts are full-length (4 envs x (20 + 5) steps = 100 env steps); the
@@ -270,7 +271,8 @@ def test_a_killed_worker_ends_the_job_with_an_error(
     payload = {"config": plain, "config_unresolved": plain, "resume": None, "init_from": None}
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="worker 1 .*SIGKILL"):
-        spawn_workers(2, plain["distributed"], "cpu", payload, _train_worker)
+        settings = DistributedSettings.from_config(plain["distributed"])
+        spawn_workers(2, settings, "cpu", payload, _train_worker)
     assert time.monotonic() - start < 60
 
 

@@ -16,11 +16,11 @@ import pytest
 from hydra import compose, initialize
 from hydra.core.global_hydra import GlobalHydra
 
-import rl.engine.eval_runs as eval_runs
-from rl.engine.checkpoint import CheckpointError
-from rl.engine.eval_runs import CheckpointRef, thin_by_steps
-from rl.engine.evaluator import NoExpertError
+import rl.evaluation.runs as eval_runs
+from rl.checkpoints import CheckpointError
 from rl.engine.run import evaluate, train
+from rl.evaluation import NoExpertError
+from rl.evaluation.runs import CheckpointRef, thin_by_steps
 from rl.utils.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

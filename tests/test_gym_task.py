@@ -52,7 +52,7 @@ def test_continuous_actions_are_refused() -> None:
 
 def test_image_observation_env_builds_a_cnn_model() -> None:
     from rl.models import ActorCritic
-    from rl.sampling import dict_space
+    from rl.tasks import dict_space
 
     space = dict_space(gym.spaces.Box(0, 255, (16, 16, 3), "uint8"))
     model = ActorCritic(

@@ -7,12 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from rl.engine.trainer import obs_to_torch
 from rl.models import ActorCritic
 from rl.models import distributions as D
-from rl.sampling import SerialSampler, dict_space
+from rl.sampling import SerialSampler, obs_to_torch
 from rl.storage import RolloutStorage
-from rl.tasks import Actions
+from rl.tasks import Actions, dict_space
 
 SMALL_NAV = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 20}
 

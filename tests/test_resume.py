@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl.engine import run
-from rl.engine.checkpoint import (
+from rl.checkpoints.files import (
     CheckpointError,
     checkpoint_name,
     latest_checkpoint,
@@ -30,22 +29,31 @@ from rl.engine.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from rl.engine.inference import InferenceAgent
-from rl.engine.resume import EXIT_REQUEUE, EXIT_SIGTERM, plan_start, resolve_resume_path
-from rl.engine.run import build_model
-from rl.engine.trainer import OnPolicyTrainer, RolloutInfo, obs_to_torch
+from rl.checkpoints.resume import plan_start, resolve_resume_path
+from rl.collection import InProcessCollector
+from rl.engine import run
+from rl.evaluation import InferenceAgent
 from rl.loggers import MetricsLogger
 from rl.losses import ImitationLoss, PPOLoss
-from rl.models import ActorCritic
+from rl.models import ActorCritic, build_model
 from rl.pipeline import LinearDecay, PipelineStage, TrainingPipeline
-from rl.sampling import SerialSampler, build_env
+from rl.sampling import SerialSampler, obs_to_torch
+from rl.tasks import build_env, task_spaces
+from rl.training import (
+    EXIT_REQUEUE,
+    EXIT_SIGTERM,
+    Callback,
+    OnPolicyTrainer,
+    RolloutInfo,
+    RunRecord,
+)
 from rl.utils.config import ConfigError, to_plain
 from rl.utils.seeding import worker_seeds
 
 SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 30}
 
 
-class StopAt:
+class StopAt(Callback):
     """Callback: request a stop once the run reaches ``steps`` env steps."""
 
     def __init__(self, steps: int) -> None:
@@ -93,10 +101,10 @@ def make_trainer(tmp_path: Path, sampler: SerialSampler, callbacks=()) -> OnPoli
     return OnPolicyTrainer(
         model=model,
         pipeline=make_pipeline(),
-        sampler=sampler,
+        collector=InProcessCollector(model=model, sampler=sampler),
         logger=MetricsLogger([]),
         output_dir=tmp_path,
-        config={"note": "test"},
+        run=RunRecord(config={"note": "test"}),
         seed=0,
         callbacks=list(callbacks),
     )
@@ -192,7 +200,7 @@ MODEL_CFG = {
 
 def test_inference_agent_reproduces_the_engines_argmax_actions(tmp_path: Path) -> None:
     torch.manual_seed(1)
-    model = build_model(MODEL_CFG, SMALL)
+    model = build_model(MODEL_CFG, *task_spaces(SMALL))
     with torch.no_grad():  # random weights: varied actions that depend on the GRU state
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.5)
@@ -262,7 +270,7 @@ def test_resume_accepts_safe_overrides_and_refuses_unsafe_ones(
     )
     start = plan_start(cfg, to_plain(cfg))
     start.close()
-    assert start.config["logger"]["sinks"]["wandb"]["id"] == saved["wandb_run_id"]
+    assert start.wandb_run_id == saved["wandb_run_id"]  # the sink continues it (test_wandb)
     assert start.config["sampler"]["num_envs"] == 4  # saved value, not ppo_nav's 16
     caplog.clear()
     with caplog.at_level(logging.INFO):
@@ -290,7 +298,7 @@ def test_init_from_loads_weights_and_restarts_the_pipeline(compose_cfg, tmp_path
         [*SMOKE, f"init_from={ckpt}", f"output_dir={tmp_path / 'new'}"], set_output_dir=False
     )
     start = plan_start(cfg, to_plain(cfg))
-    model = build_model(start.config["model"], start.config["task"])
+    model = build_model(start.config["model"], *task_spaces(start.config["task"]))
     start.init_model(model)
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     run.train(cfg)

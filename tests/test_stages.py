@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from rl.engine.checkpoint import list_checkpoints
-from rl.engine.evaluator import episode_seed_list, evaluate_policy
-from rl.engine.trainer import OnPolicyTrainer, RolloutInfo
+from rl.checkpoints import list_checkpoints
+from rl.collection import InProcessCollector
+from rl.evaluation import episode_seed_list, evaluate_policy
 from rl.loggers import MetricsLogger
 from rl.losses import ImitationLoss, PPOLoss
 from rl.models import ActorCritic
@@ -28,11 +28,12 @@ from rl.pipeline import (
 )
 from rl.sampling import SerialSampler
 from rl.storage import ExpertTrajectoryIterator
+from rl.training import Callback, OnPolicyTrainer, RolloutInfo
 
 SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 30}
 
 
-class Recorder:
+class Recorder(Callback):
     """Callback recording every rollout and stage end."""
 
     def __init__(self) -> None:
@@ -44,7 +45,7 @@ class Recorder:
     def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
         self.rollouts.append(info)
         self.lrs.append(trainer.optimizer.param_groups[0]["lr"])
-        s = trainer.storage
+        s = info.rollout.storage
         self.actions_equal_expert.append(
             bool((s.actions[: s.step] == s.expert_actions[: s.step]).all())
         )
@@ -90,10 +91,9 @@ def train(
         trainer = OnPolicyTrainer(
             model=model,
             pipeline=pipe,
-            sampler=sampler,
+            collector=InProcessCollector(model=model, sampler=sampler),
             logger=MetricsLogger([]),
             output_dir=tmp_path,
-            config={},
             seed=seed,
             callbacks=[recorder],
         )
@@ -231,7 +231,7 @@ def test_offpolicy_component_runs_exactly_its_updates(tmp_path: Path) -> None:
     )
     trainer, rec = train(pipe, tmp_path)
     assert [r.offpolicy_updates for r in rec.rollouts] == [3, 3, 3, 0]
-    assert trainer.offpolicy_update_count == 9
+    assert trainer.learner.offpolicy_update_count == 9
 
 
 def test_lr_multi_linear_decay_across_stage_boundaries(tmp_path: Path) -> None:
@@ -280,14 +280,14 @@ def test_imitation_with_teacher_forcing_learns_the_expert(tmp_path: Path) -> Non
     assert result.metrics["success"] >= 0.9, result.metrics
 
 
-class FirstStepStarts:
+class FirstStepStarts(Callback):
     """Records whether every env began an episode at each rollout's first step."""
 
     def __init__(self) -> None:
         self.all_start: list[bool] = []
 
     def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
-        self.all_start.append(bool(trainer.storage.episode_starts[0].all()))
+        self.all_start.append(bool(info.rollout.storage.episode_starts[0].all()))
 
 
 def test_advance_scene_rollout_period_starts_new_episodes(tmp_path: Path) -> None:
@@ -311,10 +311,9 @@ def test_advance_scene_rollout_period_starts_new_episodes(tmp_path: Path) -> Non
         OnPolicyTrainer(
             model=model,
             pipeline=pipe,
-            sampler=sampler,
+            collector=InProcessCollector(model=model, sampler=sampler),
             logger=MetricsLogger([]),
             output_dir=tmp_path,
-            config={},
             callbacks=[probe],
         ).train()
     # Rollout 0 starts from reset; in stage 1 (rollouts 3..7) every 2nd rollout forces new

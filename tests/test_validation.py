@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import multiprocessing as mp
@@ -17,10 +18,11 @@ from hydra import compose, initialize
 from hydra.core.global_hydra import GlobalHydra
 
 from rl.engine.run import train
-from rl.engine.trainer import OnPolicyTrainer
-from rl.engine.validation import BackgroundValidation
-from rl.engine.video import write_video
+from rl.evaluation.settings import ValidSettings
+from rl.evaluation.validation import BackgroundValidation
+from rl.evaluation.video import write_video
 from rl.loggers.base import MetricsLogger
+from rl.training.trainer import OnPolicyTrainer
 from rl.utils.config import ConfigError
 
 STEPS = [128, 256, 384, 512]
@@ -113,13 +115,14 @@ def test_falls_behind_loudly_and_skips_nothing(
     out, _ = run
     cfg = yaml.safe_load((out / "config.yaml").read_text())
     logger = RecordingLogger()
+    settings = dataclasses.replace(ValidSettings(**cfg["valid"]), num_episodes=2, num_envs=2)
     validation = BackgroundValidation(
-        task=cfg["task"], model=cfg["model"], logger=logger, num_episodes=2, num_envs=2
+        settings, task=cfg["task"], model=cfg["model"], logger=logger
     )
     try:
-        with caplog.at_level(logging.WARNING, logger="rl.engine.validation"):
+        with caplog.at_level(logging.WARNING, logger="rl.evaluation.validation"):
             for path in sorted((out / "checkpoints").glob("ckpt_*.pt")):
-                validation.on_checkpoint(path)
+                validation.submit(path)
         assert "4 checkpoints pending" in caplog.text
         validation.finish()
     finally:

@@ -1,9 +1,10 @@
 """Distributed training over processes and machines (torch.distributed; gloo or nccl).
 
-``setup`` joins the process group and keeps model initialisation identical across ranks;
-``reduce`` holds the collectives the trainer uses (weighted gradient average, global advantage
-statistics, metric reduction, AllenAct's ``distributed_weighted_sum``); ``preemption`` ends
-stragglers' rollouts early (DD-PPO); ``launch`` starts workers under torchrun or spawns them.
+``settings`` types the ``distributed`` config group; ``setup`` joins the process group and keeps
+model initialisation identical across ranks; ``reduce`` holds the collectives the trainer uses
+(weighted gradient average, global advantage statistics, metric reduction, AllenAct's
+``distributed_weighted_sum``); ``preemption`` ends stragglers' rollouts early (DD-PPO);
+``launch`` starts workers under torchrun or spawns them.
 """
 
 from rl.distributed.preemption import RolloutPreemption
@@ -15,23 +16,22 @@ from rl.distributed.reduce import (
     is_distributed,
     weighted_mean,
 )
+from rl.distributed.settings import DistributedSettings, distributed_errors
 from rl.distributed.setup import (
-    DISTRIBUTED_DEFAULTS,
     DistContext,
-    distributed_settings,
     init_distributed,
     synchronize_model,
     teardown,
 )
 
 __all__ = [
-    "DISTRIBUTED_DEFAULTS",
     "DistContext",
+    "DistributedSettings",
     "RolloutPreemption",
     "advantage_stats",
     "all_reduce_sum",
     "average_gradients",
-    "distributed_settings",
+    "distributed_errors",
     "distributed_weighted_sum",
     "init_distributed",
     "is_distributed",

@@ -10,6 +10,9 @@ Hydra's resolvers do not work in children) and waits for them. A worker that fai
 makes the others fail fast (gloo sees the closed connection; a hung peer is bounded by
 ``distributed.timeout_s``) and the launcher terminates the rest and raises, naming the worker.
 SIGTERM and SIGUSR1 sent to the launcher are forwarded to the workers (checkpoint and stop).
+
+The launcher knows nothing of training: a worker runs ``train_fn(plan, ctx)``, and rank 0's
+return value (any picklable outcome) is what :func:`spawn_workers` returns.
 """
 
 from __future__ import annotations
@@ -28,12 +31,13 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
 from rl.distributed.reduce import broadcast_object
+from rl.distributed.settings import DistributedSettings
 from rl.distributed.setup import DistContext, init_distributed, teardown
 
 log = logging.getLogger(__name__)
 
-# train_fn(plan, ctx) -> metrics; plan: the resolved start (see `plan_payload`).
-TrainFn = Callable[[dict[str, Any], DistContext], dict[str, float]]
+# train_fn(plan, ctx) -> outcome; plan: the resolved start as plain data.
+TrainFn = Callable[[dict[str, Any], DistContext], Any]
 
 
 def launched_by_torchrun() -> bool:
@@ -49,15 +53,15 @@ def free_port() -> int:
 
 
 def run_torchrun_worker(
-    settings: dict[str, Any],
+    settings: DistributedSettings,
     device: str,
     make_plan: Callable[[], dict[str, Any]],
     train_fn: TrainFn,
-) -> dict[str, float]:
+) -> Any:
     """One rank under torchrun: rank 0 plans the start, every rank trains.
 
     Args:
-        settings: The ``distributed`` config.
+        settings: The ``distributed`` section.
         device: The run's ``device``.
         make_plan: Plans the start (rank 0 only); returns the plain plan.
         train_fn: Trains from a plan on this rank.
@@ -79,9 +83,9 @@ def run_torchrun_worker(
         shared = broadcast_object(plan)
         if "error" in shared:
             raise RuntimeError(f"rank 0 could not start the run: {shared['error']}")
-        metrics = train_fn(shared, ctx)
+        outcome = train_fn(shared, ctx)
         teardown(wait=True)
-        return metrics
+        return outcome
     finally:
         teardown()
 
@@ -90,7 +94,7 @@ def _spawned_worker(
     index: int,
     world_size: int,
     port: int,
-    settings: dict[str, Any],
+    settings: DistributedSettings,
     device: str,
     plan: dict[str, Any],
     train_fn: TrainFn,
@@ -120,17 +124,9 @@ def _spawned_worker(
         logging.getLogger().addHandler(handler)
     ctx = init_distributed(settings, device)
     try:
-        from rl.engine.resume import TrainingStopped
-
-        try:
-            metrics = train_fn(plan, ctx)
-        except TrainingStopped as e:
-            if ctx.is_main:
-                results.put(("stopped", e.reason, str(e.checkpoint) if e.checkpoint else None))
-            teardown(wait=True)
-            return
+        outcome = train_fn(plan, ctx)
         if ctx.is_main:
-            results.put(("done", metrics, None))
+            results.put(outcome)
         teardown(wait=True)
     finally:
         teardown()
@@ -160,22 +156,22 @@ def _forward_signals(context: Any) -> Iterator[None]:
 
 def spawn_workers(
     workers: int,
-    settings: dict[str, Any],
+    settings: DistributedSettings,
     device: str,
     plan: dict[str, Any],
     train_fn: TrainFn,
-) -> tuple[str, Any, str | None]:
+) -> Any:
     """Run ``train_fn`` on ``workers`` local spawned workers; return rank 0's outcome.
 
     Args:
         workers: Number of workers.
-        settings: The ``distributed`` config.
+        settings: The ``distributed`` section.
         device: The run's ``device`` (``cuda`` -> ``cuda:LOCAL_RANK``).
         plan: The plain start plan every worker trains from.
         train_fn: A picklable (module-level) function.
 
     Returns:
-        ``("done", metrics, None)`` or ``("stopped", reason, checkpoint)``.
+        What ``train_fn`` returned on rank 0.
 
     Raises:
         RuntimeError: A worker failed or died (the others are terminated).

@@ -16,24 +16,14 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-log = logging.getLogger(__name__)
+from rl.distributed.settings import DistributedSettings
 
-# Defaults of the `distributed` config group (conf/distributed/none.yaml).
-DISTRIBUTED_DEFAULTS: dict[str, Any] = {
-    "enabled": False,
-    "workers": None,
-    "backend": "auto",
-    "device": None,
-    "timeout_s": 300,
-    "sync_frac": None,
-    "min_rollout_frac": 0.25,
-}
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +58,6 @@ class DistContext:
         return self.world_size > 1
 
 
-def distributed_settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``distributed`` group of a resolved config, defaults filled in."""
-    return {**DISTRIBUTED_DEFAULTS, **(cfg.get("distributed") or {})}
-
-
 def worker_device(device: str, local_rank: int) -> torch.device:
     """``cuda`` -> ``cuda:LOCAL_RANK`` (one GPU per local worker); anything else unchanged."""
     if device == "cuda":
@@ -87,11 +72,11 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def init_distributed(settings: Mapping[str, Any], device: str) -> DistContext:
+def init_distributed(settings: DistributedSettings, device: str) -> DistContext:
     """Join the process group described by the environment (``env://``).
 
     Args:
-        settings: The ``distributed`` config (see :data:`DISTRIBUTED_DEFAULTS`).
+        settings: The ``distributed`` section.
         device: The run's ``device`` (``distributed.device`` overrides it when set).
 
     Returns:
@@ -110,26 +95,25 @@ def init_distributed(settings: Mapping[str, Any], device: str) -> DistContext:
         )
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    dev = worker_device(str(settings.get("device") or device), local_rank)
+    dev = worker_device(settings.device or device, local_rank)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    backend = resolve_backend(str(settings.get("backend", "auto")), dev)
+    backend = resolve_backend(settings.backend, dev)
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend,
             init_method="env://",
             rank=rank,
             world_size=world,
-            timeout=datetime.timedelta(seconds=float(settings.get("timeout_s") or 300)),
+            timeout=datetime.timedelta(seconds=settings.timeout_s),
         )
-    sync_frac = settings.get("sync_frac")
     ctx = DistContext(
         rank=rank,
         world_size=world,
         local_rank=local_rank,
         device=dev,
-        sync_frac=None if sync_frac is None else float(sync_frac),
-        min_rollout_frac=float(settings.get("min_rollout_frac") or 0.0),
+        sync_frac=settings.sync_frac,
+        min_rollout_frac=settings.min_rollout_frac,
     )
     log.info(
         "distributed: rank %d of %d (local rank %d), backend %s, device %s, preemption %s",

@@ -1,25 +1,12 @@
-"""The engine shared by ``train.py`` and ``evaluate.py``."""
+"""The engine's entry: :func:`train` and :func:`evaluate`, the composition root behind the CLIs.
 
-from rl.engine.checkpoint import (
-    CheckpointError,
-    latest_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-    save_checkpoint,
-)
-from rl.engine.evaluator import EvalResult, episode_seed_list, evaluate_policy
-from rl.engine.inference import InferenceAgent
-from rl.engine.trainer import OnPolicyTrainer
+``run`` builds every part of a run from its config section and drives it; ``settings`` types
+the run's own keys and verifies a whole training config; ``sweeps`` gives Hydra's sweepers their
+objective and logs failing multirun jobs. The parts themselves live in their own packages:
+:mod:`rl.training` (the loop), :mod:`rl.collection` (rollouts), :mod:`rl.evaluation`,
+:mod:`rl.checkpoints`, and the building blocks below them.
+"""
 
-__all__ = [
-    "CheckpointError",
-    "EvalResult",
-    "InferenceAgent",
-    "OnPolicyTrainer",
-    "episode_seed_list",
-    "evaluate_policy",
-    "latest_checkpoint",
-    "list_checkpoints",
-    "load_checkpoint",
-    "save_checkpoint",
-]
+from rl.engine.run import evaluate, train
+
+__all__ = ["evaluate", "train"]

@@ -17,7 +17,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from rl.engine.resume import TrainingStopped
+from rl.training.stopping import TrainingStopped
 from rl.utils.config import ConfigError
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,16 @@
 
 from rl.loggers.base import MetricsLogger, MetricsSink, RunContext
 from rl.loggers.console import ConsoleSink
+from rl.loggers.factory import build_logger
 from rl.loggers.jsonl import JsonlSink
 from rl.loggers.wandb import WandbSink
 
-__all__ = ["ConsoleSink", "JsonlSink", "MetricsLogger", "MetricsSink", "RunContext", "WandbSink"]
+__all__ = [
+    "ConsoleSink",
+    "JsonlSink",
+    "MetricsLogger",
+    "MetricsSink",
+    "RunContext",
+    "WandbSink",
+    "build_logger",
+]

@@ -21,6 +21,7 @@ class RunContext:
         seed: Run seed.
         total_steps: Env-step budget of the whole pipeline (for progress and ETA).
         run_name: ``{task_id}__{exp_name}__{seed}__{unix_time}``.
+        resume_id: Id of the dashboard run a resumed run continues (None: a new run).
     """
 
     output_dir: Path
@@ -30,6 +31,7 @@ class RunContext:
     seed: int
     total_steps: int
     run_name: str
+    resume_id: str | None = None
 
 
 class MetricsSink(abc.ABC):
@@ -48,6 +50,11 @@ class MetricsSink(abc.ABC):
     def log_checkpoint(self, step: int, path: Path) -> None:  # noqa: B027
         """Keep the checkpoint file ``path`` (env step ``step``), e.g. as an artifact."""
 
+    @property
+    def run_id(self) -> str | None:
+        """Id of the dashboard run this sink writes to (None: it has none)."""
+        return None
+
     def close(self) -> None:  # noqa: B027
         """Flush and release resources."""
 
@@ -61,6 +68,11 @@ class MetricsLogger:
 
     def __init__(self, sinks: Sequence[MetricsSink]) -> None:
         self.sinks = list(sinks)
+
+    @property
+    def run_id(self) -> str | None:
+        """Id of the dashboard run (e.g. wandb's) among the sinks, None without one."""
+        return next((s.run_id for s in self.sinks if s.run_id is not None), None)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """Record ``metrics`` at env step ``step`` in every sink."""

@@ -90,7 +90,7 @@ class WandbSink(MetricsSink):
         group: Run group (None: ``exp_name``, or ``<exp_name>__sweep_<time>`` for sweep jobs).
         tags: Run tags (sweep jobs also get ``sweep``).
         name: Run name (None: ``{task_id}__{exp_name}__{seed}__{unix_time}``).
-        id: Run id, to resume a run (set by ``resume=``).
+        id: Run id, to continue a run (None: the resumed run's, ``context.resume_id``, if any).
         job_type: wandb job type.
         log_checkpoint: Upload the final checkpoint (and its ``.eval.json``) as a ``model``
             artifact named ``model-<run id>``.
@@ -115,6 +115,9 @@ class WandbSink(MetricsSink):
         if mode not in ("online", "offline", "disabled"):
             raise ValueError(f"logger.wandb.mode must be online/offline/disabled, got {mode!r}")
         self.log_checkpoints = log_checkpoint
+        run_id = id if id is not None else context.resume_id
+        if id is None and run_id is not None:
+            log.info("resume: continuing wandb run %s", run_id)
         tags = list(tags or [])
         config = flatten_dict(context.config)
         config.update(task_id=context.task_id, exp_name=context.exp_name, seed=context.seed)
@@ -124,7 +127,7 @@ class WandbSink(MetricsSink):
             config.update(sweep=sweep[0], sweep_job=sweep[1])
             if "sweep" not in tags:
                 tags.append("sweep")
-        if group is None and id is None:  # a resumed run keeps the group it has
+        if group is None and run_id is None:  # a resumed run keeps the group it has
             group = f"{context.exp_name}__sweep_{sweep[0]}" if sweep else context.exp_name
         self.run = wandb.init(
             project=project,
@@ -133,8 +136,8 @@ class WandbSink(MetricsSink):
             group=group,
             tags=tags,
             name=name or context.run_name,
-            id=id,
-            resume="allow" if id else None,
+            id=run_id,
+            resume="allow" if run_id else None,
             job_type=job_type,
             dir=str(context.output_dir),
             config=config,
@@ -143,6 +146,11 @@ class WandbSink(MetricsSink):
         # `*` covers every key logged later: scalars of all sections, videos and the summary.
         self.run.define_metric("global_step")
         self.run.define_metric("*", step_metric="global_step")
+
+    @property
+    def run_id(self) -> str | None:
+        """The wandb run's id (stored in checkpoints, so a resume continues this run)."""
+        return str(self.run.id) if self.run.id else None
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """Log ``metrics`` with ``global_step=step``."""

@@ -1,4 +1,4 @@
-"""Pipeline primitives: stages, settings, schedules, trackers, early stopping."""
+"""Pipeline primitives: stages, settings, schedules, trackers, early stopping, config checks."""
 
 from rl.pipeline.early_stopping import (
     EarlyStoppingCriterion,
@@ -15,6 +15,7 @@ from rl.pipeline.schedules import (
 )
 from rl.pipeline.stages import PipelineStage, TrainingPipeline, TrainingSettings
 from rl.pipeline.trackers import ScalarMeanTracker
+from rl.pipeline.verify import pipeline_errors
 from rl.utils import evenly_distribute_count_into_bins, recursive_update, set_seed, worker_seeds
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "TrainingPipeline",
     "TrainingSettings",
     "evenly_distribute_count_into_bins",
+    "pipeline_errors",
     "recursive_update",
     "set_seed",
     "step_lr_scheduler_to",

@@ -11,6 +11,7 @@ steps) and round-trips that position through :meth:`TrainingPipeline.state_dict`
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,8 @@ import torch
 from rl.pipeline.early_stopping import EarlyStoppingCriterion, NeverEarlyStoppingCriterion
 from rl.pipeline.offpolicy import OffPolicyPipelineComponent
 from rl.pipeline.schedules import Schedule
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,7 +293,11 @@ class TrainingPipeline:
         }
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Restore a position saved by :meth:`state_dict`."""
+        """Restore a position saved by :meth:`state_dict`.
+
+        A finished pipeline whose budget has since been extended (a resume with a larger
+        ``total_env_steps``) reopens its last stage at the matching stage step.
+        """
         index = int(state["current_stage_index"])
         if not 0 <= index <= len(self.stages):
             raise ValueError(
@@ -300,3 +307,12 @@ class TrainingPipeline:
         self.stage_steps = int(state["stage_steps"])
         self.total_steps = int(state["total_steps"])
         self.rollout_count = int(state["rollout_count"])
+        if self.finished and self.total_steps < self.total_max_steps:
+            last = len(self.stages) - 1
+            self.current_stage_index = last
+            self.stage_steps = self.total_steps - sum(
+                s.max_stage_steps for s in self.stages[:last]
+            )
+            log.info(
+                "budget extended: stage %d continues at its env step %d", last, self.stage_steps
+            )

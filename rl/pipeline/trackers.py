@@ -26,6 +26,13 @@ class ScalarMeanTracker:
             self._sums[key] = self._sums.get(key, 0.0) + float(value) * weight
             self._counts[key] = self._counts.get(key, 0.0) + weight
 
+    def merge(self, state: Mapping[str, Mapping[str, float]]) -> None:
+        """Add the sums and counts of another tracker's :meth:`state_dict`."""
+        for key, value in state["sums"].items():
+            self._sums[key] = self._sums.get(key, 0.0) + float(value)
+        for key, count in state["counts"].items():
+            self._counts[key] = self._counts.get(key, 0.0) + float(count)
+
     def means(self) -> dict[str, float]:
         """Weighted means of everything added since the last reset."""
         return {k: self._sums[k] / self._counts[k] for k in self._sums if self._counts[k] > 0}

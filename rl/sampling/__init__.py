@@ -4,12 +4,14 @@
 ``MultiprocessSampler`` steps them in worker processes through shared memory. Both take the
 same keyword arguments (``task``, ``num_envs``, ``seed``, ``episode_seeds``, ...) and return
 bitwise the same results; :func:`build_sampler` builds either from a sampler config.
+``convert`` turns their NumPy batches into tensors and names their episode metrics.
 """
 
 from rl.sampling.base import EpisodeRecord, Sampler, StepBatch
-from rl.sampling.factory import build_sampler
+from rl.sampling.convert import episode_metric_key, obs_to_torch
+from rl.sampling.factory import build_sampler, sampler_num_envs
 from rl.sampling.multiprocess import MultiprocessSampler, SamplerWorkerError
-from rl.sampling.serial import SerialSampler, build_env, dict_space
+from rl.sampling.serial import SerialSampler
 
 __all__ = [
     "EpisodeRecord",
@@ -18,7 +20,8 @@ __all__ = [
     "SamplerWorkerError",
     "SerialSampler",
     "StepBatch",
-    "build_env",
     "build_sampler",
-    "dict_space",
+    "episode_metric_key",
+    "obs_to_torch",
+    "sampler_num_envs",
 ]

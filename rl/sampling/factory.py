@@ -10,6 +10,13 @@ import hydra.utils
 from rl.sampling.base import Sampler
 
 
+def sampler_num_envs(config: Mapping[str, Any]) -> int:
+    """Total environments a sampler config asks for (``num_envs``, else processes x envs)."""
+    if "num_envs" in config:
+        return int(config["num_envs"])
+    return int(config.get("num_processes", 1)) * int(config.get("envs_per_process", 1))
+
+
 def build_sampler(
     config: Mapping[str, Any] | None,
     *,
@@ -17,6 +24,8 @@ def build_sampler(
     seed: int | None = 0,
     episode_seeds: Sequence[int] | None = None,
     num_envs: int | None = None,
+    env_offset: int = 0,
+    total_envs: int | None = None,
 ) -> Sampler:
     """Instantiate a sampler config (``_target_``, ``_partial_``, its keys) for ``task``.
 
@@ -28,6 +37,9 @@ def build_sampler(
         seed: Seed of the environments' first resets (training mode).
         episode_seeds: Evaluation mode: the fixed episode list.
         num_envs: Overrides the config's environment count (e.g. ``eval.num_envs``).
+        env_offset: Global index of the first environment (distributed workers share one seed
+            stream: worker ``r`` of ``W`` with ``n`` envs each has offset ``r * n``).
+        total_envs: Size of that global seed stream (default ``env_offset + num_envs``).
 
     Returns:
         The sampler (a context manager; close it).
@@ -39,4 +51,6 @@ def build_sampler(
     kwargs: dict[str, Any] = {"task": dict(task), "seed": seed}
     if episode_seeds is not None:
         kwargs["episode_seeds"] = list(episode_seeds)
+    if env_offset or total_envs is not None:
+        kwargs.update(env_offset=env_offset, total_envs=total_envs)
     return hydra.utils.instantiate(cfg)(**kwargs)  # type: ignore[no-any-return]

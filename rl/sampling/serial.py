@@ -10,25 +10,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
-import hydra.utils
 import numpy as np
 
 from rl.sampling.base import EpisodeRecord, Sampler, StepBatch
+from rl.tasks.factory import build_env, dict_space
 from rl.utils.misc import evenly_distribute_count_into_bins
 from rl.utils.seeding import worker_seeds
-
-
-def dict_space(space: gym.Space) -> gym.spaces.Dict:
-    """``space`` as a Dict space (non-dict spaces become ``{"obs": space}``)."""
-    return space if isinstance(space, gym.spaces.Dict) else gym.spaces.Dict({"obs": space})
-
-
-def build_env(task: Mapping[str, Any], **kwargs: Any) -> gym.Env:
-    """Instantiate the task config (a plain mapping with ``_target_``) into an environment."""
-    env = hydra.utils.instantiate(dict(task), **kwargs)
-    if not isinstance(env, gym.Env):
-        raise TypeError(f"task._target_={task.get('_target_')!r} built {type(env)}, not a gym.Env")
-    return env
 
 
 def _np_random_state(env: gym.Env) -> dict[str, Any] | None:

@@ -22,6 +22,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from rl.tasks.factory import build_env
+
 
 @dataclasses.dataclass
 class ExpertBatch:
@@ -59,8 +61,6 @@ def generate_expert_trajectories(
     Returns:
         ``path``.
     """
-    from rl.sampling.serial import build_env  # local: avoid an import cycle
-
     env = build_env(task)
     is_dict = isinstance(env.observation_space, gym.spaces.Dict)
     steps: dict[str, list[np.ndarray]] = {}

@@ -30,8 +30,6 @@ def make_gym_env(
     Returns:
         The wrapped environment.
     """
-    import rl.tasks  # noqa: F401  (registers this project's environments in this process)
-
     kwargs = dict(env_kwargs or {})
     if render_mode is not None:
         kwargs["render_mode"] = render_mode

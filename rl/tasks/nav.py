@@ -13,6 +13,9 @@ integers (one random call), the geodesic distance field is computed exactly from
 structure (Manhattan distances within each rectangular room, a tiny Dijkstra over the doors), and
 the minigrid ``Grid`` (only needed for rendering and minigrid's own ``gen_obs``) is built lazily
 on first access of ``self.grid``.
+
+This module holds the environment itself; the room structure, layout draws and distance field
+are :mod:`rl.tasks.nav_layout`'s, the view encoding and occlusion :mod:`rl.tasks.nav_view`'s.
 """
 
 from __future__ import annotations
@@ -23,23 +26,22 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
-from minigrid.core.constants import OBJECT_TO_IDX
 from minigrid.core.grid import Grid
 from minigrid.core.mission import MissionSpace
-from minigrid.core.world_object import Goal, Wall
 from minigrid.minigrid_env import MiniGridEnv
+
+from rl.tasks.nav_layout import RoomLayout, build_minigrid_grid
+from rl.tasks.nav_view import (
+    DIR_VEC,
+    EMPTY_ENCODING,
+    episode_arrays,
+    layout_templates,
+    view_indices,
+    visibility_mask,
+)
 
 __all__ = ["Actions", "PointNavEnv"]
 
-# Direction index -> (dx, dy), as minigrid's DIR_TO_VEC: 0 right (+x), 1 down (+y), 2 left, 3 up.
-_DIR_VEC: tuple[tuple[int, int], ...] = ((1, 0), (0, 1), (-1, 0), (0, -1))
-_EMPTY_ENCODING = (OBJECT_TO_IDX["empty"], 0, 0)
-_WALL_ENCODING = Wall().encode()
-_GOAL_ENCODING = Goal().encode()
-# Larger than any geodesic distance; marks "no entry" in the distance computation.
-_FAR = 1 << 40
-# Random draws are packed into integers below this bound (numpy's int64 range, with margin).
-_MAX_PACKED = 1 << 62
 # Visibility depends only on the view's see-behind pattern; walls repeat, so patterns do too.
 _VIS_CACHE_LIMIT = 100_000
 
@@ -58,48 +60,66 @@ def _mission() -> str:
     return "go to the goal and stop"
 
 
-def _room_walls(size: int, rooms_per_side: int) -> list[int]:
-    """Coordinates of the wall lines (outer walls included) splitting ``size`` into rooms.
-
-    Interior cells are shared as evenly as possible, the first rooms taking any remainder;
-    size 19 with 2 rooms gives ``[0, 9, 18]`` like minigrid's FourRooms.
-    """
-    interior = size - rooms_per_side - 1
-    base, extra = divmod(interior, rooms_per_side)
-    walls = [0]
-    for r in range(rooms_per_side):
-        walls.append(walls[-1] + base + (1 if r < extra else 0) + 1)
-    return walls
-
-
-def _process_vis(see_behind: list[list[bool]], n: int) -> list[list[bool]]:
-    """Port of minigrid's ``Grid.process_vis`` on a rotated ``n x n`` view.
-
-    Args:
-        see_behind: ``see_behind[i][j]`` for view cell ``(i, j)`` (False for walls).
-        n: The view size; the agent sits at ``(n // 2, n - 1)``.
+def _checked_args(
+    *,
+    size: int,
+    rooms_per_side: int,
+    max_steps: int,
+    min_start_distance: int,
+    agent_view_size: int,
+    floats: dict[str, float],
+    render_mode: str | None,
+    render_modes: list[str],
+) -> tuple[int, int, int, int, int]:
+    """Validate :class:`PointNavEnv`'s arguments (see its ``__init__``).
 
     Returns:
-        ``mask[i][j]``: whether view cell ``(i, j)`` is visible.
+        ``(size, rooms_per_side, max_steps, min_start_distance, agent_view_size)`` as ints.
+
+    Raises:
+        ValueError: If an argument is out of range or the rooms would be too small.
     """
-    mask = [[False] * n for _ in range(n)]
-    mask[n // 2][n - 1] = True
-    for j in range(n - 1, -1, -1):
-        for i in range(0, n - 1):
-            if not mask[i][j] or not see_behind[i][j]:
-                continue
-            mask[i + 1][j] = True
-            if j > 0:
-                mask[i + 1][j - 1] = True
-                mask[i][j - 1] = True
-        for i in range(n - 1, 0, -1):
-            if not mask[i][j] or not see_behind[i][j]:
-                continue
-            mask[i - 1][j] = True
-            if j > 0:
-                mask[i - 1][j - 1] = True
-                mask[i][j - 1] = True
-    return mask
+    for name, value in (
+        ("size", size),
+        ("rooms_per_side", rooms_per_side),
+        ("max_steps", max_steps),
+        ("min_start_distance", min_start_distance),
+        ("agent_view_size", agent_view_size),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise ValueError(f"{name} must be an int, got {value!r}")
+    size, rooms_per_side, max_steps = int(size), int(rooms_per_side), int(max_steps)
+    min_start_distance, agent_view_size = int(min_start_distance), int(agent_view_size)
+    if rooms_per_side < 1:
+        raise ValueError(f"rooms_per_side must be >= 1, got {rooms_per_side}")
+    room_interior = (size - rooms_per_side - 1) // rooms_per_side
+    if room_interior < 2:
+        raise ValueError(
+            f"size={size} is too small for rooms_per_side={rooms_per_side}: each room needs "
+            f"an interior of at least 2x2 cells, i.e. size >= {3 * rooms_per_side + 1}"
+        )
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+    if min_start_distance < 0:
+        raise ValueError(f"min_start_distance must be >= 0, got {min_start_distance}")
+    if agent_view_size < 3 or agent_view_size % 2 == 0:
+        raise ValueError(f"agent_view_size must be odd and >= 3, got {agent_view_size}")
+    for name, fvalue in floats.items():
+        if not math.isfinite(float(fvalue)):
+            raise ValueError(f"{name} must be a finite number, got {fvalue!r}")
+    if render_mode is not None and render_mode not in render_modes:
+        raise ValueError(f"render_mode must be None or one of {render_modes}, got {render_mode!r}")
+    return size, rooms_per_side, max_steps, min_start_distance, agent_view_size
+
+
+def _observation_space(n: int) -> spaces.Dict:
+    """The observation space for an ``n x n`` view (see :class:`PointNavEnv`)."""
+    return spaces.Dict(
+        {
+            "image": spaces.Box(low=0, high=255, shape=(n, n, 3), dtype=np.uint8),
+            "goal": spaces.Box(low=-np.inf, high=np.inf, shape=(3,), dtype=np.float32),
+        }
+    )
 
 
 class PointNavEnv(MiniGridEnv):
@@ -142,50 +162,26 @@ class PointNavEnv(MiniGridEnv):
         Raises:
             ValueError: If an argument is out of range or the rooms would be too small.
         """
-        for name, value in (
-            ("size", size),
-            ("rooms_per_side", rooms_per_side),
-            ("max_steps", max_steps),
-            ("min_start_distance", min_start_distance),
-            ("agent_view_size", agent_view_size),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int | np.integer):
-                raise ValueError(f"{name} must be an int, got {value!r}")
-        size, rooms_per_side, max_steps = int(size), int(rooms_per_side), int(max_steps)
-        min_start_distance, agent_view_size = int(min_start_distance), int(agent_view_size)
-        if rooms_per_side < 1:
-            raise ValueError(f"rooms_per_side must be >= 1, got {rooms_per_side}")
-        room_interior = (size - rooms_per_side - 1) // rooms_per_side
-        if room_interior < 2:
-            raise ValueError(
-                f"size={size} is too small for rooms_per_side={rooms_per_side}: each room needs "
-                f"an interior of at least 2x2 cells, i.e. size >= {3 * rooms_per_side + 1}"
-            )
-        if max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
-        if min_start_distance < 0:
-            raise ValueError(f"min_start_distance must be >= 0, got {min_start_distance}")
-        if agent_view_size < 3 or agent_view_size % 2 == 0:
-            raise ValueError(f"agent_view_size must be odd and >= 3, got {agent_view_size}")
-        for name, fvalue in (
-            ("step_penalty", step_penalty),
-            ("success_bonus", success_bonus),
-            ("distance_reward_scale", distance_reward_scale),
-        ):
-            if not math.isfinite(float(fvalue)):
-                raise ValueError(f"{name} must be a finite number, got {fvalue!r}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(
-                f"render_mode must be None or one of {self.metadata['render_modes']}, "
-                f"got {render_mode!r}"
-            )
-
+        size, rooms_per_side, max_steps, min_start_distance, n = _checked_args(
+            size=size,
+            rooms_per_side=rooms_per_side,
+            max_steps=max_steps,
+            min_start_distance=min_start_distance,
+            agent_view_size=agent_view_size,
+            floats={
+                "step_penalty": step_penalty,
+                "success_bonus": success_bonus,
+                "distance_reward_scale": distance_reward_scale,
+            },
+            render_mode=render_mode,
+            render_modes=self.metadata["render_modes"],
+        )
         super().__init__(
             mission_space=MissionSpace(mission_func=_mission),
             grid_size=size,
             max_steps=max_steps,
             see_through_walls=False,
-            agent_view_size=agent_view_size,
+            agent_view_size=n,
             render_mode=render_mode,
         )
         self.size = size
@@ -197,30 +193,21 @@ class PointNavEnv(MiniGridEnv):
 
         self.actions = Actions  # type: ignore[assignment]
         self.action_space = spaces.Discrete(len(Actions))
-        n = agent_view_size
-        self.observation_space = spaces.Dict(
-            {
-                "image": spaces.Box(low=0, high=255, shape=(n, n, 3), dtype=np.uint8),
-                "goal": spaces.Box(low=-np.inf, high=np.inf, shape=(3,), dtype=np.float32),
-            }
-        )
+        self.observation_space = _observation_space(n)
         self.reward_range = (-math.inf, math.inf)  # type: ignore[assignment]
 
-        self._walls_at = _room_walls(size, rooms_per_side)
-        # View cell (vx, vy) -> world offset from the agent, per direction:
-        # world = agent + f * (n - 1 - vy) + r * (vx - n // 2), with r = (-fy, fx).
-        vx, vy = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
-        self._pad = n
-        self._view_x: list[np.ndarray] = []
-        self._view_y: list[np.ndarray] = []
-        for fx, fy in _DIR_VEC:
-            rx, ry = -fy, fx
-            self._view_x.append(fx * (n - 1 - vy) + rx * (vx - n // 2) + self._pad)
-            self._view_y.append(fy * (n - 1 - vy) + ry * (vx - n // 2) + self._pad)
+        # Shared by every episode: room tables (some aliased for diagnostics) and view tables.
+        self._layout = layout = RoomLayout(size, rooms_per_side)
+        self._walls_at = layout.walls_at
+        self._door_slots = layout.door_slots
+        self._interior = layout.interior
+        pad = self._pad = n  # the padded arrays hold any view around any in-grid agent
+        self._view_x, self._view_y = view_indices(n, pad)
+        self._enc_template, self._see_behind_template = layout_templates(layout.interior, pad)
+        self._init_episode_state(size, n)
 
-        self._build_layout_tables()
-
-        # Per-episode state (filled by reset).
+    def _init_episode_state(self, size: int, n: int) -> None:
+        """Placeholder per-episode state (filled by ``reset``) and the cross-episode vis cache."""
         self.goal_pos: tuple[int, int] = (-1, -1)
         self.distance_field: np.ndarray = np.full((size, size), -1, dtype=np.int64)
         self._dist: list[list[int]] = []
@@ -248,135 +235,14 @@ class PointNavEnv(MiniGridEnv):
         """
         grid = self._grid
         if grid is None:
-            grid = self._grid = self._build_minigrid_grid()
+            grid = self._grid = build_minigrid_grid(
+                self.width, self.height, self._free, self.goal_pos
+            )
         return grid
 
     @grid.setter
     def grid(self, value: Grid | None) -> None:
         self._grid = value
-
-    def _build_layout_tables(self) -> None:
-        """Precompute what every episode's layout shares (walls, rooms, door slots, templates).
-
-        Rooms are the rectangles between consecutive wall lines; each interior wall segment
-        between two adjacent rooms holds one door, drawn uniformly along the segment.
-        """
-        w = h = self.size
-        k = self.rooms_per_side
-        lines = self._walls_at
-        # Door slots in drawing order: per room (row-major), the wall to its right, then below.
-        # A door is at (x0 + ax * v, y0 + ay * v) for v uniform in range(size).
-        slots: list[tuple[int, int, int, int, int]] = []  # (x0, y0, ax, ay, size)
-        room_doors: list[list[int]] = [[] for _ in range(k * k)]
-        for j in range(k):
-            for i in range(k):
-                r = j * k + i
-                y_top, y_bottom = lines[j], lines[j + 1]
-                x_left, x_right = lines[i], lines[i + 1]
-                if i + 1 < k:
-                    slots.append((x_right, y_top + 1, 0, 1, y_bottom - y_top - 1))
-                    room_doors[r].append(len(slots) - 1)
-                    room_doors[r + 1].append(len(slots) - 1)
-                if j + 1 < k:
-                    slots.append((x_left + 1, y_bottom, 1, 0, x_right - x_left - 1))
-                    room_doors[r].append(len(slots) - 1)
-                    room_doors[r + k].append(len(slots) - 1)
-        n_doors = len(slots)
-        self._door_slots = slots
-        self._room_doors = room_doors
-        # Doors sharing a room (the only door-to-door moves that do not pass another door).
-        self._door_adj = [
-            sorted({e for r in range(k * k) if d in room_doors[r] for e in room_doors[r]} - {d})
-            for d in range(n_doors)
-        ]
-
-        # Interior cells grouped by room (contiguous slices), and the cell -> room map.
-        cell_x: list[int] = []
-        cell_y: list[int] = []
-        cell_room: list[int] = []
-        room_slice: list[tuple[int, int]] = []
-        room_of_flat = [-1] * (w * h)
-        for j in range(k):
-            for i in range(k):
-                r = j * k + i
-                first = len(cell_x)
-                for x in range(lines[i] + 1, lines[i + 1]):
-                    for y in range(lines[j] + 1, lines[j + 1]):
-                        cell_x.append(x)
-                        cell_y.append(y)
-                        cell_room.append(r)
-                        room_of_flat[x * h + y] = r
-                room_slice.append((first, len(cell_x)))
-        self._cell_x, self._cell_y = cell_x, cell_y
-        self._room_slice = room_slice
-        self._room_of_flat = room_of_flat
-        self._cell_x_np = np.asarray(cell_x, dtype=np.int64)
-        self._cell_y_np = np.asarray(cell_y, dtype=np.int64)
-        self._cell_flat = self._cell_x_np * h + self._cell_y_np
-        # Door slots of each cell's room, padded with a dummy entry (index n_doors, never best:
-        # its distance is _FAR). Per (cell, slot), the distance from the cell to the slot's wall
-        # line and the cell's coordinate along that wall relative to the slot's start, so the
-        # Manhattan distance to a door drawn at offset v is perp + |along - v|.
-        width = max(1, max(len(d) for d in room_doors))
-        table = np.full((k * k, width), n_doors, dtype=np.intp)
-        for r, doors in enumerate(room_doors):
-            table[r, : len(doors)] = doors
-        cell_slots = table[np.asarray(cell_room, dtype=np.intp)]
-        slot_params = np.asarray([*(slot[:4] for slot in slots), (0, 0, 0, 0)], dtype=np.int64)
-        x0, y0, ax, ay = slot_params[cell_slots].transpose(2, 0, 1)
-        cx = np.asarray(cell_x, dtype=np.int64)[:, None]
-        cy = np.asarray(cell_y, dtype=np.int64)[:, None]
-        # Vertical wall (ax=0, ay=1): perp |cx - x0|, along cy - y0; horizontal: swapped.
-        # Stored slot-major, (slots, cells): `take` and a min over axis 0 are fast on these.
-        self._cell_slots = np.ascontiguousarray(cell_slots.T)
-        self._slot_perp = np.ascontiguousarray((ay * np.abs(cx - x0) + ax * np.abs(cy - y0)).T)
-        self._slot_along = np.ascontiguousarray((ay * (cy - y0) + ax * (cx - x0)).T)
-        self._n_free = len(cell_x) + n_doors
-
-        # Random draws per episode: each door's offset, goal cell, direction, start cell (the
-        # latter by rejection, see _gen_grid). Packed into as few uniform integers as fit.
-        radices = [slot[4] for slot in slots] + [self._n_free, 4, self._n_free]
-        chunks: list[tuple[int, list[int]]] = []
-        bound, group = 1, []
-        for radix in radices:
-            if group and bound * radix > _MAX_PACKED:
-                chunks.append((bound, group))
-                bound, group = 1, []
-            bound *= radix
-            group.append(radix)
-        chunks.append((bound, group))
-        self._draw_chunks = chunks
-
-        # Templates with every door slot closed (walls) and no goal, padded with walls as
-        # Grid.slice does outside the grid.
-        pad = self._pad
-        interior = np.zeros((w, h), dtype=bool)
-        interior.flat[self._cell_flat] = True
-        self._interior = interior
-        enc = np.empty((w + 2 * pad, h + 2 * pad, 3), dtype=np.uint8)
-        enc[...] = _WALL_ENCODING
-        enc[pad : pad + w, pad : pad + h][interior] = _EMPTY_ENCODING
-        see_behind = np.zeros((w + 2 * pad, h + 2 * pad), dtype=bool)
-        see_behind[pad : pad + w, pad : pad + h] = interior
-        self._enc_template = enc
-        self._see_behind_template = see_behind
-
-    def _draw(self, rng: np.random.Generator) -> list[int]:
-        """Draw the episode's uniform integers (see ``_draw_chunks``), exactly uniform each."""
-        values: list[int] = []
-        for bound, radices in self._draw_chunks:
-            u = int(rng.integers(bound))
-            for radix in radices:
-                u, v = divmod(u, radix)
-                values.append(v)
-        return values
-
-    def _free_cell(self, index: int) -> tuple[int, int]:
-        """Free cell ``index`` in ``range(n_free)``: interior cells (by room), then doors."""
-        m = len(self._cell_x)
-        if index < m:
-            return self._cell_x[index], self._cell_y[index]
-        return self._door_x[index - m], self._door_y[index - m]
 
     def _gen_grid(self, width: int, height: int) -> None:
         """Draw doors, goal, agent start and direction for a new episode (minigrid's hook).
@@ -387,26 +253,19 @@ class PointNavEnv(MiniGridEnv):
         exactly uniform either way), and the direction uniform.
         """
         rng = self.np_random
-        values = self._draw(rng)
-        n_doors = len(self._door_slots)
-        door_x: list[int] = []
-        door_y: list[int] = []
-        for (x0, y0, ax, ay, _), v in zip(self._door_slots, values, strict=False):
-            door_x.append(x0 + ax * v)
-            door_y.append(y0 + ay * v)
+        layout = self._layout
+        door_x, door_y, self._door_v, goal_index, direction, start_index = layout.draw(rng)
         self._door_x, self._door_y = door_x, door_y
-        self._door_v = values[:n_doors]
-        goal_index, direction, start_index = values[n_doors : n_doors + 3]
         min_dist = self.min_start_distance
 
         for attempt in range(100):
             if attempt:
-                goal_index = int(rng.integers(self._n_free))
-            gx, gy = self._free_cell(goal_index)
+                goal_index = int(rng.integers(layout.n_free))
+            gx, gy = layout.free_cell(goal_index, door_x, door_y)
             dist = self._bfs(gx, gy)
             dist_list = dist.tolist()
             if attempt == 0:  # the pre-drawn start, accepted if far enough
-                sx, sy = self._free_cell(start_index)
+                sx, sy = layout.free_cell(start_index, door_x, door_y)
                 if dist_list[sx][sy] >= min_dist:
                     break
             candidates = np.flatnonzero(dist >= min_dist)
@@ -425,89 +284,17 @@ class PointNavEnv(MiniGridEnv):
         self.agent_pos = (sx, sy)
         self.agent_dir = direction
         self._grid = None  # built on demand by the `grid` property
-
-        # Static numpy encoding of this episode's layout, from the templates.
-        pad = self._pad
-        enc = self._enc_template.copy()
-        see_behind = self._see_behind_template.copy()
-        for x, y in zip(door_x, door_y, strict=True):  # a few doors: scalar writes are fastest
-            enc[x + pad, y + pad] = _EMPTY_ENCODING
-            see_behind[x + pad, y + pad] = True
-        enc[gx + pad, gy + pad] = _GOAL_ENCODING
-        self._enc_padded = enc
-        self._see_behind_padded = see_behind
+        self._enc_padded, self._see_behind_padded = episode_arrays(
+            self._enc_template, self._see_behind_template, door_x, door_y, (gx, gy), self._pad
+        )
         self._image_cache = {}
 
-    def _build_minigrid_grid(self) -> Grid:
-        """The minigrid ``Grid`` of the current layout: one shared ``Wall``, and the ``Goal``."""
-        grid = Grid(self.width, self.height)
-        wall = Wall()
-        free_list = self._free.T.ravel().tolist()  # index j * width + i
-        grid.grid = [None if f else wall for f in free_list]
-        if self.goal_pos[0] >= 0:
-            goal = Goal()
-            grid.set(*self.goal_pos, goal)
-            goal.init_pos = goal.cur_pos = self.goal_pos
-        return grid
-
     def _bfs(self, gx: int, gy: int) -> np.ndarray:
-        """Geodesic (4-connected) distance from ``(gx, gy)`` over free cells; -1 elsewhere.
+        """Geodesic distance field from ``(gx, gy)`` for the current doors; -1 off free cells.
 
-        Exactly what a breadth-first search gives, computed from the room structure for the
-        current doors (``self._door_x``, ``self._door_y``): inside a rectangular room the
-        shortest path between two cells (or a cell and a door in the room's wall) is their
-        Manhattan distance, and a shortest path to a cell outside the goal's room enters that
-        room last through one of its doors. So door distances come from a Dijkstra over the
-        doors (edges between doors of a common room), and each interior cell takes the minimum
-        over its room's doors of door distance + Manhattan distance (or its Manhattan distance
-        to the goal, in the goal's room).
+        Exactly a breadth-first search's result (see :meth:`RoomLayout.distance_field`).
         """
-        w, h = self.width, self.height
-        door_x, door_y = self._door_x, self._door_y
-        n_doors = len(door_x)
-        far = _FAR
-        door_dist = [far] * n_doors
-        goal_room = self._room_of_flat[gx * h + gy]
-        if goal_room >= 0:
-            for d in self._room_doors[goal_room]:
-                door_dist[d] = abs(door_x[d] - gx) + abs(door_y[d] - gy)
-        else:  # the goal is a door
-            for d in range(n_doors):
-                if door_x[d] == gx and door_y[d] == gy:
-                    door_dist[d] = 0
-        # Dijkstra over the doors (a handful of nodes: O(n^2) without a heap).
-        pending = list(range(n_doors))
-        adj = self._door_adj
-        while pending:
-            u = min(pending, key=door_dist.__getitem__)
-            pending.remove(u)
-            du, ux, uy = door_dist[u], door_x[u], door_y[u]
-            for v in adj[u]:
-                dv = du + abs(door_x[v] - ux) + abs(door_y[v] - uy)
-                if dv < door_dist[v]:
-                    door_dist[v] = dv
-
-        # (slots, cells): Manhattan distance to the slot's door plus the door's distance.
-        gathered = np.array([[*self._door_v, 0], [*door_dist, far]], dtype=np.int64).take(
-            self._cell_slots, axis=1
-        )
-        cell_to_door = gathered[0]
-        cell_to_door -= self._slot_along
-        np.abs(cell_to_door, out=cell_to_door)
-        cell_to_door += self._slot_perp
-        cell_to_door += gathered[1]
-        cell_dist = cell_to_door.min(axis=0)
-        if goal_room >= 0:  # direct Manhattan distance within the goal's room
-            lo, hi = self._room_slice[goal_room]
-            cx = self._cell_x_np[lo:hi]
-            cy = self._cell_y_np[lo:hi]
-            cell_dist[lo:hi] = np.abs(cx - gx) + np.abs(cy - gy)
-
-        field = np.full(w * h, -1, dtype=np.int64)
-        field[self._cell_flat] = cell_dist
-        for x, y, d in zip(door_x, door_y, door_dist, strict=True):
-            field[x * h + y] = d
-        return field.reshape(w, h)
+        return self._layout.distance_field(gx, gy, self._door_x, self._door_y, self._door_v)
 
     # ------------------------------------------------------------- observation
 
@@ -526,12 +313,12 @@ class PointNavEnv(MiniGridEnv):
             vis_key = see_behind.tobytes()
             mask = self._vis_cache.get(vis_key)
             if mask is None:
-                mask = np.asarray(_process_vis(see_behind.tolist(), n), dtype=bool)[:, :, None]
+                mask = visibility_mask(see_behind, n)
                 if len(self._vis_cache) >= _VIS_CACHE_LIMIT:
                     self._vis_cache.clear()
                 self._vis_cache[vis_key] = mask
             image = view * mask
-            image[n // 2, n - 1] = _EMPTY_ENCODING  # minigrid clears the agent's own cell
+            image[n // 2, n - 1] = EMPTY_ENCODING  # minigrid clears the agent's own cell
             self._image_cache[key] = image
         return image.copy()
 
@@ -539,7 +326,7 @@ class PointNavEnv(MiniGridEnv):
         """``(forward, right, distance)`` to the goal, in cells, in the agent's frame."""
         ox = self.goal_pos[0] - self.agent_pos[0]
         oy = self.goal_pos[1] - self.agent_pos[1]
-        fx, fy = _DIR_VEC[self.agent_dir]
+        fx, fy = DIR_VEC[self.agent_dir]
         forward = ox * fx + oy * fy
         right = -ox * fy + oy * fx
         return np.array([forward, right, math.hypot(ox, oy)], dtype=np.float32)
@@ -555,10 +342,10 @@ class PointNavEnv(MiniGridEnv):
         if target < 0:
             return int(Actions.STOP)
         d = self.agent_dir
-        fx, fy = _DIR_VEC[d]
+        fx, fy = DIR_VEC[d]
         if dist[x + fx][y + fy] == target:
             return int(Actions.FORWARD)
-        lx, ly = _DIR_VEC[(d - 1) % 4]
+        lx, ly = DIR_VEC[(d - 1) % 4]
         if dist[x + lx][y + ly] == target:
             return int(Actions.LEFT)
         return int(Actions.RIGHT)
@@ -617,7 +404,7 @@ class PointNavEnv(MiniGridEnv):
         elif a == 1:
             self.agent_dir = (self.agent_dir + 1) % 4
         elif a == 2:
-            fx, fy = _DIR_VEC[self.agent_dir]
+            fx, fy = DIR_VEC[self.agent_dir]
             nx, ny = x + fx, y + fy
             if self._dist[nx][ny] >= 0:  # free (every free cell is reachable)
                 self.agent_pos = (nx, ny)

@@ -1,21 +1,28 @@
 """Config checks that run before anything is built, so a bad config fails in seconds.
 
-:func:`verify_cfg` collects every problem it finds and raises one :class:`ConfigError` naming
-each offending key: a ``_target_`` that does not import, a key that its target does not accept,
-a value of the wrong type for a simple annotation (int, float, bool, str, optionals of them),
-a stage naming a loss that does not exist, and impossible rollout/minibatch splits.
+Checks collect every problem they find as messages naming the offending key, and the caller
+raises one :class:`ConfigError` listing them all. :func:`check_targets` checks ``_target_``
+nodes: a target that does not import, a key that its target does not accept, a value of the
+wrong type for a simple annotation (int, float, bool, str, optionals of them).
+:func:`section_errors` checks a plain config section (``eval``, ``valid``, ``distributed``, the
+run's own keys) against the frozen dataclass that is its typed view: unknown and missing keys,
+types, and the ranges and choices declared with :class:`Check`. Such dataclasses carry no
+defaults: the defaults live in ``conf/`` only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf, open_dict
+
+T = TypeVar("T")
 
 
 class ConfigError(ValueError):
@@ -158,3 +165,92 @@ def to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
                 cfg.pop("hydra")
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
     return {k: v for k, v in cfg.items() if k != "hydra"}
+
+
+# ------------------------------------------------------------------ settings sections
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """What a settings field's value must satisfy: ``Annotated[int, Check(ge=1)]``.
+
+    Attributes:
+        ge: The value must be ``>= ge`` (None values are never checked).
+        gt: The value must be ``> gt``.
+        le: The value must be ``<= le``.
+        choices: The value must be one of these.
+    """
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    choices: tuple[Any, ...] | None = None
+
+    def problem(self, value: Any) -> str | None:
+        """Why ``value`` fails this check (None: it passes or is not a plain value)."""
+        if value is None or isinstance(value, bool) or not isinstance(value, int | float | str):
+            return None
+        if self.choices is not None and value not in self.choices:
+            return f"expected one of {', '.join(map(str, self.choices))}, got {value!r}"
+        if isinstance(value, str):
+            return None
+        for bound, ok, text in (
+            (self.ge, lambda v, b: v >= b, ">="),
+            (self.gt, lambda v, b: v > b, ">"),
+            (self.le, lambda v, b: v <= b, "<="),
+        ):
+            if bound is not None and not ok(value, bound):
+                return f"must be {text} {bound}, got {value!r}"
+        return None
+
+
+def _hint_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def section_errors(cls: type, section: Any, where: str) -> list[str]:
+    """Problems of the config ``section`` read as the settings dataclass ``cls``.
+
+    Args:
+        cls: A dataclass whose fields are the section's keys, typed with simple annotations
+            (optionally ``Annotated`` with a :class:`Check`).
+        section: The plain (resolved) section.
+        where: Its dotted path in the config, for the messages ("" for top-level keys).
+
+    Returns:
+        One message per problem (unknown or missing key, wrong type, out of range).
+    """
+    if not isinstance(section, Mapping):
+        return [f"{where}: expected a mapping, got {section!r}"]
+    prefix = f"{where}." if where else ""
+    names = [f.name for f in dataclasses.fields(cls)]
+    hints = typing.get_type_hints(cls, include_extras=True)
+    errors = [
+        f"{prefix}{key}: unknown key (known: {', '.join(sorted(names))})"
+        for key in section
+        if key not in names
+    ]
+    for name in names:
+        if name not in section:
+            errors.append(f"{prefix}{name}: missing")
+            continue
+        hint, checks = hints[name], []
+        if typing.get_origin(hint) is typing.Annotated:
+            hint, *meta = typing.get_args(hint)
+            checks = [m for m in meta if isinstance(m, Check)]
+        value = section[name]
+        if isinstance(value, Mapping) or not _type_ok(value, hint):
+            errors.append(f"{prefix}{name}: expected {_hint_name(hint)}, got {value!r}")
+            continue
+        errors += [f"{prefix}{name}: {p}" for c in checks if (p := c.problem(value)) is not None]
+    return errors
+
+
+def load_section(cls: type[T], section: Any, where: str) -> T:
+    """The settings dataclass ``cls`` filled from ``section``.
+
+    Raises:
+        ConfigError: Listing every problem :func:`section_errors` finds.
+    """
+    errors = section_errors(cls, section, where)
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+    return cls(**section)  # checked: exactly the fields

@@ -19,10 +19,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl.engine.trainer import obs_to_torch
+from rl.loggers.base import MetricsLogger
 from rl.models.actor_critic import ActorCritic
-from rl.sampling.serial import build_env
-from rl.utils.seeding import worker_seeds
+from rl.sampling.convert import obs_to_torch
+from rl.tasks.factory import build_env
+from rl.training.callbacks import Callback, RolloutInfo
+from rl.training.trainer import OnPolicyTrainer
 
 log = logging.getLogger(__name__)
 
@@ -127,15 +129,15 @@ def record_episode(
     return frames, {"return": total, "length": float(length), **metrics}
 
 
-class ProbeVideo:
+class ProbeVideo(Callback):
     """Trainer callback: every ``interval`` env steps, record one episode as a video.
 
     Args:
         task: Plain task config (its ``_target_`` must accept ``render_mode``).
         output_dir: The run folder; videos go to ``output_dir/videos/step_<N>.mp4``.
         interval: Env steps between videos.
-        seed: Reset seed of the recorded episode (environment 0's training seed by default in
-            :func:`build_probe_video`: the same episode every time, to compare policies).
+        seed: Reset seed of the recorded episode (the run uses environment 0's training seed:
+            the same episode every time, to compare policies).
         device: Where the model runs.
         fps: Frames per second of the video.
         deterministic: Argmax actions instead of sampled ones.
@@ -164,14 +166,12 @@ class ProbeVideo:
         self.videos: list[Path] = []
         self._env: Any = None
 
-    def on_rollout_end(self, trainer: Any, info: Any) -> None:
+    def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
         """Record when this rollout crossed a multiple of ``interval``."""
-        before = info.total_steps - info.env_steps
-        if info.total_steps // self.interval == before // self.interval:
-            return
-        self.record(trainer.model, info.total_steps, trainer.logger)
+        if info.crossed(self.interval):
+            self.record(trainer.model, info.total_steps, trainer.logger)
 
-    def record(self, model: ActorCritic, step: int, logger: Any = None) -> Path:
+    def record(self, model: ActorCritic, step: int, logger: MetricsLogger | None = None) -> Path:
         """Record one episode with ``model`` now and save it as ``videos/step_<step>``."""
         if self._env is None:
             self._env = build_env(self.task, render_mode="rgb_array")
@@ -189,7 +189,7 @@ class ProbeVideo:
         log.info(
             "probe video %s (%d frames, return %.2f)", path.name, len(frames), metrics["return"]
         )
-        if logger is not None and hasattr(logger, "log_video"):
+        if logger is not None:
             logger.log_video(step, path)
         return path
 
@@ -198,19 +198,3 @@ class ProbeVideo:
         if self._env is not None:
             self._env.close()
             self._env = None
-
-
-def build_probe_video(
-    cfg: Mapping[str, Any], *, output_dir: Path, device: torch.device | str = "cpu"
-) -> ProbeVideo | None:
-    """The probe-video callback of a resolved training config (None if ``video_interval`` 0)."""
-    interval = int(cfg.get("video_interval") or 0)
-    if interval <= 0:
-        return None
-    from rl.engine.run import sampler_num_envs
-
-    num_envs = sampler_num_envs(cfg["sampler"])
-    seed = worker_seeds(num_envs, cfg["seed"])[0]
-    return ProbeVideo(
-        task=cfg["task"], output_dir=output_dir, interval=interval, seed=seed, device=device
-    )

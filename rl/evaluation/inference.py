@@ -25,8 +25,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rl.engine.checkpoint import load_checkpoint
+from rl.checkpoints.files import load_checkpoint
 from rl.models.actor_critic import ActorCritic
+from rl.models.factory import build_model
+from rl.tasks.factory import build_env, dict_space
 
 
 class InferenceAgent:
@@ -83,18 +85,15 @@ class InferenceAgent:
         Returns:
             The agent, reset for a first episode.
         """
-        from rl.engine.run import build_model  # run imports the engine; import late
-        from rl.sampling.serial import build_env
-
         state = load_checkpoint(path)
         config = state["config"]
-        model = build_model(config["model"], config["task"])
-        model.load_state_dict(state["model"])
         env = build_env(config["task"])
-        try:
-            space = env.observation_space
+        try:  # the environment's own observation space: the agent takes what it returns
+            space, action_space = env.observation_space, env.action_space
         finally:
             env.close()
+        model = build_model(config["model"], dict_space(space), action_space)
+        model.load_state_dict(state["model"])
         return cls(
             model=model,
             observation_space=space,

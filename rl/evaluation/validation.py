@@ -2,21 +2,23 @@
 
 AllenAct's valid mode ran a separate process that looked for the newest checkpoint, and so
 skipped checkpoints silently whenever it fell behind. Here the trainer hands each saved
-checkpoint's *path* to one validation process (``on_checkpoint``) through a FIFO queue; the
-process evaluates them in order, one by one, on the fixed validation episode list, and sends
-the mean metrics back. The main process logs them as ``valid/*`` against each checkpoint's env
-step (results are polled on every rollout end and drained at the end of training, before the
-loggers close). Nothing is skipped: when a new checkpoint arrives while earlier ones are still
-waiting, a warning says how many are pending.
+checkpoint's *path* to one validation process (the ``on_checkpoint`` hook) through a FIFO
+queue; the process evaluates them in order, one by one, on the fixed validation episode list,
+and sends the mean metrics back. The main process logs them as ``valid/*`` against each
+checkpoint's env step (results are polled on every rollout end and drained at the end of
+training, before the loggers close). Nothing is skipped: when a new checkpoint arrives while
+earlier ones are still waiting, a warning says how many are pending.
 
-The process gets plain data only (the resolved task and model configs, then checkpoint paths),
-starts with an explicit ``forkserver``/``spawn`` context, runs with its own torch thread count,
-exits when it is told to, when its parent dies, or on Ctrl-C, and is terminated by
-:meth:`BackgroundValidation.close` on errors, so no process outlives the run.
+The process starts with the first checkpoint and gets plain data only (the resolved task and
+model configs, then checkpoint paths); it starts with an explicit ``forkserver``/``spawn``
+context, runs with its own torch thread count, exits when it is told to, when its parent dies,
+or on Ctrl-C, and is terminated by :meth:`BackgroundValidation.close` on errors, so no process
+outlives the run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing as mp
 import queue
@@ -28,58 +30,18 @@ from typing import Any
 
 import torch
 
-from rl.engine.checkpoint import load_checkpoint, parse_checkpoint_name
-from rl.engine.evaluator import episode_seed_list, evaluate_policy
+from rl.checkpoints.files import load_checkpoint, parse_checkpoint_name
+from rl.evaluation.evaluator import episode_seed_list, evaluate_policy
+from rl.evaluation.settings import ValidSettings
 from rl.loggers.base import MetricsLogger
+from rl.models.factory import build_model
+from rl.tasks.factory import task_spaces
+from rl.training.callbacks import Callback, RolloutInfo
+from rl.training.trainer import OnPolicyTrainer
 
 log = logging.getLogger(__name__)
 
-# Keys of the ``valid`` block of conf/train.yaml, with their defaults.
-VALID_DEFAULTS: dict[str, Any] = {
-    "enabled": False,
-    "num_episodes": 50,
-    "episode_seed": 2_000_000,
-    "num_envs": 8,
-    "deterministic": False,
-    "action_seed": 0,
-    "mp_start_method": "forkserver",
-    "torch_threads": 1,
-}
 _POLL_SECONDS = 0.5
-
-
-def verify_valid_cfg(cfg: Mapping[str, Any]) -> list[str]:
-    """Problems of the ``valid`` block and ``video_interval`` of a resolved training config."""
-    errors: list[str] = []
-    valid = cfg.get("valid")
-    if valid is not None and not isinstance(valid, Mapping):
-        return [f"valid: expected a mapping, got {valid!r}"]
-    valid = valid or {}
-    errors += [
-        f"valid.{key}: unknown key (known: {', '.join(sorted(VALID_DEFAULTS))})"
-        for key in valid
-        if key not in VALID_DEFAULTS
-    ]
-    for key in ("num_episodes", "num_envs", "torch_threads"):
-        value = valid.get(key, VALID_DEFAULTS[key])
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            errors.append(f"valid.{key}: expected an int >= 1, got {value!r}")
-    for key in ("episode_seed", "action_seed"):
-        value = valid.get(key, VALID_DEFAULTS[key])
-        if isinstance(value, bool) or not isinstance(value, int):
-            errors.append(f"valid.{key}: expected an int, got {value!r}")
-    for key in ("enabled", "deterministic"):
-        if not isinstance(valid.get(key, VALID_DEFAULTS[key]), bool):
-            errors.append(f"valid.{key}: expected true or false, got {valid[key]!r}")
-    method = valid.get("mp_start_method", VALID_DEFAULTS["mp_start_method"])
-    if method not in ("forkserver", "spawn"):
-        errors.append(f"valid.mp_start_method: expected forkserver or spawn, got {method!r}")
-    interval = cfg.get("video_interval", 0)
-    if interval is not None and (
-        isinstance(interval, bool) or not isinstance(interval, int) or interval < 0
-    ):
-        errors.append(f"video_interval: expected an int >= 0 (0: off), got {interval!r}")
-    return errors
 
 
 def _start_method(method: str) -> str:
@@ -103,10 +65,8 @@ def _validation_main(
 ) -> None:
     """Body of the validation process: evaluate each requested checkpoint, in order."""
     try:
-        from rl.engine.run import build_model  # the child builds everything itself
-
         torch.set_num_threads(int(settings["torch_threads"]))
-        model = build_model(model_cfg, task).to(device)
+        model = build_model(model_cfg, *task_spaces(task)).to(device)
         seeds = episode_seed_list(int(settings["num_episodes"]), int(settings["episode_seed"]))
         parent = mp.parent_process()
         while True:
@@ -141,79 +101,57 @@ def _validation_main(
         return  # Ctrl-C reaches the whole process group; the trainer reports it
 
 
-class BackgroundValidation:
-    """Trainer hook and callback that validates every checkpoint in a separate process.
+class BackgroundValidation(Callback):
+    """Trainer callback that validates every checkpoint in a separate process.
 
-    Use ``on_checkpoint`` as the trainer's ``on_checkpoint`` hook and add the object to its
-    callbacks (``on_rollout_end`` logs finished validations); call :meth:`finish` at the end
-    of training (waits for every pending checkpoint, logs the results) and :meth:`close` in a
-    ``finally`` (terminates the process if it is still running).
+    ``on_checkpoint`` queues each saved checkpoint, ``on_rollout_end`` logs finished
+    validations, ``on_train_end`` waits for every pending one (its ``valid/*`` then join the
+    trainer's last metrics); call :meth:`close` in a ``finally`` (terminates the process if it
+    is still running).
 
     Args:
+        settings: The ``valid`` section.
         task: Plain (resolved) task config.
         model: Plain (resolved) model config.
         logger: The run's logger; ``valid/*`` is logged at each checkpoint's env step.
-        num_episodes: Episodes of the validation list.
-        episode_seed: First episode seed (episode ``i`` resets with ``episode_seed + i``).
-        num_envs: Environments stepped together in the validation process.
-        deterministic: Argmax actions instead of sampled ones.
-        action_seed: Seed of the action generator (the same for every checkpoint).
         device: Where the validation model runs.
-        mp_start_method: ``forkserver`` (falls back to ``spawn`` where missing) or ``spawn``.
-        torch_threads: Torch threads of the validation process.
     """
 
     def __init__(
         self,
+        settings: ValidSettings,
         *,
         task: Mapping[str, Any],
         model: Mapping[str, Any],
         logger: MetricsLogger,
-        num_episodes: int = 50,
-        episode_seed: int = 2_000_000,
-        num_envs: int = 8,
-        deterministic: bool = False,
-        action_seed: int = 0,
         device: torch.device | str = "cpu",
-        mp_start_method: str = "forkserver",
-        torch_threads: int = 1,
     ) -> None:
+        self.settings = settings
         self.logger = logger
-        self.settings = {
-            "num_episodes": num_episodes,
-            "episode_seed": episode_seed,
-            "num_envs": num_envs,
-            "deterministic": deterministic,
-            "action_seed": action_seed,
-            "torch_threads": torch_threads,
-        }
+        self._args = (dict(task), dict(model), dataclasses.asdict(settings), str(device))
         self.submitted: list[tuple[str, int]] = []
         self.completed: list[tuple[str, int]] = []
         self.failed: list[str] = []
         self.last_metrics: dict[str, float] = {}
-        ctx = mp.get_context(_start_method(mp_start_method))
+        self._process: Any = None
+        self._finished = False
+
+    def _start(self) -> None:
+        ctx = mp.get_context(_start_method(self.settings.mp_start_method))
         self._requests = ctx.Queue()
         self._results = ctx.Queue()
         self._process = ctx.Process(
             target=_validation_main,
             name="rl-validation",
-            args=(
-                self._requests,
-                self._results,
-                dict(task),
-                dict(model),
-                dict(self.settings),
-                str(device),
-            ),
+            args=(self._requests, self._results, *self._args),
             daemon=True,
         )
         self._process.start()
-        self._finished = False
         log.info(
             "validation process %d: %d episodes (seeds from %d) per checkpoint",
             self._process.pid,
-            num_episodes,
-            episode_seed,
+            self.settings.num_episodes,
+            self.settings.episode_seed,
         )
 
     @property
@@ -223,14 +161,16 @@ class BackgroundValidation:
 
     @property
     def pid(self) -> int | None:
-        """Process id of the validation process."""
-        return self._process.pid
+        """Process id of the validation process (None before the first checkpoint)."""
+        return None if self._process is None else self._process.pid
 
     # ------------------------------------------------------------------ hooks
-    def on_checkpoint(self, path: Path) -> None:
-        """Queue a newly saved checkpoint (the trainer's ``on_checkpoint`` hook)."""
+    def submit(self, path: Path) -> None:
+        """Queue a checkpoint for validation (starts the process with the first one)."""
         if self._finished:
             raise RuntimeError("validation already finished; no more checkpoints accepted")
+        if self._process is None:
+            self._start()
         path = Path(path)
         step = _checkpoint_step(path)
         self._check_alive()
@@ -244,9 +184,18 @@ class BackgroundValidation:
                 path.name,
             )
 
-    def on_rollout_end(self, trainer: Any, info: Any) -> None:
+    def on_checkpoint(self, trainer: OnPolicyTrainer, path: Path) -> None:
+        """Queue the checkpoint just saved."""
+        self.submit(path)
+
+    def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
         """Log the validations that have finished since the last rollout."""
         self.poll()
+
+    def on_train_end(self, trainer: OnPolicyTrainer, checkpoint: Path) -> None:
+        """Wait for every pending validation; the newest ``valid/*`` join the last metrics."""
+        self.finish()
+        trainer.last_metrics.update(self.last_metrics)
 
     # ------------------------------------------------------------- results
     def poll(self, timeout: float | None = None) -> int:
@@ -279,7 +228,7 @@ class BackgroundValidation:
             log.error("validation of %s (step %d) failed:\n%s", path, step, payload)
 
     def _check_alive(self) -> None:
-        if not self._process.is_alive():
+        if self._process is not None and not self._process.is_alive():
             raise RuntimeError(
                 f"validation process exited (code {self._process.exitcode}) with "
                 f"{self.pending} checkpoint(s) pending; see the log above for its error"
@@ -295,6 +244,9 @@ class BackgroundValidation:
             RuntimeError: If the process died or the timeout passed with checkpoints pending.
         """
         if self._finished:
+            return
+        if self._process is None:
+            self._finished = True
             return
         if self.pending:
             log.info("waiting for validation of %d checkpoint(s)", self.pending)
@@ -314,6 +266,8 @@ class BackgroundValidation:
     def close(self) -> None:
         """Stop the process now (terminate it if still running); idempotent."""
         self._finished = True
+        if self._process is None:
+            return
         if self._process.is_alive():
             self._process.terminate()
             self._process.join(timeout=10)
@@ -329,15 +283,3 @@ class BackgroundValidation:
                 self.pending,
                 ", ".join(Path(p).name for p, _ in self.submitted[len(self.completed) :]),
             )
-
-
-def build_validation(
-    cfg: Mapping[str, Any], *, logger: MetricsLogger, device: torch.device | str = "cpu"
-) -> BackgroundValidation | None:
-    """The validation hook/callback of a resolved training config (None when disabled)."""
-    valid = {**VALID_DEFAULTS, **(cfg.get("valid") or {})}
-    if not valid.pop("enabled"):
-        return None
-    return BackgroundValidation(
-        task=cfg["task"], model=cfg["model"], logger=logger, device=device, **valid
-    )

@@ -3,7 +3,7 @@
 habitat-baselines' "evaluate every checkpoint" done without its silent skips: the checkpoints to
 evaluate are chosen up front (all of a run in step order, a file, or a glob; optionally thinned
 to at least ``every_steps`` env steps apart, always keeping the last), each is evaluated exactly
-once on the same fixed episode list (:func:`~rl.engine.evaluator.episode_seed_list`), and each
+once on the same fixed episode list (:func:`~rl.evaluation.evaluator.episode_seed_list`), and each
 gets its ``<checkpoint>.eval.json``. A run folder also gets ``eval_summary.csv``/``.json`` and
 ``eval_summary.png`` (success / SPL / return against env steps). ``test_expert=true`` runs the
 task's expert on the same episodes instead, as a reference (``expert.eval.json``), which later
@@ -26,17 +26,19 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
-from rl.engine.checkpoint import (
+from rl.checkpoints.files import (
     CHECKPOINT_DIR,
     CheckpointError,
     list_checkpoints,
     load_checkpoint,
     parse_checkpoint_name,
 )
-from rl.engine.evaluator import EvalResult, episode_seed_list, evaluate_expert, evaluate_policy
-from rl.engine.plots import plot_checkpoint_metrics
-from rl.engine.run import build_model, format_table, write_eval_json
+from rl.evaluation.evaluator import EvalResult, episode_seed_list, evaluate_expert, evaluate_policy
+from rl.evaluation.plots import plot_checkpoint_metrics
+from rl.evaluation.report import format_table, write_eval_json
 from rl.models.actor_critic import ActorCritic
+from rl.models.factory import build_model
+from rl.tasks.factory import task_spaces
 from rl.utils.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -178,7 +180,7 @@ class _ModelCache:
         try:
             key = json.dumps([train_cfg["model"], train_cfg["task"]], sort_keys=True, default=str)
             if key not in self._models:
-                model = build_model(train_cfg["model"], train_cfg["task"])
+                model = build_model(train_cfg["model"], *task_spaces(train_cfg["task"]))
                 self._models[key] = model.to(self.device)
             model = self._models[key]
             model.load_state_dict(state["model"])
@@ -394,7 +396,7 @@ def evaluate_expert_reference(cfg: Mapping[str, Any]) -> dict[str, float]:
 
 
 def evaluate_from_config(cfg: Mapping[str, Any]) -> dict[str, float]:
-    """Entry point of ``evaluate.py`` (``rl.engine.run.evaluate``): checkpoints or expert."""
+    """What ``evaluate.py`` runs (via ``rl.engine.run.evaluate``): checkpoints or the expert."""
     if int(cfg["num_episodes"]) < 1:
         raise ConfigError(f"num_episodes: must be >= 1, got {cfg['num_episodes']}")
     if int(cfg.get("every_steps") or 0) < 0:

@@ -1,4 +1,9 @@
-"""Evaluation on a fixed list of seeded episodes (every episode counted exactly once)."""
+"""Evaluation on a fixed list of seeded episodes (every episode counted exactly once).
+
+:func:`evaluate_policy` runs a model, :func:`evaluate_expert` the task's expert, on the same
+episode list split the same way over environments; an environment that has run its share is
+paused (dropped from the batch, recurrent state included) until all are done.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl.engine.trainer import OnPolicyTrainer, RolloutInfo, episode_metric_key, obs_to_torch
 from rl.models.actor_critic import ActorCritic
-from rl.sampling.serial import SerialSampler
+from rl.sampling.convert import episode_metric_key, obs_to_torch
+from rl.sampling.factory import build_sampler
 
 
 @dataclasses.dataclass
@@ -72,7 +77,7 @@ def evaluate_policy(
     model.eval()
     generator = torch.Generator(device=device).manual_seed(action_seed)
     records: dict[int, dict[str, Any]] = {}
-    with SerialSampler(task=task, num_envs=num_envs, episode_seeds=episode_seeds) as sampler:
+    with build_sampler(None, task=task, num_envs=num_envs, episode_seeds=episode_seeds) as sampler:
         obs_np, _ = sampler.reset()
         obs = obs_to_torch(obs_np, device)
         n = sampler.num_envs
@@ -119,7 +124,7 @@ def evaluate_expert(
         NoExpertError: If the task gives no expert action at some step.
     """
     records: dict[int, dict[str, Any]] = {}
-    with SerialSampler(task=task, num_envs=num_envs, episode_seeds=episode_seeds) as sampler:
+    with build_sampler(None, task=task, num_envs=num_envs, episode_seeds=episode_seeds) as sampler:
         _, expert = sampler.reset()
         while sampler.num_active:
             if (expert < 0).any():
@@ -148,60 +153,3 @@ def _summarise(records: Mapping[int, dict[str, Any]], episode_seeds: Sequence[in
         values = [float(e[k]) for e in episodes if k in e and not math.isnan(float(e[k]))]
         metrics[k] = float(np.mean(values)) if values else float("nan")
     return EvalResult(metrics=metrics, episodes=episodes)
-
-
-class PeriodicEvaluation:
-    """Trainer callback: evaluate the policy every ``interval`` env steps during training.
-
-    Runs the fixed episode list in this process (its own action generator, so training
-    randomness is untouched), logs ``eval/*`` at the current env step, and makes the results
-    visible to early-stopping criteria (e.g. ``MetricThresholdCriterion(metric=eval/success)``).
-
-    Args:
-        task: Plain task config.
-        interval: Env steps between evaluations.
-        num_episodes: Episodes per evaluation.
-        episode_seed: First episode seed (the list is the same every time).
-        num_envs: Environments stepped together.
-        deterministic: Argmax actions instead of sampled ones.
-        action_seed: Seed of the action generator.
-        device: Where the model runs.
-    """
-
-    def __init__(
-        self,
-        *,
-        task: Mapping[str, Any],
-        interval: int,
-        num_episodes: int,
-        episode_seed: int,
-        num_envs: int = 16,
-        deterministic: bool = False,
-        action_seed: int = 0,
-        device: torch.device | str = "cpu",
-    ) -> None:
-        self.task = task
-        self.interval = interval
-        self.episode_seeds = episode_seed_list(num_episodes, episode_seed)
-        self.num_envs = num_envs
-        self.deterministic = deterministic
-        self.action_seed = action_seed
-        self.device = device
-
-    def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
-        """Evaluate when this rollout crossed a multiple of ``interval``."""
-        before = info.total_steps - info.env_steps
-        if info.total_steps // self.interval == before // self.interval:
-            return
-        result = evaluate_policy(
-            model=trainer.model,
-            task=self.task,
-            episode_seeds=self.episode_seeds,
-            num_envs=self.num_envs,
-            deterministic=self.deterministic,
-            action_seed=self.action_seed,
-            device=self.device,
-        )
-        logged = result.as_logged("eval")
-        trainer.logger.log(info.total_steps, logged)
-        trainer.last_metrics.update(logged)

@@ -1,0 +1,28 @@
+"""Checkpoints: the files (sortable names, atomic writes, safe loading) and resuming runs.
+
+``files`` writes and finds checkpoint files; ``resume`` plans how a run starts (fresh,
+``resume=`` or ``init_from=``); ``resume_config`` decides which settings a resume may change.
+What goes *into* a checkpoint is the trainer's business (:mod:`rl.training.state`).
+"""
+
+from rl.checkpoints.files import (
+    CHECKPOINT_DIR,
+    CheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from rl.checkpoints.resume import StartPlan, plan_start, resolve_resume_path
+
+__all__ = [
+    "CHECKPOINT_DIR",
+    "CheckpointError",
+    "StartPlan",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_checkpoint",
+    "plan_start",
+    "resolve_resume_path",
+    "save_checkpoint",
+]

@@ -1,0 +1,176 @@
+"""How a training run starts: fresh, resumed (``resume=``) or from weights (``init_from=``).
+
+``resume=RUN_DIR`` (or a checkpoint file) continues a run in its own folder from its newest
+loadable checkpoint, with the config saved in it plus the safe changes typed now
+(:mod:`rl.checkpoints.resume_config`). ``init_from=CHECKPOINT`` starts a new run from a
+checkpoint's weights only. :func:`plan_start` works this out before anything is built and
+returns a :class:`StartPlan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from rl.checkpoints.files import (
+    CHECKPOINT_DIR,
+    CheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    remove_stale_temp_files,
+)
+from rl.checkpoints.resume_config import resume_config, typed_override_keys, unresolved_config
+from rl.models.actor_critic import ActorCritic
+from rl.utils.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def resolve_resume_path(path: str | Path) -> tuple[Path, Path, dict[str, Any]]:
+    """``(run_dir, checkpoint, state)`` for ``resume=PATH`` (a run folder or a checkpoint file).
+
+    For a run folder this is the newest checkpoint in step order that loads (unreadable ones
+    are skipped with a warning). Every file under a checkpoint name is complete (atomic
+    writes), so this is also right when a crash fell between a checkpoint's rename and the
+    update of ``latest``.
+    """
+    path = Path(path).expanduser().resolve()
+    if path.is_file():
+        if path.parent.name != CHECKPOINT_DIR:
+            raise CheckpointError(
+                f"resume={path}: a checkpoint must lie in <run>/{CHECKPOINT_DIR}"
+            )
+        return path.parent.parent, path, load_checkpoint(path)
+    if not path.is_dir():
+        raise CheckpointError(f"resume={path}: no such run folder or checkpoint")
+    candidates = list(reversed(list_checkpoints(path)))
+    if not candidates:
+        latest_checkpoint(path)  # raises the usual "no checkpoint in ..." error
+    for candidate in candidates:
+        try:
+            state = load_checkpoint(candidate)
+        except CheckpointError as e:
+            log.warning("skipping unreadable checkpoint: %s", e)
+            continue
+        return path, candidate, state
+    raise CheckpointError(f"resume={path}: no readable checkpoint")
+
+
+@dataclasses.dataclass
+class StartPlan:
+    """How a training run starts: fresh, resumed (``resume=``) or from weights (``init_from=``).
+
+    Attributes:
+        config: The resolved config to run (for a resume: the saved one plus safe changes).
+        config_unresolved: The same with interpolations kept (stored in checkpoints).
+        resume_state: The checkpoint resumed from (None unless resuming).
+        checkpoint: Its path (or the ``init_from`` checkpoint's).
+        init_state: The ``init_from`` checkpoint (None unless given).
+    """
+
+    config: dict[str, Any]
+    config_unresolved: dict[str, Any]
+    resume_state: dict[str, Any] | None = None
+    checkpoint: Path | None = None
+    init_state: dict[str, Any] | None = None
+    _log_handler: logging.Handler | None = None
+
+    @property
+    def wandb_run_id(self) -> str | None:
+        """The wandb run id saved with the resumed run (None otherwise)."""
+        return None if self.resume_state is None else self.resume_state.get("wandb_run_id")
+
+    def init_model(self, model: ActorCritic) -> None:
+        """Load the ``init_from`` checkpoint's weights into ``model`` (no-op without one)."""
+        if self.init_state is None:
+            return
+        try:
+            model.load_state_dict(self.init_state["model"])
+        except RuntimeError as e:
+            raise CheckpointError(
+                f"init_from={self.checkpoint}: its weights do not fit this run's model: {e}"
+            ) from e
+        log.info(
+            "init_from: weights of %s; optimizer, schedules and pipeline start fresh (stage 0)",
+            self.checkpoint,
+        )
+
+    def close(self) -> None:
+        """Detach the run folder's log file (resume only)."""
+        if self._log_handler is not None:
+            logging.getLogger().removeHandler(self._log_handler)
+            self._log_handler.close()
+            self._log_handler = None
+
+
+def plan_start(cfg: DictConfig | Mapping[str, Any], plain: dict[str, Any]) -> StartPlan:
+    """Work out how the run starts from its composed config (``resume`` / ``init_from``).
+
+    Args:
+        cfg: The composed config (a ``DictConfig`` keeps interpolations and typed overrides).
+        plain: ``cfg`` resolved.
+
+    Raises:
+        ConfigError: Both ``resume`` and ``init_from``, or unsafe changes on resume.
+        CheckpointError: The checkpoint is missing or unreadable.
+    """
+    unresolved = unresolved_config(cfg, plain)
+    if plain.get("resume") and plain.get("init_from"):
+        raise ConfigError(
+            "resume and init_from exclude each other: resume=RUN continues a run exactly; "
+            "init_from=CHECKPOINT starts a new run from its weights"
+        )
+    if plain.get("init_from"):
+        path = Path(plain["init_from"]).expanduser()
+        if path.is_dir():
+            path = resolve_resume_path(path)[1]
+        return StartPlan(plain, unresolved, checkpoint=path, init_state=load_checkpoint(path))
+    if not plain.get("resume"):
+        return StartPlan(plain, unresolved)
+    run_dir, path, state = resolve_resume_path(plain["resume"])
+    # The run's own train.log gets this invocation's log too (Hydra's goes to a new folder).
+    handler = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    logging.getLogger().addHandler(handler)
+    try:
+        config, merged = resume_config(state, unresolved, typed_override_keys(cfg), run_dir)
+    except BaseException:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+        raise
+    stale = remove_stale_temp_files(run_dir)
+    log.info(
+        "resuming %s from %s (env step %d)%s",
+        run_dir,
+        path.name,
+        state["pipeline"]["total_steps"],
+        f"; removed {len(stale)} stale temporary file(s)" if stale else "",
+    )
+    _move_later_checkpoints_aside(run_dir, path)
+    return StartPlan(config, merged, state, path, _log_handler=handler)
+
+
+def _move_later_checkpoints_aside(run_dir: Path, path: Path) -> None:
+    """Move the checkpoints after ``path`` aside (resuming from an older one branches the run).
+
+    Step order then stays the run's history, and ``resume=RUN_DIR`` finds the right one.
+    """
+    newer = [p for p in list_checkpoints(run_dir) if p.name > path.name]
+    if not newer:
+        return
+    aside = run_dir / CHECKPOINT_DIR / f"superseded_{time.strftime('%Y%m%d-%H%M%S')}"
+    aside.mkdir(exist_ok=True)
+    for p in newer:
+        for f in (p, p.with_suffix(".eval.json")):
+            if f.exists():
+                f.rename(aside / f.name)
+    log.warning(
+        "resuming from an older checkpoint: %d later checkpoint(s) moved to %s", len(newer), aside
+    )

@@ -1,0 +1,221 @@
+"""Which settings a resumed run may change, and the config it runs with.
+
+``resume=RUN_DIR`` continues a run with the config saved in its checkpoint. Settings typed on
+the command line that differ from the saved ones are listed and applied only where that is safe
+(:data:`SAFE_RESUME_KEYS`: budgets and the schedule horizons derived from them, logging,
+evaluation, thread count, tags, save and log intervals); anything else is a
+:class:`~rl.utils.config.ConfigError` naming the keys. The saved config keeps its
+interpolations (``${total_env_steps}``), so a new budget re-resolves every stage budget and
+schedule horizon that derives from it.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from rl.utils.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+# Config keys that a resume may change (dotted paths, fnmatch patterns; a pattern also covers
+# everything below it). Everything else must match the saved run.
+SAFE_RESUME_KEYS = (
+    "total_env_steps",
+    "pipeline.stages.*.max_stage_steps",
+    "pipeline.lr_scheduler.lr_lambda.steps",
+    "pipeline.named_losses.*.clip_decay.steps",
+    "pipeline.stages.*.teacher_forcing.steps",
+    "pipeline.save_interval",
+    "pipeline.metric_accumulate_interval",
+    "pipeline.stages.*.save_interval",
+    "pipeline.stages.*.metric_accumulate_interval",
+    "logger",
+    "eval",
+    "torch_threads",
+    "tags",
+    "optimized_metric",
+    "valid",
+    "video_interval",
+)
+# Keys that describe the invocation, not the run: never compared.
+_INVOCATION_KEYS = ("output_dir", "resume", "init_from")
+
+
+def unresolved_config(cfg: DictConfig | Mapping[str, Any], plain: Mapping[str, Any]) -> dict:
+    """``cfg`` as plain containers with its interpolations kept (stored in checkpoints).
+
+    Interpolations that only resolve inside a Hydra app (``${hydra:...}``, ``${now:...}``) are
+    replaced by their resolved values from ``plain``, so the result resolves anywhere.
+    """
+    if not isinstance(cfg, DictConfig):
+        return copy.deepcopy(dict(plain))
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    assert isinstance(raw, dict)
+    raw.pop("hydra", None)
+
+    def fix(node: Any, resolved: Any) -> Any:
+        if isinstance(node, dict) and isinstance(resolved, dict):
+            return {k: fix(v, resolved.get(k)) for k, v in node.items()}
+        if isinstance(node, list) and isinstance(resolved, list) and len(node) == len(resolved):
+            return [fix(v, r) for v, r in zip(node, resolved, strict=True)]
+        if isinstance(node, str) and ("${hydra:" in node or "${now:" in node):
+            return resolved
+        return node
+
+    return fix(raw, dict(plain))  # type: ignore[no-any-return]
+
+
+def typed_override_keys(cfg: DictConfig | Mapping[str, Any]) -> list[str] | None:
+    """Config keys named by the overrides typed on the command line (None if unknown)."""
+    overrides: list[str] | None = None
+    if isinstance(cfg, DictConfig) and "hydra" in cfg:
+        overrides = list(cfg.hydra.overrides.task)
+    elif HydraConfig.initialized():
+        overrides = list(HydraConfig.get().overrides.task)
+    if overrides is None:
+        return None
+    keys = []
+    for item in overrides:
+        key = item.split("=", 1)[0].lstrip("~+").split("@", 1)[0]
+        if key and not key.startswith("hydra"):
+            keys.append(key)
+    return keys
+
+
+_MISSING = object()
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """Leaves of a nested config by dotted path (lists by index; empty containers are leaves)."""
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    if isinstance(node, list) and node and any(isinstance(v, (dict, list)) for v in node):
+        out = {}
+        for i, v in enumerate(node):
+            out.update(_flatten(v, f"{prefix}{i}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``{dotted_path: (old, new)}`` for every leaf that differs (absent: ``<missing>``)."""
+    a = {k: v for k, v in _flatten(dict(old)).items() if k.split(".")[0] not in _INVOCATION_KEYS}
+    b = {k: v for k, v in _flatten(dict(new)).items() if k.split(".")[0] not in _INVOCATION_KEYS}
+    out = {}
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key, _MISSING), b.get(key, _MISSING)
+        if va is _MISSING or vb is _MISSING or va != vb or type(va) is not type(vb):
+            out[key] = (va, vb)
+    return out
+
+
+def is_safe_resume_key(path: str) -> bool:
+    """True if ``path`` (or a parent of it) matches :data:`SAFE_RESUME_KEYS`."""
+    parts = path.split(".")
+    prefixes = [".".join(parts[: i + 1]) for i in range(len(parts))]
+    return any(fnmatch.fnmatchcase(p, pat) for p in prefixes for pat in SAFE_RESUME_KEYS)
+
+
+def _covered(path: str, keys: list[str]) -> bool:
+    return any(path == k or path.startswith(k + ".") or k.startswith(path + ".") for k in keys)
+
+
+def _show(value: Any) -> str:
+    return "<missing>" if value is _MISSING else repr(value)
+
+
+def _changes(keys: list[str], diff: Mapping[str, tuple[Any, Any]]) -> str:
+    """``key: old -> new`` lines, one per key."""
+    return "".join(f"\n  {k}: {_show(diff[k][0])} -> {_show(diff[k][1])}" for k in keys)
+
+
+def _set_path(node: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    for part in parts[:-1]:
+        key: Any = int(part) if isinstance(node, list) else part
+        if isinstance(node, dict) and key not in node:
+            node[key] = {}
+        node = node[key]
+    last: Any = int(parts[-1]) if isinstance(node, list) else parts[-1]
+    if value is _MISSING:
+        node.pop(last, None)  # type: ignore[call-overload]
+    else:
+        node[last] = value
+
+
+def resume_config(
+    state: Mapping[str, Any],
+    new_unresolved: Mapping[str, Any],
+    typed_keys: list[str] | None,
+    run_dir: Path,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The config a resumed run uses: the saved one plus the safe changes typed now.
+
+    Args:
+        state: The checkpoint resumed from.
+        new_unresolved: The config composed by this invocation (interpolations kept).
+        typed_keys: Keys typed on the command line (None: every difference counts as typed).
+            Differences from the saved config that were not typed (e.g. a default changed in
+            ``conf/`` since, or an experiment overlay not repeated) keep the saved value.
+        run_dir: The run folder (the new ``output_dir``).
+
+    Returns:
+        ``(resolved, unresolved)`` configs of the resumed run.
+
+    Raises:
+        ConfigError: A typed change is unsafe (listing every such key with both values).
+    """
+    saved_resolved = state["config"]
+    saved = copy.deepcopy(state.get("config_unresolved") or saved_resolved)
+    diff = config_diff(saved, new_unresolved)
+    typed = {k: v for k, v in diff.items() if typed_keys is None or _covered(k, typed_keys)}
+    untyped = sorted(set(diff) - set(typed))
+    unsafe = [k for k in typed if not is_safe_resume_key(k)]
+    if unsafe:
+        raise ConfigError(
+            "resume: these settings differ from the saved run and cannot change when resuming "
+            "(start a new run, or init_from=CHECKPOINT for its weights only):"
+            + _changes(unsafe, typed)
+        )
+    merged = copy.deepcopy(saved)
+    for key, (_, value) in typed.items():
+        _set_path(merged, key, value)
+    merged["output_dir"] = str(run_dir)
+    merged["resume"] = new_unresolved.get("resume")
+    merged["init_from"] = None
+    resolved = OmegaConf.to_container(OmegaConf.create(merged), resolve=True)
+    assert isinstance(resolved, dict)
+    derived = {k: v for k, v in config_diff(saved_resolved, resolved).items() if k not in typed}
+    bad = [k for k in derived if not is_safe_resume_key(k)]
+    if bad:
+        raise ConfigError(
+            "resume: the changes typed now also change settings that cannot change when "
+            "resuming:" + _changes(bad, derived)
+        )
+    if typed or derived:
+        log.warning(
+            "resume: settings changed from the saved run:\n  %s",
+            "\n  ".join(
+                f"{k}: {_show(a)} -> {_show(b)}{'' if k in typed else '  (derived)'}"
+                for k, (a, b) in {**typed, **derived}.items()
+            ),
+        )
+    if untyped:
+        log.info(
+            "resume: %d setting(s) differ from what this command composes but were not typed "
+            "on the command line; the saved run's values are kept: %s",
+            len(untyped),
+            ", ".join(untyped),
+        )
+    return resolved, merged

@@ -1,0 +1,102 @@
+"""A training config's own keys, typed, and the check of the whole config before a run.
+
+:func:`verify_train_cfg` asks every room to check its section (the run's keys here, the
+pipeline in :mod:`rl.pipeline.verify`, ``eval``/``valid`` in :mod:`rl.evaluation.settings`,
+``distributed`` in :mod:`rl.distributed.settings`, every ``_target_`` with
+:func:`rl.utils.config.check_targets`) and raises one :class:`~rl.utils.config.ConfigError`
+listing every problem, before anything is built. Defaults live in ``conf/train.yaml`` only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import torch
+
+from rl.distributed.settings import distributed_errors
+from rl.evaluation.settings import evaluation_errors
+from rl.pipeline.verify import pipeline_errors
+from rl.sampling.factory import sampler_num_envs
+from rl.utils.config import Check, ConfigError, check_targets, load_section, section_errors
+
+# Config groups every run composes (each a mapping with a `_target_` or sinks).
+GROUPS = ("task", "model", "pipeline", "sampler", "logger")
+# Sections of settings owned by other rooms (`null` turns eval / valid off).
+SECTIONS = ("eval", "valid", "distributed")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """The run's own keys (conf/train.yaml documents each).
+
+    Attributes:
+        exp_name: Experiment name (run folders, wandb group).
+        seed: The run's seed.
+        device: ``cpu``, ``cuda`` or ``cuda:N``.
+        torch_threads: ``torch.set_num_threads`` (None: torch's default).
+        total_env_steps: Budget in env steps over all workers.
+        tags: Tags of the run (wandb).
+        output_dir: The run folder.
+        optimized_metric: The final metric returned to a sweeper (None: none).
+        resume: A run folder or checkpoint to continue exactly (None: a new run).
+        init_from: A checkpoint whose weights a new run starts from.
+        video_interval: Env steps between probe videos (0 or None: none).
+    """
+
+    exp_name: str
+    seed: int
+    device: str
+    torch_threads: Annotated[int | None, Check(ge=1)]
+    total_env_steps: Annotated[int, Check(gt=0)]
+    tags: list[str]
+    output_dir: str
+    optimized_metric: str | None
+    resume: str | None
+    init_from: str | None
+    video_interval: Annotated[int | None, Check(ge=0)]
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> RunSettings:
+        """The run's keys of a resolved training config (``ConfigError`` if invalid)."""
+        return load_section(cls, _own_keys(cfg), "")
+
+
+_RUN_KEYS = tuple(f.name for f in dataclasses.fields(RunSettings))
+TOP_LEVEL_KEYS = frozenset((*_RUN_KEYS, *GROUPS, *SECTIONS))
+
+
+def _own_keys(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: cfg[k] for k in _RUN_KEYS if k in cfg}
+
+
+def verify_train_cfg(cfg: Mapping[str, Any]) -> None:
+    """Raise :class:`ConfigError` listing every problem of a resolved training config."""
+    errors = [
+        f"{key}: unknown top-level key (known: {', '.join(sorted(TOP_LEVEL_KEYS))})"
+        for key in cfg
+        if key not in TOP_LEVEL_KEYS and key != "hydra"
+    ]
+    errors += section_errors(RunSettings, _own_keys(cfg), "")
+    errors += [
+        f"{group}: missing config group (choose one, e.g. {group}=...)"
+        for group in GROUPS
+        if not isinstance(cfg.get(group), Mapping)
+    ]
+    errors += [f"{key}: missing (null turns it off)" for key in SECTIONS if key not in cfg]
+    if errors:  # what follows reads these
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+    if str(cfg["device"]).startswith("cuda") and not torch.cuda.is_available():
+        errors.append(f"device: {cfg['device']!r} requested but CUDA is not available")
+    errors += check_targets({k: v for k, v in cfg.items() if k != "hydra"})
+    errors += evaluation_errors(cfg["eval"], cfg["valid"])
+    errors += distributed_errors(cfg["distributed"])
+    num_envs = sampler_num_envs(cfg["sampler"])
+    if num_envs < 1:
+        errors.append(f"sampler: needs at least one environment, got {num_envs}")
+    errors += pipeline_errors(
+        cfg["pipeline"], num_envs=num_envs, total_env_steps=cfg["total_env_steps"]
+    )
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))

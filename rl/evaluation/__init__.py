@@ -1,0 +1,35 @@
+"""Evaluation: of checkpoints, of the policy while it trains, and of the task's expert.
+
+``evaluator`` runs fixed, seeded episode lists (every episode exactly once); ``runs`` evaluates
+checkpoints in bulk for ``evaluate.py`` (summaries, plots); the trainer callbacks watching a run
+are ``training_eval`` (``eval/*`` during and after training), ``validation`` (each checkpoint in
+a separate process) and ``video`` (probe videos); ``settings`` types the ``eval`` and ``valid``
+sections; ``inference`` uses a trained policy outside the engine.
+"""
+
+from rl.evaluation.evaluator import (
+    EvalResult,
+    NoExpertError,
+    episode_seed_list,
+    evaluate_expert,
+    evaluate_policy,
+)
+from rl.evaluation.inference import InferenceAgent
+from rl.evaluation.settings import EvalSettings, ValidSettings
+from rl.evaluation.training_eval import TrainingEvaluation
+from rl.evaluation.validation import BackgroundValidation
+from rl.evaluation.video import ProbeVideo
+
+__all__ = [
+    "BackgroundValidation",
+    "EvalResult",
+    "EvalSettings",
+    "InferenceAgent",
+    "NoExpertError",
+    "ProbeVideo",
+    "TrainingEvaluation",
+    "ValidSettings",
+    "episode_seed_list",
+    "evaluate_expert",
+    "evaluate_policy",
+]

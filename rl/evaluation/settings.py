@@ -1,0 +1,82 @@
+"""The ``eval`` and ``valid`` config sections as typed settings (values in conf/train.yaml).
+
+A section set to ``null`` (``eval=null``) turns that evaluation off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Any
+
+from rl.utils.config import Check, load_section, section_errors
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+    """Evaluation of the policy during training and after it (``eval`` in conf/train.yaml).
+
+    Attributes:
+        num_episodes: Episodes of the fixed list evaluated after training (0: none).
+        interval: Also evaluate every this many env steps during training (0: never).
+        episode_seed: Episode ``i`` of the list resets with seed ``episode_seed + i``.
+        num_envs: Environments stepped together.
+        deterministic: Argmax actions instead of seeded sampled ones.
+        action_seed: Seed of the action-sampling generator.
+    """
+
+    num_episodes: Annotated[int, Check(ge=0)]
+    interval: Annotated[int, Check(ge=0)]
+    episode_seed: int
+    num_envs: Annotated[int, Check(ge=1)]
+    deterministic: bool
+    action_seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidSettings:
+    """Validation of every checkpoint in a separate process (``valid`` in conf/train.yaml).
+
+    Attributes:
+        enabled: Validate each checkpoint while training goes on.
+        num_episodes: Episodes of the validation list.
+        episode_seed: Episode ``i`` resets with seed ``episode_seed + i``.
+        num_envs: Environments stepped together in the validation process.
+        deterministic: Argmax actions instead of sampled ones.
+        action_seed: Seed of the action generator (the same for every checkpoint).
+        mp_start_method: ``forkserver`` (falls back to ``spawn`` where missing) or ``spawn``.
+        torch_threads: Torch threads of the validation process.
+    """
+
+    enabled: bool
+    num_episodes: Annotated[int, Check(ge=1)]
+    episode_seed: int
+    num_envs: Annotated[int, Check(ge=1)]
+    deterministic: bool
+    action_seed: int
+    mp_start_method: Annotated[str, Check(choices=("forkserver", "spawn"))]
+    torch_threads: Annotated[int, Check(ge=1)]
+
+
+def eval_settings(section: Any) -> EvalSettings | None:
+    """The ``eval`` section's settings (None: ``eval: null``; ``ConfigError`` if invalid)."""
+    return None if section is None else load_section(EvalSettings, section, "eval")
+
+
+def valid_settings(section: Any) -> ValidSettings | None:
+    """The ``valid`` section's settings, None when validation is off."""
+    if section is None:
+        return None
+    valid = load_section(ValidSettings, section, "valid")
+    return valid if valid.enabled else None
+
+
+def evaluation_errors(eval_section: Any, valid_section: Any) -> list[str]:
+    """Problems of the resolved ``eval`` and ``valid`` sections (``null`` is fine for both)."""
+    errors = []
+    if eval_section is not None:
+        errors += section_errors(EvalSettings, eval_section, "eval")
+        if not errors and eval_section["interval"] > 0 and eval_section["num_episodes"] < 1:
+            errors.append("eval.interval: periodic evaluation needs eval.num_episodes >= 1")
+    if valid_section is not None:
+        errors += section_errors(ValidSettings, valid_section, "valid")
+    return errors

@@ -1,0 +1,82 @@
+"""Evaluation of the policy while it trains (every ``eval.interval`` env steps) and after.
+
+:class:`TrainingEvaluation` is the trainer callback behind the ``eval`` section: it runs the
+fixed episode list in the trainer's process (with its own action generator, so training's
+random streams are untouched), logs ``eval/*`` at the current env step and makes the values
+visible to early-stopping criteria (``MetricThresholdCriterion(metric=eval/success)``). After
+the last stage it evaluates the final policy and writes ``<final checkpoint>.eval.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl.evaluation.evaluator import EvalResult, episode_seed_list, evaluate_policy
+from rl.evaluation.report import format_table, write_eval_json
+from rl.evaluation.settings import EvalSettings
+from rl.training.callbacks import Callback, RolloutInfo
+from rl.training.trainer import OnPolicyTrainer
+
+log = logging.getLogger(__name__)
+
+
+class TrainingEvaluation(Callback):
+    """Trainer callback: ``eval/*`` every ``settings.interval`` env steps and at the end.
+
+    Args:
+        settings: The ``eval`` section (``interval`` 0: not during training;
+            ``num_episodes`` 0: not at all).
+        task: Plain task config.
+        device: Where the model runs.
+    """
+
+    def __init__(
+        self, settings: EvalSettings, *, task: Mapping[str, Any], device: torch.device | str
+    ) -> None:
+        self.settings = settings
+        self.task = dict(task)
+        self.device = device
+        self.episode_seeds = episode_seed_list(settings.num_episodes, settings.episode_seed)
+
+    def evaluate(self, trainer: OnPolicyTrainer) -> EvalResult:
+        """Run the trainer's model on the episode list; log ``eval/*`` at the current step."""
+        s = self.settings
+        result = evaluate_policy(
+            model=trainer.model,
+            task=self.task,
+            episode_seeds=self.episode_seeds,
+            num_envs=s.num_envs,
+            deterministic=s.deterministic,
+            action_seed=s.action_seed,
+            device=self.device,
+        )
+        logged = result.as_logged("eval")
+        trainer.logger.log(trainer.pipeline.total_steps, logged)
+        trainer.last_metrics.update(logged)
+        return result
+
+    def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
+        """Evaluate when this rollout crossed a multiple of ``interval``."""
+        if (
+            self.settings.interval > 0
+            and self.episode_seeds
+            and info.crossed(self.settings.interval)
+        ):
+            self.evaluate(trainer)
+
+    def on_train_end(self, trainer: OnPolicyTrainer, checkpoint: Path) -> None:
+        """Evaluate the final policy; write ``<checkpoint>.eval.json`` and print a table."""
+        if not self.episode_seeds:
+            return
+        result = self.evaluate(trainer)
+        write_eval_json(
+            checkpoint.with_suffix(".eval.json"), result, dataclasses.asdict(self.settings)
+        )
+        logged = result.as_logged("eval")
+        log.info("\n%s", format_table(logged, f"final evaluation ({checkpoint.name})"))

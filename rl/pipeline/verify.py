@@ -1,0 +1,79 @@
+"""Checks of a pipeline config before anything is built (every problem, each naming its key)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def _stage_errors(pipe: Mapping[str, Any], i: int, num_envs: int) -> list[str]:
+    stage = pipe["stages"][i]
+    where = f"pipeline.stages.{i}"
+    losses = pipe.get("named_losses") or {}
+    component = stage.get("offpolicy_component") or {}
+    named = [(f"{where}.loss_names", n) for n in stage.get("loss_names") or []]
+    named += [
+        (f"{where}.offpolicy_component.loss_names", n) for n in component.get("loss_names") or []
+    ]
+    errors = [
+        f"{key}: no loss named {name!r} in pipeline.named_losses (defined: {sorted(losses)})"
+        for key, name in named
+        if name not in losses
+    ]
+    if not stage.get("loss_names") and not component:
+        errors.append(
+            f"{where}.loss_names: must name at least one loss "
+            "(or the stage needs an offpolicy_component)"
+        )
+    weights = stage.get("loss_weights")
+    if weights is not None and len(weights) != len(stage.get("loss_names") or []):
+        errors.append(f"{where}.loss_weights: one weight per loss name is required")
+
+    def setting(key: str) -> Any:
+        return stage[key] if stage.get(key) is not None else pipe.get(key)
+
+    for key in ("num_steps", "num_mini_batch", "update_repeats"):
+        value = setting(key)
+        if isinstance(value, int) and value < 1:
+            errors.append(f"{where}.{key} (or pipeline.{key}): must be >= 1, got {value}")
+    mb = setting("num_mini_batch")
+    if isinstance(mb, int) and mb > num_envs:
+        errors.append(
+            f"{where}.num_mini_batch (or pipeline.num_mini_batch)={mb} > {num_envs} "
+            "environments: minibatches are split by environment, so at most one per env"
+        )
+    budget = stage.get("max_stage_steps")
+    if isinstance(budget, int) and budget <= 0:
+        errors.append(f"{where}.max_stage_steps: must be positive, got {budget}")
+    return errors
+
+
+def pipeline_errors(
+    pipe: Mapping[str, Any], *, num_envs: int, total_env_steps: int | None
+) -> list[str]:
+    """Problems of a resolved ``pipeline`` config.
+
+    Args:
+        pipe: The plain pipeline section (``named_losses``, ``stages``, default settings).
+        num_envs: Environments of one worker (minibatches are split by environment).
+        total_env_steps: The run's budget, which the stage budgets must sum to (None: skip).
+
+    Returns:
+        One message per problem: unknown loss names, stages without losses, weights that do
+        not match, impossible rollout/minibatch settings, budgets that do not add up.
+    """
+    stages = pipe.get("stages") or []
+    if not stages:
+        return ["pipeline.stages: at least one stage is required"]
+    errors = [e for i in range(len(stages)) for e in _stage_errors(pipe, i, num_envs)]
+    budgets = [st.get("max_stage_steps") for st in stages]
+    if (
+        isinstance(total_env_steps, int)
+        and all(isinstance(b, int) for b in budgets)
+        and sum(budgets) != total_env_steps
+    ):
+        errors.append(
+            f"pipeline.stages.*.max_stage_steps sum to {sum(budgets):,} but total_env_steps is "
+            f"{total_env_steps:,} (schedules run over total_env_steps: make them agree)"
+        )
+    return errors

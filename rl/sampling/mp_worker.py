@@ -1,0 +1,154 @@
+"""The worker process of the multiprocess sampler: its command protocol and process body.
+
+Each worker process runs :func:`worker_main`: a :class:`~rl.sampling.SerialSampler` over its
+contiguous block of environments that serves one-byte commands from the main process
+(:data:`RESET`, :data:`STEP`, ...) and writes its environments' results into their rows of the
+shared arrays (:mod:`rl.sampling.shared_memory`). Replies are pickled objects: ``None``, the
+finished episodes, a state dict, or ``("error", env_index, traceback)`` after which the worker
+exits. :func:`worker_main` is module-level so that ``forkserver``/``spawn`` children can import
+it. The main process's side is :mod:`rl.sampling.worker_pool`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing.connection as mpc
+import signal
+import traceback
+from typing import Any
+
+import numpy as np
+
+from rl.sampling.base import EpisodeRecord
+from rl.sampling.serial import SerialSampler
+from rl.sampling.shared_memory import SharedArrays, final_key, obs_key
+
+__all__ = ["CLOSE", "LOAD", "NEW", "RESET", "SAVE", "STEP", "worker_main"]
+
+# Commands (main -> worker), one byte each; replies are pickled objects.
+RESET, STEP, CLOSE, SAVE, LOAD, NEW = b"r", b"s", b"c", b"S", b"L", b"n"
+
+
+def worker_main(
+    worker_index: int,
+    conn: mpc.Connection,
+    raw: Any,
+    layout: dict[str, tuple[int, tuple[int, ...], str]],
+    obs_keys: list[str],
+    task: dict[str, Any],
+    row_offset: int,
+    env_offset: int,
+    num_envs: int,
+    total_envs: int,
+    seed: int | None,
+    episode_seeds: list[int] | None,
+) -> None:
+    """Worker process: a SerialSampler over global envs ``env_offset ..``, serving commands.
+
+    Its environments' results go to rows ``row_offset ..`` of the shared arrays. It replies
+    ``("ready", None, None)`` once its environments are built, or an error reply if building
+    them failed.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
+    sampler: SerialSampler | None = None
+    try:
+        try:
+            shared = SharedArrays(raw, layout)
+            sampler = SerialSampler(
+                task=task,
+                num_envs=num_envs,
+                seed=seed,
+                episode_seeds=episode_seeds,
+                env_offset=env_offset,
+                total_envs=total_envs,
+            )
+        except BaseException:
+            conn.send(("error", None, traceback.format_exc()))
+            return
+        conn.send(("ready", None, None))
+        _serve(conn, sampler, _WorkerRows(shared.arrays, obs_keys, row_offset))
+    finally:
+        if sampler is not None:
+            with contextlib.suppress(Exception):
+                sampler.close()
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+class _WorkerRows:
+    """One worker's writer into its rows (``row_offset ..``) of the shared arrays.
+
+    Args:
+        arrays: The shared arrays, by name.
+        obs_keys: The observation keys.
+        row_offset: Shared-array row of the worker's first environment.
+    """
+
+    def __init__(
+        self, arrays: dict[str, np.ndarray], obs_keys: list[str], row_offset: int
+    ) -> None:
+        self.row_offset = row_offset
+        self.obs_views = [(arrays[obs_key(k)], arrays[final_key(k)], k) for k in obs_keys]
+        self.actions, self.rewards = arrays["actions"], arrays["rewards"]
+        self.terminated, self.truncated = arrays["terminated"], arrays["truncated"]
+        self.experts, self.paused = arrays["expert_actions"], arrays["paused"]
+
+    def step(self, sampler: SerialSampler) -> list[EpisodeRecord] | None:
+        """Step the active environments with their shared actions; write back the results.
+
+        Returns:
+            The episodes that finished, or None if none did.
+        """
+        rows = np.asarray(sampler.active_indices, dtype=np.int64) + self.row_offset
+        batch = sampler.step(self.actions[rows])
+        for obs_buf, final_buf, k in self.obs_views:
+            obs_buf[rows] = batch.obs[k]
+            if len(batch.final_obs_indices):
+                final_buf[rows[batch.final_obs_indices]] = batch.final_obs[k]
+        self.rewards[rows] = batch.rewards
+        self.terminated[rows] = batch.terminated
+        self.truncated[rows] = batch.truncated
+        self.experts[rows] = batch.expert_actions
+        self.paused[rows] = batch.paused
+        return batch.episodes or None
+
+    def restart(self, num_envs: int, obs: dict[str, np.ndarray], expert: np.ndarray) -> None:
+        """Write the first observations of all ``num_envs`` environments; unpause them."""
+        rows = np.arange(self.row_offset, self.row_offset + num_envs)
+        for obs_buf, _, k in self.obs_views:
+            obs_buf[rows] = obs[k]
+        self.experts[rows] = expert
+        self.paused[rows] = False
+
+
+def _serve(conn: mpc.Connection, sampler: SerialSampler, rows: _WorkerRows) -> None:
+    """Serve commands until told to close, the main process goes, or a command fails.
+
+    A failing command sends ``("error", env_index, traceback)`` and ends the loop.
+    """
+    while True:
+        try:
+            cmd = conn.recv_bytes()
+        except (EOFError, OSError):
+            return  # the main process is gone
+        try:
+            if cmd == STEP:
+                conn.send(rows.step(sampler))
+            elif cmd in (RESET, NEW, LOAD):
+                if cmd == RESET:
+                    obs, expert = sampler.reset()
+                elif cmd == NEW:
+                    obs, expert = sampler.new_episodes()
+                else:
+                    obs, expert = sampler.load_state_dict(conn.recv())
+                rows.restart(sampler.num_envs, obs, expert)
+                conn.send(None)
+            elif cmd == SAVE:
+                conn.send(sampler.state_dict())
+            elif cmd == CLOSE:
+                return
+            else:
+                raise ValueError(f"unknown sampler command {cmd!r}")
+        except Exception:
+            conn.send(("error", sampler.current_env, traceback.format_exc()))
+            return

@@ -1,0 +1,55 @@
+"""Environments from task configs: build one, read a task's spaces, name it.
+
+A task config is a plain mapping with a ``_target_`` returning a ``gymnasium.Env`` (the config
+group is the registry: ``conf/task/<name>.yaml``). Everything that needs an environment built
+from a config (samplers, probe videos, expert data, model building) goes through here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import hydra.utils
+
+
+def build_env(task: Mapping[str, Any], **kwargs: Any) -> gym.Env:
+    """Instantiate the task config (a plain mapping with ``_target_``) into an environment.
+
+    Args:
+        task: Plain task config.
+        **kwargs: Extra constructor arguments (e.g. ``render_mode="rgb_array"``).
+
+    Raises:
+        TypeError: The target did not build a ``gymnasium.Env``.
+    """
+    env = hydra.utils.instantiate(dict(task), **kwargs)
+    if not isinstance(env, gym.Env):
+        raise TypeError(f"task._target_={task.get('_target_')!r} built {type(env)}, not a gym.Env")
+    return env
+
+
+def dict_space(space: gym.Space) -> gym.spaces.Dict:
+    """``space`` as a Dict space (non-dict spaces become ``{"obs": space}``)."""
+    return space if isinstance(space, gym.spaces.Dict) else gym.spaces.Dict({"obs": space})
+
+
+def task_spaces(task: Mapping[str, Any]) -> tuple[gym.spaces.Dict, gym.Space]:
+    """``(observation space as a Dict space, action space)`` of a task (builds one env)."""
+    env = build_env(task)
+    try:
+        return dict_space(env.observation_space), env.action_space
+    finally:
+        env.close()
+
+
+def task_id(task: Mapping[str, Any]) -> str:
+    """Readable task identifier: the gymnasium id, else the environment class name."""
+    if "env_id" in task:
+        return str(task["env_id"])
+    env = build_env(task)
+    try:
+        return env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+    finally:
+        env.close()

@@ -1,0 +1,242 @@
+"""Learning from rollouts: the optimiser, the LR schedule, and the updates.
+
+One optimisation step (:meth:`Learner.optimize`: weighted losses -> backward -> gradient
+all-reduce -> clip -> optimiser step) serves both updates:
+
+- :meth:`Learner.update`, on-policy: returns and advantages of the rollout (per-rollout
+  advantage statistics over every distributed worker), then ``update_repeats`` epochs of
+  ``num_mini_batch`` minibatches split by environment (recurrent sequences stay whole and the
+  model re-runs them from the rollout's first state), each optimising the stage's losses.
+- :meth:`Learner.update_off_policy`: a stage's off-policy component (AllenAct's
+  ``OffPolicyPipelineComponent``): ``updates`` steps on batches from its data iterator.
+
+The LR schedule is stepped to the env-step count (AllenAct's semantics), not the update count.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from rl.collection.base import Rollout
+from rl.distributed.reduce import advantage_stats, average_gradients
+from rl.distributed.setup import DistContext
+from rl.models.actor_critic import ActorCritic, ActorCriticOutput
+from rl.pipeline.offpolicy import OffPolicyPipelineComponent
+from rl.pipeline.schedules import step_lr_scheduler_to
+from rl.pipeline.stages import PipelineStage, TrainingPipeline, TrainingSettings
+from rl.pipeline.trackers import ScalarMeanTracker
+
+
+class Learner:
+    """Optimise ``model`` with the losses of ``pipeline``.
+
+    Args:
+        model: The actor-critic.
+        pipeline: Named losses and the optimizer / LR-scheduler builders.
+        device: Where the model lives.
+        seed: Seed of the minibatch shuffling generator.
+        dist: This worker's place among distributed workers (None: one process).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: ActorCritic,
+        pipeline: TrainingPipeline,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        dist: DistContext | None = None,
+    ) -> None:
+        self.model = model
+        self.pipeline = pipeline
+        self.device = torch.device(device)
+        self.dist = dist or DistContext()
+        self.optimizer = pipeline.optimizer_builder(params=model.parameters())
+        self.lr_scheduler = (
+            pipeline.lr_scheduler_builder(optimizer=self.optimizer)
+            if pipeline.lr_scheduler_builder is not None
+            else None
+        )
+        self.shuffle_generator = torch.Generator().manual_seed(seed)
+        self.offpolicy_update_count = 0
+        self._params = [p for p in model.parameters() if p.requires_grad]
+
+    @property
+    def learning_rate(self) -> float:
+        """The current learning rate (of the first parameter group)."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def step_schedules(self, env_steps: int) -> None:
+        """Move the LR schedule to global env step ``env_steps``."""
+        if self.lr_scheduler is not None:
+            step_lr_scheduler_to(self.lr_scheduler, env_steps)
+
+    # ------------------------------------------------------------------ step
+    def optimize(
+        self,
+        weighted_losses: Mapping[str, float],
+        *,
+        batch: Any,
+        output: ActorCriticOutput,
+        num_samples: int,
+        max_grad_norm: float,
+        step_count: int,
+        prefix: str = "losses",
+    ) -> dict[str, float]:
+        """One optimisation step on ``batch``; returns what to log (NaNs left out).
+
+        Args:
+            weighted_losses: ``{loss name: weight}`` (names of the pipeline's named losses).
+            batch: What the losses read (a rollout minibatch or an off-policy batch).
+            output: The model run on ``batch``.
+            num_samples: Samples behind the losses' means (the gradient all-reduce weight).
+            max_grad_norm: Gradient-norm clipping threshold.
+            step_count: Global env steps (for the losses' schedules).
+            prefix: Logged keys are ``{prefix}/<loss>/<term>``, ``{prefix}/total`` and
+                ``{prefix}/grad_norm``.
+        """
+        total = torch.zeros((), device=self.device)
+        logged: dict[str, float] = {}
+        for name, weight in weighted_losses.items():
+            result = self.pipeline.named_losses[name](
+                batch=batch, output=output, step_count=step_count
+            )
+            total = total + weight * result.total
+            for key, value in {**result.terms, **result.diagnostics}.items():
+                logged[f"{prefix}/{name}/{key}"] = value
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        if self.dist.enabled:
+            # ALGO: the gradient of the mean over every worker's batch (weighted by size).
+            average_gradients(self._params, num_samples)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self._params, max_grad_norm)
+        self.optimizer.step()
+        logged[f"{prefix}/total"] = total.item()
+        logged[f"{prefix}/grad_norm"] = grad_norm.item()
+        return {k: v for k, v in logged.items() if not math.isnan(v)}
+
+    # --------------------------------------------------------------- updates
+    def update(
+        self,
+        rollout: Rollout,
+        stage: PipelineStage,
+        settings: TrainingSettings,
+        step_count: int,
+    ) -> tuple[ScalarMeanTracker, float]:
+        """The on-policy update of ``stage`` on ``rollout``: ``(logged means, seconds)``."""
+        t0 = time.perf_counter()
+        storage, model = rollout.storage, self.model
+        storage.compute_returns(
+            next_value=rollout.next_value,
+            gamma=settings.gamma,  # type: ignore[arg-type]
+            use_gae=settings.use_gae,  # type: ignore[arg-type]
+            gae_lambda=settings.gae_lambda,  # type: ignore[arg-type]
+        )
+        if self.dist.enabled:
+            # ALGO: per-rollout advantage normalisation with every worker's rollout (sum, sum of
+            # squares and count all-reduced), independent of how the data is split over ranks.
+            mean, std, _ = advantage_stats(storage.advantages[: storage.step])
+            storage.advantage_stats = (mean, std)
+        tracker = ScalarMeanTracker()
+        model.train()
+        for _ in range(settings.update_repeats):  # type: ignore[arg-type]
+            for batch in storage.minibatches(settings.num_mini_batch, self.shuffle_generator):  # type: ignore[arg-type]
+                output, _ = model(batch.obs, batch.episode_starts, batch.hidden)
+                tracker.add_scalars(
+                    self.optimize(
+                        stage.weighted_losses,
+                        batch=batch,
+                        output=output,
+                        num_samples=batch.num_samples,
+                        max_grad_norm=settings.max_grad_norm,  # type: ignore[arg-type]
+                        step_count=step_count,
+                    )
+                )
+        return tracker, time.perf_counter() - t0
+
+    def update_off_policy(
+        self,
+        component: OffPolicyPipelineComponent,
+        settings: TrainingSettings,
+        step_count: int,
+    ) -> tuple[ScalarMeanTracker, float]:
+        """``component.updates`` off-policy steps: ``(logged means, seconds)``.
+
+        Logged as ``losses/<loss>/<term>`` like the on-policy losses, with the step's total and
+        gradient norm under ``losses/offpolicy/``, and ``pipeline/offpolicy_updates``.
+        """
+        t0 = time.perf_counter()
+        model, tracker = self.model, ScalarMeanTracker()
+        model.train()
+        for _ in range(component.updates):
+            # ALGO: e.g. behaviour cloning on stored expert trajectories.
+            batch = component.next_batch()
+            obs = {k: v.to(self.device) for k, v in batch.obs.items()}
+            starts = batch.episode_starts.to(self.device)
+            output, _ = model(obs, starts, model.initial_hidden(starts.shape[1], self.device))
+            logged = self.optimize(
+                component.weighted_losses,
+                batch=batch,
+                output=output,
+                num_samples=starts.numel(),
+                max_grad_norm=settings.max_grad_norm,  # type: ignore[arg-type]
+                step_count=step_count,
+            )
+            # The step's total and gradient norm, apart from the on-policy update's.
+            for key in ("total", "grad_norm"):
+                logged[f"losses/offpolicy/{key}"] = logged.pop(f"losses/{key}")
+            tracker.add_scalars(logged)
+            self.offpolicy_update_count += 1
+        tracker.add_scalars({"pipeline/offpolicy_updates": component.updates})
+        return tracker, time.perf_counter() - t0
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer, scheduler, update count, and the generators the updates draw from."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.state_dict(),
+            "offpolicy_update_count": self.offpolicy_update_count,
+            "shuffle": self.shuffle_generator.get_state(),
+            "offpolicy": self._offpolicy_rng_states(),
+        }
+
+    def _offpolicy_rng_states(self) -> dict[str, torch.Tensor]:
+        """Generator states of the stages' off-policy data iterators, by stage index."""
+        out = {}
+        for i, stage in enumerate(self.pipeline.stages):
+            generator = _data_generator(stage.offpolicy_component)
+            if generator is not None:
+                out[str(i)] = generator.get_state()
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved (missing generator states are skipped)."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
+            sched = dict(state["lr_scheduler"])
+            # The schedule functions come from the config (their horizon may have been
+            # extended on resume): keep them, restore only the scheduler's counters.
+            if "lr_lambdas" in sched:
+                sched["lr_lambdas"] = [None] * len(sched["lr_lambdas"])
+            self.lr_scheduler.load_state_dict(sched)
+        self.offpolicy_update_count = int(state.get("offpolicy_update_count", 0))
+        if state.get("shuffle") is not None:
+            self.shuffle_generator.set_state(state["shuffle"])
+        for index, generator_state in (state.get("offpolicy") or {}).items():
+            generator = _data_generator(self.pipeline.stages[int(index)].offpolicy_component)
+            if generator is not None:
+                generator.set_state(generator_state)
+
+
+def _data_generator(component: OffPolicyPipelineComponent | None) -> torch.Generator | None:
+    """The torch generator an off-policy component's data iterator draws from, if any."""
+    if component is None:
+        return None
+    generator = getattr(component.data_iterator, "generator", None)
+    return generator if isinstance(generator, torch.Generator) else None

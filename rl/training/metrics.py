@@ -1,0 +1,124 @@
+"""What the trainer logs: episode and training means, throughput, time split, progress.
+
+:class:`TrainingMetrics` accumulates between log points: finished episodes' metrics (as
+``charts/*``), the rollouts' per-step statistics and the updates' loss terms (weighted means,
+AllenAct's ``ScalarMeanTracker``), and the seconds spent stepping environments, in inference and
+in updates. At a log point it reduces the means over every distributed worker, adds
+``charts/SPS`` and ``time/*_fraction`` over the interval, and rank 0's view is what every
+worker keeps as :attr:`TrainingMetrics.last` (the early-stopping criteria read it, so all
+workers must agree on it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from rl.collection.base import Rollout
+from rl.distributed.reduce import broadcast_object, reduce_tracker_states
+from rl.distributed.setup import DistContext
+from rl.loggers.base import MetricsLogger
+from rl.pipeline.trackers import ScalarMeanTracker
+from rl.sampling.convert import episode_metric_key
+
+# Timers reported as `time/<name>_fraction` of each logging interval.
+TIMERS = ("env", "inference", "update")
+
+
+class TrainingMetrics:
+    """Trackers, timers and the logging interval of one training run.
+
+    Args:
+        logger: Where metrics go.
+        dist: This worker's place among distributed workers (None: one process).
+    """
+
+    def __init__(self, logger: MetricsLogger, dist: DistContext | None = None) -> None:
+        self.logger = logger
+        self.dist = dist or DistContext()
+        self.episodes = ScalarMeanTracker()
+        self.train = ScalarMeanTracker()
+        self.timers = dict.fromkeys(TIMERS, 0.0)
+        self.last: dict[str, float] = {}  # the latest value of every logged metric
+        self.last_log_step = -1
+        self._interval_start = (time.perf_counter(), 0)
+
+    def start_interval(self, steps: int) -> None:
+        """Start measuring throughput at global env step ``steps``."""
+        self._interval_start = (time.perf_counter(), steps)
+
+    def add_rollout(self, rollout: Rollout) -> None:
+        """Record a rollout's finished episodes, per-step statistics and timing."""
+        for episode in rollout.episodes:
+            self.episodes.add_scalars(
+                {episode_metric_key(k): v for k, v in episode.metrics.items()}
+            )
+        self.train.merge(rollout.stats)
+        self.timers["env"] += rollout.env_seconds
+        self.timers["inference"] += rollout.inference_seconds
+
+    def add_update(self, tracker: ScalarMeanTracker, seconds: float) -> None:
+        """Record an update's loss terms and diagnostics, and its duration."""
+        self.train.merge(tracker.state_dict())
+        self.timers["update"] += seconds
+
+    def progress(self, steps: int, stage: int) -> None:
+        """Per-rollout progress (the console's bar): stage and FPS since the last log point."""
+        elapsed = time.perf_counter() - self._interval_start[0]
+        fps = (steps - self._interval_start[1]) / max(elapsed, 1e-9)
+        self.logger.progress(steps, {"stage": stage, "fps": f"{fps:,.0f}"})
+
+    def log(self, steps: int, extra: Mapping[str, float]) -> None:
+        """Log the interval's means at global env step ``steps`` (once per step).
+
+        Args:
+            steps: Global env steps.
+            extra: Values of this moment (learning rate, stage position), logged after
+                ``charts/SPS``.
+        """
+        if steps == self.last_log_step:
+            return
+        self.last_log_step = steps
+        now = time.perf_counter()
+        elapsed = max(now - self._interval_start[0], 1e-9)
+        metrics: dict[str, float] = {**self._pop(self.episodes), **self._pop(self.train)}
+        metrics["charts/SPS"] = (steps - self._interval_start[1]) / elapsed
+        metrics.update(extra)
+        for name, seconds in self.timers.items():
+            metrics[f"time/{name}_fraction"] = seconds / elapsed
+            self.timers[name] = 0.0
+        if self.dist.enabled:
+            # Rank 0's view (its timers and SPS): identical `last` on every worker keeps
+            # metric-based stage advances in step.
+            metrics = broadcast_object(metrics)
+        self.logger.log(steps, metrics)
+        self.last.update(metrics)
+        self._interval_start = (now, steps)
+
+    def _pop(self, tracker: ScalarMeanTracker) -> dict[str, float]:
+        """The tracker's means (over every worker when distributed), then reset it."""
+        if not self.dist.enabled:
+            return tracker.pop_and_reset()
+        state = reduce_tracker_states(tracker.state_dict())
+        tracker.reset()
+        sums, counts = state["sums"], state["counts"]
+        return {k: sums[k] / counts[k] for k in sums if counts.get(k, 0) > 0}
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """``{"trackers": sums and counts not yet logged, "last_metrics", "last_log_step"}``."""
+        return {
+            "trackers": {"episode": self.episodes.state_dict(), "train": self.train.state_dict()},
+            "last_metrics": dict(self.last),
+            "last_log_step": self.last_log_step,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved."""
+        trackers = state.get("trackers") or {}
+        if "episode" in trackers:
+            self.episodes.load_state_dict(trackers["episode"])
+            self.train.load_state_dict(trackers["train"])
+        self.last = dict(state.get("last_metrics", {}))
+        self.last_log_step = int(state.get("last_log_step", -1))

@@ -1,0 +1,165 @@
+"""A trainer's checkpoint: what is saved, from which component, and how it comes back.
+
+Checkpoints are taken at rollout boundaries, after the stage bookkeeping, so a checkpoint holds
+a consistent position. :meth:`TrainerState.state_dict` gathers the model, the learner's
+optimizer, scheduler and generators, the pipeline position, the metrics not yet logged, every
+global RNG, the collector's episodes in flight and carried rollout state, and the run's config;
+:meth:`TrainerState.load_state_dict` restores all of it, so that a resumed run continues
+bitwise like an uninterrupted one (single-process sampler, CPU).
+
+The layout (:data:`CHECKPOINT_FORMAT` 2) is flat and ``torch.load(weights_only=True)``-safe::
+
+    format_version, model, optimizer, lr_scheduler, pipeline,
+    trackers {episode, train}, trainer {last_metrics, last_log_step, offpolicy_update_count},
+    rng {python, numpy, torch, shuffle, offpolicy}, sampler, rollout,
+    config, config_unresolved, wandb_run_id, [distributed {world_size, ranks}]
+
+Distributed, saving is a collective: rank 0's checkpoint also holds every rank's ``sampler``,
+``rollout`` and ``rng`` (the top-level ones are rank 0's), and each rank resumes from its own
+view (:func:`rank_view`) when the number of workers is the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from rl.collection.base import Collector
+from rl.distributed.reduce import gather_objects
+from rl.distributed.setup import DistContext
+from rl.models.actor_critic import ActorCritic
+from rl.pipeline.stages import TrainingPipeline
+from rl.training.learner import Learner
+from rl.training.metrics import TrainingMetrics
+from rl.utils.seeding import rng_state, set_rng_state
+
+log = logging.getLogger(__name__)
+
+# Version of the checkpoint layout written by TrainerState.state_dict.
+CHECKPOINT_FORMAT = 2
+# Per-rank entries of a distributed checkpoint.
+_RANK_KEYS = ("sampler", "rollout", "rng")
+
+
+@dataclasses.dataclass
+class RunRecord:
+    """What a checkpoint says about its run (beside the training state).
+
+    Attributes:
+        config: Resolved run config.
+        config_unresolved: The composed config before interpolation (``${total_env_steps}``
+            kept), so a resume can re-resolve it with new safe overrides.
+        wandb_run_id: Id of the wandb run (so a resume continues the same run).
+    """
+
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    config_unresolved: dict[str, Any] | None = None
+    wandb_run_id: str | None = None
+
+
+def _to_cpu(value: Any) -> Any:
+    """``value`` with every tensor inside (dicts, lists, tuples) moved to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
+def rank_view(state: Mapping[str, Any], dist: DistContext) -> dict[str, Any]:
+    """``state`` with this rank's ``sampler``, ``rollout`` and ``rng`` (distributed).
+
+    A checkpoint saved with another number of workers (or by one process) has no entries for
+    this layout: every worker then starts fresh episodes (a warning says so).
+    """
+    saved = state.get("distributed") or {}
+    ranks = saved.get("ranks")
+    if ranks is not None and int(saved.get("world_size", 0)) == dist.world_size:
+        return {**state, **ranks[dist.rank]}
+    if dist.is_main:
+        log.warning(
+            "the checkpoint holds no per-worker state for %d workers (saved with %s): "
+            "every worker starts fresh episodes",
+            dist.world_size,
+            saved.get("world_size", "one process"),
+        )
+    return {**state, "sampler": None, "rollout": None}
+
+
+@dataclasses.dataclass
+class TrainerState:
+    """The components whose state makes up a trainer's checkpoint."""
+
+    model: ActorCritic
+    pipeline: TrainingPipeline
+    learner: Learner
+    metrics: TrainingMetrics
+    collector: Collector
+    run: RunRecord
+    dist: DistContext
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue training exactly (a collective when distributed)."""
+        learner = self.learner.state_dict()
+        metrics = self.metrics.state_dict()
+        state: dict[str, Any] = {
+            "format_version": CHECKPOINT_FORMAT,
+            "model": self.model.state_dict(),
+            "optimizer": learner["optimizer"],
+            "lr_scheduler": learner["lr_scheduler"],
+            "pipeline": self.pipeline.state_dict(),
+            "trackers": metrics["trackers"],
+            "trainer": {
+                "last_metrics": metrics["last_metrics"],
+                "last_log_step": metrics["last_log_step"],
+                "offpolicy_update_count": learner["offpolicy_update_count"],
+            },
+            "rng": {
+                **rng_state(),
+                "shuffle": learner["shuffle"],
+                "offpolicy": learner["offpolicy"],
+            },
+            **self.collector.state_dict(),  # sampler, rollout
+            "config": self.run.config,
+            "config_unresolved": self.run.config_unresolved,
+            "wandb_run_id": self.run.wandb_run_id,
+        }
+        if self.dist.enabled:
+            ranks = gather_objects({k: _to_cpu(state[k]) for k in _RANK_KEYS})
+            if ranks is not None:
+                state["distributed"] = {"world_size": self.dist.world_size, "ranks": ranks}
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint written by :meth:`state_dict` (before training starts).
+
+        Args:
+            state: A loaded checkpoint (see :func:`rl.checkpoints.load_checkpoint`).
+        """
+        if self.dist.enabled:
+            state = rank_view(state, self.dist)
+        self.model.load_state_dict(state["model"])
+        trainer, rng = state.get("trainer") or {}, state["rng"]
+        self.learner.load_state_dict(
+            {
+                "optimizer": state["optimizer"],
+                "lr_scheduler": state.get("lr_scheduler"),
+                "offpolicy_update_count": trainer.get("offpolicy_update_count", 0),
+                "shuffle": rng.get("shuffle"),
+                "offpolicy": rng.get("offpolicy"),
+            }
+        )
+        self.pipeline.load_state_dict(state["pipeline"])
+        if self.run.wandb_run_id is None:
+            self.run.wandb_run_id = state.get("wandb_run_id")
+        self.metrics.load_state_dict({"trackers": state.get("trackers"), **trainer})
+        self.collector.load_state_dict(
+            {"sampler": state.get("sampler"), "rollout": state.get("rollout")}
+        )
+        set_rng_state(rng)  # last: nothing above may draw from the global generators

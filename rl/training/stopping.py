@@ -1,0 +1,162 @@
+"""Stopping training cleanly: signals, the agreement between ranks, exit codes.
+
+SIGTERM and SIGUSR1 ask the trainer to save a checkpoint at the end of the current rollout and
+stop; ``train`` then raises :class:`TrainingStopped` whose ``exit_code`` is
+:data:`EXIT_SIGTERM` (143) or :data:`EXIT_REQUEUE` (3, for requeueing schedulers). A first
+Ctrl-C does the same with :data:`EXIT_SIGINT` (130); a second one aborts at once (the last
+checkpoint on disk stays valid: checkpoints are written atomically).
+
+Under DDP every worker must leave the loop at the same rollout: :class:`StopAgreement` folds
+the stop requests into the one all-reduce each rollout already makes (its env-step count), and
+the loop ends on the agreed request, the highest-ranking one if several arrived.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from rl.distributed.reduce import all_reduce_sum
+from rl.distributed.setup import DistContext
+
+log = logging.getLogger(__name__)
+
+# Exit codes of train.py after a signal-triggered stop (a checkpoint has been saved).
+EXIT_SIGTERM = 143  # 128 + SIGTERM, what a killed process reports: "stopped, not finished"
+EXIT_REQUEUE = 3  # SIGUSR1: "checkpointed, requeue me" for a scheduler's requeue rule
+EXIT_SIGINT = 130  # 128 + SIGINT (Ctrl-C)
+_EXIT_CODES = {"SIGTERM": EXIT_SIGTERM, "SIGUSR1": EXIT_REQUEUE, "SIGINT": EXIT_SIGINT}
+
+# Stop requests agreed across workers: the highest code wins (4: any other reason).
+_STOP_CODES = {"SIGINT": 1, "SIGTERM": 2, "SIGUSR1": 3}
+_STOP_NAMES = {v: k for k, v in _STOP_CODES.items()}
+
+
+class TrainingStopped(Exception):
+    """Training stopped early on a signal, after saving a checkpoint.
+
+    Attributes:
+        reason: The signal's name (``SIGTERM``, ``SIGUSR1``, ``SIGINT``).
+        exit_code: What ``train.py`` exits with (see the module docstring).
+        checkpoint: The checkpoint saved at the stop.
+    """
+
+    def __init__(self, reason: str, checkpoint: Path | None) -> None:
+        self.reason = reason
+        self.exit_code = _EXIT_CODES.get(reason, 1)
+        self.checkpoint = checkpoint
+        super().__init__(
+            f"training stopped by {reason}; checkpoint {checkpoint} (resume with "
+            f"resume={checkpoint.parent.parent if checkpoint else '<run dir>'})"
+        )
+
+
+class StopAgreement:
+    """Stop requests of this worker, and the one every worker agreed on.
+
+    Args:
+        dist: This worker's place among distributed workers (None: one process, where a
+            request is agreed at once).
+    """
+
+    def __init__(self, dist: DistContext | None = None) -> None:
+        self.dist = dist or DistContext()
+        self.requested: str | None = None
+        self.agreed: str | None = None
+
+    def request(self, reason: str) -> None:
+        """Ask to stop (signal-safe; the first reason is kept)."""
+        if self.requested is None:
+            self.requested = reason
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the loop ends now: a local request, or (distributed) an agreed one."""
+        return (self.agreed if self.dist.enabled else self.requested) is not None
+
+    def sync(self, local_steps: int, device: torch.device) -> int:
+        """Global env steps of a rollout, agreeing on stop requests (one all-reduce).
+
+        Args:
+            local_steps: Env steps this worker collected.
+            device: Where the collective's tensor lives (CUDA under nccl).
+        """
+        if not self.dist.enabled:
+            return local_steps
+        code = _STOP_CODES.get(self.requested, 4) if self.requested else 0
+        # [steps, how many workers asked to stop with code 1, 2, 3, 4]; the highest code wins.
+        requests = [float(code == c) for c in range(1, 5)]
+        steps, *counts = all_reduce_sum([float(local_steps), *requests], device)
+        asked = [c for c in range(1, 5) if counts[c - 1] > 0]
+        if asked and self.agreed is None:
+            self.agreed = _STOP_NAMES.get(max(asked), "SIGTERM")
+        return int(round(steps))
+
+    def settle(self) -> str | None:
+        """The reason training stopped once the loop has ended (None: it finished).
+
+        Distributed, a request that came after the last agreement is ignored (with a warning),
+        so that every worker takes the same path.
+        """
+        if self.dist.enabled and self.requested != self.agreed:
+            if self.requested is not None:
+                log.warning("%s arrived after training finished; ignored", self.requested)
+            self.requested = self.agreed
+        return self.requested
+
+
+class Stoppable(Protocol):
+    """What :func:`stop_on_signals` drives (the trainer)."""
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why training is stopping (None: it is not)."""
+        ...
+
+    def request_stop(self, reason: str) -> None:
+        """Stop at the next rollout boundary, after saving a checkpoint."""
+        ...
+
+
+@contextlib.contextmanager
+def stop_on_signals(trainer: Stoppable) -> Iterator[None]:
+    """Within the block, SIGTERM / SIGUSR1 / SIGINT call ``trainer.request_stop(name)``.
+
+    A second SIGINT raises ``KeyboardInterrupt`` (abort without saving). Handlers are only
+    installed in the main thread of the main interpreter and the previous ones are restored.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if name == "SIGINT" and trainer.stop_reason is not None:
+            raise KeyboardInterrupt
+        if trainer.stop_reason is None:
+            hint = " (Ctrl-C again to abort without saving)" if name == "SIGINT" else ""
+            # os.write is safe in a signal handler (logging and print may not be).
+            os.write(
+                2,
+                f"\n{name}: saving a checkpoint after this rollout, then exiting{hint}\n".encode(),
+            )
+        trainer.request_stop(name)
+
+    previous = {}
+    try:
+        for name in ("SIGTERM", "SIGINT", "SIGUSR1"):
+            if hasattr(signal, name):
+                sig = getattr(signal, name)
+                previous[sig] = signal.signal(sig, handler)
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

@@ -1,0 +1,278 @@
+"""The on-policy training loop: collect -> advantages -> update -> after the rollout.
+
+:class:`OnPolicyTrainer` drives one model and one :class:`~rl.pipeline.TrainingPipeline` with
+rollouts from a :class:`~rl.collection.Collector`. Each iteration collects ``num_steps`` steps
+from every environment (the last rollout of a stage is shortened so the stage ends at its
+budget), runs the current stage's on-policy update and its off-policy component
+(:class:`~rl.training.learner.Learner`), steps the schedules with the env-step count, and then
+does the bookkeeping: callbacks, a log point every ``metric_accumulate_interval`` env steps, the
+stage's end when its budget is spent or its early-stopping criterion fires, and a checkpoint
+every ``save_interval`` env steps and at the end of every stage. A stage's
+``advance_scene_rollout_period`` makes every environment start a new episode every k rollouts.
+
+:meth:`OnPolicyTrainer.request_stop` (called by signal handlers) ends training at the next
+rollout boundary with a checkpoint. Checkpoints hold everything needed to continue exactly
+(:mod:`rl.training.state`).
+
+Distributed (``dist`` with several workers, :mod:`rl.distributed`): every worker collects its
+own rollout and the workers meet after it in one all-reduce (global env steps, stop requests,
+:class:`~rl.training.stopping.StopAgreement`). Budgets and step counts are in global env steps.
+Advantages are normalised over all workers' rollouts, gradients are averaged weighted by batch
+size, metrics are reduced before rank 0 logs, and only rank 0 writes checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl.checkpoints.files import save_checkpoint
+from rl.collection.base import Collector, RolloutRequest
+from rl.distributed.reduce import broadcast_object
+from rl.distributed.setup import DistContext
+from rl.loggers.base import MetricsLogger
+from rl.models.actor_critic import ActorCritic
+from rl.pipeline.stages import TrainingPipeline
+from rl.training.callbacks import Callback, RolloutInfo
+from rl.training.learner import Learner
+from rl.training.metrics import TrainingMetrics
+from rl.training.state import RunRecord, TrainerState
+from rl.training.stopping import StopAgreement
+
+log = logging.getLogger(__name__)
+
+
+class OnPolicyTrainer:
+    """Train ``model`` with ``pipeline`` on rollouts from ``collector``.
+
+    Args:
+        model: The actor-critic (the collector acts with the same module).
+        pipeline: Stages, losses, optimizer and schedules.
+        collector: Where rollouts come from.
+        logger: Where metrics go.
+        output_dir: The run folder (checkpoints go to ``output_dir/checkpoints``).
+        run: The run's config and wandb id, stored in every checkpoint.
+        device: Torch device of the model.
+        seed: Seed of the minibatch shuffling generator.
+        callbacks: :class:`~rl.training.callbacks.Callback` objects, called in order.
+        dist: This worker's place among distributed workers (None: a single process). Every
+            worker needs the same pipeline, model and number of environments.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: ActorCritic,
+        pipeline: TrainingPipeline,
+        collector: Collector,
+        logger: MetricsLogger,
+        output_dir: Path,
+        run: RunRecord | None = None,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+        callbacks: Sequence[Callback] = (),
+        dist: DistContext | None = None,
+    ) -> None:
+        self.dist = dist if dist is not None else DistContext(device=torch.device(device))
+        self.model = model
+        self.pipeline = pipeline
+        self.collector = collector
+        self.logger = logger
+        self.output_dir = Path(output_dir)
+        self.device = torch.device(device)
+        self.callbacks = list(callbacks)
+        self.learner = Learner(model=model, pipeline=pipeline, device=device, seed=seed, dist=dist)
+        self.metrics = TrainingMetrics(logger, self.dist)
+        self.stop = StopAgreement(self.dist)
+        self.state = TrainerState(
+            model=model,
+            pipeline=pipeline,
+            learner=self.learner,
+            metrics=self.metrics,
+            collector=collector,
+            run=run or RunRecord(),
+            dist=self.dist,
+        )
+        self.last_checkpoint: Path | None = None
+        self._last_saved_step = -1
+
+    # ---------------------------------------------------------------- views
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The learner's optimizer."""
+        return self.learner.optimizer
+
+    @property
+    def last_metrics(self) -> dict[str, float]:
+        """The latest logged value of every metric (what early-stopping criteria read)."""
+        return self.metrics.last
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why training stops early (a signal's name), None while it does not."""
+        return self.stop.requested
+
+    def request_stop(self, reason: str) -> None:
+        """Stop at the next rollout boundary, after saving a checkpoint (signal-safe)."""
+        self.stop.request(reason)
+
+    # ----------------------------------------------------------------- loop
+    def train(self) -> dict[str, float]:
+        """Run every remaining stage; return the last logged metrics.
+
+        Returns early, with a checkpoint saved, when :meth:`request_stop` was called
+        (:attr:`stop_reason` says why). Otherwise the final checkpoint is saved and every
+        callback's ``on_train_end`` runs before this returns.
+        """
+        pipe = self.pipeline
+        self.learner.step_schedules(pipe.total_steps)
+        self.metrics.start_interval(pipe.total_steps)
+        while not pipe.finished and not self.stop.stopping:
+            stage_index, stage, settings = (
+                pipe.current_stage_index,
+                pipe.current_stage,
+                pipe.current_settings,
+            )
+            # 1. Collect a rollout; every worker learns the rollout's global env steps.
+            rollout = self.collector.collect(self._rollout_request())
+            env_steps = self.stop.sync(rollout.num_steps * self.collector.num_envs, self.device)
+            self.metrics.add_rollout(rollout)
+            # 2-3. Advantages and the stage's on-policy update, then its off-policy updates.
+            if stage.loss_names:
+                self.metrics.add_update(
+                    *self.learner.update(rollout, stage, settings, pipe.total_steps)
+                )
+            component = stage.offpolicy_component
+            if component is not None:
+                self.metrics.add_update(
+                    *self.learner.update_off_policy(component, settings, pipe.total_steps)
+                )
+            # 4. After the rollout: count it, step the schedules, callbacks, log, stage, save.
+            steps_before = pipe.total_steps
+            pipe.add_steps(env_steps)
+            self.learner.step_schedules(pipe.total_steps)
+            period = settings.advance_scene_rollout_period
+            if period and pipe.rollout_count % period == 0:
+                self.collector.new_episodes()  # HARNESS: AllenAct's forced scene advance
+            info = RolloutInfo(
+                stage_index=stage_index,
+                num_steps=rollout.num_steps,
+                env_steps=env_steps,
+                total_steps=pipe.total_steps,
+                settings=settings,
+                teacher_forced=rollout.teacher_forced,
+                offpolicy_updates=0 if component is None else component.updates,
+                rollout=rollout,
+            )
+            for cb in self.callbacks:
+                cb.on_rollout_end(self, info)
+            self._after_rollout(steps_before, stage_index)
+        return self._finish()
+
+    def _rollout_request(self) -> RolloutRequest:
+        """The current stage's next rollout, cut so that the stage ends at its budget."""
+        pipe = self.pipeline
+        steps_per_step = self.collector.num_envs * self.dist.world_size
+        num_steps: int = pipe.current_settings.num_steps  # type: ignore[assignment]
+        return RolloutRequest(
+            num_steps=min(num_steps, math.ceil(pipe.stage_remaining_steps / steps_per_step)),
+            teacher_forcing=pipe.current_stage.teacher_forcing,
+            stage_steps=pipe.stage_steps,
+            steps_per_step=steps_per_step,
+        )
+
+    def _after_rollout(self, steps_before: int, stage_index: int) -> None:
+        # HARNESS: log, advance the stage if it is done, then save once. Saving after the
+        # advance keeps a checkpoint's position consistent (a resumed run never has to finish a
+        # half-done stage switch); a stage-end checkpoint is named after the stage that ended.
+        pipe = self.pipeline
+        settings, steps = pipe.current_settings, pipe.total_steps
+        self.metrics.progress(steps, pipe.current_stage_index)
+        interval = settings.metric_accumulate_interval or 0
+        if interval and steps // interval > steps_before // interval:
+            self._log()
+        save_interval = settings.save_interval or 0
+        due = bool(save_interval) and steps // save_interval > steps_before // save_interval
+        if pipe.should_advance(self.metrics.last):
+            self._log()
+            pipe.advance()
+            if not pipe.finished:
+                self.logger.log(steps, {"pipeline/stage": float(pipe.current_stage_index)})
+            self.save(stage=stage_index)
+            for cb in self.callbacks:
+                cb.on_stage_end(self, stage_index)
+        elif due:
+            self.save(stage=stage_index)
+
+    def _finish(self) -> dict[str, float]:
+        """End of the loop: a checkpoint at a stop, else the last log, final checkpoint, hooks."""
+        reason = self.stop.settle()
+        if reason is not None:
+            # HARNESS: preempted; the trackers stay in the checkpoint (no log, no double count).
+            path = self.save()
+            log.warning(
+                "stopped (%s) at env step %d; checkpoint %s",
+                reason,
+                self.pipeline.total_steps,
+                path,
+            )
+            return dict(self.metrics.last)
+        self._log()
+        final = self.save()
+        for cb in self.callbacks:
+            cb.on_train_end(self, final)
+        return dict(self.metrics.last)
+
+    def _log(self) -> None:
+        pipe = self.pipeline
+        stage_index = min(pipe.current_stage_index, len(pipe.stages) - 1)
+        self.metrics.log(
+            pipe.total_steps,
+            {
+                "charts/learning_rate": self.learner.learning_rate,
+                "pipeline/stage": float(stage_index),
+                "pipeline/stage_steps": float(pipe.stage_steps),
+            },
+        )
+
+    # ---------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The trainer's checkpoint (see :mod:`rl.training.state`; a collective under DDP)."""
+        return self.state.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint written by :meth:`state_dict` (call before :meth:`train`)."""
+        self.state.load_state_dict(state)
+        self._last_saved_step = self.pipeline.total_steps
+
+    def save(self, stage: int | None = None) -> Path:
+        """Write a checkpoint at the current env step (once per step); return its path.
+
+        Args:
+            stage: Stage index in the file name (default: the current stage; the trainer
+                passes the stage that just ended for stage-end checkpoints).
+        """
+        pipe = self.pipeline
+        steps = pipe.total_steps
+        if steps == self._last_saved_step and self.last_checkpoint is not None:
+            return self.last_checkpoint
+        if stage is None:
+            stage = min(pipe.current_stage_index, len(pipe.stages) - 1)
+        state = self.state_dict()  # a collective when distributed
+        path: Path | None = None
+        if self.dist.is_main:
+            path = save_checkpoint(self.output_dir, state, stage, steps)
+        if self.dist.enabled:
+            path = Path(broadcast_object(None if path is None else str(path)))
+        assert path is not None
+        self._last_saved_step = steps
+        self.last_checkpoint = path
+        if self.dist.is_main:
+            for cb in self.callbacks:
+                cb.on_checkpoint(self, path)
+        return path
