@@ -150,6 +150,33 @@ def test_verify_names_the_offending_key(
         assert fragment in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        pytest.param(["valid.num_envs=0"], "valid.num_envs: must be >= 1, got 0", id="range"),
+        pytest.param(["eval.interval=-5"], "eval.interval: must be >= 0", id="eval-range"),
+        pytest.param(
+            ["distributed.backend=tcp"], "distributed.backend: expected one of", id="choices"
+        ),
+        pytest.param(["torch_threads=0"], "torch_threads: must be >= 1", id="run-key-range"),
+        pytest.param(["seed=abc"], "seed: expected int, got 'abc'", id="run-key-type"),
+        pytest.param(["~eval.action_seed"], "eval.action_seed: missing", id="missing-key"),
+        pytest.param(["~valid"], "valid: missing (null turns it off)", id="missing-section"),
+    ],
+)
+def test_settings_sections_are_typed_and_ranged(
+    compose_cfg, resolve_cfg, overrides: list[str], expected: str
+) -> None:
+    plain = resolve_cfg(compose_cfg(["+experiment=ppo_nav", *overrides]))
+    with pytest.raises(ConfigError) as info:
+        verify_train_cfg(plain)
+    assert expected in str(info.value)
+
+
+def test_null_sections_turn_evaluation_off(compose_cfg, resolve_cfg) -> None:
+    verify_train_cfg(resolve_cfg(compose_cfg(["+experiment=ppo_nav", "eval=null", "valid=null"])))
+
+
 def test_verify_reports_every_error_at_once(compose_cfg, resolve_cfg) -> None:
     plain = resolve_cfg(
         compose_cfg(["+experiment=ppo_nav", "+model.foo=1", "pipeline.num_steps=abc"])

@@ -189,6 +189,10 @@ def test_errors_name_the_problem(run_dir: Path, tmp_path: Path) -> None:
         evaluate(eval_cfg(tmp_path, f"run_dir={tmp_path}"))
     with pytest.raises(ConfigError, match="exactly one of"):
         evaluate(eval_cfg(tmp_path))
+    with pytest.raises(ConfigError, match="num_episodes: must be >= 1, got 0"):
+        evaluate(eval_cfg(tmp_path, f"run_dir={run_dir}", "num_episodes=0"))
+    with pytest.raises(ConfigError, match="every_steps: must be >= 0"):
+        evaluate(eval_cfg(tmp_path, f"run_dir={run_dir}", "every_steps=-1"))
     run = copy_run(run_dir, tmp_path)
     with pytest.raises(ConfigError, match="is a folder"):
         evaluate(eval_cfg(tmp_path, f"ckpt={run}"))

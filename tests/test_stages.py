@@ -39,6 +39,8 @@ class Recorder(Callback):
     def __init__(self) -> None:
         self.rollouts: list[RolloutInfo] = []
         self.stage_ends: list[tuple[int, int]] = []
+        self.checkpoints: list[str] = []
+        self.train_ends: list[str] = []
         self.lrs: list[float] = []
         self.actions_equal_expert: list[bool] = []
 
@@ -52,6 +54,12 @@ class Recorder(Callback):
 
     def on_stage_end(self, trainer: OnPolicyTrainer, stage_index: int) -> None:
         self.stage_ends.append((stage_index, trainer.pipeline.total_steps))
+
+    def on_checkpoint(self, trainer: OnPolicyTrainer, path: Path) -> None:
+        self.checkpoints.append(path.name)
+
+    def on_train_end(self, trainer: OnPolicyTrainer, checkpoint: Path) -> None:
+        self.train_ends.append(checkpoint.name)
 
 
 def pipeline(stages: list[PipelineStage], lr_lambda=None, **settings) -> TrainingPipeline:
@@ -120,6 +128,9 @@ def test_stages_end_exactly_at_their_budgets_and_save_checkpoints(tmp_path: Path
     assert pipe.finished and pipe.total_steps == 160
     names = [p.name for p in list_checkpoints(tmp_path)]
     assert names == ["ckpt_stage00_step000000000096.pt", "ckpt_stage01_step000000000160.pt"]
+    # Every hook of the Callback protocol: each checkpoint once, the end once with the last.
+    assert rec.checkpoints == names
+    assert rec.train_ends == [names[-1]]
 
 
 class StopAfter(EarlyStoppingCriterion):

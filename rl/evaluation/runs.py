@@ -36,10 +36,11 @@ from rl.checkpoints.files import (
 from rl.evaluation.evaluator import EvalResult, episode_seed_list, evaluate_expert, evaluate_policy
 from rl.evaluation.plots import plot_checkpoint_metrics
 from rl.evaluation.report import format_table, write_eval_json
+from rl.evaluation.settings import EvaluateSettings
 from rl.models.actor_critic import ActorCritic
 from rl.models.factory import build_model
 from rl.tasks.factory import task_spaces
-from rl.utils.config import ConfigError
+from rl.utils.config import ConfigError, load_section
 
 log = logging.getLogger(__name__)
 
@@ -189,10 +190,6 @@ class _ModelCache:
         return model, train_cfg
 
 
-def _settings(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: cfg[k] for k in ("num_episodes", "episode_seed", "deterministic", "action_seed")}
-
-
 def summary_row(ref: CheckpointRef, result: EvalResult) -> dict[str, Any]:
     """One summary row: ``checkpoint``, ``step``, ``stage`` and the mean metrics."""
     return {"checkpoint": ref.path.name, "step": ref.step, "stage": ref.stage, **result.metrics}
@@ -255,29 +252,24 @@ def load_expert_reference(folder: Path, settings: Mapping[str, Any]) -> dict[str
     return {k: float(v) for k, v in data["metrics"].items()}
 
 
-def evaluate_checkpoints(cfg: Mapping[str, Any]) -> dict[str, float]:
+def evaluate_checkpoints(cfg: EvaluateSettings) -> dict[str, float]:
     """Evaluate every selected checkpoint; write per-checkpoint JSONs, summaries and plots.
-
-    Args:
-        cfg: The plain ``conf/evaluate.yaml`` config (``ckpt``/``run_dir``, ``every_steps``,
-            ``num_episodes``, ``episode_seed``, ``num_envs``, ``deterministic``,
-            ``action_seed``, ``device``, ``progress_bar``).
 
     Returns:
         The last evaluated checkpoint's metrics as ``eval/*``.
     """
-    refs = find_checkpoints(ckpt=cfg.get("ckpt"), run_dir=cfg.get("run_dir"))
-    selected = thin_by_steps(refs, int(cfg.get("every_steps") or 0))
+    refs = find_checkpoints(ckpt=cfg.ckpt, run_dir=cfg.run_dir)
+    selected = thin_by_steps(refs, cfg.every_steps)
     if len(selected) < len(refs):
         log.info(
             "every_steps=%s: evaluating %d of %d checkpoints",
-            cfg["every_steps"],
+            cfg.every_steps,
             len(selected),
             len(refs),
         )
-    device = torch.device(cfg.get("device") or "cpu")
-    episode_seeds = episode_seed_list(int(cfg["num_episodes"]), int(cfg["episode_seed"]))
-    settings = _settings(cfg)
+    device = torch.device(cfg.device)
+    episode_seeds = episode_seed_list(cfg.num_episodes, cfg.episode_seed)
+    settings = cfg.episode_list
     models = _ModelCache(device)
     rows_by_run: dict[Path, list[dict[str, Any]]] = {}
     logged: dict[str, float] = {}
@@ -287,7 +279,7 @@ def evaluate_checkpoints(cfg: Mapping[str, Any]) -> dict[str, float]:
         unit="ckpt",
         file=sys.stderr,
         dynamic_ncols=True,
-        disable=not cfg.get("progress_bar", True),
+        disable=not cfg.progress_bar,
     )
     for ref in bar:
         bar.set_postfix_str(ref.path.name, refresh=True)
@@ -296,9 +288,9 @@ def evaluate_checkpoints(cfg: Mapping[str, Any]) -> dict[str, float]:
             model=model,
             task=train_cfg["task"],
             episode_seeds=episode_seeds,
-            num_envs=int(cfg["num_envs"]),
-            deterministic=bool(cfg["deterministic"]),
-            action_seed=int(cfg["action_seed"]),
+            num_envs=cfg.num_envs,
+            deterministic=cfg.deterministic,
+            action_seed=cfg.action_seed,
             device=device,
         )
         write_eval_json(
@@ -310,18 +302,18 @@ def evaluate_checkpoints(cfg: Mapping[str, Any]) -> dict[str, float]:
         logged = result.as_logged("eval")
     bar.close()
 
-    mode = "argmax" if cfg["deterministic"] else "sampled"
-    single_file = len(refs) == 1 and not cfg.get("run_dir") and not _is_glob(cfg.get("ckpt"))
+    mode = "argmax" if cfg.deterministic else "sampled"
+    single_file = len(refs) == 1 and not cfg.run_dir and not _is_glob(cfg.ckpt)
     for run_dir, rows in rows_by_run.items():
         expert = load_expert_reference(run_dir, settings)
-        title = f"{run_dir} ({cfg['num_episodes']} episodes, {mode} actions)"
+        title = f"{run_dir} ({cfg.num_episodes} episodes, {mode} actions)"
         print(format_summary(rows, title, expert))
         if single_file:
             print(f"wrote {selected[0].path.with_suffix('.eval.json')}")
             continue
         csv_path, json_path = write_summary(run_dir, rows, settings, expert)
         print(f"wrote {len(rows)} <checkpoint>.eval.json files, {csv_path}, {json_path}")
-        if cfg.get("plot", True):
+        if cfg.plot:
             png = plot_checkpoint_metrics(
                 rows, run_dir / f"{SUMMARY_NAME}.png", title=str(run_dir), expert=expert
             )
@@ -345,10 +337,12 @@ def _task_of_run(run_dir: Path) -> dict[str, Any]:
     return dict(load_checkpoint(refs[-1].path)["config"]["task"])
 
 
-def evaluate_expert_reference(cfg: Mapping[str, Any]) -> dict[str, float]:
+def evaluate_expert_reference(
+    cfg: EvaluateSettings, task: Mapping[str, Any] | None = None
+) -> dict[str, float]:
     """``test_expert=true``: run the task's expert on the evaluation episode list.
 
-    The task comes from ``task=NAME`` (a config group choice) if given, else from the run
+    The task comes from ``task`` (``task=NAME``, a config group choice) if given, else from the run
     (``run_dir``, or the first checkpoint matched by ``ckpt``). Results go to
     ``<run>/expert.eval.json`` (or ``<output_dir>/expert.eval.json`` without a run), where
     later checkpoint summaries and plots pick them up as the reference.
@@ -361,12 +355,12 @@ def evaluate_expert_reference(cfg: Mapping[str, Any]) -> dict[str, float]:
         NoExpertError: If the task has no expert.
     """
     folder: Path | None = None
-    if cfg.get("run_dir"):
-        folder = Path(cfg["run_dir"])
-    elif cfg.get("ckpt"):
-        folder = find_checkpoints(ckpt=cfg["ckpt"])[0].run_dir
-    if cfg.get("task"):
-        task = dict(cfg["task"])
+    if cfg.run_dir:
+        folder = Path(cfg.run_dir)
+    elif cfg.ckpt:
+        folder = find_checkpoints(ckpt=cfg.ckpt)[0].run_dir
+    if task:
+        task = dict(task)
     elif folder is not None:
         task = _task_of_run(folder)
     else:
@@ -375,14 +369,14 @@ def evaluate_expert_reference(cfg: Mapping[str, Any]) -> dict[str, float]:
             "(a conf/task option)"
         )
     if folder is None:
-        folder = Path(cfg.get("output_dir") or ".")
+        folder = Path(cfg.output_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    episode_seeds = episode_seed_list(int(cfg["num_episodes"]), int(cfg["episode_seed"]))
-    result = evaluate_expert(task=task, episode_seeds=episode_seeds, num_envs=int(cfg["num_envs"]))
+    episode_seeds = episode_seed_list(cfg.num_episodes, cfg.episode_seed)
+    result = evaluate_expert(task=task, episode_seeds=episode_seeds, num_envs=cfg.num_envs)
     out = folder / EXPERT_NAME
     settings = {
-        "num_episodes": cfg["num_episodes"],
-        "episode_seed": cfg["episode_seed"],
+        "num_episodes": cfg.num_episodes,
+        "episode_seed": cfg.episode_seed,
         "expert": True,
         "task": task,
     }
@@ -396,21 +390,27 @@ def evaluate_expert_reference(cfg: Mapping[str, Any]) -> dict[str, float]:
 
 
 def evaluate_from_config(cfg: Mapping[str, Any]) -> dict[str, float]:
-    """What ``evaluate.py`` runs (via ``rl.engine.run.evaluate``): checkpoints or the expert."""
-    if int(cfg["num_episodes"]) < 1:
-        raise ConfigError(f"num_episodes: must be >= 1, got {cfg['num_episodes']}")
-    if int(cfg.get("every_steps") or 0) < 0:
-        raise ConfigError(f"every_steps: must be >= 0, got {cfg['every_steps']}")
-    if cfg.get("torch_threads"):
-        torch.set_num_threads(int(cfg["torch_threads"]))
-    if cfg.get("test_expert"):
-        return evaluate_expert_reference(cfg)
-    if cfg.get("task"):
+    """What ``evaluate.py`` runs (via ``rl.engine.run.evaluate``): checkpoints or the expert.
+
+    Args:
+        cfg: The plain conf/evaluate.yaml config; ``task`` is there only when a task was
+            chosen (``task=NAME``, for ``test_expert``).
+
+    Raises:
+        ConfigError: A key is unknown, missing, mistyped or out of range (each named).
+    """
+    task = cfg.get("task")
+    settings = load_section(EvaluateSettings, {k: v for k, v in cfg.items() if k != "task"}, "")
+    if settings.torch_threads:
+        torch.set_num_threads(settings.torch_threads)
+    if settings.test_expert:
+        return evaluate_expert_reference(settings, task)
+    if task:
         raise ConfigError(
             "task=... is only used with test_expert=true; checkpoints are evaluated on the task "
             "saved in them"
         )
-    return evaluate_checkpoints(cfg)
+    return evaluate_checkpoints(settings)
 
 
 __all__ = [

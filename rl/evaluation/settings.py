@@ -1,6 +1,6 @@
-"""The ``eval`` and ``valid`` config sections as typed settings (values in conf/train.yaml).
+"""Evaluation settings, typed: ``eval`` and ``valid`` of conf/train.yaml, and conf/evaluate.yaml.
 
-A section set to ``null`` (``eval=null``) turns that evaluation off.
+A training section set to ``null`` (``eval=null``) turns that evaluation off.
 """
 
 from __future__ import annotations
@@ -80,3 +80,50 @@ def evaluation_errors(eval_section: Any, valid_section: Any) -> list[str]:
     if valid_section is not None:
         errors += section_errors(ValidSettings, valid_section, "valid")
     return errors
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluateSettings:
+    """What ``evaluate.py`` runs (conf/evaluate.yaml documents each key).
+
+    Attributes:
+        ckpt: A checkpoint file or a glob of them (exactly one of ``ckpt`` / ``run_dir``).
+        run_dir: A run folder: every checkpoint, in step order.
+        every_steps: Keep checkpoints at least this many env steps apart (0: all).
+        test_expert: Run the task's expert instead of checkpoints.
+        num_episodes: Episodes of the fixed list.
+        episode_seed: Episode ``i`` resets with seed ``episode_seed + i``.
+        num_envs: Environments stepped together.
+        deterministic: Argmax actions instead of seeded sampled ones.
+        action_seed: Seed of the action-sampling generator.
+        device: Where the models run.
+        torch_threads: ``torch.set_num_threads`` (None: torch's default).
+        progress_bar: A tqdm bar over checkpoints.
+        plot: Write ``eval_summary.png`` for a run.
+        output_dir: Where ``test_expert`` without a run writes.
+    """
+
+    ckpt: str | None
+    run_dir: str | None
+    every_steps: Annotated[int, Check(ge=0)]
+    test_expert: bool
+    num_episodes: Annotated[int, Check(ge=1)]
+    episode_seed: int
+    num_envs: Annotated[int, Check(ge=1)]
+    deterministic: bool
+    action_seed: int
+    device: str
+    torch_threads: Annotated[int | None, Check(ge=1)]
+    progress_bar: bool
+    plot: bool
+    output_dir: str
+
+    @property
+    def episode_list(self) -> dict[str, Any]:
+        """The settings that define the evaluated episodes and actions (written with results)."""
+        return {
+            "num_episodes": self.num_episodes,
+            "episode_seed": self.episode_seed,
+            "deterministic": self.deterministic,
+            "action_seed": self.action_seed,
+        }

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import torch
+
 
 class OffPolicyPipelineComponent:
     """Losses fed by a data iterator, run ``updates`` times per rollout.
@@ -49,6 +51,16 @@ class OffPolicyPipelineComponent:
     def weighted_losses(self) -> dict[str, float]:
         """``{loss_name: weight}``."""
         return dict(zip(self.loss_names, self.loss_weights, strict=True))
+
+    @property
+    def generator(self) -> torch.Generator | None:
+        """The torch generator the data iterator draws from, saved in checkpoints (None: none).
+
+        That is ``data_iterator.generator``, as :class:`~rl.storage.ExpertTrajectoryIterator`
+        has it.
+        """
+        generator = getattr(self.data_iterator, "generator", None)
+        return generator if isinstance(generator, torch.Generator) else None
 
     def next_batch(self) -> Any:
         """The next batch, restarting the iterator when it is exhausted."""

@@ -210,9 +210,9 @@ class Learner:
         """Generator states of the stages' off-policy data iterators, by stage index."""
         out = {}
         for i, stage in enumerate(self.pipeline.stages):
-            generator = _data_generator(stage.offpolicy_component)
-            if generator is not None:
-                out[str(i)] = generator.get_state()
+            component = stage.offpolicy_component
+            if component is not None and component.generator is not None:
+                out[str(i)] = component.generator.get_state()
         return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -229,14 +229,6 @@ class Learner:
         if state.get("shuffle") is not None:
             self.shuffle_generator.set_state(state["shuffle"])
         for index, generator_state in (state.get("offpolicy") or {}).items():
-            generator = _data_generator(self.pipeline.stages[int(index)].offpolicy_component)
-            if generator is not None:
-                generator.set_state(generator_state)
-
-
-def _data_generator(component: OffPolicyPipelineComponent | None) -> torch.Generator | None:
-    """The torch generator an off-policy component's data iterator draws from, if any."""
-    if component is None:
-        return None
-    generator = getattr(component.data_iterator, "generator", None)
-    return generator if isinstance(generator, torch.Generator) else None
+            component = self.pipeline.stages[int(index)].offpolicy_component
+            if component is not None and component.generator is not None:
+                component.generator.set_state(generator_state)

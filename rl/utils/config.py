@@ -136,10 +136,9 @@ def _check_target_node(node: Mapping[str, Any], path: str, runtime: set[str]) ->
             errors.append(f"{where}.{key}: unknown key for {target_path} (accepted: {accepted})")
             continue
         if key in hints and not _type_ok(node[key], hints[key]):
-            hint = hints[key]
-            name = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
             errors.append(
-                f"{where}.{key}: expected {name}, got {type(node[key]).__name__} {node[key]!r}"
+                f"{where}.{key}: expected {_hint_name(hints[key])}, "
+                f"got {type(node[key]).__name__} {node[key]!r}"
             )
     if not node.get("_partial_", False):
         missing = [
@@ -202,6 +201,13 @@ class Check:
         return None
 
 
+def _accepts_mapping(hint: Any) -> bool:
+    """Whether a settings field's annotation takes a mapping (``dict[...]``, optional or not)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_accepts_mapping(arg) for arg in typing.get_args(hint))
+    return hint is dict or typing.get_origin(hint) in (dict, Mapping)
+
+
 def _hint_name(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
@@ -237,7 +243,9 @@ def section_errors(cls: type, section: Any, where: str) -> list[str]:
             hint, *meta = typing.get_args(hint)
             checks = [m for m in meta if isinstance(m, Check)]
         value = section[name]
-        if isinstance(value, Mapping) or not _type_ok(value, hint):
+        if (isinstance(value, Mapping) and not _accepts_mapping(hint)) or not _type_ok(
+            value, hint
+        ):
             errors.append(f"{prefix}{name}: expected {_hint_name(hint)}, got {value!r}")
             continue
         errors += [f"{prefix}{name}: {p}" for c in checks if (p := c.problem(value)) is not None]
