@@ -86,7 +86,9 @@ class OnPolicyTrainer:
         self.output_dir = Path(output_dir)
         self.device = torch.device(device)
         self.callbacks = list(callbacks)
-        self.learner = Learner(model=model, pipeline=pipeline, device=device, seed=seed, dist=dist)
+        self.learner = Learner(
+            model=model, pipeline=pipeline, device=device, seed=seed, dist=self.dist
+        )
         self.metrics = TrainingMetrics(logger, self.dist)
         self.stop = StopAgreement(self.dist)
         self.state = TrainerState(
