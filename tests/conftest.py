@@ -57,3 +57,17 @@ def _resolve_without_hydra(cfg: DictConfig) -> dict[str, Any]:
 def resolve_cfg() -> Callable[[DictConfig], dict[str, Any]]:
     """Fully resolve a composed config, minus its ``hydra`` node (raises on ``???``)."""
     return _resolve_without_hydra
+
+
+@pytest.fixture(scope="session")
+def ray_instance() -> Iterator[Any]:
+    """One small private Ray instance shared by the tests that use collection workers.
+
+    Collectors built while it runs use it and leave it running; it is shut down (by this
+    handle, with everything it started) at the end of the session.
+    """
+    import ray
+
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="warning")
+    yield ray
+    ray.shutdown()

@@ -30,15 +30,25 @@ FAULTY = {"_target_": "rl.tasks.debug.FaultyEnv"}
 FIELDS = ("rewards", "terminated", "truncated", "expert_actions", "final_obs_indices", "paused")
 
 
+_ALREADY_RUNNING: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _processes_from_before() -> None:
+    """Descendants that existed before the test (e.g. a shared Ray instance) are not its own."""
+    _ALREADY_RUNNING.clear()
+    _ALREADY_RUNNING.update(p.pid for p in psutil.Process().children(recursive=True))
+
+
 def live_children() -> list[psutil.Process]:
-    """Live descendants, except multiprocessing's own forkserver and resource tracker.
+    """Live descendants this test started, except multiprocessing's forkserver and tracker.
 
     Those two are started once per interpreter by the standard library and exit with it.
     """
     out = []
     for proc in psutil.Process().children(recursive=True):
         try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
+            if proc.pid in _ALREADY_RUNNING or proc.status() == psutil.STATUS_ZOMBIE:
                 continue
             if any("forkserver" in p or "resource_tracker" in p for p in proc.cmdline()):
                 continue

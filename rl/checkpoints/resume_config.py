@@ -167,7 +167,8 @@ def resume_config(
         new_unresolved: The config composed by this invocation (interpolations kept).
         typed_keys: Keys typed on the command line (None: every difference counts as typed).
             Differences from the saved config that were not typed (e.g. a default changed in
-            ``conf/`` since, or an experiment overlay not repeated) keep the saved value.
+            ``conf/`` since, or an experiment overlay not repeated) keep the saved value; config
+            groups and sections that did not exist when the run was saved take today's.
         run_dir: The run folder (the new ``output_dir``).
 
     Returns:
@@ -179,6 +180,9 @@ def resume_config(
     saved_resolved = state["config"]
     saved = copy.deepcopy(state.get("config_unresolved") or saved_resolved)
     diff = config_diff(saved, new_unresolved)
+    # Groups and sections added to conf/ since the run was saved take today's values.
+    added = {k: v for k, v in diff.items() if k.split(".")[0] not in saved}
+    diff = {k: v for k, v in diff.items() if k not in added}
     typed = {k: v for k, v in diff.items() if typed_keys is None or _covered(k, typed_keys)}
     untyped = sorted(set(diff) - set(typed))
     unsafe = [k for k in typed if not is_safe_resume_key(k)]
@@ -189,14 +193,24 @@ def resume_config(
             + _changes(unsafe, typed)
         )
     merged = copy.deepcopy(saved)
-    for key, (_, value) in typed.items():
+    for key, (_, value) in {**added, **typed}.items():
         _set_path(merged, key, value)
+    if added:
+        log.info(
+            "resume: the saved run predates %s; using today's: %s",
+            ", ".join(sorted({k.split(".")[0] for k in added})),
+            ", ".join(f"{k}={_show(v)}" for k, (_, v) in sorted(added.items())),
+        )
     merged["output_dir"] = str(run_dir)
     merged["resume"] = new_unresolved.get("resume")
     merged["init_from"] = None
     resolved = OmegaConf.to_container(OmegaConf.create(merged), resolve=True)
     assert isinstance(resolved, dict)
-    derived = {k: v for k, v in config_diff(saved_resolved, resolved).items() if k not in typed}
+    derived = {
+        k: v
+        for k, v in config_diff(saved_resolved, resolved).items()
+        if k not in typed and k.split(".")[0] in saved_resolved
+    }
     bad = [k for k in derived if not is_safe_resume_key(k)]
     if bad:
         raise ConfigError(

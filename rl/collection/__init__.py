@@ -2,10 +2,30 @@
 
 ``base`` holds the seam (:class:`Collector`, :class:`RolloutRequest`, :class:`Rollout`);
 ``local`` its in-process implementation (:class:`InProcessCollector`: a sampler stepped with the
-learner's own policy, teacher forcing, forced scene advance, straggler preemption).
+learner's own policy, teacher forcing, forced scene advance, straggler preemption); ``episodes``
+runs fixed lists of seeded episodes (evaluation). Collection workers on Ray live in
+:mod:`rl.collection.workers` (imported on demand: ``collector=ray``).
 """
 
-from rl.collection.base import Collector, Rollout, RolloutRequest
+from rl.collection.base import CollectionSpec, Collector, Rollout, RolloutRequest
+from rl.collection.episodes import (
+    EvalResult,
+    NoExpertError,
+    episode_seed_list,
+    evaluate_expert,
+    evaluate_policy,
+)
 from rl.collection.local import InProcessCollector
 
-__all__ = ["Collector", "InProcessCollector", "Rollout", "RolloutRequest"]
+__all__ = [
+    "CollectionSpec",
+    "Collector",
+    "EvalResult",
+    "InProcessCollector",
+    "NoExpertError",
+    "Rollout",
+    "RolloutRequest",
+    "episode_seed_list",
+    "evaluate_expert",
+    "evaluate_policy",
+]

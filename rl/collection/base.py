@@ -10,13 +10,44 @@ collector's business; the training loop is the same for every collector.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Protocol
 
 import torch
 
+from rl.collection.episodes import EvalResult
 from rl.pipeline.schedules import Schedule
 from rl.sampling.base import EpisodeRecord
+from rl.sampling.factory import sampler_num_envs
 from rl.storage.rollout import RolloutStorage
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectionSpec:
+    """What a collector collects from, as plain configs (each collector builds where it runs).
+
+    Attributes:
+        task: Plain task config (``_target_`` returning a ``gymnasium.Env``).
+        sampler: Plain sampler config (``conf/sampler``); its ``num_envs`` are this
+            collector's environments.
+        model: Plain model config (remote collectors build their own copy of the policy).
+        seed: The run's seed (environment ``i`` first resets with ``worker_seeds(total, seed)[i]``
+            of the global index; action sampling draws from the seeded global generators).
+        env_offset: Global index of this collector's first environment (distributed ranks).
+        total_envs: Size of the global seed stream (None: ``env_offset + num_envs``).
+    """
+
+    task: dict[str, Any]
+    sampler: dict[str, Any]
+    model: dict[str, Any]
+    seed: int
+    env_offset: int = 0
+    total_envs: int | None = None
+
+    @property
+    def num_envs(self) -> int:
+        """Environments the sampler config asks for."""
+        return sampler_num_envs(self.sampler)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,12 +110,40 @@ class Rollout:
         return self.storage.step
 
 
+class Preemption(Protocol):
+    """A rule that may end a rollout before ``num_steps`` (straggler preemption).
+
+    Attributes:
+        metric: Key under which the fraction of each rollout collected is logged.
+    """
+
+    metric: str
+
+    def start(self, rollout_index: int) -> None:
+        """Rollout ``rollout_index`` begins."""
+        ...
+
+    def should_stop(self, steps_done: int, num_steps: int) -> bool:
+        """Whether the rollout ends now, after ``steps_done`` of ``num_steps`` steps."""
+        ...
+
+    def finished(self) -> None:
+        """The rollout collected every step."""
+        ...
+
+
 class Collector(Protocol):
     """Produces rollouts for the learner (PyTorchRL's collection workers, seen from the loop).
 
     A collector owns its environments and whatever is carried from one rollout into the next
     (observations, recurrent state), and saves and restores that for exact resume.
+
+    Attributes:
+        supports_distributed: Whether each DDP rank may drive its own collector (checked
+            before a run starts).
     """
+
+    supports_distributed: ClassVar[bool]
 
     @property
     def num_envs(self) -> int:
@@ -99,16 +158,28 @@ class Collector(Protocol):
         """Cut every environment's episode and start new ones before the next rollout."""
         ...
 
-    def state_dict(self) -> dict[str, Any]:
-        """``{"sampler": ..., "rollout": ...}``: episodes in flight and the carried state.
+    def evaluate(
+        self,
+        *,
+        episode_seeds: Sequence[int],
+        num_envs: int,
+        deterministic: bool,
+        action_seed: int,
+    ) -> EvalResult:
+        """Run the learner's current policy on a fixed episode list, each episode once."""
+        ...
 
-        Either may be None when the collector cannot save it (a resume then starts fresh
+    def state_dict(self) -> dict[str, Any]:
+        """What the collector carries between rollouts, as top-level checkpoint entries.
+
+        In-process collection saves ``{"sampler": episodes in flight, "rollout": carried
+        state}``; either may be None when it cannot be saved (a resume then starts fresh
         episodes). The result must load with ``torch.load(weights_only=True)``.
         """
         ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict` (instead of resetting the environments)."""
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint holding :meth:`state_dict`'s entries."""
         ...
 
     def close(self) -> None:

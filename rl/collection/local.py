@@ -16,13 +16,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from rl.collection.base import Rollout, RolloutRequest
+from rl.collection.base import CollectionSpec, Preemption, Rollout, RolloutRequest
+from rl.collection.episodes import EvalResult, evaluate_policy
 from rl.distributed.preemption import RolloutPreemption
 from rl.distributed.setup import DistContext
 from rl.models import distributions as D
@@ -30,6 +31,7 @@ from rl.models.actor_critic import ActorCritic
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.sampling.base import Sampler
 from rl.sampling.convert import obs_to_torch
+from rl.sampling.factory import build_sampler
 from rl.storage.rollout import RolloutStorage
 
 log = logging.getLogger(__name__)
@@ -52,9 +54,14 @@ class InProcessCollector:
         model: The policy (the learner's own module: always the current weights).
         sampler: The training environments.
         device: Where the model and the rollout storage live.
-        dist: This worker's place among distributed workers (straggler preemption when
-            ``dist.sync_frac`` is set; None: one process).
+        dist: This worker's place among distributed workers (straggler preemption through the
+            process group's store when ``dist.sync_frac`` is set; None: one process).
+        preemption: Another rule that may end a rollout early (e.g. a collection worker's
+            :class:`~rl.collection.worker.StopRequest`); it wins over ``dist``'s.
+        task: The task config, for :meth:`evaluate` (None: evaluation needs it).
     """
+
+    supports_distributed: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -63,20 +70,42 @@ class InProcessCollector:
         sampler: Sampler,
         device: torch.device | str = "cpu",
         dist: DistContext | None = None,
+        preemption: Preemption | None = None,
+        task: Mapping[str, Any] | None = None,
     ) -> None:
         self.model = model
+        self.task = None if task is None else dict(task)
         self.sampler = sampler
         self.device = torch.device(device)
         self.storage: RolloutStorage | None = None
         self._carry: _Carry | None = None
-        self.preemption: RolloutPreemption | None = None
-        if dist is not None and dist.enabled and dist.sync_frac is not None:
+        self.preemption = preemption
+        if preemption is None and dist is not None and dist.enabled and dist.sync_frac is not None:
             self.preemption = RolloutPreemption(
                 sync_frac=dist.sync_frac,
                 min_rollout_frac=dist.min_rollout_frac,
                 world_size=dist.world_size,
             )
         self._rollout_index = 0
+
+    @classmethod
+    def from_spec(
+        cls,
+        *,
+        spec: CollectionSpec,
+        model: ActorCritic,
+        device: torch.device | str = "cpu",
+        dist: DistContext | None = None,
+    ) -> InProcessCollector:
+        """The collector of ``conf/collector/local.yaml``: its sampler built from ``spec``."""
+        sampler = build_sampler(
+            spec.sampler,
+            task=spec.task,
+            seed=spec.seed,
+            env_offset=spec.env_offset,
+            total_envs=spec.total_envs,
+        )
+        return cls(model=model, sampler=sampler, device=device, dist=dist, task=spec.task)
 
     @property
     def num_envs(self) -> int:
@@ -173,7 +202,7 @@ class InProcessCollector:
         if self.preemption is not None:
             if storage.step == request.num_steps:
                 self.preemption.finished()
-            stats.add_scalars({"distributed/rollout_frac": storage.step / request.num_steps})
+            stats.add_scalars({self.preemption.metric: storage.step / request.num_steps})
         self._carry = _Carry(obs=obs, expert=expert, episode_starts=starts, hidden=hidden)
         # ALGO: the value the returns bootstrap from, by the policy that collected the rollout.
         out, _ = model({k: v.unsqueeze(0) for k, v in obs.items()}, starts.unsqueeze(0), hidden)
@@ -233,6 +262,27 @@ class InProcessCollector:
         obs_np, expert_np = self.sampler.new_episodes()
         fresh = self._fresh_carry(obs_np, expert_np)
         self._carry = dataclasses.replace(fresh, hidden=self._carry.hidden)
+
+    def evaluate(
+        self,
+        *,
+        episode_seeds: Sequence[int],
+        num_envs: int,
+        deterministic: bool,
+        action_seed: int,
+    ) -> EvalResult:
+        """Run the current policy on ``episode_seeds`` in this process, each episode once."""
+        if self.task is None:
+            raise RuntimeError("InProcessCollector.evaluate needs the task config (task=...)")
+        return evaluate_policy(
+            model=self.model,
+            task=self.task,
+            episode_seeds=episode_seeds,
+            num_envs=num_envs,
+            deterministic=deterministic,
+            action_seed=action_seed,
+            device=self.device,
+        )
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:

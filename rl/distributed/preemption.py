@@ -26,6 +26,8 @@ class RolloutPreemption:
         store: The key-value store (default: the process group's).
     """
 
+    metric = "distributed/rollout_frac"
+
     def __init__(
         self,
         *,

@@ -4,8 +4,8 @@
 imports this module. :func:`train` verifies the config (every problem at once, before anything
 starts), plans the start (fresh, ``resume=``, ``init_from=``), dispatches to distributed
 workers when asked, and for each worker builds the parts from their own config sections (model,
-pipeline, sampler and collector, logger, callbacks), hands them to the trainer, and closes
-them all whatever happens. :func:`evaluate` hands ``evaluate.py``'s config to
+pipeline, collector with its environments, logger, callbacks), hands them to the trainer, and
+closes them all whatever happens. :func:`evaluate` hands ``evaluate.py``'s config to
 :mod:`rl.evaluation.runs`.
 """
 
@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 
 from rl.checkpoints.files import load_checkpoint
 from rl.checkpoints.resume import StartPlan, plan_start
-from rl.collection.local import InProcessCollector
+from rl.collection.base import CollectionSpec, Collector
 from rl.distributed.launch import launched_by_torchrun, run_torchrun_worker, spawn_workers
 from rl.distributed.settings import DistributedSettings
 from rl.distributed.setup import DistContext, synchronize_model
@@ -38,11 +38,11 @@ from rl.loggers.base import MetricsLogger, RunContext
 from rl.loggers.factory import build_logger
 from rl.models.factory import build_model
 from rl.pipeline.stages import TrainingPipeline
-from rl.sampling.factory import build_sampler, sampler_num_envs
+from rl.sampling.factory import sampler_num_envs
 from rl.tasks.factory import task_id, task_spaces
 from rl.training.callbacks import Callback
 from rl.training.state import RunRecord
-from rl.training.stopping import TrainingStopped, stop_on_signals
+from rl.training.stopping import StopAgreement, TrainingStopped, stop_on_signals
 from rl.training.trainer import OnPolicyTrainer
 from rl.utils.config import to_plain
 from rl.utils.seeding import set_seed, worker_seeds
@@ -125,6 +125,10 @@ def _train(start: StartPlan, ctx: DistContext | None = None) -> dict[str, float]
     """Train from a start plan; ``ctx``: this distributed worker (None: one process)."""
     with contextlib.ExitStack() as stack:
         stack.callback(start.close)
+        # Signals stop the run cleanly from here on (a checkpoint at the first rollout
+        # boundary), also while the parts below are being built.
+        stop = StopAgreement(ctx)
+        stack.enter_context(stop_on_signals(stop))
         cfg = start.config
         verify_train_cfg(cfg)
         run = RunSettings.from_config(cfg)
@@ -142,16 +146,19 @@ def _train(start: StartPlan, ctx: DistContext | None = None) -> dict[str, float]
         model = build_model(cfg["model"], *task_spaces(cfg["task"])).to(device)
         start.init_model(model)
         env_offset, total_envs = _distribute(model, cfg, run, ctx)
-        sampler = stack.enter_context(
-            build_sampler(
-                cfg["sampler"],
-                task=cfg["task"],
-                seed=run.seed,
-                env_offset=env_offset,
-                total_envs=total_envs,
-            )
+        spec = CollectionSpec(
+            task=cfg["task"],
+            sampler=cfg["sampler"],
+            model=cfg["model"],
+            seed=run.seed,
+            env_offset=env_offset,
+            total_envs=total_envs,
         )
-        collector = InProcessCollector(model=model, sampler=sampler, device=device, dist=ctx)
+        collector: Collector = hydra.utils.instantiate(cfg["collector"])(
+            spec=spec, model=model, device=device, dist=ctx
+        )
+        stack.callback(collector.close)
+        stack.enter_context(stop_on_signals(stop))  # again: Ray installs its own handlers
         logger = MetricsLogger([])
         if main:  # distributed: only rank 0 logs, evaluates, validates and records videos
             logger = build_logger(cfg["logger"], _run_context(cfg, run, pipeline, start))
@@ -167,11 +174,11 @@ def _train(start: StartPlan, ctx: DistContext | None = None) -> dict[str, float]
             seed=run.seed,
             callbacks=_callbacks(cfg, run, logger, device, stack) if main else [],
             dist=ctx,
+            stop=stop,
         )
         if start.resume_state is not None:
             trainer.load_state_dict(start.resume_state)
-        with stop_on_signals(trainer):
-            metrics = trainer.train()
+        metrics = trainer.train()
         if trainer.stop_reason is not None:
             raise TrainingStopped(trainer.stop_reason, trainer.last_checkpoint)
         assert trainer.last_checkpoint is not None
@@ -237,7 +244,7 @@ def _callbacks(
     callbacks: list[Callback] = []
     evaluation = eval_settings(cfg["eval"])
     if evaluation is not None and evaluation.num_episodes > 0:
-        callbacks.append(TrainingEvaluation(evaluation, task=cfg["task"], device=device))
+        callbacks.append(TrainingEvaluation(evaluation))
     if run.video_interval:
         # The same episode every time (environment 0's first training seed), to compare policies.
         seed = worker_seeds(sampler_num_envs(cfg["sampler"]), run.seed)[0]

@@ -19,10 +19,17 @@ from rl.distributed.settings import distributed_errors
 from rl.evaluation.settings import evaluation_errors
 from rl.pipeline.verify import pipeline_errors
 from rl.sampling.factory import sampler_num_envs
-from rl.utils.config import Check, ConfigError, check_targets, load_section, section_errors
+from rl.utils.config import (
+    Check,
+    ConfigError,
+    check_targets,
+    import_target,
+    load_section,
+    section_errors,
+)
 
 # Config groups every run composes (each a mapping with a `_target_` or sinks).
-GROUPS = ("task", "model", "pipeline", "sampler", "logger")
+GROUPS = ("task", "model", "pipeline", "sampler", "collector", "logger")
 # Sections of settings owned by other rooms (`null` turns eval / valid off).
 SECTIONS = ("eval", "valid", "distributed")
 
@@ -71,6 +78,24 @@ def _own_keys(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {k: cfg[k] for k in _RUN_KEYS if k in cfg}
 
 
+def _collector_errors(cfg: Mapping[str, Any]) -> list[str]:
+    """The collector must support DDP when ``distributed`` is on (its declared capability)."""
+    distributed = cfg["distributed"]
+    if not (isinstance(distributed, Mapping) and distributed.get("enabled") is True):
+        return []
+    try:
+        target = import_target(str(cfg["collector"].get("_target_")))
+    except Exception:  # noqa: BLE001  (check_targets reports it)
+        return []
+    collector = getattr(target, "__self__", target)  # a classmethod's class
+    if getattr(collector, "supports_distributed", True):
+        return []
+    return [
+        f"collector ({cfg['collector']['_target_']}) with distributed=ddp: this collector "
+        "cannot run under DDP; use collector=local with DDP, or distributed=none"
+    ]
+
+
 def verify_train_cfg(cfg: Mapping[str, Any]) -> None:
     """Raise :class:`ConfigError` listing every problem of a resolved training config."""
     errors = [
@@ -92,6 +117,7 @@ def verify_train_cfg(cfg: Mapping[str, Any]) -> None:
     errors += check_targets({k: v for k, v in cfg.items() if k != "hydra"})
     errors += evaluation_errors(cfg["eval"], cfg["valid"])
     errors += distributed_errors(cfg["distributed"])
+    errors += _collector_errors(cfg)
     num_envs = sampler_num_envs(cfg["sampler"])
     if num_envs < 1:
         errors.append(f"sampler: needs at least one environment, got {num_envs}")

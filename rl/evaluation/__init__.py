@@ -1,13 +1,14 @@
 """Evaluation: of checkpoints, of the policy while it trains, and of the task's expert.
 
-``evaluator`` runs fixed, seeded episode lists (every episode exactly once); ``runs`` evaluates
+:mod:`rl.collection.episodes` runs fixed, seeded episode lists (every episode exactly once;
+re-exported here, and collection workers run them too); ``runs`` evaluates
 checkpoints in bulk for ``evaluate.py`` (summaries, plots); the trainer callbacks watching a run
 are ``training_eval`` (``eval/*`` during and after training), ``validation`` (each checkpoint in
 a separate process) and ``video`` (probe videos); ``settings`` types the ``eval`` and ``valid``
 sections; ``inference`` uses a trained policy outside the engine.
 """
 
-from rl.evaluation.evaluator import (
+from rl.collection.episodes import (
     EvalResult,
     NoExpertError,
     episode_seed_list,

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rl.evaluation.evaluator import EvalResult
+from rl.collection.episodes import EvalResult
 
 
 def write_eval_json(path: Path, result: EvalResult, settings: Mapping[str, Any]) -> None:

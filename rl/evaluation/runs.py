@@ -3,7 +3,7 @@
 habitat-baselines' "evaluate every checkpoint" done without its silent skips: the checkpoints to
 evaluate are chosen up front (all of a run in step order, a file, or a glob; optionally thinned
 to at least ``every_steps`` env steps apart, always keeping the last), each is evaluated exactly
-once on the same fixed episode list (:func:`~rl.evaluation.evaluator.episode_seed_list`), and each
+once on the same fixed episode list (:func:`~rl.collection.episodes.episode_seed_list`), and each
 gets its ``<checkpoint>.eval.json``. A run folder also gets ``eval_summary.csv``/``.json`` and
 ``eval_summary.png`` (success / SPL / return against env steps). ``test_expert=true`` runs the
 task's expert on the same episodes instead, as a reference (``expert.eval.json``), which later
@@ -33,7 +33,7 @@ from rl.checkpoints.files import (
     load_checkpoint,
     parse_checkpoint_name,
 )
-from rl.evaluation.evaluator import EvalResult, episode_seed_list, evaluate_expert, evaluate_policy
+from rl.collection.episodes import EvalResult, episode_seed_list, evaluate_expert, evaluate_policy
 from rl.evaluation.plots import plot_checkpoint_metrics
 from rl.evaluation.report import format_table, write_eval_json
 from rl.evaluation.settings import EvaluateSettings

@@ -11,13 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-import torch
-
-from rl.evaluation.evaluator import EvalResult, episode_seed_list, evaluate_policy
+from rl.collection.episodes import EvalResult, episode_seed_list
 from rl.evaluation.report import format_table, write_eval_json
 from rl.evaluation.settings import EvalSettings
 from rl.training.callbacks import Callback, RolloutInfo
@@ -32,29 +28,23 @@ class TrainingEvaluation(Callback):
     Args:
         settings: The ``eval`` section (``interval`` 0: not during training;
             ``num_episodes`` 0: not at all).
-        task: Plain task config.
-        device: Where the model runs.
     """
 
-    def __init__(
-        self, settings: EvalSettings, *, task: Mapping[str, Any], device: torch.device | str
-    ) -> None:
+    def __init__(self, settings: EvalSettings) -> None:
         self.settings = settings
-        self.task = dict(task)
-        self.device = device
         self.episode_seeds = episode_seed_list(settings.num_episodes, settings.episode_seed)
 
     def evaluate(self, trainer: OnPolicyTrainer) -> EvalResult:
-        """Run the trainer's model on the episode list; log ``eval/*`` at the current step."""
+        """Run the trainer's policy on the episode list; log ``eval/*`` at the current step.
+
+        The collector runs it: in this process, or spread over collection workers.
+        """
         s = self.settings
-        result = evaluate_policy(
-            model=trainer.model,
-            task=self.task,
+        result = trainer.collector.evaluate(
             episode_seeds=self.episode_seeds,
             num_envs=s.num_envs,
             deterministic=s.deterministic,
             action_seed=s.action_seed,
-            device=self.device,
         )
         logged = result.as_logged("eval")
         trainer.logger.log(trainer.pipeline.total_steps, logged)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from rl.checkpoints.files import load_checkpoint, parse_checkpoint_name
-from rl.evaluation.evaluator import episode_seed_list, evaluate_policy
+from rl.collection.episodes import episode_seed_list, evaluate_policy
 from rl.evaluation.settings import ValidSettings
 from rl.loggers.base import MetricsLogger
 from rl.models.factory import build_model

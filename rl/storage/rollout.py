@@ -155,6 +155,42 @@ class RolloutStorage:
         self.episode_starts[t + 1].copy_(terminated | truncated)
         self.step = t + 1
 
+    def write_envs(self, envs: slice, fields: Mapping[str, torch.Tensor]) -> None:
+        """Copy a block of environments' recorded data into columns ``envs``.
+
+        ``fields`` maps storage fields to tensors with the block's own length: ``obs/<key>``
+        and ``episode_starts`` ``[T + 1, n, ...]``, ``hidden`` ``[L, n, H]``, the per-step
+        fields (``actions``, ``logprobs``, ...) ``[T, n]``; other keys are ignored. Used to
+        assemble one rollout from several collectors' (call :meth:`reset` first and set
+        :attr:`step` after).
+        """
+        for name, value in fields.items():
+            if name.startswith("obs/"):
+                target = self.obs[name[4:]]
+            elif name in self._BLOCK_FIELDS:
+                target = getattr(self, name)
+            else:
+                continue
+            if name == "hidden":
+                target[:, envs].copy_(value)
+            else:
+                target[: value.shape[0], envs].copy_(value)
+
+    _BLOCK_FIELDS = frozenset(
+        {
+            "episode_starts",
+            "hidden",
+            "actions",
+            "logprobs",
+            "values",
+            "rewards",
+            "terminated",
+            "truncated",
+            "truncation_values",
+            "expert_actions",
+        }
+    )
+
     def last_obs(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """``(obs[T], episode_starts[T])``: where the next rollout starts."""
         t = self.step

@@ -118,14 +118,27 @@ class SlowEnv(FaultyEnv):
     Args:
         delay: Seconds per step.
         max_steps: Truncation limit.
+        slow_seed: Only the environment first reset with this seed is slow (None: all are).
     """
 
-    def __init__(self, *, delay: float = 0.0, max_steps: int = 10) -> None:
+    def __init__(
+        self, *, delay: float = 0.0, max_steps: int = 10, slow_seed: int | None = None
+    ) -> None:
         super().__init__(max_steps=max_steps)
         self.delay = delay
+        self.slow_seed = slow_seed
+        self._slow = slow_seed is None
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        """Start an episode; the first seeded reset decides whether this env is slow."""
+        if seed is not None and seed == self.slow_seed:
+            self._slow = True
+        return super().reset(seed=seed, options=options)
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        """Sleep, then advance the counter."""
-        if self.delay > 0:
+        """Sleep (if slow), then advance the counter."""
+        if self._slow and self.delay > 0:
             time.sleep(self.delay)
         return super().step(action)

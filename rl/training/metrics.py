@@ -22,8 +22,10 @@ from rl.loggers.base import MetricsLogger
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.sampling.convert import episode_metric_key
 
-# Timers reported as `time/<name>_fraction` of each logging interval.
-TIMERS = ("env", "inference", "update")
+# Timers reported as `time/<name>_fraction` of each logging interval: `collect` is the learner's
+# wall time in `Collector.collect` (waiting for rollouts); `env` and `inference` are the
+# collectors' own (in another process they overlap the learner's); `update` is learning.
+TIMERS = ("collect", "env", "inference", "update")
 
 
 class TrainingMetrics:
@@ -48,13 +50,19 @@ class TrainingMetrics:
         """Start measuring throughput at global env step ``steps``."""
         self._interval_start = (time.perf_counter(), steps)
 
-    def add_rollout(self, rollout: Rollout) -> None:
-        """Record a rollout's finished episodes, per-step statistics and timing."""
+    def add_rollout(self, rollout: Rollout, seconds: float) -> None:
+        """Record a rollout's finished episodes, per-step statistics and timing.
+
+        Args:
+            rollout: The rollout.
+            seconds: The learner's wall time to get it.
+        """
         for episode in rollout.episodes:
             self.episodes.add_scalars(
                 {episode_metric_key(k): v for k, v in episode.metrics.items()}
             )
         self.train.merge(rollout.stats)
+        self.timers["collect"] += seconds
         self.timers["env"] += rollout.env_seconds
         self.timers["inference"] += rollout.inference_seconds
 

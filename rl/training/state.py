@@ -125,7 +125,7 @@ class TrainerState:
                 "shuffle": learner["shuffle"],
                 "offpolicy": learner["offpolicy"],
             },
-            **self.collector.state_dict(),  # sampler, rollout
+            **self.collector.state_dict(),  # in-process collection: sampler, rollout
             "config": self.run.config,
             "config_unresolved": self.run.config_unresolved,
             "wandb_run_id": self.run.wandb_run_id,
@@ -159,7 +159,5 @@ class TrainerState:
         if self.run.wandb_run_id is None:
             self.run.wandb_run_id = state.get("wandb_run_id")
         self.metrics.load_state_dict({"trackers": state.get("trackers"), **trainer})
-        self.collector.load_state_dict(
-            {"sampler": state.get("sampler"), "rollout": state.get("rollout")}
-        )
+        self.collector.load_state_dict(state)  # it reads the entries its state_dict wrote
         set_rng_state(rng)  # last: nothing above may draw from the global generators

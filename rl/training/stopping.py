@@ -69,18 +69,18 @@ class StopAgreement:
 
     def __init__(self, dist: DistContext | None = None) -> None:
         self.dist = dist or DistContext()
-        self.requested: str | None = None
+        self.stop_reason: str | None = None  # this worker's request (the first one is kept)
         self.agreed: str | None = None
 
-    def request(self, reason: str) -> None:
+    def request_stop(self, reason: str) -> None:
         """Ask to stop (signal-safe; the first reason is kept)."""
-        if self.requested is None:
-            self.requested = reason
+        if self.stop_reason is None:
+            self.stop_reason = reason
 
     @property
     def stopping(self) -> bool:
         """Whether the loop ends now: a local request, or (distributed) an agreed one."""
-        return (self.agreed if self.dist.enabled else self.requested) is not None
+        return (self.agreed if self.dist.enabled else self.stop_reason) is not None
 
     def sync(self, local_steps: int, device: torch.device) -> int:
         """Global env steps of a rollout, agreeing on stop requests (one all-reduce).
@@ -91,7 +91,7 @@ class StopAgreement:
         """
         if not self.dist.enabled:
             return local_steps
-        code = _STOP_CODES.get(self.requested, 4) if self.requested else 0
+        code = _STOP_CODES.get(self.stop_reason, 4) if self.stop_reason else 0
         # [steps, how many workers asked to stop with code 1, 2, 3, 4]; the highest code wins.
         requests = [float(code == c) for c in range(1, 5)]
         steps, *counts = all_reduce_sum([float(local_steps), *requests], device)
@@ -106,15 +106,15 @@ class StopAgreement:
         Distributed, a request that came after the last agreement is ignored (with a warning),
         so that every worker takes the same path.
         """
-        if self.dist.enabled and self.requested != self.agreed:
-            if self.requested is not None:
-                log.warning("%s arrived after training finished; ignored", self.requested)
-            self.requested = self.agreed
-        return self.requested
+        if self.dist.enabled and self.stop_reason != self.agreed:
+            if self.stop_reason is not None:
+                log.warning("%s arrived after training finished; ignored", self.stop_reason)
+            self.stop_reason = self.agreed
+        return self.stop_reason
 
 
 class Stoppable(Protocol):
-    """What :func:`stop_on_signals` drives (the trainer)."""
+    """What :func:`stop_on_signals` drives (a :class:`StopAgreement`, or the trainer)."""
 
     @property
     def stop_reason(self) -> str | None:

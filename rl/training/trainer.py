@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,8 @@ class OnPolicyTrainer:
         callbacks: :class:`~rl.training.callbacks.Callback` objects, called in order.
         dist: This worker's place among distributed workers (None: a single process). Every
             worker needs the same pipeline, model and number of environments.
+        stop: Where stop requests land (the run's signal handlers may have been given it
+            before the trainer existed); None: a new one.
     """
 
     def __init__(
@@ -77,6 +80,7 @@ class OnPolicyTrainer:
         seed: int = 0,
         callbacks: Sequence[Callback] = (),
         dist: DistContext | None = None,
+        stop: StopAgreement | None = None,
     ) -> None:
         self.dist = dist if dist is not None else DistContext(device=torch.device(device))
         self.model = model
@@ -90,7 +94,7 @@ class OnPolicyTrainer:
             model=model, pipeline=pipeline, device=device, seed=seed, dist=self.dist
         )
         self.metrics = TrainingMetrics(logger, self.dist)
-        self.stop = StopAgreement(self.dist)
+        self.stop = stop if stop is not None else StopAgreement(self.dist)
         self.state = TrainerState(
             model=model,
             pipeline=pipeline,
@@ -117,11 +121,11 @@ class OnPolicyTrainer:
     @property
     def stop_reason(self) -> str | None:
         """Why training stops early (a signal's name), None while it does not."""
-        return self.stop.requested
+        return self.stop.stop_reason
 
     def request_stop(self, reason: str) -> None:
         """Stop at the next rollout boundary, after saving a checkpoint (signal-safe)."""
-        self.stop.request(reason)
+        self.stop.request_stop(reason)
 
     # ----------------------------------------------------------------- loop
     def train(self) -> dict[str, float]:
@@ -141,9 +145,10 @@ class OnPolicyTrainer:
                 pipe.current_settings,
             )
             # 1. Collect a rollout; every worker learns the rollout's global env steps.
+            t0 = time.perf_counter()
             rollout = self.collector.collect(self._rollout_request())
+            self.metrics.add_rollout(rollout, time.perf_counter() - t0)
             env_steps = self.stop.sync(rollout.num_steps * self.collector.num_envs, self.device)
-            self.metrics.add_rollout(rollout)
             # 2-3. Advantages and the stage's on-policy update, then its off-policy updates.
             if stage.loss_names:
                 self.metrics.add_update(

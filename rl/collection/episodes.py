@@ -1,4 +1,4 @@
-"""Evaluation on a fixed list of seeded episodes (every episode counted exactly once).
+"""Running fixed lists of seeded episodes (evaluation), every episode counted exactly once.
 
 :func:`evaluate_policy` runs a model, :func:`evaluate_expert` the task's expert, on the same
 episode list split the same way over environments; an environment that has run its share is
@@ -93,7 +93,7 @@ def evaluate_policy(
             obs = {k: v[keep] for k, v in obs_to_torch(result.obs, device).items()}
             starts = torch.from_numpy(result.terminated | result.truncated).to(device)[keep]
             hidden = hidden[:, keep]
-    return _summarise(records, episode_seeds)
+    return summarise_episodes(records, episode_seeds)
 
 
 class NoExpertError(ValueError):
@@ -137,10 +137,12 @@ def evaluate_expert(
                 assert ep.episode_seed is not None
                 records[ep.episode_seed] = {"episode_seed": ep.episode_seed, **ep.metrics}
             expert = result.expert_actions[~result.paused]
-    return _summarise(records, episode_seeds)
+    return summarise_episodes(records, episode_seeds)
 
 
-def _summarise(records: Mapping[int, dict[str, Any]], episode_seeds: Sequence[int]) -> EvalResult:
+def summarise_episodes(
+    records: Mapping[int, dict[str, Any]], episode_seeds: Sequence[int]
+) -> EvalResult:
     """Per-episode records in list order and their means (NaNs ignored)."""
     if len(records) != len(episode_seeds):
         raise RuntimeError(

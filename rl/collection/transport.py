@@ -1,0 +1,192 @@
+"""Rollouts across process and machine boundaries: packed as arrays, optionally compressed.
+
+A collection worker packs its :class:`~rl.collection.Rollout` into plain NumPy arrays plus the
+finished episodes and statistics (:func:`pack_rollout`); with ``compress`` every array's bytes
+are lz4-compressed (lz4's frame format, as RLlib compresses observations: grid observations
+and flags shrink several-fold, floats little). The learner writes the packed rollouts of all
+workers side by side into one storage (:class:`RolloutAssembler`), each worker's environments
+in their own columns, so the update sees one ``[T, N]`` rollout whatever the layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import lz4.frame
+import numpy as np
+import torch
+
+from rl.collection.base import Rollout
+from rl.pipeline.trackers import ScalarMeanTracker
+from rl.sampling.base import EpisodeRecord
+from rl.storage.rollout import RolloutStorage
+
+# Per-step fields of the storage, ``[T, N]`` each; observations and episode starts are
+# ``[T + 1, N, ...]`` and the recurrent state ``[L, N, H]``.
+STEP_FIELDS = (
+    "actions",
+    "logprobs",
+    "values",
+    "rewards",
+    "terminated",
+    "truncated",
+    "truncation_values",
+    "expert_actions",
+)
+
+
+@dataclasses.dataclass
+class PackedArray:
+    """An array's bytes, lz4-compressed, with what is needed to rebuild it."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+    @classmethod
+    def of(cls, array: np.ndarray) -> PackedArray:
+        """Compress ``array``."""
+        array = np.ascontiguousarray(array)
+        return cls(array.dtype.str, array.shape, lz4.frame.compress(array.tobytes()))
+
+    def unpack(self) -> np.ndarray:
+        """The array again."""
+        raw = lz4.frame.decompress(self.data)
+        return np.frombuffer(raw, dtype=np.dtype(self.dtype)).reshape(self.shape)
+
+
+def pack_rollout(rollout: Rollout, *, compress: bool) -> dict[str, Any]:
+    """A rollout as plain data: arrays (lz4-compressed if ``compress``), episodes, statistics.
+
+    Returns:
+        ``{"arrays": {name: array}, "episodes": [...], "stats": ..., "teacher_forced": ...,
+        "env_seconds": ..., "inference_seconds": ..., "bytes": raw size, "packed_bytes":
+        size sent, "pack_seconds": time spent packing}``.
+    """
+    t0 = time.perf_counter()
+    s, t = rollout.storage, rollout.storage.step
+    arrays: dict[str, Any] = {f: getattr(s, f)[:t].cpu().numpy() for f in STEP_FIELDS}
+    arrays.update({f"obs/{k}": v[: t + 1].cpu().numpy() for k, v in s.obs.items()})
+    arrays["episode_starts"] = s.episode_starts[: t + 1].cpu().numpy()
+    arrays["hidden"] = s.hidden.cpu().numpy()
+    arrays["next_value"] = rollout.next_value.cpu().numpy()
+    raw = sum(a.nbytes for a in arrays.values())
+    packed = raw
+    if compress:
+        arrays = {k: PackedArray.of(a) for k, a in arrays.items()}
+        packed = sum(len(a.data) for a in arrays.values())
+    return {
+        "arrays": arrays,
+        "episodes": [dataclasses.asdict(e) for e in rollout.episodes],
+        "stats": rollout.stats,
+        "teacher_forced": rollout.teacher_forced,
+        "env_seconds": rollout.env_seconds,
+        "inference_seconds": rollout.inference_seconds,
+        "bytes": raw,
+        "packed_bytes": packed,
+        "pack_seconds": time.perf_counter() - t0,
+    }
+
+
+def _array(value: Any) -> np.ndarray:
+    return value.unpack() if isinstance(value, PackedArray) else np.asarray(value)
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor over ``array`` (a copy when it is read-only, as Ray's zero-copy arrays are)."""
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
+def cut_packed_rollout(data: Mapping[str, Any], steps: int) -> dict[str, Any]:
+    """A packed rollout cut to its first ``steps`` steps (a straggler rule's common length).
+
+    The cut environments bootstrap from the value the collecting policy stored for the
+    observation at the cut (``values[steps]``); where the step before the cut ended an
+    episode, GAE does not bootstrap there anyway. Episodes and statistics stay whole.
+    """
+    arrays = {k: _array(v) for k, v in data["arrays"].items()}
+    cut = {k: arrays[k][:steps] for k in STEP_FIELDS}
+    cut.update({k: v[: steps + 1] for k, v in arrays.items() if k.startswith("obs/")})
+    cut["episode_starts"] = arrays["episode_starts"][: steps + 1]
+    cut["hidden"] = arrays["hidden"]
+    cut["next_value"] = (
+        arrays["values"][steps] if steps < len(arrays["values"]) else arrays["next_value"]
+    )
+    return {**data, "arrays": cut}
+
+
+class RolloutAssembler:
+    """Writes the packed rollouts of several workers into one learner-side storage.
+
+    Args:
+        observation_space: The task's (Dict) observation space.
+        hidden_shape: ``(L, H)`` of the policy's recurrent state.
+        num_envs: Environments over all workers.
+        device: Where the storage lives (the learner's device).
+    """
+
+    def __init__(
+        self,
+        *,
+        observation_space: gym.spaces.Dict,
+        hidden_shape: tuple[int, int],
+        num_envs: int,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.observation_space = observation_space
+        self.hidden_shape = hidden_shape
+        self.num_envs = num_envs
+        self.device = torch.device(device)
+        self.storage: RolloutStorage | None = None
+
+    def _storage_for(self, num_steps: int) -> RolloutStorage:
+        if self.storage is None or self.storage.capacity < num_steps:
+            spaces = self.observation_space.spaces
+            self.storage = RolloutStorage(
+                num_steps=num_steps,
+                num_envs=self.num_envs,
+                obs_shapes={k: tuple(s.shape or ()) for k, s in spaces.items()},
+                obs_dtypes={
+                    k: torch.from_numpy(np.zeros((), dtype=s.dtype)).dtype
+                    for k, s in spaces.items()
+                },
+                hidden_shape=self.hidden_shape,
+                device=self.device,
+            )
+        return self.storage
+
+    def assemble(
+        self, packed: Sequence[Mapping[str, Any]], env_slices: Sequence[slice]
+    ) -> Rollout:
+        """One rollout from each worker's packed rollout, in ``env_slices`` columns.
+
+        Every packed rollout must have the same number of steps.
+        """
+        arrays = [{k: _array(v) for k, v in p["arrays"].items()} for p in packed]
+        steps = {int(a["actions"].shape[0]) for a in arrays}
+        if len(steps) != 1:
+            raise ValueError(f"workers' rollouts differ in length: {sorted(steps)}")
+        t = steps.pop()
+        storage = self._storage_for(t)
+        storage.reset(t)
+        next_value = torch.zeros(self.num_envs, device=self.device)
+        for a, envs in zip(arrays, env_slices, strict=True):
+            storage.write_envs(envs, {k: _tensor(v) for k, v in a.items()})
+            next_value[envs] = _tensor(a["next_value"]).to(self.device)
+        storage.step = t
+        stats = ScalarMeanTracker()
+        for p in packed:
+            stats.merge(p["stats"])
+        return Rollout(
+            storage=storage,
+            next_value=next_value,
+            episodes=[EpisodeRecord(**e) for p in packed for e in p["episodes"]],
+            stats=stats.state_dict(),
+            teacher_forced=sum(int(p["teacher_forced"]) for p in packed),
+            env_seconds=max(float(p["env_seconds"]) for p in packed),
+            inference_seconds=max(float(p["inference_seconds"]) for p in packed),
+        )

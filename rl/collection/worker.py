@@ -1,0 +1,242 @@
+"""A collection worker (PyTorchRL's ``CWorker``): a policy copy, its environments, its storage.
+
+:class:`CollectionWorker` runs as a Ray actor (:mod:`rl.collection.worker_set` starts it) or
+in-process. It builds, from plain configs, its own copy of the policy and a sampler over its
+share of the training environments (``env_offset`` in the run's global seed stream), and
+collects rollouts with an :class:`~rl.collection.InProcessCollector` (teacher forcing, recurrent
+state carried across rollouts, the sampler's episodes in flight). The learner drives it:
+
+- :meth:`~CollectionWorker.set_weights` installs new weights and their version (the learner's
+  update count), which :meth:`~CollectionWorker.collect_data` reports with each rollout so the
+  learner knows how stale the data is;
+- :meth:`~CollectionWorker.update_algorithm_parameter` changes a collection setting at run time
+  (a stage's ``num_steps``, its teacher-forcing schedule and position): stage changes reach the
+  workers this way;
+- :meth:`~CollectionWorker.stop_collecting` (its own concurrency group, so it is served while a
+  rollout is being collected) ends the current rollout early once ``min_rollout_frac`` of it is
+  done (the straggler rule of ``fraction_samples``);
+- :meth:`~CollectionWorker.evaluate` runs an exact episode list on test environments;
+- :meth:`~CollectionWorker.state_dict` / :meth:`~CollectionWorker.load_state_dict` save and
+  restore the episodes in flight, the carried state and the worker's random generators.
+
+Worker 0 seeds its generators with the run's seed and builds the policy exactly as the trainer
+does, so one worker collects bitwise what in-process collection collects; worker ``w > 0``
+reseeds with ``seed + w`` after building the policy (as DDP ranks do).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ray
+import torch
+
+from rl.collection.base import CollectionSpec, RolloutRequest
+from rl.collection.episodes import evaluate_policy
+from rl.collection.local import InProcessCollector
+from rl.collection.transport import pack_rollout
+from rl.models.factory import build_model
+from rl.sampling.factory import build_sampler
+from rl.tasks.factory import task_spaces
+from rl.utils.seeding import rng_state, set_rng_state, set_seed
+
+# Collection settings a learner may change at run time (`update_algorithm_parameter`).
+ALGORITHM_PARAMETERS = tuple(f.name for f in dataclasses.fields(RolloutRequest))
+
+
+class StopRequest:
+    """A rollout that ends once the learner asks and ``min_rollout_frac`` of it is done.
+
+    Implements the collector's preemption hooks (``start``, ``should_stop``, ``finished``).
+
+    Args:
+        min_rollout_frac: Fraction of its steps a stopped rollout collects at least.
+    """
+
+    metric = "collection/rollout_frac"
+
+    def __init__(self, min_rollout_frac: float) -> None:
+        self.min_rollout_frac = min_rollout_frac
+        self._lock = threading.Lock()
+        self._current = -1
+        self._stop = -1
+
+    def begin(self, rollout_index: int) -> None:
+        """The worker's rollout ``rollout_index`` (its own count) begins."""
+        with self._lock:
+            self._current = rollout_index
+
+    def start(self, rollout_index: int) -> None:
+        """The collector's hook; the worker numbers its rollouts itself (:meth:`begin`)."""
+
+    def request(self, rollout_index: int) -> None:
+        """End rollout ``rollout_index`` early (ignored once a later one runs)."""
+        with self._lock:
+            self._stop = max(self._stop, rollout_index)
+
+    def should_stop(self, steps_done: int, num_steps: int) -> bool:
+        """True if asked for this rollout and it has its minimum of steps."""
+        minimum = max(1, math.ceil(self.min_rollout_frac * num_steps - 1e-9))
+        with self._lock:
+            asked = self._stop >= self._current
+        return asked and minimum <= steps_done < num_steps
+
+    def finished(self) -> None:
+        """Nothing to tell anyone: the learner sees the rollout come back."""
+
+
+class CollectionWorker:
+    """Collect rollouts of ``num_envs`` environments with a copy of the policy.
+
+    Args:
+        index: The worker's index (its seed offset and its name in errors).
+        spec: What to build: task, sampler and model configs, the run's seed.
+        num_envs: Environments of this worker.
+        env_offset: Index of its first environment among the collector's.
+        min_rollout_frac: Minimum fraction of a rollout collected before an early stop (None:
+            rollouts are never stopped early).
+        compress: lz4-compress the rollouts it returns.
+        torch_threads: Torch threads of this worker.
+    """
+
+    def __init__(
+        self,
+        *,
+        index: int,
+        spec: CollectionSpec,
+        num_envs: int,
+        env_offset: int,
+        min_rollout_frac: float | None = None,
+        compress: bool = False,
+        torch_threads: int = 1,
+    ) -> None:
+        torch.set_num_threads(torch_threads)
+        self.index = index
+        self.spec = spec
+        self.compress = compress
+        set_seed(spec.seed)
+        self.model = build_model(spec.model, *task_spaces(spec.task))
+        if index:
+            set_seed(spec.seed + index)
+        sampler = build_sampler(
+            spec.sampler,
+            task=spec.task,
+            seed=spec.seed,
+            num_envs=num_envs,
+            env_offset=spec.env_offset + env_offset,
+            total_envs=spec.total_envs or spec.env_offset + spec.num_envs,
+        )
+        self.stop_request = None if min_rollout_frac is None else StopRequest(min_rollout_frac)
+        self.collector = InProcessCollector(
+            model=self.model, sampler=sampler, preemption=self.stop_request
+        )
+        self.request = RolloutRequest(num_steps=1)
+        self.actor_version = 0
+        self.rollouts = 0
+
+    def pid(self) -> int:
+        """The worker's process id."""
+        return os.getpid()
+
+    # ------------------------------------------------------------ learner -> worker
+    def set_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
+        """Install the learner's weights (version ``version``: its update count)."""
+        self.model.load_state_dict(weights)
+        self.actor_version = int(version)
+
+    def update_algorithm_parameter(self, name: str, value: Any) -> None:
+        """Change a collection setting (one of :data:`ALGORITHM_PARAMETERS`) from now on."""
+        if name not in ALGORITHM_PARAMETERS:
+            raise ValueError(
+                f"collection worker {self.index}: unknown algorithm parameter {name!r} "
+                f"(known: {', '.join(ALGORITHM_PARAMETERS)})"
+            )
+        self.request = dataclasses.replace(self.request, **{name: value})
+
+    @ray.method(concurrency_group="control")
+    def stop_collecting(self, rollout_index: int) -> None:
+        """End rollout ``rollout_index`` early (ignored once it is over).
+
+        Rollouts are counted from 0 over the worker's life, resumes included. This call is
+        served in its own concurrency group, while the rollout is being collected.
+        """
+        if self.stop_request is not None:
+            self.stop_request.request(rollout_index)
+
+    def new_episodes(self) -> None:
+        """Every environment starts a new episode before the next rollout."""
+        self.collector.new_episodes()
+
+    # ------------------------------------------------------------ worker -> learner
+    def collect_data(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Collect one rollout with the current weights and settings.
+
+        Returns:
+            ``(data, info)``: the packed rollout (:func:`~rl.collection.transport.pack_rollout`)
+            and ``worker``, ``rollout`` (its index), ``actor_version``, ``num_steps``,
+            ``collect_seconds``, ``fps``.
+        """
+        t0 = time.perf_counter()
+        if self.stop_request is not None:
+            self.stop_request.begin(self.rollouts)
+        rollout = self.collector.collect(self.request)
+        seconds = time.perf_counter() - t0
+        data = pack_rollout(rollout, compress=self.compress)
+        info = {
+            "worker": self.index,
+            "rollout": self.rollouts,
+            "actor_version": self.actor_version,
+            "num_steps": rollout.num_steps,
+            "collect_seconds": seconds,
+            "fps": rollout.num_steps * self.collector.num_envs / max(seconds, 1e-9),
+        }
+        self.rollouts += 1
+        return data, info
+
+    def evaluate(
+        self,
+        episode_seeds: Sequence[int],
+        num_envs: int,
+        deterministic: bool,
+        action_seed: int,
+    ) -> list[dict[str, Any]]:
+        """Run the current policy on ``episode_seeds`` (test environments); per-episode records."""
+        result = evaluate_policy(
+            model=self.model,
+            task=self.spec.task,
+            episode_seeds=episode_seeds,
+            num_envs=num_envs,
+            deterministic=deterministic,
+            action_seed=action_seed,
+        )
+        return result.episodes
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Episodes in flight, carried state, generators and version (``weights_only``-safe).
+
+        The collection settings are not saved: the learner sends them before every rollout.
+        """
+        return {
+            **self.collector.state_dict(),
+            "rng": rng_state(),
+            "actor_version": self.actor_version,
+            "rollouts": self.rollouts,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict` (instead of resetting the environments)."""
+        self.collector.load_state_dict(state)
+        self.actor_version = int(state["actor_version"])
+        self.rollouts = int(state["rollouts"])
+        set_rng_state(state["rng"])  # last: the replay above must not draw from them
+
+    def close(self) -> None:
+        """Close the environments."""
+        self.collector.close()

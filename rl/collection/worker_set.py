@@ -1,0 +1,453 @@
+"""Collection workers on Ray (PyTorchRL's ``CWorkerSet``): the learner's :class:`Collector`.
+
+:class:`CollectionWorkerSet` (``collector=ray``) starts ``num_workers`` :class:`CollectionWorker`
+actors, splits the run's environments over them (contiguous blocks of the global seed stream),
+and hands the trainer one ``[T, N]`` rollout per :meth:`~CollectionWorkerSet.collect`:
+
+- **sync** (on-policy): the current weights go to every worker (one ``ray.put``), every worker
+  collects a rollout with them, and the learner waits for all. With ``fraction_samples < 1``,
+  once that fraction of workers is done the others end their rollouts early (after
+  ``min_rollout_frac`` of it); the learner then keeps the steps every worker has (the shortest
+  rollout), each environment bootstrapped from its stored value at the cut.
+- **async**: as soon as a rollout comes back the workers start the next one with the weights
+  of that moment, so collection overlaps the learner's update. Each rollout carries the
+  version of the weights it was collected with; data more than ``max_policy_lag`` versions
+  behind the learner is dropped (``collection/dropped``) and collected again. PPO's ratio uses
+  the behaviour log-probabilities stored with the data; ``collection/policy_lag`` is logged.
+
+Stage changes reach the workers through ``update_algorithm_parameter`` (rollout length,
+teacher forcing). A worker that raises or dies is a :class:`CollectionWorkerError` naming it,
+with the original traceback. :meth:`~CollectionWorkerSet.close` ends every actor, and the Ray
+instance when this set started it (``address: null``: a private instance sized by the config;
+``auto`` or ``HOST:PORT`` joins a cluster, which is left running).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import ray
+import torch
+from ray.exceptions import RayError
+
+from rl.collection.base import CollectionSpec, Rollout, RolloutRequest
+from rl.collection.episodes import EvalResult, evaluate_policy, summarise_episodes
+from rl.collection.transport import RolloutAssembler, cut_packed_rollout
+from rl.collection.worker import ALGORITHM_PARAMETERS, CollectionWorker
+from rl.distributed.setup import DistContext
+from rl.models.actor_critic import ActorCritic
+from rl.tasks.factory import task_spaces
+from rl.utils.config import ConfigError
+from rl.utils.misc import evenly_distribute_count_into_bins
+
+log = logging.getLogger(__name__)
+
+MODES = ("sync", "async")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its error text
+# Seconds to wait for workers to start (building environments) before failing.
+START_TIMEOUT_S = 120.0
+
+
+class CollectionWorkerError(RuntimeError):
+    """A collection worker raised or died; the message names it and carries its traceback."""
+
+
+class CollectionWorkerSet:
+    """Rollouts from ``num_workers`` Ray actors, each with its share of the environments.
+
+    Args:
+        spec: What to collect from (task, sampler and model configs, seeds); ``sampler``'s
+            ``num_envs`` are split over the workers.
+        model: The learner's policy (its weights are sent to the workers).
+        device: The learner's device (the assembled rollout lives there).
+        dist: Must be a single process: DDP with collection workers is refused.
+        num_workers: Remote collection workers.
+        mode: ``sync`` or ``async`` (see the module docstring).
+        address: None: start a private Ray instance with ``num_workers * cpus_per_worker``
+            CPUs; ``auto`` or ``HOST:PORT``: join that cluster.
+        cpus_per_worker: Ray CPUs reserved per worker (also its torch threads, at least 1).
+        fraction_samples: Sync: fraction of workers that must finish before the rest stop.
+        min_rollout_frac: ... once they have this fraction of their steps.
+        max_policy_lag: Async: largest accepted ``learner version - data version``.
+        compress: Workers lz4-compress the rollouts they send.
+        evaluate_on_workers: Spread evaluations (``eval``) over the workers.
+    """
+
+    supports_distributed: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        *,
+        spec: CollectionSpec,
+        model: ActorCritic,
+        device: torch.device | str = "cpu",
+        dist: DistContext | None = None,
+        num_workers: int = 2,
+        mode: str = "sync",
+        address: str | None = None,
+        cpus_per_worker: float = 1.0,
+        fraction_samples: float = 1.0,
+        min_rollout_frac: float = 0.25,
+        max_policy_lag: int = 1,
+        compress: bool = True,
+        evaluate_on_workers: bool = True,
+    ) -> None:
+        _check(num_workers, mode, fraction_samples, min_rollout_frac, max_policy_lag, spec, dist)
+        self.spec, self.model, self.device = spec, model, torch.device(device)
+        self.mode, self.fraction_samples = mode, fraction_samples
+        self.max_policy_lag, self.evaluate_on_workers = max_policy_lag, evaluate_on_workers
+        self._owns_ray = False
+        self._acks: list[Any] = []  # settings sent whose outcome is checked with the next rollout
+        if not ray.is_initialized():
+            self._start_ray(address, num_workers * cpus_per_worker)
+        shares = evenly_distribute_count_into_bins(spec.num_envs, num_workers)
+        starts = [sum(shares[:i]) for i in range(num_workers)]
+        self.env_slices = [slice(a, a + n) for a, n in zip(starts, shares, strict=True)]
+        remote = ray.remote(
+            num_cpus=cpus_per_worker, concurrency_groups={"control": 1}, max_restarts=0
+        )(CollectionWorker)
+        self.workers = [
+            remote.remote(
+                index=i,
+                spec=spec,
+                num_envs=shares[i],
+                env_offset=starts[i],
+                min_rollout_frac=min_rollout_frac if fraction_samples < 1.0 else None,
+                compress=compress,
+                torch_threads=max(1, int(cpus_per_worker)),
+            )
+            for i in range(num_workers)
+        ]
+        self.pids = self._gather([w.pid.remote() for w in self.workers], START_TIMEOUT_S)
+        self.assembler = RolloutAssembler(
+            observation_space=task_spaces(spec.task)[0],
+            hidden_shape=model.hidden_shape,
+            num_envs=spec.num_envs,
+            device=self.device,
+        )
+        # The learner's weights version: one more per collect() (every rollout is followed by
+        # an update), and the version the workers last received.
+        self.version = 0
+        self._sent_version = -1
+        self._sent: dict[str, Any] = {}
+        self._pending: list[Any] | None = None  # async: the rollouts in flight
+        self._requested = [0] * num_workers  # rollouts asked of each worker (its own count)
+        self.dropped = 0
+        log.info(
+            "collection: %d Ray workers (%s, pids %s), environments %s",
+            num_workers,
+            mode,
+            ", ".join(map(str, self.pids)),
+            ", ".join(f"{s.start}-{s.stop - 1}" for s in self.env_slices),
+        )
+
+    def _start_ray(self, address: str | None, num_cpus: float) -> None:
+        if address is None:
+            ray.init(
+                address="local",
+                num_cpus=max(1, math.ceil(num_cpus)),
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+            )
+        else:
+            ray.init(address=address, logging_level=logging.WARNING)
+        self._owns_ray = True
+
+    @property
+    def num_envs(self) -> int:
+        """Environments over all workers."""
+        return self.spec.num_envs
+
+    # ----------------------------------------------------------------- faults
+    def _gather(
+        self,
+        refs: Sequence[Any],
+        timeout: float | None = None,
+        workers: Sequence[int] | None = None,
+    ) -> list[Any]:
+        """``ray.get`` of calls to workers, a failure named after its worker.
+
+        Args:
+            refs: The calls' object refs.
+            timeout: Seconds to wait in all (None: no limit).
+            workers: The worker of each call (default: call ``i`` is worker
+                ``i % num_workers``, as for one call per worker, or several in turn).
+
+        Settings sent before (:meth:`_send_parameters`) are checked first.
+        """
+        acks, self._acks = self._acks, []
+        if acks:
+            self._gather(acks, timeout)
+        n = max(1, len(self.workers))
+        owner = list(workers) if workers is not None else [i % n for i in range(len(refs))]
+        position = {ref: i for i, ref in enumerate(refs)}
+        results: list[Any] = [None] * len(refs)
+        waiting = list(refs)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while waiting:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, waiting = ray.wait(waiting, num_returns=1, timeout=left)
+            if not ready:
+                late = sorted({owner[position[r]] for r in waiting})
+                raise CollectionWorkerError(
+                    f"collection workers {late} did not answer within {timeout:.0f} s"
+                )
+            i = position[ready[0]]
+            results[i] = self._get(ready[0], owner[i])
+        return results
+
+    def _get(self, ref: Any, worker: int) -> Any:
+        try:
+            return ray.get(ref)
+        except RayError as e:
+            pid = self.pids[worker] if getattr(self, "pids", None) else "?"
+            cause = getattr(e, "cause", None)
+            what = f"{type(cause).__name__}: {cause}" if cause is not None else type(e).__name__
+            detail = _ANSI.sub("", str(e))
+            raise CollectionWorkerError(
+                f"collection worker {worker} (pid {pid}) failed: {what}\nin the worker:\n{detail}"
+            ) from None
+
+    # ------------------------------------------------------------- collection
+    def _send_parameters(self, request: RolloutRequest) -> None:
+        """``update_algorithm_parameter`` on every worker for each setting that changed.
+
+        Not waited for: a worker runs its calls in order, so its next rollout sees them, and
+        their outcomes are checked with that rollout's (:meth:`_gather`).
+        """
+        if request.teacher_forcing is None:  # the schedule's position matters only with one
+            request = dataclasses.replace(request, stage_steps=0, steps_per_step=1)
+        for name in ALGORITHM_PARAMETERS:
+            value = getattr(request, name)
+            if name not in self._sent or self._sent[name] != value:
+                self._sent[name] = value
+                self._acks += [
+                    w.update_algorithm_parameter.remote(name, value) for w in self.workers
+                ]
+
+    def _send_weights(self) -> None:
+        """The learner's weights to every worker (once per version; queued behind their work)."""
+        if self._sent_version == self.version:
+            return
+        self._sent_version = self.version
+        weights = ray.put({k: v.detach().cpu() for k, v in self.model.state_dict().items()})
+        for w in self.workers:
+            w.set_weights.remote(weights, self.version)
+
+    def _request(self, workers: Sequence[int]) -> list[Any]:
+        """Ask ``workers`` for their next rollout (each one's count of rollouts goes up)."""
+        for i in workers:
+            self._requested[i] += 1
+        return [self.workers[i].collect_data.remote() for i in workers]
+
+    def _request_all(self) -> list[Any]:
+        return self._request(range(len(self.workers)))
+
+    def collect(self, request: RolloutRequest) -> Rollout:
+        """One rollout of every worker (see the module docstring for sync and async)."""
+        self.version += 1  # the learner updated its weights since the last rollout
+        self._send_parameters(request)
+        if self.mode == "sync" or self._pending is None:
+            self._send_weights()
+            results = self._collect_sync()
+        else:
+            results = self._gather(self._pending)
+        if self.mode == "async":
+            results = self._drop_stale(results)
+            self._send_weights()  # the next rollouts start now, with today's weights
+            self._pending = self._request_all()
+        return self._assemble(results)
+
+    def _collect_sync(self) -> list[Any]:
+        refs = self._request_all()
+        if self.fraction_samples >= 1.0:
+            return self._gather(refs)
+        # DD-PPO's straggler rule across workers: once enough are done, the rest stop early.
+        enough = math.ceil(self.fraction_samples * len(refs) - 1e-9)
+        ray.wait(list(refs), num_returns=enough)
+        for w, requested in zip(self.workers, self._requested, strict=True):
+            w.stop_collecting.remote(requested - 1)  # ignored by those already done
+        return self._gather(refs)
+
+    def _drop_stale(self, results: list[Any]) -> list[Any]:
+        """Async: results older than ``max_policy_lag`` versions are collected again."""
+        stale = [i for i, (_, info) in enumerate(results) if self._lag(info) > self.max_policy_lag]
+        if stale:
+            self.dropped += len(stale)
+            self._send_weights()  # collected again with the learner's weights of now
+            fresh = self._gather(self._request(stale), workers=stale)
+            for i, result in zip(stale, fresh, strict=True):
+                results[i] = result
+        return results
+
+    def _lag(self, info: Mapping[str, Any]) -> int:
+        """Versions between the weights the data was collected with and the learner's now."""
+        return self.version - int(info["actor_version"])
+
+    def _assemble(self, results: list[Any]) -> Rollout:
+        data = [d for d, _ in results]
+        infos = [info for _, info in results]
+        steps = min(int(info["num_steps"]) for info in infos)
+        if any(int(info["num_steps"]) != steps for info in infos):
+            data = [cut_packed_rollout(d, steps) for d in data]
+        rollout = self.assembler.assemble(data, self.env_slices)
+        lags = [self._lag(info) for info in infos]
+        extra = {
+            "collection/policy_lag": sum(lags) / len(lags),
+            "collection/dropped": float(self.dropped),
+            "collection/worker_fps": sum(float(i["fps"]) for i in infos) / len(infos),
+            "collection/bytes_sent": float(sum(int(d["packed_bytes"]) for d in data)),
+            "collection/compression": sum(int(d["bytes"]) for d in data)
+            / max(1, sum(int(d["packed_bytes"]) for d in data)),
+        }
+        stats = rollout.stats
+        for key, value in extra.items():
+            stats["sums"][key] = stats["sums"].get(key, 0.0) + value
+            stats["counts"][key] = stats["counts"].get(key, 0.0) + 1.0
+        return rollout
+
+    def new_episodes(self) -> None:
+        """Every worker's environments start new episodes before their next rollout."""
+        self._gather([w.new_episodes.remote() for w in self.workers])
+
+    # ------------------------------------------------------------- evaluation
+    def evaluate(
+        self,
+        *,
+        episode_seeds: Sequence[int],
+        num_envs: int,
+        deterministic: bool,
+        action_seed: int,
+    ) -> EvalResult:
+        """Run the learner's current policy on ``episode_seeds``, each episode exactly once.
+
+        With ``evaluate_on_workers`` the list is split into contiguous shares, one per worker
+        (each its own action generator seeded with ``action_seed``), else it runs here.
+        """
+        if not self.evaluate_on_workers:
+            return evaluate_policy(
+                model=self.model,
+                task=self.spec.task,
+                episode_seeds=episode_seeds,
+                num_envs=num_envs,
+                deterministic=deterministic,
+                action_seed=action_seed,
+                device=self.device,
+            )
+        self._send_weights()
+        k = min(len(self.workers), len(episode_seeds))
+        shares = evenly_distribute_count_into_bins(len(episode_seeds), k)
+        bounds = [sum(shares[:i]) for i in range(k + 1)]
+        calls = [
+            w.evaluate.remote(
+                list(episode_seeds[bounds[i] : bounds[i + 1]]),
+                max(1, min(num_envs, shares[i])),
+                deterministic,
+                action_seed,
+            )
+            for i, w in enumerate(self.workers[:k])
+        ]
+        records = {r["episode_seed"]: r for part in self._gather(calls) for r in part}
+        return summarise_episodes(records, episode_seeds)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Every worker's episodes in flight, carried state and generators.
+
+        In async mode the rollouts in flight are not part of it: a resumed run continues from
+        the workers' state after them, so it is not bitwise the same as an uninterrupted one.
+        """
+        states = self._gather([w.state_dict.remote() for w in self.workers])
+        return {
+            "sampler": None,
+            "rollout": None,
+            "collection_workers": {
+                "num_workers": len(self.workers),
+                "mode": self.mode,
+                "version": self.version,
+                "requested": [int(s["rollouts"]) for s in states],
+                "workers": states,
+            },
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore every worker from a checkpoint of the same layout (else fresh episodes)."""
+        saved = state.get("collection_workers")
+        if saved is None or int(saved["num_workers"]) != len(self.workers):
+            log.warning(
+                "the checkpoint holds no state for %d collection workers (saved with %s): every "
+                "worker starts fresh episodes",
+                len(self.workers),
+                "in-process collection" if saved is None else f"{saved['num_workers']} workers",
+            )
+            return
+        if saved["mode"] == "async" or self.mode == "async":
+            log.warning(
+                "resuming asynchronous collection: the rollouts that were in flight are lost, "
+                "so the run continues from its checkpoint but not bitwise as an uninterrupted one"
+            )
+        self.version = int(saved["version"])
+        self._requested = [int(n) for n in saved["requested"]]
+        self._gather(
+            [
+                w.load_state_dict.remote(s)
+                for w, s in zip(self.workers, saved["workers"], strict=True)
+            ]
+        )
+
+    def close(self) -> None:
+        """End every worker (closing its environments), and Ray if this set started it."""
+        workers, self.workers = getattr(self, "workers", []), []
+        try:
+            if workers:
+                ray.wait([w.close.remote() for w in workers], num_returns=len(workers), timeout=10)
+        finally:
+            for w in workers:
+                ray.kill(w, no_restart=True)
+            if self._owns_ray:
+                self._owns_ray = False
+                ray.shutdown()
+
+
+def _check(
+    num_workers: int,
+    mode: str,
+    fraction_samples: float,
+    min_rollout_frac: float,
+    max_policy_lag: int,
+    spec: CollectionSpec,
+    dist: DistContext | None,
+) -> None:
+    """Problems of the ``collector`` settings, all at once (``ConfigError``)."""
+    errors = []
+    if dist is not None and dist.enabled:
+        errors.append(
+            "collector=ray with distributed=ddp: not supported (each rank would need its own "
+            "workers); use one of them"
+        )
+    if num_workers < 1:
+        errors.append(f"collector.num_workers: must be >= 1, got {num_workers}")
+    elif spec.num_envs < num_workers:
+        errors.append(
+            f"collector.num_workers={num_workers} > sampler.num_envs={spec.num_envs}: every "
+            "worker needs at least one environment"
+        )
+    if mode not in MODES:
+        errors.append(f"collector.mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    if not 0.0 < fraction_samples <= 1.0:
+        errors.append(f"collector.fraction_samples: must be in (0, 1], got {fraction_samples}")
+    if not 0.0 <= min_rollout_frac <= 1.0:
+        errors.append(f"collector.min_rollout_frac: must be in [0, 1], got {min_rollout_frac}")
+    if max_policy_lag < 0:
+        errors.append(f"collector.max_policy_lag: must be >= 0, got {max_policy_lag}")
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+
+
+__all__ = ["CollectionWorker", "CollectionWorkerError", "CollectionWorkerSet"]

@@ -1,0 +1,370 @@
+"""Collection workers on Ray (``collector=ray``): bitwise sync, async lag rule, run-time
+parameters, stragglers, evaluation over workers, faults, joining a running Ray head.
+
+The in-process tests share one small private Ray instance (conftest's ``ray_instance`` session
+fixture); the collectors they build find it and leave it running. The CLI tests start their own.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import torch
+
+from rl.checkpoints import latest_checkpoint, load_checkpoint
+from rl.collection import CollectionSpec, RolloutRequest
+from rl.collection.worker_set import CollectionWorkerError, CollectionWorkerSet
+from rl.engine import run
+from rl.loggers import MetricsLogger
+from rl.losses import PPOLoss
+from rl.models import ActorCritic, build_model
+from rl.pipeline import PipelineStage, TrainingPipeline
+from rl.tasks import task_spaces
+from rl.training import Callback, OnPolicyTrainer, RolloutInfo
+from rl.utils.seeding import set_seed, worker_seeds
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 30}
+MODEL = {"_target_": "rl.models.ActorCritic", "_partial_": True, "cnn_channels": [8],
+         "trunk_layers": [16], "rnn": "gru", "rnn_hidden_size": 8}  # fmt: skip
+SERIAL = {"_target_": "rl.sampling.SerialSampler", "_partial_": True, "num_envs": 4}
+SMOKE = [
+    "+experiment=ppo_nav",
+    "+debug=smoke",
+    "task=nav_small",
+    "model.cnn_channels=[8]",
+    "model.trunk_layers=[16]",
+    "model.rnn_hidden_size=8",
+    "eval.num_episodes=0",
+]
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(latest_checkpoint(run_dir))["model"]
+
+
+def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def make_set(spec: CollectionSpec, **settings: Any) -> tuple[CollectionWorkerSet, ActorCritic]:
+    set_seed(spec.seed)
+    model = build_model(spec.model, *task_spaces(spec.task))
+    return CollectionWorkerSet(spec=spec, model=model, **settings), model
+
+
+# ----------------------------------------------------------------- sync and async
+def test_one_sync_worker_trains_bitwise_like_local_collection(
+    ray_instance: Any, compose_cfg: Any, tmp_path: Path
+) -> None:
+    run.train(compose_cfg([*SMOKE, f"output_dir={tmp_path / 'local'}"], set_output_dir=False))
+    run.train(
+        compose_cfg(
+            [*SMOKE, "collector=ray", "collector.num_workers=1", f"output_dir={tmp_path / 'ray'}"],
+            set_output_dir=False,
+        )
+    )
+    assert same_weights(final_weights(tmp_path / "local"), final_weights(tmp_path / "ray"))
+
+
+def test_two_sync_workers_are_reproducible(
+    ray_instance: Any, compose_cfg: Any, tmp_path: Path
+) -> None:
+    for name in ("a", "b"):
+        overrides = [*SMOKE, "collector=ray", f"output_dir={tmp_path / name}"]
+        run.train(compose_cfg(overrides, set_output_dir=False))
+    assert same_weights(final_weights(tmp_path / "a"), final_weights(tmp_path / "b"))
+
+
+def test_versions_and_the_policy_lag_rule(ray_instance: Any) -> None:
+    spec = CollectionSpec(task=SMALL, sampler=SERIAL, model=MODEL, seed=1)
+    workers, _ = make_set(spec, num_workers=2, mode="async", max_policy_lag=1, compress=False)
+    try:
+        request = RolloutRequest(num_steps=4)
+        first = workers.collect(request)  # nothing in flight yet: collected with version 1
+        assert first.stats["sums"]["collection/policy_lag"] == 0.0
+        second = workers.collect(request)  # the rollouts started before the learner's update
+        assert second.stats["sums"]["collection/policy_lag"] == 1.0
+        assert workers.dropped == 0
+        workers.max_policy_lag = 0  # now one version behind is too old: dropped, collected again
+        third = workers.collect(request)
+        assert workers.dropped == 2 and third.stats["sums"]["collection/policy_lag"] == 0.0
+        assert third.stats["sums"]["collection/dropped"] == 2.0
+        assert third.storage.step == 4 and third.storage.num_envs == 4
+    finally:
+        workers.close()
+
+
+class StepsSeen(Callback):
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, int]] = []
+
+    def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
+        self.steps.append((info.stage_index, info.num_steps))
+
+
+def test_a_stage_switch_changes_what_the_workers_collect(
+    ray_instance: Any, tmp_path: Path
+) -> None:
+    spec = CollectionSpec(task=SMALL, sampler=SERIAL, model=MODEL, seed=3)
+    workers, model = make_set(spec, num_workers=2, mode="sync")
+    pipe = TrainingPipeline(
+        named_losses={"ppo": PPOLoss()},
+        stages=[
+            PipelineStage(loss_names=["ppo"], max_stage_steps=128, num_steps=16),
+            PipelineStage(loss_names=["ppo"], max_stage_steps=64, num_steps=8),
+        ],
+        optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
+        num_mini_batch=2,
+        update_repeats=1,
+    )
+    seen = StepsSeen()
+    trainer = OnPolicyTrainer(
+        model=model,
+        pipeline=pipe,
+        collector=workers,
+        logger=MetricsLogger([]),
+        output_dir=tmp_path,
+        callbacks=[seen],
+    )
+    try:
+        trainer.train()
+    finally:
+        workers.close()
+    assert seen.steps == [(0, 16), (0, 16), (1, 8), (1, 8)]
+
+
+class StopAt(Callback):
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
+        if info.total_steps >= self.steps:
+            trainer.request_stop("test")
+
+
+def train_with_workers(out: Path, callbacks: list[Callback], resume: bool = False) -> Any:
+    spec = CollectionSpec(task=SMALL, sampler=SERIAL, model=MODEL, seed=4)
+    workers, model = make_set(spec, num_workers=2, mode="sync")
+    pipe = TrainingPipeline(
+        named_losses={"ppo": PPOLoss()},
+        stages=[PipelineStage(loss_names=["ppo"], max_stage_steps=256)],
+        optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
+        num_steps=16,
+        num_mini_batch=2,
+        update_repeats=2,
+    )
+    trainer = OnPolicyTrainer(
+        model=model,
+        pipeline=pipe,
+        collector=workers,
+        logger=MetricsLogger([]),
+        output_dir=out,
+        callbacks=callbacks,
+    )
+    try:
+        if resume:
+            trainer.load_state_dict(load_checkpoint(latest_checkpoint(out)))
+        trainer.train()
+    finally:
+        workers.close()
+    return trainer
+
+
+def test_sync_workers_resume_exactly(ray_instance: Any, tmp_path: Path) -> None:
+    reference = train_with_workers(tmp_path / "a", [])
+    stopped = train_with_workers(tmp_path / "b", [StopAt(128)])
+    assert stopped.stop_reason == "test" and stopped.pipeline.total_steps == 128
+    saved = load_checkpoint(latest_checkpoint(tmp_path / "b"))
+    assert saved["collection_workers"]["num_workers"] == 2
+    resumed = train_with_workers(tmp_path / "b", [], resume=True)
+    assert resumed.pipeline.total_steps == 256
+    assert same_weights(reference.model.state_dict(), resumed.model.state_dict())
+
+
+def test_fraction_samples_cuts_a_slow_worker(ray_instance: Any) -> None:
+    # Environment 3 (worker 1's second) sleeps 20 ms a step: worker 1 is the straggler.
+    slow = {"_target_": "rl.tasks.debug.SlowEnv", "delay": 0.02, "max_steps": 10,
+            "slow_seed": worker_seeds(4, 5)[3]}  # fmt: skip
+    spec = CollectionSpec(task=slow, sampler=SERIAL, model=MODEL, seed=5)
+    workers, _ = make_set(
+        spec, num_workers=2, mode="sync", fraction_samples=0.5, min_rollout_frac=0.25
+    )
+    try:
+        rollout = workers.collect(RolloutRequest(num_steps=40))
+        # The fast worker finished its 40 steps; the slow one (0.8 s for all 40) was stopped
+        # after >= 10 of them, and the rollout keeps the steps both have.
+        assert 10 <= rollout.num_steps < 40
+        fractions = rollout.stats
+        assert fractions["counts"]["collection/rollout_frac"] == 2
+        assert fractions["sums"]["collection/rollout_frac"] < 2.0
+    finally:
+        workers.close()
+
+
+def test_evaluation_over_two_workers_runs_each_episode_once(ray_instance: Any) -> None:
+    spec = CollectionSpec(task=SMALL, sampler=SERIAL, model=MODEL, seed=1)
+    workers, _ = make_set(spec, num_workers=2)
+    try:
+        seeds = list(range(100, 113))  # 13 episodes: uneven shares
+        result = workers.evaluate(
+            episode_seeds=seeds, num_envs=4, deterministic=False, action_seed=0
+        )
+    finally:
+        workers.close()
+    assert [e["episode_seed"] for e in result.episodes] == seeds
+    assert {"success", "spl", "return"} <= set(result.metrics)
+
+
+# -------------------------------------------------------------------------- faults
+def test_a_killed_worker_is_a_clear_error_and_nothing_is_left(ray_instance: Any) -> None:
+    doomed = worker_seeds(4, 2)[3]  # worker 1's second environment
+    task = {"_target_": "rl.tasks.debug.FaultyEnv", "fail_seed": doomed, "fail_at_step": 6,
+            "mode": "kill", "max_steps": 10}  # fmt: skip
+    spec = CollectionSpec(task=task, sampler=SERIAL, model=MODEL, seed=2)
+    workers, _ = make_set(spec, num_workers=2)
+    pids = list(workers.pids)
+    start = time.monotonic()
+    try:
+        with pytest.raises(CollectionWorkerError, match=r"collection worker 1 \(pid \d+\) failed"):
+            for _ in range(5):
+                workers.collect(RolloutRequest(num_steps=4))
+        assert time.monotonic() - start < 10
+    finally:
+        workers.close()
+    deadline = time.monotonic() + 10
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+              for p in pids) and time.monotonic() < deadline:  # fmt: skip
+        time.sleep(0.1)
+    assert not [p for p in pids if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+
+
+def test_a_raising_worker_names_itself_and_the_traceback(ray_instance: Any) -> None:
+    doomed = worker_seeds(4, 2)[0]
+    task = {"_target_": "rl.tasks.debug.FaultyEnv", "fail_seed": doomed, "fail_at_step": 3,
+            "mode": "raise", "max_steps": 10}  # fmt: skip
+    spec = CollectionSpec(task=task, sampler=SERIAL, model=MODEL, seed=2)
+    workers, _ = make_set(spec, num_workers=2)
+    try:
+        with pytest.raises(CollectionWorkerError) as err:
+            for _ in range(5):
+                workers.collect(RolloutRequest(num_steps=4))
+    finally:
+        workers.close()
+    text = str(err.value)
+    assert text.startswith("collection worker 0 (pid ")
+    assert "ValueError: FaultyEnv failed on purpose at step 3" in text
+    assert 'debug.py", line' in text and "in _fail" in text  # the original traceback
+
+
+def test_ddp_with_collection_workers_is_refused_up_front(
+    compose_cfg: Any, resolve_cfg: Any
+) -> None:
+    from rl.engine.settings import verify_train_cfg
+    from rl.utils.config import ConfigError
+
+    plain = resolve_cfg(compose_cfg([*SMOKE, "collector=ray", "distributed=ddp"]))
+    with pytest.raises(ConfigError, match="collector .* with distributed=ddp"):
+        verify_train_cfg(plain)
+
+
+# ---------------------------------------------------------------------------- CLI
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ray_processes_of(pids: set[int]) -> list[psutil.Process]:
+    """Live processes among ``pids`` and their descendants."""
+    found = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            found += [proc, *proc.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+    return [p for p in found if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.slow
+def test_cli_private_ray_instance_ends_with_the_run_even_on_sigterm(tmp_path: Path) -> None:
+    env = {**os.environ, "WANDB_MODE": "disabled", "RAY_ADDRESS": ""}
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *SMOKE, "collector=ray", "collector.mode=async",
+         "total_env_steps=100000", "pipeline.stages.0.max_stage_steps=100000",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "run").glob("metrics.jsonl")) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.2)
+    tree = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+    assert tree, "the run started no Ray processes"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "stopped by SIGTERM" in err
+    deadline = time.monotonic() + 15
+    while ray_processes_of(tree) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray_processes_of(tree) == []
+
+
+@pytest.mark.slow
+def test_cli_joins_a_running_ray_head(tmp_path: Path) -> None:
+    port = free_port()
+    ray_bin = Path(sys.executable).with_name("ray")
+    # A cluster with token authentication: the head and the joining run share the token.
+    token = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env = {**os.environ, "WANDB_MODE": "disabled", "RAY_ADDRESS": "", **token}
+    temp = tempfile.mkdtemp(prefix="rayh", dir="/tmp")  # Ray's socket paths must stay short
+    head = subprocess.Popen(
+        [str(ray_bin), "start", "--head", "--block", f"--port={port}", "--num-cpus=2",
+         "--include-dashboard=false", f"--temp-dir={temp}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60  # the head is up once its GCS port accepts connections
+        while time.monotonic() < deadline:
+            assert head.poll() is None, "ray start --head exited"
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.2)
+        done = subprocess.run(
+            [sys.executable, "train.py", *SMOKE, "collector=ray",
+             f"collector.address=127.0.0.1:{port}", f"hydra.run.dir={tmp_path / 'run'}"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert (
+            load_checkpoint(latest_checkpoint(tmp_path / "run"))["pipeline"]["total_steps"] == 256
+        )
+        assert head.poll() is None  # the cluster we joined is still there after the run
+    finally:
+        tree = {head.pid, *(p.pid for p in psutil.Process(head.pid).children(recursive=True))}
+        head.send_signal(signal.SIGTERM)  # `ray start --block` stops what it started
+        head.wait(timeout=60)
+        deadline = time.monotonic() + 20
+        while ray_processes_of(tree) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for leftover in ray_processes_of(tree):
+            leftover.kill()
+        shutil.rmtree(temp, ignore_errors=True)
+    assert ray_processes_of(tree) == []
