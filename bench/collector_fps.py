@@ -39,6 +39,12 @@ def main() -> None:
         "local": ["collector=local"],
         "ray sync": ["collector=ray", "collector.mode=sync", *ray_args],
         "ray async": ["collector=ray", "collector.mode=async", *ray_args],
+        "ray async, no lz4": [
+            "collector=ray",
+            "collector.mode=async",
+            "collector.compress=false",
+            *ray_args,
+        ],
     }
     results: list[tuple[str, float, dict[str, float]]] = []
     for model in ("mlp", "nav_cnn_gru"):
@@ -55,7 +61,12 @@ def main() -> None:
     for name, fps, metrics in results:
         split = " ".join(
             f"{k.split('/')[1].removesuffix('_fraction')} {metrics[k]:.2f}"
-            for k in ("time/env_fraction", "time/inference_fraction", "time/update_fraction")
+            for k in (
+                "time/collect_fraction",
+                "time/env_fraction",
+                "time/inference_fraction",
+                "time/update_fraction",
+            )
             if k in metrics
         )
         extra = ""
@@ -63,7 +74,8 @@ def main() -> None:
             extra = (
                 f" | lag {metrics['collection/policy_lag']:.2f}, "
                 f"{metrics['collection/bytes_sent'] / 1024:.0f} KiB sent per rollout "
-                f"(x{metrics['collection/compression']:.1f} compressed), "
+                f"(x{metrics['collection/compression']:.1f}, packed in "
+                f"{metrics['collection/pack_seconds'] * 1000:.1f} ms), "
                 f"worker {metrics['collection/worker_fps']:,.0f} FPS"
             )
         print(f"  {name:<28} {fps:>8,.0f} FPS   [{split}]{extra}")

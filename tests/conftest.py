@@ -68,6 +68,11 @@ def ray_instance() -> Iterator[Any]:
     """
     import ray
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="warning")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning")
     yield ray
     ray.shutdown()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the tests that use the shared Ray instance last (its daemons idle meanwhile)."""
+    items.sort(key=lambda item: "ray_instance" in getattr(item, "fixturenames", ()))

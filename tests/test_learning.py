@@ -35,8 +35,8 @@ def test_ppo_cartpole_experiment_reaches_475(compose_cfg) -> None:
 
 
 def test_async_collection_workers_learn_small_pointnav(compose_cfg, ray_instance) -> None:
-    """Asynchronous PPO (a Ray worker collects while the learner updates; policy lag 1) within
-    the budget of the test above."""
+    """Asynchronous PPO (two Ray workers collect while the learner updates; policy lag 1)
+    within the budget of the test above."""
     cfg = compose_cfg(
         [
             "+experiment=ppo_nav",
@@ -46,7 +46,7 @@ def test_async_collection_workers_learn_small_pointnav(compose_cfg, ray_instance
             "eval.num_episodes=100",
             "collector=ray",
             "collector.mode=async",
-            "collector.num_workers=1",
+            "collector.num_workers=2",
             "logger.sinks.console.progress_bar=false",
         ]
     )

@@ -305,6 +305,7 @@ class CollectionWorkerSet:
             "collection/bytes_sent": float(sum(int(d["packed_bytes"]) for d in data)),
             "collection/compression": sum(int(d["bytes"]) for d in data)
             / max(1, sum(int(d["packed_bytes"]) for d in data)),
+            "collection/pack_seconds": max(float(d["pack_seconds"]) for d in data),
         }
         stats = rollout.stats
         for key, value in extra.items():
