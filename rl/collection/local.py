@@ -116,15 +116,10 @@ class InProcessCollector:
     def _storage_for(self, num_steps: int) -> RolloutStorage:
         """The storage, (re)allocated when a rollout is longer than its capacity."""
         if self.storage is None or self.storage.capacity < num_steps:
-            space = self.sampler.observation_space
-            self.storage = RolloutStorage(
+            self.storage = RolloutStorage.for_space(
                 num_steps=num_steps,
                 num_envs=self.num_envs,
-                obs_shapes={k: tuple(s.shape or ()) for k, s in space.spaces.items()},
-                obs_dtypes={
-                    k: torch.from_numpy(np.zeros((), dtype=s.dtype)).dtype
-                    for k, s in space.spaces.items()
-                },
+                observation_space=self.sampler.observation_space,
                 hidden_shape=self.model.hidden_shape,
                 device=self.device,
             )

@@ -23,20 +23,7 @@ import torch
 from rl.collection.base import Rollout
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.sampling.base import EpisodeRecord
-from rl.storage.rollout import RolloutStorage
-
-# Per-step fields of the storage, ``[T, N]`` each; observations and episode starts are
-# ``[T + 1, N, ...]`` and the recurrent state ``[L, N, H]``.
-STEP_FIELDS = (
-    "actions",
-    "logprobs",
-    "values",
-    "rewards",
-    "terminated",
-    "truncated",
-    "truncation_values",
-    "expert_actions",
-)
+from rl.storage.rollout import STEP_FIELDS, RolloutStorage
 
 
 @dataclasses.dataclass
@@ -145,15 +132,10 @@ class RolloutAssembler:
 
     def _storage_for(self, num_steps: int) -> RolloutStorage:
         if self.storage is None or self.storage.capacity < num_steps:
-            spaces = self.observation_space.spaces
-            self.storage = RolloutStorage(
+            self.storage = RolloutStorage.for_space(
                 num_steps=num_steps,
                 num_envs=self.num_envs,
-                obs_shapes={k: tuple(s.shape or ()) for k, s in spaces.items()},
-                obs_dtypes={
-                    k: torch.from_numpy(np.zeros((), dtype=s.dtype)).dtype
-                    for k, s in spaces.items()
-                },
+                observation_space=self.observation_space,
                 hidden_shape=self.hidden_shape,
                 device=self.device,
             )

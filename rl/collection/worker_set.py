@@ -111,7 +111,7 @@ class CollectionWorkerSet:
         self.env_slices = [slice(a, a + n) for a, n in zip(starts, shares, strict=True)]
         remote = ray.remote(
             num_cpus=cpus_per_worker, concurrency_groups={"control": 1}, max_restarts=0
-        )(CollectionWorker)
+        )(CollectionWorker)  # type: ignore[call-overload]  (Ray's stub lacks the groups)
         self.workers = [
             remote.remote(
                 index=i,

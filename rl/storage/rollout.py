@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping
 
+import gymnasium as gym
+import numpy as np
 import torch
 
 from rl.storage.advantages import compute_discounted_returns, compute_gae
@@ -52,6 +54,20 @@ class RolloutBatch:
     def num_samples(self) -> int:
         """``T * n``."""
         return self.actions.numel()
+
+
+# Per-step fields, ``[T, N]`` each (observations and episode starts are ``[T + 1, N, ...]``,
+# the recurrent state ``[L, N, H]``).
+STEP_FIELDS = (
+    "actions",
+    "logprobs",
+    "values",
+    "rewards",
+    "terminated",
+    "truncated",
+    "truncation_values",
+    "expert_actions",
+)
 
 
 class RolloutStorage:
@@ -102,6 +118,29 @@ class RolloutStorage:
         # (mean, std) of the rollout's advantages handed to every minibatch (None: per-minibatch
         # normalisation); the distributed trainer sets global statistics here.
         self.advantage_stats: tuple[float, float] | None = None
+
+    @classmethod
+    def for_space(
+        cls,
+        *,
+        num_steps: int,
+        num_envs: int,
+        observation_space: gym.spaces.Dict,
+        hidden_shape: tuple[int, int],
+        device: torch.device | str = "cpu",
+    ) -> RolloutStorage:
+        """A storage for observations of a (Dict) observation space."""
+        spaces = observation_space.spaces
+        return cls(
+            num_steps=num_steps,
+            num_envs=num_envs,
+            obs_shapes={k: tuple(s.shape or ()) for k, s in spaces.items()},
+            obs_dtypes={
+                k: torch.from_numpy(np.zeros((), dtype=s.dtype)).dtype for k, s in spaces.items()
+            },
+            hidden_shape=hidden_shape,
+            device=device,
+        )
 
     def reset(self, num_steps: int | None = None) -> None:
         """Start a new rollout of ``num_steps`` (default: capacity) steps.
@@ -167,7 +206,7 @@ class RolloutStorage:
         for name, value in fields.items():
             if name.startswith("obs/"):
                 target = self.obs[name[4:]]
-            elif name in self._BLOCK_FIELDS:
+            elif name in ("episode_starts", "hidden", *STEP_FIELDS):
                 target = getattr(self, name)
             else:
                 continue
@@ -175,21 +214,6 @@ class RolloutStorage:
                 target[:, envs].copy_(value)
             else:
                 target[: value.shape[0], envs].copy_(value)
-
-    _BLOCK_FIELDS = frozenset(
-        {
-            "episode_starts",
-            "hidden",
-            "actions",
-            "logprobs",
-            "values",
-            "rewards",
-            "terminated",
-            "truncated",
-            "truncation_values",
-            "expert_actions",
-        }
-    )
 
     def last_obs(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """``(obs[T], episode_starts[T])``: where the next rollout starts."""
