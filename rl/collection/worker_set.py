@@ -109,9 +109,9 @@ class CollectionWorkerSet:
         shares = evenly_distribute_count_into_bins(spec.num_envs, num_workers)
         starts = [sum(shares[:i]) for i in range(num_workers)]
         self.env_slices = [slice(a, a + n) for a, n in zip(starts, shares, strict=True)]
-        remote = ray.remote(
-            num_cpus=cpus_per_worker, concurrency_groups={"control": 1}, max_restarts=0
-        )(CollectionWorker)  # type: ignore[call-overload]  (Ray's stub lacks the groups)
+        # Ray's type stub lacks concurrency_groups (a documented option of actors).
+        options: dict[str, Any] = {"concurrency_groups": {"control": 1}, "max_restarts": 0}
+        remote: Any = ray.remote(num_cpus=cpus_per_worker, **options)(CollectionWorker)
         self.workers = [
             remote.remote(
                 index=i,
