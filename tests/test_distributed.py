@@ -207,6 +207,75 @@ def _train_stop_resume(rank: int, tmp: str) -> None:
     assert checksums_across_ranks(resumed.model)[rank] == sums[rank], "resume is not exact"
 
 
+class EvalOnRankZero(Callback):
+    """What TrainingEvaluation does on rank 0 only: eval/success = 1 after the 2nd rollout."""
+
+    def __init__(self) -> None:
+        self.rollouts = 0
+
+    def on_rollout_end(self, trainer: Any, info: Any) -> None:
+        self.rollouts += 1
+        if self.rollouts == 2:
+            trainer.metrics.publish(info.total_steps, {"eval/success": 1.0})
+
+
+class StageEnds(Callback):
+    def __init__(self) -> None:
+        self.ends: list[tuple[int, int]] = []
+
+    def on_stage_end(self, trainer: Any, stage_index: int) -> None:
+        self.ends.append((stage_index, trainer.pipeline.total_steps))
+
+
+def _eval_criterion(rank: int, tmp: str) -> None:
+    from rl.pipeline import MetricThresholdCriterion
+
+    torch.manual_seed(0)
+    sampler = SerialSampler(task=SMALL, num_envs=4, seed=3, env_offset=rank * 4, total_envs=8)
+    model = ActorCritic(
+        observation_space=sampler.observation_space,
+        action_space=sampler.action_space,
+        cnn_channels=[8],
+        rnn=None,
+    )
+    criterion = MetricThresholdCriterion(metric="eval/success", threshold=0.9)
+    pipe = TrainingPipeline(
+        named_losses={"ppo": PPOLoss()},
+        stages=[
+            PipelineStage(
+                loss_names=["ppo"], max_stage_steps=2048, early_stopping_criterion=criterion
+            ),
+            PipelineStage(loss_names=["ppo"], max_stage_steps=256),
+        ],
+        optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
+        num_steps=16,
+        num_mini_batch=2,
+        update_repeats=1,
+    )
+    ctx = DistContext(rank=rank, world_size=WORLD, local_rank=rank)
+    ends = StageEnds()
+    callbacks = [EvalOnRankZero(), ends] if rank == 0 else [ends]  # as the engine builds them
+    trainer = OnPolicyTrainer(
+        model=model,
+        pipeline=pipe,
+        collector=InProcessCollector(model=model, sampler=sampler, dist=ctx),
+        logger=MetricsLogger([]),
+        output_dir=Path(tmp) / str(rank),
+        callbacks=callbacks,
+        dist=ctx,
+    )
+    trainer.train()
+    trainer.collector.close()
+    # Rollouts of 2 workers x 4 envs x 16 steps = 128 env steps: rank 0's eval/success after
+    # the 2nd rollout ends stage 0 on both ranks at 256; stage 1 then runs its 256 steps.
+    assert ends.ends == [(0, 256), (1, 512)], ends.ends
+    assert checksums_across_ranks(trainer.model)[0] == checksums_across_ranks(trainer.model)[1]
+
+
+def test_an_eval_criterion_on_rank_zero_ends_the_stage_on_every_rank(tmp_path: Path) -> None:
+    run_workers(_eval_criterion, str(tmp_path))
+
+
 def test_trainer_identical_parameters_unique_seeds_stop_and_exact_resume(tmp_path: Path) -> None:
     run_workers(_train_stop_resume, str(tmp_path))
 

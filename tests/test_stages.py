@@ -162,6 +162,56 @@ def test_early_stopping_ends_the_stage_and_the_next_starts_at_once(tmp_path: Pat
     assert [r.stage_index for r in rec.rollouts] == [0, 0, 1, 1, 1, 2]
 
 
+class Seen(EarlyStoppingCriterion):
+    """Records what it is shown at every check; never fires."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, float]] = []
+
+    def __call__(self, *, stage_steps, total_steps, training_metrics) -> bool:
+        self.seen.append(dict(training_metrics))
+        return False
+
+
+class RecordingLogger(MetricsLogger):
+    def __init__(self) -> None:
+        super().__init__([])
+        self.records: list[tuple[int, dict[str, float]]] = []
+
+    def log(self, step: int, metrics) -> None:
+        self.records.append((step, dict(metrics)))
+
+
+def test_a_criterion_judges_every_logged_value_once(tmp_path: Path) -> None:
+    # 64 env steps a rollout, a log point every 128: the checks after rollouts 2 and 4 see that
+    # log point's values, the others nothing new; after rollout 6 the budget ends the stage
+    # before the criterion is asked.
+    seen = Seen()
+    pipe = pipeline(
+        [PipelineStage(loss_names=["ppo"], max_stage_steps=384, early_stopping_criterion=seen)],
+        metric_accumulate_interval=128,
+    )
+    logger = RecordingLogger()
+    with SerialSampler(task=SMALL, num_envs=4, seed=0) as sampler:
+        model = ActorCritic(
+            observation_space=sampler.observation_space,
+            action_space=sampler.action_space,
+            cnn_channels=[8],
+            rnn=None,
+        )
+        OnPolicyTrainer(
+            model=model,
+            pipeline=pipe,
+            collector=InProcessCollector(model=model, sampler=sampler),
+            logger=logger,
+            output_dir=tmp_path,
+        ).train()
+    logged = [metrics for step, metrics in logger.records if "charts/SPS" in metrics]
+    assert [step for step, m in logger.records if "charts/SPS" in m] == [128, 256, 384]
+    assert [bool(v) for v in seen.seen] == [False, True, False, True, False]
+    assert [v for v in seen.seen if v] == logged[:2]  # each logged value once, unaveraged
+
+
 def test_stage_overrides_take_effect_and_unset_values_fall_back(tmp_path: Path) -> None:
     pipe = pipeline(
         [

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import multiprocessing as mp
+import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -176,3 +177,42 @@ def test_wandb_sink_logs_videos(run: tuple[Path, dict[str, float]], tmp_path: Pa
     finally:
         sink.close()
     assert list(tmp_path.glob("wandb/offline-run-*/files/media/videos/**/*.mp4"))
+
+
+def test_periodic_evaluation_at_its_interval_with_exact_episode_counts(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    train(compose_train(out, "eval.interval=128", "eval.num_episodes=3", "eval.num_envs=2"))
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "eval/success" in r]
+    assert [r["env_step"] for r in evals] == [128, 256, 384, 512]  # the last one not twice
+    final = json.loads(
+        (out / "checkpoints" / "ckpt_stage00_step000000000512.eval.json").read_text()
+    )
+    assert [e["episode_seed"] for e in final["episodes"]] == [1_000_000, 1_000_001, 1_000_002]
+
+
+def test_validations_pending_at_a_stop_run_after_resume(
+    run: tuple[Path, dict[str, float]], tmp_path: Path
+) -> None:
+    out = tmp_path / "run"
+    shutil.copytree(run[0], out)
+    # What a stop with validations pending leaves: checkpoints without their result.
+    for step in (256, 384):
+        (out / "checkpoints" / f"ckpt_stage00_step{step:012d}.valid.json").unlink()
+    before = (out / "metrics.jsonl").read_text().count('"valid/success"')
+    train(
+        compose_train(
+            tmp_path / "ignored",
+            f"resume={out}",
+            "total_env_steps=640",
+            "pipeline.stages.0.max_stage_steps=640",
+            "valid.enabled=true",
+            "valid.num_episodes=3",
+            "valid.num_envs=2",
+            "video_interval=256",
+        )
+    )
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    valid_steps = [r["env_step"] for r in records if "valid/success" in r][before:]
+    assert valid_steps == [256, 384, 640]  # the pending two first, then the new one
+    assert all(p.with_suffix(".valid.json").exists() for p in (out / "checkpoints").glob("*.pt"))

@@ -45,7 +45,7 @@ from rl.training.state import RunRecord
 from rl.training.stopping import StopAgreement, TrainingStopped, stop_on_signals
 from rl.training.trainer import OnPolicyTrainer
 from rl.utils.config import to_plain
-from rl.utils.seeding import set_seed, worker_seeds
+from rl.utils.seeding import deterministic_mode, set_seed, worker_seeds
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,7 @@ def _train(start: StartPlan, ctx: DistContext | None = None) -> dict[str, float]
         cfg = start.config
         verify_train_cfg(cfg)
         run = RunSettings.from_config(cfg)
+        stack.enter_context(deterministic_mode(run.deterministic))  # before any CUDA work
         main = ctx is None or ctx.is_main
         output_dir = Path(run.output_dir)
         if main:

@@ -50,6 +50,8 @@ class RunSettings:
         resume: A run folder or checkpoint to continue exactly (None: a new run).
         init_from: A checkpoint whose weights a new run starts from.
         video_interval: Env steps between probe videos (0 or None: none).
+        deterministic: Deterministic algorithms only (see
+            :func:`rl.utils.seeding.deterministic_mode`).
     """
 
     exp_name: str
@@ -63,6 +65,7 @@ class RunSettings:
     resume: str | None
     init_from: str | None
     video_interval: Annotated[int | None, Check(ge=0)]
+    deterministic: bool
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> RunSettings:

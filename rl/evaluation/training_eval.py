@@ -33,6 +33,7 @@ class TrainingEvaluation(Callback):
     def __init__(self, settings: EvalSettings) -> None:
         self.settings = settings
         self.episode_seeds = episode_seed_list(settings.num_episodes, settings.episode_seed)
+        self._last: tuple[int, EvalResult | None] = (-1, None)
 
     def evaluate(self, trainer: OnPolicyTrainer) -> EvalResult:
         """Run the trainer's policy on the episode list; log ``eval/*`` at the current step.
@@ -46,9 +47,8 @@ class TrainingEvaluation(Callback):
             deterministic=s.deterministic,
             action_seed=s.action_seed,
         )
-        logged = result.as_logged("eval")
-        trainer.logger.log(trainer.pipeline.total_steps, logged)
-        trainer.last_metrics.update(logged)
+        self._last = (trainer.pipeline.total_steps, result)
+        trainer.metrics.publish(trainer.pipeline.total_steps, result.as_logged("eval"))
         return result
 
     def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
@@ -64,7 +64,9 @@ class TrainingEvaluation(Callback):
         """Evaluate the final policy; write ``<checkpoint>.eval.json`` and print a table."""
         if not self.episode_seeds:
             return
-        result = self.evaluate(trainer)
+        step, result = self._last
+        if result is None or step != trainer.pipeline.total_steps:  # not evaluated here yet
+            result = self.evaluate(trainer)
         write_eval_json(
             checkpoint.with_suffix(".eval.json"), result, dataclasses.asdict(self.settings)
         )

@@ -7,7 +7,9 @@ queue; the process evaluates them in order, one by one, on the fixed validation 
 and sends the mean metrics back. The main process logs them as ``valid/*`` against each
 checkpoint's env step (results are polled on every rollout end and drained at the end of
 training, before the loggers close). Nothing is skipped: when a new checkpoint arrives while
-earlier ones are still waiting, a warning says how many are pending.
+earlier ones are still waiting, a warning says how many are pending. Each result is also written
+next to its checkpoint (``<checkpoint>.valid.json``), so a run stopped with validations pending
+queues those checkpoints again when it resumes.
 
 The process starts with the first checkpoint and gets plain data only (the resolved task and
 model configs, then checkpoint paths); it starts with an explicit ``forkserver``/``spawn``
@@ -19,6 +21,7 @@ outlives the run.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import multiprocessing as mp
 import queue
@@ -30,7 +33,7 @@ from typing import Any
 
 import torch
 
-from rl.checkpoints.files import load_checkpoint, parse_checkpoint_name
+from rl.checkpoints.files import list_checkpoints, load_checkpoint, parse_checkpoint_name
 from rl.collection.episodes import episode_seed_list, evaluate_policy
 from rl.evaluation.settings import ValidSettings
 from rl.loggers.base import MetricsLogger
@@ -42,6 +45,11 @@ from rl.training.trainer import OnPolicyTrainer
 log = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.5
+
+
+def result_path(checkpoint: Path) -> Path:
+    """Where the validation result of ``checkpoint`` is written (``<checkpoint>.valid.json``)."""
+    return checkpoint.with_suffix(".valid.json")
 
 
 def _start_method(method: str) -> str:
@@ -133,6 +141,7 @@ class BackgroundValidation(Callback):
         self.completed: list[tuple[str, int]] = []
         self.failed: list[str] = []
         self.last_metrics: dict[str, float] = {}
+        self._unobserved: list[dict[str, float]] = []  # results the trainer has not seen yet
         self._process: Any = None
         self._finished = False
 
@@ -188,14 +197,38 @@ class BackgroundValidation(Callback):
         """Queue the checkpoint just saved."""
         self.submit(path)
 
+    def on_train_start(self, trainer: OnPolicyTrainer) -> None:
+        """Queue the run's checkpoints that have no result yet (pending when it was stopped)."""
+        steps = trainer.pipeline.total_steps
+        pending = [
+            p
+            for p in list_checkpoints(trainer.output_dir)
+            if _checkpoint_step(p) <= steps and not result_path(p).exists()
+        ]
+        if pending:
+            log.info(
+                "validation: %d checkpoint(s) of this run were not validated yet: %s",
+                len(pending),
+                ", ".join(p.name for p in pending),
+            )
+        for path in pending:
+            self.submit(path)
+
     def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
         """Log the validations that have finished since the last rollout."""
         self.poll()
+        self._hand_over(trainer)
 
     def on_train_end(self, trainer: OnPolicyTrainer, checkpoint: Path) -> None:
         """Wait for every pending validation; the newest ``valid/*`` join the last metrics."""
         self.finish()
-        trainer.last_metrics.update(self.last_metrics)
+        self._hand_over(trainer)
+
+    def _hand_over(self, trainer: OnPolicyTrainer) -> None:
+        """Results logged since the last call become the trainer's (criteria see ``valid/*``)."""
+        results, self._unobserved = self._unobserved, []
+        for metrics in results:
+            trainer.metrics.observe(metrics)
 
     # ------------------------------------------------------------- results
     def poll(self, timeout: float | None = None) -> int:
@@ -223,6 +256,8 @@ class BackgroundValidation(Callback):
         if status == "ok":
             self.logger.log(step, payload)
             self.last_metrics = dict(payload)
+            self._unobserved.append(dict(payload))
+            result_path(Path(path)).write_text(json.dumps({"step": step, "metrics": payload}))
         else:
             self.failed.append(path)
             log.error("validation of %s (step %d) failed:\n%s", path, step, payload)

@@ -18,8 +18,9 @@ class EarlyStoppingCriterion(abc.ABC):
         Args:
             stage_steps: Env steps taken in the current stage.
             total_steps: Env steps taken in the whole pipeline.
-            training_metrics: Means of the training metrics over the last logging interval
-                (e.g. ``charts/success``), empty until the first episodes finish.
+            training_metrics: The mean of each metric logged since the previous check (e.g.
+                ``charts/success`` at a log point, ``eval/success`` after an evaluation); empty
+                when nothing was logged since, so every logged value is judged once.
         """
 
 

@@ -264,7 +264,11 @@ class TrainingPipeline:
         self.rollout_count += 1
 
     def should_advance(self, training_metrics: Mapping[str, float]) -> bool:
-        """True if the current stage's budget is spent or its criterion fires."""
+        """True if the current stage's budget is spent or its criterion fires.
+
+        Args:
+            training_metrics: What the criterion judges: the values logged since its last check.
+        """
         stage = self.current_stage
         if self.stage_steps >= stage.max_stage_steps:
             return True

@@ -1,6 +1,6 @@
 """The trainer's extension points: the :class:`Callback` protocol and what each rollout did.
 
-A callback is any object with the four hooks below. Subclassing :class:`Callback` (a
+A callback is any object with the five hooks below. Subclassing :class:`Callback` (a
 ``Protocol`` whose hooks do nothing) lets a callback implement only the hooks it needs; the
 trainer calls every hook of every callback, in list order. Evaluation during training, probe
 videos and validation of each checkpoint are callbacks (:mod:`rl.evaluation`).
@@ -53,6 +53,10 @@ class RolloutInfo:
 
 class Callback(Protocol):
     """Hooks the trainer calls; subclass to inherit no-op defaults for the hooks you skip."""
+
+    def on_train_start(self, trainer: OnPolicyTrainer) -> None:
+        """Before the first rollout of :meth:`~OnPolicyTrainer.train` (after a resume's load)."""
+        return None
 
     def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
         """After each rollout's updates and schedule steps, before logging and saving."""

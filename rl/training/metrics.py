@@ -5,8 +5,11 @@
 AllenAct's ``ScalarMeanTracker``), and the seconds spent stepping environments, in inference and
 in updates. At a log point it reduces the means over every distributed worker, adds
 ``charts/SPS`` and ``time/*_fraction`` over the interval, and rank 0's view is what every
-worker keeps as :attr:`TrainingMetrics.last` (the early-stopping criteria read it, so all
-workers must agree on it).
+worker keeps as :attr:`TrainingMetrics.last`.
+
+Early-stopping criteria see every logged value once: :meth:`TrainingMetrics.since_last_check`
+returns the mean of each metric logged (or observed, e.g. ``eval/*`` from callbacks) since the
+previous check, AllenAct's tracker semantics, and nothing when nothing was logged since.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class TrainingMetrics:
         self.train = ScalarMeanTracker()
         self.timers = dict.fromkeys(TIMERS, 0.0)
         self.last: dict[str, float] = {}  # the latest value of every logged metric
+        self.unchecked = ScalarMeanTracker()  # values logged since the criteria's last check
         self.last_log_step = -1
         self._interval_start = (time.perf_counter(), 0)
 
@@ -101,8 +105,22 @@ class TrainingMetrics:
             # metric-based stage advances in step.
             metrics = broadcast_object(metrics)
         self.logger.log(steps, metrics)
-        self.last.update(metrics)
+        self.observe(metrics)
         self._interval_start = (now, steps)
+
+    def observe(self, values: Mapping[str, float]) -> None:
+        """Take logged values (e.g. a callback's ``eval/*``) as the latest and for the criteria."""
+        self.last.update(values)
+        self.unchecked.add_scalars(values)
+
+    def publish(self, steps: int, values: Mapping[str, float]) -> None:
+        """Log ``values`` at env step ``steps`` and :meth:`observe` them."""
+        self.logger.log(steps, values)
+        self.observe(values)
+
+    def since_last_check(self) -> dict[str, float]:
+        """Mean of each value logged since the previous call (what a criterion judges)."""
+        return self.unchecked.pop_and_reset()
 
     def _pop(self, tracker: ScalarMeanTracker) -> dict[str, float]:
         """The tracker's means (over every worker when distributed), then reset it."""
@@ -117,7 +135,11 @@ class TrainingMetrics:
     def state_dict(self) -> dict[str, Any]:
         """``{"trackers": sums and counts not yet logged, "last_metrics", "last_log_step"}``."""
         return {
-            "trackers": {"episode": self.episodes.state_dict(), "train": self.train.state_dict()},
+            "trackers": {
+                "episode": self.episodes.state_dict(),
+                "train": self.train.state_dict(),
+                "criteria": self.unchecked.state_dict(),
+            },
             "last_metrics": dict(self.last),
             "last_log_step": self.last_log_step,
         }
@@ -128,5 +150,7 @@ class TrainingMetrics:
         if "episode" in trackers:
             self.episodes.load_state_dict(trackers["episode"])
             self.train.load_state_dict(trackers["train"])
+        if "criteria" in trackers:  # checkpoints from before criteria had their own tracker
+            self.unchecked.load_state_dict(trackers["criteria"])
         self.last = dict(state.get("last_metrics", {}))
         self.last_log_step = int(state.get("last_log_step", -1))

@@ -115,7 +115,7 @@ class OnPolicyTrainer:
 
     @property
     def last_metrics(self) -> dict[str, float]:
-        """The latest logged value of every metric (what early-stopping criteria read)."""
+        """The latest logged value of every metric."""
         return self.metrics.last
 
     @property
@@ -138,6 +138,8 @@ class OnPolicyTrainer:
         pipe = self.pipeline
         self.learner.step_schedules(pipe.total_steps)
         self.metrics.start_interval(pipe.total_steps)
+        for cb in self.callbacks:
+            cb.on_train_start(self)
         while not pipe.finished and not self.stop.stopping:
             stage_index, stage, settings = (
                 pipe.current_stage_index,
@@ -205,7 +207,7 @@ class OnPolicyTrainer:
             self._log()
         save_interval = settings.save_interval or 0
         due = bool(save_interval) and steps // save_interval > steps_before // save_interval
-        if pipe.should_advance(self.metrics.last):
+        if self._stage_done():
             self._log()
             pipe.advance()
             if not pipe.finished:
@@ -215,6 +217,17 @@ class OnPolicyTrainer:
                 cb.on_stage_end(self, stage_index)
         elif due:
             self.save(stage=stage_index)
+
+    def _stage_done(self) -> bool:
+        """Whether the stage ends now: its budget is spent or its criterion fires.
+
+        The criterion judges the values logged since its last check. Distributed, rank 0's
+        decision holds for every worker (only rank 0 evaluates, so only it sees ``eval/*``).
+        """
+        done = self.pipeline.should_advance(self.metrics.since_last_check())
+        if self.dist.enabled:
+            done = bool(broadcast_object(done))
+        return done
 
     def _finish(self) -> dict[str, float]:
         """End of the loop: a checkpoint at a stop, else the last log, final checkpoint, hooks."""

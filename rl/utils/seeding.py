@@ -1,8 +1,11 @@
-"""Seeding: the global RNGs and per-environment seeds."""
+"""Seeding: the global RNGs, per-environment seeds, and deterministic algorithms."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -59,3 +62,42 @@ def set_rng_state(state: dict[str, object]) -> None:
     name, keys, *rest = state["numpy"]  # type: ignore[misc]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])  # type: ignore[arg-type]
+
+
+# cuBLAS needs a fixed workspace for deterministic results; set before its first use.
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+@contextlib.contextmanager
+def deterministic_mode(enabled: bool = True) -> Iterator[None]:
+    """Deterministic algorithms only within the block (AllenAct's ``set_deterministic_cudnn``).
+
+    Sets ``torch.use_deterministic_algorithms(True)`` (an operation without a deterministic
+    implementation raises instead of running nondeterministically), ``cudnn.deterministic``
+    and no ``cudnn.benchmark`` (no autotuned, possibly nondeterministic kernels), and the
+    ``CUBLAS_WORKSPACE_CONFIG`` environment variable cuBLAS reads when it starts: enter the
+    block before any CUDA work. The previous settings come back after the block. It costs speed
+    on GPUs (slower kernels, no autotuning); on the CPU it changes little. ``enabled=False``
+    leaves everything as it is.
+    """
+    if not enabled:
+        yield
+        return
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+    )
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.deterministic = before[1]
+        torch.backends.cudnn.benchmark = before[2]
+        if before[3] is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
