@@ -294,8 +294,10 @@ def _preempt(rank: int, tmp: str) -> None:
     # The first two rollouts are full-length (4 envs x (20 + 5) steps = 100 env steps); the
     # rest of the 300-step budget is planned as shorter rollouts (the stage's tail).
     assert steps[0][:2] == [20, 20], steps  # the fast worker completes
-    # min_rollout_frac 0.25 of 20 = 5 steps: the straggler stops as soon as it may.
-    assert all(5 <= s <= 7 for s in steps[1][:2]), steps
+    # min_rollout_frac 0.25 of 20 = 5 steps: the straggler is cut, never before its minimum.
+    # (How soon after it depends on timing: the fast worker needs ~20 ms, the straggler 1.6 s
+    # for a full rollout, so only a machine ~80x slower than usual would let it complete.)
+    assert all(5 <= s < 20 for s in steps[1][:2]), steps
     assert all(b <= a for a, b in zip(steps[0], steps[1], strict=True)), steps
     assert rec.env_steps == [4 * (a + b) for a, b in zip(steps[0], steps[1], strict=True)]
     assert trainer.pipeline.total_steps == sum(rec.env_steps)

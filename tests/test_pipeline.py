@@ -69,11 +69,20 @@ def test_multi_linear_decay_continuous_at_boundaries() -> None:
         assert s(bound - 1) > s(bound)
 
 
-def test_multi_linear_decay_aligns_with_stage_budgets() -> None:
-    pipe = _pipeline(budgets=STAGE_BUDGETS)
-    bounds = np.cumsum([s.max_stage_steps for s in pipe.stages]).tolist()
-    assert _two_piece().bounds == bounds
-    assert _two_piece()(pipe.total_max_steps) == 0.0
+def test_multi_linear_decay_follows_the_pipeline_across_its_stages() -> None:
+    # Drive a pipeline in rollouts of 10 env steps and read the schedule at its env-step count:
+    # each piece must end exactly where the pipeline ends the stage it belongs to.
+    pipe, schedule = _pipeline(budgets=STAGE_BUDGETS), _two_piece()
+    at_stage_end = []
+    while not pipe.finished:
+        pipe.add_steps(10)
+        if pipe.should_advance({}):
+            at_stage_end.append(
+                (pipe.current_stage_index, pipe.total_steps, schedule(pipe.total_steps))
+            )
+            pipe.advance()
+    assert at_stage_end == [(0, 100, 0.5), (1, 150, 0.0)]
+    assert schedule(pipe.total_max_steps) == 0.0
 
 
 def test_constant_schedule() -> None:

@@ -28,6 +28,7 @@ from rl.pipeline import (
 )
 from rl.sampling import SerialSampler
 from rl.storage import ExpertTrajectoryIterator
+from rl.tasks import task_spaces
 from rl.training import Callback, OnPolicyTrainer, RolloutInfo
 
 SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 30}
@@ -293,6 +294,35 @@ def test_offpolicy_component_runs_exactly_its_updates(tmp_path: Path) -> None:
     trainer, rec = train(pipe, tmp_path)
     assert [r.offpolicy_updates for r in rec.rollouts] == [3, 3, 3, 0]
     assert trainer.learner.offpolicy_update_count == 9
+
+
+def test_each_distributed_worker_draws_its_own_offpolicy_data(tmp_path: Path) -> None:
+    from rl.distributed import DistContext
+    from rl.training import Learner
+
+    drawn = []
+    for rank in (0, 1):
+        data = ExpertTrajectoryIterator(
+            path=str(tmp_path / "expert.npz"),
+            batch_size=8,
+            seq_len=4,
+            seed=7,
+            generate={"task": SMALL, "num_episodes": 10, "seed": 0},
+        )
+        component = OffPolicyPipelineComponent(
+            data_iterator=data, loss_names=["imitation"], updates=1
+        )
+        pipe = pipeline([PipelineStage(loss_names=[], max_stage_steps=64,
+                                       offpolicy_component=component)])  # fmt: skip
+        space, actions = task_spaces(SMALL)
+        model = ActorCritic(observation_space=space, action_space=actions, cnn_channels=[8])
+        Learner(model=model, pipeline=pipe, dist=DistContext(rank=rank, world_size=2))
+        drawn.append([component.next_batch().steps for _ in range(400)])
+    a, b = (torch.cat([s.flatten() for s in d]) for d in drawn)
+    assert not torch.equal(drawn[0][0], drawn[1][0])  # different batches
+    assert a.max() < b.min()  # disjoint shares ...
+    covered = set(a.tolist()) | set(b.tolist())
+    assert covered == set(range(data.num_steps))  # ... that cover the data set between them
 
 
 def test_lr_multi_linear_decay_across_stage_boundaries(tmp_path: Path) -> None:

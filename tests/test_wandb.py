@@ -8,9 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from wandb_records import OfflineRun, read_run
 
+from rl.evaluation.video import write_video
 from rl.loggers import wandb as wandb_sink
 from rl.loggers.base import RunContext
 
@@ -136,13 +138,17 @@ def _context(tmp_path: Path) -> RunContext:
     )
 
 
-def test_disabled_sink_accepts_everything(tmp_path: Path) -> None:
+def test_disabled_sink_accepts_everything_and_writes_nothing(tmp_path: Path) -> None:
     sink = wandb_sink.WandbSink(context=_context(tmp_path), mode="disabled", log_checkpoint=True)
+    assert sink.run.disabled  # wandb's no-op run: no process, no files, no network
     ckpt = tmp_path / "ckpt.pt"
     ckpt.write_bytes(b"x")
     sink.log(5, {"charts/a": 1.0})
     sink.log_checkpoint(5, ckpt)
+    video = write_video([np.zeros((16, 16, 3), dtype=np.uint8)] * 2, tmp_path / "v.mp4")
+    sink.log_video(5, video)
     sink.close()
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["ckpt.pt", video.name]  # no wandb/
 
 
 def test_bad_mode_is_a_clear_error(tmp_path: Path) -> None:

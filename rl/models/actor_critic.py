@@ -216,8 +216,9 @@ class ActorCritic(nn.Module):
         """GRU over ``x [T, N, F]``, zeroing each env's state before its episode starts.
 
         Whole chunks between time steps where any environment starts an episode go through one
-        GRU call; this reproduces step-by-step collection bitwise. (Packing each episode segment
-        as its own sequence was measured slower on CPU: the sequential length barely shrinks.)
+        GRU call; this reproduces step-by-step collection to float32 rounding (within 1e-6).
+        (Packing each episode segment as its own sequence was measured slower on CPU: the
+        sequential length barely shrinks.)
         """
         assert self.rnn is not None
         keep = (~episode_starts).to(x.dtype)  # [T, N]

@@ -7,10 +7,22 @@ A stage may carry one component: after each rollout's on-policy update, the trai
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class ShardableData(Protocol):
+    """A data iterator that can give each distributed worker its own share."""
+
+    def shard(self, rank: int, world_size: int) -> None:
+        """Draw only from worker ``rank``'s share of ``world_size``."""
+        ...
 
 
 class OffPolicyPipelineComponent:
@@ -51,6 +63,21 @@ class OffPolicyPipelineComponent:
     def weighted_losses(self) -> dict[str, float]:
         """``{loss_name: weight}``."""
         return dict(zip(self.loss_names, self.loss_weights, strict=True))
+
+    def shard(self, rank: int, world_size: int) -> None:
+        """Give distributed worker ``rank`` its own share of the data (when the iterator can).
+
+        Data iterators that implement :class:`ShardableData` split their data; others give
+        every worker the same stream, and a warning says so.
+        """
+        if isinstance(self.data_iterator, ShardableData):
+            self.data_iterator.shard(rank, world_size)
+        elif rank == 0:
+            log.warning(
+                "off-policy data iterator %s cannot be sharded: every worker draws the same "
+                "batches",
+                type(self.data_iterator).__name__,
+            )
 
     @property
     def generator(self) -> torch.Generator | None:

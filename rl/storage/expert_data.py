@@ -34,11 +34,13 @@ class ExpertBatch:
         episode_starts: ``[T, B]`` bool; the first step of every window is marked, so the
             recurrent state starts from zeros there.
         expert_actions: ``[T, B]`` the expert's actions.
+        steps: ``[T, B]`` where in the file each step comes from.
     """
 
     obs: dict[str, torch.Tensor]
     episode_starts: torch.Tensor
     expert_actions: torch.Tensor
+    steps: torch.Tensor
 
     @property
     def num_samples(self) -> int:
@@ -140,14 +142,37 @@ class ExpertTrajectoryIterator:
             raise ValueError(f"{file} holds {self.num_steps} steps, fewer than seq_len={seq_len}")
         self.batch_size = batch_size
         self.seq_len = seq_len
+        self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
+        self.window = (0, self.num_steps)  # the steps this iterator's windows lie in
+
+    def shard(self, rank: int, world_size: int) -> None:
+        """Draw only from this worker's share of the data (AllenAct's per-worker iterators).
+
+        Worker ``rank`` of ``world_size`` takes the ``rank``-th contiguous block of the steps
+        (windows lie inside it, so the workers' blocks cover the file between them) and seeds
+        its sampler with ``seed + rank``.
+
+        Raises:
+            ValueError: A block is shorter than ``seq_len``.
+        """
+        lo = rank * self.num_steps // world_size
+        hi = (rank + 1) * self.num_steps // world_size
+        if hi - lo < self.seq_len:
+            raise ValueError(
+                f"{world_size} workers: a share of {hi - lo} expert steps is shorter than "
+                f"seq_len={self.seq_len}; record more episodes"
+            )
+        self.window = (lo, hi)
+        self.generator = torch.Generator().manual_seed(self.seed + rank)
 
     def __iter__(self) -> Iterator[ExpertBatch]:
         return self
 
     def __next__(self) -> ExpertBatch:
-        starts = torch.randint(
-            0, self.num_steps - self.seq_len + 1, (self.batch_size,), generator=self.generator
+        lo, hi = self.window
+        starts = lo + torch.randint(
+            0, hi - lo - self.seq_len + 1, (self.batch_size,), generator=self.generator
         )
         idx = starts.unsqueeze(0) + torch.arange(self.seq_len).unsqueeze(1)  # [T, B]
         episode_starts = self.episode_starts[idx].clone()
@@ -156,6 +181,7 @@ class ExpertTrajectoryIterator:
             obs={k: v[idx] for k, v in self.obs.items()},
             episode_starts=episode_starts,
             expert_actions=self.expert_actions[idx],
+            steps=idx,
         )
 
 

@@ -65,6 +65,10 @@ class Learner:
         self.shuffle_generator = torch.Generator().manual_seed(seed)
         self.offpolicy_update_count = 0
         self._params = [p for p in model.parameters() if p.requires_grad]
+        if self.dist.enabled:  # each worker draws its own off-policy data
+            for stage in pipeline.stages:
+                if stage.offpolicy_component is not None:
+                    stage.offpolicy_component.shard(self.dist.rank, self.dist.world_size)
 
     @property
     def learning_rate(self) -> float:
