@@ -162,6 +162,25 @@ def test_verify_names_the_offending_key(
         pytest.param(["seed=abc"], "seed: expected int, got 'abc'", id="run-key-type"),
         pytest.param(["~eval.action_seed"], "eval.action_seed: missing", id="missing-key"),
         pytest.param(["~valid"], "valid: missing (null turns it off)", id="missing-section"),
+        pytest.param(["pipeline.gamma=1.5"], "pipeline.gamma: must be <= 1, got 1.5", id="gamma"),
+        pytest.param(
+            ["pipeline.optimizer.lr=-1"], "pipeline.optimizer.lr: must be > 0, got -1", id="lr"
+        ),
+        pytest.param(
+            ["pipeline.named_losses.ppo.clip_param=0"],
+            "pipeline.named_losses.ppo.clip_param: must be > 0, got 0",
+            id="loss-range",
+        ),
+        pytest.param(
+            ["+pipeline.stages.0.gae_lambda=2"],
+            "pipeline.stages.0.gae_lambda: must be <= 1, got 2",
+            id="stage-override-range",
+        ),
+        pytest.param(
+            ["task=gym", "task.env_id=CartPole-v1", "task.wrappers=[no.such.Wrapper]"],
+            "task.wrappers.0: cannot use 'no.such.Wrapper' as a wrapper",
+            id="wrapper-path",
+        ),
     ],
 )
 def test_settings_sections_are_typed_and_ranged(
@@ -171,6 +190,15 @@ def test_settings_sections_are_typed_and_ranged(
     with pytest.raises(ConfigError) as info:
         verify_train_cfg(plain)
     assert expected in str(info.value)
+
+
+def test_out_of_range_values_are_all_reported_at_once(compose_cfg, resolve_cfg) -> None:
+    plain = resolve_cfg(
+        compose_cfg(["+experiment=ppo_nav", "pipeline.gamma=1.5", "pipeline.optimizer.lr=-1"])
+    )
+    with pytest.raises(ConfigError) as info:
+        verify_train_cfg(plain)
+    assert "pipeline.gamma" in str(info.value) and "pipeline.optimizer.lr" in str(info.value)
 
 
 def test_null_sections_turn_evaluation_off(compose_cfg, resolve_cfg) -> None:

@@ -62,3 +62,21 @@ def test_image_observation_env_builds_a_cnn_model() -> None:
         rnn=None,
     )
     assert model._kinds == {"obs": "image"}
+
+
+def test_a_wrapper_given_as_a_dotted_path(compose_cfg, resolve_cfg) -> None:
+    from rl.engine.settings import verify_train_cfg
+    from rl.tasks import build_env
+
+    overrides = ["task=gym", "task.env_id=MiniGrid-Empty-5x5-v0",
+                 "task.wrappers=[minigrid.wrappers.ImgObsWrapper]"]  # fmt: skip
+    plain = resolve_cfg(compose_cfg(overrides))
+    verify_train_cfg(plain)
+    env = build_env(plain["task"])
+    try:
+        assert isinstance(
+            env.observation_space, gym.spaces.Box
+        )  # the image, unwrapped from the dict
+        assert env.observation_space.shape == (7, 7, 3)
+    finally:
+        env.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from rl.losses.base import (
     Loss,
     LossOutput,
@@ -11,6 +13,7 @@ from rl.losses.base import (
 )
 from rl.models.actor_critic import ActorCriticOutput
 from rl.storage.rollout import RolloutBatch
+from rl.utils.config import Check
 
 
 class A2CLoss(Loss):
@@ -25,8 +28,8 @@ class A2CLoss(Loss):
     def __init__(
         self,
         *,
-        value_loss_coef: float = 0.5,
-        entropy_coef: float = 0.01,
+        value_loss_coef: Annotated[float, Check(ge=0)] = 0.5,
+        entropy_coef: Annotated[float, Check(ge=0)] = 0.01,
         normalize_advantage: bool = False,
     ) -> None:
         self.value_loss_coef = value_loss_coef

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 
 from rl.losses.base import (
@@ -14,6 +16,7 @@ from rl.losses.base import (
 from rl.models.actor_critic import ActorCriticOutput
 from rl.pipeline.schedules import Schedule
 from rl.storage.rollout import RolloutBatch
+from rl.utils.config import Check
 
 
 class PPOLoss(Loss):
@@ -34,10 +37,10 @@ class PPOLoss(Loss):
     def __init__(
         self,
         *,
-        clip_param: float = 0.2,
+        clip_param: Annotated[float, Check(gt=0)] = 0.2,
         clip_decay: Schedule | None = None,
-        value_loss_coef: float = 0.5,
-        entropy_coef: float = 0.01,
+        value_loss_coef: Annotated[float, Check(ge=0)] = 0.5,
+        entropy_coef: Annotated[float, Check(ge=0)] = 0.01,
         use_clipped_value_loss: bool = True,
         normalize_advantage: bool = True,
     ) -> None:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 
 from rl.pipeline.early_stopping import EarlyStoppingCriterion, NeverEarlyStoppingCriterion
 from rl.pipeline.offpolicy import OffPolicyPipelineComponent
 from rl.pipeline.schedules import Schedule
+from rl.utils.config import Check
 
 log = logging.getLogger(__name__)
 
@@ -99,21 +100,21 @@ class PipelineStage:
         self,
         *,
         loss_names: Sequence[str],
-        max_stage_steps: int,
+        max_stage_steps: Annotated[int, Check(gt=0)],
         loss_weights: Sequence[float] | None = None,
         teacher_forcing: Schedule | None = None,
         early_stopping_criterion: EarlyStoppingCriterion | None = None,
         offpolicy_component: OffPolicyPipelineComponent | None = None,
-        num_steps: int | None = None,
-        num_mini_batch: int | None = None,
-        update_repeats: int | None = None,
-        max_grad_norm: float | None = None,
-        gamma: float | None = None,
+        num_steps: Annotated[int | None, Check(ge=1)] = None,
+        num_mini_batch: Annotated[int | None, Check(ge=1)] = None,
+        update_repeats: Annotated[int | None, Check(ge=1)] = None,
+        max_grad_norm: Annotated[float | None, Check(gt=0)] = None,
+        gamma: Annotated[float | None, Check(ge=0, le=1)] = None,
         use_gae: bool | None = None,
-        gae_lambda: float | None = None,
-        advance_scene_rollout_period: int | None = None,
-        save_interval: int | None = None,
-        metric_accumulate_interval: int | None = None,
+        gae_lambda: Annotated[float | None, Check(ge=0, le=1)] = None,
+        advance_scene_rollout_period: Annotated[int | None, Check(ge=1)] = None,
+        save_interval: Annotated[int | None, Check(ge=0)] = None,
+        metric_accumulate_interval: Annotated[int | None, Check(ge=0)] = None,
     ) -> None:
         self.loss_names = list(loss_names)
         self.offpolicy_component = offpolicy_component
@@ -176,16 +177,16 @@ class TrainingPipeline:
         stages: Sequence[PipelineStage],
         optimizer: Callable[..., torch.optim.Optimizer],
         lr_scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
-        num_steps: int = 128,
-        num_mini_batch: int = 4,
-        update_repeats: int = 4,
-        max_grad_norm: float = 0.5,
-        gamma: float = 0.99,
+        num_steps: Annotated[int, Check(ge=1)] = 128,
+        num_mini_batch: Annotated[int, Check(ge=1)] = 4,
+        update_repeats: Annotated[int, Check(ge=1)] = 4,
+        max_grad_norm: Annotated[float, Check(gt=0)] = 0.5,
+        gamma: Annotated[float, Check(ge=0, le=1)] = 0.99,
         use_gae: bool = True,
-        gae_lambda: float = 0.95,
-        advance_scene_rollout_period: int | None = None,
-        save_interval: int = 0,
-        metric_accumulate_interval: int = 10_000,
+        gae_lambda: Annotated[float, Check(ge=0, le=1)] = 0.95,
+        advance_scene_rollout_period: Annotated[int | None, Check(ge=1)] = None,
+        save_interval: Annotated[int, Check(ge=0)] = 0,
+        metric_accumulate_interval: Annotated[int, Check(ge=0)] = 10_000,
     ) -> None:
         self.named_losses = dict(named_losses)
         self.stages = list(stages)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rl.utils.config import Check
+
 
 def _stage_errors(pipe: Mapping[str, Any], i: int, num_envs: int) -> list[str]:
     stage = pipe["stages"][i]
@@ -32,19 +34,13 @@ def _stage_errors(pipe: Mapping[str, Any], i: int, num_envs: int) -> list[str]:
     def setting(key: str) -> Any:
         return stage[key] if stage.get(key) is not None else pipe.get(key)
 
-    for key in ("num_steps", "num_mini_batch", "update_repeats"):
-        value = setting(key)
-        if isinstance(value, int) and value < 1:
-            errors.append(f"{where}.{key} (or pipeline.{key}): must be >= 1, got {value}")
+    # Ranges of single settings come from the constructors' annotations (check_targets).
     mb = setting("num_mini_batch")
     if isinstance(mb, int) and mb > num_envs:
         errors.append(
             f"{where}.num_mini_batch (or pipeline.num_mini_batch)={mb} > {num_envs} "
             "environments: minibatches are split by environment, so at most one per env"
         )
-    budget = stage.get("max_stage_steps")
-    if isinstance(budget, int) and budget <= 0:
-        errors.append(f"{where}.max_stage_steps: must be positive, got {budget}")
     return errors
 
 
@@ -66,6 +62,11 @@ def pipeline_errors(
     if not stages:
         return ["pipeline.stages: at least one stage is required"]
     errors = [e for i in range(len(stages)) for e in _stage_errors(pipe, i, num_envs)]
+    optimizer = pipe.get("optimizer") or {}
+    for key, check in (("lr", Check(gt=0)), ("eps", Check(ge=0)), ("weight_decay", Check(ge=0))):
+        problem = check.problem(optimizer.get(key))
+        if problem is not None:
+            errors.append(f"pipeline.optimizer.{key}: {problem}")
     budgets = [st.get("max_stage_steps") for st in stages]
     if (
         isinstance(total_env_steps, int)

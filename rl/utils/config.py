@@ -54,9 +54,17 @@ def import_target(path: str) -> Callable[..., Any]:
 def _hints(target: Callable[..., Any]) -> dict[str, Any]:
     fn = target.__init__ if inspect.isclass(target) else target  # type: ignore[misc]
     try:
-        return typing.get_type_hints(fn)
+        return typing.get_type_hints(fn, include_extras=True)
     except Exception:  # noqa: BLE001  (unresolvable annotations: skip type checks)
         return {}
+
+
+def split_hint(hint: Any) -> tuple[Any, list[Check]]:
+    """``(type, checks)`` of an annotation, ``Annotated[int, Check(ge=1)]`` or a plain type."""
+    if typing.get_origin(hint) is typing.Annotated:
+        base, *meta = typing.get_args(hint)
+        return base, [m for m in meta if isinstance(m, Check)]
+    return hint, []
 
 
 def _type_ok(value: Any, hint: Any) -> bool:
@@ -135,11 +143,17 @@ def _check_target_node(node: Mapping[str, Any], path: str, runtime: set[str]) ->
             accepted = ", ".join(n for n, p in params.items() if p.kind is not p.VAR_POSITIONAL)
             errors.append(f"{where}.{key}: unknown key for {target_path} (accepted: {accepted})")
             continue
-        if key in hints and not _type_ok(node[key], hints[key]):
+        if key not in hints:
+            continue
+        hint, checks = split_hint(hints[key])
+        if not _type_ok(node[key], hint):
             errors.append(
-                f"{where}.{key}: expected {_hint_name(hints[key])}, "
+                f"{where}.{key}: expected {_hint_name(hint)}, "
                 f"got {type(node[key]).__name__} {node[key]!r}"
             )
+            continue
+        problems = [c.problem(node[key]) for c in checks]
+        errors += [f"{where}.{key}: {p}" for p in problems if p is not None]
     if not node.get("_partial_", False):
         missing = [
             n
@@ -238,10 +252,7 @@ def section_errors(cls: type, section: Any, where: str) -> list[str]:
         if name not in section:
             errors.append(f"{prefix}{name}: missing")
             continue
-        hint, checks = hints[name], []
-        if typing.get_origin(hint) is typing.Annotated:
-            hint, *meta = typing.get_args(hint)
-            checks = [m for m in meta if isinstance(m, Check)]
+        hint, checks = split_hint(hints[name])
         value = section[name]
         if (isinstance(value, Mapping) and not _accepts_mapping(hint)) or not _type_ok(
             value, hint
