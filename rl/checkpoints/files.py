@@ -4,10 +4,18 @@ Names are ``ckpt_stage{SS}_step{NNNNNNNNNNNN}.pt`` so that a plain sort is step 
 ``latest`` file beside them names the newest. Files are written to a temporary name, fsynced
 and renamed, so a crash mid-write never leaves a corrupt file under a checkpoint name. Loading
 uses ``torch.load(weights_only=True)``: a checkpoint that needs arbitrary unpickling is refused.
+
+Files carry their own SHA-256 in the zip archive comment (``torch.load`` ignores it), because
+``torch.load`` does not check the archive's CRCs: without it a flipped bit in a tensor would
+load silently. :func:`load_checkpoint` verifies it, so a truncated, bit-flipped or otherwise
+damaged file is a :class:`CheckpointError` naming the file. Files written before the digest
+existed load unverified.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import re
 import tempfile
@@ -66,10 +74,44 @@ def _atomic_write(path: Path, write: Any) -> None:
         raise
 
 
+# Zip's end-of-central-directory record: its signature, and its size without the comment.
+_EOCD, _EOCD_SIZE = b"PK\x05\x06", 22
+_DIGEST_TAG = b"rl-sha256:"
+
+
+def with_digest(data: bytes) -> bytes:
+    """A ``torch.save`` archive with the SHA-256 of its bytes as the zip archive comment."""
+    eocd = data.rfind(_EOCD)
+    if eocd < 0 or len(data) != eocd + _EOCD_SIZE:
+        raise ValueError("not a zip archive without a comment (as torch.save writes them)")
+    body = data[: eocd + _EOCD_SIZE - 2]  # all but the comment length
+    comment = _DIGEST_TAG + hashlib.sha256(body).hexdigest().encode()
+    return body + len(comment).to_bytes(2, "little") + comment
+
+
+def digest_problem(data: bytes) -> str | None:
+    """Why ``data`` does not match the digest it carries (None: it matches, or carries none)."""
+    eocd = data.rfind(_EOCD, max(0, len(data) - _EOCD_SIZE - 65_535))
+    if eocd < 0 or len(data) < eocd + _EOCD_SIZE:
+        return None  # not an archive we can read: torch.load says why
+    length = int.from_bytes(data[eocd + 20 : eocd + 22], "little")
+    comment = data[eocd + _EOCD_SIZE :]
+    if not comment.startswith(_DIGEST_TAG):
+        return None  # no digest: a file from before digests (or not ours)
+    if len(comment) != length:
+        return "its length does not match its archive (truncated or extended)"
+    expected = comment[len(_DIGEST_TAG) :].decode("ascii", "replace")
+    if hashlib.sha256(data[: eocd + _EOCD_SIZE - 2]).hexdigest() != expected:
+        return "its SHA-256 does not match the one it was written with (damaged)"
+    return None
+
+
 def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps: int) -> Path:
     """Atomically write ``state`` to ``run_dir/checkpoints/<name>`` and update ``latest``."""
     path = Path(run_dir) / CHECKPOINT_DIR / checkpoint_name(stage, env_steps)
-    _atomic_write(path, lambda f: torch.save(state, f))
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    _atomic_write(path, lambda f: f.write(with_digest(buffer.getvalue())))
     _atomic_write(path.parent / LATEST, lambda f: f.write(path.name.encode()))
     return path
 
@@ -113,11 +155,16 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    data = path.read_bytes()
+    problem = digest_problem(data)
+    if problem is not None:
+        raise CheckpointError(f"cannot read checkpoint {path}: {problem}")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as e:
+        first_line = next(iter(str(e).splitlines()), "")  # some errors have no message
         raise CheckpointError(
-            f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0]}\n"
+            f"cannot read checkpoint {path}: {type(e).__name__}: {first_line}\n"
             "(checkpoints are loaded with weights_only=True; a file that needs arbitrary "
             "unpickling is refused)"
         ) from e

@@ -22,7 +22,7 @@ import torch
 import yaml
 from omegaconf import DictConfig
 
-from rl.checkpoints.files import load_checkpoint
+from rl.checkpoints.files import CheckpointError, load_checkpoint
 from rl.checkpoints.resume import StartPlan, plan_start
 from rl.collection.base import CollectionSpec, Collector
 from rl.distributed.launch import launched_by_torchrun, run_torchrun_worker, spawn_workers
@@ -178,7 +178,13 @@ def _train(start: StartPlan, ctx: DistContext | None = None) -> dict[str, float]
             stop=stop,
         )
         if start.resume_state is not None:
-            trainer.load_state_dict(start.resume_state)
+            try:
+                trainer.load_state_dict(start.resume_state)
+            except (KeyError, RuntimeError, ValueError) as e:
+                raise CheckpointError(
+                    f"resume from {start.checkpoint}: it does not fit this run: "
+                    f"{type(e).__name__}: {next(iter(str(e).splitlines()), '')}"
+                ) from e
         metrics = trainer.train()
         if trainer.stop_reason is not None:
             raise TrainingStopped(trainer.stop_reason, trainer.last_checkpoint)

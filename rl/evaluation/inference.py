@@ -25,7 +25,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rl.checkpoints.files import load_checkpoint
+from rl.checkpoints.files import CheckpointError, load_checkpoint
 from rl.models.actor_critic import ActorCritic
 from rl.models.factory import build_model
 from rl.tasks.factory import build_env, dict_space
@@ -93,7 +93,13 @@ class InferenceAgent:
         finally:
             env.close()
         model = build_model(config["model"], dict_space(space), action_space)
-        model.load_state_dict(state["model"])
+        try:
+            model.load_state_dict(state["model"])
+        except RuntimeError as e:
+            raise CheckpointError(
+                f"{path}: its weights do not fit the model its config describes: "
+                f"{next(iter(str(e).splitlines()), '')}"
+            ) from e
         return cls(
             model=model,
             observation_space=space,

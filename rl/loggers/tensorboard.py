@@ -1,0 +1,73 @@
+"""TensorBoard sink: scalars against env steps, probe videos as animated images.
+
+Event files go to ``<run>/tensorboard/`` (``tensorboard --logdir outputs/<exp>`` shows every run
+of an experiment). Every scalar of a log point is written with the global env-step count as its
+step, under the same names as elsewhere, so TensorBoard groups them into the same sections
+(``charts/``, ``losses/<loss>/``, ``eval/``, ``valid/``, ``time/``, ``pipeline/``,
+``collection/``). Probe videos are written as animated GIF images under ``videos/probe`` (what
+``SummaryWriter.add_video`` does, without its moviepy dependency).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+import imageio.v2 as imageio
+import numpy as np
+from PIL import Image
+from tensorboard.compat.proto.summary_pb2 import Summary
+from torch.utils.tensorboard import SummaryWriter
+
+from rl.loggers.base import MetricsSink, RunContext
+
+
+def gif_bytes(frames: list[np.ndarray], fps: int = 8) -> bytes:
+    """An animated GIF of RGB ``[H, W, 3]`` uint8 frames."""
+    images = [Image.fromarray(np.asarray(f, dtype=np.uint8)) for f in frames]
+    out = io.BytesIO()
+    images[0].save(
+        out, format="GIF", save_all=True, append_images=images[1:], duration=1000 // fps, loop=0
+    )
+    return out.getvalue()
+
+
+class TensorBoardSink(MetricsSink):
+    """Write metrics and probe videos to TensorBoard event files.
+
+    Args:
+        context: The run (filled in by the engine).
+        subdir: Folder of the event files inside the run folder.
+        flush_secs: How often the writer flushes to disk.
+    """
+
+    def __init__(
+        self, *, context: RunContext, subdir: str = "tensorboard", flush_secs: int = 30
+    ) -> None:
+        self.log_dir = Path(context.output_dir) / subdir
+        self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=flush_secs)
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        """One scalar per metric at env step ``step`` (NaNs are skipped)."""
+        for key, value in metrics.items():
+            value = float(value)
+            if not math.isnan(value):
+                self.writer.add_scalar(key, value, global_step=step)
+
+    def log_video(self, step: int, path: Path) -> None:
+        """The video file ``path`` as an animated image under ``videos/probe``."""
+        frames = [np.asarray(f)[..., :3] for f in imageio.mimread(str(path), memtest=False)]
+        if not frames:
+            return
+        height, width = frames[0].shape[:2]
+        image = Summary.Image(
+            height=height, width=width, colorspace=3, encoded_image_string=gif_bytes(frames)
+        )
+        summary = Summary(value=[Summary.Value(tag="videos/probe", image=image)])
+        self.writer.file_writer.add_summary(summary, step)  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        """Flush and close the event file."""
+        self.writer.close()

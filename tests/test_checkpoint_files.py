@@ -1,0 +1,81 @@
+"""Damaged or foreign checkpoint files: always a CheckpointError naming the file (hypothesis).
+
+Never a crash of another kind, a hang, or a silent partial load: ``torch.load`` does not check
+the archive's CRCs, so a flipped bit would load silently without the digest every checkpoint
+carries (``rl.checkpoints.files``).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rl.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
+from rl.evaluation import InferenceAgent
+
+FOLDER = Path(tempfile.mkdtemp(prefix="rl-ckpt-"))
+STATE = {"model": {"w": torch.arange(256.0).reshape(16, 16)}, "config": {"a": 1},
+         "pipeline": {"total_steps": 7}}  # fmt: skip
+GOOD = save_checkpoint(FOLDER / "good", STATE, 0, 7).read_bytes()
+
+
+def damaged(data: bytes, kind: str, draw: st.DrawFn) -> bytes:
+    if kind == "truncated":
+        return data[: draw(st.integers(0, len(data) - 1))]
+    if kind == "bit flips":
+        b = bytearray(data)
+        for pos, bit in draw(st.lists(st.tuples(st.integers(0, len(b) - 1), st.integers(0, 7)),
+                                      min_size=1, max_size=4)):  # fmt: skip
+            b[pos] ^= 1 << bit
+        return bytes(b) if bytes(b) != data else data[:-1]
+    if kind == "extended":
+        return data + draw(st.binary(min_size=1, max_size=64))
+    if kind == "empty":
+        return b""
+    return draw(st.binary(min_size=1, max_size=4096))  # random bytes
+
+
+@settings(max_examples=300, deadline=2_000)
+@given(st.data())
+def test_damaged_files_are_clear_errors(data: st.DataObject) -> None:
+    kind = data.draw(st.sampled_from(["truncated", "bit flips", "extended", "empty", "random"]))
+    path = FOLDER / "checkpoints" / "ckpt_stage00_step000000000001.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(damaged(GOOD, kind, data.draw))
+    with pytest.raises(CheckpointError, match=str(path)):
+        load_checkpoint(path)
+
+
+class Pickled:
+    pass
+
+
+def test_foreign_files_are_clear_errors(tmp_path: Path) -> None:
+    pickle = tmp_path / "pickle.pt"
+    torch.save({"model": {}, "config": {}, "x": Pickled()}, pickle)
+    with pytest.raises(CheckpointError, match="pickle.pt"):
+        load_checkpoint(pickle)
+    plain = tmp_path / "other.pt"
+    torch.save({"weights": torch.zeros(2)}, plain)  # a state dict, not a checkpoint of ours
+    with pytest.raises(CheckpointError, match="other.pt.*not a checkpoint of this project"):
+        load_checkpoint(plain)
+
+
+def test_weights_of_another_model_are_a_clear_error(tmp_path: Path) -> None:
+    task = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 30}
+    model = {"_target_": "rl.models.ActorCritic", "_partial_": True, "cnn_channels": [8]}
+    state = {"model": {"w": torch.zeros(3)}, "config": {"task": task, "model": model}}
+    path = save_checkpoint(tmp_path, state, 0, 1)
+    with pytest.raises(CheckpointError, match=f"{path}: its weights do not fit"):
+        InferenceAgent.from_checkpoint(path)
+
+
+def test_an_intact_file_loads_exactly() -> None:
+    path = FOLDER / "good" / "checkpoints" / "ckpt_stage00_step000000000007.pt"
+    loaded = load_checkpoint(path)
+    assert torch.equal(loaded["model"]["w"], STATE["model"]["w"])
