@@ -40,7 +40,7 @@ def damaged(data: bytes, kind: str, draw: st.DrawFn) -> bytes:
     return draw(st.binary(min_size=1, max_size=4096))  # random bytes
 
 
-@settings(max_examples=300, deadline=2_000)
+@settings(max_examples=300, deadline=2_000, derandomize=True)  # the same cases in every CI run
 @given(st.data())
 def test_damaged_files_are_clear_errors(data: st.DataObject) -> None:
     kind = data.draw(st.sampled_from(["truncated", "bit flips", "extended", "empty", "random"]))

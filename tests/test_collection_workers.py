@@ -229,6 +229,31 @@ def test_evaluation_over_two_workers_runs_each_episode_once(ray_instance: Any) -
     assert {"success", "spl", "return"} <= set(result.metrics)
 
 
+@pytest.mark.slow
+def test_async_collection_workers_learn_small_pointnav(
+    compose_cfg: Any, ray_instance: Any
+) -> None:
+    """Asynchronous PPO (two Ray workers collect while the learner updates; policy lag 1)
+    within the budget of test_learning's PPO test (200k env steps on nav_small)."""
+    cfg = compose_cfg(
+        [
+            "+experiment=ppo_nav",
+            "task=nav_small",
+            "total_env_steps=200_000",
+            "torch_threads=1",
+            "eval.num_episodes=100",
+            "collector=ray",
+            "collector.mode=async",
+            "collector.num_workers=2",
+            "logger.sinks.console.progress_bar=false",
+        ]
+    )
+    metrics = run.train(cfg)
+    assert metrics["collection/policy_lag"] == 1.0, metrics
+    assert metrics["eval/success"] >= 0.9, metrics
+    assert metrics["eval/spl"] >= 0.7, metrics
+
+
 # -------------------------------------------------------------------------- faults
 def test_a_killed_worker_is_a_clear_error_and_nothing_is_left(ray_instance: Any) -> None:
     doomed = worker_seeds(4, 2)[3]  # worker 1's second environment

@@ -35,6 +35,7 @@ def compose_train(out: Path, *overrides: str) -> Any:
         with initialize(version_base="1.3", config_path="../conf"):
             return compose(
                 config_name="train",
+                return_hydra_config=True,  # the typed overrides (resume) come from this config
                 overrides=[
                     "+experiment=ppo_nav",
                     "+debug=smoke",

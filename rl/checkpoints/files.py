@@ -90,17 +90,26 @@ def with_digest(data: bytes) -> bytes:
 
 
 def digest_problem(data: bytes) -> str | None:
-    """Why ``data`` does not match the digest it carries (None: it matches, or carries none)."""
-    eocd = data.rfind(_EOCD, max(0, len(data) - _EOCD_SIZE - 65_535))
-    if eocd < 0 or len(data) < eocd + _EOCD_SIZE:
-        return None  # not an archive we can read: torch.load says why
-    length = int.from_bytes(data[eocd + 20 : eocd + 22], "little")
+    """Why ``data`` is not a complete archive matching its digest (None: it is).
+
+    The archive's end record must close the file exactly (its comment running to the last
+    byte); an empty comment is a file from before digests, loaded unverified; any other comment
+    must be the digest, and the digest must match.
+    """
+    eocd = len(data)
+    while True:
+        eocd = data.rfind(_EOCD, max(0, len(data) - _EOCD_SIZE - 65_535), eocd)
+        if eocd < 0:
+            return "it is not a complete archive (truncated, extended or not a checkpoint)"
+        length = int.from_bytes(data[eocd + 20 : eocd + 22], "little")
+        if eocd + _EOCD_SIZE + length == len(data):
+            break
     comment = data[eocd + _EOCD_SIZE :]
-    if not comment.startswith(_DIGEST_TAG):
-        return None  # no digest: a file from before digests (or not ours)
-    if len(comment) != length:
-        return "its length does not match its archive (truncated or extended)"
+    if not comment:
+        return None  # written before checkpoints carried a digest
     expected = comment[len(_DIGEST_TAG) :].decode("ascii", "replace")
+    if not comment.startswith(_DIGEST_TAG) or len(expected) != 64:
+        return "its digest is damaged"
     if hashlib.sha256(data[: eocd + _EOCD_SIZE - 2]).hexdigest() != expected:
         return "its SHA-256 does not match the one it was written with (damaged)"
     return None
