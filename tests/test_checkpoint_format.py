@@ -67,11 +67,13 @@ def test_a_format2_checkpoint_from_before_the_split_resumes_exactly(
     old = load_checkpoint(list_checkpoints(old_run)[0])
     assert old["format_version"] == CHECKPOINT_FORMAT == 2
     assert set(old) == LAYOUT
-    run.train(compose_cfg([*OVERRIDES, f"resume={old_run}"]))
+    # As a user resumes: the run folder (the saved config is used; conf/ changed since).
+    run.train(compose_cfg(["+experiment=ppo_nav", "+debug=smoke", f"resume={old_run}"]))
     resumed = load_checkpoint(latest_checkpoint(old_run))
     assert resumed["pipeline"]["total_steps"] == 256
 
-    run.train(compose_cfg(OVERRIDES))  # today's code from scratch, into tmp_path / "run"
+    # Today's code from scratch, into tmp_path / "run"; the old run had no episode splits.
+    run.train(compose_cfg([*OVERRIDES, "task.split=null"]))
     fresh = load_checkpoint(latest_checkpoint(tmp_path / "run"))
     assert set(fresh) == LAYOUT  # today's checkpoints keep the layout
     _assert_same_training_state(resumed, fresh)

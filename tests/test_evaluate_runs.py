@@ -155,7 +155,12 @@ def test_single_checkpoint_file(run_dir: Path, tmp_path: Path) -> None:
     assert "eval/spl" in logged
     data = json.loads(ckpt.with_suffix(".eval.json").read_text())
     assert data["settings"]["deterministic"] is True
+    assert data["settings"]["split"] == "test"  # held-out layouts by default
     assert not (run / "eval_summary.json").exists()  # a single file writes no run summary
+    evaluate(eval_cfg(tmp_path, f"ckpt={ckpt}", "deterministic=true", "split=valid"))
+    valid = json.loads(ckpt.with_suffix(".eval.json").read_text())
+    assert valid["settings"]["split"] == "valid"
+    assert valid["episodes"] != data["episodes"]  # other layouts, other episodes
 
 
 def test_expert_reference_on_pointnav(run_dir: Path, tmp_path: Path) -> None:

@@ -552,3 +552,64 @@ def test_grid_is_lazy_and_assignable() -> None:
     other = env.grid.copy()
     env.grid = other
     assert env.grid is other
+
+
+# ------------------------------------------------------------------------ splits
+def layouts_of(split: str | None, size: int, episodes: int = 300) -> set[tuple[int, ...]]:
+    env = PointNavEnv(size=size, rooms_per_side=2, split=split)
+    try:
+        layouts = set()
+        for seed in range(episodes):
+            env.reset(seed=seed)
+            layouts.add(tuple(env._door_v))
+        return layouts
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("size", [9, 19])
+def test_splits_share_no_layout(size: int) -> None:
+    train, valid, test = (layouts_of(s, size) for s in ("train", "valid", "test"))
+    assert train and valid and test
+    assert not (train & valid) and not (train & test) and not (valid & test)
+    every = layouts_of(None, size, episodes=600)  # no split: layouts of all three
+    assert every & train and every & valid and every & test
+
+
+def test_a_split_is_reproducible_from_the_seed() -> None:
+    a, b = PointNavEnv(size=19, split="test"), PointNavEnv(size=19, split="test")
+    for seed in range(20):
+        obs_a, _ = a.reset(seed=seed)
+        obs_b, _ = b.reset(seed=seed)
+        assert np.array_equal(obs_a["image"], obs_b["image"]) and a._door_v == b._door_v
+
+
+def test_an_unknown_split_is_a_clear_error(compose_cfg, resolve_cfg) -> None:
+    from rl.engine.settings import verify_train_cfg
+    from rl.utils.config import ConfigError
+
+    with pytest.raises(ValueError, match="split must be one of train, valid, test"):
+        PointNavEnv(size=9, split="tset")
+    plain = resolve_cfg(compose_cfg(["+experiment=ppo_nav", "task.split=tset", "eval.split=x"]))
+    with pytest.raises(ConfigError) as info:
+        verify_train_cfg(plain)
+    assert "task.split: expected one of train, valid, test" in str(info.value)
+    assert "eval.split: expected one of train, valid, test" in str(info.value)
+
+
+def test_evaluation_and_validation_use_their_splits(compose_cfg, resolve_cfg) -> None:
+    from rl.evaluation import BackgroundValidation, ValidSettings
+    from rl.loggers import MetricsLogger
+    from rl.tasks import with_split
+
+    plain = resolve_cfg(compose_cfg(["+experiment=ppo_nav", "valid.enabled=true"]))
+    assert plain["task"]["split"] == "train"  # training draws training layouts only
+    assert (plain["eval"]["split"], plain["valid"]["split"]) == ("test", "valid")
+    validation = BackgroundValidation(
+        ValidSettings(**plain["valid"]), task=plain["task"], model=plain["model"],
+        logger=MetricsLogger([]),
+    )  # fmt: skip
+    assert validation._args[0]["split"] == "valid"
+    validation.close()
+    cartpole = {"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1"}
+    assert with_split(cartpole, "test") == cartpole  # tasks without splits stay as they are

@@ -135,6 +135,21 @@ def _show(value: Any) -> str:
     return "<missing>" if value is _MISSING else repr(value)
 
 
+# Config groups whose keys are constructor arguments (a missing key means the default).
+_COMPONENT_GROUPS = frozenset({"task", "model", "pipeline", "sampler", "collector", "logger"})
+
+
+def _is_new_setting(key: str, saved: Mapping[str, Any]) -> bool:
+    """A key of a settings section (``eval``, ``valid``, ...) that the saved config lacks."""
+    section, _, rest = key.partition(".")
+    return (
+        section not in _COMPONENT_GROUPS
+        and "." not in rest
+        and isinstance(saved.get(section), Mapping)
+        and rest not in saved[section]
+    )
+
+
 def _changes(keys: list[str], diff: Mapping[str, tuple[Any, Any]]) -> str:
     """``key: old -> new`` lines, one per key."""
     return "".join(f"\n  {k}: {_show(diff[k][0])} -> {_show(diff[k][1])}" for k in keys)
@@ -180,8 +195,15 @@ def resume_config(
     saved_resolved = state["config"]
     saved = copy.deepcopy(state.get("config_unresolved") or saved_resolved)
     diff = config_diff(saved, new_unresolved)
-    # Groups and sections added to conf/ since the run was saved take today's values.
-    added = {k: v for k, v in diff.items() if k.split(".")[0] not in saved}
+    # Settings added to conf/ since the run was saved take today's values: whole new groups and
+    # sections, and new keys of the run's own settings sections (which have no defaults). A key
+    # missing from a component's config (task, model, ...) keeps meaning its constructor's
+    # default, which is what the saved run used.
+    added = {
+        k: v
+        for k, v in diff.items()
+        if v[0] is _MISSING and (k.split(".")[0] not in saved or _is_new_setting(k, saved))
+    }
     diff = {k: v for k, v in diff.items() if k not in added}
     typed = {k: v for k, v in diff.items() if typed_keys is None or _covered(k, typed_keys)}
     untyped = sorted(set(diff) - set(typed))
@@ -209,7 +231,7 @@ def resume_config(
     derived = {
         k: v
         for k, v in config_diff(saved_resolved, resolved).items()
-        if k not in typed and k.split(".")[0] in saved_resolved
+        if k not in typed and k not in added and k.split(".")[0] in saved_resolved
     }
     bad = [k for k in derived if not is_safe_resume_key(k)]
     if bad:

@@ -165,8 +165,12 @@ class Collector(Protocol):
         num_envs: int,
         deterministic: bool,
         action_seed: int,
+        split: str | None = None,
     ) -> EvalResult:
-        """Run the learner's current policy on a fixed episode list, each episode once."""
+        """Run the learner's current policy on a fixed episode list, each episode once.
+
+        ``split``: the task's episode split to draw them from (None: the training task's own).
+        """
         ...
 
     def state_dict(self) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from rl.sampling.base import Sampler
 from rl.sampling.convert import obs_to_torch
 from rl.sampling.factory import build_sampler
 from rl.storage.rollout import RolloutStorage
+from rl.tasks.factory import with_split
 
 log = logging.getLogger(__name__)
 
@@ -265,13 +266,14 @@ class InProcessCollector:
         num_envs: int,
         deterministic: bool,
         action_seed: int,
+        split: str | None = None,
     ) -> EvalResult:
-        """Run the current policy on ``episode_seeds`` in this process, each episode once."""
+        """Run the current policy on ``episode_seeds`` (of ``split``) here, each episode once."""
         if self.task is None:
             raise RuntimeError("InProcessCollector.evaluate needs the task config (task=...)")
         return evaluate_policy(
             model=self.model,
-            task=self.task,
+            task=with_split(self.task, split),
             episode_seeds=episode_seeds,
             num_envs=num_envs,
             deterministic=deterministic,

@@ -43,7 +43,7 @@ from rl.collection.local import InProcessCollector
 from rl.collection.transport import pack_rollout
 from rl.models.factory import build_model
 from rl.sampling.factory import build_sampler
-from rl.tasks.factory import task_spaces
+from rl.tasks.factory import task_spaces, with_split
 from rl.utils.seeding import rng_state, set_rng_state, set_seed
 
 # Collection settings a learner may change at run time (`update_algorithm_parameter`).
@@ -205,11 +205,12 @@ class CollectionWorker:
         num_envs: int,
         deterministic: bool,
         action_seed: int,
+        split: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Run the current policy on ``episode_seeds`` (test environments); per-episode records."""
+        """Per-episode records of the current policy on ``episode_seeds`` (of ``split``)."""
         result = evaluate_policy(
             model=self.model,
-            task=self.spec.task,
+            task=with_split(self.spec.task, split),
             episode_seeds=episode_seeds,
             num_envs=num_envs,
             deterministic=deterministic,

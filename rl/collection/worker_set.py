@@ -42,7 +42,7 @@ from rl.collection.transport import RolloutAssembler, cut_packed_rollout
 from rl.collection.worker import ALGORITHM_PARAMETERS, CollectionWorker
 from rl.distributed.setup import DistContext
 from rl.models.actor_critic import ActorCritic
-from rl.tasks.factory import task_spaces
+from rl.tasks.factory import task_spaces, with_split
 from rl.utils.config import ConfigError
 from rl.utils.misc import evenly_distribute_count_into_bins
 
@@ -325,6 +325,7 @@ class CollectionWorkerSet:
         num_envs: int,
         deterministic: bool,
         action_seed: int,
+        split: str | None = None,
     ) -> EvalResult:
         """Run the learner's current policy on ``episode_seeds``, each episode exactly once.
 
@@ -334,7 +335,7 @@ class CollectionWorkerSet:
         if not self.evaluate_on_workers:
             return evaluate_policy(
                 model=self.model,
-                task=self.spec.task,
+                task=with_split(self.spec.task, split),
                 episode_seeds=episode_seeds,
                 num_envs=num_envs,
                 deterministic=deterministic,
@@ -351,6 +352,7 @@ class CollectionWorkerSet:
                 max(1, min(num_envs, shares[i])),
                 deterministic,
                 action_seed,
+                split,
             )
             for i, w in enumerate(self.workers[:k])
         ]

@@ -39,7 +39,7 @@ from rl.evaluation.report import format_table, write_eval_json
 from rl.evaluation.settings import EvaluateSettings
 from rl.models.actor_critic import ActorCritic
 from rl.models.factory import build_model
-from rl.tasks.factory import task_spaces
+from rl.tasks.factory import task_spaces, with_split
 from rl.utils.config import ConfigError, load_section
 
 log = logging.getLogger(__name__)
@@ -286,7 +286,7 @@ def evaluate_checkpoints(cfg: EvaluateSettings) -> dict[str, float]:
         model, train_cfg = models.load(ref)
         result = evaluate_policy(
             model=model,
-            task=train_cfg["task"],
+            task=with_split(train_cfg["task"], cfg.split),
             episode_seeds=episode_seeds,
             num_envs=cfg.num_envs,
             deterministic=cfg.deterministic,
@@ -368,6 +368,7 @@ def evaluate_expert_reference(
             "test_expert=true needs a task: run_dir=RUN_FOLDER, ckpt=FILE or task=NAME "
             "(a conf/task option)"
         )
+    task = with_split(task, cfg.split)
     if folder is None:
         folder = Path(cfg.output_dir)
     folder.mkdir(parents=True, exist_ok=True)

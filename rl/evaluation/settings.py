@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Any
 
+from rl.tasks.nav_layout import SPLITS
 from rl.utils.config import Check, load_section, section_errors
 
 
@@ -22,6 +23,7 @@ class EvalSettings:
         num_envs: Environments stepped together.
         deterministic: Argmax actions instead of seeded sampled ones.
         action_seed: Seed of the action-sampling generator.
+        split: The task's episode split evaluated (``test``; None: the task's own).
     """
 
     num_episodes: Annotated[int, Check(ge=0)]
@@ -30,6 +32,7 @@ class EvalSettings:
     num_envs: Annotated[int, Check(ge=1)]
     deterministic: bool
     action_seed: int
+    split: Annotated[str | None, Check(choices=SPLITS)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +48,7 @@ class ValidSettings:
         action_seed: Seed of the action generator (the same for every checkpoint).
         mp_start_method: ``forkserver`` (falls back to ``spawn`` where missing) or ``spawn``.
         torch_threads: Torch threads of the validation process.
+        split: The task's episode split validated on (``valid``; None: the task's own).
     """
 
     enabled: bool
@@ -55,6 +59,7 @@ class ValidSettings:
     action_seed: int
     mp_start_method: Annotated[str, Check(choices=("forkserver", "spawn"))]
     torch_threads: Annotated[int, Check(ge=1)]
+    split: Annotated[str | None, Check(choices=SPLITS)]
 
 
 def eval_settings(section: Any) -> EvalSettings | None:
@@ -101,6 +106,7 @@ class EvaluateSettings:
         progress_bar: A tqdm bar over checkpoints.
         plot: Write ``eval_summary.png`` for a run.
         output_dir: Where ``test_expert`` without a run writes.
+        split: The task's episode split evaluated (``test``; None: the task's own).
     """
 
     ckpt: str | None
@@ -117,6 +123,7 @@ class EvaluateSettings:
     progress_bar: bool
     plot: bool
     output_dir: str
+    split: Annotated[str | None, Check(choices=SPLITS)]
 
     @property
     def episode_list(self) -> dict[str, Any]:
@@ -126,4 +133,5 @@ class EvaluateSettings:
             "episode_seed": self.episode_seed,
             "deterministic": self.deterministic,
             "action_seed": self.action_seed,
+            "split": self.split,
         }

@@ -46,6 +46,7 @@ class TrainingEvaluation(Callback):
             num_envs=s.num_envs,
             deterministic=s.deterministic,
             action_seed=s.action_seed,
+            split=s.split,
         )
         self._last = (trainer.pipeline.total_steps, result)
         trainer.metrics.publish(trainer.pipeline.total_steps, result.as_logged("eval"))

@@ -38,7 +38,7 @@ from rl.collection.episodes import episode_seed_list, evaluate_policy
 from rl.evaluation.settings import ValidSettings
 from rl.loggers.base import MetricsLogger
 from rl.models.factory import build_model
-from rl.tasks.factory import task_spaces
+from rl.tasks.factory import task_spaces, with_split
 from rl.training.callbacks import Callback, RolloutInfo
 from rl.training.trainer import OnPolicyTrainer
 
@@ -136,7 +136,8 @@ class BackgroundValidation(Callback):
     ) -> None:
         self.settings = settings
         self.logger = logger
-        self._args = (dict(task), dict(model), dataclasses.asdict(settings), str(device))
+        task = with_split(task, settings.split)  # the validation episodes
+        self._args = (task, dict(model), dataclasses.asdict(settings), str(device))
         self.submitted: list[tuple[str, int]] = []
         self.completed: list[tuple[str, int]] = []
         self.failed: list[str] = []

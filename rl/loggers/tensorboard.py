@@ -66,7 +66,9 @@ class TensorBoardSink(MetricsSink):
             height=height, width=width, colorspace=3, encoded_image_string=gif_bytes(frames)
         )
         summary = Summary(value=[Summary.Value(tag="videos/probe", image=image)])
-        self.writer.file_writer.add_summary(summary, step)  # type: ignore[union-attr]
+        file_writer = self.writer.file_writer
+        assert file_writer is not None  # the writer opened its event file at construction
+        file_writer.add_summary(summary, step)
 
     def close(self) -> None:
         """Flush and close the event file."""

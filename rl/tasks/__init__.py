@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gymnasium
 
-from rl.tasks.factory import build_env, dict_space, task_id, task_spaces
+from rl.tasks.factory import build_env, dict_space, task_id, task_spaces, with_split
 from rl.tasks.gym import make_gym_env  # binds the submodule name `gym` here, hence `gymnasium`
 from rl.tasks.nav import Actions, PointNavEnv
 
@@ -24,6 +24,7 @@ __all__ = [
     "make_gym_env",
     "task_id",
     "task_spaces",
+    "with_split",
 ]
 
 _NAV_ENTRY_POINT = "rl.tasks.nav:PointNavEnv"

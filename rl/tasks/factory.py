@@ -53,3 +53,15 @@ def task_id(task: Mapping[str, Any]) -> str:
         return env.spec.id if env.spec is not None else type(env.unwrapped).__name__
     finally:
         env.close()
+
+
+def with_split(task: Mapping[str, Any], split: str | None) -> dict[str, Any]:
+    """``task`` drawing its episodes from ``split`` (tasks without splits are left as they are).
+
+    A task has splits when its config has a ``split`` key (PointNav's ``conf/task`` files do);
+    ``split=None`` keeps the task's own.
+    """
+    task = dict(task)
+    if split is not None and "split" in task:
+        task["split"] = split
+    return task

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from enum import IntEnum
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from gymnasium import spaces
@@ -30,7 +30,7 @@ from minigrid.core.grid import Grid
 from minigrid.core.mission import MissionSpace
 from minigrid.minigrid_env import MiniGridEnv
 
-from rl.tasks.nav_layout import RoomLayout, build_minigrid_grid
+from rl.tasks.nav_layout import MAX_SPLIT_DRAWS, SPLITS, RoomLayout, build_minigrid_grid
 from rl.tasks.nav_view import (
     DIR_VEC,
     EMPTY_ENCODING,
@@ -39,6 +39,7 @@ from rl.tasks.nav_view import (
     view_indices,
     visibility_mask,
 )
+from rl.utils.config import Check
 
 __all__ = ["Actions", "PointNavEnv"]
 
@@ -144,6 +145,7 @@ class PointNavEnv(MiniGridEnv):
         distance_reward_scale: float = 1.0,
         min_start_distance: int = 1,
         agent_view_size: int = 7,
+        split: Annotated[str | None, Check(choices=SPLITS)] = None,
         render_mode: str | None = None,
     ) -> None:
         """Build the environment.
@@ -157,6 +159,9 @@ class PointNavEnv(MiniGridEnv):
             distance_reward_scale: Multiplies the per-step decrease of geodesic distance.
             min_start_distance: Minimum geodesic distance (cells) from start to goal.
             agent_view_size: Side of the egocentric view (odd, >= 3).
+            split: ``train``, ``valid`` or ``test``: draw only episodes whose room layout
+                (the doors) belongs to that split (80/10/10% of the layouts, disjoint); None:
+                every layout (no split).
             render_mode: ``None``, ``"rgb_array"`` or ``"human"``.
 
         Raises:
@@ -190,6 +195,9 @@ class PointNavEnv(MiniGridEnv):
         self.success_bonus = float(success_bonus)
         self.distance_reward_scale = float(distance_reward_scale)
         self.min_start_distance = min_start_distance
+        if split is not None and split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)} or None, got {split!r}")
+        self.split = split
 
         self.actions = Actions  # type: ignore[assignment]
         self.action_space = spaces.Discrete(len(Actions))
@@ -254,7 +262,19 @@ class PointNavEnv(MiniGridEnv):
         """
         rng = self.np_random
         layout = self._layout
-        door_x, door_y, self._door_v, goal_index, direction, start_index = layout.draw(rng)
+        drawn = layout.draw(rng)
+        for _ in range(MAX_SPLIT_DRAWS if self.split is not None else 0):
+            if layout.split_of(drawn[2], (drawn[3], drawn[4], drawn[5])) == self.split:
+                break
+            drawn = layout.draw(rng)
+        else:
+            if self.split is not None:
+                raise ValueError(
+                    f"split {self.split!r}: no episode of it in {MAX_SPLIT_DRAWS} draws; this "
+                    f"size ({self.size}x{self.size}, {self.rooms_per_side} rooms per side) has "
+                    "too few layouts to split"
+                )
+        door_x, door_y, self._door_v, goal_index, direction, start_index = drawn
         self._door_x, self._door_y = door_x, door_y
         min_dist = self.min_start_distance
 
