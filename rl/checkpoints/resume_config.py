@@ -139,6 +139,22 @@ def _show(value: Any) -> str:
 _COMPONENT_GROUPS = frozenset({"task", "model", "pipeline", "sampler", "collector", "logger"})
 
 
+def _added_since(
+    diff: Mapping[str, tuple[Any, Any]], saved: Mapping[str, Any]
+) -> dict[str, tuple[Any, Any]]:
+    """The differences that are settings added to conf/ since the run was saved.
+
+    Those take today's values: whole new groups and sections, and new keys of the run's own
+    settings sections (which have no defaults). A key missing from a component's config (task,
+    model, ...) keeps meaning its constructor's default, which is what the saved run used.
+    """
+    return {
+        k: v
+        for k, v in diff.items()
+        if v[0] is _MISSING and (k.split(".")[0] not in saved or _is_new_setting(k, saved))
+    }
+
+
 def _is_new_setting(key: str, saved: Mapping[str, Any]) -> bool:
     """A key of a settings section (``eval``, ``valid``, ...) that the saved config lacks."""
     section, _, rest = key.partition(".")
@@ -195,15 +211,7 @@ def resume_config(
     saved_resolved = state["config"]
     saved = copy.deepcopy(state.get("config_unresolved") or saved_resolved)
     diff = config_diff(saved, new_unresolved)
-    # Settings added to conf/ since the run was saved take today's values: whole new groups and
-    # sections, and new keys of the run's own settings sections (which have no defaults). A key
-    # missing from a component's config (task, model, ...) keeps meaning its constructor's
-    # default, which is what the saved run used.
-    added = {
-        k: v
-        for k, v in diff.items()
-        if v[0] is _MISSING and (k.split(".")[0] not in saved or _is_new_setting(k, saved))
-    }
+    added = _added_since(diff, saved)
     diff = {k: v for k, v in diff.items() if k not in added}
     typed = {k: v for k, v in diff.items() if typed_keys is None or _covered(k, typed_keys)}
     untyped = sorted(set(diff) - set(typed))
