@@ -1,12 +1,17 @@
-"""Training throughput: this project's PPO vs stable-baselines3's PPO on the same task.
+"""Training throughput: this project's PPO vs stable-baselines3 and sb3-contrib on one task.
 
-Both train on the registered ``rl/PointNav-v0`` task (19x19) with the same rollout length,
-env count, epochs and minibatches, one torch thread each. Ours runs ``ppo_nav`` with its GRU
-policy and with a memoryless MLP equivalent to SB3's (flattened observation, separate 64-64
-tanh actor and critic networks). FPS = env steps / wall time over the last three quarters of
-training (the first quarter is warm-up, for both).
+All train on the registered ``rl/PointNav-v0`` task (19x19) with the same rollout length,
+env count, epochs and minibatches, one torch thread each. Ours runs ``ppo_nav`` with its CNN+GRU
+policy, a memoryless CNN, a memoryless MLP equivalent to SB3's (flattened observation, separate
+64-64 tanh actor and critic networks), and a recurrent policy equivalent to sb3-contrib's
+``RecurrentPPO`` (every observation entry flattened and concatenated -> GRU 128 -> linear actor
+and critic heads; ``RecurrentPPO``: the same input -> one LSTM 128 shared by actor and critic ->
+linear heads, BPTT over whole rollout sequences as sb3-contrib does). FPS = env steps / wall
+time over the last three quarters of training (the first quarter is warm-up, for all). The raw
+environment limit (16 environments stepped serially with random actions, no policy; as in
+``bench/sampler_fps.py``) is measured in the same run.
 
-    python bench/train_fps.py [--steps 40960] [--skip-sb3]
+    python bench/train_fps.py [--steps 40960] [--raw-seconds 4] [--skip-sb3]
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +29,16 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_ENVS, NUM_STEPS, EPOCHS, MINIBATCHES = 16, 128, 4, 4
+# ppo_nav's GRU policy on the flattened observation (no CNN, no trunk), linear heads: the
+# counterpart of sb3-contrib's RecurrentPPO row.
+FLAT_GRU = [
+    "model.cnn_channels=[]",
+    "model.trunk_layers=[]",
+    "model.rnn=gru",
+    "model.rnn_hidden_size=128",
+    "model.rnn_layers=1",
+    "model.head_layers=[]",
+]
 
 
 def ours(
@@ -64,14 +80,24 @@ def ours(
         return (fps, last.get("metrics", last)) if return_record else fps
 
 
-def sb3(steps: int, vec_env: str = "dummy") -> float:
-    """SB3 PPO's training FPS with ``DummyVecEnv`` (``dummy``) or ``SubprocVecEnv``."""
-    import gymnasium as gym
-    from stable_baselines3 import PPO
+def _sb3_env(vec_env: str) -> Any:
+    """16 ``rl/PointNav-v0`` environments in SB3's ``DummyVecEnv`` or ``SubprocVecEnv``."""
     from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
-    import rl.tasks  # noqa: F401  (registers rl/PointNav-v0)
+    import rl.tasks
+
+    vec_cls = SubprocVecEnv if vec_env == "subproc" else DummyVecEnv
+    kwargs = {"start_method": "forkserver"} if vec_env == "subproc" else None
+    # A picklable factory: SubprocVecEnv's workers must register rl/PointNav-v0 themselves.
+    make = functools.partial(rl.tasks.make_gym_env, env_id="rl/PointNav-v0")
+    return make_vec_env(make, n_envs=NUM_ENVS, seed=0, vec_env_cls=vec_cls, vec_env_kwargs=kwargs)
+
+
+def _dict_flatten() -> type:
+    """SB3 features extractor: every observation entry flattened, concatenated (as ours)."""
+    import gymnasium as gym
+    from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 
     class DictFlatten(BaseFeaturesExtractor):
         """Concatenate every entry flattened (the same input our MLP sees)."""
@@ -83,23 +109,34 @@ def sb3(steps: int, vec_env: str = "dummy") -> float:
         def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
             return torch.cat([obs[k].flatten(1).float() for k in sorted(obs)], dim=1)
 
-    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+    return DictFlatten
 
-    vec_cls = SubprocVecEnv if vec_env == "subproc" else DummyVecEnv
-    kwargs = {"start_method": "forkserver"} if vec_env == "subproc" else None
-    # A picklable factory: SubprocVecEnv's workers must register rl/PointNav-v0 themselves.
-    make = functools.partial(rl.tasks.make_gym_env, env_id="rl/PointNav-v0")
-    env = make_vec_env(make, n_envs=NUM_ENVS, seed=0, vec_env_cls=vec_cls, vec_env_kwargs=kwargs)
+
+def _timed_learn(agent: Any, steps: int) -> float:
+    """FPS of ``agent.learn`` over the last three quarters of ``steps`` (warm-up like ours)."""
+    agent.learn(total_timesteps=steps // 4)
+    warm = agent.num_timesteps
+    start = time.perf_counter()
+    agent.learn(total_timesteps=steps - warm, reset_num_timesteps=False)
+    elapsed = time.perf_counter() - start
+    agent.get_env().close()
+    return float((agent.num_timesteps - warm) / elapsed)
+
+
+def sb3(steps: int, vec_env: str = "dummy") -> float:
+    """SB3 PPO's training FPS with ``DummyVecEnv`` (``dummy``) or ``SubprocVecEnv``."""
+    from stable_baselines3 import PPO
+
     agent = PPO(
         "MultiInputPolicy",
-        env,
+        _sb3_env(vec_env),
         n_steps=NUM_STEPS,
         batch_size=NUM_STEPS * NUM_ENVS // MINIBATCHES,
         n_epochs=EPOCHS,
         learning_rate=5e-4,
         ent_coef=0.01,
         policy_kwargs=dict(
-            features_extractor_class=DictFlatten,
+            features_extractor_class=_dict_flatten(),
             net_arch=dict(pi=[64, 64], vf=[64, 64]),
             activation_fn=torch.nn.Tanh,
             normalize_images=False,
@@ -108,36 +145,87 @@ def sb3(steps: int, vec_env: str = "dummy") -> float:
         seed=0,
         verbose=0,
     )
-    # Warm up like ours (first quarter excluded), then time the remaining three quarters.
-    agent.learn(total_timesteps=steps // 4)
-    warm = agent.num_timesteps
-    start = time.perf_counter()
-    agent.learn(total_timesteps=steps - warm, reset_num_timesteps=False)
-    elapsed = time.perf_counter() - start
-    env.close()
-    return (agent.num_timesteps - warm) / elapsed
+    return _timed_learn(agent, steps)
+
+
+def sb3_recurrent(steps: int) -> float:
+    """sb3-contrib ``RecurrentPPO``'s training FPS: flattened input -> LSTM 128 -> linear heads.
+
+    One LSTM shared by actor and critic (``shared_lstm=True``, no separate critic LSTM), no MLP
+    after it (``net_arch=[]``), DummyVecEnv; ``batch_size`` is in samples (sb3-contrib cuts
+    the rollout's sequences into minibatches of that many steps).
+    """
+    from sb3_contrib import RecurrentPPO
+
+    agent = RecurrentPPO(
+        "MultiInputLstmPolicy",
+        _sb3_env("dummy"),
+        n_steps=NUM_STEPS,
+        batch_size=NUM_STEPS * NUM_ENVS // MINIBATCHES,
+        n_epochs=EPOCHS,
+        learning_rate=5e-4,
+        ent_coef=0.01,
+        policy_kwargs=dict(
+            features_extractor_class=_dict_flatten(),
+            lstm_hidden_size=128,
+            n_lstm_layers=1,
+            shared_lstm=True,
+            enable_critic_lstm=False,
+            net_arch=[],
+            normalize_images=False,
+        ),
+        device="cpu",
+        seed=0,
+        verbose=0,
+    )
+    return _timed_learn(agent, steps)
+
+
+def raw_limit(seconds: float) -> float:
+    """Env steps/s of 16 environments in our serial sampler, random actions, no policy."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import sampler_fps  # this folder's sibling benchmark (its measurement (a), serial)
+
+    return float(sampler_fps.raw_fps("serial", 0, seconds))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=NUM_ENVS * NUM_STEPS * 20)
-    parser.add_argument("--skip-sb3", action="store_true")
+    parser.add_argument("--raw-seconds", type=float, default=4.0)
+    parser.add_argument("--skip-sb3", action="store_true", help="skip both SB3 rows")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = [
-        ("ours ppo_nav, GRU policy (nav_cnn_gru)", ours("nav_cnn_gru", args.steps)),
-        ("ours ppo_nav, memoryless CNN (nav_cnn)", ours("nav_cnn", args.steps)),
-        ("ours ppo_nav, memoryless MLP (mlp)", ours("mlp", args.steps)),
-    ]
+    raw = raw_limit(args.raw_seconds)
+    names = {
+        "gru": "ours ppo_nav, CNN + GRU policy (nav_cnn_gru)",
+        "cnn": "ours ppo_nav, memoryless CNN (nav_cnn)",
+        "mlp": "ours ppo_nav, memoryless MLP (mlp)",
+        "flat_gru": "ours ppo_nav, flattened -> GRU 128",
+        "sb3": "stable-baselines3 PPO, MLP, DummyVecEnv",
+        "sb3_rec": "sb3-contrib RecurrentPPO, flattened -> LSTM 128",
+    }
+    fps = {
+        "gru": ours("nav_cnn_gru", args.steps),
+        "cnn": ours("nav_cnn", args.steps),
+        "mlp": ours("mlp", args.steps),
+        "flat_gru": ours("nav_cnn_gru", args.steps, FLAT_GRU),
+    }
     if not args.skip_sb3:
-        rows.append(("stable-baselines3 PPO, MLP, DummyVecEnv", sb3(args.steps)))
+        fps["sb3"] = sb3(args.steps)
+        fps["sb3_rec"] = sb3_recurrent(args.steps)
     print(
         f"\ntraining FPS on rl/PointNav-v0, {args.steps:,} env steps each "
         f"({NUM_ENVS} envs x {NUM_STEPS} steps, {EPOCHS} epochs x {MINIBATCHES} minibatches, "
         "1 torch thread)"
     )
-    for name, fps in rows:
-        print(f"  {name:<44} {fps:>8,.0f} FPS")
+    print(f"  {'raw environment limit (serial, random actions)':<48} {raw:>8,.0f} steps/s")
+    for key, value in fps.items():
+        print(f"  {names[key]:<48} {value:>8,.0f} FPS")
+    if not args.skip_sb3:
+        print("ratios")
+        print(f"  ours MLP / SB3 PPO:                {fps['mlp'] / fps['sb3']:.2f}x")
+        print(f"  ours flattened-GRU / RecurrentPPO: {fps['flat_gru'] / fps['sb3_rec']:.2f}x")
 
 
 if __name__ == "__main__":
