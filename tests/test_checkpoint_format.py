@@ -6,8 +6,11 @@
     python train.py +experiment=ppo_nav +debug=smoke task=nav_small model.cnn_channels=[8] \\
         model.trunk_layers=[16] model.rnn_hidden_size=8 eval.num_episodes=0
 
-Resuming it with today's code must give bitwise the same run as training from scratch with
-today's code: the old file is read completely and means what it meant.
+Resuming it with today's code must give the same run as training from scratch with today's
+code: the old file is read completely and means what it meant. Same episodes, same pipeline
+position; weights and optimizer moments agree to float32 rounding, not bitwise, since the
+recurrent update's hand-written backward (``rl.models.gru``) sums gradients in another order
+than the autograd graph of the code that wrote the fixture.
 """
 
 from __future__ import annotations
@@ -50,13 +53,15 @@ LAYOUT = {
 
 def _assert_same_training_state(a: dict, b: dict) -> None:
     assert a["pipeline"] == b["pipeline"]
+    assert a["model"].keys() == b["model"].keys()
     for key, value in a["model"].items():
-        assert torch.equal(value, b["model"][key]), key
+        torch.testing.assert_close(value, b["model"][key], atol=1e-6, rtol=1e-5, msg=key)
     for i, state in a["optimizer"]["state"].items():
         for key, value in state.items():
-            assert torch.equal(value, b["optimizer"]["state"][i][key]), (i, key)
-    assert a["rollout"]["hidden"].equal(b["rollout"]["hidden"])
-    assert a["sampler"] == b["sampler"]
+            other = b["optimizer"]["state"][i][key]
+            torch.testing.assert_close(value, other, atol=1e-6, rtol=1e-4, msg=f"{i}.{key}")
+    torch.testing.assert_close(a["rollout"]["hidden"], b["rollout"]["hidden"], atol=1e-5, rtol=0)
+    assert a["sampler"] == b["sampler"]  # the same episodes, to the last action
 
 
 def test_a_format2_checkpoint_from_before_the_split_resumes_exactly(

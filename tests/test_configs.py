@@ -135,7 +135,11 @@ def test_verify_accepts_ppo_nav(compose_cfg, resolve_cfg) -> None:
             ["nope", "pipeline.stages.0.loss_names"],
             id="missing-loss",
         ),
-        pytest.param(["pipeline.num_mini_batch=64"], ["num_mini_batch"], id="minibatch-split"),
+        pytest.param(["pipeline.num_mini_batch=1000"], ["num_mini_batch"], id="minibatch-split"),
+        pytest.param(
+            ["pipeline.recurrence=48"], ["pipeline.recurrence", "divide"], id="bptt-chunks"
+        ),
+        pytest.param(["pipeline.recurrence=-1"], ["pipeline.recurrence"], id="bptt-range"),
         pytest.param(["+model.foo=1"], ["model.foo"], id="unknown-model-key"),
     ],
 )

@@ -35,11 +35,51 @@ IMAGE_VECTOR = gym.spaces.Dict(
 )
 
 
+# A categorical grid whose channels take the values 0..10, 0..5 and 0..2 (minigrid's).
+NAV_IMAGE = gym.spaces.Dict(
+    {
+        "image": gym.spaces.Box(
+            0, np.broadcast_to(np.array([10, 5, 2], dtype=np.uint8), (7, 7, 3)), dtype=np.uint8
+        ),
+        "goal": gym.spaces.Box(-np.inf, np.inf, (3,), dtype=np.float32),
+    }
+)
+
+
+def test_onehot_encoding_is_one_hot_per_channel_value() -> None:
+    model = ActorCritic(
+        observation_space=NAV_IMAGE,
+        action_space=gym.spaces.Discrete(4),
+        image_encoding="onehot",
+        cnn_channels=[4],
+    )
+    encoder = model.encoders["image"]
+    assert encoder.onehot_size == 11 + 6 + 3
+    conv = encoder.convs[0]
+    image = torch.tensor([[[[3, 5, 2]]]], dtype=torch.uint8).expand(1, 7, 7, 3).contiguous()
+    seen = {}
+    conv.register_forward_hook(lambda _m, inputs, _out: seen.update(x=inputs[0]))
+    encoder(image)
+    expected = torch.zeros(20)
+    expected[[3, 11 + 5, 17 + 2]] = 1.0
+    assert torch.equal(seen["x"][0, :, 0, 0], expected)
+
+
+def test_onehot_needs_small_declared_values() -> None:
+    with pytest.raises(ValueError, match="declare each channel's real maximum"):
+        ActorCritic(
+            observation_space=IMAGE_VECTOR,  # high 255: 768 one-hot channels
+            action_space=gym.spaces.Discrete(4),
+            image_encoding="onehot",
+        )
+
+
 @pytest.mark.parametrize(
     ("space", "kwargs"),
     [
         pytest.param(IMAGE_VECTOR, {"image_encoding": "embed"}, id="image-embed+vector"),
         pytest.param(IMAGE_VECTOR, {"image_encoding": "scale"}, id="image-scale+vector"),
+        pytest.param(NAV_IMAGE, {"image_encoding": "onehot"}, id="image-onehot+vector"),
         pytest.param(IMAGE_VECTOR, {"cnn_channels": []}, id="image-flattened+vector"),
         pytest.param(dict_space(gym.spaces.Box(-1, 1, (4,), dtype=np.float32)), {}, id="vector"),
         pytest.param(
@@ -147,6 +187,7 @@ def gru_rollout():
         gen = torch.Generator().manual_seed(0)
         with torch.no_grad():
             for _ in range(T_ROLLOUT):
+                hidden_before = hidden
                 actions, logprobs, values, _, hidden = model.act(
                     obs, episode_starts, hidden, generator=gen
                 )
@@ -175,6 +216,7 @@ def gru_rollout():
                     truncated=truncated,
                     truncation_values=truncation_values,
                     expert_actions=expert,
+                    hidden=hidden_before,
                 )
                 expert = torch.from_numpy(result.expert_actions)
                 obs, episode_starts = next_obs, terminated | truncated
@@ -256,3 +298,48 @@ def test_discrete_only_observation(rnn: str | None) -> None:
         {"obs": torch.tensor([[5]])}, torch.zeros(1, 1, dtype=torch.bool), model.initial_hidden(1)
     )
     torch.testing.assert_close(same.logits[0, 0], out.logits[0, 1])
+
+
+@pytest.mark.parametrize("recurrence", [8, 5])
+def test_chunked_bptt_starts_each_chunk_from_the_stored_state(gru_rollout, recurrence) -> None:
+    """Truncated BPTT: every chunk re-runs from the state the rollout policy held there.
+
+    ``recurrence=5`` does not divide the 32-step rollout: chunks of 4 (the longest that does).
+    """
+    model, storage = gru_rollout
+    length = storage.sequence_length(recurrence)
+    assert length == (8 if recurrence == 8 else 4)
+    g = torch.Generator().manual_seed(2)
+    seen: list[tuple[int, int]] = []
+    wrong_hidden_diff = 0.0
+    with torch.no_grad():
+        for batch in storage.minibatches(6, generator=g, recurrence=recurrence):
+            assert batch.actions.shape[0] == length
+            # Which (start step, env) each sequence is: the stored actions identify it.
+            for j in range(batch.actions.shape[1]):
+                matches = [
+                    (t0, env)
+                    for t0 in range(0, T_ROLLOUT, length)
+                    for env in range(N_ENVS)
+                    if torch.equal(storage.actions[t0 : t0 + length, env], batch.actions[:, j])
+                    and torch.equal(
+                        storage.logprobs[t0 : t0 + length, env], batch.old_logprobs[:, j]
+                    )
+                ]
+                assert len(matches) == 1
+                t0, env = matches[0]
+                seen.append(matches[0])
+                assert torch.equal(batch.hidden[:, j], storage.hiddens[t0, :, env])
+                assert torch.equal(
+                    batch.episode_starts[:, j], storage.episode_starts[t0 : t0 + length, env]
+                )
+            out, _ = model(batch.obs, batch.episode_starts, batch.hidden)
+            logprobs = D.log_prob(out.logits, batch.actions)
+            torch.testing.assert_close(logprobs, batch.old_logprobs, atol=1e-6, rtol=0)
+            torch.testing.assert_close(out.values, batch.old_values, atol=1e-6, rtol=0)
+            wrong, _ = model(batch.obs, batch.episode_starts, torch.zeros_like(batch.hidden))
+            wrong_lp = D.log_prob(wrong.logits, batch.actions)
+            wrong_hidden_diff = max(wrong_hidden_diff, (wrong_lp - logprobs).abs().max().item())
+    # Every chunk of every environment exactly once per epoch.
+    assert sorted(seen) == [(t0, e) for t0 in range(0, T_ROLLOUT, length) for e in range(N_ENVS)]
+    assert wrong_hidden_diff > 1e-3  # the stored states matter: zeros give other log-probs

@@ -153,8 +153,10 @@ class InProcessCollector:
         self._rollout_index += 1
         zeros = torch.zeros(n, device=self.device)
         obs, expert, starts, hidden = c.obs, c.expert, c.episode_starts, c.hidden
+        recurrent = model.is_recurrent
         for t in range(request.num_steps):
             t0 = time.perf_counter()
+            hidden_before = hidden  # truncated-BPTT chunks start from the stored state
             actions, logprobs, values, logits, hidden = model.act(obs, starts, hidden)
             if request.teacher_forcing is not None:
                 prob = request.teacher_forcing_probability(t)
@@ -184,6 +186,7 @@ class InProcessCollector:
                 truncated=truncated,
                 truncation_values=truncation_values,
                 expert_actions=expert.to(self.device),
+                hidden=hidden_before if recurrent else None,
             )
             expert = torch.from_numpy(result.expert_actions)
             episodes.extend(result.episodes)

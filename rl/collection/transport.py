@@ -59,7 +59,7 @@ def pack_rollout(rollout: Rollout, *, compress: bool) -> dict[str, Any]:
     arrays: dict[str, Any] = {f: getattr(s, f)[:t].cpu().numpy() for f in STEP_FIELDS}
     arrays.update({f"obs/{k}": v[: t + 1].cpu().numpy() for k, v in s.obs.items()})
     arrays["episode_starts"] = s.episode_starts[: t + 1].cpu().numpy()
-    arrays["hidden"] = s.hidden.cpu().numpy()
+    arrays["hiddens"] = s.hiddens[:t].cpu().numpy()
     arrays["next_value"] = rollout.next_value.cpu().numpy()
     raw = sum(a.nbytes for a in arrays.values())
     packed = raw
@@ -99,7 +99,7 @@ def cut_packed_rollout(data: Mapping[str, Any], steps: int) -> dict[str, Any]:
     cut = {k: arrays[k][:steps] for k in STEP_FIELDS}
     cut.update({k: v[: steps + 1] for k, v in arrays.items() if k.startswith("obs/")})
     cut["episode_starts"] = arrays["episode_starts"][: steps + 1]
-    cut["hidden"] = arrays["hidden"]
+    cut["hiddens"] = arrays["hiddens"][:steps]
     cut["next_value"] = (
         arrays["values"][steps] if steps < len(arrays["values"]) else arrays["next_value"]
     )

@@ -3,10 +3,11 @@
 Observations always arrive as a dict of time-major tensors ``[T, N, *shape]`` (samplers wrap a
 non-dict space as ``{"obs": ...}``). Each entry is encoded by its kind:
 
-* image (3-D ``Box``, ``H x W x C``): a small CNN; ``uint8`` images are either embedded per
-  channel value (``image_encoding="embed"``, right for minigrid's categorical encoding) or
-  scaled to ``[0, 1]`` (``"scale"``, right for pixels); with ``cnn_channels=[]`` the image is
-  flattened instead;
+* image (3-D ``Box``, ``H x W x C``): a small CNN; ``uint8`` images are one-hot encoded per
+  channel value (``image_encoding="onehot"``, for categorical grids such as minigrid's: channel
+  ``c`` takes the values ``0..high[c]`` of the space, so the vocabulary is small), embedded per
+  channel value (``"embed"``: a learned table over all 256 byte values) or scaled to ``[0, 1]``
+  (``"scale"``, right for pixels); with ``cnn_channels=[]`` the image is flattened instead;
 * vector (1-D ``Box``): used as is;
 * ``Discrete``: one-hot.
 
@@ -21,10 +22,12 @@ import math
 from collections.abc import Mapping, Sequence
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 
 from rl.models import distributions as D
+from rl.models.gru import gru_sequence
 
 
 @dataclasses.dataclass
@@ -70,8 +73,26 @@ class _ImageEncoder(nn.Module):
         super().__init__()
         h, w, c = space.shape
         self.embed: nn.Embedding | None = None
+        self.onehot_size = 0
         self.scale = 1.0
-        if image_encoding == "embed":
+        if image_encoding == "onehot":
+            # ALGO: one-hot of each channel's value, concatenated: as expressive as an
+            # embedding followed by the first conv, with no embedding gradient to scatter and
+            # no input gradient for the first conv (the update's costliest parts otherwise).
+            if space.dtype != "uint8":
+                raise ValueError("image_encoding='onehot' needs a uint8 image space")
+            sizes = [int(np.asarray(space.high)[..., i].max()) + 1 for i in range(c)]
+            if sum(sizes) > 64:
+                raise ValueError(
+                    f"image_encoding='onehot': the image space's high values give {sum(sizes)} "
+                    "one-hot channels; declare each channel's real maximum in the space's high "
+                    "(e.g. 10, 5, 2 for minigrid's object, colour, state) or use 'embed'"
+                )
+            self.register_buffer(
+                "onehot_offsets", torch.tensor(np.cumsum([0, *sizes[:-1]])), persistent=False
+            )
+            self.onehot_size = in_ch = sum(sizes)
+        elif image_encoding == "embed":
             if space.dtype != "uint8":
                 raise ValueError("image_encoding='embed' needs a uint8 image space")
             self.embed = nn.Embedding(256 * c, embed_dim)
@@ -81,7 +102,9 @@ class _ImageEncoder(nn.Module):
             self.scale = 1.0 / 255.0 if space.dtype == "uint8" else 1.0
             in_ch = c
         else:
-            raise ValueError(f"image_encoding must be 'embed' or 'scale', got {image_encoding!r}")
+            raise ValueError(
+                f"image_encoding must be 'onehot', 'embed' or 'scale', got {image_encoding!r}"
+            )
         convs: list[nn.Module] = []
         for out_ch in channels:
             k = 3 if min(h, w) >= 3 else 1
@@ -91,7 +114,11 @@ class _ImageEncoder(nn.Module):
         self.out_size = in_ch * h * w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, H, W, C] -> [B, F]
-        if self.embed is not None:
+        if self.onehot_size:
+            index = x.long() + self.onehot_offsets  # [B, H, W, C]
+            onehot = torch.zeros(*x.shape[:3], self.onehot_size, device=x.device)
+            x = onehot.scatter_(-1, index, 1.0).permute(0, 3, 1, 2)
+        elif self.embed is not None:
             e = self.embed(x.long() + self.offsets)  # [B, H, W, C, E]
             x = e.flatten(-2).permute(0, 3, 1, 2)
         else:
@@ -107,7 +134,7 @@ class ActorCritic(nn.Module):
         action_space: A ``gymnasium.spaces.Discrete`` (filled in by the engine).
         cnn_channels: Output channels of the 3x3 conv layers for image entries; ``[]``
             flattens images instead.
-        image_encoding: ``embed`` (categorical uint8 grids) or ``scale`` (pixels).
+        image_encoding: ``onehot`` or ``embed`` (categorical uint8 grids), ``scale`` (pixels).
         embed_dim: Embedding size per image channel value (``embed`` only).
         trunk_layers: Hidden sizes of the shared MLP after the encoders.
         rnn: ``gru`` for a recurrent policy, ``null`` for a memoryless one.
@@ -215,23 +242,15 @@ class ActorCritic(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """GRU over ``x [T, N, F]``, zeroing each env's state before its episode starts.
 
-        Whole chunks between time steps where any environment starts an episode go through one
-        GRU call; this reproduces step-by-step collection to float32 rounding (within 1e-6).
-        (Packing each episode segment as its own sequence was measured slower on CPU: the
-        sequential length barely shrinks.)
+        One step (collection) is one ``nn.GRU`` call; sequences (the update) go through
+        :func:`~rl.models.gru.gru_sequence`, which resets states mid-sequence and has a
+        hand-written BPTT. Both reproduce step-by-step collection to float32 rounding.
         """
         assert self.rnn is not None
-        keep = (~episode_starts).to(x.dtype)  # [T, N]
-        t_len = x.shape[0]
-        if t_len == 1:
-            return self.rnn(x, hidden * keep[0].view(1, -1, 1))  # type: ignore[no-any-return]
-        cuts = (episode_starts[1:].any(dim=1).nonzero().flatten() + 1).tolist()
-        outs = []
-        for start, end in zip([0, *cuts], [*cuts, t_len], strict=True):
-            hidden = hidden * keep[start].view(1, -1, 1)
-            out, hidden = self.rnn(x[start:end], hidden)
-            outs.append(out)
-        return torch.cat(outs, dim=0), hidden
+        if x.shape[0] == 1:
+            keep = (~episode_starts[0]).to(x.dtype).view(1, -1, 1)
+            return self.rnn(x, hidden * keep)  # type: ignore[no-any-return]
+        return gru_sequence(self.rnn, x, episode_starts, hidden)
 
     def forward(
         self,

@@ -31,8 +31,13 @@ class TrainingSettings:
 
     Attributes:
         num_steps: Rollout length per environment (T).
-        num_mini_batch: Minibatches per update epoch (split by environment).
+        num_mini_batch: Minibatches per update epoch (split by sequence: see ``recurrence``).
         update_repeats: Update epochs over each rollout.
+        recurrence: Length of the sequences a recurrent policy is re-run over in the update
+            (truncated BPTT, Sample Factory's ``recurrence``): the rollout is cut into chunks of
+            this many steps, each starting from the recurrent state stored when it was
+            collected. ``0``: whole rollouts from the rollout's first state (exact
+            full-sequence BPTT). Must divide ``num_steps``.
         max_grad_norm: Gradient-norm clipping threshold.
         gamma: Discount factor.
         use_gae: Generalised advantage estimation (False: discounted returns).
@@ -45,6 +50,7 @@ class TrainingSettings:
     num_steps: int | None = None
     num_mini_batch: int | None = None
     update_repeats: int | None = None
+    recurrence: int | None = None
     max_grad_norm: float | None = None
     gamma: float | None = None
     use_gae: bool | None = None
@@ -87,6 +93,7 @@ class PipelineStage:
         num_steps: Override of :attr:`TrainingSettings.num_steps` (likewise the rest).
         num_mini_batch: Override.
         update_repeats: Override.
+        recurrence: Override.
         max_grad_norm: Override.
         gamma: Override.
         use_gae: Override.
@@ -108,6 +115,7 @@ class PipelineStage:
         num_steps: Annotated[int | None, Check(ge=1)] = None,
         num_mini_batch: Annotated[int | None, Check(ge=1)] = None,
         update_repeats: Annotated[int | None, Check(ge=1)] = None,
+        recurrence: Annotated[int | None, Check(ge=0)] = None,
         max_grad_norm: Annotated[float | None, Check(gt=0)] = None,
         gamma: Annotated[float | None, Check(ge=0, le=1)] = None,
         use_gae: bool | None = None,
@@ -161,6 +169,7 @@ class TrainingPipeline:
         num_steps: Default rollout length (see :class:`TrainingSettings` for all settings).
         num_mini_batch: Default.
         update_repeats: Default.
+        recurrence: Default.
         max_grad_norm: Default.
         gamma: Default.
         use_gae: Default.
@@ -180,6 +189,7 @@ class TrainingPipeline:
         num_steps: Annotated[int, Check(ge=1)] = 128,
         num_mini_batch: Annotated[int, Check(ge=1)] = 4,
         update_repeats: Annotated[int, Check(ge=1)] = 4,
+        recurrence: Annotated[int, Check(ge=0)] = 0,
         max_grad_norm: Annotated[float, Check(gt=0)] = 0.5,
         gamma: Annotated[float, Check(ge=0, le=1)] = 0.99,
         use_gae: bool = True,

@@ -35,11 +35,20 @@ def _stage_errors(pipe: Mapping[str, Any], i: int, num_envs: int) -> list[str]:
         return stage[key] if stage.get(key) is not None else pipe.get(key)
 
     # Ranges of single settings come from the constructors' annotations (check_targets).
-    mb = setting("num_mini_batch")
-    if isinstance(mb, int) and mb > num_envs:
+    mb, steps, chunk = (setting(k) for k in ("num_mini_batch", "num_steps", "recurrence"))
+    chunks = 1
+    if isinstance(steps, int) and isinstance(chunk, int) and 0 < chunk < steps:
+        if steps % chunk:
+            errors.append(
+                f"{where}.recurrence (or pipeline.recurrence)={chunk} does not divide num_steps="
+                f"{steps}: the rollout is cut into BPTT chunks of equal length"
+            )
+        chunks = steps // chunk
+    if isinstance(mb, int) and mb > num_envs * chunks:
         errors.append(
-            f"{where}.num_mini_batch (or pipeline.num_mini_batch)={mb} > {num_envs} "
-            "environments: minibatches are split by environment, so at most one per env"
+            f"{where}.num_mini_batch (or pipeline.num_mini_batch)={mb} > {num_envs * chunks} "
+            f"sequences ({num_envs} environments x {chunks} BPTT chunks): minibatches are split "
+            "by sequence, so at most one per sequence"
         )
     return errors
 

@@ -4,7 +4,12 @@ Index conventions: ``obs[t]`` is the observation the action at step ``t`` was ta
 ``episode_starts[t]`` marks ``obs[t]`` as the first of an episode (the recurrent state is reset
 before it is processed); ``rewards[t]``, ``terminated[t]``, ``truncated[t]`` are what the
 environment returned for that action; ``obs[T]`` / ``episode_starts[T]`` are the observation
-after the rollout, used to bootstrap. ``hidden`` is the recurrent state before ``obs[0]``.
+after the rollout, used to bootstrap. ``hiddens[t]`` is the recurrent state the policy held
+before processing ``obs[t]`` (before its reset at an episode start); ``hidden`` is ``hiddens[0]``.
+
+Minibatches are sequences: whole rollouts of a subset of environments by default, or chunks of
+``recurrence`` steps (truncated BPTT, Sample Factory's ``recurrence``), each starting from the
+state stored at its first step.
 """
 
 from __future__ import annotations
@@ -22,12 +27,15 @@ from rl.utils.misc import evenly_distribute_count_into_bins
 
 @dataclasses.dataclass
 class RolloutBatch:
-    """A minibatch: all time steps of a subset of environments, time-major ``[T, n, ...]``.
+    """A minibatch of ``n`` sequences of ``T`` steps, time-major ``[T, n, ...]``.
+
+    A sequence is a whole rollout of one environment, or a chunk of one (truncated BPTT).
 
     Attributes:
         obs: Observations by key, ``[T, n, *shape]``.
         episode_starts: ``[T, n]`` bool.
-        hidden: ``[L, n, H]`` recurrent state before ``obs[0]``.
+        hidden: ``[L, n, H]`` recurrent state before each sequence's first observation (as the
+            rollout policy held it).
         actions: ``[T, n]`` actions taken (the expert's where teacher forcing chose it).
         old_logprobs: ``[T, n]`` log-probabilities of ``actions`` under the rollout policy.
         old_values: ``[T, n]`` value estimates from the rollout.
@@ -57,7 +65,7 @@ class RolloutBatch:
 
 
 # Per-step fields, ``[T, N]`` each (observations and episode starts are ``[T + 1, N, ...]``,
-# the recurrent state ``[L, N, H]``).
+# the recurrent states ``hiddens`` ``[T, L, N, H]``).
 STEP_FIELDS = (
     "actions",
     "logprobs",
@@ -102,7 +110,7 @@ class RolloutStorage:
 
         self.obs = {k: zeros(t + 1, n, *obs_shapes[k], dtype=obs_dtypes[k]) for k in obs_shapes}
         self.episode_starts = zeros(t + 1, n, dtype=torch.bool)
-        self.hidden = zeros(hidden_shape[0], n, hidden_shape[1])
+        self.hiddens = zeros(t, hidden_shape[0], n, hidden_shape[1])
         self.actions = zeros(t, n, dtype=torch.long)
         self.logprobs = zeros(t, n)
         self.values = zeros(t, n)
@@ -142,6 +150,11 @@ class RolloutStorage:
             device=device,
         )
 
+    @property
+    def hidden(self) -> torch.Tensor:
+        """``[L, N, H]`` recurrent state before ``obs[0]`` (``hiddens[0]``)."""
+        return self.hiddens[0]
+
     def reset(self, num_steps: int | None = None) -> None:
         """Start a new rollout of ``num_steps`` (default: capacity) steps.
 
@@ -162,7 +175,7 @@ class RolloutStorage:
         for k, v in obs.items():
             self.obs[k][0].copy_(v)
         self.episode_starts[0].copy_(episode_starts)
-        self.hidden.copy_(hidden)
+        self.hiddens[0].copy_(hidden)
 
     def insert(
         self,
@@ -176,11 +189,18 @@ class RolloutStorage:
         truncated: torch.Tensor,
         truncation_values: torch.Tensor,
         expert_actions: torch.Tensor,
+        hidden: torch.Tensor | None = None,
     ) -> None:
-        """Record one step: the action taken on ``obs[step]`` and what followed (``[N]`` each)."""
+        """Record one step: the action taken on ``obs[step]`` and what followed (``[N]`` each).
+
+        ``hidden`` (``[L, N, H]``) is the recurrent state the policy held before ``obs[step]``;
+        truncated-BPTT chunks start from it (None: not recorded, for memoryless policies).
+        """
         t = self.step
         if t >= self.num_steps:
             raise RuntimeError(f"rollout storage is full ({self.num_steps} steps)")
+        if hidden is not None and t > 0:
+            self.hiddens[t].copy_(hidden)
         self.actions[t].copy_(actions)
         self.logprobs[t].copy_(logprobs)
         self.values[t].copy_(values)
@@ -198,7 +218,7 @@ class RolloutStorage:
         """Copy a block of environments' recorded data into columns ``envs``.
 
         ``fields`` maps storage fields to tensors with the block's own length: ``obs/<key>``
-        and ``episode_starts`` ``[T + 1, n, ...]``, ``hidden`` ``[L, n, H]``, the per-step
+        and ``episode_starts`` ``[T + 1, n, ...]``, ``hiddens`` ``[T, L, n, H]``, the per-step
         fields (``actions``, ``logprobs``, ...) ``[T, n]``; other keys are ignored. Used to
         assemble one rollout from several collectors' (call :meth:`reset` first and set
         :attr:`step` after).
@@ -206,12 +226,12 @@ class RolloutStorage:
         for name, value in fields.items():
             if name.startswith("obs/"):
                 target = self.obs[name[4:]]
-            elif name in ("episode_starts", "hidden", *STEP_FIELDS):
+            elif name in ("episode_starts", "hiddens", *STEP_FIELDS):
                 target = getattr(self, name)
             else:
                 continue
-            if name == "hidden":
-                target[:, envs].copy_(value)
+            if name == "hiddens":
+                target[: value.shape[0], :, envs].copy_(value)
             else:
                 target[: value.shape[0], envs].copy_(value)
 
@@ -241,24 +261,66 @@ class RolloutStorage:
         self.advantages[:t] = adv
         self.returns[:t] = ret
 
-    def minibatches(
-        self, num_mini_batch: int, generator: torch.Generator | None = None
-    ) -> Iterator[RolloutBatch]:
-        """Yield ``num_mini_batch`` minibatches, each all steps of a random subset of envs.
+    def sequence_length(self, recurrence: int) -> int:
+        """Length of the minibatch sequences for BPTT chunks of ``recurrence`` steps.
 
-        Splitting by environment keeps every recurrent sequence whole, so the update can re-run
-        the RNN from the rollout's first state.
+        ``0`` (or a chunk at least as long as the rollout) gives whole rollouts. A rollout
+        whose length ``recurrence`` does not divide (one a straggler rule cut short) gets the
+        longest chunk up to ``recurrence`` that does.
         """
-        if num_mini_batch > self.num_envs:
+        t = self.step
+        if recurrence <= 0 or recurrence >= t:
+            return t
+        return next(r for r in range(recurrence, 0, -1) if t % r == 0)
+
+    def minibatches(
+        self,
+        num_mini_batch: int,
+        generator: torch.Generator | None = None,
+        recurrence: int = 0,
+    ) -> Iterator[RolloutBatch]:
+        """Yield ``num_mini_batch`` minibatches of sequences drawn at random without replacement.
+
+        With ``recurrence=0`` a sequence is a whole rollout of one environment and the update
+        re-runs the RNN from the rollout's first state (exact full-sequence BPTT). Otherwise
+        the rollout is cut into chunks of :meth:`sequence_length` steps, each starting from the
+        recurrent state stored at its first step (truncated BPTT).
+        """
+        length = self.sequence_length(recurrence)
+        num_sequences = self.num_envs * (self.step // length)
+        if num_mini_batch > num_sequences:
             raise ValueError(
-                f"num_mini_batch={num_mini_batch} > number of environments {self.num_envs}: "
-                "minibatches are split by environment"
+                f"num_mini_batch={num_mini_batch} > {num_sequences} sequences "
+                f"({self.num_envs} environments x {self.step // length} chunks of {length} "
+                "steps): minibatches are split by sequence"
             )
-        perm = torch.randperm(self.num_envs, generator=generator).to(self.device)
+        perm = torch.randperm(num_sequences, generator=generator).to(self.device)
         start = 0
-        for size in evenly_distribute_count_into_bins(self.num_envs, num_mini_batch):
-            yield self.batch(perm[start : start + size])
+        for size in evenly_distribute_count_into_bins(num_sequences, num_mini_batch):
+            chosen = perm[start : start + size]
             start += size
+            if length == self.step:
+                yield self.batch(chosen)
+            else:
+                yield self._chunk_batch(chosen, length)
+
+    def _chunk_batch(self, sequences: torch.Tensor, length: int) -> RolloutBatch:
+        """The chunks ``sequences`` (numbered chunk-major: ``chunk * num_envs + env``)."""
+        envs = sequences % self.num_envs
+        starts = (sequences // self.num_envs) * length  # [n]
+        times = starts + torch.arange(length, device=self.device).unsqueeze(1)  # [T, n]
+        return RolloutBatch(
+            obs={k: v[times, envs] for k, v in self.obs.items()},
+            episode_starts=self.episode_starts[times, envs],
+            hidden=self.hiddens[starts, :, envs].transpose(0, 1),
+            actions=self.actions[times, envs],
+            old_logprobs=self.logprobs[times, envs],
+            old_values=self.values[times, envs],
+            advantages=self.advantages[times, envs],
+            returns=self.returns[times, envs],
+            expert_actions=self.expert_actions[times, envs],
+            advantage_stats=self.advantage_stats,
+        )
 
     def batch(self, env_indices: torch.Tensor) -> RolloutBatch:
         """All recorded steps of the environments ``env_indices``."""

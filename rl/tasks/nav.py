@@ -26,6 +26,7 @@ from typing import Annotated, Any
 
 import numpy as np
 from gymnasium import spaces
+from minigrid.core.constants import COLOR_TO_IDX, OBJECT_TO_IDX, STATE_TO_IDX
 from minigrid.core.grid import Grid
 from minigrid.core.mission import MissionSpace
 from minigrid.minigrid_env import MiniGridEnv
@@ -113,11 +114,20 @@ def _checked_args(
     return size, rooms_per_side, max_steps, min_start_distance, agent_view_size
 
 
+_IMAGE_HIGH = np.array(
+    [max(OBJECT_TO_IDX.values()), max(COLOR_TO_IDX.values()), max(STATE_TO_IDX.values())],
+    dtype=np.uint8,
+)
+
+
 def _observation_space(n: int) -> spaces.Dict:
     """The observation space for an ``n x n`` view (see :class:`PointNavEnv`)."""
     return spaces.Dict(
         {
-            "image": spaces.Box(low=0, high=255, shape=(n, n, 3), dtype=np.uint8),
+            # minigrid's (object, colour, state) indices: at most 10, 5 and 2.
+            "image": spaces.Box(
+                low=0, high=np.broadcast_to(_IMAGE_HIGH, (n, n, 3)), dtype=np.uint8
+            ),
             "goal": spaces.Box(low=-np.inf, high=np.inf, shape=(3,), dtype=np.float32),
         }
     )

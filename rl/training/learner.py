@@ -5,8 +5,9 @@ all-reduce -> clip -> optimiser step) serves both updates:
 
 - :meth:`Learner.update`, on-policy: returns and advantages of the rollout (per-rollout
   advantage statistics over every distributed worker), then ``update_repeats`` epochs of
-  ``num_mini_batch`` minibatches split by environment (recurrent sequences stay whole and the
-  model re-runs them from the rollout's first state), each optimising the stage's losses.
+  ``num_mini_batch`` minibatches of sequences (whole rollouts of some environments, re-run from
+  the rollout's first state, or ``recurrence``-step chunks re-run from the states stored at
+  their starts: truncated BPTT), each optimising the stage's losses.
 - :meth:`Learner.update_off_policy`: a stage's off-policy component (AllenAct's
   ``OffPolicyPipelineComponent``): ``updates`` steps on batches from its data iterator.
 
@@ -149,7 +150,12 @@ class Learner:
         tracker = ScalarMeanTracker()
         model.train()
         for _ in range(settings.update_repeats):  # type: ignore[arg-type]
-            for batch in storage.minibatches(settings.num_mini_batch, self.shuffle_generator):  # type: ignore[arg-type]
+            batches = storage.minibatches(
+                settings.num_mini_batch,  # type: ignore[arg-type]
+                self.shuffle_generator,
+                recurrence=settings.recurrence or 0,
+            )
+            for batch in batches:
                 output, _ = model(batch.obs, batch.episode_starts, batch.hidden)
                 tracker.add_scalars(
                     self.optimize(
