@@ -1,8 +1,10 @@
-"""Collection workers on Ray (``collector=ray``): bitwise sync, async lag rule, run-time
-parameters, stragglers, evaluation over workers, faults, joining a running Ray head.
+"""Collection workers (``collector=ray`` and ``collector=process``): bitwise sync, async lag
+rule, run-time parameters, stragglers, evaluation over workers, faults, joining a running Ray
+head.
 
-The in-process tests share one small private Ray instance (conftest's ``ray_instance`` session
-fixture); the collectors they build find it and leave it running. The CLI tests start their own.
+Tests taking the ``backend`` fixture run with both backends. The Ray ones share one small
+private Ray instance (conftest's ``ray_instance`` session fixture); the collectors they build
+find it and leave it running. The CLI tests start their own.
 """
 
 from __future__ import annotations
@@ -60,24 +62,32 @@ def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def make_set(spec: CollectionSpec, **settings: Any) -> tuple[CollectionWorkerSet, ActorCritic]:
+@pytest.fixture(params=["ray", "process"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Where the workers live: Ray actors (the session's Ray instance) or child processes."""
+    if request.param == "ray":
+        request.getfixturevalue("ray_instance")
+    return str(request.param)
+
+
+def make_set(
+    spec: CollectionSpec, backend: str = "ray", **settings: Any
+) -> tuple[CollectionWorkerSet, ActorCritic]:
     set_seed(spec.seed)
     model = build_model(spec.model, *task_spaces(spec.task))
-    return CollectionWorkerSet(spec=spec, model=model, **settings), model
+    return CollectionWorkerSet(spec=spec, model=model, backend=backend, **settings), model
 
 
 # ----------------------------------------------------------------- sync and async
 def test_one_sync_worker_trains_bitwise_like_local_collection(
-    ray_instance: Any, compose_cfg: Any, tmp_path: Path
+    backend: str, compose_cfg: Any, tmp_path: Path
 ) -> None:
     run.train(compose_cfg([*SMOKE, f"output_dir={tmp_path / 'local'}"], set_output_dir=False))
+    workers = [f"collector={backend}", "collector.num_workers=1", "collector.mode=sync"]
     run.train(
-        compose_cfg(
-            [*SMOKE, "collector=ray", "collector.num_workers=1", f"output_dir={tmp_path / 'ray'}"],
-            set_output_dir=False,
-        )
+        compose_cfg([*SMOKE, *workers, f"output_dir={tmp_path / backend}"], set_output_dir=False)
     )
-    assert same_weights(final_weights(tmp_path / "local"), final_weights(tmp_path / "ray"))
+    assert same_weights(final_weights(tmp_path / "local"), final_weights(tmp_path / backend))
 
 
 def test_two_sync_workers_are_reproducible(
@@ -89,9 +99,11 @@ def test_two_sync_workers_are_reproducible(
     assert same_weights(final_weights(tmp_path / "a"), final_weights(tmp_path / "b"))
 
 
-def test_versions_and_the_policy_lag_rule(ray_instance: Any) -> None:
+def test_versions_and_the_policy_lag_rule(backend: str) -> None:
     spec = CollectionSpec(task=SMALL, sampler=SERIAL, model=MODEL, seed=1)
-    workers, _ = make_set(spec, num_workers=2, mode="async", max_policy_lag=1, compress=False)
+    workers, _ = make_set(
+        spec, backend, num_workers=2, mode="async", max_policy_lag=1, compress=False
+    )
     try:
         request = RolloutRequest(num_steps=4)
         first = workers.collect(request)  # nothing in flight yet: collected with version 1
@@ -116,11 +128,9 @@ class StepsSeen(Callback):
         self.steps.append((info.stage_index, info.num_steps))
 
 
-def test_a_stage_switch_changes_what_the_workers_collect(
-    ray_instance: Any, tmp_path: Path
-) -> None:
+def test_a_stage_switch_changes_what_the_workers_collect(backend: str, tmp_path: Path) -> None:
     spec = CollectionSpec(task=SMALL, sampler=SERIAL, model=MODEL, seed=3)
-    workers, model = make_set(spec, num_workers=2, mode="sync")
+    workers, model = make_set(spec, backend, num_workers=2, mode="sync")
     pipe = TrainingPipeline(
         named_losses={"ppo": PPOLoss()},
         stages=[
@@ -195,13 +205,13 @@ def test_sync_workers_resume_exactly(ray_instance: Any, tmp_path: Path) -> None:
     assert same_weights(reference.model.state_dict(), resumed.model.state_dict())
 
 
-def test_fraction_samples_cuts_a_slow_worker(ray_instance: Any) -> None:
+def test_fraction_samples_cuts_a_slow_worker(backend: str) -> None:
     # Environment 3 (worker 1's second) sleeps 20 ms a step: worker 1 is the straggler.
     slow = {"_target_": "rl.tasks.debug.SlowEnv", "delay": 0.02, "max_steps": 10,
             "slow_seed": worker_seeds(4, 5)[3]}  # fmt: skip
     spec = CollectionSpec(task=slow, sampler=SERIAL, model=MODEL, seed=5)
     workers, _ = make_set(
-        spec, num_workers=2, mode="sync", fraction_samples=0.5, min_rollout_frac=0.25
+        spec, backend, num_workers=2, mode="sync", fraction_samples=0.5, min_rollout_frac=0.25
     )
     try:
         rollout = workers.collect(RolloutRequest(num_steps=40))
@@ -215,9 +225,9 @@ def test_fraction_samples_cuts_a_slow_worker(ray_instance: Any) -> None:
         workers.close()
 
 
-def test_evaluation_over_two_workers_runs_each_episode_once(ray_instance: Any) -> None:
+def test_evaluation_over_two_workers_runs_each_episode_once(backend: str) -> None:
     spec = CollectionSpec(task=SMALL, sampler=SERIAL, model=MODEL, seed=1)
-    workers, _ = make_set(spec, num_workers=2)
+    workers, _ = make_set(spec, backend, num_workers=2)
     try:
         seeds = list(range(100, 113))  # 13 episodes: uneven shares
         result = workers.evaluate(
@@ -255,12 +265,12 @@ def test_async_collection_workers_learn_small_pointnav(
 
 
 # -------------------------------------------------------------------------- faults
-def test_a_killed_worker_is_a_clear_error_and_nothing_is_left(ray_instance: Any) -> None:
+def test_a_killed_worker_is_a_clear_error_and_nothing_is_left(backend: str) -> None:
     doomed = worker_seeds(4, 2)[3]  # worker 1's second environment
     task = {"_target_": "rl.tasks.debug.FaultyEnv", "fail_seed": doomed, "fail_at_step": 6,
             "mode": "kill", "max_steps": 10}  # fmt: skip
     spec = CollectionSpec(task=task, sampler=SERIAL, model=MODEL, seed=2)
-    workers, _ = make_set(spec, num_workers=2)
+    workers, _ = make_set(spec, backend, num_workers=2)
     pids = list(workers.pids)
     start = time.monotonic()
     try:
@@ -278,12 +288,12 @@ def test_a_killed_worker_is_a_clear_error_and_nothing_is_left(ray_instance: Any)
                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]  # fmt: skip
 
 
-def test_a_raising_worker_names_itself_and_the_traceback(ray_instance: Any) -> None:
+def test_a_raising_worker_names_itself_and_the_traceback(backend: str) -> None:
     doomed = worker_seeds(4, 2)[0]
     task = {"_target_": "rl.tasks.debug.FaultyEnv", "fail_seed": doomed, "fail_at_step": 3,
             "mode": "raise", "max_steps": 10}  # fmt: skip
     spec = CollectionSpec(task=task, sampler=SERIAL, model=MODEL, seed=2)
-    workers, _ = make_set(spec, num_workers=2)
+    workers, _ = make_set(spec, backend, num_workers=2)
     try:
         with pytest.raises(CollectionWorkerError) as err:
             for _ in range(5):

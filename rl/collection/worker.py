@@ -1,6 +1,7 @@
 """A collection worker (PyTorchRL's ``CWorker``): a policy copy, its environments, its storage.
 
-:class:`CollectionWorker` runs as a Ray actor (:mod:`rl.collection.worker_set` starts it) or
+:class:`CollectionWorker` runs as a Ray actor or in a child process
+(:mod:`rl.collection.worker_set` starts it; :mod:`rl.collection.actors` hosts it), or
 in-process. It builds, from plain configs, its own copy of the policy and a sampler over its
 share of the training environments (``env_offset`` in the run's global seed stream), and
 collects rollouts with an :class:`~rl.collection.InProcessCollector` (teacher forcing, recurrent
@@ -34,7 +35,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import ray
 import torch
 
 from rl.collection.base import CollectionSpec, RolloutRequest
@@ -159,12 +159,11 @@ class CollectionWorker:
             )
         self.request = dataclasses.replace(self.request, **{name: value})
 
-    @ray.method(concurrency_group="control")
     def stop_collecting(self, rollout_index: int) -> None:
         """End rollout ``rollout_index`` early (ignored once it is over).
 
-        Rollouts are counted from 0 over the worker's life, resumes included. This call is
-        served in its own concurrency group, while the rollout is being collected.
+        Rollouts are counted from 0 over the worker's life, resumes included. Both backends
+        serve this call while a rollout is being collected (:mod:`rl.collection.actors`).
         """
         if self.stop_request is not None:
             self.stop_request.request(rollout_index)

@@ -1,10 +1,12 @@
-"""Collection workers on Ray (PyTorchRL's ``CWorkerSet``): the learner's :class:`Collector`.
+"""Collection workers (PyTorchRL's ``CWorkerSet``): the learner's :class:`Collector`.
 
-:class:`CollectionWorkerSet` (``collector=ray``) starts ``num_workers`` :class:`CollectionWorker`
-actors, splits the run's environments over them (contiguous blocks of the global seed stream),
-and hands the trainer one ``[T, N]`` rollout per :meth:`~CollectionWorkerSet.collect`:
+:class:`CollectionWorkerSet` starts ``num_workers`` :class:`CollectionWorker` s, as Ray actors
+(``collector=ray``, on this machine or a cluster) or as child processes of the learner
+(``collector=process``, this machine, no Ray), splits the run's environments over them
+(contiguous blocks of the global seed stream), and hands the trainer one ``[T, N]`` rollout per
+:meth:`~CollectionWorkerSet.collect`:
 
-- **sync** (on-policy): the current weights go to every worker (one ``ray.put``), every worker
+- **sync** (on-policy): the current weights go to every worker (shared once), every worker
   collects a rollout with them, and the learner waits for all. With ``fraction_samples < 1``,
   once that fraction of workers is done the others end their rollouts early (after
   ``min_rollout_frac`` of it); the learner then keeps the steps every worker has (the shortest
@@ -17,7 +19,7 @@ and hands the trainer one ``[T, N]`` rollout per :meth:`~CollectionWorkerSet.col
 
 Stage changes reach the workers through ``update_algorithm_parameter`` (rollout length,
 teacher forcing). A worker that raises or dies is a :class:`CollectionWorkerError` naming it,
-with the original traceback. :meth:`~CollectionWorkerSet.close` ends every actor, and the Ray
+with the original traceback. :meth:`~CollectionWorkerSet.close` ends every worker, and the Ray
 instance when this set started it (``address: null``: a private instance sized by the config;
 ``auto`` or ``HOST:PORT`` joins a cluster, which is left running).
 """
@@ -27,15 +29,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-import ray
 import torch
-from ray.exceptions import RayError
 
+from rl.collection.actors import Actors, CollectionWorkerError, ProcessActors, RayActors
 from rl.collection.base import CollectionSpec, Rollout, RolloutRequest
 from rl.collection.episodes import EvalResult, evaluate_policy, summarise_episodes
 from rl.collection.transport import RolloutAssembler, cut_packed_rollout
@@ -49,17 +49,13 @@ from rl.utils.misc import evenly_distribute_count_into_bins
 log = logging.getLogger(__name__)
 
 MODES = ("sync", "async")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its error text
+BACKENDS = ("ray", "process")
 # Seconds to wait for workers to start (building environments) before failing.
 START_TIMEOUT_S = 120.0
 
 
-class CollectionWorkerError(RuntimeError):
-    """A collection worker raised or died; the message names it and carries its traceback."""
-
-
 class CollectionWorkerSet:
-    """Rollouts from ``num_workers`` Ray actors, each with its share of the environments.
+    """Rollouts from ``num_workers`` workers, each with its share of the environments.
 
     Args:
         spec: What to collect from (task, sampler and model configs, seeds); ``sampler``'s
@@ -69,8 +65,9 @@ class CollectionWorkerSet:
         dist: Must be a single process: DDP with collection workers is refused.
         num_workers: Remote collection workers.
         mode: ``sync`` or ``async`` (see the module docstring).
-        address: None: start a private Ray instance with ``num_workers * cpus_per_worker``
-            CPUs; ``auto`` or ``HOST:PORT``: join that cluster.
+        backend: ``ray`` (Ray actors) or ``process`` (child processes of this one).
+        address: Ray only: None starts a private Ray instance with
+            ``num_workers * cpus_per_worker`` CPUs; ``auto`` or ``HOST:PORT`` joins that cluster.
         cpus_per_worker: Ray CPUs reserved per worker (also its torch threads, at least 1).
         fraction_samples: Sync: fraction of workers that must finish before the rest stop.
         min_rollout_frac: ... once they have this fraction of their steps.
@@ -90,6 +87,7 @@ class CollectionWorkerSet:
         dist: DistContext | None = None,
         num_workers: int = 2,
         mode: str = "sync",
+        backend: str = "ray",
         address: str | None = None,
         cpus_per_worker: float = 1.0,
         fraction_samples: float = 1.0,
@@ -98,33 +96,42 @@ class CollectionWorkerSet:
         compress: bool = True,
         evaluate_on_workers: bool = True,
     ) -> None:
-        _check(num_workers, mode, fraction_samples, min_rollout_frac, max_policy_lag, spec, dist)
+        _check(
+            num_workers, mode, backend, fraction_samples, min_rollout_frac, max_policy_lag, spec,
+            dist,
+        )  # fmt: skip
         self.spec, self.model, self.device = spec, model, torch.device(device)
-        self.mode, self.fraction_samples = mode, fraction_samples
+        self.mode, self.backend, self.fraction_samples = mode, backend, fraction_samples
         self.max_policy_lag, self.evaluate_on_workers = max_policy_lag, evaluate_on_workers
-        self._owns_ray = False
         self._acks: list[Any] = []  # settings sent whose outcome is checked with the next rollout
-        if not ray.is_initialized():
-            self._start_ray(address, num_workers * cpus_per_worker)
         shares = evenly_distribute_count_into_bins(spec.num_envs, num_workers)
         starts = [sum(shares[:i]) for i in range(num_workers)]
         self.env_slices = [slice(a, a + n) for a, n in zip(starts, shares, strict=True)]
-        # Ray's type stub lacks concurrency_groups (a documented option of actors).
-        options: dict[str, Any] = {"concurrency_groups": {"control": 1}, "max_restarts": 0}
-        remote: Any = ray.remote(num_cpus=cpus_per_worker, **options)(CollectionWorker)
-        self.workers = [
-            remote.remote(
-                index=i,
-                spec=spec,
-                num_envs=shares[i],
-                env_offset=starts[i],
-                min_rollout_frac=min_rollout_frac if fraction_samples < 1.0 else None,
-                compress=compress,
-                torch_threads=max(1, int(cpus_per_worker)),
-            )
+        kwargs = [
+            {
+                "index": i,
+                "spec": spec,
+                "num_envs": shares[i],
+                "env_offset": starts[i],
+                "min_rollout_frac": min_rollout_frac if fraction_samples < 1.0 else None,
+                "compress": compress,
+                "torch_threads": max(1, int(cpus_per_worker)),
+            }
             for i in range(num_workers)
         ]
-        self.pids = self._gather([w.pid.remote() for w in self.workers], START_TIMEOUT_S)
+        self.actors: Actors
+        if backend == "ray":
+            self.actors = RayActors(
+                CollectionWorker,
+                kwargs,
+                address=address,
+                cpus_per_worker=cpus_per_worker,
+                start_timeout=START_TIMEOUT_S,
+            )
+        else:
+            self.actors = ProcessActors(CollectionWorker, kwargs, start_timeout=START_TIMEOUT_S)
+        self.num_workers = num_workers
+        self.pids = self.actors.pids
         self.assembler = RolloutAssembler(
             observation_space=task_spaces(spec.task)[0],
             hidden_shape=model.hidden_shape,
@@ -140,24 +147,13 @@ class CollectionWorkerSet:
         self._requested = [0] * num_workers  # rollouts asked of each worker (its own count)
         self.dropped = 0
         log.info(
-            "collection: %d Ray workers (%s, pids %s), environments %s",
+            "collection: %d %s workers (%s, pids %s), environments %s",
             num_workers,
+            "Ray" if backend == "ray" else "process",
             mode,
             ", ".join(map(str, self.pids)),
             ", ".join(f"{s.start}-{s.stop - 1}" for s in self.env_slices),
         )
-
-    def _start_ray(self, address: str | None, num_cpus: float) -> None:
-        if address is None:
-            ray.init(
-                address="local",
-                num_cpus=max(1, math.ceil(num_cpus)),
-                include_dashboard=False,
-                logging_level=logging.WARNING,
-            )
-        else:
-            ray.init(address=address, logging_level=logging.WARNING)
-        self._owns_ray = True
 
     @property
     def num_envs(self) -> int:
@@ -171,7 +167,7 @@ class CollectionWorkerSet:
         timeout: float | None = None,
         workers: Sequence[int] | None = None,
     ) -> list[Any]:
-        """``ray.get`` of calls to workers, a failure named after its worker.
+        """The results of calls to workers, a failure named after its worker.
 
         Args:
             refs: The calls' object refs.
@@ -184,7 +180,7 @@ class CollectionWorkerSet:
         acks, self._acks = self._acks, []
         if acks:
             self._gather(acks, timeout)
-        n = max(1, len(self.workers))
+        n = max(1, self.num_workers)
         owner = list(workers) if workers is not None else [i % n for i in range(len(refs))]
         position = {ref: i for i, ref in enumerate(refs)}
         results: list[Any] = [None] * len(refs)
@@ -192,27 +188,20 @@ class CollectionWorkerSet:
         deadline = None if timeout is None else time.monotonic() + timeout
         while waiting:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, waiting = ray.wait(waiting, num_returns=1, timeout=left)
+            ready, waiting = self.actors.wait(waiting, num_returns=1, timeout=left)
             if not ready:
                 late = sorted({owner[position[r]] for r in waiting})
                 raise CollectionWorkerError(
                     f"collection workers {late} did not answer within {timeout:.0f} s"
                 )
-            i = position[ready[0]]
-            results[i] = self._get(ready[0], owner[i])
+            for ref in ready:
+                i = position[ref]
+                results[i] = self.actors.get(ref, owner[i])
         return results
 
-    def _get(self, ref: Any, worker: int) -> Any:
-        try:
-            return ray.get(ref)
-        except RayError as e:
-            pid = self.pids[worker] if getattr(self, "pids", None) else "?"
-            cause = getattr(e, "cause", None)
-            what = f"{type(cause).__name__}: {cause}" if cause is not None else type(e).__name__
-            detail = _ANSI.sub("", str(e))
-            raise CollectionWorkerError(
-                f"collection worker {worker} (pid {pid}) failed: {what}\nin the worker:\n{detail}"
-            ) from None
+    def _call_all(self, method: str, *args: Any) -> list[Any]:
+        """``method(*args)`` on every worker."""
+        return [self.actors.call(i, method, *args) for i in range(self.num_workers)]
 
     # ------------------------------------------------------------- collection
     def _send_parameters(self, request: RolloutRequest) -> None:
@@ -227,27 +216,26 @@ class CollectionWorkerSet:
             value = getattr(request, name)
             if name not in self._sent or self._sent[name] != value:
                 self._sent[name] = value
-                self._acks += [
-                    w.update_algorithm_parameter.remote(name, value) for w in self.workers
-                ]
+                self._acks += self._call_all("update_algorithm_parameter", name, value)
 
     def _send_weights(self) -> None:
         """The learner's weights to every worker (once per version; queued behind their work)."""
         if self._sent_version == self.version:
             return
         self._sent_version = self.version
-        weights = ray.put({k: v.detach().cpu() for k, v in self.model.state_dict().items()})
-        for w in self.workers:
-            w.set_weights.remote(weights, self.version)
+        weights = self.actors.share(
+            {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+        )
+        self._call_all("set_weights", weights, self.version)
 
     def _request(self, workers: Sequence[int]) -> list[Any]:
         """Ask ``workers`` for their next rollout (each one's count of rollouts goes up)."""
         for i in workers:
             self._requested[i] += 1
-        return [self.workers[i].collect_data.remote() for i in workers]
+        return [self.actors.call(i, "collect_data") for i in workers]
 
     def _request_all(self) -> list[Any]:
-        return self._request(range(len(self.workers)))
+        return self._request(range(self.num_workers))
 
     def collect(self, request: RolloutRequest) -> Rollout:
         """One rollout of every worker (see the module docstring for sync and async)."""
@@ -270,9 +258,9 @@ class CollectionWorkerSet:
             return self._gather(refs)
         # DD-PPO's straggler rule across workers: once enough are done, the rest stop early.
         enough = math.ceil(self.fraction_samples * len(refs) - 1e-9)
-        ray.wait(list(refs), num_returns=enough)
-        for w, requested in zip(self.workers, self._requested, strict=True):
-            w.stop_collecting.remote(requested - 1)  # ignored by those already done
+        self.actors.wait(refs, num_returns=enough, timeout=None)
+        for i, requested in enumerate(self._requested):
+            self.actors.call(i, "stop_collecting", requested - 1)  # ignored by those done
         return self._gather(refs)
 
     def _drop_stale(self, results: list[Any]) -> list[Any]:
@@ -315,7 +303,7 @@ class CollectionWorkerSet:
 
     def new_episodes(self) -> None:
         """Every worker's environments start new episodes before their next rollout."""
-        self._gather([w.new_episodes.remote() for w in self.workers])
+        self._gather(self._call_all("new_episodes"))
 
     # ------------------------------------------------------------- evaluation
     def evaluate(
@@ -343,18 +331,20 @@ class CollectionWorkerSet:
                 device=self.device,
             )
         self._send_weights()
-        k = min(len(self.workers), len(episode_seeds))
+        k = min(self.num_workers, len(episode_seeds))
         shares = evenly_distribute_count_into_bins(len(episode_seeds), k)
         bounds = [sum(shares[:i]) for i in range(k + 1)]
         calls = [
-            w.evaluate.remote(
+            self.actors.call(
+                i,
+                "evaluate",
                 list(episode_seeds[bounds[i] : bounds[i + 1]]),
                 max(1, min(num_envs, shares[i])),
                 deterministic,
                 action_seed,
                 split,
             )
-            for i, w in enumerate(self.workers[:k])
+            for i in range(k)
         ]
         records = {r["episode_seed"]: r for part in self._gather(calls) for r in part}
         return summarise_episodes(records, episode_seeds)
@@ -366,12 +356,12 @@ class CollectionWorkerSet:
         In async mode the rollouts in flight are not part of it: a resumed run continues from
         the workers' state after them, so it is not bitwise the same as an uninterrupted one.
         """
-        states = self._gather([w.state_dict.remote() for w in self.workers])
+        states = self._gather(self._call_all("state_dict"))
         return {
             "sampler": None,
             "rollout": None,
             "collection_workers": {
-                "num_workers": len(self.workers),
+                "num_workers": self.num_workers,
                 "mode": self.mode,
                 "version": self.version,
                 "requested": [int(s["rollouts"]) for s in states],
@@ -382,11 +372,11 @@ class CollectionWorkerSet:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore every worker from a checkpoint of the same layout (else fresh episodes)."""
         saved = state.get("collection_workers")
-        if saved is None or int(saved["num_workers"]) != len(self.workers):
+        if saved is None or int(saved["num_workers"]) != self.num_workers:
             log.warning(
                 "the checkpoint holds no state for %d collection workers (saved with %s): every "
                 "worker starts fresh episodes",
-                len(self.workers),
+                self.num_workers,
                 "in-process collection" if saved is None else f"{saved['num_workers']} workers",
             )
             return
@@ -397,30 +387,23 @@ class CollectionWorkerSet:
             )
         self.version = int(saved["version"])
         self._requested = [int(n) for n in saved["requested"]]
+        states = saved["workers"]
         self._gather(
-            [
-                w.load_state_dict.remote(s)
-                for w, s in zip(self.workers, saved["workers"], strict=True)
-            ]
+            [self.actors.call(i, "load_state_dict", s) for i, s in enumerate(states)]
         )
 
     def close(self) -> None:
         """End every worker (closing its environments), and Ray if this set started it."""
-        workers, self.workers = getattr(self, "workers", []), []
-        try:
-            if workers:
-                ray.wait([w.close.remote() for w in workers], num_returns=len(workers), timeout=10)
-        finally:
-            for w in workers:
-                ray.kill(w, no_restart=True)
-            if self._owns_ray:
-                self._owns_ray = False
-                ray.shutdown()
+        actors = getattr(self, "actors", None)
+        if actors is not None:
+            del self.actors
+            actors.close(timeout=10)
 
 
 def _check(
     num_workers: int,
     mode: str,
+    backend: str,
     fraction_samples: float,
     min_rollout_frac: float,
     max_policy_lag: int,
@@ -431,8 +414,8 @@ def _check(
     errors = []
     if dist is not None and dist.enabled:
         errors.append(
-            "collector=ray with distributed=ddp: not supported (each rank would need its own "
-            "workers); use one of them"
+            "collection workers (collector=ray or process) with distributed=ddp: not supported "
+            "(each rank would need its own workers); use one of them"
         )
     if num_workers < 1:
         errors.append(f"collector.num_workers: must be >= 1, got {num_workers}")
@@ -443,6 +426,10 @@ def _check(
         )
     if mode not in MODES:
         errors.append(f"collector.mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    if backend not in BACKENDS:
+        errors.append(
+            f"collector.backend: expected one of {', '.join(BACKENDS)}, got {backend!r}"
+        )
     if not 0.0 < fraction_samples <= 1.0:
         errors.append(f"collector.fraction_samples: must be in (0, 1], got {fraction_samples}")
     if not 0.0 <= min_rollout_frac <= 1.0:
