@@ -9,9 +9,11 @@ and critic heads; ``RecurrentPPO``: the same input -> one LSTM 128 shared by act
 linear heads, BPTT over whole rollout sequences as sb3-contrib does). FPS = env steps / wall
 time over the last three quarters of training (the first quarter is warm-up, for all). The raw
 environment limit (16 environments stepped serially with random actions, no policy; as in
-``bench/sampler_fps.py``) is measured in the same run.
+``bench/sampler_fps.py``) is measured in the same run. The "async" rows add one collection
+worker process (``collector=process``) that collects while the learner updates, on the second
+core (policy lag 1; networks and settings unchanged).
 
-    python bench/train_fps.py [--steps 40960] [--raw-seconds 4] [--skip-sb3]
+    python bench/train_fps.py [--steps 40960] [--raw-seconds 4] [--skip-sb3] [--skip-async]
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_ENVS, NUM_STEPS, EPOCHS, MINIBATCHES = 16, 128, 4, 4
-# ppo_nav's GRU policy on the flattened observation (no CNN, no trunk), linear heads: the
-# counterpart of sb3-contrib's RecurrentPPO row.
+# ppo_nav's GRU policy on the flattened observation (no CNN, no trunk), linear heads, and
+# full-sequence BPTT (whole 128-step rollouts): the counterpart of sb3-contrib's RecurrentPPO row.
 FLAT_GRU = [
     "model.cnn_channels=[]",
     "model.trunk_layers=[]",
@@ -38,6 +40,7 @@ FLAT_GRU = [
     "model.rnn_hidden_size=128",
     "model.rnn_layers=1",
     "model.head_layers=[]",
+    "pipeline.recurrence=0",
 ]
 
 
@@ -194,6 +197,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=NUM_ENVS * NUM_STEPS * 20)
     parser.add_argument("--raw-seconds", type=float, default=4.0)
     parser.add_argument("--skip-sb3", action="store_true", help="skip both SB3 rows")
+    parser.add_argument(
+        "--skip-async",
+        action="store_true",
+        help="skip the rows with an asynchronous collection worker (collector=process)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     raw = raw_limit(args.raw_seconds)
@@ -202,6 +210,8 @@ def main() -> None:
         "cnn": "ours ppo_nav, memoryless CNN (nav_cnn)",
         "mlp": "ours ppo_nav, memoryless MLP (mlp)",
         "flat_gru": "ours ppo_nav, flattened -> GRU 128",
+        "mlp_async": "ours MLP, async worker (collector=process)",
+        "flat_gru_async": "ours flattened -> GRU 128, async worker",
         "sb3": "stable-baselines3 PPO, MLP, DummyVecEnv",
         "sb3_rec": "sb3-contrib RecurrentPPO, flattened -> LSTM 128",
     }
@@ -211,6 +221,11 @@ def main() -> None:
         "mlp": ours("mlp", args.steps),
         "flat_gru": ours("nav_cnn_gru", args.steps, FLAT_GRU),
     }
+    if not args.skip_async:
+        # The second core: one collection worker process steps the environments with a policy
+        # copy while the learner updates (policy lag 1; the same networks and settings).
+        fps["mlp_async"] = ours("mlp", args.steps, ["collector=process"])
+        fps["flat_gru_async"] = ours("nav_cnn_gru", args.steps, [*FLAT_GRU, "collector=process"])
     if not args.skip_sb3:
         fps["sb3"] = sb3(args.steps)
         fps["sb3_rec"] = sb3_recurrent(args.steps)
@@ -226,6 +241,13 @@ def main() -> None:
         print("ratios")
         print(f"  ours MLP / SB3 PPO:                {fps['mlp'] / fps['sb3']:.2f}x")
         print(f"  ours flattened-GRU / RecurrentPPO: {fps['flat_gru'] / fps['sb3_rec']:.2f}x")
+        if not args.skip_async:
+            mlp_ratio = fps["mlp_async"] / fps["sb3"]
+            print(f"  ours MLP async / SB3 PPO:                {mlp_ratio:.2f}x")
+            print(
+                "  ours flattened-GRU async / RecurrentPPO: "
+                f"{fps['flat_gru_async'] / fps['sb3_rec']:.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from pathlib import Path
 
 from rl.collection.episodes import EvalResult, episode_seed_list
@@ -39,8 +40,11 @@ class TrainingEvaluation(Callback):
         """Run the trainer's policy on the episode list; log ``eval/*`` at the current step.
 
         The collector runs it: in this process, or spread over collection workers.
+        ``eval/seconds`` is its wall time (spent outside training: benchmarks of time to a
+        success rate take it off the clock).
         """
         s = self.settings
+        t0 = time.perf_counter()
         result = trainer.collector.evaluate(
             episode_seeds=self.episode_seeds,
             num_envs=s.num_envs,
@@ -49,7 +53,8 @@ class TrainingEvaluation(Callback):
             split=s.split,
         )
         self._last = (trainer.pipeline.total_steps, result)
-        trainer.metrics.publish(trainer.pipeline.total_steps, result.as_logged("eval"))
+        logged = {**result.as_logged("eval"), "eval/seconds": time.perf_counter() - t0}
+        trainer.metrics.publish(trainer.pipeline.total_steps, logged)
         return result
 
     def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
