@@ -33,6 +33,10 @@ OVERRIDES = [
     "model.trunk_layers=[16]",
     "model.rnn_hidden_size=8",
     "eval.num_episodes=0",
+    # What ppo_nav was then (its defaults changed since; the resumed run uses its saved config).
+    "model.image_encoding=embed",
+    "pipeline.recurrence=0",
+    "pipeline.optimizer.lr=5e-4",
 ]
 LAYOUT = {
     "format_version",

@@ -256,7 +256,7 @@ def test_resume_accepts_safe_overrides_and_refuses_unsafe_ones(
         "${total_env_steps}"
     )
     for override, key in [
-        ("pipeline.optimizer.lr=0.1", "pipeline.optimizer.lr: 0.0005 -> 0.1"),
+        ("pipeline.optimizer.lr=0.1", "pipeline.optimizer.lr: 0.001 -> 0.1"),
         ("model.rnn_hidden_size=32", "model.rnn_hidden_size: 128 -> 32"),
     ]:
         with pytest.raises(ConfigError, match="cannot change when resuming") as err:

@@ -388,9 +388,7 @@ class CollectionWorkerSet:
         self.version = int(saved["version"])
         self._requested = [int(n) for n in saved["requested"]]
         states = saved["workers"]
-        self._gather(
-            [self.actors.call(i, "load_state_dict", s) for i, s in enumerate(states)]
-        )
+        self._gather([self.actors.call(i, "load_state_dict", s) for i, s in enumerate(states)])
 
     def close(self) -> None:
         """End every worker (closing its environments), and Ray if this set started it."""
@@ -427,9 +425,7 @@ def _check(
     if mode not in MODES:
         errors.append(f"collector.mode: expected one of {', '.join(MODES)}, got {mode!r}")
     if backend not in BACKENDS:
-        errors.append(
-            f"collector.backend: expected one of {', '.join(BACKENDS)}, got {backend!r}"
-        )
+        errors.append(f"collector.backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
     if not 0.0 < fraction_samples <= 1.0:
         errors.append(f"collector.fraction_samples: must be in (0, 1], got {fraction_samples}")
     if not 0.0 <= min_rollout_frac <= 1.0:
