@@ -361,6 +361,36 @@ def test_cli_private_ray_instance_ends_with_the_run_even_on_sigterm(tmp_path: Pa
     assert ray_processes_of(tree) == []
 
 
+def test_cli_sigterm_to_the_process_group_stops_a_process_worker_run_cleanly(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to every process of the run (as SLURM or Ctrl-C send it): the learner saves a
+    checkpoint and exits 143; its worker process ignores the signal and is ended by it."""
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *SMOKE, "collector=process",
+         "total_env_steps=100000", "pipeline.stages.0.max_stage_steps=100000",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "run").glob("metrics.jsonl")) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.2)
+    workers = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+    assert workers, "the run started no worker process"
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "stopped by SIGTERM" in err
+    assert latest_checkpoint(tmp_path / "run") is not None
+    deadline = time.monotonic() + 15
+    while ray_processes_of(workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray_processes_of(workers) == []
+
+
 @pytest.mark.slow
 def test_cli_joins_a_running_ray_head(tmp_path: Path) -> None:
     port = free_port()

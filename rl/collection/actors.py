@@ -23,6 +23,7 @@ import multiprocessing as mp
 import os
 import queue
 import re
+import signal
 import threading
 import time
 import traceback
@@ -169,7 +170,14 @@ class RayActors:
 
 # ------------------------------------------------------------------------------ processes
 def _serve(conn: Connection, cls: type, kwargs: Mapping[str, Any]) -> None:
-    """A worker process: build ``cls(**kwargs)``, then run the calls that arrive, in order."""
+    """A worker process: build ``cls(**kwargs)``, then run the calls that arrive, in order.
+
+    Ctrl-C and SIGTERM sent to the whole process group are the learner's to handle (it stops
+    at a rollout boundary, saves, then closes its workers); the worker ends when told to or
+    when the learner's end of the pipe closes.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     send_lock = threading.Lock()
 
     def reply(call_id: int, ok: bool, value: Any) -> None:
@@ -330,8 +338,8 @@ class ProcessActors:
     def _terminate(self) -> None:
         for process in self._processes:
             process.join(timeout=2.0)
-            if process.is_alive():
-                process.terminate()
+            if process.is_alive():  # it ignores SIGTERM (see _serve)
+                process.kill()
                 process.join(timeout=2.0)
         for conn in self._conns:
             conn.close()
