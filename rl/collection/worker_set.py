@@ -226,7 +226,8 @@ class CollectionWorkerSet:
         weights = self.actors.share(
             {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         )
-        self._call_all("set_weights", weights, self.version)
+        # Checked with the next results, like the settings (and not left unread).
+        self._acks += self._call_all("set_weights", weights, self.version)
 
     def _request(self, workers: Sequence[int]) -> list[Any]:
         """Ask ``workers`` for their next rollout (each one's count of rollouts goes up)."""
@@ -260,7 +261,8 @@ class CollectionWorkerSet:
         enough = math.ceil(self.fraction_samples * len(refs) - 1e-9)
         self.actors.wait(refs, num_returns=enough, timeout=None)
         for i, requested in enumerate(self._requested):
-            self.actors.call(i, "stop_collecting", requested - 1)  # ignored by those done
+            # A no-op for workers already done; its outcome is checked with the results.
+            self._acks.append(self.actors.call(i, "stop_collecting", requested - 1))
         return self._gather(refs)
 
     def _drop_stale(self, results: list[Any]) -> list[Any]:
