@@ -261,3 +261,16 @@ def _fill_one_more(storage: RolloutStorage) -> None:
 def test_reset_rejects_lengths_outside_capacity(bad: int) -> None:
     with pytest.raises(ValueError):
         _storage(2, capacity=8).reset(bad)
+
+
+def test_chunks_need_the_recorded_recurrent_states() -> None:
+    """A rollout inserted without per-step states can only give whole-rollout minibatches."""
+    storage = _storage(4, capacity=8)
+    storage.reset()
+    _fill(storage, 8)  # no hidden=...: nothing for chunks to start from
+    assert not storage.hiddens_recorded
+    assert len(list(storage.minibatches(2, recurrence=0))) == 2
+    with pytest.raises(ValueError, match="recurrence=4: .* without per-step recurrent states"):
+        list(storage.minibatches(2, recurrence=4))
+    storage.reset()  # a new rollout starts recorded again
+    assert storage.hiddens_recorded

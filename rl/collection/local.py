@@ -153,7 +153,6 @@ class InProcessCollector:
         self._rollout_index += 1
         zeros = torch.zeros(n, device=self.device)
         obs, expert, starts, hidden = c.obs, c.expert, c.episode_starts, c.hidden
-        recurrent = model.is_recurrent
         for t in range(request.num_steps):
             t0 = time.perf_counter()
             hidden_before = hidden  # truncated-BPTT chunks start from the stored state
@@ -186,7 +185,7 @@ class InProcessCollector:
                 truncated=truncated,
                 truncation_values=truncation_values,
                 expert_actions=expert.to(self.device),
-                hidden=hidden_before if recurrent else None,
+                hidden=hidden_before,
             )
             expert = torch.from_numpy(result.expert_actions)
             episodes.extend(result.episodes)

@@ -123,6 +123,8 @@ class RolloutStorage:
         self.returns = zeros(t, n)
         self.num_steps = num_steps
         self.step = 0
+        # False once a step was inserted without its recurrent state (chunks cannot start there).
+        self.hiddens_recorded = True
         # (mean, std) of the rollout's advantages handed to every minibatch (None: per-minibatch
         # normalisation); the distributed trainer sets global statistics here.
         self.advantage_stats: tuple[float, float] | None = None
@@ -166,6 +168,7 @@ class RolloutStorage:
             raise ValueError(f"rollout length {num_steps} not in [1, {self.capacity}]")
         self.num_steps = num_steps
         self.step = 0
+        self.hiddens_recorded = True
         self.advantage_stats = None
 
     def set_first(
@@ -194,12 +197,15 @@ class RolloutStorage:
         """Record one step: the action taken on ``obs[step]`` and what followed (``[N]`` each).
 
         ``hidden`` (``[L, N, H]``) is the recurrent state the policy held before ``obs[step]``;
-        truncated-BPTT chunks start from it (None: not recorded, for memoryless policies).
+        truncated-BPTT chunks start from it (None: not recorded; only whole-rollout
+        minibatches can then be drawn).
         """
         t = self.step
         if t >= self.num_steps:
             raise RuntimeError(f"rollout storage is full ({self.num_steps} steps)")
-        if hidden is not None and t > 0:
+        if hidden is None:
+            self.hiddens_recorded = False
+        elif t > 0:
             self.hiddens[t].copy_(hidden)
         self.actions[t].copy_(actions)
         self.logprobs[t].copy_(logprobs)
@@ -287,6 +293,12 @@ class RolloutStorage:
         recurrent state stored at its first step (truncated BPTT).
         """
         length = self.sequence_length(recurrence)
+        if length < self.step and not self.hiddens_recorded:
+            raise ValueError(
+                f"recurrence={recurrence}: this rollout was recorded without per-step recurrent "
+                "states (insert(hidden=...)), so BPTT chunks have no state to start from; "
+                "record them or use recurrence=0"
+            )
         num_sequences = self.num_envs * (self.step // length)
         if num_mini_batch > num_sequences:
             raise ValueError(
