@@ -115,6 +115,19 @@ def _dict_flatten() -> type:
     return DictFlatten
 
 
+# What both SB3 rows share with ours: rollout, minibatches, epochs, LR, entropy bonus, CPU.
+SB3_SETTINGS: dict[str, Any] = dict(
+    n_steps=NUM_STEPS,
+    batch_size=NUM_STEPS * NUM_ENVS // MINIBATCHES,
+    n_epochs=EPOCHS,
+    learning_rate=5e-4,
+    ent_coef=0.01,
+    device="cpu",
+    seed=0,
+    verbose=0,
+)
+
+
 def _timed_learn(agent: Any, steps: int) -> float:
     """FPS of ``agent.learn`` over the last three quarters of ``steps`` (warm-up like ours)."""
     agent.learn(total_timesteps=steps // 4)
@@ -133,20 +146,13 @@ def sb3(steps: int, vec_env: str = "dummy") -> float:
     agent = PPO(
         "MultiInputPolicy",
         _sb3_env(vec_env),
-        n_steps=NUM_STEPS,
-        batch_size=NUM_STEPS * NUM_ENVS // MINIBATCHES,
-        n_epochs=EPOCHS,
-        learning_rate=5e-4,
-        ent_coef=0.01,
+        **SB3_SETTINGS,
         policy_kwargs=dict(
             features_extractor_class=_dict_flatten(),
             net_arch=dict(pi=[64, 64], vf=[64, 64]),
             activation_fn=torch.nn.Tanh,
             normalize_images=False,
         ),
-        device="cpu",
-        seed=0,
-        verbose=0,
     )
     return _timed_learn(agent, steps)
 
@@ -163,11 +169,7 @@ def sb3_recurrent(steps: int) -> float:
     agent = RecurrentPPO(
         "MultiInputLstmPolicy",
         _sb3_env("dummy"),
-        n_steps=NUM_STEPS,
-        batch_size=NUM_STEPS * NUM_ENVS // MINIBATCHES,
-        n_epochs=EPOCHS,
-        learning_rate=5e-4,
-        ent_coef=0.01,
+        **SB3_SETTINGS,
         policy_kwargs=dict(
             features_extractor_class=_dict_flatten(),
             lstm_hidden_size=128,
@@ -177,9 +179,6 @@ def sb3_recurrent(steps: int) -> float:
             net_arch=[],
             normalize_images=False,
         ),
-        device="cpu",
-        seed=0,
-        verbose=0,
     )
     return _timed_learn(agent, steps)
 

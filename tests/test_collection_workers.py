@@ -324,7 +324,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def ray_processes_of(pids: set[int]) -> list[psutil.Process]:
+def live_processes_of(pids: set[int]) -> list[psutil.Process]:
     """Live processes among ``pids`` and their descendants."""
     found = []
     for pid in pids:
@@ -336,29 +336,51 @@ def ray_processes_of(pids: set[int]) -> list[psutil.Process]:
     return [p for p in found if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
+def sigterm_a_running_train(
+    run_dir: Path, overrides: list[str], env: dict[str, str], *, whole_group: bool
+) -> tuple[int, str, set[int]]:
+    """Start ``train.py``, SIGTERM it once it logs (the whole process group if ``whole_group``).
+
+    Returns:
+        ``(exit code, stderr, pids of the processes it had started)``.
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", *SMOKE, *overrides, "total_env_steps=100000",
+         "pipeline.stages.0.max_stage_steps=100000", f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        start_new_session=whole_group,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list(run_dir.glob("metrics.jsonl")) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(0.2)
+    children = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+    if whole_group:
+        os.killpg(proc.pid, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err, children
+
+
+def wait_until_gone(pids: set[int], seconds: float = 15) -> list[psutil.Process]:
+    """The processes among ``pids`` (and descendants) still alive after up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while live_processes_of(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return live_processes_of(pids)
+
+
 @pytest.mark.slow
 def test_cli_private_ray_instance_ends_with_the_run_even_on_sigterm(tmp_path: Path) -> None:
     env = {**os.environ, "WANDB_MODE": "disabled", "RAY_ADDRESS": ""}
-    proc = subprocess.Popen(
-        [sys.executable, "train.py", *SMOKE, "collector=ray", "collector.mode=async",
-         "total_env_steps=100000", "pipeline.stages.0.max_stage_steps=100000",
-         f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not list((tmp_path / "run").glob("metrics.jsonl")) and time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        time.sleep(0.2)
-    tree = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+    code, err, tree = sigterm_a_running_train(
+        tmp_path / "run", ["collector=ray", "collector.mode=async"], env, whole_group=False
+    )
     assert tree, "the run started no Ray processes"
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err
+    assert code == 143, err
     assert "stopped by SIGTERM" in err
-    deadline = time.monotonic() + 15
-    while ray_processes_of(tree) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ray_processes_of(tree) == []
+    assert wait_until_gone(tree) == []
 
 
 def test_cli_sigterm_to_the_process_group_stops_a_process_worker_run_cleanly(
@@ -367,28 +389,14 @@ def test_cli_sigterm_to_the_process_group_stops_a_process_worker_run_cleanly(
     """SIGTERM to every process of the run (as SLURM or Ctrl-C send it): the learner saves a
     checkpoint and exits 143; its worker process ignores the signal and is ended by it."""
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    proc = subprocess.Popen(
-        [sys.executable, "train.py", *SMOKE, "collector=process",
-         "total_env_steps=100000", "pipeline.stages.0.max_stage_steps=100000",
-         f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not list((tmp_path / "run").glob("metrics.jsonl")) and time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        time.sleep(0.2)
-    workers = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+    code, err, workers = sigterm_a_running_train(
+        tmp_path / "run", ["collector=process"], env, whole_group=True
+    )
     assert workers, "the run started no worker process"
-    os.killpg(proc.pid, signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err
+    assert code == 143, err
     assert "stopped by SIGTERM" in err
     assert latest_checkpoint(tmp_path / "run") is not None
-    deadline = time.monotonic() + 15
-    while ray_processes_of(workers) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert ray_processes_of(workers) == []
+    assert wait_until_gone(workers) == []
 
 
 @pytest.mark.slow
@@ -427,9 +435,9 @@ def test_cli_joins_a_running_ray_head(tmp_path: Path) -> None:
         head.send_signal(signal.SIGTERM)  # `ray start --block` stops what it started
         head.wait(timeout=60)
         deadline = time.monotonic() + 20
-        while ray_processes_of(tree) and time.monotonic() < deadline:
+        while live_processes_of(tree) and time.monotonic() < deadline:
             time.sleep(0.2)
-        for leftover in ray_processes_of(tree):
+        for leftover in live_processes_of(tree):
             leftover.kill()
         shutil.rmtree(temp, ignore_errors=True)
-    assert ray_processes_of(tree) == []
+    assert live_processes_of(tree) == []
