@@ -1,4 +1,4 @@
-"""Time to success: how long ``ppo_nav`` trains before it navigates (issue 12).
+"""Time to success: how long ``ppo_nav`` (or ``--experiment``) trains before it navigates.
 
 Default mode: each seed runs ``python train.py +experiment=ppo_nav seed=S`` as a user would (a
 subprocess, start-up included, its run folder in a temporary directory) with periodic evaluation
@@ -11,6 +11,10 @@ evaluation ended (``wall_time``, counted from when the logger opened, not from l
 how long it took, so the child process runs ``train.py`` with ``TrainingEvaluation.evaluate``
 wrapped to write the start and end time of every evaluation (nothing else changes).
 ``--total-env-steps`` shorter than the experiment's 1M also shortens its LR and clip decay.
+``--experiment`` and ``--thresholds`` pick another experiment and success levels (e.g.
+``--experiment dagger_ppo_nav3d --override task=nav3d_small --thresholds 0.8``); every
+evaluation (the learning curve: env steps, training clock, wall time since launch, success, SPL)
+is printed after the summary.
 
 ``--sigterm SECONDS``: the user-level check. Each seed runs ``python train.py
 +experiment=ppo_nav seed=S`` (no periodic evaluation), gets SIGTERM SECONDS after launch (the
@@ -20,6 +24,7 @@ defaults (200 episodes, test split, sampled actions); prints env steps reached, 
 
     python bench/time_to_success.py [--seeds 1 2 3] [--interval 20480] [--total-env-steps N]
                                     [--max-wall SECONDS] [--override KEY=VALUE ...] [--out DIR]
+                                    [--experiment NAME] [--thresholds 0.9 0.95]
     python bench/time_to_success.py --sigterm 60 [--seeds 1 2 3] [--override KEY=VALUE ...]
 """
 
@@ -42,7 +47,6 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-THRESHOLDS = (0.9, 0.95)
 CHILD_FLAG = "--as-train-with-eval-timing"  # internal: argv[1] of the timed child process
 
 
@@ -140,7 +144,7 @@ def time_to_success(seed: int, args: argparse.Namespace, base: Path) -> dict[str
         str(Path(__file__).resolve()),
         CHILD_FLAG,
         str(timing_path),
-        "+experiment=ppo_nav",
+        f"+experiment={args.experiment}",
         f"seed={seed}",
         f"eval.interval={args.interval}",
         f"hydra.run.dir={run_dir}",
@@ -181,6 +185,7 @@ def time_to_success(seed: int, args: argparse.Namespace, base: Path) -> dict[str
             {
                 "env_step": step,
                 "train_clock": start - launched - spent,
+                "wall": end - launched,
                 "eval_seconds": end - start,
                 "success": record["eval/success"],
                 "spl": record.get("eval/spl"),
@@ -188,12 +193,16 @@ def time_to_success(seed: int, args: argparse.Namespace, base: Path) -> dict[str
         )
         spent += end - start
     reached: dict[str, dict[str, float] | None] = {}
-    for threshold in THRESHOLDS:
+    for threshold in args.thresholds:
         first = next((e for e in evals if e["success"] >= threshold), None)
         reached[f"{threshold:g}"] = (
             None
             if first is None
-            else {"seconds": first["train_clock"], "env_step": first["env_step"]}
+            else {
+                "seconds": first["train_clock"],
+                "wall": first["wall"],
+                "env_step": first["env_step"],
+            }
         )
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     last = evals[-1] if evals else None
@@ -215,36 +224,38 @@ def time_to_success(seed: int, args: argparse.Namespace, base: Path) -> dict[str
 def print_time_to_success(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     ev = results[0]["eval_settings"]
     print(
-        f"\ntime to evaluation success, ppo_nav on rl/PointNav-v0 (budget "
+        f"\ntime to evaluation success, {args.experiment} {' '.join(args.override)} (budget "
         f"{results[0]['total_env_steps']:,} env steps), evaluated every {args.interval:,} env "
         f"steps on {ev['num_episodes']} episodes (split {ev['split']}, "
         f"{'argmax' if ev['deterministic'] else 'sampled'} actions); train s = wall time since "
-        "launch minus evaluation time"
+        "launch minus evaluation time; wall s = since launch, to the end of that evaluation"
     )
-    header = (
-        f"{'seed':>4} | {'>=0.90: train s':>15} {'env steps':>10} | {'>=0.95: train s':>15} "
-        f"{'env steps':>10} | {'final success':>13} {'SPL':>6} {'at step':>10} | "
+    header = f"{'seed':>4} | "
+    for threshold in args.thresholds:
+        label = f">={threshold:.2f}: train s"
+        header += f"{label:>15} {'wall s':>8} {'env steps':>10} | "
+    header += (
+        f"{'final success':>13} {'SPL':>6} {'at step':>10} | "
         f"{'train s':>8} {'evals':>5} {'eval s':>7}"
     )
     print(header)
     print("-" * len(header))
     for r in results:
-        cells = []
-        for threshold in THRESHOLDS:
+        line = f"{r['seed']:>4} | "
+        for threshold in args.thresholds:
             hit = r["reached"][f"{threshold:g}"]
-            cells += [
-                fmt(hit and hit["seconds"], ">15,.1f"),
-                fmt(hit and hit["env_step"], ">10,d"),
-            ]
+            line += (
+                f"{fmt(hit and hit['seconds'], '>15,.1f')} {fmt(hit and hit['wall'], '>8,.1f')} "
+                f"{fmt(hit and hit['env_step'], '>10,d')} | "
+            )
         final = r["final"] or {}
         stop = " (stopped by --max-wall)" if r["stopped_by_max_wall"] else ""
         print(
-            f"{r['seed']:>4} | {cells[0]} {cells[1]} | {cells[2]} {cells[3]} | "
-            f"{fmt(final.get('success'), '>13.3f')} {fmt(final.get('spl'), '>6.3f')} "
+            f"{line}{fmt(final.get('success'), '>13.3f')} {fmt(final.get('spl'), '>6.3f')} "
             f"{fmt(final.get('env_step'), '>10,d')} | {r['train_clock']:>8,.1f} "
             f"{r['num_evals']:>5} {r['eval_seconds']:>7,.1f}{stop}"
         )
-    for threshold in THRESHOLDS:
+    for threshold in args.thresholds:
         hits = [r["reached"][f"{threshold:g}"] for r in results]
         got = [h for h in hits if h is not None]
         if got:
@@ -262,6 +273,14 @@ def print_time_to_success(results: list[dict[str, Any]], args: argparse.Namespac
         f"(excluded from the training clocks); total wall time "
         f"{sum(r['wall'] for r in results):,.1f} s"
     )
+    print("\nlearning curves (every evaluation)")
+    print(f"{'seed':>4} {'env steps':>10} {'train s':>8} {'wall s':>8} {'success':>8} {'SPL':>6}")
+    for r in results:
+        for e in r["evals"]:
+            print(
+                f"{r['seed']:>4} {e['env_step']:>10,d} {e['train_clock']:>8,.1f} "
+                f"{e['wall']:>8,.1f} {e['success']:>8.3f} {fmt(e['spl'], '>6.3f')}"
+            )
 
 
 # ------------------------------------------------------------------------ SIGTERM
@@ -274,7 +293,7 @@ def sigterm_check(seed: int, args: argparse.Namespace, base: Path) -> dict[str, 
     cmd = [
         sys.executable,
         "train.py",
-        "+experiment=ppo_nav",
+        f"+experiment={args.experiment}",
         f"seed={seed}",
         f"hydra.run.dir={run_dir}",
         *([f"total_env_steps={args.total_env_steps}"] if args.total_env_steps else []),
@@ -367,6 +386,10 @@ def main() -> None:
         "--sigterm", type=float, default=None, metavar="SECONDS", help="the SIGTERM check"
     )
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here")
+    parser.add_argument("--experiment", default="ppo_nav", help="the +experiment to train")
+    parser.add_argument(
+        "--thresholds", type=float, nargs="+", default=[0.9, 0.95], help="success levels"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="time_to_success_") as tmp:

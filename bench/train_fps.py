@@ -45,25 +45,36 @@ FLAT_GRU = [
 
 
 def ours(
-    model: str, steps: int, extra_overrides: list[str] | None = None, return_record: bool = False
+    model: str | None,
+    steps: int,
+    extra_overrides: list[str] | None = None,
+    return_record: bool = False,
+    experiment: str = "ppo_nav",
 ) -> Any:
-    """Training FPS of ppo_nav with ``model`` (and the last metrics record if asked)."""
+    """Training FPS of ``experiment`` with ``model`` (and the last metrics record if asked).
+
+    ``ppo_nav`` runs with this file's shared settings (envs, rollout, epochs, minibatches);
+    another experiment keeps its own, and ``model=None`` keeps the experiment's model.
+    """
     from hydra import compose, initialize_config_dir
 
     import rl.engine.run
 
+    shared = [
+        f"sampler.num_envs={NUM_ENVS}",
+        f"pipeline.num_steps={NUM_STEPS}",
+        f"pipeline.update_repeats={EPOCHS}",
+        f"pipeline.num_mini_batch={MINIBATCHES}",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
             cfg = compose(
                 config_name="train",
                 overrides=[
-                    "+experiment=ppo_nav",
-                    f"model={model}",
+                    f"+experiment={experiment}",
+                    *([f"model={model}"] if model else []),
                     f"total_env_steps={steps}",
-                    f"sampler.num_envs={NUM_ENVS}",
-                    f"pipeline.num_steps={NUM_STEPS}",
-                    f"pipeline.update_repeats={EPOCHS}",
-                    f"pipeline.num_mini_batch={MINIBATCHES}",
+                    *(shared if experiment == "ppo_nav" else []),
                     "pipeline.save_interval=0",
                     f"pipeline.metric_accumulate_interval={steps // 4}",
                     "eval.num_episodes=0",

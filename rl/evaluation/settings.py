@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Any
 
-from rl.tasks.nav_layout import SPLITS
+from rl.tasks.splits import SPLITS
 from rl.utils.config import Check, load_section, section_errors
 
 

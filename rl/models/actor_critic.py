@@ -66,6 +66,8 @@ class _ImageEncoder(nn.Module):
         self,
         space: gym.spaces.Box,
         channels: Sequence[int],
+        kernels: Sequence[int] | None,
+        strides: Sequence[int] | None,
         image_encoding: str,
         embed_dim: int,
         activation: str,
@@ -105,11 +107,24 @@ class _ImageEncoder(nn.Module):
             raise ValueError(
                 f"image_encoding must be 'onehot', 'embed' or 'scale', got {image_encoding!r}"
             )
+        kernels = (
+            list(kernels) if kernels is not None else [3 if min(h, w) >= 3 else 1] * len(channels)
+        )
+        strides = list(strides) if strides is not None else [1] * len(channels)
+        if len(kernels) != len(channels) or len(strides) != len(channels):
+            raise ValueError(
+                f"cnn_kernels ({len(kernels)}) and cnn_strides ({len(strides)}) need one value "
+                f"per cnn_channels entry ({len(channels)})"
+            )
         convs: list[nn.Module] = []
-        for out_ch in channels:
-            k = 3 if min(h, w) >= 3 else 1
-            convs += [_init(nn.Conv2d(in_ch, out_ch, k)), _ACTIVATIONS[activation]()]
-            in_ch, h, w = out_ch, h - k + 1, w - k + 1
+        for out_ch, k, stride in zip(channels, kernels, strides, strict=True):
+            if min(h, w) < k:
+                raise ValueError(
+                    f"image {space.shape}: a {k}x{k} conv does not fit the {h}x{w} feature map "
+                    "left by the layers before it; use smaller cnn_kernels or cnn_strides"
+                )
+            convs += [_init(nn.Conv2d(in_ch, out_ch, k, stride)), _ACTIVATIONS[activation]()]
+            in_ch, h, w = out_ch, (h - k) // stride + 1, (w - k) // stride + 1
         self.convs = nn.Sequential(*convs)
         self.out_size = in_ch * h * w
 
@@ -132,8 +147,10 @@ class ActorCritic(nn.Module):
     Args:
         observation_space: A ``gymnasium.spaces.Dict`` (filled in by the engine).
         action_space: A ``gymnasium.spaces.Discrete`` (filled in by the engine).
-        cnn_channels: Output channels of the 3x3 conv layers for image entries; ``[]``
-            flattens images instead.
+        cnn_channels: Output channels of the conv layers for image entries; ``[]`` flattens
+            images instead.
+        cnn_kernels: Kernel size of each conv layer (None: 3, or 1 for images under 3x3).
+        cnn_strides: Stride of each conv layer (None: 1).
         image_encoding: ``onehot`` or ``embed`` (categorical uint8 grids), ``scale`` (pixels).
         embed_dim: Embedding size per image channel value (``embed`` only).
         trunk_layers: Hidden sizes of the shared MLP after the encoders.
@@ -150,6 +167,8 @@ class ActorCritic(nn.Module):
         observation_space: gym.spaces.Dict,
         action_space: gym.spaces.Discrete,
         cnn_channels: Sequence[int] = (32, 64),
+        cnn_kernels: Sequence[int] | None = None,
+        cnn_strides: Sequence[int] | None = None,
         image_encoding: str = "embed",
         embed_dim: int = 8,
         trunk_layers: Sequence[int] = (128,),
@@ -173,7 +192,15 @@ class ActorCritic(nn.Module):
         for key in self.keys:
             space = observation_space[key]
             if isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and cnn_channels:
-                enc = _ImageEncoder(space, cnn_channels, image_encoding, embed_dim, activation)
+                enc = _ImageEncoder(
+                    space,
+                    cnn_channels,
+                    cnn_kernels,
+                    cnn_strides,
+                    image_encoding,
+                    embed_dim,
+                    activation,
+                )
                 self.encoders[key] = enc
                 self._kinds[key] = "image"
                 feat += enc.out_size

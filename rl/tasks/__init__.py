@@ -1,24 +1,32 @@
 """Tasks: environments, building them from configs, and the framework's gymnasium registrations.
 
 ``factory`` builds an environment from a task config and reads a task's spaces and name;
-``nav`` is the PointNav task, ``gym`` any registered gymnasium environment, ``debug`` small
-environments for tests.
+``nav`` is the grid PointNav task, ``nav3d`` PointNav from pixels in MiniWorld interiors,
+``gym`` any registered gymnasium environment, ``debug`` small environments for tests; ``splits``
+holds the train/valid/test split mechanism both navigation tasks share.
 
-Importing this package registers ``rl/PointNav-v0`` (19x19, 2x2 rooms, 100 steps) and
-``rl/PointNavSmall-v0`` (9x9, 2x2 rooms, 50 steps) with gymnasium (idempotently).
+Importing this package registers with gymnasium (idempotently) ``rl/PointNav-v0`` (19x19, 2x2
+rooms, 100 steps), ``rl/PointNavSmall-v0`` (9x9, 2x2 rooms, 50 steps), ``rl/PointNav3D-v0``
+(3x3 rooms of 3-5 m, 500 steps) and ``rl/PointNav3DSmall-v0`` (1x2 rooms of 3-4 m, 150 steps).
+Importing it starts no OpenGL: a 3D environment starts EGL when it is built.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import gymnasium
 
 from rl.tasks.factory import build_env, dict_space, task_id, task_spaces, with_split
 from rl.tasks.gym import make_gym_env  # binds the submodule name `gym` here, hence `gymnasium`
 from rl.tasks.nav import Actions, PointNavEnv
+from rl.tasks.nav3d import PointNav3DEnv, RenderingUnavailableError
 
 __all__ = [
     "Actions",
+    "PointNav3DEnv",
     "PointNavEnv",
+    "RenderingUnavailableError",
     "build_env",
     "dict_space",
     "make_gym_env",
@@ -27,18 +35,31 @@ __all__ = [
     "with_split",
 ]
 
-_NAV_ENTRY_POINT = "rl.tasks.nav:PointNavEnv"
-_NAV_REGISTRATIONS: dict[str, dict[str, int]] = {
-    "rl/PointNav-v0": {"size": 19, "rooms_per_side": 2, "max_steps": 100},
-    "rl/PointNavSmall-v0": {"size": 9, "rooms_per_side": 2, "max_steps": 50},
+_REGISTRATIONS: dict[str, tuple[str, dict[str, Any]]] = {
+    "rl/PointNav-v0": (
+        "rl.tasks.nav:PointNavEnv",
+        {"size": 19, "rooms_per_side": 2, "max_steps": 100},
+    ),
+    "rl/PointNavSmall-v0": (
+        "rl.tasks.nav:PointNavEnv",
+        {"size": 9, "rooms_per_side": 2, "max_steps": 50},
+    ),
+    "rl/PointNav3D-v0": (
+        "rl.tasks.nav3d:PointNav3DEnv",
+        {"rooms": (3, 3), "room_size": (3.0, 5.0), "max_steps": 500},
+    ),
+    "rl/PointNav3DSmall-v0": (
+        "rl.tasks.nav3d:PointNav3DEnv",
+        {"rooms": (1, 2), "room_size": (3.0, 4.0), "max_steps": 150},
+    ),
 }
 
 
 def _register() -> None:
-    """Register the PointNav envs with gymnasium, skipping ids already registered."""
-    for env_id, kwargs in _NAV_REGISTRATIONS.items():
+    """Register the navigation envs with gymnasium, skipping ids already registered."""
+    for env_id, (entry_point, kwargs) in _REGISTRATIONS.items():
         if env_id not in gymnasium.registry:
-            gymnasium.register(id=env_id, entry_point=_NAV_ENTRY_POINT, kwargs=dict(kwargs))
+            gymnasium.register(id=env_id, entry_point=entry_point, kwargs=dict(kwargs))
 
 
 _register()

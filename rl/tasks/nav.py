@@ -31,7 +31,7 @@ from minigrid.core.grid import Grid
 from minigrid.core.mission import MissionSpace
 from minigrid.minigrid_env import MiniGridEnv
 
-from rl.tasks.nav_layout import MAX_SPLIT_DRAWS, SPLITS, RoomLayout, build_minigrid_grid
+from rl.tasks.nav_layout import RoomLayout, build_minigrid_grid
 from rl.tasks.nav_view import (
     DIR_VEC,
     EMPTY_ENCODING,
@@ -40,6 +40,7 @@ from rl.tasks.nav_view import (
     view_indices,
     visibility_mask,
 )
+from rl.tasks.splits import SPLITS, draw_in_split
 from rl.utils.config import Check
 
 __all__ = ["Actions", "PointNavEnv"]
@@ -272,18 +273,16 @@ class PointNavEnv(MiniGridEnv):
         """
         rng = self.np_random
         layout = self._layout
-        drawn = layout.draw(rng)
-        for _ in range(MAX_SPLIT_DRAWS if self.split is not None else 0):
-            if layout.split_of(drawn[2], (drawn[3], drawn[4], drawn[5])) == self.split:
-                break
-            drawn = layout.draw(rng)
-        else:
-            if self.split is not None:
-                raise ValueError(
-                    f"split {self.split!r}: no episode of it in {MAX_SPLIT_DRAWS} draws; this "
-                    f"size ({self.size}x{self.size}, {self.rooms_per_side} rooms per side) has "
-                    "too few layouts to split"
-                )
+        try:
+            drawn = draw_in_split(
+                lambda: layout.draw(rng),
+                lambda d: layout.layout_key(d[2], (d[3], d[4], d[5])),
+                self.split,
+            )
+        except ValueError as e:
+            raise ValueError(
+                f"{e} ({self.size}x{self.size}, {self.rooms_per_side} rooms per side)"
+            ) from None
         door_x, door_y, self._door_v, goal_index, direction, start_index = drawn
         self._door_x, self._door_y = door_x, door_y
         min_dist = self.min_start_distance

@@ -15,6 +15,8 @@ import numpy as np
 from minigrid.core.grid import Grid
 from minigrid.core.world_object import Goal, Wall
 
+from rl.tasks.splits import split_of
+
 __all__ = ["RoomLayout", "build_minigrid_grid", "room_walls"]
 
 # Larger than any geodesic distance; marks "no entry" in the distance computation.
@@ -157,13 +159,6 @@ def _pack_radices(radices: list[int]) -> list[tuple[int, list[int]]]:
     return chunks
 
 
-# Episode splits by hash bucket: 80% of layouts train, 10% valid, 10% test.
-SPLITS = ("train", "valid", "test")
-SPLIT_BUCKETS = ("train",) * 8 + ("valid", "test")
-# Draws before a split is declared empty for a layout (it has too few door layouts).
-MAX_SPLIT_DRAWS = 10_000
-
-
 class RoomLayout:
     """What every episode of a ``rooms_per_side x rooms_per_side`` room grid shares.
 
@@ -264,20 +259,23 @@ class RoomLayout:
         goal_index, direction, start_index = values[n_doors : n_doors + 3]
         return door_x, door_y, values[:n_doors], goal_index, direction, start_index
 
-    def split_of(self, door_v: list[int], episode: tuple[int, ...]) -> str:
-        """The split an episode belongs to: by its doors, so that splits share no layout.
+    def layout_key(self, door_v: list[int], episode: tuple[int, ...]) -> int:
+        """An episode's layout key for :func:`rl.tasks.splits.split_of`: its doors.
 
-        The doors' offsets, as one mixed-radix number, are hashed into ten buckets: eight for
-        ``train``, one each for ``valid`` and ``test``. A layout without doors (one room) has
-        a single layout, so its episodes (goal, direction, start) are split instead.
+        The doors' offsets as one mixed-radix number, so that splits share no layout. A layout
+        without doors (one room) has a single layout, so its episodes (goal, direction, start)
+        are split instead.
         """
         key = 0
         for v, (*_, length) in zip(door_v, self.door_slots, strict=True):
             key = key * length + v
         if not self.door_slots:
             key = hash(episode) & 0xFFFFFFFF
-        bucket = ((key * 0x9E3779B1 + 0x7F4A7C15) & 0xFFFFFFFF) % 10
-        return SPLIT_BUCKETS[bucket]
+        return key
+
+    def split_of(self, door_v: list[int], episode: tuple[int, ...]) -> str:
+        """The split an episode belongs to (see :meth:`layout_key`)."""
+        return split_of(self.layout_key(door_v, episode))
 
     def free_cell(self, index: int, door_x: list[int], door_y: list[int]) -> tuple[int, int]:
         """Free cell ``index`` in ``range(n_free)``: interior cells (by room), then doors.

@@ -1,0 +1,201 @@
+"""3D PointNav throughput: raw environment steps/s and training FPS by layout.
+
+(a) Raw environment steps/s of ``rl/PointNav3D-v0`` (``conf/task/nav3d.yaml``, train split, 60x80
+    RGB) with 16 environments and uniformly random turn/forward actions (no ``STOP``, so episodes
+    run to ``max_steps`` and the figure is the stepping cost, resets included at their natural
+    rate), no policy:
+    - serial: one process steps all 16 (``sampler=serial``);
+    - multiprocess: ``sampler=multiprocess`` with 2 worker processes x 8 environments;
+    - process workers / Ray workers: 2 collection-worker processes (``collector=process``'s
+      backend, or Ray actors as ``collector=ray``) each stepping its own 8 environments in a
+      serial sampler, all at once.
+(b) Training FPS in each layout (sampler or collection workers), over the last three quarters
+    of ``--steps`` env steps (``bench/train_fps.py``'s measurement), with the experiments' own
+    settings (16 envs x 128 steps, 4 epochs x 4 minibatches, 32-step BPTT chunks, one torch
+    thread per process), in the two regimes a run goes through: ``ppo_nav3d`` from scratch (a
+    random policy stops after ~4 steps, so resets dominate) and ``dagger_ppo_nav3d``'s imitation
+    stage with the expert acting (episodes as long as a navigating agent's).
+
+    python bench/nav3d_fps.py [--raw-seconds 10] [--steps 12288] [--skip-train] [--skip-raw]
+                             [--regime short|long]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import train_fps  # noqa: E402  (this folder's sibling benchmark)
+
+NUM_ENVS = 16
+TASK: dict[str, Any] = yaml.safe_load((ROOT / "conf" / "task" / "nav3d.yaml").read_text())
+
+
+def _step_for(sampler: Any, num_envs: int, seconds: float) -> tuple[int, float]:
+    """Step ``sampler`` with random turn/forward actions for ``seconds``: (steps, elapsed)."""
+    actions = np.random.default_rng(0).integers(0, 3, size=(4096, num_envs))
+    sampler.reset()
+    for t in range(20):  # warm-up (textures, first frames)
+        sampler.step(actions[t])
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        sampler.step(actions[steps % 4096])
+        steps += 1
+    return steps * num_envs, time.perf_counter() - start
+
+
+class RawStepper:
+    """A collection-worker stand-in: a serial sampler of its own environments, random actions."""
+
+    def __init__(self, task: dict[str, Any], num_envs: int, env_offset: int) -> None:
+        from rl.sampling import SerialSampler
+
+        torch.set_num_threads(1)
+        self.num_envs = num_envs
+        self.sampler = SerialSampler(
+            task=task, num_envs=num_envs, seed=0, env_offset=env_offset, total_envs=NUM_ENVS
+        )
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, seconds: float) -> tuple[int, float]:
+        return _step_for(self.sampler, self.num_envs, seconds)
+
+    def close(self) -> None:
+        self.sampler.close()
+
+
+def raw_in_process(kind: str, seconds: float) -> float:
+    from rl.sampling import MultiprocessSampler, SerialSampler
+
+    if kind == "serial":
+        sampler: Any = SerialSampler(task=TASK, num_envs=NUM_ENVS, seed=0)
+    else:
+        sampler = MultiprocessSampler(task=TASK, num_processes=2, num_envs=NUM_ENVS, seed=0)
+    with sampler:
+        steps, elapsed = _step_for(sampler, NUM_ENVS, seconds)
+    return steps / elapsed
+
+
+def raw_workers(backend: str, seconds: float, workers: int = 2) -> float:
+    """Steps/s of ``workers`` actors stepping at once: their steps / the wall time of all."""
+    from rl.collection.actors import ProcessActors, RayActors
+
+    per = NUM_ENVS // workers
+    kwargs = [{"task": TASK, "num_envs": per, "env_offset": i * per} for i in range(workers)]
+    if backend == "ray":
+        actors: Any = RayActors(
+            RawStepper, kwargs, address=None, cpus_per_worker=1, start_timeout=300
+        )
+    else:
+        actors = ProcessActors(RawStepper, kwargs, start_timeout=300)
+    try:
+        for i in range(workers):  # warm-up (textures, first frames), then all at once
+            actors.get(actors.call(i, "run", 1.0), i)
+        start = time.perf_counter()
+        calls = [actors.call(i, "run", seconds) for i in range(workers)]
+        results = [actors.get(c, i) for i, c in enumerate(calls)]
+        elapsed = time.perf_counter() - start
+    finally:
+        actors.close(timeout=60)
+        if backend == "ray":
+            import ray
+
+            ray.shutdown()
+    return sum(s for s, _ in results) / elapsed
+
+
+# Training layouts: what each adds to the experiment's own config.
+LAYOUTS: dict[str, list[str]] = {
+    "serial sampler, in-process": ["sampler=serial", "collector=local"],
+    "multiprocess sampler (2 procs)": [
+        "sampler=multiprocess",
+        "sampler.num_processes=2",
+        "collector=local",
+    ],
+    "1 process worker, async": ["collector=process", "collector.num_workers=1"],
+    "2 process workers, sync": [
+        "collector=process",
+        "collector.num_workers=2",
+        "collector.mode=sync",
+    ],
+    "2 process workers, async": ["collector=process", "collector.num_workers=2"],
+    "2 Ray workers, sync": [
+        "collector=ray",
+        "collector.mode=sync",
+        "collector.num_workers=2",
+        "collector.cpus_per_worker=1",
+    ],
+}
+
+
+def regimes(steps: int) -> dict[str, tuple[str, list[str]]]:
+    """The two episode-length regimes training goes through: (experiment, its overrides)."""
+    return {
+        # A fresh policy takes STOP a quarter of the time: episodes of ~4 steps, resets dominate.
+        "ppo_nav3d from scratch (short episodes)": ("ppo_nav3d", []),
+        # The expert acts (teacher forcing 1): episodes as long as a navigating agent's.
+        "dagger_ppo_nav3d imitation (expert-length episodes)": (
+            "dagger_ppo_nav3d",
+            [
+                "pipeline.stages=[{_target_:rl.pipeline.PipelineStage,loss_names:[imitation],"
+                f"max_stage_steps:{steps},teacher_forcing:{{_target_:rl.pipeline.LinearDecay,"
+                "steps:1,startp:1.0,endp:1.0}}]"
+            ],
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--raw-seconds", type=float, default=10.0)
+    parser.add_argument("--steps", type=int, default=NUM_ENVS * 128 * 6)
+    parser.add_argument("--skip-train", action="store_true")
+    parser.add_argument("--skip-raw", action="store_true")
+    parser.add_argument("--regime", choices=("short", "long"), default=None, help="only this one")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    raw = (
+        {}
+        if args.skip_raw
+        else {
+            "serial (1 process, 16 envs)": raw_in_process("serial", args.raw_seconds),
+            "multiprocess sampler (2 x 8 envs)": raw_in_process("mp", args.raw_seconds),
+            "process workers (2 x 8 envs)": raw_workers("process", args.raw_seconds),
+            "Ray workers (2 x 8 envs)": raw_workers("ray", args.raw_seconds),
+        }
+    )
+    if raw:
+        print(f"\n(a) raw steps/s, rl/PointNav3D-v0, {NUM_ENVS} envs, random turn/forward actions")
+    for name, value in raw.items():
+        print(f"  {name:<40} {value:>8,.0f} steps/s")
+    if args.skip_train:
+        return
+    for regime, (experiment, extra) in regimes(args.steps).items():
+        if args.regime and not regime.startswith("ppo" if args.regime == "short" else "dagger"):
+            continue
+        fps = {}
+        for name, overrides in LAYOUTS.items():
+            fps[name] = train_fps.ours(
+                None, args.steps, [*overrides, *extra], experiment=experiment
+            )
+            print(f"  ... {regime}, {name}: {fps[name]:,.0f} FPS", flush=True)
+        print(f"\n(b) {regime}: training FPS, {args.steps:,} env steps each (last 3/4)")
+        for name, value in fps.items():
+            print(f"  {name:<40} {value:>8,.0f} FPS")
+
+
+if __name__ == "__main__":
+    main()

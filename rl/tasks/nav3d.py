@@ -1,0 +1,399 @@
+"""PointNav in 3D from pixels: procedurally generated MiniWorld interiors (``rl/PointNav3D-v0``).
+
+Each episode draws a floorplan of rectangular rooms joined by doorways, with textures, from the
+episode's seed (:mod:`rl.tasks.nav3d_layout`); splits (``train``/``valid``/``test``) hold
+disjoint floorplans (:mod:`rl.tasks.splits`). The agent sees an egocentric RGB image (optionally
+depth) and a GPS+compass vector to the goal; it turns, steps forward, and must take ``STOP``
+within ``success_distance`` of the goal. Rewards follow Habitat's PointNav: the decrease of the
+geodesic distance to the goal, minus a step penalty, plus a success bonus. Geodesic distances,
+SPL's shortest path and the shortest-path expert (``info["expert_action"]``) come from a
+navigation grid of the floorplan (:mod:`rl.tasks.nav3d_grid`).
+
+Defaults (Habitat's PointNav ratios at MiniWorld's scale): 0.25 m forward steps, 15° turns,
+an agent radius of 0.25 m, success within 0.2 m (Habitat: 0.2 m for 0.25 m steps), a 0.1 m
+navigation grid. Rendering uses OpenGL through EGL (:mod:`rl.tasks.nav3d_world`, imported on
+first construction): importing this module needs no GL.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import IntEnum
+from typing import Annotated, Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from rl.tasks.nav3d_grid import NavGrid, expert_action
+from rl.tasks.nav3d_layout import Floorplan, FloorplanSpec, draw_floorplan
+from rl.tasks.nav3d_map import top_down_map
+from rl.tasks.splits import SPLITS, draw_in_split
+from rl.utils.config import Check
+
+__all__ = ["Actions", "PointNav3DEnv", "RenderingUnavailableError"]
+
+
+class Actions(IntEnum):
+    """The discrete PointNav actions (the grid task's, in the same order)."""
+
+    LEFT = 0
+    RIGHT = 1
+    FORWARD = 2
+    STOP = 3
+
+
+class RenderingUnavailableError(RuntimeError):
+    """OpenGL rendering through EGL could not start (see the message for what to install)."""
+
+
+_INSTALL_HINT = (
+    "PointNav3D renders its camera with OpenGL through EGL (headless: no display needed), and "
+    "no EGL context could be created. Install an EGL driver: on Debian/Ubuntu `apt-get install "
+    "libegl1 libegl-mesa0 libgl1-mesa-dri` (Mesa, renders on the CPU); with conda `conda "
+    "install -c conda-forge mesalib libglvnd`; on an NVIDIA machine the driver's "
+    "libEGL_nvidia. Check with: python -c \"import pyglet; pyglet.options['headless'] = True; "
+    'import pyglet.gl"'
+)
+
+
+def _scene_world_class() -> type:
+    """Import :mod:`rl.tasks.nav3d_world` (starts EGL), or raise a clear error."""
+    try:
+        from rl.tasks.nav3d_world import SceneWorld
+    except Exception as e:  # ImportError (no libEGL), pyglet's NoSuchConfigException, ...
+        raise RenderingUnavailableError(f"{_INSTALL_HINT}\nCause: {type(e).__name__}: {e}") from e
+    return SceneWorld
+
+
+def _check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
+    """Point-goal navigation from pixels in procedurally generated interiors.
+
+    Observations: ``{"rgb": uint8 [H, W, 3], "goal": float32 [3]}`` (and ``"depth"``: float32
+    ``[H, W, 1]`` metres, clipped to ``max_depth``, when ``depth=True``). ``goal`` is the
+    GPS+compass reading: ``(distance, cos(bearing), sin(bearing))``, the Euclidean distance to
+    the goal in metres and its bearing in the agent's frame (counter-clockwise from straight
+    ahead, so positive is to the left), the angle given by its cosine and sine (continuous).
+
+    Actions: :class:`Actions`. ``STOP`` ends the episode (a success within
+    ``success_distance`` of the goal); ``max_steps`` truncates it. ``info["expert_action"]`` is
+    the shortest-path expert's action on every step; the final step's
+    ``info["episode_metrics"]`` holds ``success``, ``spl``, ``final_distance`` (geodesic,
+    metres), ``shortest_path_length`` and ``path_length`` (metres walked).
+
+    ``render()`` (``render_mode="rgb_array"``) returns the camera image, enlarged, next to a
+    top-down map of the floorplan with the agent's path, its pose and the goal.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 8}
+
+    def __init__(
+        self,
+        *,
+        rooms: tuple[int, int] | list[int] = (3, 3),
+        room_size: tuple[float, float] | list[float] = (3.0, 5.0),
+        door_width: float = 1.0,
+        extra_door_prob: float = 0.3,
+        max_steps: int = 500,
+        forward_step: float = 0.25,
+        turn_degrees: float = 15.0,
+        agent_radius: float = 0.25,
+        success_distance: float = 0.2,
+        min_start_distance: float = 1.0,
+        step_penalty: float = 0.01,
+        success_bonus: float = 2.5,
+        distance_reward_scale: float = 1.0,
+        width: int = 80,
+        height: int = 60,
+        depth: bool = False,
+        max_depth: float = 10.0,
+        grid_resolution: float = 0.1,
+        split: Annotated[str | None, Check(choices=SPLITS)] = None,
+        render_mode: str | None = None,
+    ) -> None:
+        """Build the environment (and its GL context).
+
+        Args:
+            rooms: ``(rows, cols)`` of rooms.
+            room_size: ``(min, max)`` room width and depth, metres (0.5 m increments).
+            door_width: Doorway width, metres.
+            extra_door_prob: Probability of a doorway on a wall outside the spanning tree that
+                keeps every room reachable (0: a tree, one route between any two rooms).
+            max_steps: Steps after which the episode is truncated.
+            forward_step: Forward step length, metres.
+            turn_degrees: Turn angle, degrees.
+            agent_radius: The agent's collision radius, metres.
+            success_distance: ``STOP`` within this distance of the goal succeeds, metres.
+            min_start_distance: Least geodesic distance from start to goal, metres.
+            step_penalty: Subtracted from the reward on every step.
+            success_bonus: Added to the reward on success.
+            distance_reward_scale: Multiplies the per-step decrease of geodesic distance.
+            width: Camera image width, pixels.
+            height: Camera image height, pixels.
+            depth: Also observe depth (``"depth"``).
+            max_depth: Depth is clipped to this, metres.
+            grid_resolution: Navigation grid cell side, metres.
+            split: ``train``, ``valid`` or ``test``: only floorplans of that split (80/10/10%,
+                disjoint); None: every floorplan.
+            render_mode: None or ``"rgb_array"``.
+
+        Raises:
+            ValueError: On an out-of-range argument (naming it).
+            RenderingUnavailableError: If OpenGL through EGL cannot start (says what to install).
+        """
+        rows, cols = (int(v) for v in rooms)
+        self.floorplan_spec = FloorplanSpec(
+            rows=rows,
+            cols=cols,
+            room_size=(float(room_size[0]), float(room_size[1])),
+            door_width=float(door_width),
+            extra_door_prob=float(extra_door_prob),
+        )
+        self.floorplan_spec.check()
+        _check_positive(
+            forward_step=forward_step,
+            turn_degrees=turn_degrees,
+            agent_radius=agent_radius,
+            success_distance=success_distance,
+            max_depth=max_depth,
+            grid_resolution=grid_resolution,
+        )
+        if 2 * agent_radius >= door_width:
+            raise ValueError(
+                f"agent_radius={agent_radius} does not fit through door_width={door_width}"
+            )
+        if isinstance(max_steps, bool) or int(max_steps) < 1:
+            raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
+        if int(width) < 8 or int(height) < 8:
+            raise ValueError(f"width and height must be >= 8 pixels, got {width}x{height}")
+        if split is not None and split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)} or None, got {split!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
+        self.max_steps = int(max_steps)
+        self.forward_step = float(forward_step)
+        self.turn = math.radians(float(turn_degrees))
+        self.agent_radius = float(agent_radius)
+        self.success_distance = float(success_distance)
+        self.min_start_distance = float(min_start_distance)
+        self.step_penalty = float(step_penalty)
+        self.success_bonus = float(success_bonus)
+        self.distance_reward_scale = float(distance_reward_scale)
+        self.use_depth = bool(depth)
+        self.max_depth = float(max_depth)
+        self.grid_resolution = float(grid_resolution)
+        self.split = split
+        self.render_mode = render_mode
+
+        obs_spaces: dict[str, spaces.Space] = {
+            "rgb": spaces.Box(0, 255, (int(height), int(width), 3), np.uint8),
+            "goal": spaces.Box(
+                np.array([0.0, -1.0, -1.0], np.float32),
+                np.array([np.inf, 1.0, 1.0], np.float32),
+                dtype=np.float32,
+            ),
+        }
+        if self.use_depth:
+            obs_spaces["depth"] = spaces.Box(
+                0.0, self.max_depth, (int(height), int(width), 1), np.float32
+            )
+        self.observation_space = spaces.Dict(obs_spaces)
+        self.action_space = spaces.Discrete(len(Actions))
+
+        world_class = _scene_world_class()
+        self.world = world_class(
+            width=int(width),
+            height=int(height),
+            forward_step=self.forward_step,
+            turn_degrees=float(turn_degrees),
+            radius=self.agent_radius,
+        )
+        # Per-episode state (filled by reset).
+        self.plan: Floorplan | None = None
+        self.grid: NavGrid | None = None
+        self.field = np.zeros((1, 1))
+        self.goal = np.zeros(2)
+        self.path: list[np.ndarray] = []
+        self._rgb = np.zeros((int(height), int(width), 3), np.uint8)
+        self._distance = 0.0
+        self._start_distance = 0.0
+        self._path_length = 0.0
+        self._steps = 0
+        self._needs_reset = True
+
+    # ------------------------------------------------------------------ episode
+
+    def _draw_episode(
+        self,
+    ) -> tuple[Floorplan, NavGrid, np.ndarray, np.ndarray, np.ndarray, float]:
+        """Floorplan (in the split), grid, goal cell's field, goal, start and heading."""
+        rng = self.np_random
+        plan = draw_in_split(
+            lambda: draw_floorplan(self.floorplan_spec, rng), Floorplan.key, self.split
+        )
+        grid = NavGrid(plan, self.grid_resolution, self.agent_radius)
+        free_i, free_k = np.nonzero(grid.free)
+        for _ in range(100):
+            g = int(rng.integers(len(free_i)))
+            goal_cell = (int(free_i[g]), int(free_k[g]))
+            field = grid.distance_field(goal_cell)
+            far = np.flatnonzero(
+                np.isfinite(field[free_i, free_k])
+                & (field[free_i, free_k] >= self.min_start_distance)
+            )
+            if len(far):
+                s = int(far[int(rng.integers(len(far)))])
+                break
+        else:
+            raise ValueError(
+                f"no start at geodesic distance >= min_start_distance={self.min_start_distance} "
+                "m from the goal in 100 draws; lower min_start_distance or enlarge the rooms"
+            )
+        goal = grid.cell_centre(*goal_cell)
+        start = grid.cell_centre(int(free_i[s]), int(free_k[s]))
+        heading = float(rng.uniform(-math.pi, math.pi))
+        return plan, grid, field, goal, start, heading
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Start an episode: a new floorplan, goal and start; the same seed gives the same one.
+
+        Returns:
+            The first observation and ``{"expert_action": int}``.
+        """
+        super().reset(seed=seed)
+        plan, grid, field, goal, start, heading = self._draw_episode()
+        self.plan, self.grid, self.field, self.goal = plan, grid, field, goal
+        self._rgb = self.world.build(plan, start, heading)
+        self.path = [start]
+        self._distance = self._start_distance = self._geodesic(start)
+        self._path_length = 0.0
+        self._steps = 0
+        self._needs_reset = False
+        return self._obs(), {"expert_action": self.expert_action()}
+
+    def _geodesic(self, position: np.ndarray) -> float:
+        assert self.grid is not None
+        return float(self.grid.geodesic(self.field, position[None])[0])
+
+    def _obs(self) -> dict[str, np.ndarray]:
+        position = self.world.position()
+        offset = self.goal - position
+        distance = float(np.hypot(*offset))
+        # The goal's angle in the world (MiniWorld: heading h faces (cos h, -sin h)).
+        bearing = math.atan2(-offset[1], offset[0]) - self.world.heading()
+        obs = {
+            "rgb": self._rgb,
+            "goal": np.array([distance, math.cos(bearing), math.sin(bearing)], np.float32),
+        }
+        if self.use_depth:
+            obs["depth"] = np.minimum(self.world.depth(), self.max_depth)
+        return obs
+
+    def expert_action(self) -> int:
+        """The shortest-path expert's next action (:func:`rl.tasks.nav3d_grid.expert_action`)."""
+        assert self.grid is not None
+        return expert_action(
+            self.grid,
+            self.field,
+            self.world.position(),
+            self.world.heading(),
+            self.goal,
+            step=self.forward_step,
+            turn=self.turn,
+            success_distance=self.success_distance,
+        )
+
+    def step(
+        self, action: int | np.integer
+    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        """Apply one action: 0 turn left, 1 turn right, 2 forward, 3 stop.
+
+        Raises:
+            RuntimeError: If called before ``reset`` or after the episode ended.
+            ValueError: On an unknown action.
+        """
+        if self._needs_reset:
+            raise RuntimeError(
+                "PointNav3DEnv.step() called before reset() or after the episode ended"
+            )
+        a = int(action)
+        if not 0 <= a < len(Actions):
+            raise ValueError(f"unknown action {action!r}; expected 0..{len(Actions) - 1}")
+        world = self.world
+        self._steps += 1
+        terminated = False
+        success = False
+        if a == Actions.LEFT:
+            world.turn_agent(math.degrees(self.turn))
+        elif a == Actions.RIGHT:
+            world.turn_agent(-math.degrees(self.turn))
+        elif a == Actions.FORWARD:
+            before = world.position()
+            if world.move_agent(self.forward_step, 0.0):
+                after = world.position()
+                self._path_length += float(np.hypot(*(after - before)))
+                self.path.append(after)
+        else:
+            terminated = True
+            offset = self.goal - world.position()
+            success = float(np.hypot(*offset)) <= self.success_distance
+        if a != Actions.STOP:
+            self._rgb = world.render_obs()
+        distance = self._geodesic(world.position())
+        reward = self.distance_reward_scale * (self._distance - distance) - self.step_penalty
+        self._distance = distance
+        if success:
+            reward += self.success_bonus
+        truncated = not terminated and self._steps >= self.max_steps
+        info: dict[str, Any] = {"expert_action": self.expert_action()}
+        if terminated or truncated:
+            self._needs_reset = True
+            shortest = self._start_distance
+            spl = shortest / max(self._path_length, shortest) if success else 0.0
+            info["episode_metrics"] = {
+                "success": float(success),
+                "spl": float(spl),
+                "final_distance": float(distance),
+                "shortest_path_length": float(shortest),
+                "path_length": float(self._path_length),
+            }
+        return self._obs(), float(reward), terminated, truncated, info
+
+    # ---------------------------------------------------------------- rendering
+
+    def render(self) -> np.ndarray | None:  # type: ignore[override]
+        """The camera (enlarged) next to a top-down map (``render_mode="rgb_array"``)."""
+        if self.render_mode != "rgb_array" or self.grid is None:
+            return None
+        view = top_down_map(
+            self.grid,
+            path=np.asarray(self.path),
+            position=self.world.position(),
+            heading=self.world.heading(),
+            goal=self.goal,
+            success_distance=self.success_distance,
+            height=240,
+        )
+        scale = max(1, 240 // self._rgb.shape[0])
+        camera = self._rgb.repeat(scale, axis=0).repeat(scale, axis=1)
+        h = max(camera.shape[0], view.shape[0])
+        canvas = np.full((h, camera.shape[1] + 8 + view.shape[1], 3), 255, np.uint8)
+        canvas[: camera.shape[0], : camera.shape[1]] = camera
+        canvas[: view.shape[0], camera.shape[1] + 8 :] = view
+        return canvas
+
+    def close(self) -> None:
+        """Free the scene's GL resources."""
+        world = getattr(self, "world", None)
+        if world is not None:
+            world.close()
+            self.world = None  # type: ignore[assignment]
+        super().close()
