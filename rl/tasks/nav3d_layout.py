@@ -16,6 +16,7 @@ built from the same :class:`Floorplan`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 
 import numpy as np
@@ -160,17 +161,17 @@ class Floorplan:
     def key(self) -> int:
         """The layout key of :func:`rl.tasks.splits.split_of`: the geometry, not the textures.
 
-        Sizes and door positions as integer multiples of a millimetre, in a fixed order, folded
-        into one integer by a polynomial hash (exact equality of floorplans <=> equal tuples).
+        Sizes and door positions in whole millimetres, in a fixed order, hashed with BLAKE2b
+        into 48 bits (stable across processes and runs). A cryptographic hash, not a polynomial
+        one: sizes are multiples of the size step, so a polynomial key keeps their common
+        factors in its low bits, and ``split_of``'s buckets would not all be reached.
         """
         values = [len(self.col_widths), len(self.row_depths)]
         values += [round(w * 1000) for w in (*self.col_widths, *self.row_depths)]
         for door in self.doors:
             values += [door.a, door.b, round(door.lo * 1000)]
-        key = 0
-        for v in values:
-            key = (key * 1_000_003 + v) & 0xFFFFFFFFFFFF
-        return key
+        digest = hashlib.blake2b(repr(values).encode(), digest_size=6).digest()
+        return int.from_bytes(digest, "big")
 
     def wall_segments(self) -> np.ndarray:
         """The walls as ``(n, 2, 2)`` segments ``[[x0, z0], [x1, z1]]``, doorways left open.
