@@ -150,12 +150,6 @@ class NavGrid:
         data = np.broadcast_to(weights, table.shape)[valid]
         return scipy.sparse.csr_matrix((data, table[valid], indptr), shape=(nx * nz, nx * nz))
 
-    def cell_of(self, point: np.ndarray) -> tuple[int, int]:
-        """The cell containing ``point (x, z)`` (clipped to the grid)."""
-        i = min(max(int(point[0] / self.resolution), 0), self.shape[0] - 1)
-        k = min(max(int(point[1] / self.resolution), 0), self.shape[1] - 1)
-        return i, k
-
     def distance_field(self, goal_cell: tuple[int, int]) -> np.ndarray:
         """Geodesic distance (metres) of every cell to the centre of ``goal_cell``; inf if none."""
         nz = self.shape[1]

@@ -96,13 +96,11 @@ class SceneWorld(MiniWorldEnv):
         params = DEFAULT_PARAMS.no_random()
         params.set("forward_step", forward_step)
         params.set("turn_step", turn_degrees)
-        self._plan: Floorplan | None = None
-        self._start: tuple[np.ndarray, float] = (np.zeros(2), 0.0)
         self._list_id = 0
         self._radius = float(radius)
         # MiniWorldEnv.__init__ resets once (building a scene); give it a one-room plan.
         self._plan = Floorplan((3.0,), (3.0,), (), (("concrete", "floor_tiles_bw", "white"),))
-        self._start = (np.array([1.5, 1.5]), 0.0)
+        self._start: tuple[np.ndarray, float] = (np.array([1.5, 1.5]), 0.0)
         # MiniWorld prints "Falling back to num_samples=..." per frame buffer; keep stdout clean.
         with contextlib.redirect_stdout(io.StringIO()):
             super().__init__(
@@ -128,7 +126,6 @@ class SceneWorld(MiniWorldEnv):
 
     def _gen_world(self) -> None:
         plan = self._plan
-        assert plan is not None
         rooms = []
         self.shadow_window.switch_to()
         for names in plan.textures:
