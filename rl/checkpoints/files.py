@@ -2,14 +2,23 @@
 
 Names are ``ckpt_stage{SS}_step{NNNNNNNNNNNN}.pt`` so that a plain sort is step order; a
 ``latest`` file beside them names the newest. Files are written to a temporary name, fsynced
-and renamed, so a crash mid-write never leaves a corrupt file under a checkpoint name. Loading
-uses ``torch.load(weights_only=True)``: a checkpoint that needs arbitrary unpickling is refused.
+and renamed, so a crash mid-write never leaves a corrupt file under a checkpoint name; a failed
+write (a full disk) is a :class:`CheckpointError` naming the file and saying which checkpoint is
+still intact. Non-finite weights are never written.
 
-Files carry their own SHA-256 in the zip archive comment (``torch.load`` ignores it), because
-``torch.load`` does not check the archive's CRCs: without it a flipped bit in a tensor would
-load silently. :func:`load_checkpoint` verifies it, so a truncated, bit-flipped or otherwise
-damaged file is a :class:`CheckpointError` naming the file. Files written before the digest
-existed load unverified.
+Loading treats the file as untrusted input, in this order:
+
+1. its shape, from the archive's end record and directory only (:func:`archive_problem`): the
+   end record closes the file; the SHA-256 in the zip archive comment matches (``torch.load``
+   ignores the comment and does not check the archive's CRCs, so without it a flipped bit
+   would load silently; files written before the digest existed load unverified); every entry
+   is stored uncompressed, as ``torch.save`` writes them, and all fit in the file: a sparse
+   multi-GB file or a zip bomb is refused in constant memory, before anything is inflated;
+2. ``torch.load(weights_only=True)``: a checkpoint that needs arbitrary unpickling is refused;
+3. the configs saved in it name only trusted ``_target_`` callables
+   (:mod:`rl.checkpoints.trust`), since evaluation and ``resume=`` build from them.
+
+Every refusal is a :class:`CheckpointError` naming the file.
 """
 
 from __future__ import annotations
@@ -19,10 +28,14 @@ import io
 import os
 import re
 import tempfile
+import zipfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
+
+from rl.checkpoints.trust import untrusted_targets
 
 CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest"
@@ -31,6 +44,10 @@ _NAME_RE = re.compile(r"^ckpt_stage(\d+)_step(\d+)\.pt$")
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be found or read."""
+
+
+class UntrustedCheckpointError(CheckpointError):
+    """A checkpoint's saved config names callables that are not trusted (never skipped)."""
 
 
 def checkpoint_name(stage: int, env_steps: int) -> str:
@@ -77,6 +94,8 @@ def _atomic_write(path: Path, write: Any) -> None:
 # Zip's end-of-central-directory record: its signature, and its size without the comment.
 _EOCD, _EOCD_SIZE = b"PK\x05\x06", 22
 _DIGEST_TAG = b"rl-sha256:"
+# More archive entries than any checkpoint has (one per tensor storage): refused unread.
+MAX_ENTRIES = 100_000
 
 
 def with_digest(data: bytes) -> bytes:
@@ -89,30 +108,92 @@ def with_digest(data: bytes) -> bytes:
     return body + len(comment).to_bytes(2, "little") + comment
 
 
-def digest_problem(data: bytes) -> str | None:
-    """Why ``data`` is not a complete archive matching its digest (None: it is).
+def _archive_end(f: BinaryIO, size: int) -> tuple[int, bytes] | str:
+    """``(offset of the end record, the archive comment)``, or why the file is not an archive.
 
-    The archive's end record must close the file exactly (its comment running to the last
-    byte); an empty comment is a file from before digests, loaded unverified; any other comment
-    must be the digest, and the digest must match.
+    Reads only the file's last 64 KiB: the end record must close the file exactly (its comment
+    running to the last byte), so a file of any size is judged without reading it.
     """
-    eocd = len(data)
+    tail_start = max(0, size - _EOCD_SIZE - 65_535)
+    f.seek(tail_start)
+    tail = f.read(size - tail_start)
+    eocd = len(tail)
     while True:
-        eocd = data.rfind(_EOCD, max(0, len(data) - _EOCD_SIZE - 65_535), eocd)
+        eocd = tail.rfind(_EOCD, 0, eocd)
         if eocd < 0:
             return "it is not a complete archive (truncated, extended or not a checkpoint)"
-        length = int.from_bytes(data[eocd + 20 : eocd + 22], "little")
-        if eocd + _EOCD_SIZE + length == len(data):
-            break
-    comment = data[eocd + _EOCD_SIZE :]
+        length = int.from_bytes(tail[eocd + 20 : eocd + 22], "little")
+        if eocd + _EOCD_SIZE + length == len(tail):
+            return tail_start + eocd, tail[eocd + _EOCD_SIZE :]
+
+
+def _digest_problem(f: BinaryIO, eocd: int, comment: bytes) -> str | None:
+    """Why the archive does not match the digest in its ``comment`` (None: it does).
+
+    An empty comment is a file from before digests, loaded unverified. The digest covers every
+    byte before the comment length; it is computed in 1 MiB reads.
+    """
     if not comment:
         return None  # written before checkpoints carried a digest
     expected = comment[len(_DIGEST_TAG) :].decode("ascii", "replace")
     if not comment.startswith(_DIGEST_TAG) or len(expected) != 64:
         return "its digest is damaged"
-    if hashlib.sha256(data[: eocd + _EOCD_SIZE - 2]).hexdigest() != expected:
+    digest, left = hashlib.sha256(), eocd + _EOCD_SIZE - 2
+    f.seek(0)
+    while left > 0:
+        chunk = f.read(min(left, 1 << 20))
+        if not chunk:
+            return "it is shorter than its archive directory says (damaged)"
+        digest.update(chunk)
+        left -= len(chunk)
+    if digest.hexdigest() != expected:
         return "its SHA-256 does not match the one it was written with (damaged)"
     return None
+
+
+def _entries_problem(f: BinaryIO, size: int) -> str | None:
+    """Why the archive's entries cannot be loaded within the file's own size (None: they can).
+
+    ``torch.save`` stores its entries uncompressed, so loading needs no more memory than the
+    file holds. A compressed entry (which ``torch.load`` would inflate before its size is
+    known: a zip bomb), an entry whose declared size disagrees with its stored size, or entries
+    adding up to more than the file are refused, from the archive's directory alone.
+    """
+    f.seek(0)
+    try:
+        with zipfile.ZipFile(f) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, ValueError, OSError) as e:
+        return f"its archive directory is unreadable ({e})"
+    if len(entries) > MAX_ENTRIES:
+        return f"it has {len(entries):,} archive entries (more than {MAX_ENTRIES:,})"
+    total = 0
+    for entry in entries:
+        if entry.compress_type != zipfile.ZIP_STORED:
+            return (
+                f"its entry {entry.filename!r} is compressed (torch.save stores entries; "
+                "a compressed one may inflate without bound)"
+            )
+        if entry.file_size != entry.compress_size:
+            return f"its entry {entry.filename!r} declares two different sizes"
+        total += entry.file_size
+    if total > size:
+        return f"its entries declare {total:,} bytes, more than the file's {size:,}"
+    return None
+
+
+def archive_problem(f: BinaryIO) -> str | None:
+    """Why an open checkpoint file cannot be loaded safely (None: it can).
+
+    In order, each reading no more than it must: the end record closes the file; the SHA-256 in
+    the archive comment matches (streamed); the archive's directory declares only stored
+    entries that fit in the file. Memory stays bounded whatever the file holds.
+    """
+    size = f.seek(0, os.SEEK_END)
+    end = _archive_end(f, size)
+    if isinstance(end, str):
+        return end
+    return _digest_problem(f, *end) or _entries_problem(f, size)
 
 
 def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps: int) -> Path:
@@ -159,24 +240,55 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
     return found[-1]
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint safely (``weights_only=True``), with a clear error if that fails."""
+def load_checkpoint(
+    path: str | Path,
+    map_location: str | torch.device = "cpu",
+    *,
+    trusted_targets: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Load a checkpoint safely, with a :class:`CheckpointError` naming the file if it cannot be.
+
+    The file is checked before it is unpickled (:func:`archive_problem`: complete, matching its
+    digest, only stored entries that fit in the file), then loaded with
+    ``torch.load(weights_only=True)``, then the configs saved in it must name only trusted
+    ``_target_`` callables (:mod:`rl.checkpoints.trust`), since evaluation and resuming build
+    the task and model from them.
+
+    Args:
+        path: The checkpoint file.
+        map_location: Where the tensors go.
+        trusted_targets: Patterns of ``_target_`` callables trusted beyond the defaults
+            (``my_package.*``): the user's ``trusted_targets`` key, never the checkpoint's.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
-    data = path.read_bytes()
-    problem = digest_problem(data)
-    if problem is not None:
-        raise CheckpointError(f"cannot read checkpoint {path}: {problem}")
-    try:
-        state = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
-    except Exception as e:
-        first_line = next(iter(str(e).splitlines()), "")  # some errors have no message
-        raise CheckpointError(
-            f"cannot read checkpoint {path}: {type(e).__name__}: {first_line}\n"
-            "(checkpoints are loaded with weights_only=True; a file that needs arbitrary "
-            "unpickling is refused)"
-        ) from e
+    with path.open("rb") as f:
+        problem = archive_problem(f)
+        if problem is not None:
+            raise CheckpointError(f"cannot read checkpoint {path}: {problem}")
+        f.seek(0)
+        try:
+            state = torch.load(f, map_location=map_location, weights_only=True)
+        except Exception as e:
+            first_line = next(iter(str(e).splitlines()), "")  # some errors have no message
+            raise CheckpointError(
+                f"cannot read checkpoint {path}: {type(e).__name__}: {first_line}\n"
+                "(checkpoints are loaded with weights_only=True; a file that needs arbitrary "
+                "unpickling is refused)"
+            ) from e
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise CheckpointError(f"{path} is not a checkpoint of this project (no model/config)")
+    if not all(isinstance(state.get(k) or {}, dict) for k in ("config", "config_unresolved")):
+        raise CheckpointError(f"{path}: its saved config is not a mapping")
+    for key in ("config", "config_unresolved"):
+        refused = untrusted_targets(state.get(key) or {}, trusted_targets)
+        if refused:
+            first = refused[0].target.rpartition(".")[0] or refused[0].target
+            raise UntrustedCheckpointError(
+                f"{path}: its saved {key} names callables that are not trusted:\n  "
+                + "\n  ".join(map(str, refused))
+                + "\nIf you trust this checkpoint, allow them explicitly, e.g. "
+                f"trusted_targets='[{first}.*]' (see README: Checkpoints)"
+            )
     return state

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,25 +21,33 @@ from omegaconf import DictConfig
 from rl.checkpoints.files import (
     CHECKPOINT_DIR,
     CheckpointError,
+    UntrustedCheckpointError,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     remove_stale_temp_files,
 )
 from rl.checkpoints.resume_config import resume_config, typed_override_keys, unresolved_config
+from rl.checkpoints.trust import untrusted_targets
 from rl.models.actor_critic import ActorCritic
 from rl.utils.config import ConfigError
 
 log = logging.getLogger(__name__)
 
 
-def resolve_resume_path(path: str | Path) -> tuple[Path, Path, dict[str, Any]]:
+def resolve_resume_path(
+    path: str | Path, trusted_targets: Sequence[str] = ()
+) -> tuple[Path, Path, dict[str, Any]]:
     """``(run_dir, checkpoint, state)`` for ``resume=PATH`` (a run folder or a checkpoint file).
 
     For a run folder this is the newest checkpoint in step order that loads (unreadable ones
-    are skipped with a warning). Every file under a checkpoint name is complete (atomic
-    writes), so this is also right when a crash fell between a checkpoint's rename and the
-    update of ``latest``.
+    are skipped with a warning; one whose config is not trusted stops the search). Every file
+    under a checkpoint name is complete (atomic writes), so this is also right when a crash
+    fell between a checkpoint's rename and the update of ``latest``.
+
+    Args:
+        path: A run folder or a checkpoint file.
+        trusted_targets: The user's ``trusted_targets`` (see :mod:`rl.checkpoints.trust`).
     """
     path = Path(path).expanduser().resolve()
     if path.is_file():
@@ -47,7 +55,7 @@ def resolve_resume_path(path: str | Path) -> tuple[Path, Path, dict[str, Any]]:
             raise CheckpointError(
                 f"resume={path}: a checkpoint must lie in <run>/{CHECKPOINT_DIR}"
             )
-        return path.parent.parent, path, load_checkpoint(path)
+        return path.parent.parent, path, load_checkpoint(path, trusted_targets=trusted_targets)
     if not path.is_dir():
         raise CheckpointError(f"resume={path}: no such run folder or checkpoint")
     candidates = list(reversed(list_checkpoints(path)))
@@ -55,7 +63,9 @@ def resolve_resume_path(path: str | Path) -> tuple[Path, Path, dict[str, Any]]:
         latest_checkpoint(path)  # raises the usual "no checkpoint in ..." error
     for candidate in candidates:
         try:
-            state = load_checkpoint(candidate)
+            state = load_checkpoint(candidate, trusted_targets=trusted_targets)
+        except UntrustedCheckpointError:
+            raise
         except CheckpointError as e:
             log.warning("skipping unreadable checkpoint: %s", e)
             continue
@@ -127,20 +137,30 @@ def plan_start(cfg: DictConfig | Mapping[str, Any], plain: dict[str, Any]) -> St
             "resume and init_from exclude each other: resume=RUN continues a run exactly; "
             "init_from=CHECKPOINT starts a new run from its weights"
         )
+    trusted = list(plain.get("trusted_targets") or ())
     if plain.get("init_from"):
         path = Path(plain["init_from"]).expanduser()
         if path.is_dir():
-            path = resolve_resume_path(path)[1]
-        return StartPlan(plain, unresolved, checkpoint=path, init_state=load_checkpoint(path))
+            path = resolve_resume_path(path, trusted)[1]
+        init_state = load_checkpoint(path, trusted_targets=trusted)
+        return StartPlan(plain, unresolved, checkpoint=path, init_state=init_state)
     if not plain.get("resume"):
         return StartPlan(plain, unresolved)
-    run_dir, path, state = resolve_resume_path(plain["resume"])
+    run_dir, path, state = resolve_resume_path(plain["resume"], trusted)
     # The run's own train.log gets this invocation's log too (Hydra's goes to a new folder).
     handler = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
     logging.getLogger().addHandler(handler)
     try:
         config, merged = resume_config(state, unresolved, typed_override_keys(cfg), run_dir)
+        # Resolving the saved config may have made new nodes (e.g. ``oc.create``): judge the
+        # config that will be built, not only the one that was stored.
+        refused = untrusted_targets(config, trusted)
+        if refused:
+            raise UntrustedCheckpointError(
+                f"{path}: its saved config, resolved, names callables that are not trusted:"
+                "\n  " + "\n  ".join(map(str, refused))
+            )
     except BaseException:
         logging.getLogger().removeHandler(handler)
         handler.close()

@@ -46,7 +46,8 @@ SAFE_RESUME_KEYS = (
     "video_interval",
 )
 # Keys that describe the invocation, not the run: never compared.
-_INVOCATION_KEYS = ("output_dir", "resume", "init_from")
+# ``trusted_targets`` is the user's to give each time: never taken from a checkpoint.
+_INVOCATION_KEYS = ("output_dir", "resume", "init_from", "trusted_targets")
 
 
 def unresolved_config(cfg: DictConfig | Mapping[str, Any], plain: Mapping[str, Any]) -> dict:
@@ -234,6 +235,7 @@ def resume_config(
     merged["output_dir"] = str(run_dir)
     merged["resume"] = new_unresolved.get("resume")
     merged["init_from"] = None
+    merged["trusted_targets"] = new_unresolved.get("trusted_targets") or []
     resolved = OmegaConf.to_container(OmegaConf.create(merged), resolve=True)
     assert isinstance(resolved, dict)
     derived = {

@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 
 from rl.checkpoints.files import CheckpointError, load_checkpoint
 from rl.checkpoints.resume import StartPlan, plan_start
+from rl.checkpoints.trust import config_targets
 from rl.collection.base import CollectionSpec, Collector
 from rl.distributed.launch import launched_by_torchrun, run_torchrun_worker, spawn_workers
 from rl.distributed.settings import DistributedSettings
@@ -105,12 +106,15 @@ def _plan_payload(start: StartPlan) -> dict[str, Any]:
 def _train_worker(payload: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
     """One distributed worker: rebuild the start plan from ``payload``, train; the outcome."""
     resume, init_from = payload["resume"], payload["init_from"]
+    trusted = payload["config"].get("trusted_targets") or ()  # the parent judged with these
     start = StartPlan(
         payload["config"],
         payload["config_unresolved"],
-        resume_state=None if resume is None else load_checkpoint(Path(resume)),
+        resume_state=None if resume is None else load_checkpoint(resume, trusted_targets=trusted),
         checkpoint=Path(resume or init_from) if (resume or init_from) else None,
-        init_state=None if init_from is None else load_checkpoint(Path(init_from)),
+        init_state=(
+            None if init_from is None else load_checkpoint(init_from, trusted_targets=trusted)
+        ),
     )
     try:
         return {"metrics": _train(start, ctx)}
@@ -267,7 +271,14 @@ def _callbacks(
     validation = valid_settings(cfg["valid"])
     if validation is not None:
         background = BackgroundValidation(
-            validation, task=cfg["task"], model=cfg["model"], logger=logger, device=device
+            validation,
+            task=cfg["task"],
+            model=cfg["model"],
+            logger=logger,
+            device=device,
+            # The run's checkpoints hold the configs this run (and the runs it resumed) started
+            # with, which the user chose or trusted.
+            trusted_targets=[*cfg["trusted_targets"], *config_targets(cfg)],
         )
         stack.callback(background.close)
         callbacks.append(background)

@@ -53,6 +53,9 @@ class RunSettings:
         video_interval: Env steps between probe videos (0 or None: none).
         deterministic: Deterministic algorithms only (see
             :func:`rl.utils.seeding.deterministic_mode`).
+        trusted_targets: Patterns of ``_target_`` callables that configs saved in checkpoints
+            (``resume``, ``init_from``) may name beyond the defaults
+            (:mod:`rl.checkpoints.trust`).
     """
 
     exp_name: str
@@ -67,6 +70,7 @@ class RunSettings:
     init_from: str | None
     video_interval: Annotated[int | None, Check(ge=0)]
     deterministic: bool
+    trusted_targets: list[str]
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> RunSettings:

@@ -17,7 +17,7 @@ engine's ``model.act(..., deterministic=True)``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,7 @@ class InferenceAgent:
         device: torch.device | str = "cpu",
         deterministic: bool = True,
         seed: int = 0,
+        trusted_targets: Sequence[str] = (),
     ) -> InferenceAgent:
         """Build the agent from a training checkpoint (loaded with ``weights_only=True``).
 
@@ -81,11 +82,13 @@ class InferenceAgent:
             device: Where the model runs.
             deterministic: Argmax actions (True) or seeded sampled ones.
             seed: Seed of the action-sampling generator.
+            trusted_targets: Patterns of callables the saved config may name beyond the
+                defaults (:mod:`rl.checkpoints.trust`).
 
         Returns:
             The agent, reset for a first episode.
         """
-        state = load_checkpoint(path)
+        state = load_checkpoint(path, trusted_targets=trusted_targets)
         config = state["config"]
         env = build_env(config["task"])
         try:  # the environment's own observation space: the agent takes what it returns

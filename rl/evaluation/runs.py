@@ -29,10 +29,12 @@ from tqdm.auto import tqdm
 from rl.checkpoints.files import (
     CHECKPOINT_DIR,
     CheckpointError,
+    UntrustedCheckpointError,
     list_checkpoints,
     load_checkpoint,
     parse_checkpoint_name,
 )
+from rl.checkpoints.trust import untrusted_targets
 from rl.collection.episodes import EvalResult, episode_seed_list, evaluate_expert, evaluate_policy
 from rl.evaluation.plots import plot_checkpoint_metrics
 from rl.evaluation.report import format_table, write_eval_json
@@ -74,8 +76,12 @@ class CheckpointRef:
 
 
 # ------------------------------------------------------------------ selection
-def checkpoint_ref(path: str | Path) -> CheckpointRef:
+def checkpoint_ref(path: str | Path, trusted_targets: Sequence[str] = ()) -> CheckpointRef:
     """Stage and env step of a checkpoint: from its name, else from its contents.
+
+    Args:
+        path: The checkpoint file.
+        trusted_targets: The user's ``trusted_targets`` (used when the file must be read).
 
     Raises:
         CheckpointError: If the file cannot be read (the message names it).
@@ -84,14 +90,14 @@ def checkpoint_ref(path: str | Path) -> CheckpointRef:
     parsed = parse_checkpoint_name(path)
     if parsed is not None:
         return CheckpointRef(path, parsed[0], parsed[1])
-    pipe = load_checkpoint(path).get("pipeline") or {}
+    pipe = load_checkpoint(path, trusted_targets=trusted_targets).get("pipeline") or {}
     return CheckpointRef(
         path, int(pipe.get("current_stage_index", 0)), int(pipe.get("total_steps", 0))
     )
 
 
 def find_checkpoints(
-    *, ckpt: str | None = None, run_dir: str | None = None
+    *, ckpt: str | None = None, run_dir: str | None = None, trusted_targets: Sequence[str] = ()
 ) -> list[CheckpointRef]:
     """The checkpoints named by ``ckpt`` (a file or a glob) or ``run_dir`` (all of a run).
 
@@ -99,6 +105,7 @@ def find_checkpoints(
         ckpt: A checkpoint file, or a glob of them (``**`` allowed), e.g.
             ``outputs/x/*/checkpoints/ckpt_*.pt``.
         run_dir: A run folder: every checkpoint in its ``checkpoints/``.
+        trusted_targets: The user's ``trusted_targets`` (for files whose names say nothing).
 
     Returns:
         The checkpoints grouped by run folder, each run in step order (stage breaks ties).
@@ -136,7 +143,7 @@ def find_checkpoints(
         if not path.is_file():
             raise CheckpointError(f"checkpoint {path} does not exist")
         paths = [path]
-    refs = [checkpoint_ref(p) for p in paths]
+    refs = [checkpoint_ref(p, trusted_targets) for p in paths]
     return sorted(refs, key=lambda r: (str(r.run_dir), r.step, r.stage, r.path.name))
 
 
@@ -171,12 +178,15 @@ def thin_by_steps(refs: Sequence[CheckpointRef], every_steps: int) -> list[Check
 class _ModelCache:
     """One model per distinct (model, task) config; checkpoints of a run share it."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, trusted_targets: Sequence[str]) -> None:
         self.device = device
+        self.trusted_targets = list(trusted_targets)
         self._models: dict[str, ActorCritic] = {}
 
     def load(self, ref: CheckpointRef) -> tuple[ActorCritic, dict[str, Any]]:
-        state = load_checkpoint(ref.path, map_location=self.device)
+        state = load_checkpoint(
+            ref.path, map_location=self.device, trusted_targets=self.trusted_targets
+        )
         train_cfg = state["config"]
         try:
             key = json.dumps([train_cfg["model"], train_cfg["task"]], sort_keys=True, default=str)
@@ -258,7 +268,9 @@ def evaluate_checkpoints(cfg: EvaluateSettings) -> dict[str, float]:
     Returns:
         The last evaluated checkpoint's metrics as ``eval/*``.
     """
-    refs = find_checkpoints(ckpt=cfg.ckpt, run_dir=cfg.run_dir)
+    refs = find_checkpoints(
+        ckpt=cfg.ckpt, run_dir=cfg.run_dir, trusted_targets=cfg.trusted_targets
+    )
     selected = thin_by_steps(refs, cfg.every_steps)
     if len(selected) < len(refs):
         log.info(
@@ -267,10 +279,12 @@ def evaluate_checkpoints(cfg: EvaluateSettings) -> dict[str, float]:
             len(selected),
             len(refs),
         )
+    for ref in selected:  # every one readable and trusted before anything is evaluated
+        load_checkpoint(ref.path, trusted_targets=cfg.trusted_targets)
     device = torch.device(cfg.device)
     episode_seeds = episode_seed_list(cfg.num_episodes, cfg.episode_seed)
     settings = cfg.episode_list
-    models = _ModelCache(device)
+    models = _ModelCache(device, cfg.trusted_targets)
     rows_by_run: dict[Path, list[dict[str, Any]]] = {}
     logged: dict[str, float] = {}
     bar = tqdm(
@@ -327,14 +341,26 @@ def _is_glob(value: Any) -> bool:
 
 
 # --------------------------------------------------------------------- expert
-def _task_of_run(run_dir: Path) -> dict[str, Any]:
+def _task_of_run(run_dir: Path, trusted_targets: Sequence[str]) -> dict[str, Any]:
+    """The task a run trained on: its ``config.yaml``, else its newest checkpoint's config.
+
+    Both are untrusted input (a run folder may come from anywhere): the task must name only
+    trusted callables (:mod:`rl.checkpoints.trust`).
+    """
     resolved = run_dir / "config.yaml"
     if resolved.is_file():
         task = (yaml.safe_load(resolved.read_text()) or {}).get("task")
         if isinstance(task, dict):
+            refused = untrusted_targets(task, trusted_targets)
+            if refused:
+                raise UntrustedCheckpointError(
+                    f"{resolved}: its task names callables that are not trusted:\n  "
+                    + "\n  ".join(f"task.{r}" for r in refused)
+                )
             return task
-    refs = find_checkpoints(run_dir=str(run_dir))
-    return dict(load_checkpoint(refs[-1].path)["config"]["task"])
+    refs = find_checkpoints(run_dir=str(run_dir), trusted_targets=trusted_targets)
+    state = load_checkpoint(refs[-1].path, trusted_targets=trusted_targets)
+    return dict(state["config"]["task"])
 
 
 def evaluate_expert_reference(
@@ -358,11 +384,11 @@ def evaluate_expert_reference(
     if cfg.run_dir:
         folder = Path(cfg.run_dir)
     elif cfg.ckpt:
-        folder = find_checkpoints(ckpt=cfg.ckpt)[0].run_dir
+        folder = find_checkpoints(ckpt=cfg.ckpt, trusted_targets=cfg.trusted_targets)[0].run_dir
     if task:
         task = dict(task)
     elif folder is not None:
-        task = _task_of_run(folder)
+        task = _task_of_run(folder, cfg.trusted_targets)
     else:
         raise ConfigError(
             "test_expert=true needs a task: run_dir=RUN_FOLDER, ckpt=FILE or task=NAME "

@@ -107,6 +107,8 @@ class EvaluateSettings:
         plot: Write ``eval_summary.png`` for a run.
         output_dir: Where ``test_expert`` without a run writes.
         split: The task's episode split evaluated (``test``; None: the task's own).
+        trusted_targets: Patterns of ``_target_`` callables the checkpoints' saved configs may
+            name beyond the defaults (:mod:`rl.checkpoints.trust`).
     """
 
     ckpt: str | None
@@ -124,6 +126,7 @@ class EvaluateSettings:
     plot: bool
     output_dir: str
     split: Annotated[str | None, Check(choices=SPLITS)]
+    trusted_targets: list[str]
 
     @property
     def episode_list(self) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import multiprocessing as mp
 import queue
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,7 @@ def _validation_main(
     model_cfg: dict[str, Any],
     settings: dict[str, Any],
     device: str,
+    trusted_targets: list[str],
 ) -> None:
     """Body of the validation process: evaluate each requested checkpoint, in order."""
     try:
@@ -89,7 +90,7 @@ def _validation_main(
             path, step = item
             t0 = time.perf_counter()
             try:
-                state = load_checkpoint(path, map_location=device)
+                state = load_checkpoint(path, map_location=device, trusted_targets=trusted_targets)
                 model.load_state_dict(state["model"])
                 result = evaluate_policy(
                     model=model,
@@ -123,6 +124,8 @@ class BackgroundValidation(Callback):
         model: Plain (resolved) model config.
         logger: The run's logger; ``valid/*`` is logged at each checkpoint's env step.
         device: Where the validation model runs.
+        trusted_targets: Callables the checkpoints' saved configs may name beyond the defaults
+            (the run's own config and ``trusted_targets``: :mod:`rl.checkpoints.trust`).
     """
 
     def __init__(
@@ -133,11 +136,18 @@ class BackgroundValidation(Callback):
         model: Mapping[str, Any],
         logger: MetricsLogger,
         device: torch.device | str = "cpu",
+        trusted_targets: Sequence[str] = (),
     ) -> None:
         self.settings = settings
         self.logger = logger
         task = with_split(task, settings.split)  # the validation episodes
-        self._args = (task, dict(model), dataclasses.asdict(settings), str(device))
+        self._args = (
+            task,
+            dict(model),
+            dataclasses.asdict(settings),
+            str(device),
+            list(trusted_targets),
+        )
         self.submitted: list[tuple[str, int]] = []
         self.completed: list[tuple[str, int]] = []
         self.failed: list[str] = []

@@ -1,0 +1,306 @@
+"""Checkpoints are untrusted input: their saved configs may not run code, loading is bounded.
+
+A checkpoint's saved config is what ``evaluate.py`` and ``resume=`` build the task and model
+from; a crafted one must not reach the file system (issue 19, point 1). A sparse multi-GB file
+or a zip bomb under a checkpoint name is refused in bounded memory (point 2).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rl.checkpoints import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from rl.checkpoints.files import UntrustedCheckpointError, parse_checkpoint_name
+from rl.checkpoints.trust import judge_target, trust_rules, untrusted_targets
+from rl.engine import run
+from rl.evaluation import InferenceAgent
+from rl.tasks import PointNavEnv
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ["+experiment=ppo_nav", "+debug=smoke", "task=nav_small", "eval.num_episodes=0"]
+
+
+class CustomNav(PointNavEnv):
+    """A user's own task class: trusted only when the user says so."""
+
+
+def _write_text_payload(target: Path) -> dict[str, Any]:
+    return {
+        "_target_": "pathlib.Path.write_text",
+        "self": {"_target_": "pathlib.Path", "_args_": [str(target)]},
+        "data": "x",
+    }
+
+
+def _open_payload(victim: Path) -> dict[str, Any]:
+    return {"_target_": "builtins.open", "_args_": [str(victim), "w"]}
+
+
+def _recraft(path: Path, task: dict[str, Any]) -> None:
+    """Rewrite a checkpoint's saved task (resolved and unresolved) with a valid digest."""
+    state = load_checkpoint(path)
+    for key in ("config", "config_unresolved"):
+        state[key]["task"] = task
+    stage, step = parse_checkpoint_name(path)  # type: ignore[misc]
+    save_checkpoint(path.parent.parent, state, stage, step)
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real smoke run's folder (checkpoints at 128 and 256 env steps)."""
+    from hydra import compose, initialize
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    folder = tmp_path_factory.mktemp("trust") / "run"
+    GlobalHydra.instance().clear()
+    with initialize(version_base="1.3", config_path="../conf"):
+        cfg = compose("train", [*SMOKE, f"output_dir={folder}"], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    run.train(cfg)
+    GlobalHydra.instance().clear()
+    return folder
+
+
+@pytest.fixture(params=["write_text", "open"])
+def crafted(
+    request: pytest.FixtureRequest, trained_run: Path, tmp_path: Path
+) -> tuple[Path, Path, Path]:
+    """A copy of the run whose newest checkpoint's task writes or truncates a file.
+
+    Returns:
+        ``(run folder, file the payload would create, file it would truncate)``.
+    """
+    import shutil
+
+    folder = tmp_path / "crafted"
+    shutil.copytree(trained_run, folder)
+    created, victim = tmp_path / "created-by-checkpoint", tmp_path / "victim.txt"
+    victim.write_text("precious")
+    payload = _write_text_payload(created) if request.param == "write_text" else None
+    _recraft(latest_checkpoint(folder), payload or _open_payload(victim))
+    return folder, created, victim
+
+
+def _assert_untouched(
+    created: Path, victim: Path, before: dict[str, tuple[int, int]], folder: Path
+) -> None:
+    assert not created.exists()
+    assert victim.read_text() == "precious"
+    assert _snapshot(folder) == before  # nothing written in the run folder either
+
+
+def test_evaluate_refuses_a_crafted_checkpoint(
+    crafted: tuple[Path, Path, Path], compose_cfg: Any
+) -> None:
+    folder, created, victim = crafted
+    before = _snapshot(folder)
+    for key in ("run_dir", "ckpt"):
+        value = folder if key == "run_dir" else latest_checkpoint(folder)
+        out = f"output_dir={folder.parent / 'eval'}"
+        cfg = compose_cfg([f"{key}={value}", "num_episodes=2", out], config_name="evaluate")
+        with pytest.raises(UntrustedCheckpointError) as info:
+            run.evaluate(cfg)
+        message = str(info.value)
+        assert str(latest_checkpoint(folder)) in message and "task._target_" in message
+        assert "pathlib.Path.write_text" in message or "builtins.open" in message
+        _assert_untouched(created, victim, before, folder)
+    with pytest.raises(UntrustedCheckpointError):
+        InferenceAgent.from_checkpoint(latest_checkpoint(folder))
+    _assert_untouched(created, victim, before, folder)
+
+
+def test_resume_refuses_a_crafted_checkpoint(
+    crafted: tuple[Path, Path, Path], compose_cfg: Any
+) -> None:
+    folder, created, victim = crafted
+    before = _snapshot(folder)
+    for resume in (folder, latest_checkpoint(folder)):  # a run folder, or the file itself
+        cfg = compose_cfg([*SMOKE, f"resume={resume}"])
+        with pytest.raises(UntrustedCheckpointError, match="task._target_"):
+            run.train(cfg)
+        _assert_untouched(created, victim, before, folder)
+    cfg = compose_cfg([*SMOKE, f"init_from={latest_checkpoint(folder)}"])
+    with pytest.raises(UntrustedCheckpointError):
+        run.train(cfg)
+    assert not created.exists() and victim.read_text() == "precious"
+
+
+def test_evaluate_py_cli_refuses_and_writes_nothing(crafted: tuple[Path, Path, Path]) -> None:
+    folder, created, victim = crafted
+    before = _snapshot(folder)
+    proc = subprocess.run(
+        [sys.executable, "evaluate.py", f"run_dir={folder}", "num_episodes=2",
+         f"hydra.run.dir={folder.parent / 'eval'}"],  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "WANDB_MODE": "disabled"},
+    )
+    assert proc.returncode == 1
+    assert "not trusted" in proc.stderr and "task._target_" in proc.stderr
+    _assert_untouched(created, victim, before, folder)
+
+
+def test_trusted_targets_let_a_users_own_task_through(
+    trained_run: Path, tmp_path: Path, compose_cfg: Any
+) -> None:
+    import shutil
+
+    folder = tmp_path / "run"
+    shutil.copytree(trained_run, folder)
+    path = latest_checkpoint(folder)
+    task = dict(load_checkpoint(path)["config"]["task"])
+    _recraft(path, {**task, "_target_": f"{__name__}.CustomNav"})
+    evaluate = [f"ckpt={path}", "num_episodes=2", "num_envs=2", f"output_dir={tmp_path / 'e'}"]
+    with pytest.raises(UntrustedCheckpointError, match=f"{__name__}.CustomNav"):
+        run.evaluate(compose_cfg(evaluate, config_name="evaluate"))
+    trusted = f"trusted_targets=[{__name__}.*]"
+    metrics = run.evaluate(compose_cfg([*evaluate, trusted], config_name="evaluate"))
+    assert "eval/success" in metrics
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "builtins.open",
+        "pathlib.Path.write_text",
+        "os.system",
+        "rl.tasks.gym.gym.utils.save_video.save_video",  # through an imported module
+        "rl.checkpoints.files.os.remove",
+        "rl.checkpoints.files.save_checkpoint",  # the project's, but writes files
+        "rl.storage.generate_expert_trajectories",
+        "torch.optim.sgd.torch.save",  # path under torch.optim, defined in torch.serialization
+        "torch.optim.Adam.step",  # not an optimizer class
+        "gymnasium.envs.registration.register",  # would register os:system as an env
+        "gymnasium.wrappers.RecordVideo",  # writes videos where it is told
+        "gymnasium.utils.save_video.save_video",
+        "",
+    ],
+)
+def test_dangerous_targets_are_refused(target: str) -> None:
+    assert judge_target(target, trust_rules()) is not None
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "rl.tasks.PointNavEnv",
+        "rl.models.ActorCritic",
+        "rl.collection.InProcessCollector.from_spec",
+        "rl.pipeline.LinearDecay",
+        "torch.optim.Adam",
+        "torch.optim.lr_scheduler.LambdaLR",
+        "gymnasium.make",
+        "gymnasium.wrappers.TimeLimit",
+        "minigrid.wrappers.ImgObsWrapper",
+    ],
+)
+def test_the_project_s_own_targets_are_trusted(target: str) -> None:
+    assert judge_target(target, trust_rules()) is None
+
+
+def test_strings_turned_into_callables_are_judged_too() -> None:
+    task = {
+        "_target_": "rl.tasks.make_gym_env",
+        "env_id": "os:CartPole-v1",  # gymnasium imports the module of a `module:` id
+        "wrappers": ["gymnasium.wrappers.TimeLimit", "shutil.rmtree"],
+        "env_kwargs": {"nested": {"_target_": "builtins.exec", "_args_": ["1"]}},
+    }
+    refused = {r.key for r in untrusted_targets({"task": task})}
+    assert refused == {"task.env_id", "task.wrappers.1", "task.env_kwargs.nested._target_"}
+    assert untrusted_targets({"task": task}, ["os", "shutil.*", "builtins.*"]) == []
+
+
+# ------------------------------------------------------------------------ bounded loading
+_RSS_PROBE = """
+import resource, sys
+from rl.checkpoints import CheckpointError, load_checkpoint
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    load_checkpoint(sys.argv[1])
+except CheckpointError as e:
+    print("refused:", e)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(f"rss_kib {before} {after}")
+"""
+
+
+def _load_in_subprocess(path: Path) -> tuple[str, float, float]:
+    """``(output, peak RSS before loading, peak RSS after)`` of a fresh process, in MiB.
+
+    Linux carries a process's peak RSS over ``fork`` + ``exec`` into ``getrusage``, so a probe
+    started straight from this (large) test process would report this process's peak; started
+    by a small shell that forks it, it reports its own.
+    """
+    proc = subprocess.run(
+        ["sh", "-c", '"$0" -c "$1" "$2"; exit $?', sys.executable, _RSS_PROBE, str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    before, after = proc.stdout.split("rss_kib ")[1].split()
+    return proc.stdout, int(before) / 1024, int(after) / 1024
+
+
+def _zip_bomb(path: Path, inflated: int) -> None:
+    """A torch-style archive whose data entry inflates to ``inflated`` bytes (deflated)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        info = zipfile.ZipInfo("archive/data/0")
+        info.compress_type = zipfile.ZIP_DEFLATED
+        with archive.open(info, "w", force_zip64=True) as entry:
+            zeros = bytes(1 << 24)
+            for _ in range(inflated // len(zeros)):
+                entry.write(zeros)
+    from rl.checkpoints.files import with_digest
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(with_digest(buffer.getvalue()))  # a digest anyone can compute
+
+
+@pytest.mark.timeout(300)
+def test_huge_and_bomb_files_are_refused_in_bounded_memory(tmp_path: Path) -> None:
+    sparse = tmp_path / "checkpoints" / "ckpt_stage00_step000000000001.pt"
+    sparse.parent.mkdir(parents=True)
+    with sparse.open("wb") as f:
+        f.truncate(3 << 30)  # 3 GiB of holes: no disk used
+    bomb = tmp_path / "checkpoints" / "ckpt_stage00_step000000000002.pt"
+    _zip_bomb(bomb, 1 << 30)  # 1 GiB of zeros in about 1 MB
+    assert bomb.stat().st_size < 4 << 20
+    for path, reason in ((sparse, "not a complete archive"), (bomb, "is compressed")):
+        out, before, after = _load_in_subprocess(path)
+        assert f"refused: cannot read checkpoint {path}: " in out and reason in out
+        # The loader's own peak: what importing torch took, plus what loading added.
+        assert after < 300, f"peak RSS {after:.0f} MiB loading {path.name}"
+        assert after - before < 32, f"loading {path.name} added {after - before:.0f} MiB"
+
+
+def test_entries_larger_than_the_file_are_refused(tmp_path: Path) -> None:
+    path = save_checkpoint(tmp_path, {"model": {}, "config": {}}, 0, 1)
+    data = bytearray(path.read_bytes())
+    # Declare a stored entry 1 GiB large in the central directory (size fields of a header).
+    central = data.rfind(b"PK\x01\x02")
+    data[central + 20 : central + 28] = ((1 << 30).to_bytes(4, "little")) * 2
+    from rl.checkpoints.files import with_digest
+
+    eocd = data.rfind(b"PK\x05\x06")
+    path.write_bytes(with_digest(bytes(data[: eocd + 22 - 2]) + b"\x00\x00"))
+    with pytest.raises(CheckpointError, match="declare|directory"):
+        load_checkpoint(path)
