@@ -36,6 +36,7 @@ from typing import Any, BinaryIO
 import torch
 
 from rl.checkpoints.trust import untrusted_targets
+from rl.utils.finite import NonFiniteError, nonfinite_tensors
 
 CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest"
@@ -197,13 +198,51 @@ def archive_problem(f: BinaryIO) -> str | None:
 
 
 def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps: int) -> Path:
-    """Atomically write ``state`` to ``run_dir/checkpoints/<name>`` and update ``latest``."""
-    path = Path(run_dir) / CHECKPOINT_DIR / checkpoint_name(stage, env_steps)
+    """Atomically write ``state`` to ``run_dir/checkpoints/<name>`` and update ``latest``.
+
+    Raises:
+        NonFiniteError: The weights or the optimizer state hold NaN or infinity (nothing is
+            written: a poisoned checkpoint would load as valid and be resumed from).
+        CheckpointError: The file cannot be written (a full disk, permissions); the message
+            names the file and the run folder and says which earlier checkpoint is intact.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / CHECKPOINT_DIR / checkpoint_name(stage, env_steps)
+    bad = nonfinite_tensors(state.get("model"), "model")
+    bad += nonfinite_tensors(state.get("optimizer"), "optimizer")
+    if bad:
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise NonFiniteError(
+            f"checkpoint {path} not written: non-finite values in {', '.join(bad[:5])}{more}; "
+            + _intact(run_dir)
+        )
     buffer = io.BytesIO()
     torch.save(state, buffer)
-    _atomic_write(path, lambda f: f.write(with_digest(buffer.getvalue())))
-    _atomic_write(path.parent / LATEST, lambda f: f.write(path.name.encode()))
+    try:
+        _atomic_write(path, lambda f: f.write(with_digest(buffer.getvalue())))
+    except OSError as e:
+        raise CheckpointError(
+            f"cannot write checkpoint {path} (run folder {run_dir}): "
+            f"{e.strerror or e}; " + _intact(run_dir)
+        ) from e
+    pointer = path.parent / LATEST
+    try:
+        _atomic_write(pointer, lambda f: f.write(path.name.encode()))
+    except OSError as e:
+        raise CheckpointError(
+            f"wrote checkpoint {path} completely, but cannot update {pointer} "
+            f"({e.strerror or e}); resume=RUN_DIR picks the newest complete checkpoint "
+            "without it"
+        ) from e
     return path
+
+
+def _intact(run_dir: Path) -> str:
+    """Which earlier checkpoint of the run is intact (for messages about a failed save)."""
+    found = list_checkpoints(run_dir)
+    if not found:
+        return "the run has no earlier checkpoint"
+    return f"the previous checkpoint {found[-1]} is intact (resume={run_dir} continues from it)"
 
 
 def remove_stale_temp_files(run_dir: str | Path) -> list[Path]:

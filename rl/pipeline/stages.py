@@ -74,6 +74,8 @@ class TrainingSettings:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
+# What a non-finite loss or gradient norm does (TrainingPipeline's ``on_nonfinite``).
+NONFINITE_POLICIES = ("error", "skip")
 # Settings that may stay None even in the merged result.
 _OPTIONAL_SETTINGS = frozenset({"advance_scene_rollout_period"})
 
@@ -177,6 +179,9 @@ class TrainingPipeline:
         advance_scene_rollout_period: Default.
         save_interval: Default.
         metric_accumulate_interval: Default.
+        on_nonfinite: What a NaN or infinite loss or gradient norm does: ``error`` stops the
+            run naming the loss term (the default), ``skip`` drops that optimisation step
+            (counted as ``losses/nonfinite_skipped``, with a warning).
     """
 
     def __init__(
@@ -197,7 +202,14 @@ class TrainingPipeline:
         advance_scene_rollout_period: Annotated[int | None, Check(ge=1)] = None,
         save_interval: Annotated[int, Check(ge=0)] = 0,
         metric_accumulate_interval: Annotated[int, Check(ge=0)] = 10_000,
+        on_nonfinite: Annotated[str, Check(choices=NONFINITE_POLICIES)] = "error",
     ) -> None:
+        if on_nonfinite not in NONFINITE_POLICIES:
+            raise ValueError(
+                f"pipeline.on_nonfinite: expected one of {', '.join(NONFINITE_POLICIES)}, "
+                f"got {on_nonfinite!r}"
+            )
+        self.on_nonfinite = on_nonfinite
         self.named_losses = dict(named_losses)
         self.stages = list(stages)
         if not self.stages:

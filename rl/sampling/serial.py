@@ -6,6 +6,7 @@ tasks); multiprocess samplers must produce exactly what this one does for the sa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from rl.sampling.base import EpisodeRecord, Sampler, StepBatch
 from rl.tasks.factory import build_env, dict_space
+from rl.utils.finite import NonFiniteError
 from rl.utils.misc import evenly_distribute_count_into_bins
 from rl.utils.seeding import worker_seeds
 
@@ -31,8 +33,27 @@ def _set_np_random_state(env: gym.Env, state: dict[str, Any]) -> None:
     env.unwrapped.np_random = np.random.Generator(bit_generator)
 
 
+def _all_finite(values: np.ndarray) -> bool:
+    """No NaN or infinity in ``values`` (one reduction on the hot path).
+
+    A NaN or infinity makes the sum non-finite; so can an overflow of large finite values, and
+    then the element-wise check decides.
+    """
+    return math.isfinite(values.sum()) or bool(np.isfinite(values).all())
+
+
+def _is_float(dtype: Any) -> bool:
+    """Whether observations of ``dtype`` can be NaN or infinite."""
+    return dtype is not None and np.dtype(dtype).kind in "fc"
+
+
 class SerialSampler(Sampler):
     """Steps ``num_envs`` environments one after the other.
+
+    What the environments return is checked once per step over the whole batch: a NaN or
+    infinite reward or floating-point observation is a :class:`~rl.utils.finite.NonFiniteError`
+    naming the environment, the step of its episode and the field (a multiprocess sampler or a
+    collection worker running this sampler adds its own name and pid).
 
     Args:
         task: Plain (resolved) task config with a ``_target_`` returning a ``gymnasium.Env``.
@@ -92,6 +113,9 @@ class SerialSampler(Sampler):
         self._returns = np.zeros(num_envs, dtype=np.float64)
         self._lengths = np.zeros(num_envs, dtype=np.int64)
         self._current_seed: list[int | None] = [None] * num_envs
+        self._float_keys = [
+            k for k, space in self.observation_space.spaces.items() if _is_float(space.dtype)
+        ]
         # How each environment's current episode started and the actions taken since, so the
         # episodes in flight can be saved and replayed (state_dict / load_state_dict).
         self._episode_start: list[dict[str, Any]] = [{} for _ in range(num_envs)]
@@ -153,7 +177,68 @@ class SerialSampler(Sampler):
             rows.append(obs)
             experts.append(info.get("expert_action", -1))
         self.current_env = None
-        return self._stack(rows), np.asarray(experts, dtype=np.int64)
+        batch = self._stack(rows)
+        self._check_obs(batch, self._active, lambda pos: "the first observation of an episode")
+        return batch, np.asarray(experts, dtype=np.int64)
+
+    # ------------------------------------------------------- finite values
+    def _check_obs(
+        self, obs: dict[str, np.ndarray], envs: list[int], when: Any, what: str = "observation"
+    ) -> None:
+        """Raise :class:`NonFiniteError` for the first non-finite float observation entry.
+
+        Args:
+            obs: ``[K, ...]`` observation rows by key.
+            envs: Local environment index of each row.
+            when: ``when(row)``: at which step the row was observed, in words.
+            what: ``observation`` or ``final observation``.
+        """
+        for key in self._float_keys:
+            values = obs.get(key)
+            if values is None or len(values) == 0 or _all_finite(values):
+                continue
+            row = int(np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(1))[0])
+            field = f"{what} {key!r}" if self._dict_obs else what
+            self._nonfinite(envs[row], field, values[row], when(row))
+
+    def _nonfinite(self, env: int, field: str, value: Any, when: str) -> None:
+        self.current_env = self.env_offset + env  # named by a multiprocess worker's error too
+        bad = np.asarray(value, dtype=np.float64).ravel()
+        bad = bad[~np.isfinite(bad)]
+        seed = self._episode_start[env].get("seed")
+        raise NonFiniteError(
+            f"environment {self.env_offset + env} returned a non-finite {field} "
+            f"({bad[0] if bad.size else value}) at {when}"
+            + ("" if seed is None else f" (episode seed {seed})")
+            + "; non-finite rewards and observations would poison the update, so they stop "
+            "the run"
+        )
+
+    def _check_step(
+        self, batch: StepBatch, active: list[int], steps: np.ndarray, reset: np.ndarray
+    ) -> None:
+        """Every reward and float observation of a step finite (else :class:`NonFiniteError`)."""
+        if not _all_finite(batch.rewards):
+            pos = int(np.flatnonzero(~np.isfinite(batch.rewards))[0])
+            self._nonfinite(
+                active[pos], "reward", batch.rewards[pos], f"step {steps[pos]} of its episode"
+            )
+        self._check_obs(
+            batch.obs,
+            active,
+            lambda pos: (
+                f"the reset after step {steps[pos]} of its episode"
+                if reset[pos]
+                else f"step {steps[pos]} of its episode"
+            ),
+        )
+        if batch.final_obs:
+            self._check_obs(
+                batch.final_obs,
+                [active[pos] for pos in batch.final_obs_indices],
+                lambda k: f"step {steps[batch.final_obs_indices[k]]} of its episode (truncated)",
+                "final observation",
+            )
 
     def step(self, actions: np.ndarray) -> StepBatch:
         """Step the active environments; see :class:`rl.sampling.StepBatch`."""
@@ -170,6 +255,9 @@ class SerialSampler(Sampler):
         final_rows: list[dict[str, Any]] = []
         final_idx: list[int] = []
         episodes: list[EpisodeRecord] = []
+        steps = np.zeros(n, dtype=np.int64)  # each environment's step of its episode
+        reset = np.zeros(n, dtype=bool)
+        active = list(self._active)
         for pos, i in enumerate(self._active):
             env = self.envs[i]
             self.current_env = self.env_offset + i
@@ -179,6 +267,7 @@ class SerialSampler(Sampler):
             obs = self._as_dict(obs)
             self._returns[i] += float(reward)
             self._lengths[i] += 1
+            steps[pos] = self._lengths[i]
             rewards[pos] = reward
             terminated[pos] = term
             truncated[pos] = trunc and not term
@@ -193,6 +282,7 @@ class SerialSampler(Sampler):
                     paused[pos] = True
                 else:
                     obs, info = self._reset_env(i, first=False)
+                    reset[pos] = True
             experts[pos] = info.get("expert_action", -1)
             rows.append(obs)
         self.current_env = None
@@ -207,6 +297,7 @@ class SerialSampler(Sampler):
             episodes=episodes,
             paused=paused,
         )
+        self._check_step(batch, active, steps, reset)
         if paused.any():
             self._active = [i for pos, i in enumerate(self._active) if not paused[pos]]
         return batch
@@ -278,7 +369,9 @@ class SerialSampler(Sampler):
             rows.append(self._as_dict(obs))
             experts.append(info.get("expert_action", -1))
         self.current_env = None
-        return self._stack(rows), np.asarray(experts, dtype=np.int64)
+        batch = self._stack(rows)
+        self._check_obs(batch, self._active, lambda pos: "its restored episode")
+        return batch, np.asarray(experts, dtype=np.int64)
 
     def render(self, env_index: int = 0) -> np.ndarray | None:
         """RGB frame of one environment (it must have been built with ``render_mode``)."""

@@ -3,8 +3,9 @@
 :class:`FaultyEnv` behaves normally until the environment that was first reset with
 ``fail_seed`` reaches its ``fail_at_step``-th step (counted over its whole life, across
 auto-resets); it then raises, exits the process with ``os._exit``, kills itself with
-``SIGSEGV`` or ``SIGKILL``, or hangs, as chosen. Samplers seed environment ``i`` with
-``worker_seeds(num_envs, seed)[i]``, so a test picks the failing environment by its seed.
+``SIGSEGV`` or ``SIGKILL``, hangs, or returns a NaN reward or observation, as chosen.
+Samplers seed environment ``i`` with ``worker_seeds(num_envs, seed)[i]``, so a test picks the
+failing environment by its seed.
 :class:`SlowEnv` is the same counter task sleeping ``delay`` seconds per step (a straggler for
 distributed preemption tests). The module is importable in worker processes (no torch, no
 state at import time).
@@ -22,7 +23,8 @@ import numpy as np
 
 __all__ = ["FaultyEnv", "SlowEnv"]
 
-FailureMode = Literal["raise", "exit", "segfault", "kill", "hang"]
+FailureMode = Literal["raise", "exit", "segfault", "kill", "hang", "nan_reward", "nan_obs"]
+_MODES = ("raise", "exit", "segfault", "kill", "hang", "nan_reward", "nan_obs")
 
 
 class FaultyEnv(gym.Env):
@@ -36,7 +38,8 @@ class FaultyEnv(gym.Env):
         fail_seed: The environment first reset with this seed fails (None: never fails).
         fail_at_step: Fail on this step of that environment's life (1 = its first step).
         mode: ``raise`` (a ``ValueError``), ``exit`` (``os._exit(3)``), ``segfault``
-            (``SIGSEGV``), ``kill`` (``SIGKILL``) or ``hang`` (sleeps ``hang_seconds``).
+            (``SIGSEGV``), ``kill`` (``SIGKILL``), ``hang`` (sleeps ``hang_seconds``), or
+            ``nan_reward`` / ``nan_obs`` (that one step returns a NaN reward / observation).
         fail_on_reset: Fail in the first ``reset`` with ``fail_seed`` instead of a step.
         max_steps: Truncation limit.
         hang_seconds: How long ``hang`` sleeps.
@@ -54,7 +57,7 @@ class FaultyEnv(gym.Env):
         max_steps: int = 10,
         hang_seconds: float = 3600.0,
     ) -> None:
-        if mode not in ("raise", "exit", "segfault", "kill", "hang"):
+        if mode not in _MODES:
             raise ValueError(f"unknown failure mode {mode!r}")
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(3,), dtype=np.float32)
         self.action_space = gym.spaces.Discrete(2)
@@ -101,7 +104,8 @@ class FaultyEnv(gym.Env):
     def step(self, action: int) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """Advance the counter; fail if this is the chosen step of the doomed env."""
         self._life_steps += 1
-        if self._doomed and self._life_steps == self.fail_at_step:
+        poison = self._doomed and self._life_steps == self.fail_at_step
+        if poison and not self.mode.startswith("nan_"):
             self._fail(f"step {self._life_steps}")
         self._t += 1
         terminated = action == 1 and self._t % 2 == 0
@@ -109,7 +113,12 @@ class FaultyEnv(gym.Env):
         info: dict[str, Any] = {"expert_action": 0}
         if terminated or truncated:
             info["episode_metrics"] = {"seed_mod": float(self._episode_seed % 1000)}
-        return self._obs(int(action)), 1.0, bool(terminated), bool(truncated), info
+        obs, reward = self._obs(int(action)), 1.0
+        if poison and self.mode == "nan_reward":
+            reward = float("nan")
+        elif poison:
+            obs[2] = np.nan
+        return obs, reward, bool(terminated), bool(truncated), info
 
 
 class SlowEnv(FaultyEnv):

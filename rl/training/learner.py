@@ -16,6 +16,7 @@ The LR schedule is stepped to the env-step count (AllenAct's semantics), not the
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Mapping
@@ -31,6 +32,9 @@ from rl.pipeline.offpolicy import OffPolicyPipelineComponent
 from rl.pipeline.schedules import step_lr_scheduler_to
 from rl.pipeline.stages import PipelineStage, TrainingPipeline, TrainingSettings
 from rl.pipeline.trackers import ScalarMeanTracker
+from rl.utils.finite import NonFiniteError
+
+log = logging.getLogger(__name__)
 
 
 class Learner:
@@ -65,6 +69,7 @@ class Learner:
         )
         self.shuffle_generator = torch.Generator().manual_seed(seed)
         self.offpolicy_update_count = 0
+        self.nonfinite_skips = 0  # optimisation steps dropped for a non-finite loss (``skip``)
         self._params = [p for p in model.parameters() if p.requires_grad]
         if self.dist.enabled:  # each worker draws its own off-policy data
             for stage in pipeline.stages:
@@ -120,10 +125,54 @@ class Learner:
             # ALGO: the gradient of the mean over every worker's batch (weighted by size).
             average_gradients(self._params, num_samples)
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params, max_grad_norm)
-        self.optimizer.step()
         logged[f"{prefix}/total"] = total.item()
         logged[f"{prefix}/grad_norm"] = grad_norm.item()
+        # HARNESS: judged after the gradient all-reduce, so every DDP worker decides alike.
+        finite = math.isfinite(logged[f"{prefix}/total"]) and math.isfinite(
+            logged[f"{prefix}/grad_norm"]
+        )
+        if finite:
+            self.optimizer.step()
+        else:
+            self._nonfinite(logged, prefix, step_count)
+            self.optimizer.zero_grad(set_to_none=True)
+        if self.pipeline.on_nonfinite == "skip":
+            logged["losses/nonfinite_skipped"] = 0.0 if finite else 1.0
+            if not finite:  # the skipped step's values would poison the interval's means
+                return {"losses/nonfinite_skipped": 1.0}
+        # Diagnostics without a value (explained variance of constant returns) are left out.
         return {k: v for k, v in logged.items() if not math.isnan(v)}
+
+    def _nonfinite(self, logged: Mapping[str, float], prefix: str, step_count: int) -> None:
+        """A NaN or infinite loss or gradient norm: an error, or a skipped step (``skip``).
+
+        Raises:
+            NonFiniteError: Naming the non-finite terms (``pipeline.on_nonfinite=error``).
+        """
+        bad = {k: v for k, v in logged.items() if not math.isfinite(v)}
+        terms = [k for k in bad if not k.endswith(("/total", "/grad_norm"))]
+        what = ", ".join(f"{k}={v}" for k, v in bad.items())
+        cause = (
+            f"loss term {', '.join(terms)}"
+            if terms
+            else "the gradient"
+            if list(bad) == [f"{prefix}/grad_norm"]
+            else "the weighted loss"
+        )
+        if self.pipeline.on_nonfinite == "error":
+            raise NonFiniteError(
+                f"non-finite {cause} at env step {step_count} ({what}); the update was not "
+                "applied and no checkpoint holds it. pipeline.on_nonfinite=skip drops such "
+                "steps instead"
+            )
+        self.nonfinite_skips += 1
+        log.warning(
+            "skipped an optimisation step at env step %d: non-finite %s (%s); %d skipped so far",
+            step_count,
+            cause,
+            what,
+            self.nonfinite_skips,
+        )
 
     # --------------------------------------------------------------- updates
     def update(
@@ -199,7 +248,8 @@ class Learner:
             )
             # The step's total and gradient norm, apart from the on-policy update's.
             for key in ("total", "grad_norm"):
-                logged[f"losses/offpolicy/{key}"] = logged.pop(f"losses/{key}")
+                if f"losses/{key}" in logged:  # absent when a non-finite step was skipped
+                    logged[f"losses/offpolicy/{key}"] = logged.pop(f"losses/{key}")
             tracker.add_scalars(logged)
             self.offpolicy_update_count += 1
         tracker.add_scalars({"pipeline/offpolicy_updates": component.updates})
@@ -212,6 +262,7 @@ class Learner:
             "optimizer": self.optimizer.state_dict(),
             "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.state_dict(),
             "offpolicy_update_count": self.offpolicy_update_count,
+            "nonfinite_skips": self.nonfinite_skips,
             "shuffle": self.shuffle_generator.get_state(),
             "offpolicy": self._offpolicy_rng_states(),
         }
@@ -236,6 +287,7 @@ class Learner:
                 sched["lr_lambdas"] = [None] * len(sched["lr_lambdas"])
             self.lr_scheduler.load_state_dict(sched)
         self.offpolicy_update_count = int(state.get("offpolicy_update_count", 0))
+        self.nonfinite_skips = int(state.get("nonfinite_skips") or 0)
         if state.get("shuffle") is not None:
             self.shuffle_generator.set_state(state["shuffle"])
         for index, generator_state in (state.get("offpolicy") or {}).items():

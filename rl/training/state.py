@@ -119,6 +119,7 @@ class TrainerState:
                 "last_metrics": metrics["last_metrics"],
                 "last_log_step": metrics["last_log_step"],
                 "offpolicy_update_count": learner["offpolicy_update_count"],
+                "nonfinite_skips": learner["nonfinite_skips"],
             },
             "rng": {
                 **rng_state(),
@@ -151,6 +152,7 @@ class TrainerState:
                 "optimizer": state["optimizer"],
                 "lr_scheduler": state.get("lr_scheduler"),
                 "offpolicy_update_count": trainer.get("offpolicy_update_count", 0),
+                "nonfinite_skips": trainer.get("nonfinite_skips", 0),
                 "shuffle": rng.get("shuffle"),
                 "offpolicy": rng.get("offpolicy"),
             }
