@@ -19,6 +19,7 @@ import pytest
 
 from rl.checkpoints import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.checkpoints.files import UntrustedCheckpointError, parse_checkpoint_name
+from rl.checkpoints.lock import LOCK_NAME
 from rl.checkpoints.trust import judge_target, trust_rules, untrusted_targets
 from rl.engine import run
 from rl.evaluation import InferenceAgent
@@ -54,7 +55,10 @@ def _recraft(path: Path, task: dict[str, Any]) -> None:
 
 
 def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
-    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*")}
+    """Every file of a folder with its size and time; not the lock file, which ``resume=``
+    takes (and writes its own pid to) before it reads a checkpoint."""
+    files = [p for p in folder.rglob("*") if p.name != LOCK_NAME]
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in files}
 
 
 @pytest.fixture(scope="module")
@@ -142,8 +146,13 @@ def test_evaluate_py_cli_refuses_and_writes_nothing(crafted: tuple[Path, Path, P
     folder, created, victim = crafted
     before = _snapshot(folder)
     proc = subprocess.run(
-        [sys.executable, "evaluate.py", f"run_dir={folder}", "num_episodes=2",
-         f"hydra.run.dir={folder.parent / 'eval'}"],  # fmt: skip
+        [
+            sys.executable,
+            "evaluate.py",
+            f"run_dir={folder}",
+            "num_episodes=2",
+            f"hydra.run.dir={folder.parent / 'eval'}",
+        ],  # fmt: skip
         cwd=ROOT,
         capture_output=True,
         text=True,

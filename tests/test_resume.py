@@ -298,6 +298,7 @@ def test_init_from_loads_weights_and_restarts_the_pipeline(compose_cfg, tmp_path
         [*SMOKE, f"init_from={ckpt}", f"output_dir={tmp_path / 'new'}"], set_output_dir=False
     )
     start = plan_start(cfg, to_plain(cfg))
+    start.close()  # the plan holds the new run folder's lock until closed
     model = build_model(start.config["model"], *task_spaces(start.config["task"]))
     start.init_model(model)
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())

@@ -27,12 +27,31 @@ from rl.checkpoints.files import (
     load_checkpoint,
     remove_stale_temp_files,
 )
+from rl.checkpoints.lock import RunLock
 from rl.checkpoints.resume_config import resume_config, typed_override_keys, unresolved_config
 from rl.checkpoints.trust import untrusted_targets
 from rl.models.actor_critic import ActorCritic
 from rl.utils.config import ConfigError
 
 log = logging.getLogger(__name__)
+
+
+def resume_run_dir(path: str | Path) -> Path:
+    """The run folder ``resume=PATH`` continues (a run folder, or ``<run>/checkpoints/<file>``).
+
+    Raises:
+        CheckpointError: ``PATH`` is neither.
+    """
+    path = Path(path).expanduser().resolve()
+    if path.is_file():
+        if path.parent.name != CHECKPOINT_DIR:
+            raise CheckpointError(
+                f"resume={path}: a checkpoint must lie in <run>/{CHECKPOINT_DIR}"
+            )
+        return path.parent.parent
+    if not path.is_dir():
+        raise CheckpointError(f"resume={path}: no such run folder or checkpoint")
+    return path
 
 
 def resolve_resume_path(
@@ -49,15 +68,10 @@ def resolve_resume_path(
         path: A run folder or a checkpoint file.
         trusted_targets: The user's ``trusted_targets`` (see :mod:`rl.checkpoints.trust`).
     """
+    run_dir = resume_run_dir(path)
     path = Path(path).expanduser().resolve()
     if path.is_file():
-        if path.parent.name != CHECKPOINT_DIR:
-            raise CheckpointError(
-                f"resume={path}: a checkpoint must lie in <run>/{CHECKPOINT_DIR}"
-            )
-        return path.parent.parent, path, load_checkpoint(path, trusted_targets=trusted_targets)
-    if not path.is_dir():
-        raise CheckpointError(f"resume={path}: no such run folder or checkpoint")
+        return run_dir, path, load_checkpoint(path, trusted_targets=trusted_targets)
     candidates = list(reversed(list_checkpoints(path)))
     if not candidates:
         latest_checkpoint(path)  # raises the usual "no checkpoint in ..." error
@@ -83,6 +97,8 @@ class StartPlan:
         resume_state: The checkpoint resumed from (None unless resuming).
         checkpoint: Its path (or the ``init_from`` checkpoint's).
         init_state: The ``init_from`` checkpoint (None unless given).
+        lock: The run folder's lock, held until :meth:`close` (None: a distributed worker,
+            running under the lock of the process that planned the start).
     """
 
     config: dict[str, Any]
@@ -90,6 +106,7 @@ class StartPlan:
     resume_state: dict[str, Any] | None = None
     checkpoint: Path | None = None
     init_state: dict[str, Any] | None = None
+    lock: RunLock | None = None
     _log_handler: logging.Handler | None = None
 
     @property
@@ -113,15 +130,21 @@ class StartPlan:
         )
 
     def close(self) -> None:
-        """Detach the run folder's log file (resume only)."""
+        """Detach the run folder's log file (resume only) and release the folder's lock."""
         if self._log_handler is not None:
             logging.getLogger().removeHandler(self._log_handler)
             self._log_handler.close()
             self._log_handler = None
+        if self.lock is not None:
+            self.lock.release()
 
 
 def plan_start(cfg: DictConfig | Mapping[str, Any], plain: dict[str, Any]) -> StartPlan:
     """Work out how the run starts from its composed config (``resume`` / ``init_from``).
+
+    The run folder (the new one, or the resumed run's) is locked before anything in it is
+    touched (:class:`~rl.checkpoints.lock.RunLock`); the plan holds the lock until
+    :meth:`StartPlan.close`.
 
     Args:
         cfg: The composed config (a ``DictConfig`` keeps interpolations and typed overrides).
@@ -130,6 +153,7 @@ def plan_start(cfg: DictConfig | Mapping[str, Any], plain: dict[str, Any]) -> St
     Raises:
         ConfigError: Both ``resume`` and ``init_from``, or unsafe changes on resume.
         CheckpointError: The checkpoint is missing or unreadable.
+        RunFolderLockedError: Another process trains (or evaluates) in the run folder.
     """
     unresolved = unresolved_config(cfg, plain)
     if plain.get("resume") and plain.get("init_from"):
@@ -143,10 +167,29 @@ def plan_start(cfg: DictConfig | Mapping[str, Any], plain: dict[str, Any]) -> St
         if path.is_dir():
             path = resolve_resume_path(path, trusted)[1]
         init_state = load_checkpoint(path, trusted_targets=trusted)
-        return StartPlan(plain, unresolved, checkpoint=path, init_state=init_state)
+        lock = RunLock(plain["output_dir"]).acquire()
+        return StartPlan(plain, unresolved, checkpoint=path, init_state=init_state, lock=lock)
     if not plain.get("resume"):
-        return StartPlan(plain, unresolved)
-    run_dir, path, state = resolve_resume_path(plain["resume"], trusted)
+        return StartPlan(plain, unresolved, lock=RunLock(plain["output_dir"]).acquire())
+    lock = RunLock(resume_run_dir(plain["resume"])).acquire()  # before reading its checkpoints
+    try:
+        run_dir, path, state = resolve_resume_path(plain["resume"], trusted)
+        return _resume_plan(cfg, unresolved, run_dir, path, state, trusted, lock)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _resume_plan(
+    cfg: DictConfig | Mapping[str, Any],
+    unresolved: dict[str, Any],
+    run_dir: Path,
+    path: Path,
+    state: dict[str, Any],
+    trusted: list[str],
+    lock: RunLock,
+) -> StartPlan:
+    """The plan of ``resume=``, once the run folder is locked."""
     # The run's own train.log gets this invocation's log too (Hydra's goes to a new folder).
     handler = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
@@ -174,7 +217,7 @@ def plan_start(cfg: DictConfig | Mapping[str, Any], plain: dict[str, Any]) -> St
         f"; removed {len(stale)} stale temporary file(s)" if stale else "",
     )
     _move_later_checkpoints_aside(run_dir, path)
-    return StartPlan(config, merged, state, path, _log_handler=handler)
+    return StartPlan(config, merged, state, path, lock=lock, _log_handler=handler)
 
 
 def _move_later_checkpoints_aside(run_dir: Path, path: Path) -> None:

@@ -70,14 +70,19 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
     if not dist.enabled:
         return _train(plan_start(cfg, plain))
 
+    planned: list[StartPlan] = []  # rank 0 holds its plan (the run folder's lock) to the end
+
     def make_plan() -> dict[str, Any]:
-        start = plan_start(cfg, plain)
-        start.close()
-        verify_train_cfg(start.config)
-        return _plan_payload(start)
+        planned.append(plan_start(cfg, plain))
+        verify_train_cfg(planned[0].config)
+        return _plan_payload(planned[0])
 
     if dist.workers is None or launched_by_torchrun():
-        outcome = run_torchrun_worker(dist, plain["device"], make_plan, _train_worker)
+        try:
+            outcome = run_torchrun_worker(dist, plain["device"], make_plan, _train_worker)
+        finally:
+            for start in planned:
+                start.close()
     else:
         start = plan_start(cfg, plain)
         try:  # this process waits for the workers with the run's log file attached

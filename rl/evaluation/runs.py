@@ -12,6 +12,7 @@ summaries and plots show beside the policy.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import glob
@@ -34,6 +35,7 @@ from rl.checkpoints.files import (
     load_checkpoint,
     parse_checkpoint_name,
 )
+from rl.checkpoints.lock import RunLock
 from rl.checkpoints.trust import untrusted_targets
 from rl.collection.episodes import EvalResult, episode_seed_list, evaluate_expert, evaluate_policy
 from rl.evaluation.plots import plot_checkpoint_metrics
@@ -279,8 +281,19 @@ def evaluate_checkpoints(cfg: EvaluateSettings) -> dict[str, float]:
             len(selected),
             len(refs),
         )
-    for ref in selected:  # every one readable and trusted before anything is evaluated
+    for ref in selected:  # every one readable and trusted before anything is done
         load_checkpoint(ref.path, trusted_targets=cfg.trusted_targets)
+    with contextlib.ExitStack() as stack:
+        # Results are written into the run folders: no trainer may be writing there meanwhile.
+        for folder in sorted({ref.run_dir for ref in selected}):
+            stack.enter_context(RunLock(folder, "evaluation"))
+        return _evaluate_selected(cfg, refs, selected)
+
+
+def _evaluate_selected(
+    cfg: EvaluateSettings, refs: Sequence[CheckpointRef], selected: Sequence[CheckpointRef]
+) -> dict[str, float]:
+    """Evaluate ``selected`` (of ``refs``, all found); write JSONs, summaries and plots."""
     device = torch.device(cfg.device)
     episode_seeds = episode_seed_list(cfg.num_episodes, cfg.episode_seed)
     settings = cfg.episode_list
@@ -397,7 +410,14 @@ def evaluate_expert_reference(
     task = with_split(task, cfg.split)
     if folder is None:
         folder = Path(cfg.output_dir)
-    folder.mkdir(parents=True, exist_ok=True)
+    with RunLock(folder, "evaluation"):
+        return _evaluate_expert_into(cfg, task, folder)
+
+
+def _evaluate_expert_into(
+    cfg: EvaluateSettings, task: dict[str, Any], folder: Path
+) -> dict[str, float]:
+    """Run the expert on the evaluation episodes; write ``folder/expert.eval.json``."""
     episode_seeds = episode_seed_list(cfg.num_episodes, cfg.episode_seed)
     result = evaluate_expert(task=task, episode_seeds=episode_seeds, num_envs=cfg.num_envs)
     out = folder / EXPERT_NAME

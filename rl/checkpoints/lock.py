@@ -1,0 +1,112 @@
+"""One writer per run folder: an exclusive ``flock`` on ``<run>/.lock`` for the whole run.
+
+Two trainers in one folder (two ``resume=`` of the same run started together, two jobs whose
+timestamped folders collide) would interleave ``metrics.jsonl`` and checkpoint histories, and
+one could delete the other's temporary checkpoint file mid-write. So the trainer (and
+``evaluate.py``, which writes results into the run folder) holds :class:`RunLock` from before it
+touches the folder until it ends; a second one is refused at once with a
+:class:`RunFolderLockedError` naming the folder and the holder's pid.
+
+The lock is the kernel's (``fcntl.flock``), taken on an open file: it goes with the process, so
+a trainer killed with ``kill -9`` leaves nothing that blocks the next one. The file itself stays
+(deleting lock files races with the next taker) and only says who held it last. Child processes
+(samplers, validation, collection workers) run under their parent's lock. ``flock`` is local to
+a machine on some network file systems: two machines sharing a folder over old NFS are not
+kept apart.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+LOCK_NAME = ".lock"
+
+
+class RunFolderLockedError(RuntimeError):
+    """Another process holds the run folder's lock; the message names it and its pid."""
+
+
+class RunLock:
+    """The exclusive lock of a run folder, held from :meth:`acquire` to :meth:`release`.
+
+    Args:
+        run_dir: The run folder (created if missing).
+        purpose: What this process does there (``training``, ``evaluation``), for the
+            message a later taker is refused with.
+    """
+
+    def __init__(self, run_dir: str | Path, purpose: str = "training") -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_NAME
+        self.purpose = purpose
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock."""
+        return self._fd is not None
+
+    def acquire(self) -> RunLock:
+        """Take the lock now or raise (never waits).
+
+        Raises:
+            RunFolderLockedError: Another process holds it (the message names its pid).
+        """
+        if self._fd is not None:
+            return self
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise RunFolderLockedError(
+                f"run folder {self.run_dir} is in use by another process "
+                f"({self.holder() or 'holder unknown'}); only one trainer or evaluation may "
+                "write to a run folder at a time. Wait for it to end (or stop it: it saves a "
+                "checkpoint on SIGTERM), or resume from a copy of the folder"
+            ) from None
+        os.ftruncate(fd, 0)
+        record = (
+            f"pid {os.getpid()} on {socket.gethostname()}, {self.purpose} since "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(sys.argv)[:500]}\n"
+        )
+        os.write(fd, record.encode())
+        self._fd = fd
+        return self
+
+    def holder(self) -> str:
+        """Who holds (or last held) the lock, as written in the lock file."""
+        try:
+            return self.path.read_text(errors="replace").strip()
+        except OSError:
+            return ""
+
+    def release(self) -> None:
+        """Release the lock (idempotent)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the only descriptor of the open file drops the flock
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+__all__ = ["LOCK_NAME", "RunFolderLockedError", "RunLock"]
