@@ -46,6 +46,7 @@ from rl.training.state import RunRecord
 from rl.training.stopping import StopAgreement, TrainingStopped, stop_on_signals
 from rl.training.trainer import OnPolicyTrainer
 from rl.utils.config import to_plain
+from rl.utils.logs import log_fatal
 from rl.utils.seeding import deterministic_mode, set_seed, worker_seeds
 
 log = logging.getLogger(__name__)
@@ -131,9 +132,25 @@ def _train_worker(payload: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
 
 
 def _train(start: StartPlan, ctx: DistContext | None = None) -> dict[str, float]:
-    """Train from a start plan; ``ctx``: this distributed worker (None: one process)."""
+    """Train from a start plan; ``ctx``: this distributed worker (None: one process).
+
+    A fatal error is logged to ``train.log`` here, while a resumed run's own log file is still
+    attached (:func:`rl.utils.logs.log_fatal`).
+    """
+    try:
+        return _train_body(start, ctx)
+    except (TrainingStopped, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        log_fatal(log, e, "training failed")
+        raise
+    finally:
+        start.close()
+
+
+def _train_body(start: StartPlan, ctx: DistContext | None) -> dict[str, float]:
+    """:func:`_train`'s work: build the parts from the plan's config, train, close them all."""
     with contextlib.ExitStack() as stack:
-        stack.callback(start.close)
         # Signals stop the run cleanly from here on (a checkpoint at the first rollout
         # boundary), also while the parts below are being built.
         stop = StopAgreement(ctx)

@@ -19,6 +19,7 @@ from typing import Any
 
 from rl.training.stopping import TrainingStopped
 from rl.utils.config import ConfigError
+from rl.utils.logs import log_fatal
 
 log = logging.getLogger(__name__)
 
@@ -82,23 +83,26 @@ def objective(metrics: Mapping[str, float], key: str | None) -> float | None:
 
 @contextlib.contextmanager
 def failures_logged() -> Iterator[None]:
-    """In a multirun job, log an exception with its traceback before it propagates.
+    """Log an exception with its traceback to the job's ``train.log`` before it propagates.
 
-    Hydra then records the job as failed and carries on with the sweep. Single runs are left to
-    Hydra's own error report; :class:`TrainingStopped` (a signal) is not a failure.
+    In a multirun job also to the console (Hydra then records the job as failed and carries on
+    with the sweep); a single run's console gets Hydra's own error report. An error the engine
+    already logged is not logged twice. :class:`TrainingStopped` (a signal) is not a failure.
     """
     try:
         yield
     except TrainingStopped:
         raise
-    except Exception:
+    except Exception as e:
         if in_multirun():
             from hydra.core.hydra_config import HydraConfig
 
             hydra_cfg = HydraConfig.get()
-            log.exception(
-                "job %s (%s) failed; the sweep goes on with the other jobs",
-                hydra_cfg.job.num,
-                " ".join(hydra_cfg.overrides.task),
+            message = (
+                f"job {hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)}) failed; the "
+                "sweep goes on with the other jobs"
             )
+            log_fatal(log, e, message, console=True)
+        else:
+            log_fatal(log, e, "training failed")
         raise
