@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from rl.checkpoints import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
-from rl.checkpoints.files import UntrustedCheckpointError, parse_checkpoint_name
+from rl.checkpoints.files import UntrustedCheckpointError, parse_checkpoint_name, with_digest
 from rl.checkpoints.lock import LOCK_NAME
 from rl.checkpoints.trust import judge_target, trust_rules, untrusted_targets
 from rl.engine import run
@@ -268,20 +269,34 @@ def _load_in_subprocess(path: Path) -> tuple[str, float, float]:
 
 
 def _zip_bomb(path: Path, inflated: int) -> None:
-    """A torch-style archive whose data entry inflates to ``inflated`` bytes (deflated)."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        archive.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
-        info = zipfile.ZipInfo("archive/data/0")
-        info.compress_type = zipfile.ZIP_DEFLATED
-        with archive.open(info, "w", force_zip64=True) as entry:
-            zeros = bytes(1 << 24)
-            for _ in range(inflated // len(zeros)):
-                entry.write(zeros)
-    from rl.checkpoints.files import with_digest
+    """A real checkpoint whose one tensor inflates to ``inflated`` bytes from about 1 MB.
 
+    ``torch.save`` of a 70,000-float tensor, its storage entry replaced by ``inflated`` zero
+    bytes, deflated, and the pickled sizes patched to match (``torch.load`` inflates the whole
+    entry into memory before anything checks it), with a valid digest (anyone can compute one).
+    """
+    n = 70_000  # pickled as 4-byte integers, so the patch keeps the pickle's length
+    buffer = io.BytesIO()
+    torch.save({"model": {"w": torch.zeros(n)}, "config": {}}, buffer)
+    source = zipfile.ZipFile(io.BytesIO(buffer.getvalue()))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        for info in source.infolist():
+            data = source.read(info)
+            if info.filename.endswith("/data.pkl"):
+                numel = (inflated // 4).to_bytes(4, "little")
+                archive.writestr(info.filename, data.replace(n.to_bytes(4, "little"), numel))
+            elif info.filename.endswith("/data/0"):
+                entry = zipfile.ZipInfo(info.filename)
+                entry.compress_type = zipfile.ZIP_DEFLATED
+                with archive.open(entry, "w", force_zip64=True) as f:
+                    zeros = bytes(1 << 24)
+                    for _ in range(inflated // len(zeros)):
+                        f.write(zeros)
+            else:
+                archive.writestr(info.filename, data)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(with_digest(buffer.getvalue()))  # a digest anyone can compute
+    path.write_bytes(with_digest(out.getvalue()))
 
 
 @pytest.mark.timeout(300)
@@ -293,6 +308,7 @@ def test_huge_and_bomb_files_are_refused_in_bounded_memory(tmp_path: Path) -> No
     bomb = tmp_path / "checkpoints" / "ckpt_stage00_step000000000002.pt"
     _zip_bomb(bomb, 1 << 30)  # 1 GiB of zeros in about 1 MB
     assert bomb.stat().st_size < 4 << 20
+    # Before these checks: 3,351 MiB and 56 s for the sparse file, and the bomb loaded (1,308 MiB).
     for path, reason in ((sparse, "not a complete archive"), (bomb, "is compressed")):
         out, before, after = _load_in_subprocess(path)
         assert f"refused: cannot read checkpoint {path}: " in out and reason in out
@@ -307,8 +323,6 @@ def test_entries_larger_than_the_file_are_refused(tmp_path: Path) -> None:
     # Declare a stored entry 1 GiB large in the central directory (size fields of a header).
     central = data.rfind(b"PK\x01\x02")
     data[central + 20 : central + 28] = ((1 << 30).to_bytes(4, "little")) * 2
-    from rl.checkpoints.files import with_digest
-
     eocd = data.rfind(b"PK\x05\x06")
     path.write_bytes(with_digest(bytes(data[: eocd + 22 - 2]) + b"\x00\x00"))
     with pytest.raises(CheckpointError, match="declare|directory"):
