@@ -63,14 +63,22 @@ def resolve_cfg() -> Callable[[DictConfig], dict[str, Any]]:
 def ray_instance() -> Iterator[Any]:
     """One small private Ray instance shared by the tests that use collection workers.
 
-    Collectors built while it runs use it and leave it running; it is shut down (by this
-    handle, with everything it started) at the end of the session.
+    Started as ``collector=ray`` starts its own (loopback only, token authentication:
+    :func:`rl.collection.ray_runtime.init_ray`). Collectors built while it runs use it and
+    leave it running; it is shut down (by this handle, with everything it started, and the
+    environment it changed restored) at the end of the session.
     """
+    import logging
+
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning")
-    yield ray
-    ray.shutdown()
+    from rl.collection.ray_runtime import init_ray
+
+    runtime = init_ray(address=None, num_cpus=2, logging_level=logging.WARNING)
+    try:
+        yield ray
+    finally:
+        runtime.shutdown()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

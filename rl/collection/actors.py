@@ -8,7 +8,9 @@ handles, ``get`` a result. Two implementations:
 - :class:`ProcessActors` (``backend: process``): one child process per worker on this machine,
   no Ray: start-up in about the time it takes to import torch, and nothing else running. Calls
   run in order in the child; ``stop_collecting`` (the straggler rule) is served at once by the
-  child's receiving thread, as Ray serves it in its own concurrency group.
+  child's receiving thread, as Ray serves it in its own concurrency group. The children are
+  not daemonic (each may run a multiprocess sampler of its own) and never outlive the learner:
+  closed, ended at interpreter exit, and on Linux killed by the kernel with it.
 
 A failed call or a dead worker is a :class:`CollectionWorkerError` naming the worker, its pid
 and the original traceback.
@@ -16,10 +18,12 @@ and the original traceback.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
 import multiprocessing as mp
+import multiprocessing.util as mp_util
 import os
 import queue
 import re
@@ -30,6 +34,8 @@ import traceback
 from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
+
+from rl.sampling.mp_worker import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +79,11 @@ class RayActors:
         cls: The worker class.
         kwargs: Constructor arguments, one mapping per worker.
         address: None: start a private Ray instance with ``len(kwargs) * cpus_per_worker``
-            CPUs (shut down by :meth:`close`); ``auto`` or ``HOST:PORT``: join that cluster.
+            CPUs, on loopback with token authentication (shut down by :meth:`close`); ``auto``
+            or ``HOST:PORT``: join that cluster (see :func:`~rl.collection.ray_runtime.init_ray`).
         cpus_per_worker: Ray CPUs reserved per worker.
         start_timeout: Seconds the workers may take to start.
+        allow_unauthenticated: Join a cluster even without token authentication.
     """
 
     def __init__(
@@ -86,22 +94,22 @@ class RayActors:
         address: str | None,
         cpus_per_worker: float,
         start_timeout: float,
+        allow_unauthenticated: bool = False,
     ) -> None:
         import ray
 
+        from rl.collection.ray_runtime import RayRuntime, init_ray
+
         self._ray = ray
-        self._owns_ray = False
+        self._runtime: RayRuntime | None = None  # the Ray this object started or joined
         if not ray.is_initialized():
-            if address is None:
-                ray.init(
-                    address="local",
-                    num_cpus=max(1, math.ceil(len(kwargs) * cpus_per_worker)),
-                    include_dashboard=False,
-                    logging_level=logging.WARNING,
-                )
-            else:
-                ray.init(address=address, logging_level=logging.WARNING)
-            self._owns_ray = True
+            num_cpus = max(1, math.ceil(len(kwargs) * cpus_per_worker))
+            self._runtime = init_ray(
+                address=address,
+                num_cpus=num_cpus if address is None else None,
+                allow_unauthenticated=allow_unauthenticated,
+                logging_level=logging.WARNING,
+            )
 
         class RayWorker(cls):  # type: ignore[valid-type,misc]
             @ray.method(concurrency_group="control")
@@ -163,19 +171,22 @@ class RayActors:
         finally:
             for w in workers:
                 ray.kill(w, no_restart=True)
-            if self._owns_ray:
-                self._owns_ray = False
-                ray.shutdown()
+            runtime, self._runtime = self._runtime, None
+            if runtime is not None:
+                runtime.shutdown()  # Ray ends here, the environment it changed is restored
 
 
 # ------------------------------------------------------------------------------ processes
-def _serve(conn: Connection, cls: type, kwargs: Mapping[str, Any]) -> None:
+def _serve(conn: Connection, cls: type, kwargs: Mapping[str, Any], learner_pid: int) -> None:
     """A worker process: build ``cls(**kwargs)``, then run the calls that arrive, in order.
 
     Ctrl-C and SIGTERM sent to the whole process group are the learner's to handle (it stops
-    at a rollout boundary, saves, then closes its workers); the worker ends when told to or
-    when the learner's end of the pipe closes.
+    at a rollout boundary, saves, then closes its workers); the worker ends when told to, when
+    the learner's end of the pipe closes (after the call it is running; it closes ``obj``
+    first), or, on Linux, at once when the learner process ends, even killed with SIGKILL
+    (:func:`~rl.sampling.mp_worker.die_with_parent`; its own sampler workers then go too).
     """
+    die_with_parent(learner_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     send_lock = threading.Lock()
@@ -213,11 +224,24 @@ def _serve(conn: Connection, cls: type, kwargs: Mapping[str, Any]) -> None:
     while (item := calls.get()) is not None:
         call_id, method, args = item
         try:
-            reply(call_id, True, getattr(obj, method)(*args))
+            ok, value = True, getattr(obj, method)(*args)
         except BaseException:
-            reply(call_id, False, failure())
+            ok, value = False, failure()
+        try:
+            try:
+                reply(call_id, ok, value)
+            except OSError:
+                raise
+            except BaseException:  # e.g. a result that does not pickle
+                reply(call_id, False, failure())
+        except OSError:
+            break  # the learner is gone: nobody to reply to
         if method == "close":
             return
+    close = getattr(obj, "close", None)  # the learner went without closing this worker
+    if close is not None:
+        with contextlib.suppress(Exception):
+            close()
 
 
 class _Call:
@@ -231,6 +255,13 @@ class _Call:
 
 class ProcessActors:
     """One child process per worker on this machine (``backend: process``).
+
+    The workers are not daemonic, so they may start processes of their own (a
+    ``sampler=multiprocess`` in each worker). None outlives this process: :meth:`close`
+    ends them, so does interpreter exit (a ``multiprocessing`` finalizer, run before the
+    interpreter waits for its non-daemonic children), and on Linux the kernel kills them when
+    this process ends in any other way, SIGKILL included (``PR_SET_PDEATHSIG``: create this
+    object in a thread that lives as long as the workers, e.g. the main thread).
 
     Args:
         cls: The worker class (importable: the children are started with ``spawn``).
@@ -246,10 +277,16 @@ class ProcessActors:
         self._processes: list[Any] = []
         self._results: list[dict[int, tuple[bool, Any]]] = []
         self._ids = itertools.count()
+        self._finalizer = mp_util.Finalize(
+            self, _end_processes, args=(self._processes, self._conns), exitpriority=10
+        )
         for i, kw in enumerate(kwargs):
             parent, child = context.Pipe()
             process = context.Process(
-                target=_serve, args=(child, cls, kw), name=f"collection-worker-{i}", daemon=True
+                target=_serve,
+                args=(child, cls, kw, os.getpid()),
+                name=f"collection-worker-{i}",
+                daemon=False,  # it may have children of its own (a multiprocess sampler)
             )
             process.start()
             child.close()
@@ -328,22 +365,39 @@ class ProcessActors:
         return value
 
     def close(self, timeout: float) -> None:
-        """``close`` on every worker, then end the processes that did not exit."""
+        """``close`` on every worker, then end the processes that did not exit.
+
+        A worker that did not close within ``timeout`` (busy, or hung) is killed at once.
+        """
         try:
             calls = [self.call(i, "close") for i in range(len(self._conns))]
-            self.wait(calls, len(calls), timeout)
+            _, late = self.wait(calls, len(calls), timeout)
+            for call in late:
+                self._processes[call.worker].kill()
         finally:
             self._terminate()
 
     def _terminate(self) -> None:
-        for process in self._processes:
+        self._finalizer()  # once: _end_processes empties the lists
+
+
+def _end_processes(processes: list[Any], conns: list[Connection], grace: float = 2.0) -> None:
+    """Close the pipes, give the processes ``grace`` seconds in all to exit, kill the rest.
+
+    An idle worker exits on its closed pipe; a busy or hung one is killed (it ignores SIGTERM,
+    see :func:`_serve`). Empties both lists.
+    """
+    for conn in conns:
+        conn.close()
+    deadline = time.monotonic() + grace
+    for process in processes:
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.is_alive():
+            process.kill()
             process.join(timeout=2.0)
-            if process.is_alive():  # it ignores SIGTERM (see _serve)
-                process.kill()
-                process.join(timeout=2.0)
-        for conn in self._conns:
-            conn.close()
-        self._processes, self._conns = [], []
+    processes.clear()
+    conns.clear()
 
 
 _DEAD = -2  # key of a dead worker's result

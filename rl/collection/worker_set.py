@@ -16,12 +16,21 @@
   version of the weights it was collected with; data more than ``max_policy_lag`` versions
   behind the learner is dropped (``collection/dropped``) and collected again. PPO's ratio uses
   the behaviour log-probabilities stored with the data; ``collection/policy_lag`` is logged.
+  What is collected ahead is what the learner will ask next: the trainer hands its plan
+  (:meth:`~CollectionWorkerSet.set_request_plan`), so the last rollout of a stage is cut to
+  the stage's budget, the next stage's first rollout is collected with that stage's settings,
+  and nothing is collected past the run's budget (or once a stop was asked for). Data
+  collected ahead with settings the learner then does not ask for (a stage ended early by its
+  criterion) is dropped and collected again; a rollout longer than asked for is cut.
 
 Stage changes reach the workers through ``update_algorithm_parameter`` (rollout length,
 teacher forcing). A worker that raises or dies is a :class:`CollectionWorkerError` naming it,
-with the original traceback. :meth:`~CollectionWorkerSet.close` ends every worker, and the Ray
-instance when this set started it (``address: null``: a private instance sized by the config;
-``auto`` or ``HOST:PORT`` joins a cluster, which is left running).
+with the original traceback. A worker that does not answer is a hang: ``timeout`` (seconds per
+call, scaled to long calls, see :class:`CollectionWorkerSet`) is a watchdog that warns, naming
+the worker, its pid and its environments, once half of it has passed, and then fails with a
+``CollectionWorkerError`` naming them. :meth:`~CollectionWorkerSet.close` ends every worker,
+and the Ray instance when this set started it (``address: null``: a private instance sized by
+the config; ``auto`` or ``HOST:PORT`` joins a cluster, which is left running).
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -42,6 +51,7 @@ from rl.collection.transport import RolloutAssembler, cut_packed_rollout
 from rl.collection.worker import ALGORITHM_PARAMETERS, CollectionWorker
 from rl.distributed.setup import DistContext
 from rl.models.actor_critic import ActorCritic
+from rl.sampling.worker_pool import WARN_FRACTION
 from rl.tasks.factory import task_spaces, with_split
 from rl.utils.config import ConfigError
 from rl.utils.misc import evenly_distribute_count_into_bins
@@ -52,6 +62,12 @@ MODES = ("sync", "async")
 BACKENDS = ("ray", "process")
 # Seconds to wait for workers to start (building environments) before failing.
 START_TIMEOUT_S = 120.0
+# The watchdog's default (collector.timeout): seconds a worker may take to answer a call, per
+# ROLLOUT_UNIT_STEPS steps of a rollout and per round of evaluation episodes. Generous: a
+# worker's rollout of the slowest shipped task (nav3d: ~2 ms a step, ~30 ms a reset; 16 envs x
+# 128 steps on one worker, policy included) takes about 5-10 s on a 2-core machine.
+DEFAULT_TIMEOUT_S = 120.0
+ROLLOUT_UNIT_STEPS = 128
 
 
 class CollectionWorkerSet:
@@ -72,8 +88,18 @@ class CollectionWorkerSet:
         fraction_samples: Sync: fraction of workers that must finish before the rest stop.
         min_rollout_frac: ... once they have this fraction of their steps.
         max_policy_lag: Async: largest accepted ``learner version - data version``.
+        timeout: The hang watchdog: seconds a worker may take to answer a call, for a rollout
+            of up to 128 steps per environment (longer ones get it per 128 steps), for each
+            round of episodes of an evaluation (``ceil(episodes / environments)`` on that
+            worker, plus one for building them), and for everything else (settings, weights,
+            state; restoring a state gets at least ``START_TIMEOUT_S``). A warning names a
+            worker silent for half of it (pid, environments); the end of it is a
+            :class:`CollectionWorkerError`. None: wait as long as it takes (a dead worker is
+            an error at once regardless).
         compress: Workers lz4-compress the rollouts they send.
         evaluate_on_workers: Spread evaluations (``eval``) over the workers.
+        allow_unauthenticated: Ray only: join a cluster even without token authentication
+            (a loud warning); the private instance always uses it.
     """
 
     supports_distributed: ClassVar[bool] = False
@@ -93,17 +119,21 @@ class CollectionWorkerSet:
         fraction_samples: float = 1.0,
         min_rollout_frac: float = 0.25,
         max_policy_lag: int = 1,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
         compress: bool = True,
         evaluate_on_workers: bool = True,
+        allow_unauthenticated: bool = False,
     ) -> None:
         _check(
             num_workers, mode, backend, fraction_samples, min_rollout_frac, max_policy_lag, spec,
-            dist,
+            dist, timeout,
         )  # fmt: skip
         self.spec, self.model, self.device = spec, model, torch.device(device)
         self.mode, self.backend, self.fraction_samples = mode, backend, fraction_samples
         self.max_policy_lag, self.evaluate_on_workers = max_policy_lag, evaluate_on_workers
-        self._acks: list[Any] = []  # settings sent whose outcome is checked with the next rollout
+        self.timeout = timeout
+        # (worker, call) of settings sent whose outcome is checked with the next results
+        self._acks: list[tuple[int, Any]] = []
         shares = evenly_distribute_count_into_bins(spec.num_envs, num_workers)
         starts = [sum(shares[:i]) for i in range(num_workers)]
         self.env_slices = [slice(a, a + n) for a, n in zip(starts, shares, strict=True)]
@@ -127,6 +157,7 @@ class CollectionWorkerSet:
                 address=address,
                 cpus_per_worker=cpus_per_worker,
                 start_timeout=START_TIMEOUT_S,
+                allow_unauthenticated=allow_unauthenticated,
             )
         else:
             self.actors = ProcessActors(CollectionWorker, kwargs, start_timeout=START_TIMEOUT_S)
@@ -144,6 +175,10 @@ class CollectionWorkerSet:
         self._sent_version = -1
         self._sent: dict[str, Any] = {}
         self._pending: list[Any] | None = None  # async: the rollouts in flight
+        self._planned: RolloutRequest | None = None  # ... and the request they were asked with
+        self._plan: Callable[[int], RolloutRequest | None] | None = None
+        self._longest = 1  # longest rollout asked for (steps): the watchdog's scale
+        self._hung = False  # a worker did not answer in time (close does not wait long)
         self._requested = [0] * num_workers  # rollouts asked of each worker (its own count)
         self.dropped = 0
         log.info(
@@ -161,47 +196,117 @@ class CollectionWorkerSet:
         return self.spec.num_envs
 
     # ----------------------------------------------------------------- faults
+    def _label(self, worker: int) -> str:
+        """``collection worker 1 (pid 4242, environments 8-15)``, for messages."""
+        envs = self.env_slices[worker]
+        where = (
+            f"environment {envs.start}"
+            if envs.stop - envs.start == 1
+            else f"environments {envs.start}-{envs.stop - 1}"
+        )
+        return f"collection worker {worker} (pid {self.pids[worker]}, {where})"
+
+    def _budget(self, units: float = 1.0) -> float | None:
+        """The watchdog's seconds for a call of ``units`` (None: no watchdog).
+
+        Every call may wait behind a rollout in flight, so each gets a rollout's budget
+        (``timeout`` per :data:`ROLLOUT_UNIT_STEPS` steps of the longest rollout asked for)
+        plus ``units - 1`` more ``timeout`` s.
+        """
+        if self.timeout is None:
+            return None
+        rollout = max(1, math.ceil(self._longest / ROLLOUT_UNIT_STEPS))
+        return self.timeout * (rollout + max(0.0, units - 1.0))
+
+    def _wait(
+        self,
+        calls: Sequence[tuple[int, Any]],
+        num_returns: int,
+        budget: float | None,
+        what: str,
+        done: Callable[[Any], None] | None = None,
+    ) -> None:
+        """Wait until ``num_returns`` of ``calls`` (``(worker, ref)``) are done: the watchdog.
+
+        A worker silent for :data:`~rl.sampling.worker_pool.WARN_FRACTION` of ``budget`` is
+        named in a warning (once); one silent for all of it is a :class:`CollectionWorkerError`.
+        ``done(ref)`` runs for each call as it completes.
+        """
+        owner = {ref: w for w, ref in calls}
+        waiting = [ref for _, ref in calls]
+        start = time.monotonic()
+        deadline = None if budget is None else start + budget
+        warn_at = None if budget is None else start + WARN_FRACTION * budget
+        finished = 0
+        while finished < num_returns:
+            wake = deadline if warn_at is None else warn_at
+            left = None if wake is None else max(0.0, wake - time.monotonic())
+            ready, waiting = self.actors.wait(waiting, num_returns=1, timeout=left)
+            for ref in ready:
+                finished += 1
+                if done is not None:
+                    done(ref)
+            if ready or deadline is None:
+                continue
+            late = "; ".join(self._label(w) for w in sorted({owner[r] for r in waiting}))
+            now = time.monotonic()
+            if warn_at is not None:
+                warn_at = None
+                log.warning(
+                    "%s: no answer for %.1f s while %s; hung after %.0f s (collector.timeout)",
+                    late,
+                    now - start,
+                    what,
+                    budget,
+                )
+            elif now >= deadline:
+                self._hung = True
+                raise CollectionWorkerError(
+                    f"{late}: did not answer within {budget:.0f} s while {what} (hung? "
+                    "collector.timeout)"
+                )
+
     def _gather(
         self,
         refs: Sequence[Any],
-        timeout: float | None = None,
         workers: Sequence[int] | None = None,
+        *,
+        what: str = "answering the learner",
+        budget: float | None = None,
     ) -> list[Any]:
         """The results of calls to workers, a failure named after its worker.
 
         Args:
             refs: The calls' object refs.
-            timeout: Seconds to wait in all (None: no limit).
             workers: The worker of each call (default: call ``i`` is worker
                 ``i % num_workers``, as for one call per worker, or several in turn).
+            what: What the workers are doing, for the watchdog's messages.
+            budget: The watchdog's seconds (None: :meth:`_budget`'s for one call).
 
-        Settings sent before (:meth:`_send_parameters`) are checked first.
+        Settings sent before (:meth:`_send_parameters`) are checked with them.
         """
-        acks, self._acks = self._acks, []
-        if acks:
-            self._gather(acks, timeout)
         n = max(1, self.num_workers)
         owner = list(workers) if workers is not None else [i % n for i in range(len(refs))]
-        position = {ref: i for i, ref in enumerate(refs)}
-        results: list[Any] = [None] * len(refs)
-        waiting = list(refs)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while waiting:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, waiting = self.actors.wait(waiting, num_returns=1, timeout=left)
-            if not ready:
-                late = sorted({owner[position[r]] for r in waiting})
-                raise CollectionWorkerError(
-                    f"collection workers {late} did not answer within {timeout:.0f} s"
-                )
-            for ref in ready:
-                i = position[ref]
-                results[i] = self.actors.get(ref, owner[i])
-        return results
+        acks, self._acks = self._acks, []
+        calls = [*acks, *zip(owner, refs, strict=True)]
+        position = {ref: i for i, (_, ref) in enumerate(calls)}
+        results: list[Any] = [None] * len(calls)
+
+        def done(ref: Any) -> None:
+            i = position[ref]
+            results[i] = self.actors.get(ref, calls[i][0])
+
+        seconds = self._budget() if budget is None else budget
+        self._wait(calls, len(calls), seconds, what, done)
+        return results[len(acks) :]
 
     def _call_all(self, method: str, *args: Any) -> list[Any]:
         """``method(*args)`` on every worker."""
         return [self.actors.call(i, method, *args) for i in range(self.num_workers)]
+
+    def _ack_all(self, method: str, *args: Any) -> None:
+        """``method(*args)`` on every worker, its outcome checked with the next results."""
+        self._acks += list(enumerate(self._call_all(method, *args)))
 
     # ------------------------------------------------------------- collection
     def _send_parameters(self, request: RolloutRequest) -> None:
@@ -210,13 +315,13 @@ class CollectionWorkerSet:
         Not waited for: a worker runs its calls in order, so its next rollout sees them, and
         their outcomes are checked with that rollout's (:meth:`_gather`).
         """
-        if request.teacher_forcing is None:  # the schedule's position matters only with one
-            request = dataclasses.replace(request, stage_steps=0, steps_per_step=1)
+        request = _as_sent(request)
+        self._longest = max(self._longest, request.num_steps)
         for name in ALGORITHM_PARAMETERS:
             value = getattr(request, name)
             if name not in self._sent or self._sent[name] != value:
                 self._sent[name] = value
-                self._acks += self._call_all("update_algorithm_parameter", name, value)
+                self._ack_all("update_algorithm_parameter", name, value)
 
     def _send_weights(self) -> None:
         """The learner's weights to every worker (once per version; queued behind their work)."""
@@ -227,7 +332,7 @@ class CollectionWorkerSet:
             {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         )
         # Checked with the next results, like the settings (and not left unread).
-        self._acks += self._call_all("set_weights", weights, self.version)
+        self._ack_all("set_weights", weights, self.version)
 
     def _request(self, workers: Sequence[int]) -> list[Any]:
         """Ask ``workers`` for their next rollout (each one's count of rollouts goes up)."""
@@ -238,40 +343,91 @@ class CollectionWorkerSet:
     def _request_all(self) -> list[Any]:
         return self._request(range(self.num_workers))
 
+    def set_request_plan(self, plan: Callable[[int], RolloutRequest | None]) -> None:
+        """Tell asynchronous collection what to collect ahead (the trainer's budget).
+
+        Args:
+            plan: ``plan(num_steps)``: the request that will follow a rollout of
+                ``num_steps`` steps per environment (the same stage's next, cut to its
+                budget; the next stage's first), or None when none will (the run's budget is
+                spent, or it is stopping): then nothing is collected ahead. Without a plan,
+                the same request is collected ahead (its teacher-forcing position moved on).
+        """
+        self._plan = plan
+
     def collect(self, request: RolloutRequest) -> Rollout:
         """One rollout of every worker (see the module docstring for sync and async)."""
         self.version += 1  # the learner updated its weights since the last rollout
-        self._send_parameters(request)
-        if self.mode == "sync" or self._pending is None:
+        request = _as_sent(request)
+        results = self._take_ahead(request) if self.mode == "async" else None
+        if results is None:
+            self._send_parameters(request)
             self._send_weights()
             results = self._collect_sync()
-        else:
-            results = self._gather(self._pending)
         if self.mode == "async":
-            results = self._drop_stale(results)
-            self._send_weights()  # the next rollouts start now, with today's weights
-            self._pending = self._request_all()
-        return self._assemble(results)
+            results = self._drop_stale(results, request)
+        rollout = self._assemble(results)
+        if self.mode == "async":
+            self._collect_ahead(request, rollout.num_steps)
+        return rollout
+
+    def _take_ahead(self, request: RolloutRequest) -> list[Any] | None:
+        """Async: the rollouts collected ahead, if collected as ``request`` asks (else None).
+
+        Longer ones are cut to ``request.num_steps``; ones collected with other settings
+        (teacher forcing or its position: the plan did not foresee a stage's early end) are
+        dropped (counted in ``collection/dropped``).
+        """
+        pending, planned = self._pending, self._planned
+        self._pending = self._planned = None
+        if pending is None or planned is None:
+            return None
+        results = self._gather(pending, what="collecting a rollout")
+        if dataclasses.replace(planned, num_steps=0) != dataclasses.replace(request, num_steps=0):
+            self.dropped += len(results)
+            return None
+        steps = request.num_steps
+        return [
+            (cut_packed_rollout(data, steps), {**info, "num_steps": steps})
+            if int(info["num_steps"]) > steps
+            else (data, info)
+            for data, info in results
+        ]
+
+    def _collect_ahead(self, request: RolloutRequest, num_steps: int) -> None:
+        """Async: the workers start the rollout the learner will ask for next, if any."""
+        if self._plan is not None:
+            following = self._plan(num_steps)
+        else:
+            moved = request.stage_steps + num_steps * request.steps_per_step
+            following = dataclasses.replace(request, stage_steps=moved)
+        if following is None:
+            return  # nothing follows: no rollout is collected past the budget
+        self._send_parameters(following)
+        self._send_weights()  # the next rollouts start now, with today's weights
+        self._pending, self._planned = self._request_all(), _as_sent(following)
 
     def _collect_sync(self) -> list[Any]:
         refs = self._request_all()
+        what = "collecting a rollout"
         if self.fraction_samples >= 1.0:
-            return self._gather(refs)
+            return self._gather(refs, what=what)
         # DD-PPO's straggler rule across workers: once enough are done, the rest stop early.
         enough = math.ceil(self.fraction_samples * len(refs) - 1e-9)
-        self.actors.wait(refs, num_returns=enough, timeout=None)
+        self._wait(list(enumerate(refs)), enough, self._budget(), what)
         for i, requested in enumerate(self._requested):
             # A no-op for workers already done; its outcome is checked with the results.
-            self._acks.append(self.actors.call(i, "stop_collecting", requested - 1))
-        return self._gather(refs)
+            self._acks.append((i, self.actors.call(i, "stop_collecting", requested - 1)))
+        return self._gather(refs, what=what)
 
-    def _drop_stale(self, results: list[Any]) -> list[Any]:
+    def _drop_stale(self, results: list[Any], request: RolloutRequest) -> list[Any]:
         """Async: results older than ``max_policy_lag`` versions are collected again."""
         stale = [i for i, (_, info) in enumerate(results) if self._lag(info) > self.max_policy_lag]
         if stale:
             self.dropped += len(stale)
+            self._send_parameters(request)
             self._send_weights()  # collected again with the learner's weights of now
-            fresh = self._gather(self._request(stale), workers=stale)
+            fresh = self._gather(self._request(stale), stale, what="collecting a rollout")
             for i, result in zip(stale, fresh, strict=True):
                 results[i] = result
         return results
@@ -305,7 +461,7 @@ class CollectionWorkerSet:
 
     def new_episodes(self) -> None:
         """Every worker's environments start new episodes before their next rollout."""
-        self._gather(self._call_all("new_episodes"))
+        self._gather(self._call_all("new_episodes"), what="starting new episodes")
 
     # ------------------------------------------------------------- evaluation
     def evaluate(
@@ -348,7 +504,15 @@ class CollectionWorkerSet:
             )
             for i in range(k)
         ]
-        records = {r["episode_seed"]: r for part in self._gather(calls) for r in part}
+        # The watchdog: a round of episodes over a worker's environments at a time, plus one
+        # for building them (behind a rollout in flight).
+        rounds = max(math.ceil(shares[i] / max(1, min(num_envs, shares[i]))) for i in range(k))
+        parts = self._gather(
+            calls,
+            what=f"evaluating {len(episode_seeds)} episodes",
+            budget=self._budget(2 + rounds),
+        )
+        records = {r["episode_seed"]: r for part in parts for r in part}
         return summarise_episodes(records, episode_seeds)
 
     # ------------------------------------------------------------------ state
@@ -358,7 +522,7 @@ class CollectionWorkerSet:
         In async mode the rollouts in flight are not part of it: a resumed run continues from
         the workers' state after them, so it is not bitwise the same as an uninterrupted one.
         """
-        states = self._gather(self._call_all("state_dict"))
+        states = self._gather(self._call_all("state_dict"), what="saving its state")
         return {
             "sampler": None,
             "rollout": None,
@@ -390,14 +554,19 @@ class CollectionWorkerSet:
         self.version = int(saved["version"])
         self._requested = [int(n) for n in saved["requested"]]
         states = saved["workers"]
-        self._gather([self.actors.call(i, "load_state_dict", s) for i, s in enumerate(states)])
+        budget = self._budget()
+        self._gather(
+            [self.actors.call(i, "load_state_dict", s) for i, s in enumerate(states)],
+            what="restoring its state (replaying its episodes)",
+            budget=None if budget is None else max(budget, START_TIMEOUT_S),
+        )
 
     def close(self) -> None:
         """End every worker (closing its environments), and Ray if this set started it."""
         actors = getattr(self, "actors", None)
         if actors is not None:
             del self.actors
-            actors.close(timeout=10)
+            actors.close(timeout=2 if self._hung else 10)  # a hung worker never answers
 
 
 def _check(
@@ -409,9 +578,12 @@ def _check(
     max_policy_lag: int,
     spec: CollectionSpec,
     dist: DistContext | None,
+    timeout: float | None,
 ) -> None:
     """Problems of the ``collector`` settings, all at once (``ConfigError``)."""
     errors = []
+    if timeout is not None and not timeout > 0:
+        errors.append(f"collector.timeout: must be > 0 seconds or null (none), got {timeout}")
     if dist is not None and dist.enabled:
         errors.append(
             "collection workers (collector=ray or process) with distributed=ddp: not supported "
@@ -436,6 +608,13 @@ def _check(
         errors.append(f"collector.max_policy_lag: must be >= 0, got {max_policy_lag}")
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+
+
+def _as_sent(request: RolloutRequest) -> RolloutRequest:
+    """``request`` as the workers get it: without teacher forcing, its position is moot."""
+    if request.teacher_forcing is None:
+        return dataclasses.replace(request, stage_steps=0, steps_per_step=1)
+    return request
 
 
 __all__ = ["CollectionWorker", "CollectionWorkerError", "CollectionWorkerSet"]

@@ -7,13 +7,24 @@ shared arrays (:mod:`rl.sampling.shared_memory`). Replies are pickled objects: `
 finished episodes, a state dict, or ``("error", env_index, traceback)`` after which the worker
 exits. :func:`worker_main` is module-level so that ``forkserver``/``spawn`` children can import
 it. The main process's side is :mod:`rl.sampling.worker_pool`.
+
+A worker never outlives the process that started it: it ends on its closed pipe when idle, and
+on Linux :func:`die_with_parent` kills it with its parent process even when busy (a parent
+killed with SIGKILL runs no cleanup). Collection-worker processes use the same guard, so a
+learner, its collection workers and their sampler workers go together.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import multiprocessing as mp
 import multiprocessing.connection as mpc
+import os
+import select
 import signal
+import sys
+import threading
 import traceback
 from typing import Any
 
@@ -23,10 +34,48 @@ from rl.sampling.base import EpisodeRecord
 from rl.sampling.serial import SerialSampler
 from rl.sampling.shared_memory import SharedArrays, final_key, obs_key
 
-__all__ = ["CLOSE", "LOAD", "NEW", "RESET", "SAVE", "STEP", "worker_main"]
+__all__ = ["CLOSE", "LOAD", "NEW", "RESET", "SAVE", "STEP", "die_with_parent", "worker_main"]
 
 # Commands (main -> worker), one byte each; replies are pickled objects.
 RESET, STEP, CLOSE, SAVE, LOAD, NEW = b"r", b"s", b"c", b"S", b"L", b"n"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """Linux: this process is killed (SIGKILL) when its parent ends; elsewhere a no-op.
+
+    A child whose parent was killed with SIGKILL, or is otherwise gone without cleaning up,
+    goes too, even while busy (a hung environment never reads its closed pipe). Call it first
+    thing in the child:
+
+    - ``prctl(PR_SET_PDEATHSIG)``: the kernel kills this process when the thread that forked
+      it exits (not inherited by its own children: each sets its own);
+    - ``parent_pid``, the process that started this one, when it is not the one that forked
+      it (a ``forkserver`` child: the fork server outlives the process that asked, as long as
+      any of its children lives), or when it already ended before this call: a thread waits
+      on a pidfd of it and kills this process when it ends (zombie included).
+
+    Args:
+        parent_pid: The process that started this one (None: the one that forked it).
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # failing: the pidfd below
+    if parent_pid is None or parent_pid == os.getppid():
+        return
+    try:
+        pidfd = os.pidfd_open(parent_pid)
+    except ProcessLookupError:
+        os._exit(1)  # the parent is gone already
+    except (AttributeError, OSError):
+        return  # no pidfds (Linux < 5.3): the closed pipe still ends an idle worker
+
+    def watch() -> None:
+        select.select([pidfd], [], [])  # readable once the parent process has ended
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 def worker_main(
@@ -49,6 +98,8 @@ def worker_main(
     ``("ready", None, None)`` once its environments are built, or an error reply if building
     them failed.
     """
+    creator = mp.parent_process()  # the sampler's process (a forkserver child's parent differs)
+    die_with_parent(None if creator is None else creator.pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
     sampler: SerialSampler | None = None
     try:

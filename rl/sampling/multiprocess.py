@@ -16,10 +16,14 @@ share of the evaluation episode list. The result is therefore bitwise what one
 Faults never hang: the main process waits on the pipes and the process sentinels together, so a
 worker that dies (killed, segfault, ``os._exit``) is noticed at once; an environment that raises
 sends its traceback. Both end every worker and raise :class:`SamplerWorkerError` naming the
-worker, the global environment index and the original traceback. ``close()`` (also run by the
-garbage collector and at interpreter exit) stops every worker, escalating to SIGTERM and
-SIGKILL after short grace periods. Workers ignore SIGINT, so Ctrl-C reaches only the main
-process, whose ``finally`` closes the sampler.
+worker, the global environment index and the original traceback. An environment that hangs is
+caught by ``timeout`` (:data:`DEFAULT_TIMEOUT_S` seconds per step by default): a warning names
+the silent worker, its pid and its environments after half of it, and the timeout ends every
+worker with a ``SamplerWorkerError`` naming them. ``close()`` (also run by the garbage collector
+and at interpreter exit) stops every worker, escalating to SIGTERM and SIGKILL after short grace
+periods. Workers ignore SIGINT, so Ctrl-C reaches only the main process, whose ``finally``
+closes the sampler; on Linux they are killed with the process that started them
+(:func:`~rl.sampling.mp_worker.die_with_parent`), even one killed with SIGKILL.
 
 This module is the sampler itself: the environment layout over the workers, the shared arrays
 and the :class:`~rl.sampling.Sampler` interface. The worker process is
@@ -47,7 +51,18 @@ from rl.utils.misc import evenly_distribute_count_into_bins
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MultiprocessSampler", "SamplerWorkerError", "resolve_start_method"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "MultiprocessSampler",
+    "SamplerWorkerError",
+    "resolve_start_method",
+]
+
+# Seconds a worker may take to reply to one step (or reset, or save) before it counts as hung.
+# Generous: the slowest shipped task (nav3d) steps in about 2 ms and resets in about 30 ms
+# (first reset of a process 0.3 s), so a step of 8 environments that all reset takes well under
+# 1 s and a first reset of 16 about 5 s, even on a loaded machine.
+DEFAULT_TIMEOUT_S = 60.0
 
 
 def resolve_start_method(method: str | None) -> str:
@@ -125,9 +140,11 @@ class MultiprocessSampler(Sampler):
         env_offset: Global index of this sampler's first environment (samplers sharing one
             seed stream, e.g. one per distributed rank).
         total_envs: Size of the global seed stream (default ``env_offset + num_envs``).
-        timeout: Seconds to wait for a worker's reply before declaring it hung (None: wait
-            as long as the workers are alive; dead workers are detected at once regardless).
-        start_timeout: Seconds allowed for the workers to build their environments.
+        timeout: Seconds a live worker may take to reply to one step, reset or save before
+            it counts as hung (a warning names it after half of that; None: wait as long as
+            the workers live). Dead workers are detected at once regardless.
+        start_timeout: Seconds allowed for the workers to build their environments (and to
+            restore saved episodes, which replays them, if longer than ``timeout``).
     """
 
     def __init__(
@@ -142,7 +159,7 @@ class MultiprocessSampler(Sampler):
         mp_start_method: str = "forkserver",
         env_offset: int = 0,
         total_envs: int | None = None,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT_S,
         start_timeout: float = 300.0,
     ) -> None:
         self._pool: WorkerPool | None = None
@@ -157,6 +174,7 @@ class MultiprocessSampler(Sampler):
         self.env_offset = env_offset
         self.total_envs = env_offset + num_envs if total_envs is None else total_envs
         self.timeout = timeout
+        self._restore_timeout = None if timeout is None else max(timeout, start_timeout)
         self.start_method = resolve_start_method(mp_start_method)
         blocks = evenly_distribute_count_into_bins(num_envs, self.num_processes)
         starts = np.cumsum([0, *blocks])
@@ -395,7 +413,7 @@ class MultiprocessSampler(Sampler):
                 "episodes": state["episodes"][lo:hi],
             }
             pool.send(w, LOAD, block)
-        pool.gather(workers, self.timeout, "restoring its state")
+        pool.gather(workers, self._restore_timeout, "restoring its state")
         return self._restarted()
 
     def close(self) -> None:

@@ -5,14 +5,18 @@
 Faults never hang: it waits on the pipes and the process sentinels together, so a worker that
 dies (killed, segfault, ``os._exit``) is noticed at once; an environment that raises sends its
 traceback. Both stop every worker and raise :class:`SamplerWorkerError` naming the worker, the
-global environment index and the original traceback. :meth:`WorkerPool.close` (also run by the
-garbage collector and at interpreter exit) stops every worker with :func:`stop_workers`,
-escalating to SIGTERM and SIGKILL after short grace periods.
+global environment index and the original traceback. A live worker that does not reply is
+a hang: a warning names it (its pid and environments) once :data:`WARN_FRACTION` of the
+timeout has passed, and the timeout ends it with the same kind of error.
+:meth:`WorkerPool.close` (also run by the garbage collector and at interpreter exit) stops
+every worker with :func:`stop_workers`, escalating to SIGTERM and SIGKILL after short grace
+periods.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import signal
@@ -23,9 +27,13 @@ from typing import Any, NoReturn
 
 from rl.sampling.mp_worker import CLOSE, worker_main
 
-__all__ = ["SamplerWorkerError", "WorkerPool", "exit_reason", "stop_workers"]
+__all__ = ["WARN_FRACTION", "SamplerWorkerError", "WorkerPool", "exit_reason", "stop_workers"]
+
+log = logging.getLogger(__name__)
 
 _DEAD = object()  # marks a pipe closed by a dead worker
+# A warning names the workers that have not replied once this fraction of the timeout passed.
+WARN_FRACTION = 0.5
 
 
 class SamplerWorkerError(RuntimeError):
@@ -109,7 +117,8 @@ class WorkerPool:
         """Collect one reply from each of ``workers`` (in worker order); fail fast on death.
 
         Waits on the pipes and the process sentinels together, so a worker that dies is
-        reported as soon as the operating system reaps it, not after a timeout.
+        reported as soon as the operating system reaps it, not after a timeout. A live worker
+        silent for :data:`WARN_FRACTION` of ``timeout`` is named in a warning (once per call).
 
         Args:
             workers: The workers to hear from.
@@ -125,15 +134,30 @@ class WorkerPool:
         """
         replies: dict[int, Any] = {}
         pending = {w: self.conns[w] for w in workers}
-        deadline = None if timeout is None else time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        warn_at = None if timeout is None else start + WARN_FRACTION * timeout
         while pending:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            now = time.monotonic()
+            if warn_at is not None and now >= warn_at:
+                warn_at = None
+                log.warning(
+                    "no reply for %.1f s while %s from %s; it counts as hung after %s s "
+                    "(sampler.timeout)",
+                    now - start,
+                    what,
+                    ", ".join(self._label(w) for w in pending),
+                    timeout,
+                )
+            wake = deadline if warn_at is None else warn_at
+            left = None if wake is None else max(0.0, wake - now)
             sentinels = {self.processes[w].sentinel: w for w in pending}
             ready = set(mpc.wait([*pending.values(), *sentinels], left))
-            if not ready:
+            if not ready and deadline is not None and time.monotonic() >= deadline:
                 late = ", ".join(self._label(w) for w in pending)
                 self._fail(
-                    f"no reply within {timeout} s while {what} from {late}",
+                    f"no reply within {timeout} s while {what} from {late} (hung? "
+                    "sampler.timeout)",
                     next(iter(pending)),
                     None,
                 )

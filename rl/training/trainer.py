@@ -106,6 +106,11 @@ class OnPolicyTrainer:
         )
         self.last_checkpoint: Path | None = None
         self._last_saved_step = -1
+        # HARNESS: a collector that collects ahead (asynchronous collection workers) asks what
+        # follows each rollout, so that nothing is collected past a stage's or the run's budget.
+        set_request_plan = getattr(collector, "set_request_plan", None)
+        if set_request_plan is not None:
+            set_request_plan(self._following_request)
 
     # ---------------------------------------------------------------- views
     @property
@@ -186,12 +191,38 @@ class OnPolicyTrainer:
     def _rollout_request(self) -> RolloutRequest:
         """The current stage's next rollout, cut so that the stage ends at its budget."""
         pipe = self.pipeline
+        return self._request_at(pipe.current_stage_index, pipe.stage_steps)
+
+    def _following_request(self, num_steps: int) -> RolloutRequest | None:
+        """The request after the current rollout, of ``num_steps`` steps per environment.
+
+        What an asynchronous collector collects while the learner updates: the stage's next
+        rollout (cut to its budget), or the next stage's first once the budget is spent, or
+        None when training ends after this rollout (the last budget is spent, or a stop was
+        requested). A stage ended by its early-stopping criterion is not foreseen.
+        """
+        pipe = self.pipeline
+        if self.stop.stopping or pipe.finished:
+            return None
+        index = pipe.current_stage_index
+        stage_steps = pipe.stage_steps + num_steps * self.collector.num_envs * self.dist.world_size
+        if stage_steps >= pipe.stages[index].max_stage_steps:
+            index, stage_steps = index + 1, 0
+        if index >= len(pipe.stages):
+            return None
+        return self._request_at(index, stage_steps)
+
+    def _request_at(self, stage_index: int, stage_steps: int) -> RolloutRequest:
+        """Stage ``stage_index``'s rollout after ``stage_steps`` env steps, cut to its budget."""
+        pipe = self.pipeline
+        stage = pipe.stages[stage_index]
         steps_per_step = self.collector.num_envs * self.dist.world_size
-        num_steps: int = pipe.current_settings.num_steps  # type: ignore[assignment]
+        num_steps: int = pipe.settings_for(stage_index).num_steps  # type: ignore[assignment]
+        remaining = stage.max_stage_steps - stage_steps
         return RolloutRequest(
-            num_steps=min(num_steps, math.ceil(pipe.stage_remaining_steps / steps_per_step)),
-            teacher_forcing=pipe.current_stage.teacher_forcing,
-            stage_steps=pipe.stage_steps,
+            num_steps=min(num_steps, math.ceil(remaining / steps_per_step)),
+            teacher_forcing=stage.teacher_forcing,
+            stage_steps=stage_steps,
             steps_per_step=steps_per_step,
         )
 
