@@ -8,7 +8,10 @@ For the Ray rows it also prints the time split of the learner (collect = waiting
 update) from the run's own ``time/*`` metrics, and the bytes a rollout takes with and without
 compression.
 
-    python bench/collector_fps.py [--steps 40960] [--workers 1] [--skip-sb3]
+``--smoke``: every layout with tiny budgets (512 env steps in 16-step rollouts), the MLP only,
+to check that the benchmark runs (``tests/test_bench.py``), not to measure.
+
+    python bench/collector_fps.py [--steps 40960] [--workers 1] [--skip-sb3] [--smoke]
 """
 
 from __future__ import annotations
@@ -32,7 +35,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=train_fps.NUM_ENVS * train_fps.NUM_STEPS * 20)
     parser.add_argument("--workers", type=int, default=1, help="Ray collection workers")
     parser.add_argument("--skip-sb3", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="tiny budgets: check it runs")
     args = parser.parse_args()
+    models: tuple[str, ...] = ("mlp", "nav_cnn_gru")
+    if args.smoke:  # its defaults; flags given explicitly still win
+        parser.set_defaults(steps=train_fps.SMOKE["steps"])
+        args = parser.parse_args()
+        train_fps.use_smoke_rollouts()
+        models = ("mlp",)
     torch.set_num_threads(1)
     ray_args = [f"collector.num_workers={args.workers}", "collector.cpus_per_worker=1"]
     layouts = {
@@ -47,7 +57,7 @@ def main() -> None:
         ],
     }
     results: list[tuple[str, float, dict[str, float]]] = []
-    for model in ("mlp", "nav_cnn_gru"):
+    for model in models:
         for name, overrides in layouts.items():
             fps, metrics = row(model, args.steps, overrides)
             results.append((f"ours {model}, {name}", fps, metrics))

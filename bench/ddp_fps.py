@@ -6,7 +6,12 @@ and one torch thread, so N workers collect N times the env steps per rollout. FP
 ``charts/SPS`` of the logged intervals after the first (start-up excluded), in global env
 steps per second. Optionally ``--preempt`` adds the ``ddp_preempt`` preset (sync_frac 0.5).
 
-    python bench/ddp_fps.py [--steps 32768] [--workers 1 2] [--num-envs 8]
+``--smoke``: the same runs with tiny budgets (4 envs per worker, 16-step rollouts, 256 env
+steps, FPS logged every 64), to check that the benchmark runs (``tests/test_bench.py``), not to
+measure.
+
+    python bench/ddp_fps.py [--steps 32768] [--workers 1 2] [--num-envs 8] [--num-steps 128]
+                            [--log-interval 4096] [--preempt] [--smoke]
 """
 
 from __future__ import annotations
@@ -21,9 +26,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# --smoke's defaults (flags given explicitly still win).
+SMOKE = {"steps": 256, "num_envs": 4, "num_steps": 16, "log_interval": 64}
 
 
-def run(workers: int, steps: int, num_envs: int, preempt: bool) -> dict[str, float]:
+def run(
+    workers: int,
+    steps: int,
+    num_envs: int,
+    preempt: bool,
+    num_steps: int = 128,
+    log_interval: int = 4096,
+) -> dict[str, float]:
     """One CLI run; returns its mean logged FPS and wall time."""
     with tempfile.TemporaryDirectory() as tmp:
         args = [
@@ -33,8 +47,8 @@ def run(workers: int, steps: int, num_envs: int, preempt: bool) -> dict[str, flo
             f"hydra.run.dir={tmp}/run",
             f"total_env_steps={steps}",
             f"sampler.num_envs={num_envs}",
-            "pipeline.num_steps=128",
-            "pipeline.metric_accumulate_interval=4096",
+            f"pipeline.num_steps={num_steps}",
+            f"pipeline.metric_accumulate_interval={log_interval}",
             "pipeline.save_interval=1000000000",
             "eval.num_episodes=0",
             "logger.sinks.console.progress_bar=false",
@@ -62,12 +76,25 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32768)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--num-envs", type=int, default=8, help="environments per worker")
+    parser.add_argument("--num-steps", type=int, default=128, help="rollout length")
+    parser.add_argument(
+        "--log-interval", type=int, default=4096, help="env steps between logged FPS figures"
+    )
     parser.add_argument("--preempt", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="tiny budgets: check it runs")
     args = parser.parse_args()
-    print(f"ppo_nav, {args.num_envs} envs/worker, 128-step rollouts, {args.steps} env steps")
+    if args.smoke:  # its defaults; flags given explicitly still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+    print(
+        f"ppo_nav, {args.num_envs} envs/worker, {args.num_steps}-step rollouts, "
+        f"{args.steps} env steps"
+    )
     print(f"{'workers':>7}  {'FPS':>8}  {'wall s':>7}")
     for workers in args.workers:
-        result = run(workers, args.steps, args.num_envs, args.preempt)
+        result = run(
+            workers, args.steps, args.num_envs, args.preempt, args.num_steps, args.log_interval
+        )
         print(f"{workers:>7}  {result['fps']:>8.0f}  {result['wall_s']:>7.1f}", flush=True)
 
 

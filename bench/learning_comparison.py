@@ -5,7 +5,13 @@ steps on evaluate.py's fixed 200 episodes (sampled actions); its last stage stop
 ``eval/success >= --target``. The figure reported is the env step of the first evaluation at or
 above the target (so it is resolved to ``--eval-interval``).
 
+``--smoke``: every experiment, one seed, with tiny budgets (``+debug=smoke``'s 4 envs x 16-step
+rollouts, 256 env steps split evenly over the stages, evaluations of 4 episodes every 128
+steps, bc_offline_ppo_nav's expert data generated small inside ``--out``, a temporary folder
+unless given): to check that the benchmark runs (``tests/test_bench.py``), not to measure.
+
     python bench/learning_comparison.py [--seeds 1 2] [--experiments ppo_nav dagger_ppo_nav ...]
+                                        [--eval-episodes 200] [--out DIR] [--smoke]
 """
 
 from __future__ import annotations
@@ -14,14 +20,40 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LAST_STAGE = {"ppo_nav": 0, "dagger_ppo_nav": 1, "bc_offline_ppo_nav": 1, "a2c_nav": 0}
+# --smoke's defaults (flags given explicitly still win) and its budget per run.
+SMOKE = {"seeds": [1], "eval_interval": 128, "eval_episodes": 4}
+SMOKE_STEPS = 256
 
 
-def run(experiment: str, seed: int, target: float, interval: int, out: Path) -> dict:
+def smoke_overrides(experiment: str, out: Path) -> list[str]:
+    """``--smoke``: ``+debug=smoke``'s sizes and 256 env steps split evenly over the stages."""
+    stages = LAST_STAGE[experiment] + 1
+    overrides = [
+        "+debug=smoke",
+        f"total_env_steps={SMOKE_STEPS}",
+        *(f"pipeline.stages.{i}.max_stage_steps={SMOKE_STEPS // stages}" for i in range(stages)),
+    ]
+    if experiment == "bc_offline_ppo_nav":  # a small expert data set, in `out`, not data/
+        data = "pipeline.stages.0.offpolicy_component.data_iterator"
+        overrides += [f"{data}.path={out / 'expert.npz'}", f"{data}.generate.num_episodes=50"]
+    return overrides
+
+
+def run(
+    experiment: str,
+    seed: int,
+    target: float,
+    interval: int,
+    out: Path,
+    eval_episodes: int = 200,
+    extra: tuple[str, ...] = (),
+) -> dict:
     run_dir = out / f"{experiment}_seed{seed}"
     stop = (
         f"+pipeline.stages.{LAST_STAGE[experiment]}.early_stopping_criterion="
@@ -35,8 +67,9 @@ def run(experiment: str, seed: int, target: float, interval: int, out: Path) -> 
             f"+experiment={experiment}",
             f"seed={seed}",
             f"eval.interval={interval}",
-            "eval.num_episodes=200",
+            f"eval.num_episodes={eval_episodes}",
             stop,
+            *extra,
             "logger.sinks.console.progress_bar=false",
             f"hydra.run.dir={run_dir}",
         ],
@@ -65,18 +98,37 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--target", type=float, default=0.9)
     parser.add_argument("--eval-interval", type=int, default=25_000)
-    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench_learning")
+    parser.add_argument("--eval-episodes", type=int, default=200)
+    parser.add_argument(
+        "--out", type=Path, default=None, help="default: outputs/bench_learning (--smoke: a temp)"
+    )
+    parser.add_argument("--smoke", action="store_true", help="tiny budgets: check it runs")
     args = parser.parse_args()
+    if args.smoke:  # its defaults; flags given explicitly still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+    if args.smoke and args.out is None:
+        with tempfile.TemporaryDirectory(prefix="learning_comparison_") as tmp:
+            compare(args, Path(tmp))
+    else:
+        compare(args, (args.out or ROOT / "outputs" / "bench_learning").resolve())
+
+
+def compare(args: argparse.Namespace, out: Path) -> None:
+    """Run every experiment and seed into ``out``; print the table."""
     results = []
     for experiment in args.experiments:
+        extra = tuple(smoke_overrides(experiment, out)) if args.smoke else ()
         for seed in args.seeds:
-            result = run(experiment, seed, args.target, args.eval_interval, args.out)
+            result = run(
+                experiment, seed, args.target, args.eval_interval, out, args.eval_episodes, extra
+            )
             results.append(result)
             print(json.dumps({k: v for k, v in result.items() if k != "eval_curve"}), flush=True)
-    (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.json").write_text(json.dumps(results, indent=1))
     print(
-        f"\nenv steps to eval success >= {args.target} (200 episodes, sampled actions, "
-        f"evaluated every {args.eval_interval:,} steps)"
+        f"\nenv steps to eval success >= {args.target} ({args.eval_episodes} episodes, sampled "
+        f"actions, evaluated every {args.eval_interval:,} steps)"
     )
     for experiment in args.experiments:
         rows = [r for r in results if r["experiment"] == experiment]

@@ -16,8 +16,18 @@
     random policy stops after ~4 steps, so resets dominate) and ``dagger_ppo_nav3d``'s imitation
     stage with the expert acting (episodes as long as a navigating agent's).
 
+A layout that switches the experiment's collector (``collector=local`` where the experiments run
+``collector=process``) gets that collector's own settings, not the experiment's for its process
+workers (``train_fps.compose_run``).
+
+``--smoke``: tiny budgets (4 environments, 128 env steps in 16-step rollouts, 0.5 s of raw
+stepping), every raw row; for training, the first regime in the smallest layout of each kind
+(serial and multiprocess sampler, 1 process worker (async), Ray workers (sync)), the second in
+the serial layout only: to check that the benchmark runs (``tests/test_bench.py``), not to
+measure.
+
     python bench/nav3d_fps.py [--raw-seconds 10] [--steps 12288] [--skip-train] [--skip-raw]
-                             [--regime short|long]
+                             [--regime short|long] [--smoke]
 """
 
 from __future__ import annotations
@@ -38,7 +48,16 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import train_fps  # noqa: E402  (this folder's sibling benchmark)
 
-NUM_ENVS = 16
+NUM_ENVS = 16  # --smoke: 4
+# --smoke's defaults, and what it sets in every training row: 4 envs x 16-step rollouts (and
+# BPTT chunks no longer than a rollout), 2 minibatches.
+SMOKE = {"raw_seconds": 0.5, "steps": 128}
+SMOKE_TRAIN = [
+    "sampler.num_envs=4",
+    "pipeline.num_steps=16",
+    "pipeline.recurrence=16",
+    "pipeline.num_mini_batch=2",
+]
 TASK: dict[str, Any] = yaml.safe_load((ROOT / "conf" / "task" / "nav3d.yaml").read_text())
 
 
@@ -103,7 +122,7 @@ def raw_workers(backend: str, seconds: float, workers: int = 2) -> float:
         actors = ProcessActors(RawStepper, kwargs, start_timeout=300)
     try:
         for i in range(workers):  # warm-up (textures, first frames), then all at once
-            actors.get(actors.call(i, "run", 1.0), i)
+            actors.get(actors.call(i, "run", min(1.0, seconds)), i)
         start = time.perf_counter()
         calls = [actors.call(i, "run", seconds) for i in range(workers)]
         results = [actors.get(c, i) for i, c in enumerate(calls)]
@@ -139,6 +158,17 @@ LAYOUTS: dict[str, list[str]] = {
         "collector.cpus_per_worker=1",
     ],
 }
+# --smoke's layouts, by regime: the first regime in the smallest layout of each kind (each
+# sampler, each worker backend, sync and async), the second in the first layout only.
+SMOKE_LAYOUTS = [
+    [
+        "serial sampler, in-process",
+        "multiprocess sampler (2 procs)",
+        "1 process worker, async",
+        "2 Ray workers, sync",
+    ],
+    ["serial sampler, in-process"],
+]
 
 
 def regimes(steps: int) -> dict[str, tuple[str, list[str]]]:
@@ -159,22 +189,29 @@ def regimes(steps: int) -> dict[str, tuple[str, list[str]]]:
 
 
 def main() -> None:
+    global NUM_ENVS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--raw-seconds", type=float, default=10.0)
     parser.add_argument("--steps", type=int, default=NUM_ENVS * 128 * 6)
     parser.add_argument("--skip-train", action="store_true")
     parser.add_argument("--skip-raw", action="store_true")
     parser.add_argument("--regime", choices=("short", "long"), default=None, help="only this one")
+    parser.add_argument("--smoke", action="store_true", help="tiny budgets: check it runs")
     args = parser.parse_args()
+    if args.smoke:  # its defaults; flags given explicitly still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+        NUM_ENVS = 4
     torch.set_num_threads(1)
+    half = f"2 x {NUM_ENVS // 2} envs"
     raw = (
         {}
         if args.skip_raw
         else {
-            "serial (1 process, 16 envs)": raw_in_process("serial", args.raw_seconds),
-            "multiprocess sampler (2 x 8 envs)": raw_in_process("mp", args.raw_seconds),
-            "process workers (2 x 8 envs)": raw_workers("process", args.raw_seconds),
-            "Ray workers (2 x 8 envs)": raw_workers("ray", args.raw_seconds),
+            f"serial (1 process, {NUM_ENVS} envs)": raw_in_process("serial", args.raw_seconds),
+            f"multiprocess sampler ({half})": raw_in_process("mp", args.raw_seconds),
+            f"process workers ({half})": raw_workers("process", args.raw_seconds),
+            f"Ray workers ({half})": raw_workers("ray", args.raw_seconds),
         }
     )
     if raw:
@@ -183,13 +220,16 @@ def main() -> None:
         print(f"  {name:<40} {value:>8,.0f} steps/s")
     if args.skip_train:
         return
-    for regime, (experiment, extra) in regimes(args.steps).items():
+    for i, (regime, (experiment, extra)) in enumerate(regimes(args.steps).items()):
         if args.regime and not regime.startswith("ppo" if args.regime == "short" else "dagger"):
             continue
         fps = {}
         for name, overrides in LAYOUTS.items():
+            if args.smoke and name not in SMOKE_LAYOUTS[i]:
+                continue
+            smoke = SMOKE_TRAIN if args.smoke else []
             fps[name] = train_fps.ours(
-                None, args.steps, [*overrides, *extra], experiment=experiment
+                None, args.steps, [*smoke, *overrides, *extra], experiment=experiment
             )
             print(f"  ... {regime}, {name}: {fps[name]:,.0f} FPS", flush=True)
         print(f"\n(b) {regime}: training FPS, {args.steps:,} env steps each (last 3/4)")

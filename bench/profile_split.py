@@ -12,7 +12,11 @@ rollouts in this process with in-process collection, marks each phase with
 It then lists the operators that take the most time in the update. The first rollouts are
 warm-up and not profiled.
 
-    python bench/profile_split.py [--rollouts 6] [HYDRA_OVERRIDE ...]
+``--smoke``: one warm-up and one profiled rollout of 4 envs x 16 steps, one epoch (overrides
+given on the command line still win), to check that the benchmark runs (``tests/test_bench.py``),
+not to measure.
+
+    python bench/profile_split.py [--rollouts 6] [--warmup 2] [--smoke] [HYDRA_OVERRIDE ...]
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ PHASES = {
     "update/backward": "  backward",
     "update/optimizer": "  optimizer step",
 }
+# --smoke's defaults (flags given explicitly still win) and the overrides it puts first.
+SMOKE = {"rollouts": 1, "warmup": 1}
+SMOKE_OVERRIDES = ["sampler.num_envs=4", "pipeline.num_steps=16", "pipeline.update_repeats=1"]
 
 
 def _marked(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -69,8 +76,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=6, help="profiled rollouts")
     parser.add_argument("--warmup", type=int, default=2, help="rollouts before profiling")
+    parser.add_argument("--smoke", action="store_true", help="tiny budgets: check it runs")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of ppo_nav")
     args = parser.parse_args()
+    if args.smoke:  # its defaults; flags and overrides given explicitly still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+        args.overrides = [*SMOKE_OVERRIDES, *args.overrides]
     torch.set_num_threads(1)
     from hydra import compose, initialize_config_dir
 

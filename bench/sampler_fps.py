@@ -16,7 +16,14 @@ the ``ppo_nav`` hyperparameters (128-step rollouts, 4 epochs x 4 minibatches, 1 
 (m) peak memory of a ``ppo_nav`` training run's whole process tree (RSS summed, and PSS, which
     counts pages shared between the processes once).
 
+``--smoke``: every section with tiny budgets (512 env steps in 16-step rollouts, 0.5 s per raw
+and collection row), one multiprocess layout (2 processes), the memoryless MLP only in (o) and
+(b), no ``SubprocVecEnv`` row (16 environment processes to start: a printed note says so), the
+memory of the serial run only: to check that the benchmark runs (``tests/test_bench.py``), not
+to measure.
+
     python bench/sampler_fps.py [--steps 40960] [--raw-seconds 4] [--skip-sb3] [--quick]
+                                [--smoke]
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import train_fps  # noqa: E402  (this folder's sibling benchmark)
 NUM_ENVS = train_fps.NUM_ENVS
 TASK: dict[str, Any] = yaml.safe_load((ROOT / "conf" / "task" / "nav.yaml").read_text())
 MP_LAYOUTS = [(1, 16), (2, 16), (3, 16), (4, 16)]  # (processes, total envs)
+SMOKE_MP_LAYOUTS = [(2, 16)]
 
 
 def make_sampler(kind: str, processes: int = 2, num_envs: int = NUM_ENVS, **kw: Any) -> Any:
@@ -158,6 +166,7 @@ def peak_memory(sampler: str, steps: int) -> tuple[float, float, int]:
             "+experiment=ppo_nav",
             *extra,
             f"total_env_steps={steps}",
+            f"pipeline.num_steps={train_fps.NUM_STEPS}",
             "eval.num_episodes=0",
             "pipeline.save_interval=0",
             "logger.sinks.console.progress_bar=false",
@@ -199,7 +208,18 @@ def main() -> None:
     parser.add_argument("--raw-seconds", type=float, default=4.0)
     parser.add_argument("--skip-sb3", action="store_true")
     parser.add_argument("--quick", action="store_true", help="raw and collection only")
+    parser.add_argument("--smoke", action="store_true", help="tiny budgets: check it runs")
     args = parser.parse_args()
+    mp_layouts = MP_LAYOUTS
+    models: tuple[str, ...] = ("mlp", "nav_cnn", "nav_cnn_gru")
+    vec_envs: tuple[str, ...] = ("dummy", "subproc")
+    memory_runs: tuple[str, ...] = ("serial", "mp")
+    if args.smoke:  # its defaults; flags given explicitly still win
+        parser.set_defaults(**train_fps.SMOKE)
+        args = parser.parse_args()
+        train_fps.use_smoke_rollouts()
+        mp_layouts, models, vec_envs = SMOKE_MP_LAYOUTS, ("mlp",), ("dummy",)
+        memory_runs = ("serial",)
     torch.set_num_threads(1)
     print(f"machine: {psutil.cpu_count()} CPUs; task rl/PointNav-v0 (19x19), {NUM_ENVS} envs")
     print(f"load average before: {os.getloadavg()}")
@@ -207,7 +227,7 @@ def main() -> None:
     print("\n(a) raw environment steps/s, random actions, no policy")
     raw = {"serial": raw_fps("serial", 0, args.raw_seconds)}
     print(f"  {'serial (1 process)':<34} {raw['serial']:>9,.0f}")
-    for processes, n in MP_LAYOUTS:
+    for processes, n in mp_layouts:
         name = f"multiprocess {processes} x {n // processes}" + ("" if n % processes == 0 else "~")
         raw[name] = raw_fps("mp", processes, args.raw_seconds)
         print(f"  {name:<34} {raw[name]:>9,.0f}")
@@ -216,7 +236,7 @@ def main() -> None:
     print(f"  raw limit: {best_raw:,.0f} steps/s ({best_raw_name})")
 
     print("\n(o) collection only (policy inference + stepping, no update), steps/s")
-    for model in ("mlp", "nav_cnn"):
+    for model in [m for m in models if m != "nav_cnn_gru"]:
         row = {
             "serial": collect_fps(model, "sync", args.raw_seconds, processes=0),
             "mp 2 sync": collect_fps(model, "sync", args.raw_seconds, processes=2),
@@ -232,11 +252,9 @@ def main() -> None:
         "minibatches, 1 torch thread); time split env/inference/update"
     )
     results: dict[str, float] = {}
-    for model, label in (
-        ("mlp", "memoryless MLP"),
-        ("nav_cnn", "memoryless CNN"),
-        ("nav_cnn_gru", "GRU"),
-    ):
+    labels = {"mlp": "memoryless MLP", "nav_cnn": "memoryless CNN", "nav_cnn_gru": "GRU"}
+    for model in models:
+        label = labels[model]
         for sampler in ("serial", "mp"):
             fps, split = ours(model, sampler, args.steps)
             name = f"ours {label} ({model}), {'serial' if sampler == 'serial' else 'mp 2x8'}"
@@ -247,13 +265,15 @@ def main() -> None:
     sb3_best = 0.0
     if not args.skip_sb3:
         print("\n(c) stable-baselines3 PPO, same task/env count/hyperparameters, MLP policy")
-        for vec in ("dummy", "subproc"):
+        for vec in vec_envs:
             fps = train_fps.sb3(args.steps, vec_env=vec)
             sb3_best = max(sb3_best, fps)
             print(f"  {'stable-baselines3 ' + vec + 'VecEnv':<44} {fps:>8,.0f} FPS")
+        if args.smoke:
+            print("  (--smoke: no SubprocVecEnv row, its 16 environment processes take long)")
 
     print("\n(m) peak memory of a ppo_nav training run (whole process tree)")
-    for sampler in ("serial", "mp"):
+    for sampler in memory_runs:
         rss, pss, nproc = peak_memory(sampler, 4 * NUM_ENVS * train_fps.NUM_STEPS)
         print(
             f"  {sampler:<8} {nproc} processes: peak RSS sum {rss:,.0f} MiB, "

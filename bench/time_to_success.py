@@ -22,10 +22,16 @@ trainer saves a checkpoint at the next rollout boundary and exits with 143) unle
 before, then ``python evaluate.py ckpt=<its last checkpoint>`` evaluates it with evaluate.py's
 defaults (200 episodes, test split, sampled actions); prints env steps reached, success, SPL.
 
+``--smoke`` (either mode): one seed, tiny budgets (``+debug=smoke``'s 4 envs x 16-step rollouts
+and 4-episode evaluations, 256 env steps, an evaluation every 128; evaluate.py on 4 episodes),
+to check that the benchmark runs (``tests/test_bench.py``), not to measure. For experiments of
+one stage (``ppo_nav``'s budget follows ``total_env_steps``).
+
     python bench/time_to_success.py [--seeds 1 2 3] [--interval 20480] [--total-env-steps N]
                                     [--max-wall SECONDS] [--override KEY=VALUE ...] [--out DIR]
-                                    [--experiment NAME] [--thresholds 0.9 0.95]
+                                    [--experiment NAME] [--thresholds 0.9 0.95] [--smoke]
     python bench/time_to_success.py --sigterm 60 [--seeds 1 2 3] [--override KEY=VALUE ...]
+                                    [--smoke]
 """
 
 from __future__ import annotations
@@ -48,6 +54,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD_FLAG = "--as-train-with-eval-timing"  # internal: argv[1] of the timed child process
+# --smoke's defaults (flags given explicitly still win; --override KEY=VALUE adds to these), and
+# what evaluate.py gets in the SIGTERM mode.
+SMOKE = {"seeds": [1], "interval": 128, "total_env_steps": 256, "override": ["+debug=smoke"]}
+SMOKE_EVALUATE = ["num_episodes=4"]
 
 
 # ------------------------------------------------------------------- child process
@@ -323,6 +333,7 @@ def sigterm_check(seed: int, args: argparse.Namespace, base: Path) -> dict[str, 
         "evaluate.py",
         f"ckpt={checkpoint}",
         f"hydra.run.dir={base / f'evaluate_seed{seed}'}",
+        *(SMOKE_EVALUATE if args.smoke else []),
     ]
     eval_proc, eval_launched = launch(eval_cmd, eval_log)
     eval_proc.wait()
@@ -390,7 +401,11 @@ def main() -> None:
     parser.add_argument(
         "--thresholds", type=float, nargs="+", default=[0.9, 0.95], help="success levels"
     )
+    parser.add_argument("--smoke", action="store_true", help="tiny budgets: check it runs")
     args = parser.parse_args()
+    if args.smoke:  # its defaults; flags given explicitly still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="time_to_success_") as tmp:
         base = (args.out or Path(tmp)).resolve()

@@ -13,7 +13,11 @@ environment limit (16 environments stepped serially with random actions, no poli
 worker process (``collector=process``) that collects while the learner updates, on the second
 core (policy lag 1; networks and settings unchanged).
 
+``--smoke``: every row with tiny budgets (512 env steps in 16-step rollouts, 0.5 s of raw
+stepping), to check that the benchmark runs (``tests/test_bench.py``), not to measure.
+
     python bench/train_fps.py [--steps 40960] [--raw-seconds 4] [--skip-sb3] [--skip-async]
+                              [--smoke]
 """
 
 from __future__ import annotations
@@ -28,9 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import DictConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_ENVS, NUM_STEPS, EPOCHS, MINIBATCHES = 16, 128, 4, 4
+SMOKE_NUM_STEPS = 16  # --smoke: rollouts of 16 steps (ours and SB3's alike)
+# --smoke's defaults: two such rollouts per row, half a second of raw stepping.
+SMOKE = {"steps": NUM_ENVS * SMOKE_NUM_STEPS * 2, "raw_seconds": 0.5}
 # ppo_nav's GRU policy on the flattened observation (no CNN, no trunk), linear heads, and
 # full-sequence BPTT (whole 128-step rollouts): the counterpart of sb3-contrib's RecurrentPPO row.
 FLAT_GRU = [
@@ -56,8 +64,6 @@ def ours(
     ``ppo_nav`` runs with this file's shared settings (envs, rollout, epochs, minibatches);
     another experiment keeps its own, and ``model=None`` keeps the experiment's model.
     """
-    from hydra import compose, initialize_config_dir
-
     import rl.engine.run
 
     shared = [
@@ -67,24 +73,22 @@ def ours(
         f"pipeline.num_mini_batch={MINIBATCHES}",
     ]
     with tempfile.TemporaryDirectory() as tmp:
-        with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-            cfg = compose(
-                config_name="train",
-                overrides=[
-                    f"+experiment={experiment}",
-                    *([f"model={model}"] if model else []),
-                    f"total_env_steps={steps}",
-                    *(shared if experiment == "ppo_nav" else []),
-                    "pipeline.save_interval=0",
-                    f"pipeline.metric_accumulate_interval={steps // 4}",
-                    "eval.num_episodes=0",
-                    "torch_threads=1",
-                    "logger.sinks.console.progress_bar=false",
-                    "logger.sinks.console.summary_every=0",
-                    f"output_dir={tmp}",
-                    *(extra_overrides or []),
-                ],
-            )
+        cfg = compose_run(
+            experiment,
+            [
+                *([f"model={model}"] if model else []),
+                f"total_env_steps={steps}",
+                *(shared if experiment == "ppo_nav" else []),
+                "pipeline.save_interval=0",
+                f"pipeline.metric_accumulate_interval={steps // 4}",
+                "eval.num_episodes=0",
+                "torch_threads=1",
+                "logger.sinks.console.progress_bar=false",
+                "logger.sinks.console.summary_every=0",
+                f"output_dir={tmp}",
+                *(extra_overrides or []),
+            ],
+        )
         rl.engine.run.train(cfg)
         lines = (Path(tmp) / "metrics.jsonl").read_text().splitlines()
         first, last = json.loads(lines[0]), json.loads(lines[-1])
@@ -92,6 +96,88 @@ def ours(
         # measured over the last three quarters.
         fps = (last["env_step"] - first["env_step"]) / (last["wall_time"] - first["wall_time"])
         return (fps, last.get("metrics", last)) if return_record else fps
+
+
+def use_smoke_rollouts() -> None:
+    """``--smoke``: every row of this file (ours and SB3's) collects 16-step rollouts."""
+    global NUM_STEPS
+    NUM_STEPS = SMOKE_NUM_STEPS
+    SB3_SETTINGS.update(n_steps=NUM_STEPS, batch_size=NUM_STEPS * NUM_ENVS // MINIBATCHES)
+
+
+def _accepted_keys(target: str) -> set[str] | None:
+    """The keyword arguments ``target`` takes (None: any, it has ``**kwargs``)."""
+    import inspect
+
+    from rl.utils.config import import_target
+
+    params = inspect.signature(import_target(target)).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params}
+
+
+# The config-group options each experiment chooses (composed once per experiment).
+_CHOICES: dict[str, dict[str, str]] = {}
+
+
+def compose_run(experiment: str, overrides: list[str]) -> DictConfig:
+    """``train.yaml`` with ``+experiment=experiment`` and ``overrides``, as ``train.py`` would.
+
+    With one difference: an override that switches a config group away from the experiment's
+    choice (a layout's ``collector=local`` where the experiment runs ``collector=process``) does
+    not inherit the keys the experiment set for its own choice that the new one does not take
+    (``collector.num_workers``). Hydra merges the experiment's ``collector:`` section into
+    whichever collector is chosen; those keys are dropped here, with a note. Keys the new choice
+    takes too (``sampler.num_envs`` from ``serial`` to ``multiprocess``) carry over; keys the
+    overrides or the new option's own file set are left for the run's config check.
+    """
+    from hydra import compose, initialize_config_dir
+    from omegaconf import open_dict
+
+    def composed(extra: list[str]) -> tuple[dict[str, str], DictConfig]:
+        cfg = compose(config_name="train", overrides=extra, return_hydra_config=True)
+        choices = dict(cfg.hydra.runtime.choices)
+        with open_dict(cfg):
+            del cfg["hydra"]
+        return choices, cfg
+
+    # The groups the overrides choose an option of (`collector=local`, not `collector.mode=`).
+    chosen = {g for g, _, v in (o.partition("=") for o in overrides) if v and g.isidentifier()}
+    set_here = {o.partition("=")[0].lstrip("+~") for o in overrides}
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        choices, cfg = composed([f"+experiment={experiment}", *overrides])
+        if chosen and experiment not in _CHOICES:
+            _CHOICES[experiment] = composed([f"+experiment={experiment}"])[0]
+        own = _CHOICES.get(experiment, {})
+        for group in sorted(chosen & own.keys()):
+            node = cfg[group]
+            if choices[group] == own[group] or "_target_" not in node:
+                continue
+            accepted = _accepted_keys(node["_target_"])
+            stale = [
+                key
+                for key in node
+                if accepted is not None
+                and not str(key).startswith("_")
+                and key not in accepted
+                and f"{group}.{key}" not in set_here
+            ]
+            if stale:  # not those of the new option's own file
+                own_file = composed([f"{group}={choices[group]}"])[1][group]
+                stale = [key for key in stale if key not in own_file]
+            if not stale:
+                continue
+            with open_dict(node):
+                for key in stale:
+                    del node[key]
+            dropped = ", ".join(f"{group}.{key}" for key in stale)
+            print(
+                f"  note: {group}={choices[group]} does not take {dropped} (set by {experiment} "
+                f"for {group}={own[group]}): dropped",
+                flush=True,
+            )
+    return cfg
 
 
 def _sb3_env(vec_env: str) -> Any:
@@ -212,7 +298,12 @@ def main() -> None:
         action="store_true",
         help="skip the rows with an asynchronous collection worker (collector=process)",
     )
+    parser.add_argument("--smoke", action="store_true", help="tiny budgets: check it runs")
     args = parser.parse_args()
+    if args.smoke:  # its defaults; flags given explicitly still win
+        parser.set_defaults(**SMOKE)
+        args = parser.parse_args()
+        use_smoke_rollouts()
     torch.set_num_threads(1)
     raw = raw_limit(args.raw_seconds)
     names = {

@@ -1,0 +1,343 @@
+"""The benchmark scripts (``bench/*.py``) run end to end with ``--smoke`` and print their tables.
+
+Benchmarks are scripts outside the test suite, so a change to a config or an API could break
+them silently. Every ``bench/*.py`` (found by glob: a new script is covered without an edit
+here) runs as a subprocess with ``--smoke`` (tiny budgets, the same code paths as a real run)
+and must exit 0, print its table (header and rows, checked by shape, not by figure; a script
+without an entry in ``TABLES`` only has to print something) and leave no process behind (its
+private Ray instance, worker processes). The runs go ``PARALLEL`` at a time, the longest first:
+a module fixture starts them, and each test waits for its own; a run still going
+``RUN_TIMEOUT`` seconds after it started is killed and fails (pytest-timeout is the backstop).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((ROOT / "bench").glob("*.py"))
+RUN_TIMEOUT = 300  # seconds per run (alone, the longest takes under a minute here)
+PARALLEL = 2  # runs at a time on two cores (they wait for Ray and worker processes to start)
+LONGEST_FIRST = [
+    "nav3d_fps",
+    "collector_fps",
+    "learning_comparison",
+    "sampler_fps",
+    "ddp_fps",
+    "train_fps",
+    "time_to_success --sigterm 120",
+]
+NUM = r"-?[\d,]+(?:\.\d+)?"  # a figure: 1,234 or 0.95 (its value is not checked)
+
+
+@dataclass(frozen=True)
+class SmokeRun:
+    """One command line: ``python bench/<script> --smoke <args>``."""
+
+    script: str
+    args: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return " ".join([self.script.removesuffix(".py"), *self.args])
+
+
+# More than one run for a script with more than one mode.
+MODES: dict[str, list[tuple[str, ...]]] = {
+    # The SIGTERM check and its evaluate.py run (the smoke run ends before 120 s: exit 0).
+    "time_to_success.py": [(), ("--sigterm", "120")],
+}
+RUNS = [SmokeRun(s.name, args) for s in SCRIPTS for args in MODES.get(s.name, [()])]
+# A test waits for the runs started before its own: at worst all of them, to the end.
+TEST_TIMEOUT = RUN_TIMEOUT * math.ceil(len(RUNS) / PARALLEL) + 60
+
+
+def _rows(*labels: str, value: str) -> list[str]:
+    """One pattern per label: the label, then ``value`` (a row of the table)."""
+    return [rf"^  {re.escape(label)}\s+{value}$" for label in labels]
+
+
+_OURS_TRAIN_FPS = [
+    "ours ppo_nav, CNN + GRU policy (nav_cnn_gru)",
+    "ours ppo_nav, memoryless CNN (nav_cnn)",
+    "ours ppo_nav, memoryless MLP (mlp)",
+    "ours ppo_nav, flattened -> GRU 128",
+    "ours MLP, async worker (collector=process)",
+    "ours flattened -> GRU 128, async worker",
+    "stable-baselines3 PPO, MLP, DummyVecEnv",
+    "sb3-contrib RecurrentPPO, flattened -> LSTM 128",
+]
+_SPLIT = rf"\[collect {NUM} env {NUM} inference {NUM} update {NUM}\]"
+_RAY = (
+    rf" \| lag {NUM}, {NUM} KiB sent per rollout \(x{NUM}, packed in {NUM} ms\), "
+    rf"worker {NUM} FPS"
+)
+_NAV3D_LAYOUTS = [
+    "serial sampler, in-process",
+    "multiprocess sampler (2 procs)",
+    "1 process worker, async",
+    "2 Ray workers, sync",
+]
+# What each run's table looks like: patterns that must each match a line of its stdout.
+TABLES: dict[str, list[str]] = {
+    "train_fps": [
+        rf"^training FPS on rl/PointNav-v0, {NUM} env steps each \(16 envs x 16 steps, ",
+        *_rows("raw environment limit (serial, random actions)", value=f"{NUM} steps/s"),
+        *_rows(*_OURS_TRAIN_FPS, value=f"{NUM} FPS"),
+        "^ratios$",
+        rf"^  ours MLP / SB3 PPO:\s+{NUM}x$",
+        rf"^  ours flattened-GRU async / RecurrentPPO: {NUM}x$",
+    ],
+    "collector_fps": [
+        r"^training FPS on rl/PointNav-v0, .*, 1 Ray worker\(s\)\)$",
+        *_rows("ours mlp, local", value=f"{NUM} FPS   {_SPLIT}"),
+        *_rows(
+            "ours mlp, ray sync",
+            "ours mlp, ray async",
+            "ours mlp, ray async, no lz4",
+            value=f"{NUM} FPS   {_SPLIT}{_RAY}",
+        ),
+        *_rows("stable-baselines3 PPO, MLP", value=f"{NUM} FPS"),
+    ],
+    "ddp_fps": [
+        r"^ppo_nav, 4 envs/worker, 16-step rollouts, 256 env steps$",
+        r"^workers\s+FPS\s+wall s$",
+        rf"^\s+1\s+{NUM}\s+{NUM}$",
+        rf"^\s+2\s+{NUM}\s+{NUM}$",
+    ],
+    "learning_comparison": [
+        r"^env steps to eval success >= 0.9 \(4 episodes, sampled actions, evaluated every 128 ",
+        *_rows(
+            "ppo_nav",
+            "dagger_ppo_nav",
+            "bc_offline_ppo_nav",
+            "a2c_nav",
+            value=rf"(?:not by )?{NUM}   \({NUM} min/run\)",
+        ),
+    ],
+    "nav3d_fps": [
+        r"^\(a\) raw steps/s, rl/PointNav3D-v0, 4 envs, random turn/forward actions$",
+        *_rows("serial (1 process, 4 envs)", value=f"{NUM} steps/s"),
+        *_rows(
+            *(f"{kind} (2 x 2 envs)" for kind in ("multiprocess sampler", "process workers")),
+            "Ray workers (2 x 2 envs)",
+            value=f"{NUM} steps/s",
+        ),
+        r"^\(b\) ppo_nav3d from scratch \(short episodes\): training FPS, 128 env steps each",
+        r"^\(b\) dagger_ppo_nav3d imitation \(expert-length episodes\): training FPS, 128 env ",
+        *_rows(*_NAV3D_LAYOUTS, value=f"{NUM} FPS"),
+    ],
+    "profile_split": [
+        r"^ppo_nav .*: ms per 1,000 env steps \(1 rollouts profiled\)$",
+        *_rows(
+            "collection",
+            "  environment steps",
+            "  policy forward (act)",
+            "  storage inserts",
+            "  the rest",
+            "update",
+            "  forward and losses",
+            "  backward",
+            "  optimizer step",
+            value=rf"{NUM}\s+{NUM}%",
+        ),
+        *_rows("total", value=NUM),
+        r"^largest operators \(self time, ms per 1,000 env steps, collection and update\):$",
+        rf"^  aten::\S+\s+{NUM}  x\d+$",
+    ],
+    "sampler_fps": [
+        r"^\(a\) raw environment steps/s, random actions, no policy$",
+        *_rows("serial (1 process)", "multiprocess 2 x 8", value=NUM),
+        rf"^  raw limit: {NUM} steps/s \(.+\)$",
+        rf"^  mlp\s+serial: {NUM}  mp 2 sync: {NUM}  mp 2 halves overlapped: {NUM}$",
+        r"^\(b\) our training FPS, ppo_nav, 512 env steps \(16 envs x 16 steps, ",
+        *_rows(
+            "ours memoryless MLP (mlp), serial",
+            "ours memoryless MLP (mlp), mp 2x8",
+            value=rf"{NUM} FPS  (?: [a-z_]+={NUM})+",  # the time split, env=0.32 ...
+        ),
+        *_rows("stable-baselines3 dummyVecEnv", value=f"{NUM} FPS"),
+        r"^  \(--smoke: no SubprocVecEnv row",
+        r"^\(m\) peak memory of a ppo_nav training run \(whole process tree\)$",
+        rf"^  serial\s+\d+ processes: peak RSS sum {NUM} MiB, peak PSS sum {NUM} MiB$",
+        rf"^  best memoryless training FPS: {NUM} \(.+\)$",
+        rf"^  stable-baselines3 best: {NUM} -> {NUM}x \(target >= 2x\)$",
+    ],
+    "time_to_success": [
+        r"^time to evaluation success, ppo_nav \+debug=smoke \(budget 256 env steps\), ",
+        r"^seed \| >=0.90: train s\s+wall s\s+env steps \| >=0.95: train s\s+wall s\s+env steps "
+        r"\| final success\s+SPL\s+at step \|\s+train s evals\s+eval s$",
+        rf"^\s+1 \|(?:\s+(?:-|{NUM})){{3}} \|(?:\s+(?:-|{NUM})){{3}} \|\s+{NUM}\s+{NUM}\s+256 \|",
+        r"^success >= 0.9: reached by \d/1 seeds",
+        r"^seed\s+env steps\s+train s\s+wall s\s+success\s+SPL$",
+        rf"^\s+1\s+128(?:\s+{NUM}){{4}}$",
+        rf"^\s+1\s+256(?:\s+{NUM}){{4}}$",
+    ],
+    "time_to_success --sigterm 120": [
+        r"^ppo_nav stopped by SIGTERM 120 s after launch, last checkpoint evaluated with "
+        r"evaluate.py defaults \(4 episodes, split test\)$",
+        r"^seed \| exit\s+wall s\s+stop s \|\s+env steps \| success\s+SPL \| evaluate.py s$",
+        rf"^\s+1 \|\s+(?:0|143)\s+{NUM}\s+(?:-|{NUM}) \|\s+{NUM} \|\s+{NUM}\s+{NUM} \|\s+{NUM}$",
+    ],
+}
+
+
+# ------------------------------------------------------------------------------ running
+@dataclass
+class Finished:
+    """How a run ended: exit code (None: killed at ``RUN_TIMEOUT``), output, leftovers."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+    leftovers: list[str] = field(default_factory=list)
+
+
+def _descendants(pid: int) -> set[psutil.Process]:
+    try:
+        return set(psutil.Process(pid).children(recursive=True))
+    except psutil.NoSuchProcess:
+        return set()
+
+
+def _alive(procs: set[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return alive
+
+
+def _kill(procs: list[psutil.Process]) -> None:
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            continue
+
+
+def _start_order(run: SmokeRun) -> int:
+    return LONGEST_FIRST.index(run.id) if run.id in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+class SmokeRunner:
+    """Runs ``PARALLEL`` at a time, outputs in ``out_dir``; :meth:`result` waits for one."""
+
+    def __init__(self, runs: list[SmokeRun], out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.stopping = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=PARALLEL)
+        self.futures: dict[SmokeRun, Future[Finished]] = {
+            run: self.pool.submit(self._run, run) for run in sorted(runs, key=_start_order)
+        }
+
+    def result(self, run: SmokeRun) -> Finished:
+        return self.futures[run].result()
+
+    def close(self) -> None:
+        self.stopping.set()  # the runs still going are killed
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def _run(self, run: SmokeRun) -> Finished:
+        """Run ``run`` in its own session, noting every process it starts; then its leftovers."""
+        env = {
+            **os.environ,
+            "WANDB_MODE": "disabled",
+            "WANDB_SILENT": "true",
+            "RAY_ADDRESS": "",  # a private Ray instance, never a cluster that happens to run
+        }
+        name = run.id.replace(" ", "_")
+        out, err = self.out_dir / f"{name}.out", self.out_dir / f"{name}.err"
+        start = time.monotonic()
+        with out.open("wb") as stdout, err.open("wb") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "bench" / run.script), "--smoke", *run.args],
+                cwd=ROOT,
+                env=env,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+            )
+        seen: set[psutil.Process] = set()
+        while proc.poll() is None:
+            if self.stopping.is_set() or time.monotonic() - start > RUN_TIMEOUT:
+                seen |= _descendants(proc.pid)
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                _kill(_alive(seen))
+                break
+            seen |= _descendants(proc.pid)
+            time.sleep(0.5)
+        seconds = time.monotonic() - start
+        code = None if proc.returncode == -signal.SIGKILL else proc.returncode
+        deadline = time.monotonic() + 20  # what it started must end with it
+        while _alive(seen) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        leftovers = _alive(seen)
+        names = []
+        for p in leftovers:
+            try:
+                names.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+            except psutil.Error:
+                continue
+        _kill(leftovers)
+        return Finished(
+            code, out.read_text(errors="replace"), err.read_text(errors="replace"), seconds, names
+        )
+
+
+@pytest.fixture(scope="module")
+def smoke_runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[SmokeRunner]:
+    """The runs of the selected ``test_smoke_run`` tests, started at once, ``PARALLEL`` going."""
+    selected = [
+        item.callspec.params["run"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_smoke_run" and hasattr(item, "callspec")
+    ]
+    runner = SmokeRunner(selected, tmp_path_factory.mktemp("bench_smoke"))
+    yield runner
+    runner.close()
+
+
+# -------------------------------------------------------------------------------- tests
+def test_every_script_has_smoke_and_every_table_a_run() -> None:
+    assert SCRIPTS, "no bench/*.py found"
+    missing = [s.name for s in SCRIPTS if '"--smoke"' not in s.read_text()]
+    assert not missing, f"bench scripts without a --smoke flag: {missing}"
+    assert set(TABLES) <= {r.id for r in RUNS}, "TABLES names a run that no longer exists"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(TEST_TIMEOUT)
+@pytest.mark.parametrize("run", RUNS, ids=[r.id for r in RUNS])
+def test_smoke_run(run: SmokeRun, smoke_runs: SmokeRunner) -> None:
+    done = smoke_runs.result(run)
+    command = f"python bench/{run.script} --smoke {' '.join(run.args)}".rstrip()
+    assert done.returncode is not None, f"{command} still running after {RUN_TIMEOUT} s"
+    if done.returncode == 2 and "unrecognized arguments: --smoke" in done.stderr:
+        pytest.fail(f"bench/{run.script} has no --smoke flag")
+    assert done.returncode == 0, f"{command} exited {done.returncode}:\n{done.stderr[-4000:]}"
+    assert done.stdout.strip(), f"{command} printed nothing"
+    missing = [p for p in TABLES.get(run.id, []) if not re.search(p, done.stdout, re.MULTILINE)]
+    assert not missing, f"{command}: no line matches {missing} in its output:\n{done.stdout}"
+    assert not done.leftovers, f"{command} left processes running: {done.leftovers}"
