@@ -110,11 +110,17 @@ def test_two_concurrent_resumes_the_second_is_refused(tmp_path: Path) -> None:
     while f"pid {a.pid} " not in (folder / LOCK_NAME).read_text():
         assert a.poll() is None and time.monotonic() < deadline, (tmp_path / "a.err").read_text()
         time.sleep(0.05)
-    b = _train(tmp_path, "b", *resume)
-    assert b.wait(timeout=120) == 1
+    # The first resume holds the lock; it is paused so that it cannot finish (a smoke run
+    # takes about a second) before the second one has started and been refused.
+    os.kill(a.pid, signal.SIGSTOP)
+    try:
+        b = _train(tmp_path, "b", *resume)
+        assert b.wait(timeout=120) == 1
+        assert a.poll() is None, "the refusal came while the first resume was still training"
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
     refusal = (tmp_path / "b.err").read_text()
     assert f"run folder {folder} is in use by another process (pid {a.pid} " in refusal
-    assert a.poll() is None, "the refusal came while the first resume was still training"
     assert a.wait(timeout=240) == 0, (tmp_path / "a.err").read_text()
     # One history: every env step logged once, in order; every checkpoint of one config.
     steps = [json.loads(line)["env_step"] for line in (folder / "metrics.jsonl").open()]
