@@ -79,12 +79,12 @@ def raw_fps(kind: str, processes: int, seconds: float) -> float:
 
 # ---------------------------------------------------------------------- (o) overlap
 def build_policy(model: str) -> Any:
-    from rl.models import build_model
+    from rl.models import build_policy as build
     from rl.tasks import task_spaces
 
     cfg = yaml.safe_load((ROOT / "conf" / "model" / f"{model}.yaml").read_text())
     torch.manual_seed(0)
-    return build_model(cfg, *task_spaces(TASK)).eval()
+    return build(cfg, *task_spaces(TASK)).eval()
 
 
 def collect_fps(model: str, mode: str, seconds: float, processes: int = 2) -> float:
@@ -94,15 +94,15 @@ def collect_fps(model: str, mode: str, seconds: float, processes: int = 2) -> fl
     policy = build_policy(model)
     dev = torch.device("cpu")
 
-    def act(obs: dict[str, np.ndarray], starts: torch.Tensor, hidden: torch.Tensor) -> Any:
-        actions, _, _, _, hidden = policy.act(obs_to_torch(obs, dev), starts, hidden)
-        return actions.numpy(), hidden
+    def act(obs: dict[str, np.ndarray], starts: torch.Tensor, state: Any) -> Any:
+        step, state = policy.act(obs_to_torch(obs, dev), starts, state)
+        return step.actions.numpy(), state
 
     with torch.no_grad():
         if mode == "sync":
             with make_sampler("serial" if processes == 0 else "mp", processes) as s:
                 obs, _ = s.reset()
-                hidden = policy.initial_hidden(NUM_ENVS, dev)
+                hidden = policy.initial_state(NUM_ENVS, dev)
                 starts = torch.ones(NUM_ENVS, dtype=torch.bool)
                 steps, start = 0, time.perf_counter()
                 while time.perf_counter() - start < seconds:
@@ -126,7 +126,7 @@ def collect_fps(model: str, mode: str, seconds: float, processes: int = 2) -> fl
         ]
         try:
             obs = [h.reset()[0] for h in halves]
-            hid = [policy.initial_hidden(half, dev) for _ in halves]
+            hid = [policy.initial_state(half, dev) for _ in halves]
             sts = [torch.ones(half, dtype=torch.bool) for _ in halves]
             a0, hid[0] = act(obs[0], sts[0], hid[0])
             halves[0].step_async(a0)

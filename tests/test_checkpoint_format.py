@@ -7,7 +7,9 @@
         model.trunk_layers=[16] model.rnn_hidden_size=8 eval.num_episodes=0
 
 Resuming it with today's code must give the same run as training from scratch with today's
-code: the old file is read completely and means what it meant. Same episodes, same pipeline
+code: the old file is read completely and means what it meant (format 3 keeps the layout; the
+carried GRU state, ``rollout.hidden`` ``[L, N, H]`` in format 2, is ``rollout.state.h``
+``[N, L, H]`` now). Same episodes, same pipeline
 position; weights and optimizer moments agree to float32 rounding, not bitwise, since the
 recurrent update's hand-written backward (``rl.models.gru``) sums gradients in another order
 than the autograd graph of the code that wrote the fixture.
@@ -55,6 +57,15 @@ LAYOUT = {
 }
 
 
+def _gru_state(checkpoint: dict) -> torch.Tensor:
+    """The carried GRU state ``[N, L, H]``: format 3's ``rollout.state.h``, or format 2's
+    ``rollout.hidden`` ``[L, N, H]``."""
+    rollout = checkpoint["rollout"]
+    if "state" in rollout:
+        return rollout["state"]["h"]
+    return rollout["hidden"].transpose(0, 1)
+
+
 def _assert_same_training_state(a: dict, b: dict) -> None:
     assert a["pipeline"] == b["pipeline"]
     assert a["model"].keys() == b["model"].keys()
@@ -64,7 +75,7 @@ def _assert_same_training_state(a: dict, b: dict) -> None:
         for key, value in state.items():
             other = b["optimizer"]["state"][i][key]
             torch.testing.assert_close(value, other, atol=1e-6, rtol=1e-4, msg=f"{i}.{key}")
-    torch.testing.assert_close(a["rollout"]["hidden"], b["rollout"]["hidden"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(_gru_state(a), _gru_state(b), atol=1e-5, rtol=0)
     assert a["sampler"] == b["sampler"]  # the same episodes, to the last action
 
 
@@ -74,7 +85,7 @@ def test_a_format2_checkpoint_from_before_the_split_resumes_exactly(
     old_run = tmp_path / "old"
     shutil.copytree(FIXTURE, old_run)
     old = load_checkpoint(list_checkpoints(old_run)[0])
-    assert old["format_version"] == CHECKPOINT_FORMAT == 2
+    assert old["format_version"] == 2 and CHECKPOINT_FORMAT == 3
     assert set(old) == LAYOUT
     # As a user resumes: the run folder (the saved config is used; conf/ changed since).
     run.train(compose_cfg(["+experiment=ppo_nav", "+debug=smoke", f"resume={old_run}"]))

@@ -32,7 +32,7 @@ from rl.collection.worker_set import CollectionWorkerError, CollectionWorkerSet
 from rl.engine import run
 from rl.loggers import MetricsLogger
 from rl.losses import PPOLoss
-from rl.models import ActorCritic, build_model
+from rl.models import ActorCritic, build_policy
 from rl.pipeline import PipelineStage, TrainingPipeline
 from rl.tasks import task_spaces
 from rl.training import Callback, OnPolicyTrainer, RolloutInfo
@@ -74,7 +74,7 @@ def make_set(
     spec: CollectionSpec, backend: str = "ray", **settings: Any
 ) -> tuple[CollectionWorkerSet, ActorCritic]:
     set_seed(spec.seed)
-    model = build_model(spec.model, *task_spaces(spec.task))
+    model = build_policy(spec.model, *task_spaces(spec.task))
     return CollectionWorkerSet(spec=spec, model=model, backend=backend, **settings), model
 
 

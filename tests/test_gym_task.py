@@ -45,9 +45,15 @@ def test_unknown_env_id_names_the_key() -> None:
         make_gym_env(env_id="NoSuchEnv-v0")
 
 
-def test_continuous_actions_are_refused() -> None:
-    with pytest.raises(ValueError, match="only Discrete action spaces"):
-        make_gym_env(env_id="Pendulum-v1")
+def test_continuous_actions_are_accepted_and_unsupported_spaces_named() -> None:
+    from rl.tasks import SpaceError, task_spaces
+
+    _, actions = task_spaces({"_target_": "rl.tasks.make_gym_env", "env_id": "Pendulum-v1"})
+    assert isinstance(actions, gym.spaces.Box)
+    with pytest.raises(SpaceError, match="task Blackjack-v1: observation entry '0' is"):
+        # A Tuple of Discrete entries is fine; a Text entry is not (see tests/test_spaces.py).
+        task_spaces({"_target_": "rl.tasks.make_gym_env", "env_id": "Blackjack-v1",
+                     "wrappers": ["rl.tasks.toy.TextObservation"]})  # fmt: skip
 
 
 def test_image_observation_env_builds_a_cnn_model() -> None:

@@ -6,35 +6,38 @@ import math
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from rl.losses import PPOLoss, explained_variance
-from rl.models import ActorCriticOutput
+from rl.models import Categorical, PolicyOutput
 from rl.pipeline import LinearDecay
-from rl.storage import RolloutBatch
 
 T, N, A = 6, 4, 5
 
 
-def _batch_and_output(seed: int = 0) -> tuple[RolloutBatch, ActorCriticOutput]:
+def output_of(logits: torch.Tensor, values: torch.Tensor) -> PolicyOutput:
+    return PolicyOutput(dist=Categorical(logits), values=values)
+
+
+def _batch_and_output(seed: int = 0) -> tuple[TensorDict, PolicyOutput]:
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(T, N, A, generator=g)
     values = torch.randn(T, N, generator=g)
     actions = torch.randint(0, A, (T, N), generator=g)
     logprobs = torch.log_softmax(logits, -1).gather(-1, actions[..., None])[..., 0]
-    batch = RolloutBatch(
-        obs={},
-        episode_starts=torch.zeros(T, N, dtype=torch.bool),
-        hidden=torch.zeros(1, N, 1),
-        actions=actions,
-        old_logprobs=logprobs,
-        old_values=values.clone(),
-        advantages=torch.randn(T, N, generator=g),
-        returns=torch.randn(T, N, generator=g),
-        expert_actions=torch.full((T, N), -1),
+    batch = TensorDict(
+        {
+            "episode_starts": torch.zeros(T, N, dtype=torch.bool),
+            "actions": actions,
+            "logprobs": logprobs,
+            "values": values.clone(),
+            "advantages": torch.randn(T, N, generator=g),
+            "returns": torch.randn(T, N, generator=g),
+            "expert_actions": torch.full((T, N), -1),
+        },
+        batch_size=[T, N],
     )
-    output = ActorCriticOutput(
-        logits=logits.clone().requires_grad_(), values=values.clone().requires_grad_()
-    )
+    output = output_of(logits.clone().requires_grad_(), values.clone().requires_grad_())
     return batch, output
 
 
@@ -52,9 +55,9 @@ def test_clipped_surrogate_matches_hand_computation() -> None:
     batch, output = _batch_and_output(1)
     # Shift the action logits by +-1: ratios far from 1 in both directions.
     shift = torch.where(torch.arange(N) % 2 == 0, 1.0, -1.0).expand(T, N)
-    new_logits = output.logits.detach().clone()
-    new_logits.scatter_add_(-1, batch.actions[..., None], shift[..., None])
-    output = ActorCriticOutput(logits=new_logits.requires_grad_(), values=output.values)
+    new_logits = output.dist.logits.detach().clone()
+    new_logits.scatter_add_(-1, batch["actions"][..., None], shift[..., None])
+    output = output_of(new_logits.requires_grad_(), output.values)
     clip = 0.2
     loss = PPOLoss(
         clip_param=clip, normalize_advantage=False, value_loss_coef=0.0, entropy_coef=0.0
@@ -64,9 +67,9 @@ def test_clipped_surrogate_matches_hand_computation() -> None:
     expected, clipped = [], 0
     for t in range(T):
         for n in range(N):
-            new_lp = torch.log_softmax(new_logits[t, n], -1)[batch.actions[t, n]].item()
-            ratio = math.exp(new_lp - batch.old_logprobs[t, n].item())
-            adv = batch.advantages[t, n].item()
+            new_lp = torch.log_softmax(new_logits[t, n], -1)[batch["actions"][t, n]].item()
+            ratio = math.exp(new_lp - batch["logprobs"][t, n].item())
+            adv = batch["advantages"][t, n].item()
             clipped_ratio = min(max(ratio, 1 - clip), 1 + clip)
             expected.append(min(ratio * adv, clipped_ratio * adv))
             clipped += abs(ratio - 1) > clip
@@ -96,13 +99,14 @@ def test_clip_decay_schedule_scales_clip_param() -> None:
 def test_clipped_value_loss_limits_value_change() -> None:
     batch, output = _batch_and_output(2)
     # Values moved far towards the returns: the clipped term dominates the max.
-    moved = ActorCriticOutput(logits=output.logits, values=batch.returns.clone())
+    moved = output_of(output.dist.logits, batch["returns"].clone())
     clip = 0.1
     result = PPOLoss(clip_param=clip, use_clipped_value_loss=True)(
         batch=batch, output=moved, step_count=0
     )
-    v_clipped = batch.old_values + (batch.returns - batch.old_values).clamp(-clip, clip)
-    expected = 0.5 * (v_clipped - batch.returns).pow(2).mean().item()
+    old, returns = batch["values"], batch["returns"]
+    v_clipped = old + (returns - old).clamp(-clip, clip)
+    expected = 0.5 * (v_clipped - returns).pow(2).mean().item()
     assert result.terms["value_loss"] == pytest.approx(expected, rel=1e-5)
     unclipped = PPOLoss(use_clipped_value_loss=False)(batch=batch, output=moved, step_count=0)
     assert unclipped.terms["value_loss"] == pytest.approx(0.0, abs=1e-10)
@@ -111,7 +115,8 @@ def test_clipped_value_loss_limits_value_change() -> None:
 def test_gradient_flows_to_logits_and_values() -> None:
     batch, output = _batch_and_output(3)
     PPOLoss()(batch=batch, output=output, step_count=0).total.backward()
-    assert output.logits.grad is not None and output.logits.grad.abs().sum() > 0
+    logits = output.dist.logits
+    assert logits.grad is not None and logits.grad.abs().sum() > 0
     assert output.values.grad is not None and output.values.grad.abs().sum() > 0
 
 
@@ -135,6 +140,6 @@ def test_explained_variance_nan_for_constant_target() -> None:
 
 def test_loss_reports_nan_explained_variance_without_raising() -> None:
     batch, output = _batch_and_output()
-    batch.returns = torch.ones(T, N)
+    batch["returns"] = torch.ones(T, N)
     result = PPOLoss()(batch=batch, output=output, step_count=0)
     assert math.isnan(result.diagnostics["explained_variance"])

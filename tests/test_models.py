@@ -6,11 +6,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 from rl.models import ActorCritic
-from rl.models import distributions as D
 from rl.sampling import SerialSampler, obs_to_torch
-from rl.storage import RolloutStorage
+from rl.storage import RolloutStorage, sequence_start_state
 from rl.tasks import Actions, dict_space
 
 SMALL_NAV = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 20}
@@ -94,7 +94,7 @@ def test_onehot_needs_small_declared_values() -> None:
         ),
     ],
 )
-@pytest.mark.parametrize("rnn", [None, "gru"])
+@pytest.mark.parametrize("rnn", [None, "gru", "lstm"])
 def test_output_shapes(space: gym.spaces.Dict, kwargs: dict, rnn: str | None) -> None:
     t, n, a = 3, 5, 4
     model = ActorCritic(
@@ -107,16 +107,17 @@ def test_output_shapes(space: gym.spaces.Dict, kwargs: dict, rnn: str | None) ->
     )
     obs = _random_obs(space, (t, n))
     starts = torch.zeros(t, n, dtype=torch.bool)
-    out, hidden = model(obs, starts, model.initial_hidden(n))
-    assert out.logits.shape == (t, n, a)
+    out, state = model(obs, starts, model.initial_state(n))
+    assert out.dist.logits.shape == (t, n, a)
     assert out.values.shape == (t, n)
-    assert hidden.shape == (*model.hidden_shape[:1], n, model.hidden_shape[1])
-    assert torch.isfinite(out.logits).all() and torch.isfinite(out.values).all()
-    actions, logprobs, values, logits, _ = model.act(
-        {k: v[0] for k, v in obs.items()}, starts[0], model.initial_hidden(n)
-    )
-    assert actions.shape == logprobs.shape == values.shape == (n,)
-    assert logits.shape == (n, a)
+    assert state.batch_size == (n,)
+    names = {None: set(), "gru": {"h"}, "lstm": {"h", "c"}}[rnn]
+    assert set(state.keys()) == names
+    assert all(v.shape == (n, 1, 16) for v in state.values())
+    assert torch.isfinite(out.dist.logits).all() and torch.isfinite(out.values).all()
+    step, _ = model.act({k: v[0] for k, v in obs.items()}, starts[0], model.initial_state(n))
+    assert step.actions.shape == step.logprobs.shape == step.values.shape == (n,)
+    assert step.dist.logits.shape == (n, a)
 
 
 def test_vector_space_is_wrapped_by_dict_space() -> None:
@@ -133,27 +134,29 @@ def test_deterministic_act_is_argmax() -> None:
     # Larger output weights so the logits are well separated.
     torch.nn.init.normal_(model.actor_out.weight, std=1.0)
     obs = _random_obs(IMAGE_VECTOR, (16,))
-    actions, logprobs, _, logits, _ = model.act(
-        obs, torch.zeros(16, dtype=torch.bool), model.initial_hidden(16), deterministic=True
+    step, _ = model.act(
+        obs, torch.zeros(16, dtype=torch.bool), model.initial_state(16), deterministic=True
     )
-    torch.testing.assert_close(actions, logits.argmax(-1))
-    torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1).max(-1).values)
+    logits = step.dist.logits
+    torch.testing.assert_close(step.actions, logits.argmax(-1))
+    torch.testing.assert_close(step.logprobs, torch.log_softmax(logits, -1).max(-1).values)
 
 
 # ------------------------------------------------------- recurrent re-evaluation
 T_ROLLOUT, N_ENVS = 32, 8
 
 
-@pytest.fixture(scope="module")
-def gru_rollout():
-    """A GRU policy and a T=32 rollout of 8 small-nav envs, collected as the trainer does."""
+@pytest.fixture(scope="module", params=["gru", "lstm"])
+def recurrent_rollout(request):
+    """A GRU or LSTM policy and a T=32 rollout of 8 small-nav envs, collected as the trainer
+    does."""
     torch.manual_seed(0)
     sampler = SerialSampler(task=SMALL_NAV, num_envs=N_ENVS, seed=3)
     try:
         model = ActorCritic(
             observation_space=sampler.observation_space,
             action_space=sampler.action_space,
-            rnn="gru",
+            rnn=request.param,
             rnn_hidden_size=32,
             cnn_channels=[16],
             trunk_layers=[32],
@@ -163,35 +166,22 @@ def gru_rollout():
         with torch.no_grad():  # rarely STOP, so some episodes run into the time limit
             model.actor_out.bias[Actions.STOP] = -2.0
         model.eval()
-        space = sampler.observation_space
-        storage = RolloutStorage(
-            num_steps=T_ROLLOUT,
-            num_envs=N_ENVS,
-            obs_shapes={k: s.shape for k, s in space.spaces.items()},
-            obs_dtypes={
-                k: torch.from_numpy(np.zeros((), dtype=s.dtype)).dtype
-                for k, s in space.spaces.items()
-            },
-            hidden_shape=model.hidden_shape,
-        )
+        storage = RolloutStorage(num_steps=T_ROLLOUT, num_envs=N_ENVS)
         obs_np, expert_np = sampler.reset()
         obs = obs_to_torch(obs_np, torch.device("cpu"))
         expert = torch.from_numpy(expert_np)
         episode_starts = torch.ones(N_ENVS, dtype=torch.bool)
         # Start mid-way: a non-zero state that the storage must hand back to the update.
-        hidden = torch.randn(model.hidden_shape[0], N_ENVS, model.hidden_shape[1])
+        state = model.initial_state(N_ENVS).apply(torch.randn_like)
         episode_starts[::2] = False
         storage.reset(T_ROLLOUT)
-        storage.set_first(obs, episode_starts, hidden)
+        storage.set_first(obs, episode_starts, state)
         zeros = torch.zeros(N_ENVS)
         gen = torch.Generator().manual_seed(0)
         with torch.no_grad():
             for _ in range(T_ROLLOUT):
-                hidden_before = hidden
-                actions, logprobs, values, _, hidden = model.act(
-                    obs, episode_starts, hidden, generator=gen
-                )
-                result = sampler.step(actions.numpy())
+                step, state = model.act(obs, episode_starts, state, generator=gen)
+                result = sampler.step(step.actions.numpy())
                 next_obs = obs_to_torch(result.obs, torch.device("cpu"))
                 truncation_values = zeros
                 if len(result.final_obs_indices):
@@ -200,24 +190,23 @@ def gru_rollout():
                     out, _ = model(
                         {k: v.unsqueeze(0) for k, v in final.items()},
                         torch.zeros(1, len(idx), dtype=torch.bool),
-                        hidden[:, idx],
+                        state[idx],
                     )
                     truncation_values = zeros.clone()
                     truncation_values[idx] = out.values[0]
                 terminated = torch.from_numpy(result.terminated)
                 truncated = torch.from_numpy(result.truncated)
-                storage.insert(
-                    next_obs=next_obs,
-                    actions=actions,
-                    logprobs=logprobs,
-                    values=values,
-                    rewards=torch.from_numpy(result.rewards),
-                    terminated=terminated,
-                    truncated=truncated,
-                    truncation_values=truncation_values,
-                    expert_actions=expert,
-                    hidden=hidden_before,
-                )
+                fields = {
+                    "actions": step.actions,
+                    "logprobs": step.logprobs,
+                    "values": step.values,
+                    "rewards": torch.from_numpy(result.rewards),
+                    "terminated": terminated,
+                    "truncated": truncated,
+                    "truncation_values": truncation_values,
+                    "expert_actions": expert,
+                }
+                storage.insert(fields, next_obs, state)
                 expert = torch.from_numpy(result.expert_actions)
                 obs, episode_starts = next_obs, terminated | truncated
     finally:
@@ -225,62 +214,69 @@ def gru_rollout():
     return model, storage
 
 
-def test_rollout_has_episode_starts_inside(gru_rollout) -> None:
-    _, storage = gru_rollout
-    starts = storage.episode_starts[1:T_ROLLOUT]
+def _zeros_like(state: TensorDict) -> TensorDict:
+    return state.apply(torch.zeros_like)
+
+
+def test_rollout_has_episode_starts_inside(recurrent_rollout) -> None:
+    _, storage = recurrent_rollout
+    starts = storage["episode_starts"][1:T_ROLLOUT]
     assert starts.any(dim=0).all(), "every env should start a new episode inside the rollout"
-    assert storage.truncated.any()
-    assert not storage.hidden.eq(0).all()
+    assert storage["truncated"][:T_ROLLOUT].any()
+    assert not storage["state", "h"][0].eq(0).all()
 
 
-def test_minibatch_reevaluation_reproduces_rollout(gru_rollout) -> None:
-    model, storage = gru_rollout
+def test_minibatch_reevaluation_reproduces_rollout(recurrent_rollout) -> None:
+    model, storage = recurrent_rollout
     g = torch.Generator().manual_seed(1)
     seen = 0
     max_diff = 0.0
-    wrong_hidden_diff = 0.0
+    wrong_state_diff = 0.0
     with torch.no_grad():
         for batch in storage.minibatches(4, generator=g):
-            out, _ = model(batch.obs, batch.episode_starts, batch.hidden)
-            logprobs = D.log_prob(out.logits, batch.actions)
-            max_diff = max(max_diff, (logprobs - batch.old_logprobs).abs().max().item())
-            torch.testing.assert_close(logprobs, batch.old_logprobs, atol=1e-6, rtol=0)
-            torch.testing.assert_close(out.values, batch.old_values, atol=1e-6, rtol=0)
-            seen += batch.actions.shape[1]
+            start = sequence_start_state(batch)
+            out, _ = model(batch["obs"], batch["episode_starts"], start)
+            logprobs = out.dist.log_prob(batch["actions"])
+            max_diff = max(max_diff, (logprobs - batch["logprobs"]).abs().max().item())
+            torch.testing.assert_close(logprobs, batch["logprobs"], atol=1e-6, rtol=0)
+            torch.testing.assert_close(out.values, batch["values"], atol=1e-6, rtol=0)
+            seen += batch["actions"].shape[1]
             # Control: the comparison is sensitive enough to notice a wrong initial state.
-            wrong, _ = model(batch.obs, batch.episode_starts, torch.zeros_like(batch.hidden))
-            wrong_lp = D.log_prob(wrong.logits, batch.actions)
-            wrong_hidden_diff = max(wrong_hidden_diff, (wrong_lp - logprobs).abs().max().item())
+            wrong, _ = model(batch["obs"], batch["episode_starts"], _zeros_like(start))
+            wrong_lp = wrong.dist.log_prob(batch["actions"])
+            wrong_state_diff = max(wrong_state_diff, (wrong_lp - logprobs).abs().max().item())
     assert seen == N_ENVS
-    assert storage.logprobs.std() > 0.05  # the policy is far from uniform/constant
-    assert wrong_hidden_diff > 1e-3
+    assert storage["logprobs"][:T_ROLLOUT].std() > 0.05  # far from uniform/constant
+    assert wrong_state_diff > 1e-3
     print(f"max |log-prob difference| over the rollout: {max_diff:.3e}")
 
 
-def test_hidden_state_is_reset_at_episode_starts(gru_rollout) -> None:
-    model, storage = gru_rollout
+def test_state_is_reset_at_episode_starts(recurrent_rollout) -> None:
+    model, storage = recurrent_rollout
     batch = storage.batch(torch.arange(N_ENVS))
+    starts, start = batch["episode_starts"], sequence_start_state(batch)
     with torch.no_grad():
-        out, _ = model(batch.obs, batch.episode_starts, batch.hidden)
-        no_resets, _ = model(batch.obs, torch.zeros_like(batch.episode_starts), batch.hidden)
+        out, _ = model(batch["obs"], starts, start)
+        no_resets, _ = model(batch["obs"], torch.zeros_like(starts), start)
+    logits, no_reset_logits = out.dist.logits, no_resets.dist.logits
     for env in range(N_ENVS):
-        later_starts = batch.episode_starts[1:, env].nonzero().flatten() + 1
+        later_starts = starts[1:, env].nonzero().flatten() + 1
         first = int(later_starts[0])
         # Before the first reset inside the rollout nothing differs (unless obs[0] starts one).
-        if not batch.episode_starts[0, env]:
-            torch.testing.assert_close(out.logits[:first, env], no_resets.logits[:first, env])
+        if not starts[0, env]:
+            torch.testing.assert_close(logits[:first, env], no_reset_logits[:first, env])
         # From the first reset on, ignoring the mask changes the outputs.
-        assert not torch.allclose(out.logits[first, env], no_resets.logits[first, env])
+        assert not torch.allclose(logits[first, env], no_reset_logits[first, env])
         # And the state really is zero there: one step from a zero state on that obs matches.
         step, _ = model(
-            {k: v[first : first + 1, env : env + 1] for k, v in batch.obs.items()},
+            {k: v[first : first + 1, env : env + 1] for k, v in batch["obs"].items()},
             torch.zeros(1, 1, dtype=torch.bool),
-            model.initial_hidden(1),
+            model.initial_state(1),
         )
-        torch.testing.assert_close(step.logits[0, 0], out.logits[first, env])
+        torch.testing.assert_close(step.dist.logits[0, 0], logits[first, env])
 
 
-@pytest.mark.parametrize("rnn", [None, "gru"])
+@pytest.mark.parametrize("rnn", [None, "gru", "lstm"])
 def test_discrete_only_observation(rnn: str | None) -> None:
     space = dict_space(gym.spaces.Discrete(6))  # e.g. FrozenLake / Taxi through a sampler
     model = ActorCritic(
@@ -291,55 +287,58 @@ def test_discrete_only_observation(rnn: str | None) -> None:
         trunk_layers=[16],
     )
     obs = {"obs": torch.tensor([[0, 5], [3, 1]])}
-    out, _ = model(obs, torch.zeros(2, 2, dtype=torch.bool), model.initial_hidden(2))
-    assert out.logits.shape == (2, 2, 3)
+    out, _ = model(obs, torch.zeros(2, 2, dtype=torch.bool), model.initial_state(2))
+    assert out.dist.logits.shape == (2, 2, 3)
     # One-hot input: the same state gives the same output wherever it occurs.
     same, _ = model(
-        {"obs": torch.tensor([[5]])}, torch.zeros(1, 1, dtype=torch.bool), model.initial_hidden(1)
+        {"obs": torch.tensor([[5]])}, torch.zeros(1, 1, dtype=torch.bool), model.initial_state(1)
     )
-    torch.testing.assert_close(same.logits[0, 0], out.logits[0, 1])
+    torch.testing.assert_close(same.dist.logits[0, 0], out.dist.logits[0, 1])
 
 
 @pytest.mark.parametrize("recurrence", [8, 5])
-def test_chunked_bptt_starts_each_chunk_from_the_stored_state(gru_rollout, recurrence) -> None:
+def test_chunked_bptt_starts_each_chunk_from_the_stored_state(
+    recurrent_rollout, recurrence
+) -> None:
     """Truncated BPTT: every chunk re-runs from the state the rollout policy held there.
 
     ``recurrence=5`` does not divide the 32-step rollout: chunks of 4 (the longest that does).
     """
-    model, storage = gru_rollout
+    model, storage = recurrent_rollout
     length = storage.sequence_length(recurrence)
     assert length == (8 if recurrence == 8 else 4)
     g = torch.Generator().manual_seed(2)
     seen: list[tuple[int, int]] = []
-    wrong_hidden_diff = 0.0
+    wrong_state_diff = 0.0
+    actions, logprobs_all = storage["actions"], storage["logprobs"]
     with torch.no_grad():
         for batch in storage.minibatches(6, generator=g, recurrence=recurrence):
-            assert batch.actions.shape[0] == length
+            assert batch["actions"].shape[0] == length
+            start = sequence_start_state(batch)
             # Which (start step, env) each sequence is: the stored actions identify it.
-            for j in range(batch.actions.shape[1]):
+            for j in range(batch["actions"].shape[1]):
                 matches = [
                     (t0, env)
                     for t0 in range(0, T_ROLLOUT, length)
                     for env in range(N_ENVS)
-                    if torch.equal(storage.actions[t0 : t0 + length, env], batch.actions[:, j])
-                    and torch.equal(
-                        storage.logprobs[t0 : t0 + length, env], batch.old_logprobs[:, j]
-                    )
+                    if torch.equal(actions[t0 : t0 + length, env], batch["actions"][:, j])
+                    and torch.equal(logprobs_all[t0 : t0 + length, env], batch["logprobs"][:, j])
                 ]
                 assert len(matches) == 1
                 t0, env = matches[0]
                 seen.append(matches[0])
-                assert torch.equal(batch.hidden[:, j], storage.hiddens[t0, :, env])
+                for key in start.keys():
+                    assert torch.equal(start[key][j], storage["state", key][t0, env])
                 assert torch.equal(
-                    batch.episode_starts[:, j], storage.episode_starts[t0 : t0 + length, env]
+                    batch["episode_starts"][:, j], storage["episode_starts"][t0 : t0 + length, env]
                 )
-            out, _ = model(batch.obs, batch.episode_starts, batch.hidden)
-            logprobs = D.log_prob(out.logits, batch.actions)
-            torch.testing.assert_close(logprobs, batch.old_logprobs, atol=1e-6, rtol=0)
-            torch.testing.assert_close(out.values, batch.old_values, atol=1e-6, rtol=0)
-            wrong, _ = model(batch.obs, batch.episode_starts, torch.zeros_like(batch.hidden))
-            wrong_lp = D.log_prob(wrong.logits, batch.actions)
-            wrong_hidden_diff = max(wrong_hidden_diff, (wrong_lp - logprobs).abs().max().item())
+            out, _ = model(batch["obs"], batch["episode_starts"], start)
+            logprobs = out.dist.log_prob(batch["actions"])
+            torch.testing.assert_close(logprobs, batch["logprobs"], atol=1e-6, rtol=0)
+            torch.testing.assert_close(out.values, batch["values"], atol=1e-6, rtol=0)
+            wrong, _ = model(batch["obs"], batch["episode_starts"], _zeros_like(start))
+            wrong_lp = wrong.dist.log_prob(batch["actions"])
+            wrong_state_diff = max(wrong_state_diff, (wrong_lp - logprobs).abs().max().item())
     # Every chunk of every environment exactly once per epoch.
     assert sorted(seen) == [(t0, e) for t0 in range(0, T_ROLLOUT, length) for e in range(N_ENVS)]
-    assert wrong_hidden_diff > 1e-3  # the stored states matter: zeros give other log-probs
+    assert wrong_state_diff > 1e-3  # the stored states matter: zeros give other log-probs

@@ -18,7 +18,7 @@ import yaml
 from gymnasium.utils.env_checker import check_env
 
 from rl.collection.episodes import evaluate_expert
-from rl.models import build_model
+from rl.models import build_policy
 from rl.tasks import PointNav3DEnv, RenderingUnavailableError, task_spaces
 from rl.tasks.nav3d_grid import NavGrid, point_clearance
 from rl.tasks.nav3d_layout import Door, Floorplan, FloorplanSpec, draw_floorplan
@@ -326,15 +326,15 @@ def test_no_egl_gives_a_clear_error() -> None:
 # --------------------------------------------------------------------------------- the model
 def test_pixel_model_builds_for_the_task() -> None:
     cfg = yaml.safe_load((ROOT / "conf" / "model" / "nav3d_cnn_gru.yaml").read_text())
-    model = build_model(cfg, *task_spaces(SMALL))
+    model = build_policy(cfg, *task_spaces(SMALL))
     assert model.encoders["rgb"].out_size == 32 * 4 * 6
     obs = {"rgb": torch.zeros(1, 2, 60, 80, 3, dtype=torch.uint8), "goal": torch.zeros(1, 2, 3)}
-    out, hidden = model(obs, torch.ones(1, 2, dtype=torch.bool), model.initial_hidden(2))
-    assert out.logits.shape == (1, 2, 4) and hidden.shape == (1, 2, 256)
+    out, state = model(obs, torch.ones(1, 2, dtype=torch.bool), model.initial_state(2))
+    assert out.dist.logits.shape == (1, 2, 4) and state["h"].shape == (2, 1, 256)
     with pytest.raises(ValueError, match="one value per cnn_channels"):
-        build_model({**cfg, "cnn_kernels": [8, 4]}, *task_spaces(SMALL))
+        build_policy({**cfg, "cnn_kernels": [8, 4]}, *task_spaces(SMALL))
     with pytest.raises(ValueError, match="does not fit"):
-        build_model({**cfg, "cnn_strides": [8, 8, 1]}, *task_spaces(SMALL))
+        build_policy({**cfg, "cnn_strides": [8, 8, 1]}, *task_spaces(SMALL))
 
 
 # ---------------------------------------------------------------------------- training smoke

@@ -22,7 +22,7 @@ from rl.collection import CollectionSpec, InProcessCollector, RolloutRequest
 from rl.collection.worker_set import CollectionWorkerError, CollectionWorkerSet
 from rl.loggers import MetricsLogger
 from rl.losses import PPOLoss
-from rl.models import ActorCritic, build_model
+from rl.models import ActorCritic, build_policy
 from rl.pipeline import PipelineStage, TrainingPipeline
 from rl.sampling import MultiprocessSampler, SamplerWorkerError, SerialSampler
 from rl.tasks import task_spaces
@@ -77,7 +77,7 @@ def test_a_process_collection_worker_names_itself_and_the_environment() -> None:
         model=MLP,
         seed=0,
     )
-    model = build_model(spec.model, *task_spaces(spec.task))
+    model = build_policy(spec.model, *task_spaces(spec.task))
     workers = CollectionWorkerSet(spec=spec, model=model, backend="process", num_workers=2,
                                   compress=False)  # fmt: skip
     try:

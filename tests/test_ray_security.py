@@ -71,7 +71,7 @@ PRIVATE_COLLECTORS = """
     import psutil
     from rl.collection import CollectionSpec, RolloutRequest
     from rl.collection.worker_set import CollectionWorkerSet
-    from rl.models import build_model
+    from rl.models import build_policy
     from rl.tasks import task_spaces
 
     task = {"_target_": "rl.tasks.debug.FaultyEnv", "max_steps": 10}
@@ -79,7 +79,7 @@ PRIVATE_COLLECTORS = """
     model = {"_target_": "rl.models.ActorCritic", "_partial_": True, "cnn_channels": [8],
              "trunk_layers": [16], "rnn": "gru", "rnn_hidden_size": 8}
     spec = CollectionSpec(task=task, sampler=sampler, model=model, seed=1)
-    policy = build_model(spec.model, *task_spaces(spec.task))
+    policy = build_policy(spec.model, *task_spaces(spec.task))
     workers = CollectionWorkerSet(spec=spec, model=policy, backend="ray", address=None,
                                   num_workers=2, cpus_per_worker=1)
     try:

@@ -35,7 +35,7 @@ from rl.engine import run
 from rl.evaluation import InferenceAgent
 from rl.loggers import MetricsLogger
 from rl.losses import ImitationLoss, PPOLoss
-from rl.models import ActorCritic, build_model
+from rl.models import ActorCritic, build_policy
 from rl.pipeline import LinearDecay, PipelineStage, TrainingPipeline
 from rl.sampling import SerialSampler, obs_to_torch
 from rl.tasks import build_env, task_spaces
@@ -153,7 +153,7 @@ def test_checkpoint_holds_the_full_training_state(tmp_path: Path) -> None:
         assert state[key] is not None, key
     assert state["pipeline"]["total_steps"] == 32
     assert set(state["rng"]) >= {"python", "numpy", "torch", "shuffle"}
-    assert state["rollout"]["hidden"].shape == (1, 4, 16)
+    assert state["rollout"]["state"]["h"].shape == (4, 1, 16)  # the GRU's, [N, L, H]
     episodes = state["sampler"]["episodes"]
     assert len(episodes) == 4 and any(len(e["actions"]) > 0 for e in episodes)
     # An env has no recorded action exactly when its episode starts at the rollout boundary.
@@ -200,7 +200,7 @@ MODEL_CFG = {
 
 def test_inference_agent_reproduces_the_engines_argmax_actions(tmp_path: Path) -> None:
     torch.manual_seed(1)
-    model = build_model(MODEL_CFG, *task_spaces(SMALL))
+    model = build_policy(MODEL_CFG, *task_spaces(SMALL))
     with torch.no_grad():  # random weights: varied actions that depend on the GRU state
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * 0.5)
@@ -210,12 +210,12 @@ def test_inference_agent_reproduces_the_engines_argmax_actions(tmp_path: Path) -
     with SerialSampler(task=SMALL, num_envs=1, seed=seed) as sampler:
         obs_np, _ = sampler.reset()
         starts = torch.ones(1, dtype=torch.bool)
-        hidden = model.initial_hidden(1)
+        state = model.initial_state(1)
         while len(engine_actions) < 3:  # two episodes (the second after an auto-reset)
             obs = obs_to_torch(obs_np, torch.device("cpu"))
-            actions, _, _, _, hidden = model.act(obs, starts, hidden, deterministic=True)
-            engine_actions[-1].append(int(actions[0]))
-            result = sampler.step(actions.numpy())
+            step, state = model.act(obs, starts, state, deterministic=True)
+            engine_actions[-1].append(int(step.actions[0]))
+            result = sampler.step(step.actions.numpy())
             obs_np = result.obs
             starts = torch.from_numpy(result.terminated | result.truncated)
             if starts[0]:
@@ -299,7 +299,7 @@ def test_init_from_loads_weights_and_restarts_the_pipeline(compose_cfg, tmp_path
     )
     start = plan_start(cfg, to_plain(cfg))
     start.close()  # the plan holds the new run folder's lock until closed
-    model = build_model(start.config["model"], *task_spaces(start.config["task"]))
+    model = build_policy(start.config["model"], *task_spaces(start.config["task"]))
     start.init_model(model)
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     run.train(cfg)

@@ -50,7 +50,7 @@ class Recorder(Callback):
         self.lrs.append(trainer.optimizer.param_groups[0]["lr"])
         s = info.rollout.storage
         self.actions_equal_expert.append(
-            bool((s.actions[: s.step] == s.expert_actions[: s.step]).all())
+            bool((s["actions"][: s.step] == s["expert_actions"][: s.step]).all())
         )
 
     def on_stage_end(self, trainer: OnPolicyTrainer, stage_index: int) -> None:
@@ -317,7 +317,7 @@ def test_each_distributed_worker_draws_its_own_offpolicy_data(tmp_path: Path) ->
         space, actions = task_spaces(SMALL)
         model = ActorCritic(observation_space=space, action_space=actions, cnn_channels=[8])
         Learner(model=model, pipeline=pipe, dist=DistContext(rank=rank, world_size=2))
-        drawn.append([component.next_batch().steps for _ in range(400)])
+        drawn.append([component.next_batch()["steps"] for _ in range(400)])
     a, b = (torch.cat([s.flatten() for s in d]) for d in drawn)
     assert not torch.equal(drawn[0][0], drawn[1][0])  # different batches
     assert a.max() < b.min()  # disjoint shares ...
@@ -378,7 +378,7 @@ class FirstStepStarts(Callback):
         self.all_start: list[bool] = []
 
     def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
-        self.all_start.append(bool(info.rollout.storage.episode_starts[0].all()))
+        self.all_start.append(bool(info.rollout.storage["episode_starts"][0].all()))
 
 
 def test_advance_scene_rollout_period_starts_new_episodes(tmp_path: Path) -> None:

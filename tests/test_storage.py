@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tensordict import TensorDict
 
-from rl.storage import RolloutStorage, compute_discounted_returns, compute_gae
+from rl.storage import (
+    RolloutStorage,
+    advantage_stats_of,
+    compute_discounted_returns,
+    compute_gae,
+    sequence_start_state,
+)
 
 T, N = 23, 6
 
@@ -151,35 +158,39 @@ def test_gae_trace_does_not_leak_across_episode_boundary(kind: str) -> None:
 
 # ------------------------------------------------------------------- storage
 def _storage(num_envs: int, capacity: int = 5) -> RolloutStorage:
-    return RolloutStorage(
-        num_steps=capacity,
-        num_envs=num_envs,
-        obs_shapes={"x": (2,)},
-        obs_dtypes={"x": torch.float32},
-        hidden_shape=(1, 3),
-    )
+    return RolloutStorage(num_steps=capacity, num_envs=num_envs)
 
 
-def _fill(storage: RolloutStorage, steps: int) -> None:
+def _state(values: torch.Tensor) -> TensorDict:
+    """A GRU-like state ``{"h": [N, 1, 3]}`` holding ``values`` ``[N]``."""
+    return TensorDict({"h": values.view(-1, 1, 1).expand(-1, 1, 3)}, batch_size=values.shape)
+
+
+def _step(n: int, t: int, env_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {
+        "actions": torch.arange(n) + 1000 * t,
+        "logprobs": env_ids,
+        "values": env_ids + 0.5,
+        "rewards": torch.full((n,), float(t)),
+        "terminated": torch.zeros(n, dtype=torch.bool),
+        "truncated": torch.zeros(n, dtype=torch.bool),
+        "truncation_values": torch.zeros(n),
+        "expert_actions": torch.full((n,), -1),
+    }
+
+
+def _fill(storage: RolloutStorage, steps: int, states: bool = True) -> None:
     """Tag every entry with its env index (and step) so minibatches can be checked."""
     n = storage.num_envs
     env_ids = torch.arange(n, dtype=torch.float32)
     storage.set_first(
-        {"x": env_ids[:, None].expand(n, 2)},
-        torch.ones(n, dtype=torch.bool),
-        env_ids.view(1, n, 1).expand(1, n, 3),
+        {"x": env_ids[:, None].expand(n, 2)}, torch.ones(n, dtype=torch.bool), _state(env_ids)
     )
     for t in range(steps):
         storage.insert(
-            next_obs={"x": env_ids[:, None].expand(n, 2)},
-            actions=torch.arange(n) + 1000 * t,
-            logprobs=env_ids,
-            values=env_ids + 0.5,
-            rewards=torch.full((n,), float(t)),
-            terminated=torch.zeros(n, dtype=torch.bool),
-            truncated=torch.zeros(n, dtype=torch.bool),
-            truncation_values=torch.zeros(n),
-            expert_actions=torch.full((n,), -1),
+            _step(n, t, env_ids),
+            {"x": env_ids[:, None].expand(n, 2)},
+            _state(env_ids) if states else None,
         )
 
 
@@ -192,20 +203,23 @@ def test_minibatches_partition_envs_and_keep_whole_sequences(num_envs: int, num_
     for _ in range(3):
         batches = list(storage.minibatches(num_mb, generator=g))
         assert len(batches) == num_mb
-        sizes = [b.actions.shape[1] for b in batches]
+        sizes = [b["actions"].shape[1] for b in batches]
         assert max(sizes) - min(sizes) <= 1
         seen: list[int] = []
         for b in batches:
-            envs = b.old_logprobs[0].long().tolist()
+            envs = b["logprobs"][0].long().tolist()
             seen += envs
-            assert b.actions.shape == (storage.capacity, len(envs))
+            assert b["actions"].shape == (storage.capacity, len(envs))
+            assert b.batch_size == (storage.capacity, len(envs))
             # All T steps of each env, in time order, consistent across fields.
             steps = torch.arange(storage.capacity)[:, None]
-            torch.testing.assert_close(b.actions, torch.tensor(envs)[None] + 1000 * steps)
-            torch.testing.assert_close(b.old_values, b.old_logprobs + 0.5)
-            torch.testing.assert_close(b.obs["x"][..., 0], b.old_logprobs)
-            torch.testing.assert_close(b.hidden[0, :, 0], b.old_logprobs[0])
-            assert b.num_samples == storage.capacity * len(envs)
+            torch.testing.assert_close(b["actions"], torch.tensor(envs)[None] + 1000 * steps)
+            torch.testing.assert_close(b["values"], b["logprobs"] + 0.5)
+            torch.testing.assert_close(b["obs", "x"][..., 0], b["logprobs"])
+            start = sequence_start_state(b)
+            assert start.batch_size == (len(envs),)
+            torch.testing.assert_close(start["h"][:, 0, 0], b["logprobs"][0])
+            assert b.numel() == storage.capacity * len(envs)
         assert sorted(seen) == list(range(num_envs))
 
 
@@ -213,8 +227,8 @@ def test_minibatches_shuffle_envs() -> None:
     storage = _storage(16)
     _fill(storage, 5)
     g = torch.Generator().manual_seed(0)
-    orders = {tuple(b.old_logprobs[0].long().tolist()) for b in storage.minibatches(1, g)}
-    orders |= {tuple(b.old_logprobs[0].long().tolist()) for b in storage.minibatches(1, g)}
+    orders = {tuple(b["logprobs"][0].long().tolist()) for b in storage.minibatches(1, g)}
+    orders |= {tuple(b["logprobs"][0].long().tolist()) for b in storage.minibatches(1, g)}
     assert len(orders) == 2
 
 
@@ -231,30 +245,14 @@ def test_shorter_rollout_than_capacity() -> None:
     storage.reset(3)
     _fill(storage, 3)
     with pytest.raises(RuntimeError):
-        _fill_one_more(storage)
+        _fill(storage, 1)  # a fourth step does not fit
     for b in storage.minibatches(2):
-        assert b.actions.shape[0] == 3
-        assert b.obs["x"].shape[0] == 3
-    obs, starts = storage.last_obs()
-    assert obs["x"].shape == (4, 2)
+        assert b["actions"].shape[0] == 3
+        assert b["obs", "x"].shape[0] == 3
+    assert storage.rows().batch_size == (4, 4)  # three steps and the observation after them
     storage.compute_returns(next_value=torch.zeros(4), gamma=1.0, use_gae=True, gae_lambda=1.0)
     # Rewards 0, 1, 2 with gamma 1 and a zero bootstrap: returns are the suffix sums.
-    torch.testing.assert_close(storage.returns[:3, 0], torch.tensor([3.0, 3.0, 2.0]))
-
-
-def _fill_one_more(storage: RolloutStorage) -> None:
-    n = storage.num_envs
-    storage.insert(
-        next_obs={"x": torch.zeros(n, 2)},
-        actions=torch.zeros(n, dtype=torch.long),
-        logprobs=torch.zeros(n),
-        values=torch.zeros(n),
-        rewards=torch.zeros(n),
-        terminated=torch.zeros(n, dtype=torch.bool),
-        truncated=torch.zeros(n, dtype=torch.bool),
-        truncation_values=torch.zeros(n),
-        expert_actions=torch.zeros(n, dtype=torch.long),
-    )
+    torch.testing.assert_close(storage["returns"][:3, 0], torch.tensor([3.0, 3.0, 2.0]))
 
 
 @pytest.mark.parametrize("bad", [0, 9])
@@ -267,10 +265,54 @@ def test_chunks_need_the_recorded_recurrent_states() -> None:
     """A rollout inserted without per-step states can only give whole-rollout minibatches."""
     storage = _storage(4, capacity=8)
     storage.reset()
-    _fill(storage, 8)  # no hidden=...: nothing for chunks to start from
-    assert not storage.hiddens_recorded
+    _fill(storage, 8, states=False)  # nothing for chunks to start from
+    assert not storage.states_recorded
     assert len(list(storage.minibatches(2, recurrence=0))) == 2
     with pytest.raises(ValueError, match="recurrence=4: .* without per-step recurrent states"):
         list(storage.minibatches(2, recurrence=4))
     storage.reset()  # a new rollout starts recorded again
-    assert storage.hiddens_recorded
+    assert storage.states_recorded
+
+
+def test_chunks_start_from_the_state_stored_at_their_first_step() -> None:
+    storage = _storage(2, capacity=8)
+    storage.reset()
+    n = 2
+    storage.set_first(
+        {"x": torch.zeros(n, 2)}, torch.ones(n, dtype=torch.bool), _state(torch.zeros(n))
+    )
+    for t in range(8):  # the state after step t is 100 * (t + 1) + env
+        after = 100.0 * (t + 1) + torch.arange(n, dtype=torch.float32)
+        storage.insert(
+            _step(n, t, torch.arange(n, dtype=torch.float32)),
+            {"x": torch.zeros(n, 2)},
+            _state(after),
+        )
+    for b in storage.minibatches(4, torch.Generator().manual_seed(0), recurrence=2):
+        first_step = b["actions"][0] // 1000  # the chunk's first step
+        env = b["actions"][0] % 1000
+        expected = torch.where(first_step == 0, 0.0, 100.0 * first_step + env)
+        torch.testing.assert_close(sequence_start_state(b)["h"][:, 0, 0], expected.float())
+
+
+def test_a_new_field_is_recorded_and_carried_without_declaring_it() -> None:
+    """Any key a component inserts is allocated on first sight and reaches every minibatch,
+    with its own shape and dtype; the advantage statistics travel with the minibatches."""
+    storage = _storage(4, capacity=6)
+    n = 4
+    env_ids = torch.arange(n, dtype=torch.float32)
+    storage.set_first(
+        {"x": torch.zeros(n, 2)}, torch.ones(n, dtype=torch.bool), TensorDict({}, [n])
+    )
+    for t in range(6):
+        extra = {"aux/target": torch.stack([env_ids, torch.full((n,), float(t))], dim=-1),
+                 "parity": torch.full((n,), t % 2, dtype=torch.int8)}  # fmt: skip
+        storage.insert({**_step(n, t, env_ids), **extra}, {"x": torch.zeros(n, 2)})
+    storage.advantage_stats = (0.5, 2.0)
+    for b in storage.minibatches(2, torch.Generator().manual_seed(1)):
+        assert b["aux/target"].shape == (6, 2, 2) and b["parity"].dtype == torch.int8
+        torch.testing.assert_close(b["aux/target"][..., 0], b["logprobs"])
+        torch.testing.assert_close(b["aux/target"][:, 0, 1], torch.arange(6.0))
+        assert advantage_stats_of(b) == (0.5, 2.0)
+        assert "state" not in b.keys()  # a memoryless policy records no state
+        assert sequence_start_state(b).batch_size == (2,)

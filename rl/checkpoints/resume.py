@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
@@ -30,8 +30,10 @@ from rl.checkpoints.files import (
 from rl.checkpoints.lock import RunLock
 from rl.checkpoints.resume_config import resume_config, typed_override_keys, unresolved_config
 from rl.checkpoints.trust import untrusted_targets
-from rl.models.actor_critic import ActorCritic
 from rl.utils.config import ConfigError
+
+if TYPE_CHECKING:  # (importing the models imports tensordict: loading a checkpoint need not)
+    from rl.models.policy import Policy
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +116,7 @@ class StartPlan:
         """The wandb run id saved with the resumed run (None otherwise)."""
         return None if self.resume_state is None else self.resume_state.get("wandb_run_id")
 
-    def init_model(self, model: ActorCritic) -> None:
+    def init_model(self, model: Policy) -> None:
         """Load the ``init_from`` checkpoint's weights into ``model`` (no-op without one)."""
         if self.init_state is None:
             return

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl.models.actor_critic import ActorCritic
+from rl.models.policy import Policy
 from rl.sampling.convert import episode_metric_key, obs_to_torch
 from rl.sampling.factory import build_sampler
 
@@ -48,7 +48,7 @@ def episode_seed_list(num_episodes: int, first_seed: int) -> list[int]:
 @torch.no_grad()
 def evaluate_policy(
     *,
-    model: ActorCritic,
+    model: Policy,
     task: Mapping[str, Any],
     episode_seeds: Sequence[int],
     num_envs: int = 16,
@@ -82,17 +82,17 @@ def evaluate_policy(
         obs = obs_to_torch(obs_np, device)
         n = sampler.num_envs
         starts = torch.ones(n, dtype=torch.bool, device=device)
-        hidden = model.initial_hidden(n, device)
+        state = model.initial_state(n, device)
         while sampler.num_active:
-            actions, _, _, _, hidden = model.act(obs, starts, hidden, deterministic, generator)
-            result = sampler.step(actions.cpu().numpy())
+            step, state = model.act(obs, starts, state, deterministic, generator)
+            result = sampler.step(step.actions.cpu().numpy())
             for ep in result.episodes:
                 assert ep.episode_seed is not None
                 records[ep.episode_seed] = {"episode_seed": ep.episode_seed, **ep.metrics}
             keep = torch.from_numpy(~result.paused).to(device)
             obs = {k: v[keep] for k, v in obs_to_torch(result.obs, device).items()}
             starts = torch.from_numpy(result.terminated | result.truncated).to(device)[keep]
-            hidden = hidden[:, keep]
+            state = state[keep]
     return summarise_episodes(records, episode_seeds)
 
 

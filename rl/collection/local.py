@@ -21,13 +21,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from tensordict import TensorDict
 
 from rl.collection.base import CollectionSpec, Preemption, Rollout, RolloutRequest
 from rl.collection.episodes import EvalResult, evaluate_policy
 from rl.distributed.preemption import RolloutPreemption
 from rl.distributed.setup import DistContext
-from rl.models import distributions as D
-from rl.models.actor_critic import ActorCritic
+from rl.models.policy import Policy, PolicyStep
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.sampling.base import Sampler
 from rl.sampling.convert import obs_to_torch
@@ -45,7 +45,7 @@ class _Carry:
     obs: dict[str, torch.Tensor]
     expert: torch.Tensor  # [N] int64 on the CPU, -1 where the task gives none
     episode_starts: torch.Tensor
-    hidden: torch.Tensor
+    state: TensorDict  # the policy's recurrent state, batch [N]
 
 
 class InProcessCollector:
@@ -67,7 +67,7 @@ class InProcessCollector:
     def __init__(
         self,
         *,
-        model: ActorCritic,
+        model: Policy,
         sampler: Sampler,
         device: torch.device | str = "cpu",
         dist: DistContext | None = None,
@@ -94,7 +94,7 @@ class InProcessCollector:
         cls,
         *,
         spec: CollectionSpec,
-        model: ActorCritic,
+        model: Policy,
         device: torch.device | str = "cpu",
         dist: DistContext | None = None,
     ) -> InProcessCollector:
@@ -117,12 +117,8 @@ class InProcessCollector:
     def _storage_for(self, num_steps: int) -> RolloutStorage:
         """The storage, (re)allocated when a rollout is longer than its capacity."""
         if self.storage is None or self.storage.capacity < num_steps:
-            self.storage = RolloutStorage.for_space(
-                num_steps=num_steps,
-                num_envs=self.num_envs,
-                observation_space=self.sampler.observation_space,
-                hidden_shape=self.model.hidden_shape,
-                device=self.device,
+            self.storage = RolloutStorage(
+                num_steps=num_steps, num_envs=self.num_envs, device=self.device
             )
         return self.storage
 
@@ -132,7 +128,7 @@ class InProcessCollector:
             obs=obs_to_torch(obs_np, self.device),
             expert=torch.from_numpy(expert_np),
             episode_starts=torch.ones(n, dtype=torch.bool, device=self.device),
-            hidden=self.model.initial_hidden(n, self.device),
+            state=self.model.initial_state(n, self.device),
         )
 
     @torch.no_grad()
@@ -145,23 +141,21 @@ class InProcessCollector:
         storage = self._storage_for(request.num_steps)
         model.eval()
         storage.reset(request.num_steps)
-        storage.set_first(c.obs, c.episode_starts, c.hidden)
+        storage.set_first(c.obs, c.episode_starts, c.state)
         stats, episodes = ScalarMeanTracker(), []
         forced_steps, env_seconds, inference_seconds = 0, 0.0, 0.0
         if self.preemption is not None:
             self.preemption.start(self._rollout_index)
         self._rollout_index += 1
         zeros = torch.zeros(n, device=self.device)
-        obs, expert, starts, hidden = c.obs, c.expert, c.episode_starts, c.hidden
+        obs, expert, starts, state = c.obs, c.expert, c.episode_starts, c.state
         for t in range(request.num_steps):
             t0 = time.perf_counter()
-            hidden_before = hidden  # truncated-BPTT chunks start from the stored state
-            actions, logprobs, values, logits, hidden = model.act(obs, starts, hidden)
+            step, state = model.act(obs, starts, state)
+            actions, logprobs = step.actions, step.logprobs
             if request.teacher_forcing is not None:
                 prob = request.teacher_forcing_probability(t)
-                actions, logprobs, count = self._teacher_force(
-                    prob, actions, logprobs, logits, expert
-                )
+                actions, logprobs, count = self._teacher_force(prob, step, expert)
                 forced_steps += count
                 stats.add_scalars(
                     {"pipeline/teacher_ratio": count / n, "pipeline/teacher_forcing_prob": prob}
@@ -172,21 +166,24 @@ class InProcessCollector:
             next_obs = obs_to_torch(result.obs, self.device)
             truncation_values = zeros
             if len(result.final_obs_indices):
-                truncation_values = self._truncation_values(result, hidden, zeros)
+                truncation_values = self._truncation_values(result, state, zeros)
             terminated = torch.from_numpy(result.terminated).to(self.device)
             truncated = torch.from_numpy(result.truncated).to(self.device)
-            storage.insert(
-                next_obs=next_obs,
-                actions=actions,
-                logprobs=logprobs,
-                values=values,
-                rewards=torch.from_numpy(result.rewards).to(self.device),
-                terminated=terminated,
-                truncated=truncated,
-                truncation_values=truncation_values,
-                expert_actions=expert.to(self.device),
-                hidden=hidden_before,
-            )
+            fields = {
+                "actions": actions,
+                "logprobs": logprobs,
+                "values": step.values,
+                "rewards": torch.from_numpy(result.rewards).to(self.device),
+                "terminated": terminated,
+                "truncated": truncated,
+                "truncation_values": truncation_values,
+                "expert_actions": expert.to(self.device),
+            }
+            if step.extras:
+                fields.update(step.extras)  # fields the policy declares for its own losses
+            # The state after the step is the one before the next observation: truncated-BPTT
+            # chunks start from it.
+            storage.insert(fields, next_obs, state)
             expert = torch.from_numpy(result.expert_actions)
             episodes.extend(result.episodes)
             t3 = time.perf_counter()
@@ -201,9 +198,9 @@ class InProcessCollector:
             if storage.step == request.num_steps:
                 self.preemption.finished()
             stats.add_scalars({self.preemption.metric: storage.step / request.num_steps})
-        self._carry = _Carry(obs=obs, expert=expert, episode_starts=starts, hidden=hidden)
+        self._carry = _Carry(obs=obs, expert=expert, episode_starts=starts, state=state)
         # ALGO: the value the returns bootstrap from, by the policy that collected the rollout.
-        out, _ = model({k: v.unsqueeze(0) for k, v in obs.items()}, starts.unsqueeze(0), hidden)
+        out, _ = model({k: v.unsqueeze(0) for k, v in obs.items()}, starts.unsqueeze(0), state)
         return Rollout(
             storage=storage,
             next_value=out.values[0],
@@ -215,27 +212,33 @@ class InProcessCollector:
         )
 
     def _teacher_force(
-        self,
-        prob: float,
-        actions: torch.Tensor,
-        logprobs: torch.Tensor,
-        logits: torch.Tensor,
-        expert: torch.Tensor,
+        self, prob: float, step: PolicyStep, expert: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """ALGO: take the expert's action with probability ``prob`` where the task gives one.
 
         Returns:
             ``(actions taken, their log-probabilities under the policy, how many were forced)``:
             the storage records the action taken, so the update sees what the env saw.
+
+        Raises:
+            ValueError: The policy's actions are not single discrete actions (the expert's
+                are), e.g. a Box action space.
         """
+        actions, logprobs = step.actions, step.logprobs
+        if actions.shape != expert.shape or actions.is_floating_point():
+            raise ValueError(
+                "teacher forcing takes the task's expert actions (one discrete action per "
+                f"environment), but the policy's actions have shape {tuple(actions.shape)} "
+                f"and dtype {actions.dtype}: teacher forcing needs a Discrete action space"
+            )
         forced = (torch.rand(actions.shape) < prob) & (expert >= 0)
         if forced.any():
             actions = torch.where(forced.to(self.device), expert.to(self.device), actions)
-            logprobs = D.log_prob(logits, actions)
+            logprobs = step.dist.log_prob(actions)
         return actions, logprobs, int(forced.sum())
 
     def _truncation_values(
-        self, result: Any, hidden: torch.Tensor, zeros: torch.Tensor
+        self, result: Any, state: TensorDict, zeros: torch.Tensor
     ) -> torch.Tensor:
         """ALGO: values of the final observations of truncated episodes (bootstrapped)."""
         idx = torch.from_numpy(result.final_obs_indices).to(self.device)
@@ -243,7 +246,7 @@ class InProcessCollector:
         out, _ = self.model(
             {k: v.unsqueeze(0) for k, v in final.items()},
             torch.zeros(1, len(idx), dtype=torch.bool, device=self.device),
-            hidden[:, idx],
+            state[idx],
         )
         values = zeros.clone()
         values[idx] = out.values[0]
@@ -259,7 +262,7 @@ class InProcessCollector:
             return
         obs_np, expert_np = self.sampler.new_episodes()
         fresh = self._fresh_carry(obs_np, expert_np)
-        self._carry = dataclasses.replace(fresh, hidden=self._carry.hidden)
+        self._carry = dataclasses.replace(fresh, state=self._carry.state)
 
     def evaluate(
         self,
@@ -295,7 +298,7 @@ class InProcessCollector:
             rollout = {
                 "expert": self._carry.expert,
                 "episode_starts": self._carry.episode_starts,
-                "hidden": self._carry.hidden,
+                "state": self._carry.state.to_dict(),
                 "obs": dict(self._carry.obs),
             }
         return {"sampler": sampler_state, "rollout": rollout}
@@ -335,8 +338,23 @@ class InProcessCollector:
             obs=obs,
             expert=torch.from_numpy(expert_np),
             episode_starts=rollout["episode_starts"].to(self.device),
-            hidden=rollout["hidden"].to(self.device),
+            state=self._saved_state(rollout),
         )
+
+    def _saved_state(self, rollout: Mapping[str, Any]) -> TensorDict:
+        """The carried recurrent state of a checkpoint's ``rollout`` entry.
+
+        Checkpoint format 2 saved a GRU's state as ``hidden`` ``[L, N, H]`` (a dummy
+        ``[1, N, 1]`` for memoryless policies); format 3 saves the policy's state as a dict.
+        """
+        fresh = self.model.initial_state(self.num_envs, self.device)
+        if "state" in rollout:
+            saved = TensorDict(rollout["state"], batch_size=fresh.batch_size)
+            return saved.to(self.device)
+        hidden = rollout["hidden"].to(self.device)
+        if set(fresh.keys()) == {"h"}:
+            return TensorDict({"h": hidden.transpose(0, 1)}, batch_size=fresh.batch_size)
+        return fresh  # a memoryless policy's dummy state
 
     def close(self) -> None:
         """Close the sampler."""

@@ -1,11 +1,13 @@
 """Rollouts across process and machine boundaries: packed as arrays, optionally compressed.
 
-A collection worker packs its :class:`~rl.collection.Rollout` into plain NumPy arrays plus the
-finished episodes and statistics (:func:`pack_rollout`); with ``compress`` every array's bytes
-are lz4-compressed (lz4's frame format, as RLlib compresses observations: grid observations
-and flags shrink several-fold, floats little). The learner writes the packed rollouts of all
-workers side by side into one storage (:class:`RolloutAssembler`), each worker's environments
-in their own columns, so the update sees one ``[T, N]`` rollout whatever the layout.
+A collection worker packs its :class:`~rl.collection.Rollout` into plain NumPy arrays, one per
+leaf of the rollout's ``TensorDict`` (by nested key: every field the collector recorded, with
+no list of fields here), plus the finished episodes and statistics (:func:`pack_rollout`); with
+``compress`` every array's bytes are lz4-compressed (lz4's frame format, as RLlib compresses
+observations: grid observations and flags shrink several-fold, floats little). The learner
+writes the packed rollouts of all workers side by side into one storage
+(:class:`RolloutAssembler`), each worker's environments in their own columns, so the update
+sees one ``[T, N]`` rollout whatever the layout.
 """
 
 from __future__ import annotations
@@ -15,15 +17,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import gymnasium as gym
 import lz4.frame
 import numpy as np
 import torch
+from tensordict import TensorDict
 
 from rl.collection.base import Rollout
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.sampling.base import EpisodeRecord
-from rl.storage.rollout import STEP_FIELDS, RolloutStorage
+from rl.storage.rollout import RolloutStorage
 
 
 @dataclasses.dataclass
@@ -50,24 +52,28 @@ def pack_rollout(rollout: Rollout, *, compress: bool) -> dict[str, Any]:
     """A rollout as plain data: arrays (lz4-compressed if ``compress``), episodes, statistics.
 
     Returns:
-        ``{"arrays": {name: array}, "episodes": [...], "stats": ..., "teacher_forced": ...,
-        "env_seconds": ..., "inference_seconds": ..., "bytes": raw size, "packed_bytes":
-        size sent, "pack_seconds": time spent packing}``.
+        ``{"arrays": {nested key: array [T + 1, N, ...]}, "next_value": array [N],
+        "episodes": [...], "stats": ..., "teacher_forced": ..., "env_seconds": ...,
+        "inference_seconds": ..., "bytes": raw size, "packed_bytes": size sent,
+        "pack_seconds": time spent packing}`` (row ``T``'s per-step fields are unused).
     """
     t0 = time.perf_counter()
-    s, t = rollout.storage, rollout.storage.step
-    arrays: dict[str, Any] = {f: getattr(s, f)[:t].cpu().numpy() for f in STEP_FIELDS}
-    arrays.update({f"obs/{k}": v[: t + 1].cpu().numpy() for k, v in s.obs.items()})
-    arrays["episode_starts"] = s.episode_starts[: t + 1].cpu().numpy()
-    arrays["hiddens"] = s.hiddens[:t].cpu().numpy()
+    rows = rollout.storage.rows()
+    arrays: dict[Any, Any] = {
+        key: value.cpu().numpy()
+        for key, value in rows.items(include_nested=True, leaves_only=True)
+    }
     arrays["next_value"] = rollout.next_value.cpu().numpy()
     raw = sum(a.nbytes for a in arrays.values())
     packed = raw
     if compress:
         arrays = {k: PackedArray.of(a) for k, a in arrays.items()}
         packed = sum(len(a.data) for a in arrays.values())
+    next_value = arrays.pop("next_value")
     return {
         "arrays": arrays,
+        "next_value": next_value,
+        "steps": rollout.storage.step,
         "episodes": [dataclasses.asdict(e) for e in rollout.episodes],
         "stats": rollout.stats,
         "teacher_forced": rollout.teacher_forced,
@@ -88,6 +94,16 @@ def _tensor(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
+def unpack_rows(data: Mapping[str, Any]) -> TensorDict:
+    """The rows ``[T + 1, n]`` of a packed rollout as a ``TensorDict``."""
+    arrays = {key: _array(value) for key, value in data["arrays"].items()}
+    first = next(iter(arrays.values()))
+    rows = TensorDict({}, batch_size=first.shape[:2])
+    for key, array in arrays.items():
+        rows.set(key, _tensor(array))
+    return rows
+
+
 def cut_packed_rollout(data: Mapping[str, Any], steps: int) -> dict[str, Any]:
     """A packed rollout cut to its first ``steps`` steps (a straggler rule's common length).
 
@@ -95,49 +111,29 @@ def cut_packed_rollout(data: Mapping[str, Any], steps: int) -> dict[str, Any]:
     observation at the cut (``values[steps]``); where the step before the cut ended an
     episode, GAE does not bootstrap there anyway. Episodes and statistics stay whole.
     """
-    arrays = {k: _array(v) for k, v in data["arrays"].items()}
-    cut = {k: arrays[k][:steps] for k in STEP_FIELDS}
-    cut.update({k: v[: steps + 1] for k, v in arrays.items() if k.startswith("obs/")})
-    cut["episode_starts"] = arrays["episode_starts"][: steps + 1]
-    cut["hiddens"] = arrays["hiddens"][:steps]
-    cut["next_value"] = (
-        arrays["values"][steps] if steps < len(arrays["values"]) else arrays["next_value"]
-    )
-    return {**data, "arrays": cut}
+    arrays = {k: _array(v)[: steps + 1] for k, v in data["arrays"].items()}
+    recorded = int(data["steps"])
+    next_value = arrays["values"][steps] if steps < recorded else _array(data["next_value"])
+    return {**data, "arrays": arrays, "next_value": next_value, "steps": min(steps, recorded)}
 
 
 class RolloutAssembler:
     """Writes the packed rollouts of several workers into one learner-side storage.
 
     Args:
-        observation_space: The task's (Dict) observation space.
-        hidden_shape: ``(L, H)`` of the policy's recurrent state.
         num_envs: Environments over all workers.
         device: Where the storage lives (the learner's device).
     """
 
-    def __init__(
-        self,
-        *,
-        observation_space: gym.spaces.Dict,
-        hidden_shape: tuple[int, int],
-        num_envs: int,
-        device: torch.device | str = "cpu",
-    ) -> None:
-        self.observation_space = observation_space
-        self.hidden_shape = hidden_shape
+    def __init__(self, *, num_envs: int, device: torch.device | str = "cpu") -> None:
         self.num_envs = num_envs
         self.device = torch.device(device)
         self.storage: RolloutStorage | None = None
 
     def _storage_for(self, num_steps: int) -> RolloutStorage:
         if self.storage is None or self.storage.capacity < num_steps:
-            self.storage = RolloutStorage.for_space(
-                num_steps=num_steps,
-                num_envs=self.num_envs,
-                observation_space=self.observation_space,
-                hidden_shape=self.hidden_shape,
-                device=self.device,
+            self.storage = RolloutStorage(
+                num_steps=num_steps, num_envs=self.num_envs, device=self.device
             )
         return self.storage
 
@@ -148,17 +144,16 @@ class RolloutAssembler:
 
         Every packed rollout must have the same number of steps.
         """
-        arrays = [{k: _array(v) for k, v in p["arrays"].items()} for p in packed]
-        steps = {int(a["actions"].shape[0]) for a in arrays}
+        steps = {int(p["steps"]) for p in packed}
         if len(steps) != 1:
             raise ValueError(f"workers' rollouts differ in length: {sorted(steps)}")
         t = steps.pop()
         storage = self._storage_for(t)
         storage.reset(t)
         next_value = torch.zeros(self.num_envs, device=self.device)
-        for a, envs in zip(arrays, env_slices, strict=True):
-            storage.write_envs(envs, {k: _tensor(v) for k, v in a.items()})
-            next_value[envs] = _tensor(a["next_value"]).to(self.device)
+        for p, envs in zip(packed, env_slices, strict=True):
+            storage.write_envs(envs, unpack_rows(p).to(self.device))
+            next_value[envs] = _tensor(_array(p["next_value"])).to(self.device)
         storage.step = t
         stats = ScalarMeanTracker()
         for p in packed:

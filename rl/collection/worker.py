@@ -41,7 +41,7 @@ from rl.collection.base import CollectionSpec, RolloutRequest
 from rl.collection.episodes import evaluate_policy
 from rl.collection.local import InProcessCollector
 from rl.collection.transport import pack_rollout
-from rl.models.factory import build_model
+from rl.models.factory import build_policy
 from rl.sampling.factory import build_sampler
 from rl.tasks.factory import task_spaces, with_split
 from rl.utils.seeding import rng_state, set_rng_state, set_seed
@@ -121,7 +121,7 @@ class CollectionWorker:
         self.spec = spec
         self.compress = compress
         set_seed(spec.seed)
-        self.model = build_model(spec.model, *task_spaces(spec.task))
+        self.model = build_policy(spec.model, *task_spaces(spec.task))
         if index:
             set_seed(spec.seed + index)
         sampler = build_sampler(

@@ -50,9 +50,9 @@ from rl.collection.episodes import EvalResult, evaluate_policy, summarise_episod
 from rl.collection.transport import RolloutAssembler, cut_packed_rollout
 from rl.collection.worker import ALGORITHM_PARAMETERS, CollectionWorker
 from rl.distributed.setup import DistContext
-from rl.models.actor_critic import ActorCritic
+from rl.models.policy import Policy
 from rl.sampling.worker_pool import WARN_FRACTION
-from rl.tasks.factory import task_spaces, with_split
+from rl.tasks.factory import with_split
 from rl.utils.config import ConfigError
 from rl.utils.misc import evenly_distribute_count_into_bins
 
@@ -108,7 +108,7 @@ class CollectionWorkerSet:
         self,
         *,
         spec: CollectionSpec,
-        model: ActorCritic,
+        model: Policy,
         device: torch.device | str = "cpu",
         dist: DistContext | None = None,
         num_workers: int = 2,
@@ -163,12 +163,7 @@ class CollectionWorkerSet:
             self.actors = ProcessActors(CollectionWorker, kwargs, start_timeout=START_TIMEOUT_S)
         self.num_workers = num_workers
         self.pids = self.actors.pids
-        self.assembler = RolloutAssembler(
-            observation_space=task_spaces(spec.task)[0],
-            hidden_shape=model.hidden_shape,
-            num_envs=spec.num_envs,
-            device=self.device,
-        )
+        self.assembler = RolloutAssembler(num_envs=spec.num_envs, device=self.device)
         # The learner's weights version: one more per collect() (every rollout is followed by
         # an update), and the version the workers last received.
         self.version = 0

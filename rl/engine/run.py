@@ -37,7 +37,7 @@ from rl.evaluation.validation import BackgroundValidation
 from rl.evaluation.video import ProbeVideo
 from rl.loggers.base import MetricsLogger, RunContext
 from rl.loggers.factory import build_logger
-from rl.models.factory import build_model
+from rl.models.factory import build_policy
 from rl.pipeline.stages import TrainingPipeline
 from rl.sampling.factory import sampler_num_envs
 from rl.tasks.factory import task_id, task_spaces
@@ -170,7 +170,7 @@ def _train_body(start: StartPlan, ctx: DistContext | None) -> dict[str, float]:
         device = torch.device(run.device) if ctx is None else ctx.device
         set_seed(run.seed)
         pipeline: TrainingPipeline = hydra.utils.instantiate(cfg["pipeline"])
-        model = build_model(cfg["model"], *task_spaces(cfg["task"])).to(device)
+        model = build_policy(cfg["model"], *task_spaces(cfg["task"])).to(device)
         start.init_model(model)
         env_offset, total_envs = _distribute(model, cfg, run, ctx)
         spec = CollectionSpec(

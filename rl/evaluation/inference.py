@@ -26,18 +26,21 @@ import numpy as np
 import torch
 
 from rl.checkpoints.files import CheckpointError, load_checkpoint
-from rl.models.actor_critic import ActorCritic
-from rl.models.factory import build_model
+from rl.models.factory import build_policy
+from rl.models.policy import Policy
 from rl.tasks.factory import build_env, dict_space
+from rl.tasks.spaces import ObservationFlattener, to_env_actions
 
 
 class InferenceAgent:
     """A policy that acts on single observations, with its recurrent state handled.
 
     Args:
-        model: The actor-critic (its weights are used as they are).
-        observation_space: The environment's observation space (a Dict space, or any space
-            whose observations are then given as ``{"obs": ...}`` to the model).
+        model: The policy (its weights are used as they are).
+        observation_space: The environment's observation space, as the environment returns
+            observations (flattened for the policy as samplers flatten them).
+        action_space: The environment's action space (``Box`` actions are clipped to its
+            bounds; None: actions as the policy draws them).
         device: Where the model runs.
         deterministic: Argmax actions (True) or actions sampled with a seeded generator.
         seed: Seed of the action-sampling generator (sampled mode).
@@ -46,19 +49,18 @@ class InferenceAgent:
     def __init__(
         self,
         *,
-        model: ActorCritic,
+        model: Policy,
         observation_space: gym.Space,
+        action_space: gym.Space | None = None,
         device: torch.device | str = "cpu",
         deterministic: bool = True,
         seed: int = 0,
     ) -> None:
         self.device = torch.device(device)
-        self.model = model.to(self.device).eval()
-        self._dict_obs = isinstance(observation_space, gym.spaces.Dict)
-        spaces = (
-            observation_space.spaces if self._dict_obs else {"obs": observation_space}  # type: ignore[attr-defined]
-        )
-        self._dtypes = {k: s.dtype for k, s in spaces.items()}
+        self.model = model.to(self.device).eval()  # type: ignore[attr-defined]
+        self._flatten = ObservationFlattener(observation_space)
+        self._dtypes = {k: s.dtype for k, s in self._flatten.space.spaces.items()}
+        self.action_space = action_space
         self.deterministic = deterministic
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.reset()
@@ -95,7 +97,7 @@ class InferenceAgent:
             space, action_space = env.observation_space, env.action_space
         finally:
             env.close()
-        model = build_model(config["model"], dict_space(space), action_space)
+        model = build_policy(config["model"], dict_space(space), action_space)
         try:
             model.load_state_dict(state["model"])
         except RuntimeError as e:
@@ -106,34 +108,41 @@ class InferenceAgent:
         return cls(
             model=model,
             observation_space=space,
+            action_space=action_space,
             device=device,
             deterministic=deterministic,
             seed=seed,
         )
 
     def reset(self) -> None:
-        """Start a new episode: zero the recurrent state."""
-        self._hidden = self.model.initial_hidden(1, self.device)
+        """Start a new episode: the policy's initial state."""
+        self._state = self.model.initial_state(1, self.device)
         self._episode_start = True
 
     @torch.no_grad()
-    def act(self, observation: Mapping[str, Any] | np.ndarray) -> int:
+    def act(self, observation: Mapping[str, Any] | np.ndarray | tuple[Any, ...]) -> Any:
         """The action for one observation, as the environment returned it.
 
         Args:
-            observation: A dict of arrays (Dict spaces) or an array.
+            observation: What the environment returned (a dict, a tuple, an array).
 
         Returns:
-            The action index.
+            What the environment takes: an ``int`` (``Discrete``), an array clipped to the
+            bounds (``Box``), an int64 array (``MultiDiscrete``).
         """
-        obs = dict(observation) if self._dict_obs else {"obs": observation}  # type: ignore[arg-type]
+        obs = self._flatten(observation)
         batch = {
             k: torch.from_numpy(np.asarray(obs[k], dtype=dtype)[None]).to(self.device)
             for k, dtype in self._dtypes.items()
         }
         starts = torch.tensor([self._episode_start], device=self.device)
-        actions, _, _, _, self._hidden = self.model.act(
-            batch, starts, self._hidden, self.deterministic, self.generator
+        step, self._state = self.model.act(
+            batch, starts, self._state, self.deterministic, self.generator
         )
         self._episode_start = False
-        return int(actions[0])
+        action = step.actions[0].cpu().numpy()
+        if action.ndim == 0:
+            return int(action)
+        if self.action_space is not None:
+            return to_env_actions(self.action_space, action)
+        return action

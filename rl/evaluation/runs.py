@@ -41,8 +41,8 @@ from rl.collection.episodes import EvalResult, episode_seed_list, evaluate_exper
 from rl.evaluation.plots import plot_checkpoint_metrics
 from rl.evaluation.report import format_table, write_eval_json
 from rl.evaluation.settings import EvaluateSettings
-from rl.models.actor_critic import ActorCritic
-from rl.models.factory import build_model
+from rl.models.factory import build_policy
+from rl.models.policy import Policy
 from rl.tasks.factory import task_spaces, with_split
 from rl.utils.config import ConfigError, load_section
 
@@ -183,9 +183,9 @@ class _ModelCache:
     def __init__(self, device: torch.device, trusted_targets: Sequence[str]) -> None:
         self.device = device
         self.trusted_targets = list(trusted_targets)
-        self._models: dict[str, ActorCritic] = {}
+        self._models: dict[str, Policy] = {}
 
-    def load(self, ref: CheckpointRef) -> tuple[ActorCritic, dict[str, Any]]:
+    def load(self, ref: CheckpointRef) -> tuple[Policy, dict[str, Any]]:
         state = load_checkpoint(
             ref.path, map_location=self.device, trusted_targets=self.trusted_targets
         )
@@ -193,7 +193,7 @@ class _ModelCache:
         try:
             key = json.dumps([train_cfg["model"], train_cfg["task"]], sort_keys=True, default=str)
             if key not in self._models:
-                model = build_model(train_cfg["model"], *task_spaces(train_cfg["task"]))
+                model = build_policy(train_cfg["model"], *task_spaces(train_cfg["task"]))
                 self._models[key] = model.to(self.device)
             model = self._models[key]
             model.load_state_dict(state["model"])

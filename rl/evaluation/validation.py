@@ -37,7 +37,7 @@ from rl.checkpoints.files import list_checkpoints, load_checkpoint, parse_checkp
 from rl.collection.episodes import episode_seed_list, evaluate_policy
 from rl.evaluation.settings import ValidSettings
 from rl.loggers.base import MetricsLogger
-from rl.models.factory import build_model
+from rl.models.factory import build_policy
 from rl.tasks.factory import task_spaces, with_split
 from rl.training.callbacks import Callback, RolloutInfo
 from rl.training.trainer import OnPolicyTrainer
@@ -75,7 +75,7 @@ def _validation_main(
     """Body of the validation process: evaluate each requested checkpoint, in order."""
     try:
         torch.set_num_threads(int(settings["torch_threads"]))
-        model = build_model(model_cfg, *task_spaces(task)).to(device)
+        model = build_policy(model_cfg, *task_spaces(task)).to(device)
         seeds = episode_seed_list(int(settings["num_episodes"]), int(settings["episode_seed"]))
         parent = mp.parent_process()
         while True:

@@ -20,9 +20,10 @@ import numpy as np
 import torch
 
 from rl.loggers.base import MetricsLogger
-from rl.models.actor_critic import ActorCritic
+from rl.models.policy import Policy
 from rl.sampling.convert import obs_to_torch
 from rl.tasks.factory import build_env
+from rl.tasks.spaces import ObservationFlattener, to_env_actions
 from rl.training.callbacks import Callback, RolloutInfo
 from rl.training.trainer import OnPolicyTrainer
 
@@ -73,7 +74,7 @@ def write_video(frames: Sequence[np.ndarray], path: Path, fps: int = 8) -> Path:
 @torch.no_grad()
 def record_episode(
     *,
-    model: ActorCritic,
+    model: Policy,
     env: Any,
     seed: int,
     device: torch.device | str = "cpu",
@@ -102,21 +103,20 @@ def record_episode(
     try:
         obs, _ = env.reset(seed=seed)
         frames = [np.asarray(env.render())]
-        hidden = model.initial_hidden(1, device)
+        state = model.initial_state(1, device)
+        flatten = ObservationFlattener(env.observation_space)
         starts = torch.ones(1, dtype=torch.bool, device=device)
         total, length, metrics = 0.0, 0, {}
         while length < max_frames:
-            batch = {
-                k: v[None] for k, v in (obs if isinstance(obs, dict) else {"obs": obs}).items()
-            }
-            actions, _, _, _, hidden = model.act(
-                obs_to_torch({k: np.asarray(v) for k, v in batch.items()}, device),
-                starts,
-                hidden,
-                deterministic,
-                generator,
+            batch = {k: np.asarray(v)[None] for k, v in flatten(obs).items()}
+            step, state = model.act(
+                obs_to_torch(batch, device), starts, state, deterministic, generator
             )
-            obs, reward, terminated, truncated, info = env.step(int(actions[0]))
+            action = step.actions[0].cpu().numpy()
+            env_action = (
+                int(action) if action.ndim == 0 else to_env_actions(env.action_space, action)
+            )
+            obs, reward, terminated, truncated, info = env.step(env_action)
             frames.append(np.asarray(env.render()))
             total += float(reward)
             length += 1
@@ -171,7 +171,7 @@ class ProbeVideo(Callback):
         if info.crossed(self.interval):
             self.record(trainer.model, info.total_steps, trainer.logger)
 
-    def record(self, model: ActorCritic, step: int, logger: MetricsLogger | None = None) -> Path:
+    def record(self, model: Policy, step: int, logger: MetricsLogger | None = None) -> Path:
         """Record one episode with ``model`` now and save it as ``videos/step_<step>``."""
         if self._env is None:
             self._env = build_env(self.task, render_mode="rgb_array")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from tensordict import TensorDict
+
 from rl.losses.base import (
     Loss,
     LossOutput,
@@ -11,8 +13,7 @@ from rl.losses.base import (
     normalized_advantages,
     policy_terms,
 )
-from rl.models.actor_critic import ActorCriticOutput
-from rl.storage.rollout import RolloutBatch
+from rl.models.policy import PolicyOutput
 from rl.utils.config import Check
 
 
@@ -36,14 +37,12 @@ class A2CLoss(Loss):
         self.entropy_coef = entropy_coef
         self.normalize_advantage = normalize_advantage
 
-    def __call__(
-        self, *, batch: RolloutBatch, output: ActorCriticOutput, step_count: int
-    ) -> LossOutput:
+    def __call__(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
         """A2C on a minibatch; see :class:`rl.losses.Loss`."""
-        logprobs, entropy = policy_terms(output.logits, batch.actions)
-        adv = normalized_advantages(batch) if self.normalize_advantage else batch.advantages
+        logprobs, entropy = policy_terms(output.dist, batch["actions"])
+        adv = normalized_advantages(batch) if self.normalize_advantage else batch["advantages"]
         policy_loss = -(logprobs * adv.detach()).mean()
-        value_loss = 0.5 * (output.values - batch.returns).pow(2).mean()
+        value_loss = 0.5 * (output.values - batch["returns"]).pow(2).mean()
         total = policy_loss + self.value_loss_coef * value_loss - self.entropy_coef * entropy
         return LossOutput(
             total=total,
@@ -53,6 +52,6 @@ class A2CLoss(Loss):
                 "entropy": entropy.item(),
             },
             diagnostics={
-                "explained_variance": explained_variance(batch.old_values, batch.returns)
+                "explained_variance": explained_variance(batch["values"], batch["returns"])
             },
         )

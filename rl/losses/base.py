@@ -1,4 +1,11 @@
-"""The loss protocol: ``loss(batch=..., output=..., step_count=...) -> LossOutput``."""
+"""The loss protocol: ``loss(batch=..., output=..., step_count=...) -> LossOutput``.
+
+A loss reads what it needs from the minibatch, a ``tensordict.TensorDict`` ``[T, n]`` of the
+rollout's fields (:mod:`rl.storage.rollout`: ``actions``, ``logprobs`` and ``values`` of the
+behaviour policy, ``advantages``, ``returns``, ``expert_actions``, ``obs``, ... and any field a
+component recorded), and from the policy re-run on it (:class:`~rl.models.PolicyOutput`: the
+action distribution and the values).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +13,11 @@ import abc
 import dataclasses
 
 import torch
+from tensordict import TensorDict
 
-from rl.models.actor_critic import ActorCriticOutput
-from rl.storage.rollout import RolloutBatch
+from rl.models.distributions import ActionDistribution
+from rl.models.policy import PolicyOutput
+from rl.storage.rollout import advantage_stats_of
 
 
 @dataclasses.dataclass
@@ -30,14 +39,12 @@ class Loss(abc.ABC):
     """A named training objective evaluated on a rollout minibatch."""
 
     @abc.abstractmethod
-    def __call__(
-        self, *, batch: RolloutBatch, output: ActorCriticOutput, step_count: int
-    ) -> LossOutput:
+    def __call__(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
         """Compute the loss.
 
         Args:
-            batch: Minibatch of the rollout, time-major ``[T, n, ...]``.
-            output: The model re-run on ``batch`` (logits ``[T, n, A]``, values ``[T, n]``).
+            batch: Minibatch of the rollout, time-major ``[T, n]`` (or an off-policy batch).
+            output: The policy re-run on ``batch`` (distribution over ``[T, n]``, values).
             step_count: Global env steps so far (for schedules such as the clip decay).
         """
 
@@ -50,22 +57,23 @@ def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> float:
     return float(1.0 - torch.var(target - predicted, unbiased=False) / var_target)
 
 
-def policy_terms(logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(log-probabilities of actions [T, n], mean entropy [])`` of a categorical policy."""
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logprobs = logp_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-    return logprobs, -(logp_all.exp() * logp_all).sum(-1).mean()
+def policy_terms(
+    dist: ActionDistribution, actions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log-probabilities of actions [T, n], mean entropy [])`` under ``dist``."""
+    return dist.log_prob(actions), dist.entropy().mean()
 
 
-def normalized_advantages(batch: RolloutBatch) -> torch.Tensor:
+def normalized_advantages(batch: TensorDict) -> torch.Tensor:
     """Advantages ``[T, n]`` at zero mean and unit std.
 
-    Uses the rollout-wide statistics in ``batch.advantage_stats`` when the engine set them
-    (global statistics under DDP), else this minibatch's own.
+    Uses the rollout-wide statistics the batch carries when the engine set them (global
+    statistics under DDP, :func:`~rl.storage.advantage_stats_of`), else this minibatch's own.
     """
-    adv = batch.advantages
-    if batch.advantage_stats is not None:
-        mean, std = batch.advantage_stats
+    adv = batch["advantages"]
+    stats = advantage_stats_of(batch)
+    if stats is not None:
+        mean, std = stats
         return (adv - mean) / (std + 1e-8)
     if adv.numel() > 1:
         return (adv - adv.mean()) / (adv.std() + 1e-8)

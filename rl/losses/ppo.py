@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import torch
+from tensordict import TensorDict
 
 from rl.losses.base import (
     Loss,
@@ -13,9 +14,8 @@ from rl.losses.base import (
     normalized_advantages,
     policy_terms,
 )
-from rl.models.actor_critic import ActorCriticOutput
+from rl.models.policy import PolicyOutput
 from rl.pipeline.schedules import Schedule
-from rl.storage.rollout import RolloutBatch
 from rl.utils.config import Check
 
 
@@ -56,15 +56,14 @@ class PPOLoss(Loss):
         decay = 1.0 if self.clip_decay is None else self.clip_decay(step_count)
         return self.clip_param * decay
 
-    def __call__(
-        self, *, batch: RolloutBatch, output: ActorCriticOutput, step_count: int
-    ) -> LossOutput:
+    def __call__(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
         """PPO on a minibatch; see :class:`rl.losses.Loss`."""
         clip = self.current_clip(step_count)
-        logprobs, entropy = policy_terms(output.logits, batch.actions)
-        adv = normalized_advantages(batch) if self.normalize_advantage else batch.advantages
+        logprobs, entropy = policy_terms(output.dist, batch["actions"])
+        adv = normalized_advantages(batch) if self.normalize_advantage else batch["advantages"]
+        old_values, returns = batch["values"], batch["returns"]
 
-        logratio = logprobs - batch.old_logprobs
+        logratio = logprobs - batch["logprobs"]
         ratio = logratio.exp()
         surr1 = ratio * adv
         surr2 = ratio.clamp(1.0 - clip, 1.0 + clip) * adv
@@ -72,15 +71,12 @@ class PPOLoss(Loss):
 
         values = output.values
         if self.use_clipped_value_loss:
-            v_clipped = batch.old_values + (values - batch.old_values).clamp(-clip, clip)
+            v_clipped = old_values + (values - old_values).clamp(-clip, clip)
             value_loss = (
-                0.5
-                * torch.max(
-                    (values - batch.returns).pow(2), (v_clipped - batch.returns).pow(2)
-                ).mean()
+                0.5 * torch.max((values - returns).pow(2), (v_clipped - returns).pow(2)).mean()
             )
         else:
-            value_loss = 0.5 * (values - batch.returns).pow(2).mean()
+            value_loss = 0.5 * (values - returns).pow(2).mean()
 
         total = policy_loss + self.value_loss_coef * value_loss - self.entropy_coef * entropy
         with torch.no_grad():
@@ -99,6 +95,6 @@ class PPOLoss(Loss):
                 "old_approx_kl": old_approx_kl,
                 "clipfrac": clipfrac,
                 "clip_param": clip,
-                "explained_variance": explained_variance(batch.old_values, batch.returns),
+                "explained_variance": explained_variance(old_values, returns),
             },
         )

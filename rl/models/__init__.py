@@ -1,6 +1,27 @@
-"""Policies and value functions."""
+"""Policies: the protocol, the default actor-critic, action distributions, building one."""
 
-from rl.models.actor_critic import ActorCritic, ActorCriticOutput
-from rl.models.factory import build_model
+from rl.models.actor_critic import ActorCritic
+from rl.models.distributions import (
+    ActionDistribution,
+    ActionHead,
+    Categorical,
+    DiagGaussian,
+    MultiCategorical,
+)
+from rl.models.factory import build_policy
+from rl.models.policy import Policy, PolicyBase, PolicyOutput, PolicyStep, empty_state
 
-__all__ = ["ActorCritic", "ActorCriticOutput", "build_model"]
+__all__ = [
+    "ActionDistribution",
+    "ActionHead",
+    "ActorCritic",
+    "Categorical",
+    "DiagGaussian",
+    "MultiCategorical",
+    "Policy",
+    "PolicyBase",
+    "PolicyOutput",
+    "PolicyStep",
+    "build_policy",
+    "empty_state",
+]

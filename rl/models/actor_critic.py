@@ -1,46 +1,43 @@
-"""Actor-critic networks that adapt to the observation space, with optional GRU memory.
+"""The default policy: an actor-critic that adapts to the observation and action spaces.
 
-Observations always arrive as a dict of time-major tensors ``[T, N, *shape]`` (samplers wrap a
-non-dict space as ``{"obs": ...}``). Each entry is encoded by its kind:
+:class:`ActorCritic` implements :class:`~rl.models.policy.Policy`. Observations arrive as a
+mapping of flat entries of time-major tensors ``[T, N, *shape]`` (:mod:`rl.tasks.spaces`: a
+non-dict space is ``{"obs": ...}``, nested entries are named by key path). Each entry is
+encoded by its kind:
 
 * image (3-D ``Box``, ``H x W x C``): a small CNN; ``uint8`` images are one-hot encoded per
   channel value (``image_encoding="onehot"``, for categorical grids such as minigrid's: channel
   ``c`` takes the values ``0..high[c]`` of the space, so the vocabulary is small), embedded per
   channel value (``"embed"``: a learned table over all 256 byte values) or scaled to ``[0, 1]``
   (``"scale"``, right for pixels); with ``cnn_channels=[]`` the image is flattened instead;
-* vector (1-D ``Box``): used as is;
-* ``Discrete``: one-hot.
+* other ``Box`` entries (vectors, matrices) and ``MultiBinary``: flattened, as floats;
+* ``Discrete``: one-hot; ``MultiDiscrete``: one one-hot per component, concatenated.
 
-The encodings are concatenated, passed through a shared trunk MLP, optionally a GRU (the
-hidden state is reset where ``episode_starts`` is set), then separate actor and critic heads.
+The encodings are concatenated, passed through a shared trunk MLP, optionally a GRU or an LSTM
+(the state is reset where ``episode_starts`` is set), then separate actor and critic heads. The
+actor's head is an :class:`~rl.models.distributions.ActionHead` for the action space
+(categorical, diagonal Gaussian, independent categoricals).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
+from typing import Annotated
 
 import gymnasium as gym
 import numpy as np
 import torch
+from tensordict import TensorDict
 from torch import nn
 
-from rl.models import distributions as D
+from rl.models.distributions import ActionHead
 from rl.models.gru import gru_sequence
+from rl.models.lstm import lstm_sequence
+from rl.models.policy import PolicyBase, PolicyOutput, empty_state
+from rl.utils.config import Check
 
-
-@dataclasses.dataclass
-class ActorCriticOutput:
-    """Model outputs over a time-major batch.
-
-    Attributes:
-        logits: ``[T, N, A]`` unnormalised action log-probabilities.
-        values: ``[T, N]`` state-value estimates.
-    """
-
-    logits: torch.Tensor
-    values: torch.Tensor
+RNNS = ("gru", "lstm")
 
 
 def _init(layer: nn.Module, gain: float = math.sqrt(2)) -> nn.Module:
@@ -141,12 +138,12 @@ class _ImageEncoder(nn.Module):
         return self.convs(x).flatten(1)
 
 
-class ActorCritic(nn.Module):
-    """Actor-critic over a dict observation space and a discrete action space.
+class ActorCritic(PolicyBase):
+    """Actor-critic over a flat dict observation space and any supported action space.
 
     Args:
-        observation_space: A ``gymnasium.spaces.Dict`` (filled in by the engine).
-        action_space: A ``gymnasium.spaces.Discrete`` (filled in by the engine).
+        observation_space: A flat ``gymnasium.spaces.Dict`` (filled in by the engine).
+        action_space: ``Discrete``, 1-D ``Box`` or ``MultiDiscrete`` (filled in by the engine).
         cnn_channels: Output channels of the conv layers for image entries; ``[]`` flattens
             images instead.
         cnn_kernels: Kernel size of each conv layer (None: 3, or 1 for images under 3x3).
@@ -154,40 +151,43 @@ class ActorCritic(nn.Module):
         image_encoding: ``onehot`` or ``embed`` (categorical uint8 grids), ``scale`` (pixels).
         embed_dim: Embedding size per image channel value (``embed`` only).
         trunk_layers: Hidden sizes of the shared MLP after the encoders.
-        rnn: ``gru`` for a recurrent policy, ``null`` for a memoryless one.
-        rnn_hidden_size: GRU state size.
-        rnn_layers: GRU layers.
+        rnn: ``gru`` or ``lstm`` for a recurrent policy, ``null`` for a memoryless one.
+        rnn_hidden_size: Recurrent state size.
+        rnn_layers: Recurrent layers.
         head_layers: Hidden sizes of the (separate) actor and critic MLP heads.
         activation: ``relu``, ``tanh`` or ``elu``.
+        log_std_init: Initial log standard deviation of a Gaussian policy (``Box`` actions).
     """
 
     def __init__(
         self,
         *,
         observation_space: gym.spaces.Dict,
-        action_space: gym.spaces.Discrete,
+        action_space: gym.Space,
         cnn_channels: Sequence[int] = (32, 64),
         cnn_kernels: Sequence[int] | None = None,
         cnn_strides: Sequence[int] | None = None,
-        image_encoding: str = "embed",
-        embed_dim: int = 8,
+        image_encoding: Annotated[str, Check(choices=("onehot", "embed", "scale"))] = "embed",
+        embed_dim: Annotated[int, Check(ge=1)] = 8,
         trunk_layers: Sequence[int] = (128,),
-        rnn: str | None = "gru",
-        rnn_hidden_size: int = 128,
-        rnn_layers: int = 1,
+        rnn: Annotated[str | None, Check(choices=RNNS)] = "gru",
+        rnn_hidden_size: Annotated[int, Check(ge=1)] = 128,
+        rnn_layers: Annotated[int, Check(ge=1)] = 1,
         head_layers: Sequence[int] = (),
-        activation: str = "relu",
+        activation: Annotated[str, Check(choices=tuple(_ACTIVATIONS))] = "relu",
+        log_std_init: float = 0.0,
     ) -> None:
         super().__init__()
-        if not isinstance(action_space, gym.spaces.Discrete):
-            raise ValueError(f"ActorCritic needs a Discrete action space, got {action_space}")
         if activation not in _ACTIVATIONS:
             raise ValueError(
-                f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}"
+                f"model.activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}"
             )
+        if rnn not in (None, *RNNS):
+            raise ValueError(f"model.rnn must be one of gru, lstm or null, got {rnn!r}")
         self.keys = sorted(observation_space.spaces)
         self.encoders = nn.ModuleDict()
         self._kinds: dict[str, str] = {}
+        self._onehot_n: dict[str, int] = {}
         feat = 0
         for key in self.keys:
             space = observation_space[key]
@@ -204,48 +204,63 @@ class ActorCritic(nn.Module):
                 self.encoders[key] = enc
                 self._kinds[key] = "image"
                 feat += enc.out_size
-            elif isinstance(space, gym.spaces.Box):
+            elif isinstance(space, gym.spaces.Box | gym.spaces.MultiBinary):
                 self._kinds[key] = "flat"
                 feat += int(math.prod(space.shape))
             elif isinstance(space, gym.spaces.Discrete):
                 self._kinds[key] = "onehot"
+                self._onehot_n[key] = int(space.n)
                 feat += int(space.n)
+            elif isinstance(space, gym.spaces.MultiDiscrete):
+                nvec = np.asarray(space.nvec).ravel()
+                self._kinds[key] = "multi_onehot"
+                self._onehot_n[key] = int(nvec.sum())
+                self.register_buffer(
+                    f"_offsets_{self.keys.index(key)}",
+                    torch.tensor(np.cumsum([0, *nvec[:-1]]), dtype=torch.long),
+                    persistent=False,
+                )
+                feat += int(nvec.sum())
             else:
                 raise ValueError(f"observation entry {key!r}: unsupported space {space}")
-        self._onehot_n = {
-            k: int(observation_space[k].n) for k, kind in self._kinds.items() if kind == "onehot"
-        }
         self.trunk, feat = _mlp(feat, trunk_layers, activation)
-        if rnn not in (None, "gru"):
-            raise ValueError(f"rnn must be 'gru' or null, got {rnn!r}")
-        self.rnn = nn.GRU(feat, rnn_hidden_size, rnn_layers) if rnn == "gru" else None
-        if self.rnn is not None:
+        self.rnn_kind = rnn
+        self.rnn: nn.GRU | nn.LSTM | None = None
+        if rnn is not None:
+            cls = nn.GRU if rnn == "gru" else nn.LSTM
+            self.rnn = cls(feat, rnn_hidden_size, rnn_layers)
             for name, p in self.rnn.named_parameters():
                 if "weight" in name:
                     nn.init.orthogonal_(p)
                 else:
                     nn.init.zeros_(p)
             feat = rnn_hidden_size
-        self._hidden_shape = (rnn_layers, rnn_hidden_size) if self.rnn is not None else (1, 1)
+        self._state_shape = (rnn_layers, rnn_hidden_size)
         self.actor, a_feat = _mlp(feat, head_layers, activation)
         self.critic, c_feat = _mlp(feat, head_layers, activation)
-        self.actor_out = _init(nn.Linear(a_feat, int(action_space.n)), gain=0.01)
+        self.actor_out = ActionHead(action_space, a_feat, log_std_init)
         self.critic_out = _init(nn.Linear(c_feat, 1), gain=1.0)
 
     # ------------------------------------------------------------------ state
     @property
     def is_recurrent(self) -> bool:
-        """True for a GRU policy."""
+        """True for a GRU or LSTM policy."""
         return self.rnn is not None
 
-    @property
-    def hidden_shape(self) -> tuple[int, int]:
-        """``(L, H)`` of the recurrent state (a dummy ``(1, 1)`` for memoryless models)."""
-        return self._hidden_shape
+    def initial_state(self, num_envs: int, device: torch.device | str = "cpu") -> TensorDict:
+        """Zero state of batch ``[num_envs]``.
 
-    def initial_hidden(self, num_envs: int, device: torch.device | str = "cpu") -> torch.Tensor:
-        """Zero recurrent state ``[L, N, H]``."""
-        return torch.zeros(self._hidden_shape[0], num_envs, self._hidden_shape[1], device=device)
+        ``{"h"}`` (GRU) or ``{"h", "c"}`` (LSTM), ``[N, L, H]`` each; empty (memoryless).
+        """
+        if self.rnn is None:
+            return empty_state(num_envs, device)
+        shape = (num_envs, *self._state_shape)
+        names = ("h",) if self.rnn_kind == "gru" else ("h", "c")
+        return TensorDict(
+            {k: torch.zeros(shape, device=device) for k in names},
+            batch_size=[num_envs],
+            device=torch.device(device),
+        )
 
     # ---------------------------------------------------------------- forward
     def _encode(self, obs: Mapping[str, torch.Tensor], lead: int) -> torch.Tensor:
@@ -258,69 +273,63 @@ class ActorCritic(nn.Module):
                 parts.append(self.encoders[key](x))
             elif kind == "flat":
                 parts.append(x.reshape(lead, -1).float())
-            else:
+            elif kind == "onehot":
                 parts.append(
                     nn.functional.one_hot(x.long().reshape(lead), self._onehot_n[key]).float()
                 )
+            else:
+                offsets = getattr(self, f"_offsets_{self.keys.index(key)}")
+                index = x.long().reshape(lead, -1) + offsets
+                onehot = torch.zeros(lead, self._onehot_n[key], device=x.device)
+                parts.append(onehot.scatter_(-1, index, 1.0))
         return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
 
     def _run_rnn(
-        self, x: torch.Tensor, episode_starts: torch.Tensor, hidden: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """GRU over ``x [T, N, F]``, zeroing each env's state before its episode starts.
+        self, x: torch.Tensor, episode_starts: torch.Tensor, state: TensorDict
+    ) -> tuple[torch.Tensor, TensorDict]:
+        """The recurrent layers over ``x [T, N, F]``, resetting states at episode starts.
 
-        One step (collection) is one ``nn.GRU`` call; sequences (the update) go through
+        GRU: one step (collection) is one ``nn.GRU`` call; sequences (the update) go through
         :func:`~rl.models.gru.gru_sequence`, which resets states mid-sequence and has a
-        hand-written BPTT. Both reproduce step-by-step collection to float32 rounding.
+        hand-written BPTT. Both reproduce step-by-step collection to float32 rounding. LSTM:
+        :func:`~rl.models.lstm.lstm_sequence` (``nn.LSTM`` per segment between resets).
         """
         assert self.rnn is not None
-        if x.shape[0] == 1:
-            keep = (~episode_starts[0]).to(x.dtype).view(1, -1, 1)
-            return self.rnn(x, hidden * keep)  # type: ignore[no-any-return]
-        return gru_sequence(self.rnn, x, episode_starts, hidden)
+        h = state["h"].transpose(0, 1)  # [L, N, H]
+        if self.rnn_kind == "lstm":
+            c = state["c"].transpose(0, 1)
+            out, (h, c) = lstm_sequence(self.rnn, x, episode_starts, h, c)  # type: ignore[arg-type]
+            after = {"h": h.transpose(0, 1), "c": c.transpose(0, 1)}
+        else:
+            if x.shape[0] == 1:
+                keep = (~episode_starts[0]).to(x.dtype).view(1, -1, 1)
+                out, h = self.rnn(x, h.contiguous() * keep)
+            else:
+                out, h = gru_sequence(self.rnn, x, episode_starts, h.contiguous())
+            after = {"h": h.transpose(0, 1)}
+        return out, TensorDict(after, batch_size=state.batch_size, device=state.device)
 
     def forward(
         self,
         obs: Mapping[str, torch.Tensor],
         episode_starts: torch.Tensor,
-        hidden: torch.Tensor,
-    ) -> tuple[ActorCriticOutput, torch.Tensor]:
+        state: TensorDict,
+    ) -> tuple[PolicyOutput, TensorDict]:
         """Evaluate the policy and value over a time-major batch.
 
         Args:
             obs: Observation entries ``[T, N, *shape]``.
             episode_starts: ``[T, N]`` bool; the recurrent state is zeroed before such steps.
-            hidden: ``[L, N, H]`` recurrent state before ``obs[0]``.
+            state: Recurrent state before ``obs[0]`` (batch ``[N]``).
 
         Returns:
-            ``(ActorCriticOutput(logits [T, N, A], values [T, N]), hidden [L, N, H])``.
+            ``(PolicyOutput(dist over [T, N], values [T, N]), state after the last step)``.
         """
         t_len, n = episode_starts.shape
         x = self.trunk(self._encode(obs, t_len * n))
         if self.rnn is not None:
-            out, hidden = self._run_rnn(x.view(t_len, n, -1), episode_starts, hidden)
+            out, state = self._run_rnn(x.view(t_len, n, -1), episode_starts, state)
             x = out.reshape(t_len * n, -1)
-        logits = self.actor_out(self.actor(x)).view(t_len, n, -1)
+        dist = self.actor_out(self.actor(x).view(t_len, n, -1))
         values = self.critic_out(self.critic(x)).view(t_len, n)
-        return ActorCriticOutput(logits=logits, values=values), hidden
-
-    @torch.no_grad()
-    def act(
-        self,
-        obs: Mapping[str, torch.Tensor],
-        episode_starts: torch.Tensor,
-        hidden: torch.Tensor,
-        deterministic: bool = False,
-        generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One step for a batch of environments (``[N, ...]`` inputs, no time dimension).
-
-        Returns:
-            ``(actions [N], logprobs [N], values [N], logits [N, A], hidden [L, N, H])``.
-        """
-        out, hidden = self(
-            {k: v.unsqueeze(0) for k, v in obs.items()}, episode_starts.unsqueeze(0), hidden
-        )
-        logits = out.logits[0]
-        actions = D.sample(logits, deterministic, generator)
-        return actions, D.log_prob(logits, actions), out.values[0], logits, hidden
+        return PolicyOutput(dist=dist, values=values), state

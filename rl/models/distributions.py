@@ -1,31 +1,219 @@
-"""Categorical-policy helpers written for the hot path (no ``torch.distributions`` overhead)."""
+"""Action distributions chosen from the action space, written for the hot path.
+
+No ``torch.distributions`` objects (their argument validation and broadcasting cost more than
+the arithmetic at these sizes). Each distribution is over a batch of any leading shape
+(``[N]`` when acting, ``[T, n]`` in the update):
+
+- :class:`Categorical` (``Discrete``): logits ``[..., A]``; actions ``[...]`` int64.
+- :class:`DiagGaussian` (``Box``): mean ``[..., A]`` and a log standard deviation that does not
+  depend on the state (CleanRL's ``ppo_continuous_action``); actions ``[..., A]`` float32,
+  their log-probability summed over the action's components. Environments receive the actions
+  clipped to the space's bounds (:func:`rl.tasks.spaces.to_env_actions`); the log-probability is
+  of the unclipped sample, which is what the policy drew.
+- :class:`MultiCategorical` (``MultiDiscrete``): independent categoricals; actions ``[..., K]``
+  int64, log-probabilities and entropies summed over the components.
+
+:class:`ActionHead` builds the right one from the action space; ``mode()`` is the action of
+deterministic evaluation (argmax, or the mean).
+"""
 
 from __future__ import annotations
 
+import math
+from typing import Protocol
+
+import gymnasium as gym
+import numpy as np
 import torch
+from torch import nn
+
+__all__ = [
+    "ActionDistribution",
+    "ActionHead",
+    "Categorical",
+    "DiagGaussian",
+    "MultiCategorical",
+]
+
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
-def log_probs_all(logits: torch.Tensor) -> torch.Tensor:
-    """Normalised log-probabilities of every action, ``[..., A]``."""
-    return torch.log_softmax(logits, dim=-1)
+class ActionDistribution(Protocol):
+    """What losses, collectors and evaluation need of a policy's action distribution."""
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        """Log-probability of ``actions``, one value per batch element."""
+        ...
+
+    def entropy(self) -> torch.Tensor:
+        """Entropy, one value per batch element."""
+        ...
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Draw actions (from ``generator`` if given)."""
+        ...
+
+    def mode(self) -> torch.Tensor:
+        """The most likely action (deterministic evaluation)."""
+        ...
+
+    def index(self, i: int) -> ActionDistribution:
+        """The distribution at position ``i`` of the first batch dimension."""
+        ...
 
 
-def log_prob(logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-    """Log-probability of ``actions`` (``[...]`` long) under ``logits`` (``[..., A]``)."""
-    return log_probs_all(logits).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+class Categorical:
+    """A categorical distribution over ``A`` actions from unnormalised ``logits [..., A]``."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+        self._logp: torch.Tensor | None = None
+
+    @property
+    def log_probs_all(self) -> torch.Tensor:
+        """Normalised log-probabilities of every action, ``[..., A]``."""
+        if self._logp is None:
+            self._logp = torch.log_softmax(self.logits, dim=-1)
+        return self._logp
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        """Log-probability of ``actions``."""
+        return self.log_probs_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+
+    def entropy(self) -> torch.Tensor:
+        """Entropy per batch element."""
+        logp = self.log_probs_all
+        return -(logp.exp() * logp).sum(-1)
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Draw actions (from ``generator`` if given)."""
+        logits = self.logits
+        probs = torch.softmax(logits.reshape(-1, logits.shape[-1]), dim=-1)
+        return torch.multinomial(probs, 1, generator=generator).reshape(logits.shape[:-1])
+
+    def mode(self) -> torch.Tensor:
+        """The most likely action."""
+        return self.logits.argmax(-1)
+
+    def index(self, i: int) -> Categorical:
+        """The distribution at position ``i`` of the first batch dimension."""
+        return Categorical(self.logits[i])
 
 
-def entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the categorical distribution, ``[...]``."""
-    logp = log_probs_all(logits)
-    return -(logp.exp() * logp).sum(-1)
+class DiagGaussian:
+    """A Gaussian with independent components.
+
+    ``mean`` is ``[..., A]``; ``log_std`` is ``[A]`` (state-independent) or ``mean``'s shape.
+    """
+
+    def __init__(self, mean: torch.Tensor, log_std: torch.Tensor) -> None:
+        self.mean = mean
+        self.log_std = log_std.expand_as(mean)
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        """Log-probability of ``actions``, summed over their components."""
+        z = (actions - self.mean) * torch.exp(-self.log_std)
+        return (-0.5 * z.pow(2) - self.log_std - _LOG_SQRT_2PI).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        """Entropy per batch element."""
+        return (self.log_std + 0.5 + _LOG_SQRT_2PI).sum(-1)
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Draw actions (from ``generator`` if given)."""
+        noise = torch.randn(
+            self.mean.shape, generator=generator, device=self.mean.device, dtype=self.mean.dtype
+        )
+        return self.mean + noise * self.log_std.exp()
+
+    def mode(self) -> torch.Tensor:
+        """The most likely action."""
+        return self.mean
+
+    def index(self, i: int) -> DiagGaussian:
+        """The distribution at position ``i`` of the first batch dimension."""
+        return DiagGaussian(self.mean[i], self.log_std[i])
 
 
-def sample(
-    logits: torch.Tensor, deterministic: bool = False, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """Sample actions ``[...]`` (argmax when ``deterministic``)."""
-    if deterministic:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.reshape(-1, logits.shape[-1]), dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).reshape(logits.shape[:-1])
+class MultiCategorical:
+    """Independent categoricals of sizes ``nvec``.
+
+    ``logits`` are the components' logits concatenated: ``[..., sum(nvec)]``.
+    """
+
+    def __init__(self, logits: torch.Tensor, nvec: tuple[int, ...]) -> None:
+        self.logits, self.nvec = logits, nvec
+        self.parts = [Categorical(x) for x in torch.split(logits, list(nvec), dim=-1)]
+
+    def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
+        """Log-probability of ``actions``."""
+        return torch.stack(
+            [d.log_prob(actions[..., i]) for i, d in enumerate(self.parts)], dim=-1
+        ).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        """Entropy per batch element."""
+        return torch.stack([d.entropy() for d in self.parts], dim=-1).sum(-1)
+
+    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Draw actions (from ``generator`` if given)."""
+        return torch.stack([d.sample(generator) for d in self.parts], dim=-1)
+
+    def mode(self) -> torch.Tensor:
+        """The most likely action."""
+        return torch.stack([d.mode() for d in self.parts], dim=-1)
+
+    def index(self, i: int) -> MultiCategorical:
+        """The distribution at position ``i`` of the first batch dimension."""
+        return MultiCategorical(self.logits[i], self.nvec)
+
+
+class ActionHead(nn.Linear):
+    """The policy's last layer for an action space: features ``[..., F]`` -> a distribution.
+
+    A linear layer (orthogonal init, gain 0.01, so the first policy is near uniform or near
+    its mean) to the distribution's parameters, plus a learned state-independent log standard
+    deviation for ``Box`` actions (``log_std``).
+
+    Args:
+        action_space: ``Discrete``, ``Box`` (1-D) or ``MultiDiscrete``.
+        in_features: Size of the features it reads.
+        log_std_init: Initial log standard deviation of a Gaussian (``Box`` only).
+
+    Raises:
+        ValueError: Another kind of action space.
+    """
+
+    def __init__(
+        self, action_space: gym.Space, in_features: int, log_std_init: float = 0.0
+    ) -> None:
+        self.kind: str
+        self.nvec: tuple[int, ...] = ()
+        if isinstance(action_space, gym.spaces.Discrete):
+            kind, size = "categorical", int(action_space.n)
+        elif isinstance(action_space, gym.spaces.MultiDiscrete):
+            nvec = tuple(int(n) for n in np.asarray(action_space.nvec).ravel())
+            kind, size = "multi_categorical", sum(nvec)
+        elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+            kind, size = "gaussian", int(action_space.shape[0])
+        else:
+            raise ValueError(
+                f"no action distribution for {action_space} (Discrete, 1-D Box, MultiDiscrete)"
+            )
+        super().__init__(in_features, size)
+        self.kind = kind
+        if kind == "multi_categorical":
+            self.nvec = nvec
+        nn.init.orthogonal_(self.weight, 0.01)
+        nn.init.zeros_(self.bias)
+        if kind == "gaussian":
+            self.log_std = nn.Parameter(torch.full((size,), float(log_std_init)))
+
+    def forward(self, features: torch.Tensor) -> ActionDistribution:  # type: ignore[override]
+        """The action distribution for ``features`` ``[..., F]``."""
+        x = super().forward(features)
+        if self.kind == "categorical":
+            return Categorical(x)
+        if self.kind == "gaussian":
+            return DiagGaussian(x, self.log_std)
+        return MultiCategorical(x, self.nvec)

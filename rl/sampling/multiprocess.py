@@ -46,7 +46,8 @@ from rl.sampling.base import EpisodeRecord, Sampler, StepBatch
 from rl.sampling.mp_worker import LOAD, NEW, RESET, SAVE, STEP
 from rl.sampling.shared_memory import SharedArrays, final_key, obs_key, sampler_array_specs
 from rl.sampling.worker_pool import SamplerWorkerError, WorkerPool
-from rl.tasks.factory import build_env, dict_space
+from rl.tasks.factory import build_env, dict_space, env_name
+from rl.tasks.spaces import action_array_spec, check_action_space
 from rl.utils.misc import evenly_distribute_count_into_bins
 
 log = logging.getLogger(__name__)
@@ -185,7 +186,9 @@ class MultiprocessSampler(Sampler):
         self._probe_spaces(task)
 
         ctx = mp.get_context(self.start_method)
-        layout, nbytes = SharedArrays.plan(sampler_array_specs(self.observation_space, num_envs))
+        layout, nbytes = SharedArrays.plan(
+            sampler_array_specs(self.observation_space, num_envs, self.action_space)
+        )
         raw = ctx.RawArray("B", nbytes)
         self._shared = SharedArrays(raw, layout)
         self._obs_keys = list(self.observation_space.spaces)
@@ -198,13 +201,13 @@ class MultiprocessSampler(Sampler):
         """Set the spaces from one probe environment (the workers build their own)."""
         probe = build_env(task)
         try:
-            self._dict_obs = isinstance(probe.observation_space, gym.spaces.Dict)
-            self.observation_space = dict_space(probe.observation_space)
-            if not isinstance(probe.action_space, gym.spaces.Discrete):
-                raise ValueError(
-                    f"only Discrete action spaces are supported, got {probe.action_space}"
-                )
-            self.action_space: gym.spaces.Discrete = probe.action_space
+            name = env_name(task, probe)
+            self._dict_obs = isinstance(
+                probe.observation_space, gym.spaces.Dict | gym.spaces.Tuple
+            )
+            self.observation_space = dict_space(probe.observation_space, name)
+            self.action_space: gym.Space = check_action_space(probe.action_space, name)
+            self._action_shape = action_array_spec(self.action_space)[0]
         finally:
             probe.close()
 
@@ -290,7 +293,7 @@ class MultiprocessSampler(Sampler):
         """Step the active environments; see :class:`rl.sampling.StepBatch`.
 
         Args:
-            actions: ``[N_active]`` integer actions, in the order of the active environments.
+            actions: ``[N_active, ...]`` actions, in the order of the active environments.
 
         Returns:
             The step's results for the environments that were active before it.
@@ -306,15 +309,18 @@ class MultiprocessSampler(Sampler):
         sampling: one half steps while the policy acts on the other.
 
         Args:
-            actions: ``[N_active]`` integer actions, in the order of the active environments.
+            actions: ``[N_active, ...]`` actions, in the order of the active environments.
         """
         pool = self._open_pool()
         if self._stepping is not None:
             raise RuntimeError("step_async called twice without step_wait")
         actions = np.asarray(actions)
         n = len(self._active)
-        if actions.shape != (n,):
-            raise ValueError(f"expected {n} actions, got shape {actions.shape}")
+        if actions.shape != (n, *self._action_shape):
+            raise ValueError(
+                f"expected {n} actions of shape {self._action_shape} for {self.action_space}, "
+                f"got shape {actions.shape}"
+            )
         idx: slice | np.ndarray = slice(None) if self._all_active else self._active
         self._shared.arrays["actions"][idx] = actions
         if self._all_active:

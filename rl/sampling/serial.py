@@ -14,7 +14,13 @@ import gymnasium as gym
 import numpy as np
 
 from rl.sampling.base import EpisodeRecord, Sampler, StepBatch
-from rl.tasks.factory import build_env, dict_space
+from rl.tasks.factory import build_env, env_name
+from rl.tasks.spaces import (
+    ObservationFlattener,
+    action_array_spec,
+    check_action_space,
+    to_env_actions,
+)
 from rl.utils.finite import NonFiniteError
 from rl.utils.misc import evenly_distribute_count_into_bins
 from rl.utils.seeding import worker_seeds
@@ -102,13 +108,18 @@ class SerialSampler(Sampler):
             self.close()
             raise
         first = self.envs[0]
-        self._dict_obs = isinstance(first.observation_space, gym.spaces.Dict)
-        self.observation_space = dict_space(first.observation_space)
-        if not isinstance(first.action_space, gym.spaces.Discrete):
-            raise ValueError(
-                f"only Discrete action spaces are supported, got {first.action_space}"
-            )
-        self.action_space = first.action_space
+        try:
+            name = env_name(task, first)
+            self._flatten = ObservationFlattener(first.observation_space, name)
+            self.action_space = check_action_space(first.action_space, name)
+        except Exception:
+            self.close()
+            raise
+        self._dict_obs = isinstance(first.observation_space, gym.spaces.Dict | gym.spaces.Tuple)
+        self.observation_space = self._flatten.space
+        self._action_shape, _ = action_array_spec(self.action_space)
+        self._discrete = isinstance(self.action_space, gym.spaces.Discrete)
+        self._action_dtype = getattr(self.action_space, "dtype", np.int64)
         self._active = list(range(num_envs))
         self._returns = np.zeros(num_envs, dtype=np.float64)
         self._lengths = np.zeros(num_envs, dtype=np.int64)
@@ -119,14 +130,18 @@ class SerialSampler(Sampler):
         # How each environment's current episode started and the actions taken since, so the
         # episodes in flight can be saved and replayed (state_dict / load_state_dict).
         self._episode_start: list[dict[str, Any]] = [{} for _ in range(num_envs)]
-        self._episode_actions: list[list[int]] = [[] for _ in range(num_envs)]
+        self._episode_actions: list[list[Any]] = [[] for _ in range(num_envs)]
         # Global index of the environment being reset or stepped (None between calls), so a
         # caller catching an environment's exception can name the environment that raised.
         self.current_env: int | None = None
 
     # --------------------------------------------------------------- helpers
     def _as_dict(self, obs: Any) -> dict[str, Any]:
-        return obs if self._dict_obs else {"obs": obs}
+        return self._flatten(obs)
+
+    def _env_action(self, action: Any) -> Any:
+        """An action as the environment takes it, from what was recorded for replay."""
+        return int(action) if self._discrete else np.asarray(action, dtype=self._action_dtype)
 
     def _stack(self, rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
         out = {}
@@ -242,10 +257,13 @@ class SerialSampler(Sampler):
 
     def step(self, actions: np.ndarray) -> StepBatch:
         """Step the active environments; see :class:`rl.sampling.StepBatch`."""
-        actions = np.asarray(actions)
         n = len(self._active)
-        if actions.shape != (n,):
-            raise ValueError(f"expected {n} actions, got shape {actions.shape}")
+        actions = to_env_actions(self.action_space, np.asarray(actions))
+        if actions.shape != (n, *self._action_shape):
+            raise ValueError(
+                f"expected {n} actions of shape {self._action_shape} for {self.action_space}, "
+                f"got shape {actions.shape}"
+            )
         rows: list[dict[str, Any]] = []
         rewards = np.zeros(n, dtype=np.float32)
         terminated = np.zeros(n, dtype=bool)
@@ -261,8 +279,8 @@ class SerialSampler(Sampler):
         for pos, i in enumerate(self._active):
             env = self.envs[i]
             self.current_env = self.env_offset + i
-            action = int(actions[pos])
-            self._episode_actions[i].append(action)
+            action = int(actions[pos]) if self._discrete else actions[pos]
+            self._episode_actions[i].append(action if self._discrete else action.tolist())
             obs, reward, term, trunc, info = env.step(action)
             obs = self._as_dict(obs)
             self._returns[i] += float(reward)
@@ -354,9 +372,9 @@ class SerialSampler(Sampler):
             obs, info = env.reset(seed=None if seed is None else int(seed))
             self._returns[i] = 0.0
             self._lengths[i] = 0
-            actions = [int(a) for a in episode["actions"]]
+            actions = list(episode["actions"])
             for action in actions:
-                obs, reward, term, trunc, info = env.step(action)
+                obs, reward, term, trunc, info = env.step(self._env_action(action))
                 self._returns[i] += float(reward)
                 self._lengths[i] += 1
                 if term or trunc:

@@ -16,6 +16,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rl.tasks.spaces import action_array_spec
+
 __all__ = ["SharedArrays", "final_key", "obs_key", "sampler_array_specs"]
 
 _ALIGN = 64  # byte alignment of each array in the shared block
@@ -32,25 +34,29 @@ def final_key(key: str) -> str:
 
 
 def sampler_array_specs(
-    observation_space: gym.spaces.Dict, num_envs: int
+    observation_space: gym.spaces.Dict, num_envs: int, action_space: gym.Space | None = None
 ) -> dict[str, tuple[tuple[int, ...], Any]]:
     """The sampler's shared arrays, ``name -> (shape, dtype)``, for :meth:`SharedArrays.plan`.
 
     Args:
         observation_space: The environments' (dict) observation space.
         num_envs: Rows of every array (one per environment).
+        action_space: The environments' action space (None: one int64 action per row).
 
     Returns:
         An observation and a final-observation array per observation key, then the actions,
         rewards, termination/truncation flags, expert actions and paused flags.
     """
     n = num_envs
+    action_shape, action_dtype = ((), np.int64)
+    if action_space is not None:
+        action_shape, action_dtype = action_array_spec(action_space)
     specs: dict[str, tuple[tuple[int, ...], Any]] = {}
     for key, space in observation_space.spaces.items():
         specs[obs_key(key)] = ((n, *space.shape), space.dtype)
         specs[final_key(key)] = ((n, *space.shape), space.dtype)
     specs.update(
-        actions=((n,), np.int64),
+        actions=((n, *action_shape), action_dtype),
         rewards=((n,), np.float32),
         terminated=((n,), np.bool_),
         truncated=((n,), np.bool_),

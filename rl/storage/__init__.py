@@ -1,19 +1,22 @@
-"""Rollout storage, advantage estimation, and stored expert trajectories."""
+"""Rollout storage (a TensorDict of time-major rows), advantage estimation, expert data."""
 
 from rl.storage.advantages import compute_discounted_returns, compute_gae
 from rl.storage.expert_data import (
     ExpertBatch,
     ExpertTrajectoryIterator,
+    expert_batch,
     generate_expert_trajectories,
 )
-from rl.storage.rollout import RolloutBatch, RolloutStorage
+from rl.storage.rollout import RolloutStorage, advantage_stats_of, sequence_start_state
 
 __all__ = [
     "ExpertBatch",
     "ExpertTrajectoryIterator",
-    "RolloutBatch",
     "RolloutStorage",
+    "advantage_stats_of",
     "compute_discounted_returns",
     "compute_gae",
+    "expert_batch",
     "generate_expert_trajectories",
+    "sequence_start_state",
 ]

@@ -10,7 +10,6 @@ command-line generator.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import io
 import os
 import tempfile
@@ -21,31 +20,36 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from tensordict import TensorDict
 
 from rl.tasks.factory import build_env
 
 
-@dataclasses.dataclass
-class ExpertBatch:
-    """A window of expert steps, time-major ``[T, B, ...]``.
+def expert_batch(
+    obs: Mapping[str, torch.Tensor],
+    episode_starts: torch.Tensor,
+    expert_actions: torch.Tensor,
+    steps: torch.Tensor,
+) -> TensorDict:
+    """A window of expert steps, time-major ``[T, B]``, as a ``TensorDict`` (what losses read).
 
-    Attributes:
-        obs: Observations by key, ``[T, B, *shape]``.
-        episode_starts: ``[T, B]`` bool; the first step of every window is marked, so the
-            recurrent state starts from zeros there.
-        expert_actions: ``[T, B]`` the expert's actions.
-        steps: ``[T, B]`` where in the file each step comes from.
+    Entries: ``obs`` (by key, ``[T, B, *shape]``), ``episode_starts`` (the first step of every
+    window is marked, so the recurrent state starts from zeros there), ``expert_actions``, and
+    ``steps`` (where in the file each step comes from).
     """
+    return TensorDict(
+        {
+            "obs": dict(obs),
+            "episode_starts": episode_starts,
+            "expert_actions": expert_actions,
+            "steps": steps,
+        },
+        batch_size=episode_starts.shape,
+    )
 
-    obs: dict[str, torch.Tensor]
-    episode_starts: torch.Tensor
-    expert_actions: torch.Tensor
-    steps: torch.Tensor
 
-    @property
-    def num_samples(self) -> int:
-        """``T * B``."""
-        return self.expert_actions.numel()
+# The type of an expert batch (kept for code written when it was a dataclass).
+ExpertBatch = TensorDict
 
 
 def generate_expert_trajectories(
@@ -177,7 +181,7 @@ class ExpertTrajectoryIterator:
         idx = starts.unsqueeze(0) + torch.arange(self.seq_len).unsqueeze(1)  # [T, B]
         episode_starts = self.episode_starts[idx].clone()
         episode_starts[0] = True
-        return ExpertBatch(
+        return expert_batch(
             obs={k: v[idx] for k, v in self.obs.items()},
             episode_starts=episode_starts,
             expert_actions=self.expert_actions[idx],

@@ -13,6 +13,8 @@ from typing import Any
 import gymnasium as gym
 import hydra.utils
 
+from rl.tasks.spaces import check_action_space, flat_observation_space
+
 
 def build_env(task: Mapping[str, Any], **kwargs: Any) -> gym.Env:
     """Instantiate the task config (a plain mapping with ``_target_``) into an environment.
@@ -30,18 +32,41 @@ def build_env(task: Mapping[str, Any], **kwargs: Any) -> gym.Env:
     return env
 
 
-def dict_space(space: gym.Space) -> gym.spaces.Dict:
-    """``space`` as a Dict space (non-dict spaces become ``{"obs": space}``)."""
-    return space if isinstance(space, gym.spaces.Dict) else gym.spaces.Dict({"obs": space})
+def dict_space(space: gym.Space, task: str = "?") -> gym.spaces.Dict:
+    """``space`` as the flat Dict space samplers and policies see (:mod:`rl.tasks.spaces`).
+
+    A non-dict space becomes ``{"obs": space}``, nested ``Dict``/``Tuple`` entries are named by
+    their key path; ``task`` names the task in errors.
+
+    Raises:
+        SpaceError: An entry policies cannot encode (e.g. ``Text``).
+    """
+    return flat_observation_space(space, task)
 
 
 def task_spaces(task: Mapping[str, Any]) -> tuple[gym.spaces.Dict, gym.Space]:
-    """``(observation space as a Dict space, action space)`` of a task (builds one env)."""
+    """``(flat observation Dict space, action space)`` of a task (builds one env).
+
+    Raises:
+        SpaceError: An observation entry or an action space policies cannot handle, naming
+            the task.
+    """
     env = build_env(task)
     try:
-        return dict_space(env.observation_space), env.action_space
+        name = env_name(task, env)
+        return (
+            dict_space(env.observation_space, name),
+            check_action_space(env.action_space, name),
+        )
     finally:
         env.close()
+
+
+def env_name(task: Mapping[str, Any], env: gym.Env) -> str:
+    """The task's name in messages: ``task.env_id``, the env's gymnasium id or class."""
+    if "env_id" in task:
+        return str(task["env_id"])
+    return env.spec.id if env.spec is not None else type(env.unwrapped).__name__
 
 
 def task_id(task: Mapping[str, Any]) -> str:
@@ -50,7 +75,7 @@ def task_id(task: Mapping[str, Any]) -> str:
         return str(task["env_id"])
     env = build_env(task)
     try:
-        return env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+        return env_name(task, env)
     finally:
         env.close()
 

@@ -70,9 +70,4 @@ def make_gym_env(
         raise ValueError(f"task.env_id={env_id!r}: {e}") from e
     for wrap in wrappers or ():
         env = (resolve_wrapper(wrap) if isinstance(wrap, str) else wrap)(env)
-    if not isinstance(env.action_space, gym.spaces.Discrete):
-        raise ValueError(
-            f"task.env_id={env_id!r} has action space {env.action_space}; "
-            "only Discrete action spaces are supported"
-        )
     return env

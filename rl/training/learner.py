@@ -27,11 +27,12 @@ import torch
 from rl.collection.base import Rollout
 from rl.distributed.reduce import advantage_stats, average_gradients
 from rl.distributed.setup import DistContext
-from rl.models.actor_critic import ActorCritic, ActorCriticOutput
+from rl.models.policy import Policy, PolicyOutput
 from rl.pipeline.offpolicy import OffPolicyPipelineComponent
 from rl.pipeline.schedules import step_lr_scheduler_to
 from rl.pipeline.stages import PipelineStage, TrainingPipeline, TrainingSettings
 from rl.pipeline.trackers import ScalarMeanTracker
+from rl.storage.rollout import sequence_start_state
 from rl.utils.finite import NonFiniteError
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class Learner:
     """Optimise ``model`` with the losses of ``pipeline``.
 
     Args:
-        model: The actor-critic.
+        model: The policy (:class:`~rl.models.Policy`).
         pipeline: Named losses and the optimizer / LR-scheduler builders.
         device: Where the model lives.
         seed: Seed of the minibatch shuffling generator.
@@ -51,7 +52,7 @@ class Learner:
     def __init__(
         self,
         *,
-        model: ActorCritic,
+        model: Policy,
         pipeline: TrainingPipeline,
         device: torch.device | str = "cpu",
         seed: int = 0,
@@ -92,7 +93,7 @@ class Learner:
         weighted_losses: Mapping[str, float],
         *,
         batch: Any,
-        output: ActorCriticOutput,
+        output: PolicyOutput,
         num_samples: int,
         max_grad_norm: float,
         step_count: int,
@@ -194,7 +195,7 @@ class Learner:
         if self.dist.enabled:
             # ALGO: per-rollout advantage normalisation with every worker's rollout (sum, sum of
             # squares and count all-reduced), independent of how the data is split over ranks.
-            mean, std, _ = advantage_stats(storage.advantages[: storage.step])
+            mean, std, _ = advantage_stats(storage["advantages"][: storage.step])
             storage.advantage_stats = (mean, std)
         tracker = ScalarMeanTracker()
         model.train()
@@ -205,13 +206,15 @@ class Learner:
                 recurrence=settings.recurrence or 0,
             )
             for batch in batches:
-                output, _ = model(batch.obs, batch.episode_starts, batch.hidden)
+                output, _ = model(
+                    batch["obs"], batch["episode_starts"], sequence_start_state(batch)
+                )
                 tracker.add_scalars(
                     self.optimize(
                         stage.weighted_losses,
                         batch=batch,
                         output=output,
-                        num_samples=batch.num_samples,
+                        num_samples=batch.numel(),
                         max_grad_norm=settings.max_grad_norm,  # type: ignore[arg-type]
                         step_count=step_count,
                     )
@@ -234,10 +237,11 @@ class Learner:
         model.train()
         for _ in range(component.updates):
             # ALGO: e.g. behaviour cloning on stored expert trajectories.
-            batch = component.next_batch()
-            obs = {k: v.to(self.device) for k, v in batch.obs.items()}
-            starts = batch.episode_starts.to(self.device)
-            output, _ = model(obs, starts, model.initial_hidden(starts.shape[1], self.device))
+            batch = component.next_batch().to(self.device)
+            starts = batch["episode_starts"]
+            output, _ = model(
+                batch["obs"], starts, model.initial_state(starts.shape[1], self.device)
+            )
             logged = self.optimize(
                 component.weighted_losses,
                 batch=batch,

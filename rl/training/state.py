@@ -7,7 +7,7 @@ global RNG, the collector's episodes in flight and carried rollout state, and th
 :meth:`TrainerState.load_state_dict` restores all of it, so that a resumed run continues
 bitwise like an uninterrupted one (single-process sampler, CPU).
 
-The layout (:data:`CHECKPOINT_FORMAT` 2) is flat and ``torch.load(weights_only=True)``-safe::
+The layout (:data:`CHECKPOINT_FORMAT` 3) is flat and ``torch.load(weights_only=True)``-safe::
 
     format_version, model, optimizer, lr_scheduler, pipeline,
     trackers {episode, train}, trainer {last_metrics, last_log_step, offpolicy_update_count},
@@ -31,7 +31,7 @@ import torch
 from rl.collection.base import Collector
 from rl.distributed.reduce import gather_objects
 from rl.distributed.setup import DistContext
-from rl.models.actor_critic import ActorCritic
+from rl.models.policy import Policy
 from rl.pipeline.stages import TrainingPipeline
 from rl.training.learner import Learner
 from rl.training.metrics import TrainingMetrics
@@ -39,8 +39,10 @@ from rl.utils.seeding import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
-# Version of the checkpoint layout written by TrainerState.state_dict.
-CHECKPOINT_FORMAT = 2
+# Version of the checkpoint layout written by TrainerState.state_dict. 3: the carried rollout
+# state holds the policy's recurrent state as a dict (``rollout.state``) instead of a GRU's
+# ``rollout.hidden`` ``[L, N, H]``; format-2 checkpoints load (the collector converts them).
+CHECKPOINT_FORMAT = 3
 # Per-rank entries of a distributed checkpoint.
 _RANK_KEYS = ("sampler", "rollout", "rng")
 
@@ -96,7 +98,7 @@ def rank_view(state: Mapping[str, Any], dist: DistContext) -> dict[str, Any]:
 class TrainerState:
     """The components whose state makes up a trainer's checkpoint."""
 
-    model: ActorCritic
+    model: Policy
     pipeline: TrainingPipeline
     learner: Learner
     metrics: TrainingMetrics

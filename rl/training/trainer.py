@@ -37,7 +37,7 @@ from rl.collection.base import Collector, RolloutRequest
 from rl.distributed.reduce import broadcast_object
 from rl.distributed.setup import DistContext
 from rl.loggers.base import MetricsLogger
-from rl.models.actor_critic import ActorCritic
+from rl.models.policy import Policy
 from rl.pipeline.stages import TrainingPipeline
 from rl.training.callbacks import Callback, RolloutInfo
 from rl.training.learner import Learner
@@ -70,7 +70,7 @@ class OnPolicyTrainer:
     def __init__(
         self,
         *,
-        model: ActorCritic,
+        model: Policy,
         pipeline: TrainingPipeline,
         collector: Collector,
         logger: MetricsLogger,

@@ -1,0 +1,39 @@
+"""An LSTM over time-major sequences with per-step state resets.
+
+``torch.nn.LSTM`` cannot zero an environment's state in the middle of a sequence. The sequence
+is cut where any environment starts an episode and each segment goes through ``nn.LSTM`` in one
+call, the starting environments' states zeroed between segments (the recurrence inside a
+segment is the library's fused one). A minibatch of a few environments has a handful of such
+cuts per chunk; with one environment starting at every step it degrades to one call per step.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def lstm_sequence(
+    lstm: nn.LSTM,
+    x: torch.Tensor,
+    episode_starts: torch.Tensor,
+    h: torch.Tensor,
+    c: torch.Tensor,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """``lstm`` over ``x [T, N, F]`` from ``(h, c)`` (``[L, N, H]`` each).
+
+    The state of environment ``n`` is zeroed before step ``t`` where ``episode_starts[t, n]``.
+
+    Returns:
+        ``(outputs [T, N, H], (h, c) after the last step)``.
+    """
+    t_len = x.shape[0]
+    cuts = (episode_starts[1:].any(dim=1).nonzero().flatten() + 1).tolist()
+    outputs = []
+    start = 0
+    for end in [*cuts, t_len]:
+        keep = (~episode_starts[start]).to(x.dtype).view(1, -1, 1)
+        out, (h, c) = lstm(x[start:end], (h * keep, c * keep))
+        outputs.append(out)
+        start = end
+    return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), (h, c)

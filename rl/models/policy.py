@@ -1,0 +1,142 @@
+"""The policy protocol: what collectors, losses, evaluation and checkpoints need of a model.
+
+A policy is a ``torch.nn.Module`` (its ``state_dict`` is the checkpoint's ``model``) that
+
+- starts each environment from :meth:`Policy.initial_state`, a ``TensorDict`` of batch size
+  ``[N]`` of any structure: ``{"h": [N, L, H]}`` for a GRU, ``{"h", "c"}`` for an LSTM, empty
+  for a memoryless policy. Collectors carry it from step to step, store it with every step
+  (truncated-BPTT chunks start from it), save it in checkpoints and pause environments by
+  indexing it; they never look inside;
+- acts for a batch of environments (:meth:`Policy.act`: one step, ``[N, ...]`` inputs);
+- evaluates time-major sequences for the update (:meth:`Policy.forward`: ``[T, N, ...]``
+  inputs, the state before the first step), resetting its state before every step whose
+  ``episode_starts`` is set.
+
+Observations arrive as a mapping of flat entries (:mod:`rl.tasks.spaces`). The action
+distribution follows the action space (:mod:`rl.models.distributions`).
+
+:class:`PolicyBase` gives a policy :meth:`~PolicyBase.act` from its ``forward``; the framework's
+default policy is :class:`~rl.models.actor_critic.ActorCritic`. A researcher's own policy class
+is a ``_target_`` in ``conf/model/`` built with :func:`~rl.models.factory.build_policy`, which
+passes it ``observation_space`` and ``action_space``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from rl.models.distributions import ActionDistribution
+
+__all__ = ["Policy", "PolicyBase", "PolicyOutput", "PolicyStep", "empty_state"]
+
+
+@dataclasses.dataclass
+class PolicyOutput:
+    """A policy evaluated over a time-major batch.
+
+    Attributes:
+        dist: The action distribution at every step (batch shape ``[T, N]``).
+        values: ``[T, N]`` state-value estimates.
+    """
+
+    dist: ActionDistribution
+    values: torch.Tensor
+
+
+@dataclasses.dataclass
+class PolicyStep:
+    """One action for each of ``N`` environments.
+
+    Attributes:
+        actions: ``[N, ...]`` actions drawn (or the mode, deterministic).
+        logprobs: ``[N]`` their log-probabilities.
+        values: ``[N]`` state values.
+        dist: The distribution they were drawn from (batch shape ``[N]``).
+        extras: More per-step fields ``[N, ...]`` the collector records with the step, by
+            name: what a policy declares for a loss of its own to read (nothing by default).
+    """
+
+    actions: torch.Tensor
+    logprobs: torch.Tensor
+    values: torch.Tensor
+    dist: ActionDistribution
+    extras: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What the framework calls on a model (see the module docstring)."""
+
+    def initial_state(self, num_envs: int, device: torch.device | str = "cpu") -> TensorDict:
+        """The state before any observation, batch size ``[num_envs]``."""
+        ...
+
+    def forward(
+        self,
+        obs: Mapping[str, torch.Tensor],
+        episode_starts: torch.Tensor,
+        state: TensorDict,
+    ) -> tuple[PolicyOutput, TensorDict]:
+        """Evaluate ``[T, N, ...]`` observations from ``state`` (``[N]``); the state after."""
+        ...
+
+    def act(
+        self,
+        obs: Mapping[str, torch.Tensor],
+        episode_starts: torch.Tensor,
+        state: TensorDict,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> tuple[PolicyStep, TensorDict]:
+        """One step for ``[N, ...]`` observations: the actions and the state after."""
+        ...
+
+
+def empty_state(num_envs: int, device: torch.device | str = "cpu") -> TensorDict:
+    """The state of a memoryless policy: an empty ``TensorDict`` of batch size ``[num_envs]``."""
+    return TensorDict({}, batch_size=[num_envs], device=torch.device(device))
+
+
+class PolicyBase(nn.Module):
+    """A :class:`Policy` whose :meth:`act` is :meth:`forward` on one step.
+
+    Subclasses define ``forward`` (and ``initial_state`` when they have memory).
+    """
+
+    def initial_state(self, num_envs: int, device: torch.device | str = "cpu") -> TensorDict:
+        """Memoryless by default: an empty state."""
+        return empty_state(num_envs, device)
+
+    @torch.no_grad()
+    def act(
+        self,
+        obs: Mapping[str, torch.Tensor],
+        episode_starts: torch.Tensor,
+        state: TensorDict,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> tuple[PolicyStep, TensorDict]:
+        """One step: :meth:`forward` on ``T = 1``, then a draw (or the mode)."""
+        out, state = self(
+            {k: v.unsqueeze(0) for k, v in obs.items()}, episode_starts.unsqueeze(0), state
+        )
+        dist = _first_step(out.dist)
+        actions = dist.mode() if deterministic else dist.sample(generator)
+        return PolicyStep(actions, dist.log_prob(actions), out.values[0], dist), state
+
+
+def _first_step(dist: ActionDistribution) -> ActionDistribution:
+    """``dist`` (batch ``[1, N]``) at its only step (batch ``[N]``)."""
+    index = getattr(dist, "index", None)
+    if index is None:
+        raise TypeError(
+            f"{type(dist).__name__} has no index(): define act() on the policy, or give the "
+            "distribution an index(i) method"
+        )
+    return index(0)  # type: ignore[no-any-return]

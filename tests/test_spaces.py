@@ -1,0 +1,223 @@
+"""Every common space: nested observations flattened by key path, Box/MultiDiscrete actions,
+their distributions against torch.distributions, clipping, clear errors, and learning.
+
+The learning tests train the toy tasks of :mod:`rl.tasks.toy` through the real engine
+(``rl.engine.run.train``) with ``ppo_cartpole``'s settings and a task swapped in.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from omegaconf import open_dict
+
+import rl.engine.run
+from rl.collection import InProcessCollector, RolloutRequest
+from rl.models import ActorCritic, DiagGaussian, MultiCategorical, build_policy
+from rl.sampling import MultiprocessSampler, SerialSampler
+from rl.tasks import SpaceError, dict_space, task_spaces
+from rl.tasks.spaces import ObservationFlattener
+
+MATCH = {"_target_": "rl.tasks.toy.MatchTargetEnv", "nvec": [3, 4], "max_steps": 4}
+CORRIDOR = {"_target_": "rl.tasks.toy.NestedCorridorEnv", "length": 7, "max_steps": 14}
+REACH = {"_target_": "rl.tasks.toy.ReachTargetEnv", "dim": 2, "max_steps": 4}
+MLP = {"_target_": "rl.models.ActorCritic", "_partial_": True, "cnn_channels": [],
+       "trunk_layers": [], "rnn": None, "head_layers": [32, 32], "activation": "tanh"}  # fmt: skip
+
+
+# ------------------------------------------------------------------------ observations
+def test_nested_dict_and_tuple_entries_are_flattened_by_key_path() -> None:
+    space, actions = task_spaces(CORRIDOR)
+    assert list(space.spaces) == ["agent/cell", "goal/0", "goal/1"]
+    assert isinstance(space["agent/cell"], gym.spaces.Discrete)
+    assert isinstance(space["goal/1"], gym.spaces.Box) and actions == gym.spaces.Discrete(3)
+    flatten = ObservationFlattener(gym.spaces.Tuple((gym.spaces.Discrete(2), space)))
+    obs = flatten((1, {"agent/cell": 3, "goal/0": 4, "goal/1": np.zeros(1)}))
+    assert list(obs) == ["0", "1/agent/cell", "1/goal/0", "1/goal/1"] and obs["0"] == 1
+    assert list(dict_space(gym.spaces.Box(0, 1, (2,))).spaces) == ["obs"]
+
+
+def test_samplers_give_the_flat_entries_bitwise_alike() -> None:
+    with (
+        SerialSampler(task=CORRIDOR, num_envs=4, seed=5) as serial,
+        MultiprocessSampler(task=CORRIDOR, num_envs=4, num_processes=2, seed=5) as mp,
+    ):
+        a, b = serial.reset()[0], mp.reset()[0]
+        assert a.keys() == b.keys() == {"agent/cell", "goal/0", "goal/1"}
+        assert a["agent/cell"].dtype == np.int64 and a["goal/1"].shape == (4, 1)
+        rng = np.random.default_rng(0)
+        for _ in range(30):
+            actions = rng.integers(0, 3, 4)
+            x, y = serial.step(actions), mp.step(actions)
+            for k in x.obs:
+                np.testing.assert_array_equal(x.obs[k], y.obs[k])
+            np.testing.assert_array_equal(x.rewards, y.rewards)
+
+
+def test_a_text_entry_is_refused_naming_the_task_the_key_and_the_wrapper() -> None:
+    task = {"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1",
+            "wrappers": ["rl.tasks.toy.TextObservation"]}  # fmt: skip
+    for build in (lambda: task_spaces(task), lambda: SerialSampler(task=task, num_envs=2)):
+        with pytest.raises(SpaceError) as err:
+            build()
+        message = str(err.value)
+        assert message.startswith("task CartPole-v1: observation entry '0' is Text(")
+        assert "FilterObservation" in message and "ImgObsWrapper" in message
+
+
+def test_an_unsupported_action_space_is_refused_naming_the_task() -> None:
+    class DictActions(gym.Wrapper):
+        def __init__(self, env: gym.Env) -> None:
+            super().__init__(env)
+            self.action_space = gym.spaces.Dict({"a": gym.spaces.Discrete(2)})
+
+    env = DictActions(gym.make("CartPole-v1"))
+    with pytest.raises(SpaceError, match=r"task CartPole-v1: action space Dict\("):
+        from rl.tasks.spaces import check_action_space
+
+        check_action_space(env.action_space, "CartPole-v1")
+    env.close()
+
+
+# --------------------------------------------------------------------- distributions
+def test_gaussian_matches_torch_distributions() -> None:
+    g = torch.Generator().manual_seed(0)
+    mean, log_std = torch.randn(5, 3, 2, generator=g), torch.randn(2, generator=g)
+    ours = DiagGaussian(mean, log_std)
+    ref = torch.distributions.Normal(mean, log_std.exp())
+    actions = torch.randn(5, 3, 2, generator=g)
+    torch.testing.assert_close(ours.log_prob(actions), ref.log_prob(actions).sum(-1))
+    torch.testing.assert_close(ours.entropy(), ref.entropy().sum(-1))
+    assert torch.equal(ours.mode(), mean)
+    draws = DiagGaussian(torch.zeros(20000, 2), log_std).sample(g)
+    torch.testing.assert_close(draws.std(0), log_std.exp(), rtol=0.03, atol=0)
+    assert torch.equal(ours.index(2).mean, mean[2])
+
+
+def test_multi_categorical_matches_torch_distributions() -> None:
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 3, 7, generator=g)
+    ours = MultiCategorical(logits, (3, 4))
+    refs = [torch.distributions.Categorical(logits=x) for x in logits.split([3, 4], -1)]
+    actions = torch.stack([r.sample() for r in refs], -1)
+    expected = sum(r.log_prob(actions[..., i]) for i, r in enumerate(refs))
+    torch.testing.assert_close(ours.log_prob(actions), expected)
+    torch.testing.assert_close(ours.entropy(), sum(r.entropy() for r in refs))
+    assert ours.sample(g).shape == (4, 3, 2)
+    assert torch.equal(
+        ours.mode(), torch.stack([x.argmax(-1) for x in logits.split([3, 4], -1)], -1)
+    )
+
+
+@pytest.mark.parametrize(
+    ("action_space", "shape", "dtype"),
+    [
+        (gym.spaces.Discrete(5), (6,), torch.long),
+        (gym.spaces.MultiDiscrete([3, 4]), (6, 2), torch.long),
+        (gym.spaces.Box(-1, 1, (3,), dtype=np.float32), (6, 3), torch.float32),
+    ],
+)
+def test_the_policy_acts_in_every_supported_action_space(action_space, shape, dtype) -> None:
+    space = gym.spaces.Dict({"x": gym.spaces.Box(-1, 1, (4,), dtype=np.float32),
+                             "m": gym.spaces.MultiDiscrete([2, 3]),
+                             "b": gym.spaces.MultiBinary(3)})  # fmt: skip
+    policy = build_policy(MLP, space, action_space)
+    obs = {
+        "x": torch.rand(6, 4),
+        "m": torch.tensor([[1, 2]] * 6),
+        "b": torch.ones(6, 3, dtype=torch.int8),
+    }
+    starts = torch.ones(6, dtype=torch.bool)
+    step, _ = policy.act(obs, starts, policy.initial_state(6))
+    assert step.actions.shape == shape and step.actions.dtype == dtype
+    assert step.logprobs.shape == step.values.shape == (6,)
+    mode, _ = policy.act(obs, starts, policy.initial_state(6), deterministic=True)
+    assert torch.equal(mode.actions, mode.dist.mode())
+    out, _ = policy({k: v[None] for k, v in obs.items()}, starts[None], policy.initial_state(6))
+    torch.testing.assert_close(out.dist.log_prob(step.actions[None])[0], step.logprobs)
+
+
+def test_a_users_class_that_is_not_a_policy_is_refused_naming_the_key() -> None:
+    space, actions = task_spaces(REACH)
+    with pytest.raises(
+        TypeError, match=r"model._target_='tests.test_spaces.not_a_policy' built a"
+    ):
+        build_policy(
+            {"_target_": "tests.test_spaces.not_a_policy", "_partial_": True}, space, actions
+        )
+
+
+def not_a_policy(observation_space: gym.Space, action_space: gym.Space) -> torch.nn.Module:
+    return torch.nn.Identity()
+
+
+# ------------------------------------------------------------------------ Box actions
+def test_box_actions_reach_the_environment_clipped_and_are_stored_unclipped() -> None:
+    """ReachTargetEnv raises on an action outside [-2, 2]; a wide Gaussian draws many."""
+    space, actions = task_spaces(REACH)
+    torch.manual_seed(0)
+    policy = ActorCritic(observation_space=space, action_space=actions, cnn_channels=[],
+                         trunk_layers=[8], rnn=None, log_std_init=1.5)  # fmt: skip
+    for sampler in (
+        SerialSampler(task=REACH, num_envs=4, seed=0),
+        MultiprocessSampler(task=REACH, num_envs=4, num_processes=2, seed=0),
+    ):
+        collector = InProcessCollector(model=policy, sampler=sampler)
+        try:
+            rollout = collector.collect(RolloutRequest(num_steps=16))
+        finally:
+            collector.close()
+        storage = rollout.storage
+        stored = storage["actions"][:16]
+        assert stored.shape == (16, 4, 2) and stored.dtype == torch.float32
+        assert (stored.abs() > 2).any(), "the test needs draws outside the bounds"
+        # The stored log-probabilities are of the unclipped draws.
+        with torch.no_grad():
+            out, _ = policy(
+                {"obs": storage["obs", "obs"][:16]},
+                storage["episode_starts"][:16],
+                policy.initial_state(4),
+            )
+        torch.testing.assert_close(out.dist.log_prob(stored), storage["logprobs"][:16])
+        # The environment got clipped actions: -mean |clip(a) - target| >= -3.
+        assert (storage["rewards"][:16] >= -3.0).all()
+
+
+# ------------------------------------------------------------------------- learning
+def _train_toy(compose_cfg, task: dict, steps: int, overrides: list[str] = ()) -> dict:
+    cfg = compose_cfg(
+        [
+            "+experiment=ppo_cartpole",
+            f"total_env_steps={steps}",
+            "eval.num_episodes=100",
+            "torch_threads=1",
+            "logger.sinks.console.progress_bar=false",
+            *overrides,
+        ]  # fmt: skip
+    )
+    with open_dict(cfg):
+        cfg.task = task
+    return rl.engine.run.train(cfg)
+
+
+@pytest.mark.slow
+def test_multidiscrete_actions_learn(compose_cfg) -> None:
+    metrics = _train_toy(
+        compose_cfg, MATCH, 30_000, ["pipeline.named_losses.ppo.entropy_coef=0.01"]
+    )
+    assert metrics["eval/success"] >= 0.9, metrics  # a random policy matches 1/12 of the time
+
+
+@pytest.mark.slow
+def test_nested_dict_and_tuple_observations_learn(compose_cfg) -> None:
+    metrics = _train_toy(compose_cfg, CORRIDOR, 40_000)
+    assert metrics["eval/success"] >= 0.9, metrics  # a random policy: about 0.1
+
+
+@pytest.mark.slow
+def test_box_actions_learn(compose_cfg) -> None:
+    metrics = _train_toy(compose_cfg, REACH, 40_000, ["eval.deterministic=true"])
+    # The mean action within 0.1 of the target on average; a random policy: about -4 x 0.9.
+    assert metrics["eval/episodic_return"] >= -0.4, metrics
