@@ -43,10 +43,13 @@ class PolicyOutput:
     Attributes:
         dist: The action distribution at every step (batch shape ``[T, N]``).
         values: ``[T, N]`` state-value estimates.
+        extras: More outputs ``[T, N, ...]`` by name, for losses of the policy's own (e.g. an
+            auxiliary head's predictions); nothing by default.
     """
 
     dist: ActionDistribution
     values: torch.Tensor
+    extras: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
