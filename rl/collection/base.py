@@ -13,9 +13,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol
 
+import gymnasium as gym
 import torch
 
 from rl.collection.episodes import EvalResult
+from rl.collection.normalization import Normalizer, NormalizeSettings
 from rl.pipeline.schedules import Schedule
 from rl.sampling.base import EpisodeRecord
 from rl.sampling.factory import sampler_num_envs
@@ -35,6 +37,7 @@ class CollectionSpec:
             of the global index; action sampling draws from the seeded global generators).
         env_offset: Global index of this collector's first environment (distributed ranks).
         total_envs: Size of the global seed stream (None: ``env_offset + num_envs``).
+        normalize: The run's ``normalize`` section (None: no normalisation).
     """
 
     task: dict[str, Any]
@@ -43,6 +46,13 @@ class CollectionSpec:
     seed: int
     env_offset: int = 0
     total_envs: int | None = None
+    normalize: dict[str, Any] | None = None
+
+    def build_normalizer(self, observation_space: gym.spaces.Dict) -> Normalizer | None:
+        """The normalizer ``normalize`` asks for (None when it normalises nothing)."""
+        if self.normalize is None:
+            return None
+        return Normalizer.build(observation_space, NormalizeSettings(**self.normalize))
 
     @property
     def num_envs(self) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rl.collection.normalization import Normalizer
 from rl.models.policy import Policy
 from rl.sampling.convert import episode_metric_key, obs_to_torch
 from rl.sampling.factory import build_sampler
@@ -55,6 +56,7 @@ def evaluate_policy(
     deterministic: bool = False,
     action_seed: int = 0,
     device: torch.device | str = "cpu",
+    normalizer: Normalizer | None = None,
 ) -> EvalResult:
     """Run ``model`` on every episode of ``episode_seeds`` once.
 
@@ -69,17 +71,23 @@ def evaluate_policy(
         deterministic: Argmax actions instead of sampled ones.
         action_seed: Seed of the generator that samples actions (sampled mode).
         device: Where the model runs.
+        normalizer: The training run's observation normalisation, applied frozen (None:
+            observations as the environments return them).
 
     Returns:
         Mean metrics and per-episode records.
     """
     device = torch.device(device)
+
+    def policy_obs(obs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return obs if normalizer is None else normalizer.observations(obs)
+
     model.eval()
     generator = torch.Generator(device=device).manual_seed(action_seed)
     records: dict[int, dict[str, Any]] = {}
     with build_sampler(None, task=task, num_envs=num_envs, episode_seeds=episode_seeds) as sampler:
         obs_np, _ = sampler.reset()
-        obs = obs_to_torch(obs_np, device)
+        obs = policy_obs(obs_to_torch(obs_np, device))
         n = sampler.num_envs
         starts = torch.ones(n, dtype=torch.bool, device=device)
         state = model.initial_state(n, device)
@@ -90,7 +98,7 @@ def evaluate_policy(
                 assert ep.episode_seed is not None
                 records[ep.episode_seed] = {"episode_seed": ep.episode_seed, **ep.metrics}
             keep = torch.from_numpy(~result.paused).to(device)
-            obs = {k: v[keep] for k, v in obs_to_torch(result.obs, device).items()}
+            obs = policy_obs({k: v[keep] for k, v in obs_to_torch(result.obs, device).items()})
             starts = torch.from_numpy(result.terminated | result.truncated).to(device)[keep]
             state = state[keep]
     return summarise_episodes(records, episode_seeds)

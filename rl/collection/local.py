@@ -25,6 +25,7 @@ from tensordict import TensorDict
 
 from rl.collection.base import CollectionSpec, Preemption, Rollout, RolloutRequest
 from rl.collection.episodes import EvalResult, evaluate_policy
+from rl.collection.normalization import Normalizer
 from rl.distributed.preemption import RolloutPreemption
 from rl.distributed.setup import DistContext
 from rl.models.policy import Policy, PolicyStep
@@ -42,10 +43,11 @@ log = logging.getLogger(__name__)
 class _Carry:
     """What one rollout hands the next."""
 
-    obs: dict[str, torch.Tensor]
+    obs: dict[str, torch.Tensor]  # as the environments returned them (not normalised)
     expert: torch.Tensor  # [N] int64 on the CPU, -1 where the task gives none
     episode_starts: torch.Tensor
     state: TensorDict  # the policy's recurrent state, batch [N]
+    returns: torch.Tensor | None = None  # [N] float64 discounted returns (reward scaling)
 
 
 class InProcessCollector:
@@ -60,6 +62,10 @@ class InProcessCollector:
         preemption: Another rule that may end a rollout early (e.g. a collection worker's
             :class:`~rl.collection.worker.StopRequest`); it wins over ``dist``'s.
         task: The task config, for :meth:`evaluate` (None: evaluation needs it).
+        normalizer: Observation and reward normalisation (None: none).
+        update_normalizer: Merge each rollout's moments into the normalizer's statistics
+            after the rollout (summed over DDP ranks first); False for a collection worker,
+            whose learner merges them (:meth:`take_normalizer_moments`).
     """
 
     supports_distributed: ClassVar[bool] = True
@@ -73,8 +79,13 @@ class InProcessCollector:
         dist: DistContext | None = None,
         preemption: Preemption | None = None,
         task: Mapping[str, Any] | None = None,
+        normalizer: Normalizer | None = None,
+        update_normalizer: bool = True,
     ) -> None:
         self.model = model
+        self.normalizer = normalizer
+        self.update_normalizer = update_normalizer
+        self._distributed = dist is not None and dist.enabled
         self.task = None if task is None else dict(task)
         self.sampler = sampler
         self.device = torch.device(device)
@@ -106,7 +117,14 @@ class InProcessCollector:
             env_offset=spec.env_offset,
             total_envs=spec.total_envs,
         )
-        return cls(model=model, sampler=sampler, device=device, dist=dist, task=spec.task)
+        return cls(
+            model=model,
+            sampler=sampler,
+            device=device,
+            dist=dist,
+            task=spec.task,
+            normalizer=spec.build_normalizer(sampler.observation_space),
+        )
 
     @property
     def num_envs(self) -> int:
@@ -129,7 +147,17 @@ class InProcessCollector:
             expert=torch.from_numpy(expert_np),
             episode_starts=torch.ones(n, dtype=torch.bool, device=self.device),
             state=self.model.initial_state(n, self.device),
+            returns=self._fresh_returns(),
         )
+
+    def _fresh_returns(self) -> torch.Tensor | None:
+        if self.normalizer is None or not self.normalizer.settings.rewards:
+            return None
+        return torch.zeros(self.num_envs, dtype=torch.float64)
+
+    def _policy_obs(self, obs: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+        """What the policy sees of ``obs``: normalised when the normalizer says so."""
+        return obs if self.normalizer is None else self.normalizer.observations(obs)
 
     @torch.no_grad()
     def collect(self, request: RolloutRequest) -> Rollout:
@@ -141,17 +169,21 @@ class InProcessCollector:
         storage = self._storage_for(request.num_steps)
         model.eval()
         storage.reset(request.num_steps)
-        storage.set_first(c.obs, c.episode_starts, c.state)
+        norm = self.normalizer
+        storage.set_first(self._policy_obs(c.obs), c.episode_starts, c.state)
         stats, episodes = ScalarMeanTracker(), []
         forced_steps, env_seconds, inference_seconds = 0, 0.0, 0.0
         if self.preemption is not None:
             self.preemption.start(self._rollout_index)
         self._rollout_index += 1
         zeros = torch.zeros(n, device=self.device)
-        obs, expert, starts, state = c.obs, c.expert, c.episode_starts, c.state
+        obs, expert, starts, state, returns = c.obs, c.expert, c.episode_starts, c.state, c.returns
+        policy_obs = self._policy_obs(obs)
         for t in range(request.num_steps):
             t0 = time.perf_counter()
-            step, state = model.act(obs, starts, state)
+            if norm is not None:
+                norm.record_observations(obs)
+            step, state = model.act(policy_obs, starts, state)
             actions, logprobs = step.actions, step.logprobs
             if request.teacher_forcing is not None:
                 prob = request.teacher_forcing_probability(t)
@@ -164,16 +196,20 @@ class InProcessCollector:
             result = self.sampler.step(actions.cpu().numpy())
             t2 = time.perf_counter()
             next_obs = obs_to_torch(result.obs, self.device)
+            next_policy_obs = self._policy_obs(next_obs)
             truncation_values = zeros
             if len(result.final_obs_indices):
                 truncation_values = self._truncation_values(result, state, zeros)
             terminated = torch.from_numpy(result.terminated).to(self.device)
             truncated = torch.from_numpy(result.truncated).to(self.device)
+            rewards = torch.from_numpy(result.rewards).to(self.device)
+            if returns is not None and norm is not None:  # ALGO: reward scaling (VecNormalize)
+                rewards, returns = norm.rewards(rewards, returns, terminated | truncated)
             fields = {
                 "actions": actions,
                 "logprobs": logprobs,
                 "values": step.values,
-                "rewards": torch.from_numpy(result.rewards).to(self.device),
+                "rewards": rewards,
                 "terminated": terminated,
                 "truncated": truncated,
                 "truncation_values": truncation_values,
@@ -183,13 +219,13 @@ class InProcessCollector:
                 fields.update(step.extras)  # fields the policy declares for its own losses
             # The state after the step is the one before the next observation: truncated-BPTT
             # chunks start from it.
-            storage.insert(fields, next_obs, state)
+            storage.insert(fields, next_policy_obs, state)
             expert = torch.from_numpy(result.expert_actions)
             episodes.extend(result.episodes)
             t3 = time.perf_counter()
             inference_seconds += (t1 - t0) + (t3 - t2)
             env_seconds += t2 - t1
-            obs, starts = next_obs, terminated | truncated
+            obs, policy_obs, starts = next_obs, next_policy_obs, terminated | truncated
             if self.preemption is not None and self.preemption.should_stop(
                 t + 1, request.num_steps
             ):
@@ -198,9 +234,15 @@ class InProcessCollector:
             if storage.step == request.num_steps:
                 self.preemption.finished()
             stats.add_scalars({self.preemption.metric: storage.step / request.num_steps})
-        self._carry = _Carry(obs=obs, expert=expert, episode_starts=starts, state=state)
+        self._carry = _Carry(
+            obs=obs, expert=expert, episode_starts=starts, state=state, returns=returns
+        )
         # ALGO: the value the returns bootstrap from, by the policy that collected the rollout.
-        out, _ = model({k: v.unsqueeze(0) for k, v in obs.items()}, starts.unsqueeze(0), state)
+        out, _ = model(
+            {k: v.unsqueeze(0) for k, v in policy_obs.items()}, starts.unsqueeze(0), state
+        )
+        if norm is not None and self.update_normalizer:
+            norm.commit(distributed=self._distributed)  # the next rollout's statistics
         return Rollout(
             storage=storage,
             next_value=out.values[0],
@@ -242,7 +284,7 @@ class InProcessCollector:
     ) -> torch.Tensor:
         """ALGO: values of the final observations of truncated episodes (bootstrapped)."""
         idx = torch.from_numpy(result.final_obs_indices).to(self.device)
-        final = obs_to_torch(result.final_obs, self.device)
+        final = self._policy_obs(obs_to_torch(result.final_obs, self.device))
         out, _ = self.model(
             {k: v.unsqueeze(0) for k, v in final.items()},
             torch.zeros(1, len(idx), dtype=torch.bool, device=self.device),
@@ -284,11 +326,20 @@ class InProcessCollector:
             deterministic=deterministic,
             action_seed=action_seed,
             device=self.device,
+            normalizer=self.normalizer,
         )
+
+    def take_normalizer_moments(self) -> dict[str, Any] | None:
+        """The moments recorded since the last call (a worker sends them to its learner)."""
+        return None if self.normalizer is None else self.normalizer.moments()
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """``{"sampler": episodes in flight or None, "rollout": carried state or None}``."""
+        """What the collector carries, as top-level checkpoint entries.
+
+        ``{"sampler": episodes in flight or None, "rollout": carried state or None,
+        "normalizer": its statistics or None}``.
+        """
         try:
             sampler_state: dict[str, Any] | None = self.sampler.state_dict()
         except NotImplementedError:
@@ -300,8 +351,10 @@ class InProcessCollector:
                 "episode_starts": self._carry.episode_starts,
                 "state": self._carry.state.to_dict(),
                 "obs": dict(self._carry.obs),
+                "returns": self._carry.returns,
             }
-        return {"sampler": sampler_state, "rollout": rollout}
+        normalizer = None if self.normalizer is None else self.normalizer.state_dict()
+        return {"sampler": sampler_state, "rollout": rollout, "normalizer": normalizer}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Replay the sampler's episodes in flight and restore the carried state.
@@ -311,6 +364,8 @@ class InProcessCollector:
         uninterrupted one.
         """
         rollout, sampler_state = state.get("rollout"), state.get("sampler")
+        if self.normalizer is not None and state.get("normalizer") is not None:
+            self.normalizer.load_state_dict(state["normalizer"])
         self._carry = None
         if rollout is None:
             return
@@ -339,6 +394,7 @@ class InProcessCollector:
             expert=torch.from_numpy(expert_np),
             episode_starts=rollout["episode_starts"].to(self.device),
             state=self._saved_state(rollout),
+            returns=rollout.get("returns", self._fresh_returns()),
         )
 
     def _saved_state(self, rollout: Mapping[str, Any]) -> TensorDict:

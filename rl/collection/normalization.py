@@ -23,13 +23,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 
 from rl.distributed.reduce import all_reduce_sum, is_distributed
+from rl.utils.config import Check
 
 __all__ = ["NormalizeSettings", "Normalizer", "RunningMeanStd"]
 
@@ -48,9 +49,9 @@ class NormalizeSettings:
 
     observations: bool
     rewards: bool
-    clip: float
-    gamma: float
-    epsilon: float
+    clip: Annotated[float, Check(gt=0)]
+    gamma: Annotated[float, Check(ge=0, le=1)]
+    epsilon: Annotated[float, Check(gt=0)]
 
 
 class RunningMeanStd:
@@ -200,7 +201,7 @@ class Normalizer:
 
     # ---------------------------------------------------------------- updating
     def moments(self) -> dict[str, Any]:
-        """This rollout's moments (what a collection worker sends with its rollout); reset."""
+        """The moments recorded since the last call (what a worker sends with its rollout)."""
         out = {
             "obs": {k: m.as_dict() for k, m in self._obs_moments.items()},
             "return": self._return_moments.as_dict(),

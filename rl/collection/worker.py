@@ -133,8 +133,14 @@ class CollectionWorker:
             total_envs=spec.total_envs or spec.env_offset + spec.num_envs,
         )
         self.stop_request = None if min_rollout_frac is None else StopRequest(min_rollout_frac)
+        # The learner merges the statistics (every worker's moments) and sends them back.
+        self.normalizer = spec.build_normalizer(sampler.observation_space)
         self.collector = InProcessCollector(
-            model=self.model, sampler=sampler, preemption=self.stop_request
+            model=self.model,
+            sampler=sampler,
+            preemption=self.stop_request,
+            normalizer=self.normalizer,
+            update_normalizer=False,
         )
         self.request = RolloutRequest(num_steps=1)
         self.actor_version = 0
@@ -145,10 +151,17 @@ class CollectionWorker:
         return os.getpid()
 
     # ------------------------------------------------------------ learner -> worker
-    def set_weights(self, weights: Mapping[str, torch.Tensor], version: int) -> None:
-        """Install the learner's weights (version ``version``: its update count)."""
+    def set_weights(
+        self,
+        weights: Mapping[str, torch.Tensor],
+        version: int,
+        normalizer: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Install the learner's weights (``version``: its update count) and statistics."""
         self.model.load_state_dict(weights)
         self.actor_version = int(version)
+        if self.normalizer is not None and normalizer is not None:
+            self.normalizer.load_state_dict(normalizer)
 
     def update_algorithm_parameter(self, name: str, value: Any) -> None:
         """Change a collection setting (one of :data:`ALGORITHM_PARAMETERS`) from now on."""
@@ -179,7 +192,8 @@ class CollectionWorker:
         Returns:
             ``(data, info)``: the packed rollout (:func:`~rl.collection.transport.pack_rollout`)
             and ``worker``, ``rollout`` (its index), ``actor_version``, ``num_steps``,
-            ``collect_seconds``, ``fps``.
+            ``collect_seconds``, ``fps``, ``normalizer_moments`` (None without
+            normalisation).
         """
         t0 = time.perf_counter()
         if self.stop_request is not None:
@@ -194,6 +208,7 @@ class CollectionWorker:
             "num_steps": rollout.num_steps,
             "collect_seconds": seconds,
             "fps": rollout.num_steps * self.collector.num_envs / max(seconds, 1e-9),
+            "normalizer_moments": self.collector.take_normalizer_moments(),
         }
         self.rollouts += 1
         return data, info
@@ -214,6 +229,7 @@ class CollectionWorker:
             num_envs=num_envs,
             deterministic=deterministic,
             action_seed=action_seed,
+            normalizer=self.normalizer,
         )
         return result.episodes
 

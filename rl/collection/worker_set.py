@@ -52,7 +52,7 @@ from rl.collection.worker import ALGORITHM_PARAMETERS, CollectionWorker
 from rl.distributed.setup import DistContext
 from rl.models.policy import Policy
 from rl.sampling.worker_pool import WARN_FRACTION
-from rl.tasks.factory import with_split
+from rl.tasks.factory import task_spaces, with_split
 from rl.utils.config import ConfigError
 from rl.utils.misc import evenly_distribute_count_into_bins
 
@@ -164,6 +164,8 @@ class CollectionWorkerSet:
         self.num_workers = num_workers
         self.pids = self.actors.pids
         self.assembler = RolloutAssembler(num_envs=spec.num_envs, device=self.device)
+        # The run's normalisation statistics: the workers' moments merged, sent with the weights.
+        self.normalizer = spec.build_normalizer(task_spaces(spec.task)[0])
         # The learner's weights version: one more per collect() (every rollout is followed by
         # an update), and the version the workers last received.
         self.version = 0
@@ -326,8 +328,9 @@ class CollectionWorkerSet:
         weights = self.actors.share(
             {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
         )
+        normalizer = None if self.normalizer is None else self.normalizer.state_dict()
         # Checked with the next results, like the settings (and not left unread).
-        self._ack_all("set_weights", weights, self.version)
+        self._ack_all("set_weights", weights, self.version, normalizer)
 
     def _request(self, workers: Sequence[int]) -> list[Any]:
         """Ask ``workers`` for their next rollout (each one's count of rollouts goes up)."""
@@ -438,6 +441,8 @@ class CollectionWorkerSet:
         if any(int(info["num_steps"]) != steps for info in infos):
             data = [cut_packed_rollout(d, steps) for d in data]
         rollout = self.assembler.assemble(data, self.env_slices)
+        if self.normalizer is not None:  # in worker order: what one worker gives is exact
+            self.normalizer.merge([info["normalizer_moments"] for info in infos])
         lags = [self._lag(info) for info in infos]
         extra = {
             "collection/policy_lag": sum(lags) / len(lags),
@@ -528,10 +533,13 @@ class CollectionWorkerSet:
                 "requested": [int(s["rollouts"]) for s in states],
                 "workers": states,
             },
+            "normalizer": None if self.normalizer is None else self.normalizer.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore every worker from a checkpoint of the same layout (else fresh episodes)."""
+        if self.normalizer is not None and state.get("normalizer") is not None:
+            self.normalizer.load_state_dict(state["normalizer"])  # sent with the next weights
         saved = state.get("collection_workers")
         if saved is None or int(saved["num_workers"]) != self.num_workers:
             log.warning(

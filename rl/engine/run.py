@@ -180,6 +180,7 @@ def _train_body(start: StartPlan, ctx: DistContext | None) -> dict[str, float]:
             seed=run.seed,
             env_offset=env_offset,
             total_envs=total_envs,
+            normalize=cfg["normalize"],
         )
         collector: Collector = hydra.utils.instantiate(cfg["collector"])(
             spec=spec, model=model, device=device, dist=ctx

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import torch
 
+from rl.collection.normalization import NormalizeSettings
 from rl.distributed.settings import distributed_errors
 from rl.evaluation.settings import evaluation_errors
 from rl.pipeline.verify import pipeline_errors
@@ -31,8 +32,8 @@ from rl.utils.config import (
 
 # Config groups every run composes (each a mapping with a `_target_` or sinks).
 GROUPS = ("task", "model", "pipeline", "sampler", "collector", "logger")
-# Sections of settings owned by other rooms (`null` turns eval / valid off).
-SECTIONS = ("eval", "valid", "distributed")
+# Sections of settings owned by other rooms (`null` turns eval / valid / normalize off).
+SECTIONS = ("eval", "valid", "distributed", "normalize")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +127,8 @@ def verify_train_cfg(cfg: Mapping[str, Any]) -> None:
     errors += wrapper_errors(cfg["task"])
     errors += evaluation_errors(cfg["eval"], cfg["valid"])
     errors += distributed_errors(cfg["distributed"])
+    if cfg["normalize"] is not None:
+        errors += section_errors(NormalizeSettings, cfg["normalize"], "normalize")
     errors += _collector_errors(cfg)
     num_envs = sampler_num_envs(cfg["sampler"])
     if num_envs < 1:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from rl.checkpoints.files import CheckpointError, load_checkpoint
+from rl.collection.normalization import Normalizer
 from rl.models.factory import build_policy
 from rl.models.policy import Policy
 from rl.tasks.factory import build_env, dict_space
@@ -41,6 +42,8 @@ class InferenceAgent:
             observations (flattened for the policy as samplers flatten them).
         action_space: The environment's action space (``Box`` actions are clipped to its
             bounds; None: actions as the policy draws them).
+        normalizer: The training run's observation normalisation, applied frozen (None:
+            observations as the environment returns them).
         device: Where the model runs.
         deterministic: Argmax actions (True) or actions sampled with a seeded generator.
         seed: Seed of the action-sampling generator (sampled mode).
@@ -52,6 +55,7 @@ class InferenceAgent:
         model: Policy,
         observation_space: gym.Space,
         action_space: gym.Space | None = None,
+        normalizer: Normalizer | None = None,
         device: torch.device | str = "cpu",
         deterministic: bool = True,
         seed: int = 0,
@@ -61,6 +65,7 @@ class InferenceAgent:
         self._flatten = ObservationFlattener(observation_space)
         self._dtypes = {k: s.dtype for k, s in self._flatten.space.spaces.items()}
         self.action_space = action_space
+        self.normalizer = normalizer
         self.deterministic = deterministic
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.reset()
@@ -97,7 +102,8 @@ class InferenceAgent:
             space, action_space = env.observation_space, env.action_space
         finally:
             env.close()
-        model = build_policy(config["model"], dict_space(space), action_space)
+        flat_space = dict_space(space)
+        model = build_policy(config["model"], flat_space, action_space)
         try:
             model.load_state_dict(state["model"])
         except RuntimeError as e:
@@ -109,6 +115,7 @@ class InferenceAgent:
             model=model,
             observation_space=space,
             action_space=action_space,
+            normalizer=Normalizer.from_state(flat_space, state.get("normalizer")),
             device=device,
             deterministic=deterministic,
             seed=seed,
@@ -135,6 +142,8 @@ class InferenceAgent:
             k: torch.from_numpy(np.asarray(obs[k], dtype=dtype)[None]).to(self.device)
             for k, dtype in self._dtypes.items()
         }
+        if self.normalizer is not None:
+            batch = self.normalizer.observations(batch)
         starts = torch.tensor([self._episode_start], device=self.device)
         step, self._state = self.model.act(
             batch, starts, self._state, self.deterministic, self.generator

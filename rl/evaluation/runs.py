@@ -38,6 +38,7 @@ from rl.checkpoints.files import (
 from rl.checkpoints.lock import RunLock
 from rl.checkpoints.trust import untrusted_targets
 from rl.collection.episodes import EvalResult, episode_seed_list, evaluate_expert, evaluate_policy
+from rl.collection.normalization import Normalizer
 from rl.evaluation.plots import plot_checkpoint_metrics
 from rl.evaluation.report import format_table, write_eval_json
 from rl.evaluation.settings import EvaluateSettings
@@ -184,8 +185,10 @@ class _ModelCache:
         self.device = device
         self.trusted_targets = list(trusted_targets)
         self._models: dict[str, Policy] = {}
+        self._spaces: dict[str, Any] = {}
 
-    def load(self, ref: CheckpointRef) -> tuple[Policy, dict[str, Any]]:
+    def load(self, ref: CheckpointRef) -> tuple[Policy, dict[str, Any], Normalizer | None]:
+        """The checkpoint's policy, its training config and its normalisation (frozen)."""
         state = load_checkpoint(
             ref.path, map_location=self.device, trusted_targets=self.trusted_targets
         )
@@ -193,13 +196,15 @@ class _ModelCache:
         try:
             key = json.dumps([train_cfg["model"], train_cfg["task"]], sort_keys=True, default=str)
             if key not in self._models:
-                model = build_policy(train_cfg["model"], *task_spaces(train_cfg["task"]))
-                self._models[key] = model.to(self.device)
+                spaces = task_spaces(train_cfg["task"])
+                self._models[key] = build_policy(train_cfg["model"], *spaces).to(self.device)
+                self._spaces[key] = spaces[0]
             model = self._models[key]
             model.load_state_dict(state["model"])
+            normalizer = Normalizer.from_state(self._spaces[key], state.get("normalizer"))
         except (KeyError, RuntimeError) as e:
             raise CheckpointError(f"{ref.path}: model does not match its saved config: {e}") from e
-        return model, train_cfg
+        return model, train_cfg, normalizer
 
 
 def summary_row(ref: CheckpointRef, result: EvalResult) -> dict[str, Any]:
@@ -310,7 +315,7 @@ def _evaluate_selected(
     )
     for ref in bar:
         bar.set_postfix_str(ref.path.name, refresh=True)
-        model, train_cfg = models.load(ref)
+        model, train_cfg, normalizer = models.load(ref)
         result = evaluate_policy(
             model=model,
             task=with_split(train_cfg["task"], cfg.split),
@@ -319,6 +324,7 @@ def _evaluate_selected(
             deterministic=cfg.deterministic,
             action_seed=cfg.action_seed,
             device=device,
+            normalizer=normalizer,
         )
         write_eval_json(
             ref.path.with_suffix(".eval.json"),

@@ -35,6 +35,7 @@ import torch
 
 from rl.checkpoints.files import list_checkpoints, load_checkpoint, parse_checkpoint_name
 from rl.collection.episodes import episode_seed_list, evaluate_policy
+from rl.collection.normalization import Normalizer
 from rl.evaluation.settings import ValidSettings
 from rl.loggers.base import MetricsLogger
 from rl.models.factory import build_policy
@@ -75,7 +76,8 @@ def _validation_main(
     """Body of the validation process: evaluate each requested checkpoint, in order."""
     try:
         torch.set_num_threads(int(settings["torch_threads"]))
-        model = build_policy(model_cfg, *task_spaces(task)).to(device)
+        space, actions = task_spaces(task)
+        model = build_policy(model_cfg, space, actions).to(device)
         seeds = episode_seed_list(int(settings["num_episodes"]), int(settings["episode_seed"]))
         parent = mp.parent_process()
         while True:
@@ -100,6 +102,7 @@ def _validation_main(
                     deterministic=bool(settings["deterministic"]),
                     action_seed=int(settings["action_seed"]),
                     device=device,
+                    normalizer=Normalizer.from_state(space, state.get("normalizer")),
                 )
                 metrics = result.as_logged("valid")
                 metrics["valid/seconds"] = time.perf_counter() - t0

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rl.collection.normalization import Normalizer
 from rl.loggers.base import MetricsLogger
 from rl.models.policy import Policy
 from rl.sampling.convert import obs_to_torch
@@ -81,6 +82,7 @@ def record_episode(
     deterministic: bool = False,
     generator: torch.Generator | None = None,
     max_frames: int = 2_000,
+    normalizer: Normalizer | None = None,
 ) -> tuple[list[np.ndarray], dict[str, float]]:
     """Run ``model`` for one episode of ``env`` (built with ``render_mode="rgb_array"``).
 
@@ -92,6 +94,7 @@ def record_episode(
         deterministic: Argmax actions instead of sampled ones.
         generator: Generator for sampled actions (keeps the global RNG untouched).
         max_frames: Stop after this many steps even if the episode has not ended.
+        normalizer: The run's observation normalisation, applied frozen (None: none).
 
     Returns:
         The frames (the first observation's included) and ``{"return", "length"}`` plus the
@@ -108,10 +111,10 @@ def record_episode(
         starts = torch.ones(1, dtype=torch.bool, device=device)
         total, length, metrics = 0.0, 0, {}
         while length < max_frames:
-            batch = {k: np.asarray(v)[None] for k, v in flatten(obs).items()}
-            step, state = model.act(
-                obs_to_torch(batch, device), starts, state, deterministic, generator
-            )
+            batch = obs_to_torch({k: np.asarray(v)[None] for k, v in flatten(obs).items()}, device)
+            if normalizer is not None:
+                batch = normalizer.observations(batch)
+            step, state = model.act(batch, starts, state, deterministic, generator)
             action = step.actions[0].cpu().numpy()
             env_action = (
                 int(action) if action.ndim == 0 else to_env_actions(env.action_space, action)
@@ -169,9 +172,16 @@ class ProbeVideo(Callback):
     def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
         """Record when this rollout crossed a multiple of ``interval``."""
         if info.crossed(self.interval):
-            self.record(trainer.model, info.total_steps, trainer.logger)
+            normalizer = getattr(trainer.collector, "normalizer", None)
+            self.record(trainer.model, info.total_steps, trainer.logger, normalizer)
 
-    def record(self, model: Policy, step: int, logger: MetricsLogger | None = None) -> Path:
+    def record(
+        self,
+        model: Policy,
+        step: int,
+        logger: MetricsLogger | None = None,
+        normalizer: Normalizer | None = None,
+    ) -> Path:
         """Record one episode with ``model`` now and save it as ``videos/step_<step>``."""
         if self._env is None:
             self._env = build_env(self.task, render_mode="rgb_array")
@@ -183,6 +193,7 @@ class ProbeVideo(Callback):
             device=self.device,
             deterministic=self.deterministic,
             generator=generator,
+            normalizer=normalizer,
         )
         path = write_video(frames, self.folder / f"step_{step:012d}.mp4", fps=self.fps)
         self.videos.append(path)

@@ -11,7 +11,7 @@ The layout (:data:`CHECKPOINT_FORMAT` 3) is flat and ``torch.load(weights_only=T
 
     format_version, model, optimizer, lr_scheduler, pipeline,
     trackers {episode, train}, trainer {last_metrics, last_log_step, offpolicy_update_count},
-    rng {python, numpy, torch, shuffle, offpolicy}, sampler, rollout,
+    rng {python, numpy, torch, shuffle, offpolicy}, sampler, rollout, normalizer,
     config, config_unresolved, wandb_run_id, [distributed {world_size, ranks}]
 
 Distributed, saving is a collective: rank 0's checkpoint also holds every rank's ``sampler``,
@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 
 # Version of the checkpoint layout written by TrainerState.state_dict. 3: the carried rollout
 # state holds the policy's recurrent state as a dict (``rollout.state``) instead of a GRU's
-# ``rollout.hidden`` ``[L, N, H]``; format-2 checkpoints load (the collector converts them).
+# ``rollout.hidden`` ``[L, N, H]``, and ``normalizer`` holds the collector's normalisation
+# statistics (None when off); format-2 checkpoints load (the collector converts them).
 CHECKPOINT_FORMAT = 3
 # Per-rank entries of a distributed checkpoint.
 _RANK_KEYS = ("sampler", "rollout", "rng")
