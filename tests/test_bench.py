@@ -113,6 +113,18 @@ TABLES: dict[str, list[str]] = {
         ),
         *_rows("stable-baselines3 PPO, MLP", value=f"{NUM} FPS"),
     ],
+    "continuous_vs_sb3": [
+        rf"^PPO on Pendulum-v1, {NUM} env steps each \(8 envs x 256 steps, 10 epochs x 32 "
+        r"minibatches of 64, 1 torch thread\), seed 1$",
+        *_rows(
+            "ours (+experiment=ppo_continuous)",
+            "stable-baselines3 PPO (VecNormalize)",
+            value=rf"eval return\s+{NUM}\s+{NUM} FPS",
+        ),
+        "^ratios$",
+        rf"^  FPS ours / SB3:\s+{NUM}x$",
+        rf"^  return ours - SB3:\s+[+-]?{NUM}$",
+    ],
     "ddp_fps": [
         r"^ppo_nav, 4 envs/worker, 16-step rollouts, 256 env steps$",
         r"^workers\s+FPS\s+wall s$",

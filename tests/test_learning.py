@@ -9,11 +9,13 @@ import rl.engine.run
 pytestmark = pytest.mark.slow
 
 
-def test_ppo_learns_small_pointnav(compose_cfg) -> None:
+@pytest.mark.parametrize("rnn", ["gru", "lstm"])
+def test_ppo_learns_small_pointnav(compose_cfg, rnn: str) -> None:
     cfg = compose_cfg(
         [
             "+experiment=ppo_nav",
             "task=nav_small",
+            f"model.rnn={rnn}",
             "total_env_steps=200_000",
             "torch_threads=1",
             "eval.num_episodes=100",
