@@ -185,6 +185,14 @@ def test_verify_names_the_offending_key(
             "task.wrappers.0: cannot use 'no.such.Wrapper' as a wrapper",
             id="wrapper-path",
         ),
+        pytest.param(
+            ["model.rnn=transformer"],
+            "model.rnn: expected one of gru, lstm, got 'transformer'",
+            id="model-rnn",
+        ),
+        pytest.param(
+            ["normalize.clip=0"], "normalize.clip: must be > 0, got 0", id="normalize-clip"
+        ),
     ],
 )
 def test_settings_sections_are_typed_and_ranged(
