@@ -185,6 +185,32 @@ def test_box_actions_reach_the_environment_clipped_and_are_stored_unclipped() ->
         assert (storage["rewards"][:16] >= -3.0).all()
 
 
+@pytest.mark.parametrize("task", [MATCH, CORRIDOR, REACH], ids=["multidiscrete", "nested", "box"])
+def test_probe_videos_and_the_inference_agent_act_in_every_space(task: dict, tmp_path) -> None:
+    from rl.checkpoints import save_checkpoint
+    from rl.evaluation import InferenceAgent
+    from rl.evaluation.video import record_episode
+    from rl.tasks import build_env
+
+    policy = build_policy(MLP, *task_spaces(task))
+    env = build_env(task, render_mode="rgb_array")
+    frames, metrics = record_episode(model=policy, env=env, seed=3)
+    assert len(frames) == metrics["length"] + 1 and frames[0].ndim == 3
+    assert "success" in metrics
+    config = {"task": task, "model": MLP}
+    path = save_checkpoint(tmp_path, {"model": policy.state_dict(), "config": config}, 0, 0)
+    agent = InferenceAgent.from_checkpoint(path, deterministic=True)
+    obs, _ = env.reset(seed=4)
+    for _ in range(6):
+        action = agent.act(obs)
+        assert env.action_space.contains(action), action
+        obs, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            obs, _ = env.reset()
+            agent.reset()
+    env.close()
+
+
 # ------------------------------------------------------------------------- learning
 def _train_toy(compose_cfg, task: dict, steps: int, overrides: list[str] = ()) -> dict:
     cfg = compose_cfg(

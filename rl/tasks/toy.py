@@ -9,8 +9,8 @@
 - :class:`TextObservation`: a wrapper that adds a ``Text`` entry (what MiniGrid's ``mission``
   is), which policies cannot encode: for the error's tests.
 
-Every episode reports ``episode_metrics["success"]`` in ``[0, 1]``. The module imports no
-torch.
+Every episode reports ``episode_metrics["success"]`` in ``[0, 1]``; ``render_mode="rgb_array"``
+renders a small picture of the state (probe videos). The module imports no torch.
 """
 
 from __future__ import annotations
@@ -21,6 +21,15 @@ import gymnasium as gym
 import numpy as np
 
 __all__ = ["MatchTargetEnv", "NestedCorridorEnv", "ReachTargetEnv", "TextObservation"]
+
+
+def _bars(values: np.ndarray, highs: np.ndarray) -> np.ndarray:
+    """A 16 x (8 * len) RGB picture: one bar a value, as tall as ``value / high``."""
+    frame = np.zeros((16, 8 * len(values), 3), dtype=np.uint8)
+    for i, (v, h) in enumerate(zip(values, highs, strict=True)):
+        top = 16 - int(round(15 * float(np.clip(v / h, 0, 1))))
+        frame[top:, 8 * i : 8 * i + 7] = (80, 160, 240)
+    return frame
 
 
 class MatchTargetEnv(gym.Env):
@@ -34,9 +43,12 @@ class MatchTargetEnv(gym.Env):
         max_steps: Steps per episode (it then terminates).
     """
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array"]}
 
-    def __init__(self, *, nvec: tuple[int, ...] = (3, 4), max_steps: int = 4) -> None:
+    def __init__(
+        self, *, nvec: tuple[int, ...] = (3, 4), max_steps: int = 4, render_mode: str | None = None
+    ) -> None:
+        self.render_mode = render_mode
         self.nvec = np.asarray(nvec, dtype=np.int64)
         self.max_steps = max_steps
         self.observation_space = gym.spaces.Dict({"target": gym.spaces.MultiDiscrete(self.nvec)})
@@ -56,6 +68,10 @@ class MatchTargetEnv(gym.Env):
         super().reset(seed=seed)
         self._t, self._hits = 0, 0
         return self._draw(), {}
+
+    def render(self) -> np.ndarray:
+        """The target, as bars."""
+        return _bars(self._target, self.nvec - 1 + 1e-9)
 
     def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict]:
         """Score the action against the target, then show the next one."""
@@ -83,10 +99,13 @@ class NestedCorridorEnv(gym.Env):
         max_steps: Time limit.
     """
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array"]}
     LEFT, RIGHT, STOP = 0, 1, 2
 
-    def __init__(self, *, length: int = 7, max_steps: int = 14) -> None:
+    def __init__(
+        self, *, length: int = 7, max_steps: int = 14, render_mode: str | None = None
+    ) -> None:
+        self.render_mode = render_mode
         self.length = length
         self.max_steps = max_steps
         cells = gym.spaces.Discrete(length)
@@ -113,6 +132,10 @@ class NestedCorridorEnv(gym.Env):
         self._cell, self._goal = (int(x) for x in self.np_random.integers(0, self.length, 2))
         self._t = 0
         return self._obs(), {}
+
+    def render(self) -> np.ndarray:
+        """The agent's and the goal's cells, as bars."""
+        return _bars(np.array([self._cell, self._goal]), np.full(2, self.length - 1 + 1e-9))
 
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict]:
         """Move left or right, or stop."""
@@ -145,9 +168,12 @@ class ReachTargetEnv(gym.Env):
         max_steps: Steps per episode (it then terminates).
     """
 
-    metadata: dict[str, Any] = {"render_modes": []}
+    metadata: dict[str, Any] = {"render_modes": ["rgb_array"]}
 
-    def __init__(self, *, dim: int = 1, max_steps: int = 4) -> None:
+    def __init__(
+        self, *, dim: int = 1, max_steps: int = 4, render_mode: str | None = None
+    ) -> None:
+        self.render_mode = render_mode
         self.max_steps = max_steps
         self.observation_space = gym.spaces.Box(-1.0, 1.0, (dim,), dtype=np.float32)
         self.action_space = gym.spaces.Box(-2.0, 2.0, (dim,), dtype=np.float32)
@@ -165,6 +191,10 @@ class ReachTargetEnv(gym.Env):
         super().reset(seed=seed)
         self._t = self._hits = 0
         return self._draw(), {}
+
+    def render(self) -> np.ndarray:
+        """The target, as bars."""
+        return _bars(self._target + 1.0, np.full(len(self._target), 2.0))
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:
         """Score the action (refused outside the bounds), then show the next target."""
