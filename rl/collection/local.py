@@ -30,7 +30,7 @@ from rl.distributed.preemption import RolloutPreemption
 from rl.distributed.setup import DistContext
 from rl.models.policy import Policy, PolicyStep
 from rl.pipeline.trackers import ScalarMeanTracker
-from rl.sampling.base import Sampler
+from rl.sampling.base import Sampler, StepBatch
 from rl.sampling.convert import obs_to_torch
 from rl.sampling.factory import build_sampler
 from rl.storage.rollout import RolloutStorage
@@ -176,7 +176,6 @@ class InProcessCollector:
         if self.preemption is not None:
             self.preemption.start(self._rollout_index)
         self._rollout_index += 1
-        zeros = torch.zeros(n, device=self.device)
         obs, expert, starts, state, returns = c.obs, c.expert, c.episode_starts, c.state, c.returns
         policy_obs = self._policy_obs(obs)
         for t in range(request.num_steps):
@@ -195,37 +194,20 @@ class InProcessCollector:
             t1 = time.perf_counter()
             result = self.sampler.step(actions.cpu().numpy())
             t2 = time.perf_counter()
-            next_obs = obs_to_torch(result.obs, self.device)
-            next_policy_obs = self._policy_obs(next_obs)
-            truncation_values = zeros
-            if len(result.final_obs_indices):
-                truncation_values = self._truncation_values(result, state, zeros)
-            terminated = torch.from_numpy(result.terminated).to(self.device)
-            truncated = torch.from_numpy(result.truncated).to(self.device)
-            rewards = torch.from_numpy(result.rewards).to(self.device)
-            if returns is not None and norm is not None:  # ALGO: reward scaling (VecNormalize)
-                rewards, returns = norm.rewards(rewards, returns, terminated | truncated)
             fields = {
                 "actions": actions,
                 "logprobs": logprobs,
                 "values": step.values,
-                "rewards": rewards,
-                "terminated": terminated,
-                "truncated": truncated,
-                "truncation_values": truncation_values,
                 "expert_actions": expert.to(self.device),
+                **step.extras,  # fields the policy declares for its own losses
             }
-            if step.extras:
-                fields.update(step.extras)  # fields the policy declares for its own losses
-            # The state after the step is the one before the next observation: truncated-BPTT
-            # chunks start from it.
-            storage.insert(fields, next_policy_obs, state)
+            recorded = self._record(storage, fields, result, state, returns)
+            obs, policy_obs, starts, returns = recorded
             expert = torch.from_numpy(result.expert_actions)
             episodes.extend(result.episodes)
             t3 = time.perf_counter()
             inference_seconds += (t1 - t0) + (t3 - t2)
             env_seconds += t2 - t1
-            obs, policy_obs, starts = next_obs, next_policy_obs, terminated | truncated
             if self.preemption is not None and self.preemption.should_stop(
                 t + 1, request.num_steps
             ):
@@ -253,6 +235,34 @@ class InProcessCollector:
             inference_seconds=inference_seconds,
         )
 
+    def _record(
+        self,
+        storage: RolloutStorage,
+        fields: dict[str, torch.Tensor],
+        result: StepBatch,
+        state: TensorDict,
+        returns: torch.Tensor | None,
+    ) -> tuple[dict[str, torch.Tensor], Mapping[str, torch.Tensor], torch.Tensor, Any]:
+        """Record a step's ``fields`` and what the environments returned.
+
+        Returns:
+            ``(next observations, what the policy sees of them, episode starts, returns)``.
+        """
+        next_obs = obs_to_torch(result.obs, self.device)
+        next_policy_obs = self._policy_obs(next_obs)
+        fields["truncation_values"] = self._truncation_values(result, state)
+        terminated = torch.from_numpy(result.terminated).to(self.device)
+        truncated = torch.from_numpy(result.truncated).to(self.device)
+        starts = terminated | truncated
+        rewards = torch.from_numpy(result.rewards).to(self.device)
+        if returns is not None and self.normalizer is not None:  # ALGO: VecNormalize's scaling
+            rewards, returns = self.normalizer.rewards(rewards, returns, starts)
+        fields.update(rewards=rewards, terminated=terminated, truncated=truncated)
+        # The state after the step is the one before the next observation: truncated-BPTT
+        # chunks start from it.
+        storage.insert(fields, next_policy_obs, state)
+        return next_obs, next_policy_obs, starts, returns
+
     def _teacher_force(
         self, prob: float, step: PolicyStep, expert: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -279,10 +289,11 @@ class InProcessCollector:
             logprobs = step.dist.log_prob(actions)
         return actions, logprobs, int(forced.sum())
 
-    def _truncation_values(
-        self, result: Any, state: TensorDict, zeros: torch.Tensor
-    ) -> torch.Tensor:
+    def _truncation_values(self, result: StepBatch, state: TensorDict) -> torch.Tensor:
         """ALGO: values of the final observations of truncated episodes (bootstrapped)."""
+        values = torch.zeros(len(result.rewards), device=self.device)
+        if not len(result.final_obs_indices):
+            return values
         idx = torch.from_numpy(result.final_obs_indices).to(self.device)
         final = self._policy_obs(obs_to_torch(result.final_obs, self.device))
         out, _ = self.model(
@@ -290,7 +301,6 @@ class InProcessCollector:
             torch.zeros(1, len(idx), dtype=torch.bool, device=self.device),
             state[idx],
         )
-        values = zeros.clone()
         values[idx] = out.values[0]
         return values
 

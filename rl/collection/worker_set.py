@@ -487,6 +487,7 @@ class CollectionWorkerSet:
                 deterministic=deterministic,
                 action_seed=action_seed,
                 device=self.device,
+                normalizer=self.normalizer,
             )
         self._send_weights()
         k = min(self.num_workers, len(episode_seeds))

@@ -76,5 +76,6 @@ def normalized_advantages(batch: TensorDict) -> torch.Tensor:
         mean, std = stats
         return (adv - mean) / (std + 1e-8)
     if adv.numel() > 1:
-        return (adv - adv.mean()) / (adv.std() + 1e-8)
+        std, mean = torch.std_mean(adv)
+        return (adv - mean) / (std + 1e-8)
     return adv

@@ -10,7 +10,6 @@ from tensordict import TensorDict
 from rl.losses.base import (
     Loss,
     LossOutput,
-    explained_variance,
     normalized_advantages,
     policy_terms,
 )
@@ -79,22 +78,32 @@ class PPOLoss(Loss):
             value_loss = 0.5 * (values - returns).pow(2).mean()
 
         total = policy_loss + self.value_loss_coef * value_loss - self.entropy_coef * entropy
-        with torch.no_grad():
-            approx_kl = ((ratio - 1.0) - logratio).mean().item()
-            old_approx_kl = (-logratio).mean().item()
-            clipfrac = ((ratio - 1.0).abs() > clip).float().mean().item()
+        with torch.no_grad():  # every logged value in one host read
+            ratio_change = ratio - 1.0
+            logged = torch.stack(
+                [
+                    policy_loss,
+                    value_loss,
+                    entropy,
+                    (ratio_change - logratio).mean(),  # approx_kl
+                    (-logratio).mean(),  # old_approx_kl
+                    (ratio_change.abs() > clip).float().mean(),  # clipfrac
+                    torch.var(returns, unbiased=False),  # explained variance's parts
+                    torch.var(returns - old_values, unbiased=False),
+                ]
+            ).tolist()
+        var_returns, var_residual = logged[6], logged[7]
         return LossOutput(
             total=total,
-            terms={
-                "policy_loss": policy_loss.item(),
-                "value_loss": value_loss.item(),
-                "entropy": entropy.item(),
-            },
+            terms=dict(zip(("policy_loss", "value_loss", "entropy"), logged[:3], strict=True)),
             diagnostics={
-                "approx_kl": approx_kl,
-                "old_approx_kl": old_approx_kl,
-                "clipfrac": clipfrac,
+                "approx_kl": logged[3],
+                "old_approx_kl": logged[4],
+                "clipfrac": logged[5],
                 "clip_param": clip,
-                "explained_variance": explained_variance(old_values, returns),
+                # explained_variance(old_values, returns): NaN for constant returns
+                "explained_variance": (
+                    float("nan") if var_returns == 0 else 1.0 - var_residual / var_returns
+                ),
             },
         )

@@ -326,7 +326,9 @@ class ActorCritic(PolicyBase):
             ``(PolicyOutput(dist over [T, N], values [T, N]), state after the last step)``.
         """
         t_len, n = episode_starts.shape
-        x = self.trunk(self._encode(obs, t_len * n))
+        x = self._encode(obs, t_len * n)
+        if len(self.trunk):  # (an empty trunk costs a module call)
+            x = self.trunk(x)
         if self.rnn is not None:
             out, state = self._run_rnn(x.view(t_len, n, -1), episode_starts, state)
             x = out.reshape(t_len * n, -1)

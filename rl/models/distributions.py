@@ -108,16 +108,20 @@ class DiagGaussian:
 
     def __init__(self, mean: torch.Tensor, log_std: torch.Tensor) -> None:
         self.mean = mean
-        self.log_std = log_std.expand_as(mean)
+        self.log_std = log_std  # broadcast against mean where used (no expanded copy)
 
     def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
         """Log-probability of ``actions``, summed over their components."""
         z = (actions - self.mean) * torch.exp(-self.log_std)
-        return (-0.5 * z.pow(2) - self.log_std - _LOG_SQRT_2PI).sum(-1)
+        size = self.mean.shape[-1]
+        log_norm = self.log_std.sum(-1) + size * _LOG_SQRT_2PI  # [] or [...]
+        return -0.5 * z.square().sum(-1) - log_norm
 
     def entropy(self) -> torch.Tensor:
         """Entropy per batch element."""
-        return (self.log_std + 0.5 + _LOG_SQRT_2PI).sum(-1)
+        size = self.mean.shape[-1]
+        value = self.log_std.sum(-1) + size * (0.5 + _LOG_SQRT_2PI)
+        return value.expand(self.mean.shape[:-1])
 
     def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
         """Draw actions (from ``generator`` if given)."""
@@ -132,7 +136,8 @@ class DiagGaussian:
 
     def index(self, i: int) -> DiagGaussian:
         """The distribution at position ``i`` of the first batch dimension."""
-        return DiagGaussian(self.mean[i], self.log_std[i])
+        log_std = self.log_std if self.log_std.dim() == 1 else self.log_std[i]
+        return DiagGaussian(self.mean[i], log_std)
 
 
 class MultiCategorical:

@@ -51,7 +51,7 @@ def sequence_start_state(batch: TensorDict) -> TensorDict:
     """The recurrent state each sequence of a minibatch ``[T, n]`` starts from (batch ``[n]``)."""
     state = batch.get("state", None)
     if state is None:
-        return empty_state(batch.batch_size[1], batch.device or "cpu")
+        return empty_state(batch.batch_size[1])
     return state[0]  # type: ignore[no-any-return]
 
 
@@ -277,14 +277,36 @@ class RolloutStorage:
 
     def _chunks(self, sequences: torch.Tensor, length: int) -> TensorDict:
         """The chunks ``sequences`` (numbered chunk-major: ``chunk * num_envs + env``)."""
+        if length == 1:  # single steps (a memoryless policy): the sequence is the flat row
+            return self._gather(sequences.unsqueeze(0))
         envs = sequences % self.num_envs
         starts = (sequences // self.num_envs) * length  # [n]
         times = starts + torch.arange(length, device=self.device).unsqueeze(1)  # [T, n]
-        return self.data[times, envs]  # type: ignore[no-any-return]
+        return self._gather(times * self.num_envs + envs)
 
     def batch(self, env_indices: torch.Tensor) -> TensorDict:
         """All recorded steps of the environments ``env_indices``, ``[T, n]``."""
-        return self.data[: self.step, env_indices]  # type: ignore[no-any-return]
+        times = torch.arange(self.step, device=self.device).unsqueeze(1)  # [T, 1]
+        return self._gather(times * self.num_envs + env_indices.to(self.device))
+
+    def _gather(self, rows: torch.Tensor) -> TensorDict:
+        """The entries at flat ``rows`` (``row * num_envs + env``), batch ``rows.shape``.
+
+        One gather per leaf from a flat view: about half the time of indexing the
+        ``TensorDict`` with two index tensors, for the many small minibatches of a
+        memoryless policy (``recurrence: 1``).
+        """
+        out: dict[str, Any] = {}
+        for key, buf in self._buffers.items():
+            value = buf.view(-1, *buf.shape[2:])[rows]
+            if isinstance(key, str):
+                out[key] = value
+                continue
+            node = out
+            for part in key[:-1]:
+                node = node.setdefault(part, {})
+            node[key[-1]] = value
+        return TensorDict(out, batch_size=rows.shape)  # (the leaves are on self.device)
 
     def __repr__(self) -> str:
         fields: dict[str, Any] = {

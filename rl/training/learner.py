@@ -111,15 +111,18 @@ class Learner:
             prefix: Logged keys are ``{prefix}/<loss>/<term>``, ``{prefix}/total`` and
                 ``{prefix}/grad_norm``.
         """
-        total = torch.zeros((), device=self.device)
+        total: torch.Tensor | None = None
         logged: dict[str, float] = {}
         for name, weight in weighted_losses.items():
             result = self.pipeline.named_losses[name](
                 batch=batch, output=output, step_count=step_count
             )
-            total = total + weight * result.total
+            term = result.total if weight == 1.0 else weight * result.total
+            total = term if total is None else total + term
             for key, value in {**result.terms, **result.diagnostics}.items():
                 logged[f"{prefix}/{name}/{key}"] = value
+        if total is None:
+            raise ValueError(f"{prefix}: a step needs at least one loss")
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
         if self.dist.enabled:
