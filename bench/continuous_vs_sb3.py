@@ -23,8 +23,9 @@ then FPS ours / SB3 and the difference of the returns (ours - SB3).
 
 Not identical by construction: the value loss's form (ours, CleanRL's: 0.5 * max(unclipped,
 clipped) squared error; SB3's: the clipped one only, without the 0.5, so SB3 gets vf_coef 0.25
-for the same weight), and the evaluation episodes' initial states (same seed range, different
-streams).
+for the same weight), the evaluation episodes' initial states (same seed range, different
+streams), and Adam's implementation (the experiment's fused Adam, SB3's default: the same
+algorithm).
 
 ``--smoke``: tiny budgets (4,096 env steps each, i.e. two rollouts, FPS over the second; 2
 evaluation episodes), to check that the benchmark runs (``tests/test_bench.py``), not to measure.

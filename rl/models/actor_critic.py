@@ -34,7 +34,7 @@ from torch import nn
 from rl.models.distributions import ActionHead
 from rl.models.gru import gru_sequence
 from rl.models.lstm import lstm_sequence
-from rl.models.policy import PolicyBase, PolicyOutput, empty_state
+from rl.models.policy import PolicyBase, PolicyOutput, PolicyStep, empty_state
 from rl.utils.config import Check
 
 RNNS = ("gru", "lstm")
@@ -326,12 +326,41 @@ class ActorCritic(PolicyBase):
             ``(PolicyOutput(dist over [T, N], values [T, N]), state after the last step)``.
         """
         t_len, n = episode_starts.shape
+        x, state = self._features(obs, episode_starts, state)
+        dist = self.actor_out(self.actor(x).view(t_len, n, -1))
+        values = self.critic_out(self.critic(x)).view(t_len, n)
+        return PolicyOutput(dist=dist, values=values), state
+
+    def _features(
+        self,
+        obs: Mapping[str, torch.Tensor],
+        episode_starts: torch.Tensor,
+        state: TensorDict,
+    ) -> tuple[torch.Tensor, TensorDict]:
+        """The heads' input ``[T * N, F]`` (encoders, trunk, recurrence) and the state after."""
+        t_len, n = episode_starts.shape
         x = self._encode(obs, t_len * n)
         if len(self.trunk):  # (an empty trunk costs a module call)
             x = self.trunk(x)
         if self.rnn is not None:
             out, state = self._run_rnn(x.view(t_len, n, -1), episode_starts, state)
             x = out.reshape(t_len * n, -1)
-        dist = self.actor_out(self.actor(x).view(t_len, n, -1))
-        values = self.critic_out(self.critic(x)).view(t_len, n)
-        return PolicyOutput(dist=dist, values=values), state
+        return x, state
+
+    @torch.no_grad()
+    def act(
+        self,
+        obs: Mapping[str, torch.Tensor],
+        episode_starts: torch.Tensor,
+        state: TensorDict,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> tuple[PolicyStep, TensorDict]:
+        """One step for ``[N, ...]`` observations (the heads run on ``[N, F]`` directly)."""
+        x, state = self._features(
+            {k: v.unsqueeze(0) for k, v in obs.items()}, episode_starts.unsqueeze(0), state
+        )
+        dist = self.actor_out(self.actor(x))
+        actions = dist.mode() if deterministic else dist.sample(generator)
+        values = self.critic_out(self.critic(x))[:, 0]
+        return PolicyStep(actions, dist.log_prob(actions), values, dist), state

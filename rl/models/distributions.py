@@ -71,14 +71,15 @@ class Categorical:
 
     @property
     def log_probs_all(self) -> torch.Tensor:
-        """Normalised log-probabilities of every action, ``[..., A]``."""
-        if self._logp is None:
-            self._logp = torch.log_softmax(self.logits, dim=-1)
-        return self._logp
+        """Normalised log-probabilities of every action, ``[..., A]`` (computed once)."""
+        logp = self._logp
+        if logp is None:
+            logp = self._logp = torch.log_softmax(self.logits, dim=-1)
+        return logp
 
     def log_prob(self, actions: torch.Tensor) -> torch.Tensor:
         """Log-probability of ``actions``."""
-        return self.log_probs_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+        return self.log_probs_all.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
 
     def entropy(self) -> torch.Tensor:
         """Entropy per batch element."""
