@@ -9,8 +9,8 @@ import rl.engine.run
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("rnn", ["gru", "lstm"])
-def test_ppo_learns_small_pointnav(compose_cfg, rnn: str) -> None:
+def test_ppo_learns_small_pointnav(compose_cfg, rnn: str = "gru") -> None:
+    """(tests/test_learning_lstm.py runs the same with model.rnn=lstm, in another test process.)"""
     cfg = compose_cfg(
         [
             "+experiment=ppo_nav",
