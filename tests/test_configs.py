@@ -181,6 +181,19 @@ def test_verify_names_the_offending_key(
             id="stage-override-range",
         ),
         pytest.param(
+            ["pipeline.advantage=retrace"],
+            "pipeline.advantage: expected one of gae, vtrace, got 'retrace'",
+            id="advantage",
+        ),
+        pytest.param(
+            ["+pipeline.stages.0.advantage=retrace"],
+            "pipeline.stages.0.advantage: expected one of gae, vtrace, got 'retrace'",
+            id="stage-advantage",
+        ),
+        pytest.param(
+            ["pipeline.vtrace_c_bar=0"], "pipeline.vtrace_c_bar: must be > 0, got 0", id="vtrace"
+        ),
+        pytest.param(
             ["task=gym", "task.env_id=CartPole-v1", "task.wrappers=[no.such.Wrapper]"],
             "task.wrappers.0: cannot use 'no.such.Wrapper' as a wrapper",
             id="wrapper-path",

@@ -40,8 +40,18 @@ class TrainingSettings:
             full-sequence BPTT). Must divide ``num_steps``.
         max_grad_norm: Gradient-norm clipping threshold.
         gamma: Discount factor.
-        use_gae: Generalised advantage estimation (False: discounted returns).
-        gae_lambda: GAE's lambda.
+        use_gae: Generalised advantage estimation (False: discounted returns); with
+            ``advantage: gae`` only.
+        gae_lambda: GAE's lambda (with ``advantage: gae`` only).
+        advantage: The advantage estimator: ``gae`` (the on-policy estimator ``use_gae``
+            picks, from the rollout's values) or ``vtrace`` (V-trace's off-policy correction
+            between the behaviour log-probabilities stored with the rollout and the learner's
+            current ones, with the learner's current values:
+            :func:`~rl.storage.compute_vtrace`).
+        vtrace_rho_bar: V-trace's truncation of the importance weights in its TD errors and
+            policy-gradient advantages (rho bar).
+        vtrace_c_bar: V-trace's truncation of its trace coefficients (c bar).
+        vtrace_lambda: V-trace's lambda in its trace coefficients (1: the paper's V-trace).
         advance_scene_rollout_period: Reserved for samplers that switch scenes every k rollouts.
         save_interval: Save a checkpoint every this many env steps (0: only at stage ends).
         metric_accumulate_interval: Log every this many env steps.
@@ -55,6 +65,10 @@ class TrainingSettings:
     gamma: float | None = None
     use_gae: bool | None = None
     gae_lambda: float | None = None
+    advantage: str | None = None
+    vtrace_rho_bar: float | None = None
+    vtrace_c_bar: float | None = None
+    vtrace_lambda: float | None = None
     advance_scene_rollout_period: int | None = None
     save_interval: int | None = None
     metric_accumulate_interval: int | None = None
@@ -76,8 +90,18 @@ class TrainingSettings:
 
 # What a non-finite loss or gradient norm does (TrainingPipeline's ``on_nonfinite``).
 NONFINITE_POLICIES = ("error", "skip")
+# The advantage estimators (the ``advantage`` training setting).
+ADVANTAGE_ESTIMATORS = ("gae", "vtrace")
 # Settings that may stay None even in the merged result.
 _OPTIONAL_SETTINGS = frozenset({"advance_scene_rollout_period"})
+
+
+def _check_advantage(advantage: str | None, key: str) -> None:
+    """A ValueError naming ``key`` for an unknown advantage estimator (None: not set)."""
+    if advantage is not None and advantage not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(
+            f"{key}: expected one of {', '.join(ADVANTAGE_ESTIMATORS)}, got {advantage!r}"
+        )
 
 
 class PipelineStage:
@@ -100,6 +124,10 @@ class PipelineStage:
         gamma: Override.
         use_gae: Override.
         gae_lambda: Override.
+        advantage: Override.
+        vtrace_rho_bar: Override.
+        vtrace_c_bar: Override.
+        vtrace_lambda: Override.
         advance_scene_rollout_period: Override.
         save_interval: Override.
         metric_accumulate_interval: Override.
@@ -122,10 +150,15 @@ class PipelineStage:
         gamma: Annotated[float | None, Check(ge=0, le=1)] = None,
         use_gae: bool | None = None,
         gae_lambda: Annotated[float | None, Check(ge=0, le=1)] = None,
+        advantage: Annotated[str | None, Check(choices=ADVANTAGE_ESTIMATORS)] = None,
+        vtrace_rho_bar: Annotated[float | None, Check(gt=0)] = None,
+        vtrace_c_bar: Annotated[float | None, Check(gt=0)] = None,
+        vtrace_lambda: Annotated[float | None, Check(ge=0, le=1)] = None,
         advance_scene_rollout_period: Annotated[int | None, Check(ge=1)] = None,
         save_interval: Annotated[int | None, Check(ge=0)] = None,
         metric_accumulate_interval: Annotated[int | None, Check(ge=0)] = None,
     ) -> None:
+        _check_advantage(advantage, "PipelineStage.advantage")
         self.loss_names = list(loss_names)
         self.offpolicy_component = offpolicy_component
         if not self.loss_names and offpolicy_component is None:
@@ -176,6 +209,10 @@ class TrainingPipeline:
         gamma: Default.
         use_gae: Default.
         gae_lambda: Default.
+        advantage: Default.
+        vtrace_rho_bar: Default.
+        vtrace_c_bar: Default.
+        vtrace_lambda: Default.
         advance_scene_rollout_period: Default.
         save_interval: Default.
         metric_accumulate_interval: Default.
@@ -199,6 +236,10 @@ class TrainingPipeline:
         gamma: Annotated[float, Check(ge=0, le=1)] = 0.99,
         use_gae: bool = True,
         gae_lambda: Annotated[float, Check(ge=0, le=1)] = 0.95,
+        advantage: Annotated[str, Check(choices=ADVANTAGE_ESTIMATORS)] = "gae",
+        vtrace_rho_bar: Annotated[float, Check(gt=0)] = 1.0,
+        vtrace_c_bar: Annotated[float, Check(gt=0)] = 1.0,
+        vtrace_lambda: Annotated[float, Check(ge=0, le=1)] = 1.0,
         advance_scene_rollout_period: Annotated[int | None, Check(ge=1)] = None,
         save_interval: Annotated[int, Check(ge=0)] = 0,
         metric_accumulate_interval: Annotated[int, Check(ge=0)] = 10_000,
@@ -209,6 +250,7 @@ class TrainingPipeline:
                 f"pipeline.on_nonfinite: expected one of {', '.join(NONFINITE_POLICIES)}, "
                 f"got {on_nonfinite!r}"
             )
+        _check_advantage(advantage, "pipeline.advantage")
         self.on_nonfinite = on_nonfinite
         self.named_losses = dict(named_losses)
         self.stages = list(stages)

@@ -1,6 +1,6 @@
 """Rollout storage (a TensorDict of time-major rows), advantage estimation, expert data."""
 
-from rl.storage.advantages import compute_discounted_returns, compute_gae
+from rl.storage.advantages import compute_discounted_returns, compute_gae, compute_vtrace
 from rl.storage.expert_data import (
     ExpertBatch,
     ExpertTrajectoryIterator,
@@ -16,6 +16,7 @@ __all__ = [
     "advantage_stats_of",
     "compute_discounted_returns",
     "compute_gae",
+    "compute_vtrace",
     "expert_batch",
     "generate_expert_trajectories",
     "sequence_start_state",

@@ -1,5 +1,12 @@
 """Advantage estimation as pure functions over time-major tensors.
 
+- :func:`compute_gae`: generalised advantage estimation (Schulman et al., 2016);
+- :func:`compute_discounted_returns`: n-step discounted returns bootstrapped at the rollout's end;
+- :func:`compute_vtrace`: V-trace (Espeholt et al., 2018, "IMPALA", section 4), the off-policy
+  correction of the n-step targets with truncated importance weights ``rho_bar`` and ``c_bar``
+  between the behaviour policy (which collected the rollout) and the target policy (the
+  learner's current one).
+
 Terminations and truncations are kept apart (see Pardo et al., 2018, "Time Limits in
 Reinforcement Learning"): at a termination the next state's value is 0; at a truncation the
 episode was cut, not ended, so the value of its final observation (``truncation_values``) is
@@ -87,3 +94,80 @@ def compute_discounted_returns(
         running = rewards[t] + gamma * torch.where(ended[t], next_values[t], running)
         returns[t] = running
     return returns - values, returns
+
+
+def compute_vtrace(
+    *,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_value: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    truncation_values: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    target_logprobs: torch.Tensor,
+    gamma: float,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+    vtrace_lambda: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """V-trace targets and policy-gradient advantages (Espeholt et al., 2018), time-major.
+
+    With ``ratio_t = pi(a_t|x_t) / mu(a_t|x_t)`` (target over behaviour), ``rho_t =
+    min(rho_bar, ratio_t)``, ``c_t = vtrace_lambda * min(c_bar, ratio_t)`` and
+    ``delta_t = rho_t * (r_t + gamma * V(x_{t+1}) - V(x_t))``, the targets are
+
+        ``v_s = V(x_s) + sum_{t >= s} gamma^(t - s) * (c_s ... c_{t-1}) * delta_t``,
+
+    the sum running to the end of ``s``'s episode within the rollout (to the last step, whose
+    ``V(x_T)`` is ``next_value``): the trace does not flow across an episode boundary, and
+    ``V(x_{t+1})`` is 0 after a termination and the final observation's value after a
+    truncation (as in :func:`compute_gae`). The advantages are IMPALA's policy-gradient ones,
+    ``rho_s * (r_s + gamma * v_{s+1} - V(x_s))``, where ``v_{s+1}`` is the next target within
+    the episode, ``truncation_values`` at a truncation, 0 at a termination and ``next_value``
+    after the rollout's last step. The policy-gradient weight is clipped at ``rho_bar`` as
+    well (IMPALA's default for its separate threshold).
+
+    ``vtrace_lambda`` is the paper's optional lambda (its remark 2, ``c_i = lambda *
+    min(c_bar, ratio_i)``); at 1 (the paper's definition and the default) on-policy V-trace
+    (``target_logprobs == behaviour_logprobs``, ``rho_bar, c_bar >= 1``) gives the n-step
+    returns of :func:`compute_discounted_returns`; below 1 its on-policy targets are GAE's
+    ``lambda``-returns (:func:`compute_gae`'s ``returns``). The paper assumes ``rho_bar >=
+    c_bar``. The result is meant as fixed targets: call it without gradients.
+
+    Args:
+        rewards: ``[T, N]`` reward received after the action at step t.
+        values: ``[T, N]`` V(x_t) (IMPALA: of the target policy's value function).
+        next_value: ``[N]`` V(x_T) of the observation following the rollout.
+        terminated: ``[T, N]`` bool, the episode ended at step t by reaching a terminal state.
+        truncated: ``[T, N]`` bool, the episode was cut at step t (time limit); never both.
+        truncation_values: ``[T, N]`` V(final observation) where ``truncated`` (ignored elsewhere).
+        behaviour_logprobs: ``[T, N]`` log mu(a_t|x_t), of the policy that collected the rollout.
+        target_logprobs: ``[T, N]`` log pi(a_t|x_t), of the policy being learnt.
+        gamma: Discount factor.
+        rho_bar: Truncation of the importance weight in ``delta_t`` (and of the advantages'):
+            the fixed point's policy lies between mu and pi, pi at ``rho_bar = inf``.
+        c_bar: Truncation of the trace coefficients ``c_t`` (how fast the trace is cut).
+        vtrace_lambda: The paper's lambda in ``c_t`` (1: V-trace as defined).
+
+    Returns:
+        ``(advantages, vs)``, both ``[T, N]``: the policy-gradient advantages and the value
+        targets ``v_s`` (in general ``vs != advantages + values``).
+    """
+    next_values = _next_state_values(values, next_value, terminated, truncated, truncation_values)
+    ended = terminated | truncated
+    ratios = (target_logprobs - behaviour_logprobs).exp()
+    rhos = ratios.clamp(max=rho_bar)
+    cs = vtrace_lambda * ratios.clamp(max=c_bar)
+    deltas = rhos * (rewards + gamma * next_values - values)
+    carry = gamma * cs * (~ended).to(values.dtype)
+    corrections = torch.empty_like(values)  # v_s - V(x_s)
+    last = torch.zeros_like(next_value)
+    for t in range(values.shape[0] - 1, -1, -1):
+        last = deltas[t] + carry[t] * last
+        corrections[t] = last
+    vs = values + corrections
+    # v_{s+1} within the episode; at an episode's end the bootstrap V(x_{s+1}) (0 if terminal).
+    following = torch.cat([vs[1:], next_value.unsqueeze(0)], dim=0)
+    vs_next = torch.where(ended, next_values, following)
+    return rhos * (rewards + gamma * vs_next - values), vs
