@@ -306,15 +306,6 @@ def test_a_raising_worker_names_itself_and_the_traceback(backend: str) -> None:
     assert 'debug.py", line' in text and "in _fail" in text  # the original traceback
 
 
-def test_ddp_with_collection_workers_is_refused_up_front(
-    compose_cfg: Any, resolve_cfg: Any
-) -> None:
-    from rl.engine.settings import verify_train_cfg
-    from rl.utils.config import ConfigError
-
-    plain = resolve_cfg(compose_cfg([*SMOKE, "collector=ray", "distributed=ddp"]))
-    with pytest.raises(ConfigError, match="collector .* with distributed=ddp"):
-        verify_train_cfg(plain)
 
 
 # ---------------------------------------------------------------------------- CLI

@@ -82,8 +82,11 @@ class RayActors:
             CPUs, on loopback with token authentication (shut down by :meth:`close`); ``auto``
             or ``HOST:PORT``: join that cluster (see :func:`~rl.collection.ray_runtime.init_ray`).
         cpus_per_worker: Ray CPUs reserved per worker.
+        gpus_per_worker: Ray GPUs reserved per worker (PyTorchRL's ``worker_remote_config``).
+        memory_per_worker: Ray memory reserved per worker, in bytes (None: none reserved).
         start_timeout: Seconds the workers may take to start.
         allow_unauthenticated: Join a cluster even without token authentication.
+        owner: Prefix of the workers' names in errors (``"rank 1 "`` under DDP).
     """
 
     def __init__(
@@ -94,9 +97,14 @@ class RayActors:
         address: str | None,
         cpus_per_worker: float,
         start_timeout: float,
+        gpus_per_worker: float = 0.0,
+        memory_per_worker: int | None = None,
         allow_unauthenticated: bool = False,
+        owner: str = "",
     ) -> None:
         import ray
+
+        self.owner = owner
 
         from rl.collection.ray_runtime import RayRuntime, init_ray
 
@@ -119,6 +127,10 @@ class RayActors:
         RayWorker.__name__ = RayWorker.__qualname__ = cls.__name__
         # Ray's type stub lacks concurrency_groups (a documented option of actors).
         options: dict[str, Any] = {"concurrency_groups": {"control": 1}, "max_restarts": 0}
+        if gpus_per_worker:
+            options["num_gpus"] = gpus_per_worker
+        if memory_per_worker:
+            options["memory"] = int(memory_per_worker)
         remote: Any = ray.remote(num_cpus=cpus_per_worker, **options)(RayWorker)
         self.workers = [remote.remote(**kw) for kw in kwargs]
         self.pids: list[int] = []
@@ -126,8 +138,8 @@ class RayActors:
         ready, late = ray.wait(refs, num_returns=len(refs), timeout=start_timeout)
         if late:
             raise CollectionWorkerError(
-                f"collection workers {[refs.index(r) for r in late]} did not start within "
-                f"{start_timeout:.0f} s"
+                f"{self.owner}collection workers {[refs.index(r) for r in late]} did not start "
+                f"within {start_timeout:.0f} s (are the resources they reserve available?)"
             )
         self.pids = [self.get(r, i) for i, r in enumerate(refs)]
 
@@ -154,7 +166,8 @@ class RayActors:
             what = f"{type(cause).__name__}: {cause}" if cause is not None else type(e).__name__
             detail = _ANSI.sub("", str(e))
             raise CollectionWorkerError(
-                f"collection worker {worker} (pid {pid}) failed: {what}\nin the worker:\n{detail}"
+                f"{self.owner}collection worker {worker} (pid {pid}) failed: {what}\n"
+                f"in the worker:\n{detail}"
             ) from None
 
     def share(self, value: Any) -> Any:
@@ -267,11 +280,18 @@ class ProcessActors:
         cls: The worker class (importable: the children are started with ``spawn``).
         kwargs: Constructor arguments, one mapping per worker (picklable).
         start_timeout: Seconds the workers may take to build.
+        owner: Prefix of the workers' names in errors (``"rank 1 "`` under DDP).
     """
 
     def __init__(
-        self, cls: type, kwargs: Sequence[Mapping[str, Any]], *, start_timeout: float
+        self,
+        cls: type,
+        kwargs: Sequence[Mapping[str, Any]],
+        *,
+        start_timeout: float,
+        owner: str = "",
     ) -> None:
+        self.owner = owner
         context = mp.get_context("spawn")
         self._conns: list[Connection] = []
         self._processes: list[Any] = []
@@ -299,7 +319,7 @@ class ProcessActors:
         if late:
             self._terminate()
             raise CollectionWorkerError(
-                f"collection workers {[c.worker for c in late]} did not start within "
+                f"{self.owner}collection workers {[c.worker for c in late]} did not start within "
                 f"{start_timeout:.0f} s"
             )
         for call in starts:
@@ -356,7 +376,8 @@ class ProcessActors:
         if ok:
             return value
         raise CollectionWorkerError(
-            f"collection worker {worker} (pid {self.pids[worker]}) failed:\nin the worker:\n"
+            f"{self.owner}collection worker {worker} (pid {self.pids[worker]}) failed:\n"
+            "in the worker:\n"
             f"{value}"
         )
 

@@ -73,12 +73,15 @@ class RolloutRequest:
         steps_per_step: Env steps one collection step adds to the stage over every worker
             (``num_envs * world_size``): step ``t`` of the rollout is at stage step
             ``stage_steps + t * steps_per_step``.
+        stage: Index of the pipeline stage the rollout is for (asynchronous collection drops
+            data collected for another stage).
     """
 
     num_steps: int
     teacher_forcing: Schedule | None = None
     stage_steps: int = 0
     steps_per_step: int = 1
+    stage: int = 0
 
     def teacher_forcing_probability(self, t: int) -> float:
         """The expert's probability at step ``t`` of the rollout (0 without teacher forcing)."""

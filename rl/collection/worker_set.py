@@ -11,20 +11,34 @@
   once that fraction of workers is done the others end their rollouts early (after
   ``min_rollout_frac`` of it); the learner then keeps the steps every worker has (the shortest
   rollout), each environment bootstrapped from its stored value at the cut.
-- **async**: as soon as a rollout comes back the workers start the next one with the weights
-  of that moment, so collection overlaps the learner's update. Each rollout carries the
-  version of the weights it was collected with; data more than ``max_policy_lag`` versions
-  behind the learner is dropped (``collection/dropped``) and collected again. PPO's ratio uses
-  the behaviour log-probabilities stored with the data; ``collection/policy_lag`` is logged.
-  What is collected ahead is what the learner will ask next: the trainer hands its plan
-  (:meth:`~CollectionWorkerSet.set_request_plan`), so the last rollout of a stage is cut to
-  the stage's budget, the next stage's first rollout is collected with that stage's settings,
-  and nothing is collected past the run's budget (or once a stop was asked for). Data
-  collected ahead with settings the learner then does not ask for (a stage ended early by its
+- **async** (no barrier): every worker always has a rollout in flight. The learner updates on
+  the first ``rollouts_per_update`` rollouts that are ready (first come, first served; the
+  others keep collecting), sends its weights of that moment only to the workers whose rollout
+  it took, and they start their next rollout at once, so collection overlaps the update and
+  a slow worker never holds the others up (``rollouts_per_update: null``: every worker's
+  rollout each update, the barrier). Each rollout carries the version of the weights it was
+  collected with; one more than ``max_policy_lag`` versions behind the learner is dropped
+  (``collection/dropped``) and its worker collects again with the current weights. PPO's
+  ratio uses the behaviour log-probabilities stored with the data (``pipeline.advantage:
+  vtrace`` corrects the advantages too); ``collection/policy_lag`` (mean) and
+  ``collection/policy_lag_max`` are logged. What is collected ahead is what the learner will
+  ask for: the trainer hands its plan (:meth:`~CollectionWorkerSet.set_request_plan`), and
+  the rollouts in flight are counted against it in the order they were asked for, so the last
+  update of a stage is cut to the stage's budget, the next stage's rollouts are collected with
+  that stage's settings, and nothing is asked for past the run's budget (or once a stop was
+  asked for). Data collected for another stage than the learner's (a stage ended early by its
   criterion) is dropped and collected again; a rollout longer than asked for is cut.
 
-Stage changes reach the workers through ``update_algorithm_parameter`` (rollout length,
-teacher forcing). A worker that raises or dies is a :class:`CollectionWorkerError` naming it,
+Stage changes reach each worker through ``update_algorithm_parameter`` (rollout length,
+teacher forcing) with its next request, and so does a forced scene advance
+(:meth:`~CollectionWorkerSet.new_episodes`).
+
+Under DDP (``distributed=ddp``) every rank owns a set of its own (PyTorchRL's ``index_parent``
+is the rank, ``total_parent_workers`` the world size): environment ``i`` of worker ``w`` of
+rank ``r`` is global environment ``r * num_envs + w's first + i`` of one seed stream, errors
+name the rank, and each rank's workers' state goes into the checkpoint.
+
+A worker that raises or dies is a :class:`CollectionWorkerError` naming it,
 with the original traceback. A worker that does not answer is a hang: ``timeout`` (seconds per
 call, scaled to long calls, see :class:`CollectionWorkerSet`) is a watchdog that warns, naming
 the worker, its pid and its environments, once half of it has passed, and then fails with a
@@ -70,6 +84,15 @@ DEFAULT_TIMEOUT_S = 120.0
 ROLLOUT_UNIT_STEPS = 128
 
 
+@dataclasses.dataclass
+class _InFlight:
+    """A rollout asked of a worker (async): its call, the request, when it was asked."""
+
+    ref: Any
+    request: RolloutRequest
+    since: float
+
+
 class CollectionWorkerSet:
     """Rollouts from ``num_workers`` workers, each with its share of the environments.
 
@@ -78,13 +101,19 @@ class CollectionWorkerSet:
             ``num_envs`` are split over the workers.
         model: The learner's policy (its weights are sent to the workers).
         device: The learner's device (the assembled rollout lives there).
-        dist: Must be a single process: DDP with collection workers is refused.
-        num_workers: Remote collection workers.
+        dist: This learner's place among DDP ranks (each rank owns its workers; None: one
+            learner).
+        num_workers: Remote collection workers (of this rank).
         mode: ``sync`` or ``async`` (see the module docstring).
+        rollouts_per_update: Async: worker rollouts per update, first come first served
+            (None: every worker's, the barrier). Fewer than ``num_workers`` needs the
+            environments split evenly (``sampler.num_envs`` a multiple of ``num_workers``).
         backend: ``ray`` (Ray actors) or ``process`` (child processes of this one).
         address: Ray only: None starts a private Ray instance with
             ``num_workers * cpus_per_worker`` CPUs; ``auto`` or ``HOST:PORT`` joins that cluster.
         cpus_per_worker: Ray CPUs reserved per worker (also its torch threads, at least 1).
+        gpus_per_worker: Ray GPUs reserved per worker (a cluster's GPU nodes).
+        memory_per_worker: Ray memory reserved per worker, in bytes (None: none).
         fraction_samples: Sync: fraction of workers that must finish before the rest stop.
         min_rollout_frac: ... once they have this fraction of their steps.
         max_policy_lag: Async: largest accepted ``learner version - data version``.
@@ -102,7 +131,7 @@ class CollectionWorkerSet:
             (a loud warning); the private instance always uses it.
     """
 
-    supports_distributed: ClassVar[bool] = False
+    supports_distributed: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -113,9 +142,12 @@ class CollectionWorkerSet:
         dist: DistContext | None = None,
         num_workers: int = 2,
         mode: str = "sync",
+        rollouts_per_update: int | None = None,
         backend: str = "ray",
         address: str | None = None,
         cpus_per_worker: float = 1.0,
+        gpus_per_worker: float = 0.0,
+        memory_per_worker: int | None = None,
         fraction_samples: float = 1.0,
         min_rollout_frac: float = 0.25,
         max_policy_lag: int = 1,
@@ -124,11 +156,16 @@ class CollectionWorkerSet:
         evaluate_on_workers: bool = True,
         allow_unauthenticated: bool = False,
     ) -> None:
+        per_update = num_workers if rollouts_per_update is None else rollouts_per_update
         _check(
             num_workers, mode, backend, fraction_samples, min_rollout_frac, max_policy_lag, spec,
-            dist, timeout,
+            timeout, per_update,
         )  # fmt: skip
         self.spec, self.model, self.device = spec, model, torch.device(device)
+        self.dist = dist if dist is not None and dist.enabled else None
+        # "rank 1 " under DDP: every message names the rank that owns the worker.
+        self.owner = "" if self.dist is None else f"rank {self.dist.rank} "
+        self.rollouts_per_update = per_update if mode == "async" else num_workers
         self.mode, self.backend, self.fraction_samples = mode, backend, fraction_samples
         self.max_policy_lag, self.evaluate_on_workers = max_policy_lag, evaluate_on_workers
         self.timeout = timeout
@@ -156,30 +193,39 @@ class CollectionWorkerSet:
                 kwargs,
                 address=address,
                 cpus_per_worker=cpus_per_worker,
+                gpus_per_worker=gpus_per_worker,
+                memory_per_worker=memory_per_worker,
                 start_timeout=START_TIMEOUT_S,
                 allow_unauthenticated=allow_unauthenticated,
+                owner=self.owner,
             )
         else:
-            self.actors = ProcessActors(CollectionWorker, kwargs, start_timeout=START_TIMEOUT_S)
+            self.actors = ProcessActors(
+                CollectionWorker, kwargs, start_timeout=START_TIMEOUT_S, owner=self.owner
+            )
         self.num_workers = num_workers
         self.pids = self.actors.pids
-        self.assembler = RolloutAssembler(num_envs=spec.num_envs, device=self.device)
+        self.assembler = RolloutAssembler(num_envs=self.num_envs, device=self.device)
         # The run's normalisation statistics: the workers' moments merged, sent with the weights.
         self.normalizer = spec.build_normalizer(task_spaces(spec.task)[0])
         # The learner's weights version: one more per collect() (every rollout is followed by
         # an update), and the version the workers last received.
         self.version = 0
-        self._sent_version = -1
-        self._sent: dict[str, Any] = {}
-        self._pending: list[Any] | None = None  # async: the rollouts in flight
-        self._planned: RolloutRequest | None = None  # ... and the request they were asked with
+        self._versions = [-1] * num_workers  # the weights' version each worker last received
+        self._shared: tuple[int, Any] | None = None  # (version, its weights shared once)
+        self._sent: list[dict[str, Any]] = [{} for _ in range(num_workers)]
+        self._in_flight: dict[int, _InFlight] = {}  # async: worker -> its rollout in flight
+        self._new_episodes_due: set[int] = set()  # workers to start new episodes first
+        self._ready: dict[int, Any] = {}  # async: results received, kept for the next update
+        self._warned: set[int] = set()  # async: workers the watchdog warned about
         self._plan: Callable[[int], RolloutRequest | None] | None = None
         self._longest = 1  # longest rollout asked for (steps): the watchdog's scale
         self._hung = False  # a worker did not answer in time (close does not wait long)
         self._requested = [0] * num_workers  # rollouts asked of each worker (its own count)
         self.dropped = 0
         log.info(
-            "collection: %d %s workers (%s, pids %s), environments %s",
+            "collection: %s%d %s workers (%s, pids %s), environments %s",
+            self.owner,
             num_workers,
             "Ray" if backend == "ray" else "process",
             mode,
@@ -189,8 +235,10 @@ class CollectionWorkerSet:
 
     @property
     def num_envs(self) -> int:
-        """Environments over all workers."""
-        return self.spec.num_envs
+        """Environments of one update's rollout (every worker's, or ``rollouts_per_update``'s)."""
+        if self.rollouts_per_update == self.num_workers:
+            return self.spec.num_envs
+        return self.rollouts_per_update * (self.spec.num_envs // self.num_workers)
 
     # ----------------------------------------------------------------- faults
     def _label(self, worker: int) -> str:
@@ -201,7 +249,7 @@ class CollectionWorkerSet:
             if envs.stop - envs.start == 1
             else f"environments {envs.start}-{envs.stop - 1}"
         )
-        return f"collection worker {worker} (pid {self.pids[worker]}, {where})"
+        return f"{self.owner}collection worker {worker} (pid {self.pids[worker]}, {where})"
 
     def _budget(self, units: float = 1.0) -> float | None:
         """The watchdog's seconds for a call of ``units`` (None: no watchdog).
@@ -301,112 +349,84 @@ class CollectionWorkerSet:
         """``method(*args)`` on every worker."""
         return [self.actors.call(i, method, *args) for i in range(self.num_workers)]
 
-    def _ack_all(self, method: str, *args: Any) -> None:
-        """``method(*args)`` on every worker, its outcome checked with the next results."""
-        self._acks += list(enumerate(self._call_all(method, *args)))
-
     # ------------------------------------------------------------- collection
-    def _send_parameters(self, request: RolloutRequest) -> None:
-        """``update_algorithm_parameter`` on every worker for each setting that changed.
+    def _send_parameters(self, request: RolloutRequest, workers: Sequence[int]) -> None:
+        """``update_algorithm_parameter`` on ``workers`` for each setting that changed.
 
         Not waited for: a worker runs its calls in order, so its next rollout sees them, and
-        their outcomes are checked with that rollout's (:meth:`_gather`).
+        their outcomes are checked with that rollout's (:meth:`_gather`, :meth:`_take`).
         """
         request = _as_sent(request)
         self._longest = max(self._longest, request.num_steps)
-        for name in ALGORITHM_PARAMETERS:
-            value = getattr(request, name)
-            if name not in self._sent or self._sent[name] != value:
-                self._sent[name] = value
-                self._ack_all("update_algorithm_parameter", name, value)
-
-    def _send_weights(self) -> None:
-        """The learner's weights to every worker (once per version; queued behind their work)."""
-        if self._sent_version == self.version:
-            return
-        self._sent_version = self.version
-        weights = self.actors.share(
-            {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
-        )
-        normalizer = None if self.normalizer is None else self.normalizer.state_dict()
-        # Checked with the next results, like the settings (and not left unread).
-        self._ack_all("set_weights", weights, self.version, normalizer)
-
-    def _request(self, workers: Sequence[int]) -> list[Any]:
-        """Ask ``workers`` for their next rollout (each one's count of rollouts goes up)."""
         for i in workers:
-            self._requested[i] += 1
-        return [self.actors.call(i, "collect_data") for i in workers]
+            sent = self._sent[i]
+            for name in ALGORITHM_PARAMETERS:
+                value = getattr(request, name)
+                if name not in sent or sent[name] != value:
+                    sent[name] = value
+                    self._acks.append(
+                        (i, self.actors.call(i, "update_algorithm_parameter", name, value))
+                    )
 
-    def _request_all(self) -> list[Any]:
-        return self._request(range(self.num_workers))
+    def _send_weights(self, workers: Sequence[int]) -> None:
+        """The learner's weights to ``workers`` that lack them (queued behind their work).
+
+        Shared once per version (Ray's object store: one copy for every worker).
+        """
+        workers = [i for i in workers if self._versions[i] != self.version]
+        if not workers:
+            return
+        if self._shared is None or self._shared[0] != self.version:
+            weights = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+            self._shared = (self.version, self.actors.share(weights))
+        normalizer = None if self.normalizer is None else self.normalizer.state_dict()
+        for i in workers:
+            self._versions[i] = self.version
+            # Checked with the next results, like the settings (and not left unread).
+            self._acks.append(
+                (i, self.actors.call(i, "set_weights", self._shared[1], self.version, normalizer))
+            )
+
+    def _request(self, workers: Sequence[int], request: RolloutRequest) -> list[Any]:
+        """Ask ``workers`` for a rollout as ``request`` says, with the current weights.
+
+        A forced scene advance (:meth:`new_episodes`) reaches a worker with this request.
+        """
+        self._send_parameters(request, workers)
+        self._send_weights(workers)
+        refs = []
+        for i in workers:
+            if i in self._new_episodes_due:
+                self._new_episodes_due.discard(i)
+                self._acks.append((i, self.actors.call(i, "new_episodes")))
+            self._requested[i] += 1
+            refs.append(self.actors.call(i, "collect_data"))
+        return refs
 
     def set_request_plan(self, plan: Callable[[int], RolloutRequest | None]) -> None:
         """Tell asynchronous collection what to collect ahead (the trainer's budget).
 
         Args:
-            plan: ``plan(num_steps)``: the request that will follow a rollout of
-                ``num_steps`` steps per environment (the same stage's next, cut to its
-                budget; the next stage's first), or None when none will (the run's budget is
-                spent, or it is stopping): then nothing is collected ahead. Without a plan,
-                the same request is collected ahead (its teacher-forcing position moved on).
+            plan: ``plan(k)``: the request of the update ``k`` updates after the one being
+                collected (``k >= 1``; each stage's last one cut to its budget, the next
+                stage's first after it), or None when none will come (the run's budget is
+                spent, or it is stopping): nothing is collected for it. Without a plan, the
+                same request is collected ahead (its teacher-forcing position moved on).
         """
         self._plan = plan
 
     def collect(self, request: RolloutRequest) -> Rollout:
-        """One rollout of every worker (see the module docstring for sync and async)."""
+        """One update's rollout (see the module docstring for sync and async)."""
         self.version += 1  # the learner updated its weights since the last rollout
         request = _as_sent(request)
-        results = self._take_ahead(request) if self.mode == "async" else None
-        if results is None:
-            self._send_parameters(request)
-            self._send_weights()
-            results = self._collect_sync()
         if self.mode == "async":
-            results = self._drop_stale(results, request)
-        rollout = self._assemble(results)
-        if self.mode == "async":
-            self._collect_ahead(request, rollout.num_steps)
-        return rollout
+            return self._collect_async(request)
+        refs = self._request(range(self.num_workers), request)
+        workers = list(range(self.num_workers))
+        results = self._collect_sync(refs)
+        return self._assemble(workers, results)
 
-    def _take_ahead(self, request: RolloutRequest) -> list[Any] | None:
-        """Async: the rollouts collected ahead, if collected as ``request`` asks (else None).
-
-        Longer ones are cut to ``request.num_steps``; ones collected with other settings
-        (teacher forcing or its position: the plan did not foresee a stage's early end) are
-        dropped (counted in ``collection/dropped``).
-        """
-        pending, planned = self._pending, self._planned
-        self._pending = self._planned = None
-        if pending is None or planned is None:
-            return None
-        results = self._gather(pending, what="collecting a rollout")
-        if dataclasses.replace(planned, num_steps=0) != dataclasses.replace(request, num_steps=0):
-            self.dropped += len(results)
-            return None
-        steps = request.num_steps
-        return [
-            (cut_packed_rollout(data, steps), {**info, "num_steps": steps})
-            if int(info["num_steps"]) > steps
-            else (data, info)
-            for data, info in results
-        ]
-
-    def _collect_ahead(self, request: RolloutRequest, num_steps: int) -> None:
-        """Async: the workers start the rollout the learner will ask for next, if any."""
-        if self._plan is not None:
-            following = self._plan(num_steps)
-        else:
-            moved = request.stage_steps + num_steps * request.steps_per_step
-            following = dataclasses.replace(request, stage_steps=moved)
-        if following is None:
-            return  # nothing follows: no rollout is collected past the budget
-        self._send_parameters(following)
-        self._send_weights()  # the next rollouts start now, with today's weights
-        self._pending, self._planned = self._request_all(), _as_sent(following)
-
-    def _collect_sync(self) -> list[Any]:
-        refs = self._request_all()
+    def _collect_sync(self, refs: list[Any]) -> list[Any]:
         what = "collecting a rollout"
         if self.fraction_samples >= 1.0:
             return self._gather(refs, what=what)
@@ -418,34 +438,150 @@ class CollectionWorkerSet:
             self._acks.append((i, self.actors.call(i, "stop_collecting", requested - 1)))
         return self._gather(refs, what=what)
 
-    def _drop_stale(self, results: list[Any], request: RolloutRequest) -> list[Any]:
-        """Async: results older than ``max_policy_lag`` versions are collected again."""
-        stale = [i for i, (_, info) in enumerate(results) if self._lag(info) > self.max_policy_lag]
-        if stale:
-            self.dropped += len(stale)
-            self._send_parameters(request)
-            self._send_weights()  # collected again with the learner's weights of now
-            fresh = self._gather(self._request(stale), stale, what="collecting a rollout")
-            for i, result in zip(stale, fresh, strict=True):
-                results[i] = result
-        return results
+    # ------------------------------------------------------------------ async
+    def _planned(self, updates_ahead: int, current: RolloutRequest) -> RolloutRequest | None:
+        """The request of the update ``updates_ahead`` after ``current`` (None: none comes)."""
+        if updates_ahead == 0:
+            return current
+        if self._plan is not None:
+            planned = self._plan(updates_ahead)
+            return None if planned is None else _as_sent(planned)
+        moved = current.stage_steps + updates_ahead * current.num_steps * current.steps_per_step
+        return dataclasses.replace(current, stage_steps=moved)
+
+    def _refill(self, current: RolloutRequest, taken: int = 0) -> None:
+        """Ask every idle worker for a rollout, planned in the order they are asked for.
+
+        The rollouts in flight feed the coming updates in the order they were asked for,
+        ``rollouts_per_update`` each; ``taken``: rollouts already taken for ``current``'s
+        update (the next one asked for feeds the update after it once it has them all).
+        """
+        for i in range(self.num_workers):
+            if i in self._in_flight:
+                continue
+            queued = taken + len(self._in_flight)
+            planned = self._planned(queued // self.rollouts_per_update, current)
+            if planned is None:
+                continue  # past the budget: this worker waits
+            (ref,) = self._request([i], planned)
+            self._in_flight[i] = _InFlight(ref=ref, request=planned, since=time.monotonic())
+
+    def _collect_async(self, request: RolloutRequest) -> Rollout:
+        """The first ``rollouts_per_update`` acceptable rollouts; their workers go on at once."""
+        need = self.rollouts_per_update
+        self._refill(request)
+        taken: dict[int, Any] = {}
+        while len(taken) < need:
+            if not self._in_flight:
+                raise RuntimeError("asynchronous collection: no rollout in flight (a bug)")
+            for i in self._take_ready():
+                flight = self._in_flight.pop(i)
+                data, info = self._result(i, flight)
+                lag = self._lag(info)
+                if flight.request.stage != request.stage or lag > self.max_policy_lag:
+                    self.dropped += 1  # too old, or for another stage: collected again now
+                elif len(taken) < need:
+                    taken[i] = (data, info)
+                    continue
+                else:  # more are ready than the update takes: keep it for the next one
+                    self._in_flight[i] = flight
+                    self._ready[i] = (data, info)
+                    continue
+                self._refill(request, taken=len(taken))
+        workers = sorted(taken)
+        steps = request.num_steps
+        results = [
+            (cut_packed_rollout(data, steps), {**info, "num_steps": steps})
+            if int(info["num_steps"]) > steps
+            else (data, info)
+            for data, info in (taken[i] for i in workers)
+        ]
+        if self.normalizer is not None:  # the statistics the taken workers get with the weights
+            self.normalizer.merge(
+                [info["normalizer_moments"] for _, info in results], distributed=self._ddp
+            )
+        # The taken workers start their next rollouts before this one is unpacked.
+        self._refill(request, taken=len(workers))
+        return self._assemble(workers, results, merged=True)
+
+    def _take_ready(self) -> list[int]:
+        """Workers whose rollout in flight is done (at least one; the watchdog per rollout).
+
+        Rollouts already received (kept for the next update) come first, oldest first.
+        """
+        kept = sorted(self._ready, key=lambda i: self._in_flight[i].since)
+        if kept:
+            return kept
+        flights = sorted(self._in_flight.items(), key=lambda kv: kv[1].since)
+        owner = {f.ref: i for i, f in flights}
+        warned: set[int] = set()
+        while True:
+            now = time.monotonic()
+            budget = self._budget()
+            left = None
+            if budget is not None:
+                for i, f in flights:
+                    age = now - f.since
+                    if age >= budget:
+                        self._hung = True
+                        raise CollectionWorkerError(
+                            f"{self._label(i)}: did not answer within {budget:.0f} s while "
+                            "collecting a rollout (hung? collector.timeout)"
+                        )
+                    if age >= WARN_FRACTION * budget and i not in warned and i not in self._warned:
+                        warned.add(i)
+                        self._warned.add(i)
+                        log.warning(
+                            "%s: no answer for %.1f s while collecting a rollout; hung after "
+                            "%.0f s (collector.timeout)", self._label(i), age, budget,
+                        )  # fmt: skip
+                deadlines = [
+                    f.since + (budget if i in self._warned else WARN_FRACTION * budget)
+                    for i, f in flights
+                ]
+                left = max(0.0, min(deadlines) - now)
+            ready, _ = self.actors.wait([f.ref for _, f in flights], num_returns=1, timeout=left)
+            if ready:
+                done = {owner[r] for r in ready}
+                return [i for i, _ in flights if i in done]
+
+    def _result(self, worker: int, flight: _InFlight) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A rollout in flight that is done, and the outcomes of the worker's calls before it."""
+        self._warned.discard(worker)
+        if worker in self._ready:
+            return self._ready.pop(worker)
+        mine = [ref for w, ref in self._acks if w == worker]
+        self._acks = [(w, ref) for w, ref in self._acks if w != worker]
+        for ref in mine:
+            self.actors.get(ref, worker)
+        result: tuple[dict[str, Any], dict[str, Any]] = self.actors.get(flight.ref, worker)
+        return result
 
     def _lag(self, info: Mapping[str, Any]) -> int:
         """Versions between the weights the data was collected with and the learner's now."""
         return self.version - int(info["actor_version"])
 
-    def _assemble(self, results: list[Any]) -> Rollout:
+    def _assemble(
+        self, workers: Sequence[int], results: Sequence[Any], merged: bool = False
+    ) -> Rollout:
+        """One rollout of ``workers``' results (in worker order), their statistics logged."""
         data = [d for d, _ in results]
         infos = [info for _, info in results]
         steps = min(int(info["num_steps"]) for info in infos)
         if any(int(info["num_steps"]) != steps for info in infos):
             data = [cut_packed_rollout(d, steps) for d in data]
-        rollout = self.assembler.assemble(data, self.env_slices)
-        if self.normalizer is not None:  # in worker order: what one worker gives is exact
-            self.normalizer.merge([info["normalizer_moments"] for info in infos])
+        columns, start = [], 0
+        for i in workers:
+            width = self.env_slices[i].stop - self.env_slices[i].start
+            columns.append(slice(start, start + width))
+            start += width
+        rollout = self.assembler.assemble(data, columns)
+        if self.normalizer is not None and not merged:  # in worker order: one worker is exact
+            self.normalizer.merge([info["normalizer_moments"] for info in infos], self._ddp)
         lags = [self._lag(info) for info in infos]
         extra = {
             "collection/policy_lag": sum(lags) / len(lags),
+            "collection/policy_lag_max": float(max(lags)),
             "collection/dropped": float(self.dropped),
             "collection/worker_fps": sum(float(i["fps"]) for i in infos) / len(infos),
             "collection/bytes_sent": float(sum(int(d["packed_bytes"]) for d in data)),
@@ -459,8 +595,19 @@ class CollectionWorkerSet:
             stats["counts"][key] = stats["counts"].get(key, 0.0) + 1.0
         return rollout
 
+    @property
+    def _ddp(self) -> bool:
+        return self.dist is not None
+
     def new_episodes(self) -> None:
-        """Every worker's environments start new episodes before their next rollout."""
+        """Every worker's environments start new episodes before its next rollout.
+
+        Sync: at once. Async: with each worker's next request (a rollout in flight is not
+        interrupted).
+        """
+        if self.mode == "async":
+            self._new_episodes_due = set(range(self.num_workers))
+            return
         self._gather(self._call_all("new_episodes"), what="starting new episodes")
 
     # ------------------------------------------------------------- evaluation
@@ -489,7 +636,7 @@ class CollectionWorkerSet:
                 device=self.device,
                 normalizer=self.normalizer,
             )
-        self._send_weights()
+        self._send_weights(range(self.num_workers))
         k = min(self.num_workers, len(episode_seeds))
         shares = evenly_distribute_count_into_bins(len(episode_seeds), k)
         bounds = [sum(shares[:i]) for i in range(k + 1)]
@@ -581,18 +728,13 @@ def _check(
     min_rollout_frac: float,
     max_policy_lag: int,
     spec: CollectionSpec,
-    dist: DistContext | None,
     timeout: float | None,
+    rollouts_per_update: int,
 ) -> None:
     """Problems of the ``collector`` settings, all at once (``ConfigError``)."""
     errors = []
     if timeout is not None and not timeout > 0:
         errors.append(f"collector.timeout: must be > 0 seconds or null (none), got {timeout}")
-    if dist is not None and dist.enabled:
-        errors.append(
-            "collection workers (collector=ray or process) with distributed=ddp: not supported "
-            "(each rank would need its own workers); use one of them"
-        )
     if num_workers < 1:
         errors.append(f"collector.num_workers: must be >= 1, got {num_workers}")
     elif spec.num_envs < num_workers:
@@ -610,6 +752,21 @@ def _check(
         errors.append(f"collector.min_rollout_frac: must be in [0, 1], got {min_rollout_frac}")
     if max_policy_lag < 0:
         errors.append(f"collector.max_policy_lag: must be >= 0, got {max_policy_lag}")
+    if not 1 <= rollouts_per_update <= max(1, num_workers):
+        errors.append(
+            f"collector.rollouts_per_update: must be in [1, num_workers={num_workers}] or null "
+            f"(every worker's), got {rollouts_per_update}"
+        )
+    elif (
+        mode == "async"
+        and rollouts_per_update < num_workers
+        and spec.num_envs % max(1, num_workers)
+    ):
+        errors.append(
+            f"collector.rollouts_per_update={rollouts_per_update} < num_workers={num_workers} "
+            f"needs the environments split evenly: sampler.num_envs={spec.num_envs} is not a "
+            f"multiple of {num_workers}"
+        )
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
 

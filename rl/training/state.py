@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 # statistics (None when off); format-2 checkpoints load (the collector converts them).
 CHECKPOINT_FORMAT = 3
 # Per-rank entries of a distributed checkpoint.
-_RANK_KEYS = ("sampler", "rollout", "rng")
+_RANK_KEYS = ("sampler", "rollout", "rng", "collection_workers")
 
 
 @dataclasses.dataclass
@@ -76,7 +76,7 @@ def _to_cpu(value: Any) -> Any:
 
 
 def rank_view(state: Mapping[str, Any], dist: DistContext) -> dict[str, Any]:
-    """``state`` with this rank's ``sampler``, ``rollout`` and ``rng`` (distributed).
+    """``state`` with this rank's ``sampler``, ``rollout``, ``rng`` and collection workers.
 
     A checkpoint saved with another number of workers (or by one process) has no entries for
     this layout: every worker then starts fresh episodes (a warning says so).
@@ -92,7 +92,7 @@ def rank_view(state: Mapping[str, Any], dist: DistContext) -> dict[str, Any]:
             dist.world_size,
             saved.get("world_size", "one process"),
         )
-    return {**state, "sampler": None, "rollout": None}
+    return {**state, "sampler": None, "rollout": None, "collection_workers": None}
 
 
 @dataclasses.dataclass
@@ -135,7 +135,7 @@ class TrainerState:
             "wandb_run_id": self.run.wandb_run_id,
         }
         if self.dist.enabled:
-            ranks = gather_objects({k: _to_cpu(state[k]) for k in _RANK_KEYS})
+            ranks = gather_objects({k: _to_cpu(state.get(k)) for k in _RANK_KEYS})
             if ranks is not None:
                 state["distributed"] = {"world_size": self.dist.world_size, "ranks": ranks}
         return state

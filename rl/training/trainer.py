@@ -107,10 +107,11 @@ class OnPolicyTrainer:
         self.last_checkpoint: Path | None = None
         self._last_saved_step = -1
         # HARNESS: a collector that collects ahead (asynchronous collection workers) asks what
-        # follows each rollout, so that nothing is collected past a stage's or the run's budget.
+        # the coming updates collect, so that nothing is collected past a stage's or the run's
+        # budget.
         set_request_plan = getattr(collector, "set_request_plan", None)
         if set_request_plan is not None:
-            set_request_plan(self._following_request)
+            set_request_plan(self._request_ahead)
 
     # ---------------------------------------------------------------- views
     @property
@@ -155,7 +156,7 @@ class OnPolicyTrainer:
             t0 = time.perf_counter()
             rollout = self.collector.collect(self._rollout_request())
             self.metrics.add_rollout(rollout, time.perf_counter() - t0)
-            env_steps = self.stop.sync(rollout.num_steps * self.collector.num_envs, self.device)
+            env_steps = self.stop.sync(rollout.num_steps * rollout.storage.num_envs, self.device)
             # 2-3. Advantages and the stage's on-policy update, then its off-policy updates.
             if stage.loss_names:
                 self.metrics.add_update(
@@ -193,24 +194,27 @@ class OnPolicyTrainer:
         pipe = self.pipeline
         return self._request_at(pipe.current_stage_index, pipe.stage_steps)
 
-    def _following_request(self, num_steps: int) -> RolloutRequest | None:
-        """The request after the current rollout, of ``num_steps`` steps per environment.
+    def _request_ahead(self, updates: int) -> RolloutRequest | None:
+        """The request of the update ``updates`` after the current one (0: the current one).
 
         What an asynchronous collector collects while the learner updates: the stage's next
-        rollout (cut to its budget), or the next stage's first once the budget is spent, or
-        None when training ends after this rollout (the last budget is spent, or a stop was
-        requested). A stage ended by its early-stopping criterion is not foreseen.
+        rollouts (the last one cut to its budget), then the next stage's, or None past the
+        last budget or once a stop was requested. A stage ended early by its criterion is not
+        foreseen (the collector drops what it collected for the stage that follows it).
         """
         pipe = self.pipeline
-        if self.stop.stopping or pipe.finished:
+        if updates and (self.stop.stopping or pipe.finished):
             return None
-        index = pipe.current_stage_index
-        stage_steps = pipe.stage_steps + num_steps * self.collector.num_envs * self.dist.world_size
-        if stage_steps >= pipe.stages[index].max_stage_steps:
-            index, stage_steps = index + 1, 0
-        if index >= len(pipe.stages):
-            return None
-        return self._request_at(index, stage_steps)
+        request = self._rollout_request()
+        for _ in range(updates):
+            index = request.stage
+            stage_steps = request.stage_steps + request.num_steps * request.steps_per_step
+            if stage_steps >= pipe.stages[index].max_stage_steps:
+                index, stage_steps = index + 1, 0
+            if index >= len(pipe.stages):
+                return None
+            request = self._request_at(index, stage_steps)
+        return request
 
     def _request_at(self, stage_index: int, stage_steps: int) -> RolloutRequest:
         """Stage ``stage_index``'s rollout after ``stage_steps`` env steps, cut to its budget."""
@@ -224,6 +228,7 @@ class OnPolicyTrainer:
             teacher_forcing=stage.teacher_forcing,
             stage_steps=stage_steps,
             steps_per_step=steps_per_step,
+            stage=stage_index,
         )
 
     def _after_rollout(self, steps_before: int, stage_index: int) -> None:
