@@ -306,8 +306,6 @@ def test_a_raising_worker_names_itself_and_the_traceback(backend: str) -> None:
     assert 'debug.py", line' in text and "in _fail" in text  # the original traceback
 
 
-
-
 # ---------------------------------------------------------------------------- CLI
 def free_port() -> int:
     with socket.socket() as s:
