@@ -8,10 +8,18 @@ For the Ray rows it also prints the time split of the learner (collect = waiting
 update) from the run's own ``time/*`` metrics, and the bytes a rollout takes with and without
 compression.
 
+``--slow-worker``: instead, the straggler case of barrier-free async. Two process workers of
+8 environments each on ``rl.tasks.debug.SlowEnv`` (a trivial counter task, so that collection
+is the policy's cost), one of whose environments sleeps ``--delay`` s per step: worker 1 is a
+straggler. The barrier (``rollouts_per_update: null``: every worker's rollout each update) runs
+at worker 1's pace; barrier-free (``rollouts_per_update: 1``) updates on whichever rollout is
+ready first. Learner FPS (env steps the learner consumes per second), policy lag and drops.
+
 ``--smoke``: every layout with tiny budgets (512 env steps in 16-step rollouts), the MLP only,
 to check that the benchmark runs (``tests/test_bench.py``), not to measure.
 
     python bench/collector_fps.py [--steps 40960] [--workers 1] [--skip-sb3] [--smoke]
+    python bench/collector_fps.py --slow-worker [--delay 0.002] [--steps 81920]
 """
 
 from __future__ import annotations
@@ -30,13 +38,68 @@ def row(model: str, steps: int, overrides: list[str]) -> tuple[float, dict[str, 
     return train_fps.ours(model, steps, overrides, return_record=True)  # type: ignore[no-any-return]
 
 
+def slow_worker(steps: int, delay: float, max_policy_lag: int = 4) -> None:
+    """Barrier vs barrier-free async with one straggler worker (see the module docstring)."""
+    from rl.utils.seeding import worker_seeds
+
+    seed, envs = 1, train_fps.NUM_ENVS
+    slow_env = envs // 2  # worker 1's first environment
+    task = [
+        "task=gym",
+        "task._target_=rl.tasks.debug.SlowEnv",
+        "~task.env_id",
+        "~task.env_kwargs",
+        "~task.wrappers",
+        f"+task.delay={delay}",
+        f"+task.slow_seed={worker_seeds(envs, seed)[slow_env]}",
+        "+task.max_steps=50",
+    ]
+    common = [
+        f"seed={seed}",
+        *task,
+        "collector=process",
+        "collector.mode=async",
+        "collector.num_workers=2",
+        f"collector.max_policy_lag={max_policy_lag}",
+    ]
+    layouts = {
+        "barrier (every worker's rollout)": ["collector.rollouts_per_update=null"],
+        "barrier-free (first ready)": ["collector.rollouts_per_update=1"],
+    }
+    results = {}
+    for name, overrides in layouts.items():
+        results[name] = row("mlp", steps, [*common, *overrides])
+    print(
+        f"\nlearner FPS with a straggler: 2 process workers x {envs // 2} envs of "
+        f"rl.tasks.debug.SlowEnv, worker 1's env {slow_env} sleeping {delay * 1000:.1f} ms a step; "
+        f"MLP policy, {train_fps.NUM_STEPS}-step rollouts, max_policy_lag {max_policy_lag}, "
+        f"{steps:,} env steps each"
+    )
+    for name, (fps, m) in results.items():
+        print(
+            f"  {name:<34} {fps:>8,.0f} FPS | lag mean {m['collection/policy_lag']:.2f} max "
+            f"{m.get('collection/policy_lag_max', float('nan')):.0f}, dropped "
+            f"{m['collection/dropped']:.0f}"
+        )
+    (barrier, _), (free, _) = results.values()
+    print(f"  barrier-free / barrier: {free / barrier:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=train_fps.NUM_ENVS * train_fps.NUM_STEPS * 20)
     parser.add_argument("--workers", type=int, default=1, help="Ray collection workers")
     parser.add_argument("--skip-sb3", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="tiny budgets: check it runs")
+    parser.add_argument("--slow-worker", action="store_true", help="the straggler comparison")
+    parser.add_argument("--delay", type=float, default=0.002, help="--slow-worker: s per step")
     args = parser.parse_args()
+    if args.slow_worker:
+        torch.set_num_threads(1)
+        if args.smoke:
+            train_fps.use_smoke_rollouts()
+        slow_worker(train_fps.SMOKE["steps"] if args.smoke else args.steps * 2, args.delay)
+        return
     models: tuple[str, ...] = ("mlp", "nav_cnn_gru")
     if args.smoke:  # its defaults; flags given explicitly still win
         parser.set_defaults(steps=train_fps.SMOKE["steps"])

@@ -60,6 +60,8 @@ class SmokeRun:
 MODES: dict[str, list[tuple[str, ...]]] = {
     # The SIGTERM check and its evaluate.py run (the smoke run ends before 120 s: exit 0).
     "time_to_success.py": [(), ("--sigterm", "120")],
+    # The straggler comparison of barrier and barrier-free asynchronous collection.
+    "collector_fps.py": [(), ("--slow-worker",)],
 }
 RUNS = [SmokeRun(s.name, args) for s in SCRIPTS for args in MODES.get(s.name, [()])]
 # A test waits for the runs started before its own: at worst all of them, to the end.
@@ -112,6 +114,15 @@ TABLES: dict[str, list[str]] = {
             value=f"{NUM} FPS   {_SPLIT}{_RAY}",
         ),
         *_rows("stable-baselines3 PPO, MLP", value=f"{NUM} FPS"),
+    ],
+    "collector_fps --slow-worker": [
+        r"^learner FPS with a straggler: 2 process workers x 8 envs of rl.tasks.debug.SlowEnv, ",
+        *_rows(
+            "barrier (every worker's rollout)",
+            "barrier-free (first ready)",
+            value=rf"{NUM} FPS \| lag mean {NUM} max {NUM}, dropped {NUM}",
+        ),
+        rf"^  barrier-free / barrier: {NUM}x$",
     ],
     "continuous_vs_sb3": [
         rf"^PPO on Pendulum-v1, {NUM} env steps each \(8 envs x 256 steps, 10 epochs x 32 "

@@ -314,3 +314,53 @@ def test_two_learners_with_two_workers_each_learn_small_pointnav(
     )
     metrics = run.train(cfg)
     assert metrics["eval/success"] >= 0.9, metrics
+
+
+# ------------------------------------------------------------------ run-time hooks
+def test_replace_agent_component_swaps_environments_and_policy_of_running_workers() -> None:
+    spec = CollectionSpec(task=SMALL, sampler=SERIAL, model=MODEL, seed=2)
+    workers = make_set(spec, num_workers=2, mode="async")
+    try:
+        request = RolloutRequest(num_steps=20)
+        before = workers.collect(request)
+        assert max(e.metrics["length"] for e in before.episodes) > 4
+        # Environments: episodes of at most 4 steps from the next request on (in flight:
+        # one rollout per worker collected with the old ones).
+        workers.replace_agent_component("environments", {**SMALL, "max_steps": 4})
+        workers.collect(request)
+        after = workers.collect(request)
+        assert after.episodes and max(e.metrics["length"] for e in after.episodes) <= 4
+        # Policy: a wider GRU; the learner's new model's weights reach the workers.
+        wider = {**MODEL, "rnn_hidden_size": 16}
+        model = build_policy(wider, *task_spaces(SMALL))
+        workers.replace_agent_component("policy", wider, model=model)
+        workers.collect(request)
+        rollout = workers.collect(request)
+        assert rollout.storage["state", "h"].shape[-1] == 16
+        with pytest.raises(Exception, match="unknown agent component 'critic'"):
+            workers.replace_agent_component("critic", {})
+    finally:
+        workers.close()
+
+
+def test_update_storage_parameter_reaches_every_worker() -> None:
+    from rl.collection.worker import CollectionWorker
+
+    spec = CollectionSpec(
+        task=SMALL, sampler=SERIAL, model=MODEL, seed=2,
+        normalize={"observations": False, "rewards": True, "clip": 10.0, "gamma": 0.99,
+                   "epsilon": 1e-8},
+    )  # fmt: skip
+    worker = CollectionWorker(index=0, spec=spec, num_envs=2, env_offset=0)
+    try:
+        worker.update_storage_parameter("gamma", 0.5)
+        assert worker.normalizer is not None and worker.normalizer.settings.gamma == 0.5
+    finally:
+        worker.close()
+    workers = make_set(spec, num_workers=2, mode="sync")
+    try:
+        workers.update_storage_parameter("gamma", 0.5)  # every worker answers
+        with pytest.raises(Exception, match="collection worker 0: unknown storage parameter"):
+            workers.update_storage_parameter("gae_lambda", 0.9)
+    finally:
+        workers.close()

@@ -304,6 +304,17 @@ class InProcessCollector:
         values[idx] = out.values[0]
         return values
 
+    def replace_policy(self, model: Policy) -> None:
+        """Collect with ``model`` from now on; its recurrent state starts anew (as at a reset)."""
+        self.model = model
+        self.storage = None  # its fields may differ (the recurrent state's)
+        if self._carry is not None:
+            self._carry = dataclasses.replace(
+                self._carry,
+                state=model.initial_state(self.num_envs, self.device),
+                episode_starts=torch.ones_like(self._carry.episode_starts),
+            )
+
     def new_episodes(self) -> None:
         """AllenAct's forced scene advance: every environment starts a new episode now.
 

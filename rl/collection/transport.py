@@ -148,11 +148,14 @@ class RolloutAssembler:
         if len(steps) != 1:
             raise ValueError(f"workers' rollouts differ in length: {sorted(steps)}")
         t = steps.pop()
+        rows = [unpack_rows(p) for p in packed]
+        if self.storage is not None and not _fits(self.storage, rows[0]):
+            self.storage = None  # the fields changed (a replaced policy's state)
         storage = self._storage_for(t)
         storage.reset(t)
         next_value = torch.zeros(self.num_envs, device=self.device)
-        for p, envs in zip(packed, env_slices, strict=True):
-            storage.write_envs(envs, unpack_rows(p).to(self.device))
+        for p, part, envs in zip(packed, rows, env_slices, strict=True):
+            storage.write_envs(envs, part.to(self.device))
             next_value[envs] = _tensor(_array(p["next_value"])).to(self.device)
         storage.step = t
         stats = ScalarMeanTracker()
@@ -167,3 +170,15 @@ class RolloutAssembler:
             env_seconds=max(float(p["env_seconds"]) for p in packed),
             inference_seconds=max(float(p["inference_seconds"]) for p in packed),
         )
+
+
+def _fits(storage: RolloutStorage, rows: TensorDict) -> bool:
+    """Whether every field of ``rows`` has the shape and dtype of ``storage``'s, where present."""
+    for key, value in rows.items(include_nested=True, leaves_only=True):
+        try:
+            buf = storage[key]
+        except KeyError:
+            continue
+        if buf.shape[2:] != value.shape[2:] or buf.dtype != value.dtype:
+            return False
+    return True

@@ -13,6 +13,11 @@ state carried across rollouts, the sampler's episodes in flight). The learner dr
 - :meth:`~CollectionWorker.update_algorithm_parameter` changes a collection setting at run time
   (a stage's ``num_steps``, its teacher-forcing schedule and position): stage changes reach the
   workers this way;
+- :meth:`~CollectionWorker.update_storage_parameter` changes what the worker computes its
+  stored data with (``gamma``: the discount of reward normalisation's returns);
+- :meth:`~CollectionWorker.replace_agent_component` swaps the policy (a model config: the
+  learner then sends weights that fit it) or the environments (a task config: fresh episodes of
+  the same environment seeds) of a running worker, PyTorchRL's run-time hook;
 - :meth:`~CollectionWorker.stop_collecting` (its own concurrency group, so it is served while a
   rollout is being collected) ends the current rollout early once ``min_rollout_frac`` of it is
   done (the straggler rule of ``fraction_samples``);
@@ -48,6 +53,10 @@ from rl.utils.seeding import rng_state, set_rng_state, set_seed
 
 # Collection settings a learner may change at run time (`update_algorithm_parameter`).
 ALGORITHM_PARAMETERS = tuple(f.name for f in dataclasses.fields(RolloutRequest))
+# What a worker computes its stored data with (`update_storage_parameter`).
+STORAGE_PARAMETERS = ("gamma",)
+# What `replace_agent_component` replaces.
+AGENT_COMPONENTS = ("policy", "environments")
 
 
 class StopRequest:
@@ -120,31 +129,39 @@ class CollectionWorker:
         self.index = index
         self.spec = spec
         self.compress = compress
+        self.num_envs, self.env_offset = num_envs, env_offset
         set_seed(spec.seed)
         self.model = build_policy(spec.model, *task_spaces(spec.task))
         if index:
             set_seed(spec.seed + index)
-        sampler = build_sampler(
-            spec.sampler,
-            task=spec.task,
-            seed=spec.seed,
-            num_envs=num_envs,
-            env_offset=spec.env_offset + env_offset,
-            total_envs=spec.total_envs or spec.env_offset + spec.num_envs,
-        )
         self.stop_request = None if min_rollout_frac is None else StopRequest(min_rollout_frac)
+        sampler = self._sampler(spec.task)
         # The learner merges the statistics (every worker's moments) and sends them back.
         self.normalizer = spec.build_normalizer(sampler.observation_space)
-        self.collector = InProcessCollector(
+        self.collector = self._collector(sampler)
+        self.request = RolloutRequest(num_steps=1)
+        self.actor_version = 0
+        self.rollouts = 0
+
+    def _sampler(self, task: Mapping[str, Any]) -> Any:
+        spec = self.spec
+        return build_sampler(
+            spec.sampler,
+            task=dict(task),
+            seed=spec.seed,
+            num_envs=self.num_envs,
+            env_offset=spec.env_offset + self.env_offset,
+            total_envs=spec.total_envs or spec.env_offset + spec.num_envs,
+        )
+
+    def _collector(self, sampler: Any) -> InProcessCollector:
+        return InProcessCollector(
             model=self.model,
             sampler=sampler,
             preemption=self.stop_request,
             normalizer=self.normalizer,
             update_normalizer=False,
         )
-        self.request = RolloutRequest(num_steps=1)
-        self.actor_version = 0
-        self.rollouts = 0
 
     def pid(self) -> int:
         """The worker's process id."""
@@ -171,6 +188,47 @@ class CollectionWorker:
                 f"(known: {', '.join(ALGORITHM_PARAMETERS)})"
             )
         self.request = dataclasses.replace(self.request, **{name: value})
+
+    def update_storage_parameter(self, name: str, value: Any) -> None:
+        """Change what the worker computes its stored data with (:data:`STORAGE_PARAMETERS`).
+
+        ``gamma``: the discount of the returns whose std scales the rewards (reward
+        normalisation; without it the value is kept and has no effect).
+        """
+        if name not in STORAGE_PARAMETERS:
+            raise ValueError(
+                f"collection worker {self.index}: unknown storage parameter {name!r} "
+                f"(known: {', '.join(STORAGE_PARAMETERS)})"
+            )
+        if self.normalizer is not None:
+            self.normalizer.settings = dataclasses.replace(
+                self.normalizer.settings, **{name: float(value)}
+            )
+
+    def replace_agent_component(self, name: str, config: Mapping[str, Any]) -> None:
+        """Replace the worker's ``policy`` or ``environments`` (:data:`AGENT_COMPONENTS`).
+
+        Args:
+            name: ``policy``: ``config`` is a model config (``conf/model``); the new policy
+                collects once the learner sends weights that fit it. ``environments``:
+                ``config`` is a task config; the worker's environments are closed and rebuilt
+                from it with the same seeds (fresh episodes; the policy's state starts anew).
+            config: The new component's plain config.
+        """
+        if name not in AGENT_COMPONENTS:
+            raise ValueError(
+                f"collection worker {self.index}: unknown agent component {name!r} "
+                f"(known: {', '.join(AGENT_COMPONENTS)})"
+            )
+        if name == "policy":
+            self.spec = dataclasses.replace(self.spec, model=dict(config))
+            self.model = build_policy(self.spec.model, *task_spaces(self.spec.task))
+            self.collector.replace_policy(self.model)
+            return
+        self.spec = dataclasses.replace(self.spec, task=dict(config))
+        sampler = self._sampler(self.spec.task)
+        self.collector.close()
+        self.collector = self._collector(sampler)
 
     def stop_collecting(self, rollout_index: int) -> None:
         """End rollout ``rollout_index`` early (ignored once it is over).

@@ -403,6 +403,44 @@ class CollectionWorkerSet:
             refs.append(self.actors.call(i, "collect_data"))
         return refs
 
+    # ------------------------------------------------------------ run-time hooks
+    def update_storage_parameter(self, name: str, value: Any) -> None:
+        """``update_storage_parameter`` on every worker (e.g. ``gamma``; checked at once)."""
+        self._gather(
+            self._call_all("update_storage_parameter", name, value),
+            what=f"updating storage parameter {name}",
+        )
+
+    def replace_agent_component(
+        self, name: str, config: Mapping[str, Any], model: Policy | None = None
+    ) -> None:
+        """Replace every worker's ``policy`` or ``environments`` (PyTorchRL's hook).
+
+        Args:
+            name: ``policy`` or ``environments`` (see
+                :meth:`~rl.collection.worker.CollectionWorker.replace_agent_component`).
+            config: The new component's plain config (a model or a task config).
+            model: ``policy``: the learner's new policy, built from ``config``; its weights
+                go to the workers with their next request.
+
+        Asynchronous collection: the rollouts in flight finish with the old component.
+        """
+        if name == "policy":
+            if model is None:
+                raise ValueError("replace_agent_component('policy'): pass the learner's model")
+            self.model = model
+            self.spec = dataclasses.replace(self.spec, model=dict(config))
+            self.assembler.storage = None  # its fields may differ (the recurrent state's)
+        elif name == "environments":
+            self.spec = dataclasses.replace(self.spec, task=dict(config))
+        self._gather(
+            self._call_all("replace_agent_component", name, dict(config)),
+            what=f"replacing its {name}",
+            budget=None if self.timeout is None else max(self._budget() or 0.0, START_TIMEOUT_S),
+        )
+        self._versions = [-1] * self.num_workers  # the (new) weights go with the next request
+        self._shared = None
+
     def set_request_plan(self, plan: Callable[[int], RolloutRequest | None]) -> None:
         """Tell asynchronous collection what to collect ahead (the trainer's budget).
 
