@@ -71,8 +71,8 @@ def slow_worker(steps: int, delay: float, max_policy_lag: int = 4) -> None:
         results[name] = row("mlp", steps, [*common, *overrides])
     print(
         f"\nlearner FPS with a straggler: 2 process workers x {envs // 2} envs of "
-        f"rl.tasks.debug.SlowEnv, worker 1's env {slow_env} sleeping {delay * 1000:.1f} ms a step; "
-        f"MLP policy, {train_fps.NUM_STEPS}-step rollouts, max_policy_lag {max_policy_lag}, "
+        f"rl.tasks.debug.SlowEnv, worker 1's env {slow_env} sleeping {delay * 1000:.1f} ms a "
+        f"step; MLP policy, {train_fps.NUM_STEPS}-step rollouts, max_policy_lag {max_policy_lag}, "
         f"{steps:,} env steps each"
     )
     for name, (fps, m) in results.items():
