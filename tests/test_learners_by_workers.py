@@ -29,7 +29,6 @@ from rl.distributed import DistContext
 from rl.distributed.launch import free_port, spawn_workers
 from rl.distributed.settings import DistributedSettings
 from rl.distributed.setup import checksums_across_ranks, teardown
-from rl.engine import run
 from rl.engine.run import _train_worker
 from rl.loggers import MetricsLogger
 from rl.losses import PPOLoss
@@ -289,31 +288,6 @@ def test_a_killed_worker_of_rank_1_names_the_rank_and_leaves_no_process(
     while time.monotonic() < deadline and left():
         time.sleep(0.1)
     assert not left(), [p.cmdline() for p in left()]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("collector", ["process", "ray"])
-def test_two_learners_with_two_workers_each_learn_small_pointnav(
-    collector: str, compose_cfg: Any
-) -> None:
-    """2 DDP learners x 2 collection workers each, on the learning test's nav_small budget."""
-    cfg = compose_cfg(
-        [
-            "+experiment=ppo_nav",
-            "task=nav_small",
-            "total_env_steps=200_000",
-            "sampler.num_envs=8",  # per rank: 2 ranks x 8 = ppo_nav's 16 in all
-            "torch_threads=1",
-            "eval.num_episodes=100",
-            "distributed=ddp",
-            "distributed.workers=2",
-            f"collector={collector}",
-            "collector.num_workers=2",
-            "logger.sinks.console.progress_bar=false",
-        ]
-    )
-    metrics = run.train(cfg)
-    assert metrics["eval/success"] >= 0.9, metrics
 
 
 # ------------------------------------------------------------------ run-time hooks

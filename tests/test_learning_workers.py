@@ -1,0 +1,62 @@
+"""Learning with collection workers: 2 DDP learners x 2 workers each (process and Ray), and
+V-trace on barrier-free asynchronous data, each on the learning test's nav_small budget.
+
+In a module of their own so that the test processes run them beside the other worker tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rl.engine import run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("collector", ["process", "ray"])
+def test_two_learners_with_two_workers_each_learn_small_pointnav(
+    collector: str, compose_cfg: Any
+) -> None:
+    """2 DDP learners x 2 collection workers each, on the learning test's nav_small budget."""
+    cfg = compose_cfg(
+        [
+            "+experiment=ppo_nav",
+            "task=nav_small",
+            "total_env_steps=200_000",
+            "sampler.num_envs=8",  # per rank: 2 ranks x 8 = ppo_nav's 16 in all
+            "torch_threads=1",
+            "eval.num_episodes=100",
+            "distributed=ddp",
+            "distributed.workers=2",
+            f"collector={collector}",
+            "collector.num_workers=2",
+            "logger.sinks.console.progress_bar=false",
+        ]
+    )
+    metrics = run.train(cfg)
+    assert metrics["eval/success"] >= 0.9, metrics
+
+
+@pytest.mark.slow
+def test_vtrace_with_barrier_free_async_learns_small_pointnav(compose_cfg: Any) -> None:
+    """V-trace advantages on data up to 4 versions old (2 workers, one rollout per update)."""
+    cfg = compose_cfg(
+        [
+            "+experiment=ppo_nav",
+            "task=nav_small",
+            "total_env_steps=200_000",
+            "torch_threads=1",
+            "eval.num_episodes=100",
+            "collector=process",
+            "collector.num_workers=2",
+            "collector.rollouts_per_update=1",
+            "collector.max_policy_lag=4",
+            "pipeline.advantage=vtrace",
+            "pipeline.num_mini_batch=2",  # 8 environments per update
+            "logger.sinks.console.progress_bar=false",
+        ]
+    )
+    metrics = run.train(cfg)
+    assert metrics["collection/policy_lag_max"] <= 4, metrics
+    assert metrics["eval/success"] >= 0.9, metrics
