@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
+from test_learning import STOP_ONCE_LEARNED
 
 from rl.checkpoints import latest_checkpoint, load_checkpoint
 from rl.collection import CollectionSpec, RolloutRequest
@@ -255,6 +256,7 @@ def test_async_collection_workers_learn_small_pointnav(
             "collector=ray",
             "collector.mode=async",
             "collector.num_workers=2",
+            STOP_ONCE_LEARNED,
             "logger.sinks.console.progress_bar=false",
         ]
     )

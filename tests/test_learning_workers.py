@@ -1,5 +1,6 @@
 """Learning with collection workers: 2 DDP learners x 2 workers each (process and Ray), and
-V-trace on barrier-free asynchronous data, each on the learning test's nav_small budget.
+V-trace on barrier-free asynchronous data, each on the learning test's nav_small budget (an
+upper bound: the stage ends once training success reaches 0.97, ``STOP_ONCE_LEARNED``).
 
 In a module of their own so that the test processes run them beside the other worker tests.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from test_learning import STOP_ONCE_LEARNED
 
 from rl.engine import run
 
@@ -27,6 +29,7 @@ def test_two_learners_with_two_workers_each_learn_small_pointnav(
             "sampler.num_envs=8",  # per rank: 2 ranks x 8 = ppo_nav's 16 in all
             "torch_threads=1",
             "eval.num_episodes=100",
+            STOP_ONCE_LEARNED,
             "distributed=ddp",
             "distributed.workers=2",
             f"collector={collector}",
@@ -48,6 +51,7 @@ def test_vtrace_with_barrier_free_async_learns_small_pointnav(compose_cfg: Any) 
             "total_env_steps=200_000",
             "torch_threads=1",
             "eval.num_episodes=100",
+            STOP_ONCE_LEARNED,
             "collector=process",
             "collector.num_workers=2",
             "collector.rollouts_per_update=1",
