@@ -14,17 +14,21 @@
     settings (16 envs x 128 steps, 4 epochs x 4 minibatches, 32-step BPTT chunks, one torch
     thread per process), in the two regimes a run goes through: ``ppo_nav3d`` from scratch (a
     random policy stops after ~4 steps, so resets dominate) and ``dagger_ppo_nav3d``'s imitation
-    stage with the expert acting (episodes as long as a navigating agent's).
+    stage with the expert acting (episodes as long as a navigating agent's). Beside each row, the
+    raw limit of the same layout (the same processes and environments, no policy, no learner)
+    stepped with that regime's actions, measured in the same run: uniformly random over all four
+    actions (what a fresh policy does: the same episode lengths, resets included) or the
+    shortest-path expert's; and the training FPS as a share of it.
 
 A layout that switches the experiment's collector (``collector=local`` where the experiments run
 ``collector=process``) gets that collector's own settings, not the experiment's for its process
 workers (``train_fps.compose_run``).
 
 ``--smoke``: tiny budgets (4 environments, 128 env steps in 16-step rollouts, 0.5 s of raw
-stepping), every raw row; for training, the first regime in the smallest layout of each kind
-(serial and multiprocess sampler, 1 process worker (async), Ray workers (sync)), the second in
-the serial layout only: to check that the benchmark runs (``tests/test_bench.py``), not to
-measure.
+stepping), every raw row of (a); for training, the first regime in the smallest layout of each
+kind (serial and multiprocess sampler, 1 process worker (async)), the second in the serial
+layout only, each with its raw limit: to check that the benchmark runs
+(``tests/test_bench.py``), not to measure.
 
     python bench/nav3d_fps.py [--raw-seconds 10] [--steps 12288] [--skip-train] [--skip-raw]
                              [--regime short|long] [--smoke]
@@ -61,15 +65,29 @@ SMOKE_TRAIN = [
 TASK: dict[str, Any] = yaml.safe_load((ROOT / "conf" / "task" / "nav3d.yaml").read_text())
 
 
-def _step_for(sampler: Any, num_envs: int, seconds: float) -> tuple[int, float]:
-    """Step ``sampler`` with random turn/forward actions for ``seconds``: (steps, elapsed)."""
-    actions = np.random.default_rng(0).integers(0, 3, size=(4096, num_envs))
-    sampler.reset()
+# The actions a raw run steps with: random turn/forward (no STOP: episodes run to max_steps, the
+# stepping cost), or a regime's: uniformly random over all four (a fresh policy's episodes) or
+# the shortest-path expert's (a navigating agent's).
+ACTIONS = ("walk", "fresh", "expert")
+
+
+def _step_for(
+    sampler: Any, num_envs: int, seconds: float, actions: str = "walk"
+) -> tuple[int, float]:
+    """Step ``sampler`` with ``actions`` (one of ``ACTIONS``) for ``seconds``: (steps, elapsed)."""
+    high = 3 if actions == "walk" else 4
+    table = np.random.default_rng(0).integers(0, high, size=(4096, num_envs))
+    _, expert = sampler.reset()
+
+    def act(t: int) -> np.ndarray:
+        # -1: an environment without an expert action (none here): forward.
+        return np.where(expert < 0, 2, expert) if actions == "expert" else table[t % 4096]
+
     for t in range(20):  # warm-up (textures, first frames)
-        sampler.step(actions[t])
+        expert = sampler.step(act(t)).expert_actions
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        sampler.step(actions[steps % 4096])
+        expert = sampler.step(act(steps)).expert_actions
         steps += 1
     return steps * num_envs, time.perf_counter() - start
 
@@ -89,14 +107,14 @@ class RawStepper:
     def pid(self) -> int:
         return os.getpid()
 
-    def run(self, seconds: float) -> tuple[int, float]:
-        return _step_for(self.sampler, self.num_envs, seconds)
+    def run(self, seconds: float, actions: str = "walk") -> tuple[int, float]:
+        return _step_for(self.sampler, self.num_envs, seconds, actions)
 
     def close(self) -> None:
         self.sampler.close()
 
 
-def raw_in_process(kind: str, seconds: float) -> float:
+def raw_in_process(kind: str, seconds: float, actions: str = "walk") -> float:
     from rl.sampling import MultiprocessSampler, SerialSampler
 
     if kind == "serial":
@@ -104,11 +122,11 @@ def raw_in_process(kind: str, seconds: float) -> float:
     else:
         sampler = MultiprocessSampler(task=TASK, num_processes=2, num_envs=NUM_ENVS, seed=0)
     with sampler:
-        steps, elapsed = _step_for(sampler, NUM_ENVS, seconds)
+        steps, elapsed = _step_for(sampler, NUM_ENVS, seconds, actions)
     return steps / elapsed
 
 
-def raw_workers(backend: str, seconds: float, workers: int = 2) -> float:
+def raw_workers(backend: str, seconds: float, workers: int = 2, actions: str = "walk") -> float:
     """Steps/s of ``workers`` actors stepping at once: their steps / the wall time of all."""
     from rl.collection.actors import ProcessActors, RayActors
 
@@ -122,9 +140,9 @@ def raw_workers(backend: str, seconds: float, workers: int = 2) -> float:
         actors = ProcessActors(RawStepper, kwargs, start_timeout=300)
     try:
         for i in range(workers):  # warm-up (textures, first frames), then all at once
-            actors.get(actors.call(i, "run", min(1.0, seconds)), i)
+            actors.get(actors.call(i, "run", min(1.0, seconds), actions), i)
         start = time.perf_counter()
-        calls = [actors.call(i, "run", seconds) for i in range(workers)]
+        calls = [actors.call(i, "run", seconds, actions) for i in range(workers)]
         results = [actors.get(c, i) for i, c in enumerate(calls)]
         elapsed = time.perf_counter() - start
     finally:
@@ -158,27 +176,44 @@ LAYOUTS: dict[str, list[str]] = {
         "collector.cpus_per_worker=1",
     ],
 }
+# The raw layout of each training layout: the same processes stepping the same environments.
+RAW_LAYOUT: dict[str, tuple[str, int]] = {
+    "serial sampler, in-process": ("serial", 1),
+    "multiprocess sampler (2 procs)": ("multiprocess", 2),
+    "1 process worker, async": ("process", 1),
+    "2 process workers, sync": ("process", 2),
+    "2 process workers, async": ("process", 2),
+    "2 Ray workers, sync": ("ray", 2),
+}
 # --smoke's layouts, by regime: the first regime in the smallest layout of each kind (each
-# sampler, each worker backend, sync and async), the second in the first layout only.
+# sampler, process workers; Ray's raw row is in (a)), the second in the first layout only.
 SMOKE_LAYOUTS = [
     [
         "serial sampler, in-process",
         "multiprocess sampler (2 procs)",
         "1 process worker, async",
-        "2 Ray workers, sync",
     ],
     ["serial sampler, in-process"],
 ]
 
 
-def regimes(steps: int) -> dict[str, tuple[str, list[str]]]:
-    """The two episode-length regimes training goes through: (experiment, its overrides)."""
+def raw(kind: str, workers: int, seconds: float, actions: str = "walk") -> float:
+    """Raw steps/s of a layout: ``kind`` (``RAW_LAYOUT``'s) with ``workers`` processes."""
+    if kind in ("serial", "multiprocess"):
+        return raw_in_process(kind, seconds, actions)
+    return raw_workers(kind, seconds, workers, actions)
+
+
+def regimes(steps: int) -> dict[str, tuple[str, str, list[str]]]:
+    """The two episode-length regimes training goes through: (experiment, the raw limit's
+    actions, the experiment's overrides)."""
     return {
         # A fresh policy takes STOP a quarter of the time: episodes of ~4 steps, resets dominate.
-        "ppo_nav3d from scratch (short episodes)": ("ppo_nav3d", []),
+        "ppo_nav3d from scratch (short episodes)": ("ppo_nav3d", "fresh", []),
         # The expert acts (teacher forcing 1): episodes as long as a navigating agent's.
         "dagger_ppo_nav3d imitation (expert-length episodes)": (
             "dagger_ppo_nav3d",
+            "expert",
             [
                 "pipeline.stages=[{_target_:rl.pipeline.PipelineStage,loss_names:[imitation],"
                 f"max_stage_steps:{steps},teacher_forcing:{{_target_:rl.pipeline.LinearDecay,"
@@ -204,26 +239,27 @@ def main() -> None:
         NUM_ENVS = 4
     torch.set_num_threads(1)
     half = f"2 x {NUM_ENVS // 2} envs"
-    raw = (
+    stepping = (
         {}
         if args.skip_raw
         else {
             f"serial (1 process, {NUM_ENVS} envs)": raw_in_process("serial", args.raw_seconds),
-            f"multiprocess sampler ({half})": raw_in_process("mp", args.raw_seconds),
-            f"process workers ({half})": raw_workers("process", args.raw_seconds),
-            f"Ray workers ({half})": raw_workers("ray", args.raw_seconds),
+            f"multiprocess sampler ({half})": raw("multiprocess", 2, args.raw_seconds),
+            f"process workers ({half})": raw("process", 2, args.raw_seconds),
+            f"Ray workers ({half})": raw("ray", 2, args.raw_seconds),
         }
     )
-    if raw:
+    if stepping:
         print(f"\n(a) raw steps/s, rl/PointNav3D-v0, {NUM_ENVS} envs, random turn/forward actions")
-    for name, value in raw.items():
+    for name, value in stepping.items():
         print(f"  {name:<40} {value:>8,.0f} steps/s")
     if args.skip_train:
         return
-    for i, (regime, (experiment, extra)) in enumerate(regimes(args.steps).items()):
+    for i, (regime, (experiment, actions, extra)) in enumerate(regimes(args.steps).items()):
         if args.regime and not regime.startswith("ppo" if args.regime == "short" else "dagger"):
             continue
-        fps = {}
+        fps: dict[str, float] = {}
+        limits: dict[tuple[str, int], float] = {}  # raw limit by raw layout, this regime
         for name, overrides in LAYOUTS.items():
             if args.smoke and name not in SMOKE_LAYOUTS[i]:
                 continue
@@ -231,10 +267,20 @@ def main() -> None:
             fps[name] = train_fps.ours(
                 None, args.steps, [*smoke, *overrides, *extra], experiment=experiment
             )
-            print(f"  ... {regime}, {name}: {fps[name]:,.0f} FPS", flush=True)
-        print(f"\n(b) {regime}: training FPS, {args.steps:,} env steps each (last 3/4)")
+            layout = RAW_LAYOUT[name]
+            if layout not in limits:
+                limits[layout] = raw(*layout, args.raw_seconds, actions)
+            print(
+                f"  ... {regime}, {name}: {fps[name]:,.0f} FPS, raw {limits[layout]:,.0f}",
+                flush=True,
+            )
+        print(
+            f"\n(b) {regime}: training FPS, {args.steps:,} env steps each (last 3/4), and the "
+            f"raw limit of the same layout ({actions} actions)"
+        )
         for name, value in fps.items():
-            print(f"  {name:<40} {value:>8,.0f} FPS")
+            limit = limits[RAW_LAYOUT[name]]
+            print(f"  {name:<40} {value:>8,.0f} FPS of {limit:>8,.0f} raw  {value / limit:>4.0%}")
 
 
 if __name__ == "__main__":

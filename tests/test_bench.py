@@ -92,7 +92,6 @@ _NAV3D_LAYOUTS = [
     "serial sampler, in-process",
     "multiprocess sampler (2 procs)",
     "1 process worker, async",
-    "2 Ray workers, sync",
 ]
 # What each run's table looks like: patterns that must each match a line of its stdout.
 TABLES: dict[str, list[str]] = {
@@ -162,7 +161,7 @@ TABLES: dict[str, list[str]] = {
         ),
         r"^\(b\) ppo_nav3d from scratch \(short episodes\): training FPS, 128 env steps each",
         r"^\(b\) dagger_ppo_nav3d imitation \(expert-length episodes\): training FPS, 128 env ",
-        *_rows(*_NAV3D_LAYOUTS, value=f"{NUM} FPS"),
+        *_rows(*_NAV3D_LAYOUTS, value=rf"{NUM} FPS of\s+{NUM} raw\s+{NUM}%"),
     ],
     "profile_split": [
         r"^ppo_nav .*: ms per 1,000 env steps \(1 rollouts profiled\)$",
