@@ -8,7 +8,9 @@
     - multiprocess: ``sampler=multiprocess`` with 2 worker processes x 8 environments;
     - process workers / Ray workers: 2 collection-worker processes (``collector=process``'s
       backend, or Ray actors as ``collector=ray``) each stepping its own 8 environments in a
-      serial sampler, all at once.
+      serial sampler, all at once;
+    and the mean time of one environment's reset. ``--episodes-per-floorplan K`` sets the
+    task's ``episodes_per_floorplan`` in every row (scenes kept for K episodes: cheaper resets).
 (b) Training FPS in each layout (sampler or collection workers), over the last three quarters
     of ``--steps`` env steps (``bench/train_fps.py``'s measurement), with the experiments' own
     settings (16 envs x 128 steps, 4 epochs x 4 minibatches, 32-step BPTT chunks, one torch
@@ -31,7 +33,7 @@ layout only, each with its raw limit: to check that the benchmark runs
 (``tests/test_bench.py``), not to measure.
 
     python bench/nav3d_fps.py [--raw-seconds 10] [--steps 12288] [--skip-train] [--skip-raw]
-                             [--regime short|long] [--smoke]
+                             [--regime short|long] [--episodes-per-floorplan K] [--smoke]
 """
 
 from __future__ import annotations
@@ -112,6 +114,23 @@ class RawStepper:
 
     def close(self) -> None:
         self.sampler.close()
+
+
+def reset_ms(resets: int = 200) -> float:
+    """Mean wall time of one environment's unseeded reset, milliseconds (after 10 warm-up)."""
+    from rl.tasks.nav3d import PointNav3DEnv
+
+    env = PointNav3DEnv(**{k: v for k, v in TASK.items() if k != "_target_"})
+    try:
+        env.reset(seed=0)
+        for _ in range(10):
+            env.reset()
+        start = time.perf_counter()
+        for _ in range(resets):
+            env.reset()
+        return (time.perf_counter() - start) / resets * 1000
+    finally:
+        env.close()
 
 
 def raw_in_process(kind: str, seconds: float, actions: str = "walk") -> float:
@@ -231,6 +250,12 @@ def main() -> None:
     parser.add_argument("--skip-train", action="store_true")
     parser.add_argument("--skip-raw", action="store_true")
     parser.add_argument("--regime", choices=("short", "long"), default=None, help="only this one")
+    parser.add_argument(
+        "--episodes-per-floorplan",
+        type=int,
+        default=TASK.get("episodes_per_floorplan", 1),
+        help="the task's episodes_per_floorplan, in every row (default: conf/task/nav3d.yaml's)",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny budgets: check it runs")
     args = parser.parse_args()
     if args.smoke:  # its defaults; flags given explicitly still win
@@ -238,6 +263,8 @@ def main() -> None:
         args = parser.parse_args()
         NUM_ENVS = 4
     torch.set_num_threads(1)
+    TASK["episodes_per_floorplan"] = args.episodes_per_floorplan
+    task_override = [f"task.episodes_per_floorplan={args.episodes_per_floorplan}"]
     half = f"2 x {NUM_ENVS // 2} envs"
     stepping = (
         {}
@@ -250,9 +277,14 @@ def main() -> None:
         }
     )
     if stepping:
-        print(f"\n(a) raw steps/s, rl/PointNav3D-v0, {NUM_ENVS} envs, random turn/forward actions")
-    for name, value in stepping.items():
-        print(f"  {name:<40} {value:>8,.0f} steps/s")
+        print(
+            f"\n(a) raw steps/s, rl/PointNav3D-v0, {NUM_ENVS} envs, random turn/forward actions, "
+            f"episodes_per_floorplan={args.episodes_per_floorplan}"
+        )
+        for name, value in stepping.items():
+            print(f"  {name:<40} {value:>8,.0f} steps/s")
+        resets = 20 if args.smoke else 200
+        print(f"  {f'reset (mean of {resets}, one env)':<40} {reset_ms(resets):>8.2f} ms")
     if args.skip_train:
         return
     for i, (regime, (experiment, actions, extra)) in enumerate(regimes(args.steps).items()):
@@ -265,7 +297,10 @@ def main() -> None:
                 continue
             smoke = SMOKE_TRAIN if args.smoke else []
             fps[name] = train_fps.ours(
-                None, args.steps, [*smoke, *overrides, *extra], experiment=experiment
+                None,
+                args.steps,
+                [*smoke, *overrides, *task_override, *extra],
+                experiment=experiment,
             )
             layout = RAW_LAYOUT[name]
             if layout not in limits:

@@ -152,13 +152,14 @@ TABLES: dict[str, list[str]] = {
         ),
     ],
     "nav3d_fps": [
-        r"^\(a\) raw steps/s, rl/PointNav3D-v0, 4 envs, random turn/forward actions$",
+        r"^\(a\) raw steps/s, rl/PointNav3D-v0, 4 envs, random turn/forward actions, ",
         *_rows("serial (1 process, 4 envs)", value=f"{NUM} steps/s"),
         *_rows(
             *(f"{kind} (2 x 2 envs)" for kind in ("multiprocess sampler", "process workers")),
             "Ray workers (2 x 2 envs)",
             value=f"{NUM} steps/s",
         ),
+        *_rows("reset (mean of 20, one env)", value=f"{NUM} ms"),
         r"^\(b\) ppo_nav3d from scratch \(short episodes\): training FPS, 128 env steps each",
         r"^\(b\) dagger_ppo_nav3d imitation \(expert-length episodes\): training FPS, 128 env ",
         *_rows(*_NAV3D_LAYOUTS, value=rf"{NUM} FPS of\s+{NUM} raw\s+{NUM}%"),

@@ -234,6 +234,75 @@ def test_splits_hold_disjoint_floorplans(task: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------- gymnasium, errors
+# ------------------------------------------------------------------------- floorplan reuse
+def test_floorplans_are_kept_for_episodes_per_floorplan_unseeded_episodes() -> None:
+    env = make_env(episodes_per_floorplan=3)
+    try:
+        env.reset(seed=5)
+        keys, goals = [Floorplan.key(env.plan)], [env.goal.copy()]
+        for _ in range(6):
+            env.reset()
+            keys.append(Floorplan.key(env.plan))
+            goals.append(env.goal.copy())
+        assert keys[0] == keys[1] == keys[2] != keys[3]  # three episodes on each floorplan
+        assert keys[3] == keys[4] == keys[5] != keys[6]
+        assert len({tuple(g) for g in goals}) > 1  # new goals on the same floorplan
+        env.reset()
+        env.reset(seed=5)  # a seeded reset draws a floorplan at once: the same as the first
+        assert Floorplan.key(env.plan) == keys[0]
+        np.testing.assert_array_equal(env.goal, goals[0])
+    finally:
+        env.close()
+
+
+def test_a_reused_scene_renders_what_a_fresh_build_renders() -> None:
+    # The first frame of an episode on a kept floorplan (the agent moved, nothing rebuilt)
+    # equals the frame of the same plan and pose built from scratch in another env.
+    kept, fresh = make_env(episodes_per_floorplan=2), make_env()
+    try:
+        kept.reset(seed=3)
+        for _ in range(4):
+            kept.step(2)
+        obs, _ = kept.reset()  # second episode, same floorplan
+        assert kept.plan is not None
+        start, heading = kept.world.position(), kept.world.heading()
+        rebuilt = fresh.world.build(kept.plan, start, heading)
+        np.testing.assert_array_equal(obs["rgb"], rebuilt)
+    finally:
+        kept.close()
+        fresh.close()
+
+
+def test_a_sampler_resumes_episodes_on_kept_floorplans_exactly() -> None:
+    from rl.sampling import SerialSampler
+
+    task = {**SMALL, "episodes_per_floorplan": 3, "max_steps": 12}
+    actions = np.random.default_rng(0).integers(0, 4, size=(400, 2))
+    a = SerialSampler(task=task, num_envs=2, seed=4)
+    b = SerialSampler(task=task, num_envs=2, seed=4)
+
+    def on_a_kept_floorplan(episode: dict[str, Any]) -> bool:  # its reset reused the floorplan
+        return episode["seed"] is None and 0 < episode["env_state"]["plan_episodes"] < 3
+
+    try:
+        a.reset()
+        t = 0
+        while not all(map(on_a_kept_floorplan, a.state_dict()["episodes"])):
+            a.step(actions[t])
+            t += 1
+        a.step(actions[t])  # an action into the episode, replayed on restore
+        state = a.state_dict()
+        b.load_state_dict(state)
+        for u in range(t + 1, t + 60):
+            x, y = a.step(actions[u]), b.step(actions[u])
+            for key in x.obs:
+                np.testing.assert_array_equal(x.obs[key], y.obs[key])
+            np.testing.assert_array_equal(x.rewards, y.rewards)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_gymnasium_env_checker() -> None:
     env = make_env(render_mode="rgb_array")
     try:
@@ -302,6 +371,7 @@ def test_gps_compass_points_at_the_goal(small_env: PointNav3DEnv) -> None:
         ({"forward_step": 0.0}, "forward_step"),
         ({"split": "validation"}, "split"),
         ({"rooms": [0, 2]}, "rooms"),
+        ({"episodes_per_floorplan": 0}, "episodes_per_floorplan"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs: dict[str, Any], match: str) -> None:

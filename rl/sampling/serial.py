@@ -39,6 +39,18 @@ def _set_np_random_state(env: gym.Env, state: dict[str, Any]) -> None:
     env.unwrapped.np_random = np.random.Generator(bit_generator)
 
 
+def _reset_state(env: gym.Env) -> dict[str, Any] | None:
+    """What ``env``'s next reset depends on besides its ``np_random``, if it says (see below).
+
+    A task whose unseeded reset depends on state kept across episodes (e.g. a scene reused for
+    several episodes) defines ``reset_state()`` (plain values) and ``set_reset_state(state)``
+    on its unwrapped env; samplers save it with each episode in flight and restore it before
+    replaying, so that resume stays exact.
+    """
+    get = getattr(env.unwrapped, "reset_state", None)
+    return None if get is None else get()
+
+
 def _all_finite(values: np.ndarray) -> bool:
     """No NaN or infinity in ``values`` (one reduction on the hot path).
 
@@ -156,7 +168,11 @@ class SerialSampler(Sampler):
         else:
             seed = self._seeds[i] if first else None
         self.current_env = self.env_offset + i
-        self._episode_start[i] = {"seed": seed, "np_random": _np_random_state(self.envs[i])}
+        self._episode_start[i] = {
+            "seed": seed,
+            "np_random": _np_random_state(self.envs[i]),
+            "env_state": _reset_state(self.envs[i]),
+        }
         self._episode_actions[i] = []
         obs, info = self.envs[i].reset(seed=seed)
         self._returns[i] = 0.0
@@ -325,8 +341,10 @@ class SerialSampler(Sampler):
 
         An episode started with a seed is restored by resetting with that seed; one started
         without (an auto-reset) by restoring the environment's ``np_random`` bit-generator state
-        from just before that reset. Either way the recorded actions are then replayed, so this
-        is exact for environments that are deterministic given their ``np_random``.
+        from just before that reset, and its ``reset_state()`` where it has one (state a reset
+        depends on besides ``np_random``, see :func:`_reset_state`). Either way the recorded
+        actions are then replayed, so this is exact for environments that are deterministic
+        given their ``np_random`` (and reset state).
 
         Raises:
             NotImplementedError: In evaluation mode (episode lists are not resumable).
@@ -366,9 +384,16 @@ class SerialSampler(Sampler):
             env = self.envs[i]
             self.current_env = self.env_offset + i
             seed = episode["seed"]
+            env_state = episode.get("env_state")  # absent in checkpoints of before it existed
+            if env_state is not None:
+                env.unwrapped.set_reset_state(env_state)
             if seed is None and episode["np_random"] is not None:
                 _set_np_random_state(env, episode["np_random"])
-            self._episode_start[i] = {"seed": seed, "np_random": episode["np_random"]}
+            self._episode_start[i] = {
+                "seed": seed,
+                "np_random": episode["np_random"],
+                "env_state": env_state,
+            }
             obs, info = env.reset(seed=None if seed is None else int(seed))
             self._returns[i] = 0.0
             self._lengths[i] = 0

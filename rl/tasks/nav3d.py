@@ -114,6 +114,7 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
         depth: bool = False,
         max_depth: float = 10.0,
         grid_resolution: float = 0.1,
+        episodes_per_floorplan: int = 1,
         split: Annotated[str | None, Check(choices=SPLITS)] = None,
         render_mode: str | None = None,
     ) -> None:
@@ -139,6 +140,9 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
             depth: Also observe depth (``"depth"``).
             max_depth: Depth is clipped to this, metres.
             grid_resolution: Navigation grid cell side, metres.
+            episodes_per_floorplan: Unseeded resets keep the floorplan (its scene and navigation
+                grid, built once) for this many episodes, each with a new goal and start; a
+                seeded reset always draws a new one. 1: a new floorplan every episode.
             split: ``train``, ``valid`` or ``test``: only floorplans of that split (80/10/10%,
                 disjoint); None: every floorplan.
             render_mode: None or ``"rgb_array"``.
@@ -170,6 +174,10 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
             )
         if isinstance(max_steps, bool) or int(max_steps) < 1:
             raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
+        if isinstance(episodes_per_floorplan, bool) or int(episodes_per_floorplan) < 1:
+            raise ValueError(
+                f"episodes_per_floorplan must be an int >= 1, got {episodes_per_floorplan!r}"
+            )
         if int(width) < 8 or int(height) < 8:
             raise ValueError(f"width and height must be >= 8 pixels, got {width}x{height}")
         if split is not None and split not in SPLITS:
@@ -188,6 +196,7 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
         self.use_depth = bool(depth)
         self.max_depth = float(max_depth)
         self.grid_resolution = float(grid_resolution)
+        self.episodes_per_floorplan = int(episodes_per_floorplan)
         self.split = split
         self.render_mode = render_mode
 
@@ -226,18 +235,25 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
         self._path_length = 0.0
         self._steps = 0
         self._needs_reset = True
+        # Floorplan reuse: the generator state its floorplan was drawn from, and episodes on it.
+        self._plan_rng: dict[str, Any] | None = None
+        self._plan_episodes = 0
+        self._scene_built = False  # the world holds self.plan's scene
 
     # ------------------------------------------------------------------ episode
 
-    def _draw_episode(
-        self,
-    ) -> tuple[Floorplan, NavGrid, np.ndarray, np.ndarray, np.ndarray, float]:
-        """Floorplan (in the split), grid, goal cell's field, goal, start and heading."""
-        rng = self.np_random
+    def _draw_plan(self, rng: np.random.Generator) -> tuple[Floorplan, NavGrid]:
+        """A floorplan in the split, drawn with ``rng``, and its navigation grid."""
         plan = draw_in_split(
             lambda: draw_floorplan(self.floorplan_spec, rng), Floorplan.key, self.split
         )
-        grid = NavGrid(plan, self.grid_resolution, self.agent_radius)
+        return plan, NavGrid(plan, self.grid_resolution, self.agent_radius)
+
+    def _draw_goal_and_start(
+        self, grid: NavGrid
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """Goal cell's distance field, goal, start and heading on ``grid``."""
+        rng = self.np_random
         free_i, free_k = np.nonzero(grid.free)
         for _ in range(100):
             g = int(rng.integers(len(free_i)))
@@ -258,7 +274,25 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
         goal = grid.cell_centre(*goal_cell)
         start = grid.cell_centre(int(free_i[s]), int(free_k[s]))
         heading = float(rng.uniform(-math.pi, math.pi))
-        return plan, grid, field, goal, start, heading
+        return field, goal, start, heading
+
+    # A reset depends on more than np_random when floorplans are reused: the floorplan of the
+    # episodes before. Samplers save and restore it with the episode (exact resume).
+    def reset_state(self) -> dict[str, Any]:
+        """What the next unseeded reset depends on besides ``np_random`` (plain values)."""
+        return {"plan_rng": self._plan_rng, "plan_episodes": self._plan_episodes}
+
+    def set_reset_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`reset_state`: the floorplan is drawn again from its saved generator."""
+        self._plan_rng = None if state["plan_rng"] is None else dict(state["plan_rng"])
+        self._plan_episodes = int(state["plan_episodes"])
+        self._scene_built = False
+        if self._plan_rng is None:
+            self.plan = self.grid = None
+        else:
+            bit_generator = getattr(np.random, self._plan_rng["bit_generator"])()
+            bit_generator.state = self._plan_rng
+            self.plan, self.grid = self._draw_plan(np.random.Generator(bit_generator))
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -269,9 +303,23 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
             The first observation and ``{"expert_action": int}``.
         """
         super().reset(seed=seed)
-        plan, grid, field, goal, start, heading = self._draw_episode()
-        self.plan, self.grid, self.field, self.goal = plan, grid, field, goal
-        self._rgb = self.world.build(plan, start, heading)
+        if (
+            seed is not None
+            or self.plan is None
+            or self._plan_episodes >= self.episodes_per_floorplan
+        ):
+            self._plan_rng = dict(self.np_random.bit_generator.state)
+            self.plan, self.grid = self._draw_plan(self.np_random)
+            self._plan_episodes = 0
+            self._scene_built = False
+        assert self.grid is not None
+        self.field, self.goal, start, heading = self._draw_goal_and_start(self.grid)
+        if self._scene_built:
+            self._rgb = self.world.place(start, heading)
+        else:
+            self._rgb = self.world.build(self.plan, start, heading)
+            self._scene_built = True
+        self._plan_episodes += 1
         self.path = [start]
         self._distance = self._start_distance = self._geodesic(start)
         self._path_length = 0.0

@@ -124,6 +124,20 @@ class SceneWorld(MiniWorldEnv):
         obs, _ = self.reset()
         return obs  # type: ignore[no-any-return]
 
+    def place(self, start: np.ndarray, heading: float) -> np.ndarray:
+        """Move the agent to ``start (x, z)`` facing ``heading`` in the scene already built.
+
+        A new episode on the same floorplan: no rooms, static data or display list rebuilt.
+
+        Returns:
+            The first camera image ``[H, W, 3]`` uint8.
+        """
+        self._start = (np.asarray(start, dtype=np.float64), float(heading))
+        self.step_count = 0
+        self.agent.pos = np.array([float(start[0]), 0.0, float(start[1])])
+        self.agent.dir = float(heading)
+        return self.render_obs()  # type: ignore[no-any-return]
+
     def _gen_world(self) -> None:
         plan = self._plan
         rooms = []
