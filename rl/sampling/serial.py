@@ -168,11 +168,10 @@ class SerialSampler(Sampler):
         else:
             seed = self._seeds[i] if first else None
         self.current_env = self.env_offset + i
-        self._episode_start[i] = {
-            "seed": seed,
-            "np_random": _np_random_state(self.envs[i]),
-            "env_state": _reset_state(self.envs[i]),
-        }
+        self._episode_start[i] = {"seed": seed, "np_random": _np_random_state(self.envs[i])}
+        env_state = _reset_state(self.envs[i])
+        if env_state is not None:  # only for tasks that keep state across episodes
+            self._episode_start[i]["env_state"] = env_state
         self._episode_actions[i] = []
         obs, info = self.envs[i].reset(seed=seed)
         self._returns[i] = 0.0
@@ -384,16 +383,12 @@ class SerialSampler(Sampler):
             env = self.envs[i]
             self.current_env = self.env_offset + i
             seed = episode["seed"]
-            env_state = episode.get("env_state")  # absent in checkpoints of before it existed
-            if env_state is not None:
-                env.unwrapped.set_reset_state(env_state)
+            self._episode_start[i] = {"seed": seed, "np_random": episode["np_random"]}
+            if "env_state" in episode:  # a task that keeps state across episodes
+                env.unwrapped.set_reset_state(episode["env_state"])
+                self._episode_start[i]["env_state"] = episode["env_state"]
             if seed is None and episode["np_random"] is not None:
                 _set_np_random_state(env, episode["np_random"])
-            self._episode_start[i] = {
-                "seed": seed,
-                "np_random": episode["np_random"],
-                "env_state": env_state,
-            }
             obs, info = env.reset(seed=None if seed is None else int(seed))
             self._returns[i] = 0.0
             self._lengths[i] = 0
