@@ -141,7 +141,7 @@ def test_async_budgets_end_exactly_and_nothing_is_asked_past_them(tmp_path: Path
     )
     try:
         trainer.train()
-        in_flight, requested, dropped = len(workers._in_flight), sum(workers._requested), 0
+        in_flight, requested = len(workers._in_flight), sum(workers._requested)
         dropped = workers.dropped
     finally:
         workers.close()
