@@ -7,7 +7,8 @@
         model.trunk_layers=[16] model.rnn_hidden_size=8 eval.num_episodes=0
 
 Resuming it with today's code must give the same run as training from scratch with today's
-code: the old file is read completely and means what it meant (format 3 keeps the layout; the
+code: the old file is read completely and means what it meant (formats 3 and 4 keep the layout
+and add entries; the
 carried GRU state, ``rollout.hidden`` ``[L, N, H]`` in format 2, is ``rollout.state.h``
 ``[N, L, H]`` now). Same episodes, same pipeline
 position; weights and optimizer moments agree to float32 rounding, not bitwise, since the
@@ -43,6 +44,7 @@ OVERRIDES = [
 LAYOUT = {
     "format_version",
     "model",
+    "losses",
     "optimizer",
     "lr_scheduler",
     "pipeline",
@@ -86,8 +88,9 @@ def test_a_format2_checkpoint_from_before_the_split_resumes_exactly(
     old_run = tmp_path / "old"
     shutil.copytree(FIXTURE, old_run)
     old = load_checkpoint(list_checkpoints(old_run)[0])
-    assert old["format_version"] == 2 and CHECKPOINT_FORMAT == 3
-    assert set(old) == LAYOUT - {"normalizer"}  # (format 3 adds it: None when off)
+    assert old["format_version"] == 2 and CHECKPOINT_FORMAT == 4
+    # (format 3 adds normalizer, None when off; format 4 losses, empty without auxiliary heads)
+    assert set(old) == LAYOUT - {"normalizer", "losses"}
     # As a user resumes: the run folder (the saved config is used; conf/ changed since).
     run.train(compose_cfg(["+experiment=ppo_nav", "+debug=smoke", f"resume={old_run}"]))
     resumed = load_checkpoint(latest_checkpoint(old_run))

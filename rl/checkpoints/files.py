@@ -209,6 +209,7 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps:
     run_dir = Path(run_dir)
     path = run_dir / CHECKPOINT_DIR / checkpoint_name(stage, env_steps)
     bad = nonfinite_tensors(state.get("model"), "model")
+    bad += nonfinite_tensors(state.get("losses"), "losses")
     bad += nonfinite_tensors(state.get("optimizer"), "optimizer")
     if bad:
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""

@@ -37,6 +37,7 @@ from rl.evaluation.validation import BackgroundValidation
 from rl.evaluation.video import ProbeVideo
 from rl.loggers.base import MetricsLogger, RunContext
 from rl.loggers.factory import build_logger
+from rl.losses.auxiliary import bind_losses, loss_modules
 from rl.models.factory import build_policy
 from rl.pipeline.stages import TrainingPipeline
 from rl.sampling.factory import sampler_num_envs
@@ -170,9 +171,15 @@ def _train_body(start: StartPlan, ctx: DistContext | None) -> dict[str, float]:
         device = torch.device(run.device) if ctx is None else ctx.device
         set_seed(run.seed)
         pipeline: TrainingPipeline = hydra.utils.instantiate(cfg["pipeline"])
-        model = build_policy(cfg["model"], *task_spaces(cfg["task"])).to(device)
+        spaces = task_spaces(cfg["task"])
+        model = build_policy(cfg["model"], *spaces).to(device)
+        # Auxiliary losses' heads, sized from the policy (before the per-rank seeds: every
+        # rank builds the same heads).
+        bind_losses(pipeline.used_losses, model, *spaces)
         start.init_model(model)
-        env_offset, total_envs = _distribute(model, cfg, run, ctx)
+        env_offset, total_envs = _distribute(
+            model, cfg, run, ctx, loss_modules(pipeline.used_losses)
+        )
         spec = CollectionSpec(
             task=cfg["task"],
             sampler=cfg["sampler"],
@@ -222,9 +229,13 @@ def _train_body(start: StartPlan, ctx: DistContext | None) -> dict[str, float]:
 
 
 def _distribute(
-    model: torch.nn.Module, cfg: dict[str, Any], run: RunSettings, ctx: DistContext | None
+    model: torch.nn.Module,
+    cfg: dict[str, Any],
+    run: RunSettings,
+    ctx: DistContext | None,
+    losses: dict[str, torch.nn.Module],
 ) -> tuple[int, int | None]:
-    """Distributed: rank 0's weights everywhere, per-rank seeds.
+    """Distributed: rank 0's weights (and auxiliary heads) everywhere, per-rank seeds.
 
     Returns:
         ``(env_offset, total_envs)`` of this worker's sampler in the global seed stream.
@@ -232,6 +243,8 @@ def _distribute(
     if ctx is None or not ctx.enabled:
         return 0, None
     synchronize_model(model)  # rank 0's weights everywhere, checked bitwise
+    for module in losses.values():
+        synchronize_model(module)
     # Seeds: environment i of rank r is global env r * num_envs + i of one seed stream;
     # action sampling and shuffling draw from seed + rank.
     n = sampler_num_envs(cfg["sampler"])

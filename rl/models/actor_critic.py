@@ -16,7 +16,13 @@ encoded by its kind:
 The encodings are concatenated, passed through a shared trunk MLP, optionally a GRU or an LSTM
 (the state is reset where ``episode_starts`` is set), then separate actor and critic heads. The
 actor's head is an :class:`~rl.models.distributions.ActionHead` for the action space
-(categorical, diagonal Gaussian, independent categoricals).
+(categorical, diagonal Gaussian, independent categoricals). Entries named in ``ignore_keys`` are
+not encoded (they are still recorded with the rollout, e.g. depth for a depth-prediction loss).
+
+:meth:`ActorCritic.forward` returns the per-step features auxiliary losses read in
+:attr:`~rl.models.PolicyOutput.extras` (:data:`rl.losses.auxiliary.POLICY_FEATURES`):
+``visual`` (the image encoders' outputs, when there are images), ``embedding`` (after the
+trunk) and ``belief`` (the heads' input).
 """
 
 from __future__ import annotations
@@ -157,6 +163,8 @@ class ActorCritic(PolicyBase):
         head_layers: Hidden sizes of the (separate) actor and critic MLP heads.
         activation: ``relu``, ``tanh`` or ``elu``.
         log_std_init: Initial log standard deviation of a Gaussian policy (``Box`` actions).
+        ignore_keys: Observation entries the policy does not see (recorded all the same, for
+            losses that read them).
     """
 
     def __init__(
@@ -176,6 +184,7 @@ class ActorCritic(PolicyBase):
         head_layers: Sequence[int] = (),
         activation: Annotated[str, Check(choices=tuple(_ACTIVATIONS))] = "relu",
         log_std_init: float = 0.0,
+        ignore_keys: Sequence[str] = (),
     ) -> None:
         super().__init__()
         if activation not in _ACTIVATIONS:
@@ -184,7 +193,15 @@ class ActorCritic(PolicyBase):
             )
         if rnn not in (None, *RNNS):
             raise ValueError(f"model.rnn must be one of gru, lstm or null, got {rnn!r}")
-        self.keys = sorted(observation_space.spaces)
+        unknown = sorted(set(ignore_keys) - set(observation_space.spaces))
+        if unknown:
+            raise ValueError(
+                f"model.ignore_keys: {unknown} are not observation entries of the task "
+                f"({sorted(observation_space.spaces)})"
+            )
+        self.keys = sorted(k for k in observation_space.spaces if k not in ignore_keys)
+        if not self.keys:
+            raise ValueError("model.ignore_keys: the policy must see at least one entry")
         self.encoders = nn.ModuleDict()
         self._kinds: dict[str, str] = {}
         self._onehot_n: dict[str, int] = {}
@@ -263,14 +280,18 @@ class ActorCritic(PolicyBase):
         )
 
     # ---------------------------------------------------------------- forward
-    def _encode(self, obs: Mapping[str, torch.Tensor], lead: int) -> torch.Tensor:
-        parts = []
+    def _encode(
+        self, obs: Mapping[str, torch.Tensor], lead: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The concatenated encodings ``[lead, F]`` and the image encoders' part (None: none)."""
+        parts, visual = [], []
         for key in self.keys:
             x = obs[key]
             x = x.reshape(lead, *x.shape[2:])
             kind = self._kinds[key]
             if kind == "image":
                 parts.append(self.encoders[key](x))
+                visual.append(parts[-1])
             elif kind == "flat":
                 parts.append(x.reshape(lead, -1).float())
             elif kind == "onehot":
@@ -282,7 +303,10 @@ class ActorCritic(PolicyBase):
                 index = x.long().reshape(lead, -1) + offsets
                 onehot = torch.zeros(lead, self._onehot_n[key], device=x.device)
                 parts.append(onehot.scatter_(-1, index, 1.0))
-        return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+        encoded = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+        if not visual:
+            return encoded, None
+        return encoded, torch.cat(visual, dim=-1) if len(visual) > 1 else visual[0]
 
     def _run_rnn(
         self, x: torch.Tensor, episode_starts: torch.Tensor, state: TensorDict
@@ -326,26 +350,33 @@ class ActorCritic(PolicyBase):
             ``(PolicyOutput(dist over [T, N], values [T, N]), state after the last step)``.
         """
         t_len, n = episode_starts.shape
-        x, state = self._features(obs, episode_starts, state)
+        x, state, features = self._features(obs, episode_starts, state)
         dist = self.actor_out(self.actor(x).view(t_len, n, -1))
         values = self.critic_out(self.critic(x)).view(t_len, n)
-        return PolicyOutput(dist=dist, values=values), state
+        extras = {k: v.view(t_len, n, -1) for k, v in features.items()}
+        return PolicyOutput(dist=dist, values=values, extras=extras), state
 
     def _features(
         self,
         obs: Mapping[str, torch.Tensor],
         episode_starts: torch.Tensor,
         state: TensorDict,
-    ) -> tuple[torch.Tensor, TensorDict]:
-        """The heads' input ``[T * N, F]`` (encoders, trunk, recurrence) and the state after."""
+    ) -> tuple[torch.Tensor, TensorDict, dict[str, torch.Tensor]]:
+        """The heads' input ``[T * N, F]``, the state after, and the features by name.
+
+        Encoders, trunk, recurrence; the features are ``[T * N, ...]``: ``visual`` (with
+        images), ``embedding``, ``belief``.
+        """
         t_len, n = episode_starts.shape
-        x = self._encode(obs, t_len * n)
+        x, visual = self._encode(obs, t_len * n)
         if len(self.trunk):  # (an empty trunk costs a module call)
             x = self.trunk(x)
+        features = {"embedding": x} if visual is None else {"visual": visual, "embedding": x}
         if self.rnn is not None:
             out, state = self._run_rnn(x.view(t_len, n, -1), episode_starts, state)
             x = out.reshape(t_len * n, -1)
-        return x, state
+        features["belief"] = x
+        return x, state, features
 
     @torch.no_grad()
     def act(
@@ -357,7 +388,7 @@ class ActorCritic(PolicyBase):
         generator: torch.Generator | None = None,
     ) -> tuple[PolicyStep, TensorDict]:
         """One step for ``[N, ...]`` observations (the heads run on ``[N, F]`` directly)."""
-        x, state = self._features(
+        x, state, _ = self._features(
             {k: v.unsqueeze(0) for k, v in obs.items()}, episode_starts.unsqueeze(0), state
         )
         dist = self.actor_out(self.actor(x))

@@ -281,6 +281,16 @@ class TrainingPipeline:
         self.total_steps = 0
         self.rollout_count = 0
 
+    @property
+    def used_losses(self) -> dict[str, Any]:
+        """The named losses some stage (or its off-policy component) optimises."""
+        used: set[str] = set()
+        for stage in self.stages:
+            used.update(stage.loss_names)
+            if stage.offpolicy_component is not None:
+                used.update(stage.offpolicy_component.loss_names)
+        return {name: loss for name, loss in self.named_losses.items() if name in used}
+
     # ---------------------------------------------------------------- position
     @property
     def finished(self) -> bool:

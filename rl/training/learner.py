@@ -29,6 +29,7 @@ import torch
 from rl.collection.base import Rollout
 from rl.distributed.reduce import advantage_stats, average_gradients
 from rl.distributed.setup import DistContext
+from rl.losses.auxiliary import loss_modules
 from rl.models.policy import Policy, PolicyOutput
 from rl.pipeline.offpolicy import OffPolicyPipelineComponent
 from rl.pipeline.schedules import step_lr_scheduler_to
@@ -64,7 +65,19 @@ class Learner:
         self.pipeline = pipeline
         self.device = torch.device(device)
         self.dist = dist or DistContext()
-        self.optimizer = pipeline.optimizer_builder(params=model.parameters())
+        # Losses with parameters of their own (auxiliary heads) train beside the policy.
+        self.loss_modules = loss_modules(pipeline.used_losses)
+        unbound = [n for n, m in self.loss_modules.items() if not getattr(m, "bound", True)]
+        if unbound:
+            raise RuntimeError(
+                f"pipeline losses {unbound} have no heads yet: call rl.losses.bind_losses("
+                "pipeline.used_losses, policy, observation_space, action_space) before "
+                "building the learner (the engine does)"
+            )
+        params = list(model.parameters())  # type: ignore[attr-defined]
+        for module in self.loss_modules.values():
+            params += list(module.parameters())
+        self.optimizer = pipeline.optimizer_builder(params=params)
         self.lr_scheduler = (
             pipeline.lr_scheduler_builder(optimizer=self.optimizer)
             if pipeline.lr_scheduler_builder is not None
@@ -73,7 +86,7 @@ class Learner:
         self.shuffle_generator = torch.Generator().manual_seed(seed)
         self.offpolicy_update_count = 0
         self.nonfinite_skips = 0  # optimisation steps dropped for a non-finite loss (``skip``)
-        self._params = [p for p in model.parameters() if p.requires_grad]
+        self._params = [p for p in params if p.requires_grad]
         if self.dist.enabled:  # each worker draws its own off-policy data
             for stage in pipeline.stages:
                 if stage.offpolicy_component is not None:
@@ -206,7 +219,7 @@ class Learner:
             # squares and count all-reduced), independent of how the data is split over ranks.
             mean, std, _ = advantage_stats(storage["advantages"][: storage.step])
             storage.advantage_stats = (mean, std)
-        model.train()
+        self._train_mode()
         for _ in range(settings.update_repeats):  # type: ignore[arg-type]
             batches = storage.minibatches(
                 settings.num_mini_batch,  # type: ignore[arg-type]
@@ -297,7 +310,7 @@ class Learner:
         """
         t0 = time.perf_counter()
         model, tracker = self.model, ScalarMeanTracker()
-        model.train()
+        self._train_mode()
         for _ in range(component.updates):
             # ALGO: e.g. behaviour cloning on stored expert trajectories.
             batch = component.next_batch().to(self.device)
@@ -322,7 +335,28 @@ class Learner:
         tracker.add_scalars({"pipeline/offpolicy_updates": component.updates})
         return tracker, time.perf_counter() - t0
 
+    def _train_mode(self) -> None:
+        self.model.train()
+        for module in self.loss_modules.values():
+            module.train()
+
     # ----------------------------------------------------------------- state
+    def losses_state_dict(self) -> dict[str, dict[str, Any]]:
+        """The state of every loss with parameters (auxiliary heads), by loss name."""
+        return {name: module.state_dict() for name, module in self.loss_modules.items()}
+
+    def load_losses_state_dict(self, state: Mapping[str, Mapping[str, Any]] | None) -> None:
+        """Restore :meth:`losses_state_dict`.
+
+        Raises:
+            KeyError: ``state`` lacks a loss with parameters of this pipeline.
+        """
+        state = state or {}
+        for name, module in self.loss_modules.items():
+            if name not in state:
+                raise KeyError(f"the checkpoint holds no state of the loss {name!r}")
+            module.load_state_dict(state[name])
+
     def state_dict(self) -> dict[str, Any]:
         """Optimizer, scheduler, update count, and the generators the updates draw from."""
         return {

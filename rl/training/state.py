@@ -7,9 +7,9 @@ global RNG, the collector's episodes in flight and carried rollout state, and th
 :meth:`TrainerState.load_state_dict` restores all of it, so that a resumed run continues
 bitwise like an uninterrupted one (single-process sampler, CPU).
 
-The layout (:data:`CHECKPOINT_FORMAT` 3) is flat and ``torch.load(weights_only=True)``-safe::
+The layout (:data:`CHECKPOINT_FORMAT` 4) is flat and ``torch.load(weights_only=True)``-safe::
 
-    format_version, model, optimizer, lr_scheduler, pipeline,
+    format_version, model, losses, optimizer, lr_scheduler, pipeline,
     trackers {episode, train}, trainer {last_metrics, last_log_step, offpolicy_update_count},
     rng {python, numpy, torch, shuffle, offpolicy}, sampler, rollout, normalizer,
     config, config_unresolved, wandb_run_id, [distributed {world_size, ranks}]
@@ -42,8 +42,10 @@ log = logging.getLogger(__name__)
 # Version of the checkpoint layout written by TrainerState.state_dict. 3: the carried rollout
 # state holds the policy's recurrent state as a dict (``rollout.state``) instead of a GRU's
 # ``rollout.hidden`` ``[L, N, H]``, and ``normalizer`` holds the collector's normalisation
-# statistics (None when off); format-2 checkpoints load (the collector converts them).
-CHECKPOINT_FORMAT = 3
+# statistics (None when off); format-2 checkpoints load (the collector converts them). 4:
+# ``losses`` holds the state of the losses with parameters (auxiliary heads, by loss name; empty
+# for none); format-2 and -3 checkpoints, from before such losses, load.
+CHECKPOINT_FORMAT = 4
 # Per-rank entries of a distributed checkpoint.
 _RANK_KEYS = ("sampler", "rollout", "rng", "collection_workers")
 
@@ -114,6 +116,7 @@ class TrainerState:
         state: dict[str, Any] = {
             "format_version": CHECKPOINT_FORMAT,
             "model": self.model.state_dict(),
+            "losses": self.learner.losses_state_dict(),  # auxiliary heads, by loss name
             "optimizer": learner["optimizer"],
             "lr_scheduler": learner["lr_scheduler"],
             "pipeline": self.pipeline.state_dict(),
@@ -149,6 +152,7 @@ class TrainerState:
         if self.dist.enabled:
             state = rank_view(state, self.dist)
         self.model.load_state_dict(state["model"])
+        self.learner.load_losses_state_dict(state.get("losses"))
         trainer, rng = state.get("trainer") or {}, state["rng"]
         self.learner.load_state_dict(
             {

@@ -1,0 +1,218 @@
+"""Auxiliary losses: losses with heads of their own, trained beside the policy's losses.
+
+Self-supervised objectives shape the policy's representation (Ye et al. 2020, "Auxiliary Tasks
+Speed Up Learning PointGoal Navigation"; AllenAct's and habitat-baselines' auxiliary losses). An
+:class:`AuxiliaryLoss` is a named pipeline loss like PPO's, combined with the others by a stage's
+``loss_weights``, and a ``torch.nn.Module``: it owns the parameters of its head. The engine binds
+it to the policy before training (:func:`bind_losses`: the head is sized from the policy's
+features and the task's spaces), the learner's optimizer covers its parameters beside the
+policy's, and checkpoints save its state (``losses``).
+
+A loss reads the policy's per-step features from :attr:`~rl.models.PolicyOutput.extras` of the
+policy re-run on the minibatch (``[T, n, F]`` each; :class:`~rl.models.ActorCritic` gives
+:data:`POLICY_FEATURES`), and what it needs of the rollout from the minibatch (``actions``,
+``episode_starts``, observation entries). A researcher's own policy feeds these losses by returning
+the same named features in its ``extras``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from rl.losses.base import Loss, LossOutput
+from rl.models.policy import Policy, PolicyOutput
+
+__all__ = [
+    "POLICY_FEATURES",
+    "AuxiliaryLoss",
+    "bind_losses",
+    "loss_modules",
+    "probe_features",
+    "same_episode",
+]
+
+# The per-step features ActorCritic returns in PolicyOutput.extras, by name.
+POLICY_FEATURES = {
+    "visual": "the image encoders' outputs, concatenated (tasks with image observations)",
+    "embedding": "the encoded observation after the trunk MLP (the recurrent layers' input)",
+    "belief": "the recurrent layers' output (the heads' input; the embedding if memoryless)",
+}
+
+
+class AuxiliaryLoss(nn.Module, Loss):
+    """A loss with a head of its own (a ``torch.nn.Module``), bound to the policy before use.
+
+    Subclasses build their head in :meth:`build` and compute the loss in :meth:`forward`
+    (called as ``loss(batch=..., output=..., step_count=...)``, like every loss).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bound = False
+
+    @property
+    def name(self) -> str:
+        """How errors name this loss (its class)."""
+        return type(self).__name__
+
+    def bind(
+        self,
+        *,
+        features: Mapping[str, int],
+        observation_space: gym.spaces.Dict,
+        action_space: gym.Space,
+    ) -> None:
+        """Build the head for a policy's features and a task's spaces (once).
+
+        Args:
+            features: Size of each per-step feature the policy returns in its ``extras``.
+            observation_space: The task's flat dict observation space.
+            action_space: The task's action space.
+
+        Raises:
+            ValueError: The policy or the task lacks what this loss needs (the message says
+                what and how to get it).
+        """
+        if self.bound:
+            return
+        self.build(
+            features=features, observation_space=observation_space, action_space=action_space
+        )
+        self.bound = True
+
+    @abc.abstractmethod
+    def build(
+        self,
+        *,
+        features: Mapping[str, int],
+        observation_space: gym.spaces.Dict,
+        action_space: gym.Space,
+    ) -> None:
+        """Create the head's modules (see :meth:`bind`)."""
+
+    @abc.abstractmethod
+    def forward(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
+        """The loss on a minibatch ``[T, n]`` and the policy re-run on it."""
+
+    def feature_size(self, features: Mapping[str, int], key: str, option: str) -> int:
+        """The size of feature ``key``; a ValueError naming ``option`` when the policy lacks it."""
+        if key not in features:
+            raise ValueError(
+                f"{self.name}: {option}={key!r} is not a feature of the policy (its extras "
+                f"give {sorted(features) or 'none'}); ActorCritic gives "
+                f"{', '.join(POLICY_FEATURES)} ('visual' needs an image observation)"
+            )
+        return features[key]
+
+    def feature(self, output: PolicyOutput, key: str) -> torch.Tensor:
+        """Feature ``key`` ``[T, n, F]`` of the policy's output."""
+        value = output.extras.get(key)
+        if value is None:
+            raise ValueError(
+                f"{self.name}: the policy's output has no {key!r} feature in its extras"
+            )
+        return value
+
+    def __call__(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
+        """:meth:`forward` (with the module's hooks); a RuntimeError before :meth:`bind`."""
+        if not self.bound:
+            raise RuntimeError(
+                f"{self.name} has no head yet: bind it to the policy first "
+                "(rl.losses.bind_losses(pipeline.used_losses, policy, observation_space, "
+                "action_space); the engine does this)"
+            )
+        return nn.Module.__call__(self, batch=batch, output=output, step_count=step_count)  # type: ignore[no-any-return]
+
+
+def same_episode(episode_starts: torch.Tensor, horizon: int) -> torch.Tensor:
+    """``[T, horizon, n]`` bool: whether step ``t + k`` (k = 1..horizon) is in step t's episode.
+
+    False past the sequence's end and from the first episode start after ``t`` on.
+
+    Args:
+        episode_starts: ``[T, n]`` bool, as stored with the rollout.
+        horizon: How many steps ahead.
+    """
+    t_len = episode_starts.shape[0]
+    starts = torch.cumsum(episode_starts.long(), dim=0)  # episodes begun up to and at each step
+    device = episode_starts.device
+    ahead = torch.arange(t_len, device=device).unsqueeze(1) + torch.arange(
+        1, horizon + 1, device=device
+    )  # [T, K]
+    inside = ahead < t_len
+    later = starts[ahead.clamp(max=t_len - 1)]  # [T, K, n]
+    return inside.unsqueeze(-1) & (later == starts.unsqueeze(1))
+
+
+def loss_modules(losses: Mapping[str, Loss]) -> dict[str, nn.Module]:
+    """The losses that own parameters or state (``torch.nn.Module`` losses), by name."""
+    return {name: loss for name, loss in losses.items() if isinstance(loss, nn.Module)}
+
+
+@torch.no_grad()
+def probe_features(policy: Policy, observation_space: gym.spaces.Dict) -> dict[str, int]:
+    """The size of each per-step feature in ``policy``'s extras: one step on a sample observation.
+
+    Uses no global random generator (the sample comes from a generator of its own).
+    """
+    space = gym.spaces.Dict(dict(observation_space.spaces), seed=0)
+    device = next((p.device for p in policy.parameters()), torch.device("cpu"))  # type: ignore[attr-defined]
+    obs = {
+        key: torch.as_tensor(np.asarray(value), device=device).reshape(1, 1, *space[key].shape)
+        for key, value in space.sample().items()
+    }
+    starts = torch.ones(1, 1, dtype=torch.bool, device=device)
+    output, _ = policy(obs, starts, policy.initial_state(1, device))
+    return {key: int(np.prod(value.shape[2:])) for key, value in output.extras.items()}
+
+
+def bind_losses(
+    losses: Mapping[str, Loss],
+    policy: Policy,
+    observation_space: gym.spaces.Dict,
+    action_space: gym.Space,
+) -> list[nn.Parameter]:
+    """Bind every auxiliary loss of ``losses`` to ``policy``; their parameters.
+
+    Heads are created on the policy's device, initialised from the global torch generator (call
+    this at the same point of every run, as the engine does, for reproducible runs).
+    """
+    aux = [loss for loss in losses.values() if isinstance(loss, AuxiliaryLoss)]
+    if not aux:
+        return []
+    features = probe_features(policy, observation_space)
+    device = next((p.device for p in policy.parameters()), torch.device("cpu"))  # type: ignore[attr-defined]
+    params: list[nn.Parameter] = []
+    for loss in aux:
+        loss.bind(
+            features=features, observation_space=observation_space, action_space=action_space
+        )
+        loss.to(device)
+        params += list(loss.parameters())
+    return params
+
+
+def discrete_actions(loss: AuxiliaryLoss, action_space: gym.Space) -> int:
+    """The number of actions of a ``Discrete`` space; a ValueError naming ``loss`` otherwise."""
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise ValueError(
+            f"{loss.name}: needs a Discrete action space, the task has {action_space}"
+        )
+    return int(action_space.n)
+
+
+def mlp(sizes: Sequence[int]) -> nn.Sequential:
+    """Linear layers of ``sizes`` with ReLU between them (none after the last)."""
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        if i:
+            layers.append(nn.ReLU())
+        layers.append(nn.Linear(a, b))
+    return nn.Sequential(*layers)
