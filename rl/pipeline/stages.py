@@ -109,7 +109,9 @@ class PipelineStage:
 
     Args:
         loss_names: Names of the losses (keys of the pipeline's ``named_losses``) to optimise.
-        max_stage_steps: Budget of the stage in env steps (summed over all environments).
+        max_stage_steps: Budget of the stage in env steps (summed over all environments); None
+            (one stage at most): what the other stages leave of the pipeline's
+            ``total_env_steps``.
         loss_weights: One weight per loss name (default: all 1).
         teacher_forcing: Schedule over the stage's env steps giving the probability that the
             expert's action is taken instead of the policy's (None: never).
@@ -137,7 +139,7 @@ class PipelineStage:
         self,
         *,
         loss_names: Sequence[str],
-        max_stage_steps: Annotated[int, Check(gt=0)],
+        max_stage_steps: Annotated[int | None, Check(gt=0)] = None,
         loss_weights: Sequence[float] | None = None,
         teacher_forcing: Schedule | None = None,
         early_stopping_criterion: EarlyStoppingCriterion | None = None,
@@ -171,9 +173,10 @@ class PipelineStage:
                 f"loss_weights has {len(self.loss_weights)} entries for "
                 f"{len(self.loss_names)} loss_names {self.loss_names}"
             )
-        if int(max_stage_steps) <= 0:
+        if max_stage_steps is not None and int(max_stage_steps) <= 0:
             raise ValueError(f"max_stage_steps must be positive, got {max_stage_steps}")
-        self.max_stage_steps = int(max_stage_steps)
+        # None until the pipeline gives it the rest of its total (TrainingPipeline).
+        self.max_stage_steps: int = None if max_stage_steps is None else int(max_stage_steps)  # type: ignore[assignment]
         self.teacher_forcing = teacher_forcing
         self.early_stopping_criterion = early_stopping_criterion or NeverEarlyStoppingCriterion()
         self.training_settings = TrainingSettings.from_mapping(locals())
@@ -190,12 +193,38 @@ class PipelineStage:
         )
 
 
+def _fill_open_budget(stages: Sequence[PipelineStage], total_env_steps: int | None) -> None:
+    """Give the stage without ``max_stage_steps`` (if any) the rest of ``total_env_steps``."""
+    open_ = [i for i, stage in enumerate(stages) if stage.max_stage_steps is None]
+    if not open_:
+        return
+    if len(open_) > 1:
+        raise ValueError(
+            f"pipeline.stages {open_}: only one stage may leave max_stage_steps unset (it gets "
+            "what the others leave of total_env_steps)"
+        )
+    if total_env_steps is None:
+        raise ValueError(
+            f"pipeline.stages.{open_[0]}.max_stage_steps is unset: it takes the rest of "
+            "pipeline.total_env_steps, which is not set either"
+        )
+    rest = int(total_env_steps) - sum(s.max_stage_steps for s in stages if s.max_stage_steps)
+    if rest <= 0:
+        raise ValueError(
+            f"pipeline.stages.{open_[0]}.max_stage_steps is unset, but the other stages take "
+            f"all of total_env_steps={int(total_env_steps):,}"
+        )
+    stages[open_[0]].max_stage_steps = rest
+
+
 class TrainingPipeline:
     """Stages of training run in order, with named losses and default settings.
 
     Args:
         named_losses: Losses by name; stages refer to them by these names.
         stages: The stages, in order.
+        total_env_steps: The run's budget (``${total_env_steps}`` in ``conf/pipeline``): a stage
+            without ``max_stage_steps`` gets what the others leave of it. Needed only then.
         optimizer: Builder of the optimizer, called as ``optimizer(params=...)`` (a Hydra
             ``_partial_``).
         lr_scheduler: Builder of the LR scheduler, called as ``lr_scheduler(optimizer=...)``
@@ -228,6 +257,7 @@ class TrainingPipeline:
         stages: Sequence[PipelineStage],
         optimizer: Callable[..., torch.optim.Optimizer],
         lr_scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
+        total_env_steps: Annotated[int | None, Check(gt=0)] = None,
         num_steps: Annotated[int, Check(ge=1)] = 128,
         num_mini_batch: Annotated[int, Check(ge=1)] = 4,
         update_repeats: Annotated[int, Check(ge=1)] = 4,
@@ -266,6 +296,7 @@ class TrainingPipeline:
                     f"pipeline.stages.{i}.loss_names: unknown loss name(s) {unknown}; "
                     f"pipeline.named_losses defines {sorted(self.named_losses)}"
                 )
+        _fill_open_budget(self.stages, total_env_steps)
         self.optimizer_builder = optimizer
         self.lr_scheduler_builder = lr_scheduler
         self.defaults = TrainingSettings.from_mapping(locals())

@@ -77,13 +77,25 @@ def pipeline_errors(
         if problem is not None:
             errors.append(f"pipeline.optimizer.{key}: {problem}")
     budgets = [st.get("max_stage_steps") for st in stages]
-    if (
-        isinstance(total_env_steps, int)
-        and all(isinstance(b, int) for b in budgets)
-        and sum(budgets) != total_env_steps
-    ):
+    unset = [i for i, b in enumerate(budgets) if b is None]
+    given = [b for b in budgets if b is not None]
+    if len(unset) > 1:
         errors.append(
-            f"pipeline.stages.*.max_stage_steps sum to {sum(budgets):,} but total_env_steps is "
-            f"{total_env_steps:,} (schedules run over total_env_steps: make them agree)"
+            f"pipeline.stages {unset}: only one stage may leave max_stage_steps unset (it gets "
+            "what the others leave of total_env_steps)"
         )
+    elif isinstance(total_env_steps, int) and all(isinstance(b, int) for b in given):
+        if unset and sum(given) >= total_env_steps:
+            errors.append(
+                f"pipeline.stages.{unset[0]}.max_stage_steps is unset (the rest of "
+                f"total_env_steps), but the other stages take {sum(given):,} of "
+                f"total_env_steps={total_env_steps:,}"
+            )
+        elif not unset and sum(given) != total_env_steps:
+            errors.append(
+                f"pipeline.stages.*.max_stage_steps sum to {sum(given):,} but total_env_steps "
+                f"is {total_env_steps:,} (schedules run over total_env_steps: make them agree; "
+                "write budgets as ${fraction_of_total:0.2} and leave the last stage's unset to "
+                "follow total_env_steps)"
+            )
     return errors

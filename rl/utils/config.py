@@ -29,6 +29,21 @@ class ConfigError(ValueError):
     """The composed config cannot run; the message lists every problem."""
 
 
+def fraction_of_total(fraction: float, *, _root_: DictConfig) -> int:
+    """``${fraction_of_total:f}``: ``f`` of the run's ``total_env_steps``, rounded to env steps.
+
+    Stage budgets and schedule horizons written this way follow one ``total_env_steps=N``
+    override (``+debug=smoke`` shortens a staged experiment). Raises a ValueError naming the
+    interpolation for a fraction outside ``(0, 1]``.
+    """
+    if not 0.0 < float(fraction) <= 1.0:
+        raise ValueError(f"${{fraction_of_total:{fraction}}}: the fraction must be in (0, 1]")
+    return max(1, round(float(fraction) * int(float(_root_["total_env_steps"]))))
+
+
+OmegaConf.register_new_resolver("fraction_of_total", fraction_of_total, replace=True)
+
+
 def import_target(path: str) -> Callable[..., Any]:
     """Import ``package.module.attr`` (as Hydra's ``_target_`` does)."""
     module_name, _, attr = path.rpartition(".")
