@@ -171,6 +171,11 @@ def test_verify_names_the_offending_key(
             ["pipeline.optimizer.lr=-1"], "pipeline.optimizer.lr: must be > 0, got -1", id="lr"
         ),
         pytest.param(
+            ["pipeline.optimizer.lr=fast"],
+            "pipeline.optimizer.lr: expected a number, got 'fast'",
+            id="lr-type",
+        ),
+        pytest.param(
             ["pipeline.named_losses.ppo.clip_param=0"],
             "pipeline.named_losses.ppo.clip_param: must be > 0, got 0",
             id="loss-range",
@@ -250,3 +255,24 @@ def test_train_rejects_bad_config_before_creating_anything(compose_cfg, tmp_path
         train(cfg)
     assert not (output_dir / "checkpoints").exists()
     assert not output_dir.exists()
+
+
+def test_integral_floats_are_accepted_for_integer_keys(compose_cfg, tmp_path) -> None:
+    """``total_env_steps=2.56e2`` is 256 everywhere it is interpolated; nested keys too."""
+    cfg = compose_cfg(
+        [
+            "+experiment=ppo_nav",
+            "+debug=smoke",
+            "total_env_steps=2.56e2",
+            "pipeline.save_interval=1.28e2",
+        ]
+    )
+    with open_dict(cfg):
+        del cfg["hydra"]
+    train(cfg)
+    saved = yaml.safe_load((Path(cfg.output_dir) / "config.yaml").read_text())
+    assert saved["total_env_steps"] == 256 and isinstance(saved["total_env_steps"], int)
+    assert saved["pipeline"]["save_interval"] == 128
+    assert saved["pipeline"]["stages"][0]["max_stage_steps"] == 256
+    names = sorted(p.name for p in (Path(cfg.output_dir) / "checkpoints").glob("ckpt_*.pt"))
+    assert names == ["ckpt_stage00_step000000000128.pt", "ckpt_stage00_step000000000256.pt"]

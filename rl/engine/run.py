@@ -46,7 +46,7 @@ from rl.training.callbacks import Callback
 from rl.training.state import RunRecord
 from rl.training.stopping import StopAgreement, TrainingStopped, stop_on_signals
 from rl.training.trainer import OnPolicyTrainer
-from rl.utils.config import to_plain
+from rl.utils.config import integral_fields_to_int, integral_floats_to_int, to_plain
 from rl.utils.logs import log_fatal
 from rl.utils.seeding import deterministic_mode, set_seed, worker_seeds
 
@@ -66,7 +66,10 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
         ConfigError: The config cannot run (every problem listed).
         TrainingStopped: SIGTERM / SIGUSR1 / Ctrl-C stopped training after a checkpoint.
     """
+    if isinstance(cfg, DictConfig):  # total_env_steps=1e6: a whole number, for every interpolation
+        integral_fields_to_int(cfg, RunSettings)
     plain = to_plain(cfg)
+    integral_floats_to_int(plain)
     verify_train_cfg(plain)
     dist = DistributedSettings.from_config(plain["distributed"])
     if not dist.enabled:

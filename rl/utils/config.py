@@ -184,6 +184,50 @@ def _check_target_node(node: Mapping[str, Any], path: str, runtime: set[str]) ->
     return errors
 
 
+def _integral(value: Any, hint: Any) -> int | None:
+    """``int(value)`` where an integral float is given for an integer ``hint`` (else None)."""
+    if not isinstance(value, float) or not value.is_integer() or _type_ok(value, hint):
+        return None
+    return int(value) if _type_ok(int(value), hint) else None
+
+
+def integral_floats_to_int(node: Any) -> None:
+    """Turn integral floats (``1e6``) into ints where a ``_target_``'s annotation says int.
+
+    Walks a plain config in place. A command line gives ``total_env_steps=1e6`` or
+    ``pipeline.save_interval=5e5`` as floats; integer keys accept them when they are whole.
+    """
+    if isinstance(node, dict):
+        if "_target_" in node:
+            try:
+                hints = _hints(import_target(str(node["_target_"])))
+            except Exception:  # noqa: BLE001  (check_targets reports it)
+                hints = {}
+            for key, hint in hints.items():
+                if key in node and (value := _integral(node[key], split_hint(hint)[0])):
+                    node[key] = value
+        for key, value in node.items():
+            if not (isinstance(key, str) and key.startswith("_")):
+                integral_floats_to_int(value)
+    elif isinstance(node, list):
+        for value in node:
+            integral_floats_to_int(value)
+
+
+def integral_fields_to_int(cfg: DictConfig, cls: type) -> None:
+    """Integral floats given for integer fields of the dataclass ``cls`` at ``cfg``'s top, as ints.
+
+    Done on the composed config before it is resolved, so that every interpolation of such a
+    key (``${total_env_steps}``) reads the int.
+    """
+    hints = typing.get_type_hints(cls, include_extras=True)
+    for name, hint in hints.items():
+        if name in cfg and not OmegaConf.is_interpolation(cfg, name):
+            value = _integral(cfg[name], split_hint(hint)[0])
+            if value is not None:
+                cfg[name] = value
+
+
 def to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     """Resolve ``cfg`` once into plain dicts and lists (for workers, checkpoints, wandb)."""
     if isinstance(cfg, DictConfig):
@@ -216,6 +260,9 @@ class Check:
         """Why ``value`` fails this check (None: it passes or is not a plain value)."""
         if value is None or isinstance(value, bool) or not isinstance(value, int | float | str):
             return None
+        bounded = any(b is not None for b in (self.ge, self.gt, self.le))
+        if isinstance(value, str) and self.choices is None and bounded:
+            return f"expected a number, got {value!r}"
         if self.choices is not None and value not in self.choices:
             return f"expected one of {', '.join(map(str, self.choices))}, got {value!r}"
         if isinstance(value, str):
