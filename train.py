@@ -1,7 +1,8 @@
 """Train an agent: ``python train.py +experiment=ppo_nav [overrides...]``.
 
 Exit codes: 0 done; 143 stopped by SIGTERM, 3 by SIGUSR1 (requeue), 130 by Ctrl-C (each after
-saving a checkpoint; continue with ``resume=RUN_DIR``); 1 on errors. In a multirun (``-m``) a
+saving a checkpoint; continue with ``resume=RUN_DIR``); 1 on errors (a refused config: its message
+alone, and no run folder left behind). In a multirun (``-m``) a
 failing job is logged and the sweep goes on; it exits 1 at the end (see rl/engine/sweeps.py).
 """
 
@@ -13,6 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 import rl.engine.run
+from rl.engine.cli import config_errors_reported
 from rl.engine.sweeps import check_objective, failures_logged, objective
 from rl.training.stopping import EXIT_SIGINT, TrainingStopped
 
@@ -21,7 +23,7 @@ from rl.training.stopping import EXIT_SIGINT, TrainingStopped
 def main(cfg: DictConfig) -> float | None:
     """Compose, verify and run; return the sweep objective (``optimized_metric``), if set."""
     try:
-        with failures_logged():  # a failed multirun job: its traceback in its train.log
+        with config_errors_reported(), failures_logged():  # a failed job: in its train.log
             check_objective(cfg)
             return objective(rl.engine.run.train(cfg), cfg.get("optimized_metric"))
     except TrainingStopped as e:

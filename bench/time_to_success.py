@@ -339,7 +339,9 @@ def sigterm_check(seed: int, args: argparse.Namespace, base: Path) -> dict[str, 
     eval_proc.wait()
     eval_seconds = time.time() - eval_launched
     check_exit(eval_proc, (0,), eval_log)
-    result = json.loads(checkpoint.with_suffix(".eval.json").read_text())
+    # evaluate.py's result: <checkpoint>.eval.<its settings>.json, beside the training's own.
+    (result_file,) = checkpoint.parent.glob(f"{checkpoint.stem}.eval.*-*ep-*.json")
+    result = json.loads(result_file.read_text())
     return {
         "seed": seed,
         "exit_code": proc.returncode,

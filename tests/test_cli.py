@@ -90,26 +90,34 @@ def test_train_then_evaluate(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "success" in proc.stdout  # the summary table
     assert (run_dir / "eval_summary.csv").is_file()
-    result = json.loads(ckpts[-1].with_suffix(".eval.json").read_text())
-    assert result["settings"]["deterministic"] is True
+    kept = json.loads(ckpts[-1].with_suffix(".eval.json").read_text())  # training's, apart
+    (written,) = ckpts[-1].parent.glob(f"{ckpts[-1].stem}.eval.test-6ep-argmax-*.json")
+    result = json.loads(written.read_text())
+    assert kept == final_eval  # not replaced by evaluate.py's 6 episodes
     assert [e["episode_seed"] for e in result["episodes"]] == list(range(1_000_000, 1_000_006))
     assert set(result["metrics"]) >= {"success", "spl", "return", "length", "final_distance"}
 
-    # One checkpoint file, sampled actions: the same seeds give the same result twice.
+    assert result["settings"]["deterministic"] is True
+
+    # The newest checkpoint through the run's `latest` pointer, sampled actions: the same seeds
+    # give the same result twice (one file: the same settings); Hydra's folder is not kept.
     outs = []
     for i in range(2):
         proc = run(
             [
                 "evaluate.py",
-                f"ckpt={ckpts[0]}",
+                f"ckpt={run_dir / 'checkpoints' / 'latest'}",
                 "num_episodes=5",
                 f"hydra.run.dir={tmp_path / f'eval{i}'}",
             ],
             tmp_path,
         )
         assert proc.returncode == 0, proc.stderr
-        outs.append(json.loads(ckpts[0].with_suffix(".eval.json").read_text())["episodes"])
+        (written,) = ckpts[-1].parent.glob(f"{ckpts[-1].stem}.eval.test-5ep-sampled-*.json")
+        outs.append(json.loads(written.read_text())["episodes"])
+        assert not (tmp_path / f"eval{i}").exists()
     assert outs[0] == outs[1]
+    assert len(list(ckpts[-1].parent.glob(f"{ckpts[-1].stem}.eval*.json"))) == 3
 
 
 def test_wandb_offline_run_file_holds_metrics_and_config(tmp_path: Path) -> None:
@@ -140,12 +148,13 @@ def test_wandb_offline_run_file_holds_metrics_and_config(tmp_path: Path) -> None
     ],
 )
 def test_bad_config_fails_before_training(tmp_path: Path, override: str, named: str) -> None:
+    """Refused before anything starts: the message alone, and no run folder left behind."""
     run_dir, proc = train(tmp_path, override)
-    assert proc.returncode != 0
+    assert proc.returncode == 1
     assert named in proc.stderr
-    assert "ConfigError" in proc.stderr
-    assert not (run_dir / "checkpoints").exists()
-    assert not (run_dir / "metrics.jsonl").exists()
+    assert proc.stderr.startswith("error: invalid config:"), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not run_dir.exists()
 
 
 def test_unknown_key_is_rejected_by_hydra(tmp_path: Path) -> None:

@@ -104,7 +104,7 @@ def test_run_dir_evaluates_every_checkpoint_once_in_step_order(
     assert summary_steps(run) == STEPS
     for step in STEPS:
         ckpt = run / "checkpoints" / f"ckpt_stage00_step{step:012d}.pt"
-        data = json.loads(ckpt.with_suffix(".eval.json").read_text())
+        data = json.loads(_result(ckpt).read_text())
         assert [e["episode_seed"] for e in data["episodes"]] == list(range(1_000_000, 1_000_004))
         assert data["settings"]["step"] == step
         assert set(data["metrics"]) >= {"success", "spl", "return", "length"}
@@ -120,7 +120,7 @@ def test_every_steps_thins_and_keeps_the_last(run_dir: Path, tmp_path: Path) -> 
     run = copy_run(run_dir, tmp_path)
     evaluate(eval_cfg(tmp_path, f"run_dir={run}", "every_steps=200", "plot=false"))
     assert summary_steps(run) == [128, 384, 512]
-    assert not (run / "checkpoints" / "ckpt_stage00_step000000000256.eval.json").exists()
+    assert not list((run / "checkpoints").glob("ckpt_stage00_step000000000256.eval*.json"))
     evaluate(eval_cfg(tmp_path, f"run_dir={run}", "every_steps=1000", "plot=false"))
     assert summary_steps(run) == [128, 512]
 
@@ -148,19 +148,27 @@ def test_glob_selects_matching_checkpoints_in_step_order(run_dir: Path, tmp_path
         evaluate(eval_cfg(tmp_path, f"ckpt='{run}/nothing_*.pt'"))
 
 
+def _result(checkpoint: Path, pattern: str = "*-*ep-*") -> Path:
+    """The only result of evaluate.py for ``checkpoint`` whose settings tag matches."""
+    (path,) = checkpoint.parent.glob(f"{checkpoint.stem}.eval.{pattern}.json")
+    return path
+
+
 def test_single_checkpoint_file(run_dir: Path, tmp_path: Path) -> None:
     run = copy_run(run_dir, tmp_path)
     ckpt = run / "checkpoints" / "ckpt_stage00_step000000000256.pt"
     logged = evaluate(eval_cfg(tmp_path, f"ckpt={ckpt}", "deterministic=true"))
     assert "eval/spl" in logged
-    data = json.loads(ckpt.with_suffix(".eval.json").read_text())
+    data = json.loads(_result(ckpt).read_text())
     assert data["settings"]["deterministic"] is True
     assert data["settings"]["split"] == "test"  # held-out layouts by default
     assert not (run / "eval_summary.json").exists()  # a single file writes no run summary
     evaluate(eval_cfg(tmp_path, f"ckpt={ckpt}", "deterministic=true", "split=valid"))
-    valid = json.loads(ckpt.with_suffix(".eval.json").read_text())
+    valid = json.loads(_result(ckpt, "valid-*").read_text())
     assert valid["settings"]["split"] == "valid"
     assert valid["episodes"] != data["episodes"]  # other layouts, other episodes
+    # Both results stay, side by side: the settings are in the names.
+    assert json.loads(_result(ckpt, "test-*").read_text()) == data
 
 
 def test_expert_reference_on_pointnav(run_dir: Path, tmp_path: Path) -> None:

@@ -84,7 +84,7 @@ def test_evaluate_and_resume_refuse_a_folder_another_process_holds(
     finally:
         proc.kill()
         proc.wait(timeout=10)
-    assert not list((tmp_path / "run" / "checkpoints").glob("*.eval.json"))
+    assert not list((tmp_path / "run" / "checkpoints").glob("*.eval*.json"))
 
 
 def _train(tmp_path: Path, name: str, *overrides: str) -> subprocess.Popen:

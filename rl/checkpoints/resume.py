@@ -233,7 +233,7 @@ def _move_later_checkpoints_aside(run_dir: Path, path: Path) -> None:
     aside = run_dir / CHECKPOINT_DIR / f"superseded_{time.strftime('%Y%m%d-%H%M%S')}"
     aside.mkdir(exist_ok=True)
     for p in newer:
-        for f in (p, p.with_suffix(".eval.json")):
+        for f in (p, *p.parent.glob(f"{p.stem}.eval*.json")):  # its evaluations too
             if f.exists():
                 f.rename(aside / f.name)
     log.warning(

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 # everything below it). Everything else must match the saved run.
 SAFE_RESUME_KEYS = (
     "total_env_steps",
+    "pipeline.total_env_steps",
     "pipeline.stages.*.max_stage_steps",
     "pipeline.lr_scheduler.lr_lambda.steps",
     "pipeline.named_losses.*.clip_decay.steps",

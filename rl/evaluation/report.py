@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rl.collection.episodes import EvalResult
+
+
+def eval_json_path(checkpoint: Path, settings: Mapping[str, Any]) -> Path:
+    """Where ``evaluate.py`` writes a checkpoint's result for an episode list and action mode.
+
+    ``<checkpoint>.eval.<split>-<N>ep-<sampled|argmax>-<hash>.json``: the settings are in the
+    name (the hash covers all of :attr:`~rl.evaluation.EvaluateSettings.episode_list`), so
+    results of different settings sit side by side, and none replaces the training-time final
+    evaluation, ``<checkpoint>.eval.json``.
+    """
+    digest = hashlib.blake2b(
+        json.dumps(dict(settings), sort_keys=True, default=str).encode(), digest_size=4
+    ).hexdigest()
+    mode = "argmax" if settings.get("deterministic") else "sampled"
+    tag = f"{settings.get('split') or 'all'}-{settings.get('num_episodes')}ep-{mode}-{digest}"
+    return checkpoint.with_suffix(f".eval.{tag}.json")
 
 
 def write_eval_json(path: Path, result: EvalResult, settings: Mapping[str, Any]) -> None:

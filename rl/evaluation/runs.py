@@ -1,13 +1,15 @@
 """Evaluation of checkpoints in bulk: ``evaluate.py`` with a run folder, a file or a glob.
 
 habitat-baselines' "evaluate every checkpoint" done without its silent skips: the checkpoints to
-evaluate are chosen up front (all of a run in step order, a file, or a glob; optionally thinned
-to at least ``every_steps`` env steps apart, always keeping the last), each is evaluated exactly
-once on the same fixed episode list (:func:`~rl.collection.episodes.episode_seed_list`), and each
-gets its ``<checkpoint>.eval.json``. A run folder also gets ``eval_summary.csv``/``.json`` and
-``eval_summary.png`` (success / SPL / return against env steps). ``test_expert=true`` runs the
-task's expert on the same episodes instead, as a reference (``expert.eval.json``), which later
-summaries and plots show beside the policy.
+evaluate are chosen up front (all of a run in step order, a file, a run's ``latest`` pointer, or
+a glob; optionally thinned to at least ``every_steps`` env steps apart, always keeping the last),
+each is evaluated exactly once on the same fixed episode list
+(:func:`~rl.collection.episodes.episode_seed_list`), and each gets its
+``<checkpoint>.eval.<settings>.json`` (:func:`~rl.evaluation.report.eval_json_path`: results of
+other settings, and the training-time ``<checkpoint>.eval.json``, stay). A run folder also gets
+``eval_summary.csv``/``.json`` and ``eval_summary.png`` (success / SPL / return against env
+steps). ``test_expert=true`` runs the task's expert on the same episodes instead, as a reference
+(``expert.eval.json``), which later summaries and plots show beside the policy.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from tqdm.auto import tqdm
 
 from rl.checkpoints.files import (
     CHECKPOINT_DIR,
+    LATEST,
     CheckpointError,
     UntrustedCheckpointError,
+    latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     parse_checkpoint_name,
@@ -40,7 +44,7 @@ from rl.checkpoints.trust import untrusted_targets
 from rl.collection.episodes import EvalResult, episode_seed_list, evaluate_expert, evaluate_policy
 from rl.collection.normalization import Normalizer
 from rl.evaluation.plots import plot_checkpoint_metrics
-from rl.evaluation.report import format_table, write_eval_json
+from rl.evaluation.report import eval_json_path, format_table, write_eval_json
 from rl.evaluation.settings import EvaluateSettings
 from rl.models.factory import build_policy
 from rl.models.policy import Policy
@@ -105,7 +109,8 @@ def find_checkpoints(
     """The checkpoints named by ``ckpt`` (a file or a glob) or ``run_dir`` (all of a run).
 
     Args:
-        ckpt: A checkpoint file, or a glob of them (``**`` allowed), e.g.
+        ckpt: A checkpoint file, a run's ``checkpoints/latest`` pointer (its newest
+            checkpoint), or a glob of files (``**`` allowed), e.g.
             ``outputs/x/*/checkpoints/ckpt_*.pt``.
         run_dir: A run folder: every checkpoint in its ``checkpoints/``.
         trusted_targets: The user's ``trusted_targets`` (for files whose names say nothing).
@@ -139,6 +144,8 @@ def find_checkpoints(
             )
     else:
         path = Path(str(ckpt))
+        if path.name == LATEST and path.is_file():  # the run's pointer to its newest checkpoint
+            path = latest_checkpoint(path.parent.parent)
         if path.is_dir():
             raise ConfigError(
                 f"ckpt={ckpt!r} is a folder; for every checkpoint of a run use run_dir="
@@ -327,7 +334,7 @@ def _evaluate_selected(
             normalizer=normalizer,
         )
         write_eval_json(
-            ref.path.with_suffix(".eval.json"),
+            eval_json_path(ref.path, settings),
             result,
             {**settings, "checkpoint": str(ref.path), "step": ref.step, "stage": ref.stage},
         )
@@ -342,10 +349,11 @@ def _evaluate_selected(
         title = f"{run_dir} ({cfg.num_episodes} episodes, {mode} actions)"
         print(format_summary(rows, title, expert))
         if single_file:
-            print(f"wrote {selected[0].path.with_suffix('.eval.json')}")
+            print(f"wrote {eval_json_path(selected[0].path, settings)}")
             continue
         csv_path, json_path = write_summary(run_dir, rows, settings, expert)
-        print(f"wrote {len(rows)} <checkpoint>.eval.json files, {csv_path}, {json_path}")
+        name = eval_json_path(Path("<checkpoint>.pt"), settings).name
+        print(f"wrote {len(rows)} {name} files, {csv_path}, {json_path}")
         if cfg.plot:
             png = plot_checkpoint_metrics(
                 rows, run_dir / f"{SUMMARY_NAME}.png", title=str(run_dir), expert=expert

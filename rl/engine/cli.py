@@ -1,0 +1,73 @@
+"""What ``train.py`` and ``evaluate.py`` share around their work: errors a user can act on.
+
+Hydra creates a command's folder (its ``.hydra/`` files and the log file) before the command's
+own code runs, so a config (or checkpoint) that is then refused would leave an empty run folder
+behind, and Hydra would print the error under a traceback. :func:`config_errors_reported` turns
+a refused config of a single run into its message alone on stderr and exit status 1, and removes
+the folder when it holds nothing but Hydra's files. :func:`discard_hydra_folder` does the same
+cleaning for a command whose results live elsewhere (``evaluate.py`` writes next to the
+checkpoints).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from rl.checkpoints.files import CheckpointError
+from rl.engine.sweeps import in_multirun
+from rl.utils.config import ConfigError
+
+# What Hydra itself writes into a command's folder.
+_HYDRA_FILES = frozenset({".hydra", "train.log", "evaluate.log"})
+
+
+def discard_hydra_folder() -> bool:
+    """Remove this command's Hydra folder if it holds only Hydra's own files; whether it did.
+
+    Its parent (``outputs/<exp_name>``) goes too when that leaves it empty. Log handlers writing
+    into the folder are closed first.
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return False
+    folder = Path(HydraConfig.get().runtime.output_dir)
+    if not folder.is_dir() or any(p.name not in _HYDRA_FILES for p in folder.iterdir()):
+        return False
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if (
+            isinstance(handler, logging.FileHandler)
+            and Path(handler.baseFilename).parent == folder
+        ):
+            root.removeHandler(handler)
+            handler.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.suppress(OSError):  # not empty, or not ours to remove
+        folder.parent.rmdir()
+    return True
+
+
+@contextlib.contextmanager
+def config_errors_reported() -> Iterator[None]:
+    """A refused config or checkpoint of a single run: its message, exit 1.
+
+    For :class:`~rl.utils.config.ConfigError` and
+    :class:`~rl.checkpoints.files.CheckpointError` (a missing, unreadable or untrusted
+    checkpoint): the message goes to stderr without a traceback, and the folder Hydra created
+    for the run is removed when nothing but Hydra's files is in it. In a multirun the error
+    propagates (Hydra records the job as failed and the sweep goes on).
+    """
+    try:
+        yield
+    except (ConfigError, CheckpointError) as e:
+        if in_multirun():
+            raise
+        discard_hydra_folder()
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
