@@ -276,3 +276,14 @@ def test_integral_floats_are_accepted_for_integer_keys(compose_cfg, tmp_path) ->
     assert saved["pipeline"]["stages"][0]["max_stage_steps"] == 256
     names = sorted(p.name for p in (Path(cfg.output_dir) / "checkpoints").glob("ckpt_*.pt"))
     assert names == ["ckpt_stage00_step000000000128.pt", "ckpt_stage00_step000000000256.pt"]
+
+
+@pytest.mark.parametrize("experiment", ["ppo_cartpole", "ppo_continuous"])
+def test_gym_experiments_are_named_after_the_environment_and_bind_no_task_key(
+    compose_cfg, resolve_cfg, experiment: str
+) -> None:
+    plain = resolve_cfg(compose_cfg([f"+experiment={experiment}", "task.env_id=Acrobot-v1"]))
+    assert plain["exp_name"] == "ppo_Acrobot-v1"
+    swapped = resolve_cfg(compose_cfg([f"+experiment={experiment}", "task=nav_small"]))
+    assert swapped["task"]["_target_"] == "rl.tasks.PointNavEnv"  # no task.env_id: unknown key
+    verify_train_cfg(swapped)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 import hydra.utils
+import numpy as np
 import pytest
 
 from rl.tasks import make_gym_env
@@ -86,3 +87,39 @@ def test_a_wrapper_given_as_a_dotted_path(compose_cfg, resolve_cfg) -> None:
         assert env.observation_space.shape == (7, 7, 3)
     finally:
         env.close()
+
+
+class _Goal(gym.Env):
+    """Three-step episodes that succeed when action 1 is taken at the last step."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (1,))
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.observation_space.sample() * 0, {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t == 3
+        info = {"is_success": bool(action == 1)} if done else {}
+        return self.observation_space.sample() * 0, 0.0, done, False, info
+
+
+def test_success_is_taken_from_is_success_and_logged_by_the_sampler() -> None:
+    from rl.sampling import SerialSampler
+
+    gym.register(id="rl_test/Goal-v0", entry_point=_Goal)
+    env = make_gym_env(env_id="rl_test/Goal-v0")
+    env.reset(seed=0)
+    infos = [env.step(a)[-1] for a in (0, 0, 1)]
+    assert "episode_metrics" not in infos[0]
+    assert infos[-1]["episode_metrics"] == {"success": 1.0}
+    task = {"_target_": "rl.tasks.make_gym_env", "env_id": "rl_test/Goal-v0"}
+    with SerialSampler(task=task, num_envs=2, seed=0) as sampler:
+        sampler.reset()
+        finished = []
+        for action in ([1, 0], [1, 0], [1, 0]):
+            finished += sampler.step(np.array(action)).episodes
+    assert sorted(e.metrics["success"] for e in finished) == [0.0, 1.0]
