@@ -238,3 +238,26 @@ def test_cli_run_dir(run_dir: Path, tmp_path: Path) -> None:
     for step in ("128", "384", "512"):
         assert step in proc.stdout
     assert (run / "eval_summary.png").is_file()
+
+
+def test_the_summary_plot_draws_the_training_curve(tmp_path: Path) -> None:
+    from rl.evaluation.plots import plot_checkpoint_metrics, training_curve
+
+    metrics = tmp_path / "metrics.jsonl"
+    records = [
+        {"env_step": 64, "charts/success": 0.25, "charts/episodic_return": 1.5},
+        {"env_step": 96, "losses/ppo/policy_loss": 0.1},  # no episode finished: skipped
+        {"env_step": 128, "charts/success": 0.5, "charts/spl": 0.4},
+    ]
+    metrics.write_text("\n".join(json.dumps(r) for r in records) + '\n{"env_step": 1')
+    curve = training_curve(metrics)
+    assert curve == [
+        {"step": 64.0, "success": 0.25, "return": 1.5},
+        {"step": 128.0, "success": 0.5, "spl": 0.4},
+    ]
+    assert training_curve(tmp_path / "missing.jsonl") == []
+    # Checkpoint rows without SPL: the SPL panel comes from the training curve alone.
+    rows = [{"step": 128, "success": 0.5, "return": 2.0}]
+    assert plot_checkpoint_metrics(rows, tmp_path / "a.png") is not None
+    assert plot_checkpoint_metrics([{"step": 1}], tmp_path / "b.png") is None
+    assert plot_checkpoint_metrics([{"step": 1}], tmp_path / "c.png", training=curve) is not None

@@ -247,3 +247,25 @@ def test_box_actions_learn(compose_cfg) -> None:
     metrics = _train_toy(compose_cfg, REACH, 40_000, ["eval.deterministic=true"])
     # The mean action within 0.1 of the target on average; a random policy: about -4 x 0.9.
     assert metrics["eval/episodic_return"] >= -0.4, metrics
+
+
+def test_probe_video_frames_carry_a_caption() -> None:
+    from rl.evaluation.video import record_episode
+    from rl.tasks import build_env
+
+    policy = build_policy(MLP, *task_spaces(MATCH))
+    env = build_env(MATCH, render_mode="rgb_array")
+    plain, metrics = record_episode(
+        model=policy, env=env, seed=3, generator=torch.Generator().manual_seed(0)
+    )
+    captioned, again = record_episode(
+        model=policy, env=env, seed=3, generator=torch.Generator().manual_seed(0), captions=True
+    )
+    assert again == metrics and len(captioned) == len(plain)
+    h, w = plain[0].shape[:2]
+    scale = -(-320 // w)
+    for frame, raw in zip(captioned, plain, strict=True):
+        assert frame.shape == (h * scale + 32, w * scale, 3)  # enlarged, two caption lines
+        assert (frame[: h * scale : scale, ::scale] == raw).all()
+        assert frame[h * scale :].any()  # text on the strip
+    assert not (captioned[0][h * scale :] == captioned[-1][h * scale :]).all()

@@ -1,11 +1,15 @@
 """PNG plots of a run's checkpoint evaluations (success, SPL, return against env steps).
 
+Beside the evaluations, the run's training curve (``metrics.jsonl``: the same metrics of the
+training episodes, :func:`training_curve`) is drawn as a thin line.
+
 Uses matplotlib's object API with the Agg canvas only (no ``pyplot``, no global backend
 switch), so it works headless and never changes the backend of the calling program.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -13,6 +17,36 @@ from typing import Any
 
 # Panels in this order, when the metric is present: (metric, axis label).
 PLOTTED_METRICS = (("success", "success"), ("spl", "SPL"), ("return", "return"))
+# The training metric logged for each plotted one.
+TRAINING_KEYS = {
+    "success": "charts/success",
+    "spl": "charts/spl",
+    "return": "charts/episodic_return",
+}
+
+
+def training_curve(metrics_file: Path) -> list[dict[str, float]]:
+    """The plotted metrics of a run's training episodes: ``{"step", "success", ...}`` per log.
+
+    Reads ``metrics.jsonl`` (one record per log point); a missing file or a line that is not
+    JSON (a run killed mid-write) gives what could be read.
+    """
+    rows = []
+    try:
+        lines = Path(metrics_file).read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        row = {
+            key: record[name] for key, name in TRAINING_KEYS.items() if _finite(record.get(name))
+        }
+        if row and "env_step" in record:
+            rows.append({"step": float(record["env_step"]), **row})
+    return rows
 
 
 def plot_checkpoint_metrics(
@@ -21,6 +55,7 @@ def plot_checkpoint_metrics(
     *,
     title: str = "",
     expert: Mapping[str, float] | None = None,
+    training: Sequence[Mapping[str, float]] = (),
 ) -> Path | None:
     """Plot success / SPL / return of evaluated checkpoints against env steps.
 
@@ -30,6 +65,7 @@ def plot_checkpoint_metrics(
         path: The PNG to write.
         title: Figure title (e.g. the run folder).
         expert: Mean metrics of the task's expert on the same episodes, drawn as dashed lines.
+        training: The run's training curve (:func:`training_curve`), drawn as a thin line.
 
     Returns:
         ``path``, or None when no row has any of the plotted metrics.
@@ -40,7 +76,7 @@ def plot_checkpoint_metrics(
     panels = [
         (key, label)
         for key, label in PLOTTED_METRICS
-        if any(_finite(row.get(key)) for row in rows)
+        if any(_finite(row.get(key)) for row in (*rows, *training))
     ]
     if not panels:
         return None
@@ -50,9 +86,14 @@ def plot_checkpoint_metrics(
     steps = [int(row["step"]) for row in rows]
     for ax, (key, label) in zip(axes, panels, strict=True):
         values = [float(row[key]) if _finite(row.get(key)) else math.nan for row in rows]
-        ax.plot(steps, values, marker="o", markersize=3, label="policy")
+        ax.plot(steps, values, marker="o", markersize=3, label="checkpoints (evaluation)")
+        curve = [(row["step"], float(row[key])) for row in training if _finite(row.get(key))]
+        if curve:
+            xs, ys = zip(*curve, strict=True)
+            ax.plot(xs, ys, linewidth=0.8, alpha=0.7, color="tab:orange", label="training")
         if expert is not None and _finite(expert.get(key)):
             ax.axhline(float(expert[key]), linestyle="--", color="gray", label="expert")
+        if curve or expert is not None:
             ax.legend(loc="best", fontsize="small")
         ax.set_xlabel("env steps")
         ax.set_ylabel(label)

@@ -43,7 +43,7 @@ from rl.checkpoints.lock import RunLock
 from rl.checkpoints.trust import untrusted_targets
 from rl.collection.episodes import EvalResult, episode_seed_list, evaluate_expert, evaluate_policy
 from rl.collection.normalization import Normalizer
-from rl.evaluation.plots import plot_checkpoint_metrics
+from rl.evaluation.plots import plot_checkpoint_metrics, training_curve
 from rl.evaluation.report import eval_json_path, format_table, write_eval_json
 from rl.evaluation.settings import EvaluateSettings
 from rl.models.factory import build_policy
@@ -356,7 +356,11 @@ def _evaluate_selected(
         print(f"wrote {len(rows)} {name} files, {csv_path}, {json_path}")
         if cfg.plot:
             png = plot_checkpoint_metrics(
-                rows, run_dir / f"{SUMMARY_NAME}.png", title=str(run_dir), expert=expert
+                rows,
+                run_dir / f"{SUMMARY_NAME}.png",
+                title=str(run_dir),
+                expert=expert,
+                training=training_curve(run_dir / "metrics.jsonl"),
             )
             if png is not None:
                 print(f"wrote {png}")

@@ -5,8 +5,9 @@ from the task config with ``render_mode="rgb_array"`` (minigrid renders RGB fram
 with environment 0's seed, runs the current policy for one whole episode (recurrent state
 handled, actions sampled from the callback's own generator so training's random streams are
 untouched), and writes ``<run>/videos/step_<N>.mp4`` (imageio + ffmpeg; an animated GIF via
-Pillow when ffmpeg is missing). The logger's ``log_video`` hands it to the sinks that show
-videos (wandb).
+Pillow when ffmpeg is missing), with a caption under every frame (step, action, reward, return;
+the episode's metrics on the last frame: :func:`caption_frame`). The logger's ``log_video``
+hands it to the sinks that show videos (wandb).
 """
 
 from __future__ import annotations
@@ -38,6 +39,31 @@ def _pad_frame(frame: np.ndarray, block: int = 16) -> np.ndarray:
     if ph or pw:
         frame = np.pad(frame, ((0, ph), (0, pw), (0, 0)))
     return frame
+
+
+def caption_frame(frame: np.ndarray, lines: Sequence[str], min_width: int = 320) -> np.ndarray:
+    """``frame`` (``[H, W, 3]`` uint8) enlarged to at least ``min_width`` with ``lines`` under it.
+
+    Small frames (a 60x80 camera) are scaled up by a whole factor, nearest neighbour, so the
+    caption, in Pillow's built-in font on a black strip, stays readable.
+    """
+    from PIL import Image, ImageDraw
+
+    frame = np.asarray(frame, dtype=np.uint8)
+    scale = max(1, -(-min_width // frame.shape[1]))
+    if scale > 1:
+        frame = frame.repeat(scale, axis=0).repeat(scale, axis=1)
+    strip = Image.new("RGB", (frame.shape[1], 14 * len(lines) + 4))
+    draw = ImageDraw.Draw(strip)
+    for i, line in enumerate(lines):
+        draw.text((4, 2 + 14 * i), line, fill=(255, 255, 255))
+    return np.concatenate([frame, np.asarray(strip)], axis=0)
+
+
+def _action_text(action: np.ndarray) -> str:
+    if action.ndim == 0:
+        return str(action.item())
+    return np.array2string(action, precision=2, separator=",", suppress_small=True)
 
 
 def write_video(frames: Sequence[np.ndarray], path: Path, fps: int = 8) -> Path:
@@ -83,6 +109,7 @@ def record_episode(
     generator: torch.Generator | None = None,
     max_frames: int = 2_000,
     normalizer: Normalizer | None = None,
+    captions: bool = False,
 ) -> tuple[list[np.ndarray], dict[str, float]]:
     """Run ``model`` for one episode of ``env`` (built with ``render_mode="rgb_array"``).
 
@@ -95,6 +122,9 @@ def record_episode(
         generator: Generator for sampled actions (keeps the global RNG untouched).
         max_frames: Stop after this many steps even if the episode has not ended.
         normalizer: The run's observation normalisation, applied frozen (None: none).
+        captions: Caption every frame (:func:`caption_frame`): the step, the action taken to
+            reach it, its reward and the return so far; the episode's metrics (success, SPL)
+            on the last one.
 
     Returns:
         The frames (the first observation's included) and ``{"return", "length"}`` plus the
@@ -110,6 +140,8 @@ def record_episode(
         flatten = ObservationFlattener(env.observation_space)
         starts = torch.ones(1, dtype=torch.bool, device=device)
         total, length, metrics = 0.0, 0, {}
+        captions_text = ["step 0  (reset)"]
+        terminated = truncated = False
         while length < max_frames:
             batch = obs_to_torch({k: np.asarray(v)[None] for k, v in flatten(obs).items()}, device)
             if normalizer is not None:
@@ -123,12 +155,21 @@ def record_episode(
             frames.append(np.asarray(env.render()))
             total += float(reward)
             length += 1
+            captions_text.append(
+                f"step {length}  action {_action_text(action)}  reward {float(reward):+.2f}"
+                f"  return {total:.2f}"
+            )
             starts = torch.zeros(1, dtype=torch.bool, device=device)
             if terminated or truncated:
                 metrics = {k: float(v) for k, v in info.get("episode_metrics", {}).items()}
                 break
     finally:
         model.train(was_training)
+    if captions:
+        end = "  ".join(f"{k} {v:.2f}" for k, v in metrics.items()) or "episode cut"
+        lines = [[text, ""] for text in captions_text]
+        lines[-1][1] = f"end: {end}" if length and (terminated or truncated) else "(cut)"
+        frames = [caption_frame(f, text) for f, text in zip(frames, lines, strict=True)]
     return frames, {"return": total, "length": float(length), **metrics}
 
 
@@ -194,6 +235,7 @@ class ProbeVideo(Callback):
             deterministic=self.deterministic,
             generator=generator,
             normalizer=normalizer,
+            captions=True,
         )
         path = write_video(frames, self.folder / f"step_{step:012d}.mp4", fps=self.fps)
         self.videos.append(path)

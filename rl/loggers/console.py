@@ -28,6 +28,9 @@ _SUMMARY_KEYS = (
 class ConsoleSink(MetricsSink):
     """Progress bar plus a one-line summary every ``summary_every`` log points.
 
+    During teacher forcing the line says which fraction of the steps the expert took
+    (``teacher-forced 85%``): the success beside it is then largely the expert's.
+
     Args:
         context: The run (filled in by the engine).
         progress_bar: Show the tqdm bar (off in non-interactive logs if you prefer).
@@ -63,6 +66,9 @@ class ConsoleSink(MetricsSink):
         parts = [f"step {step:,}"]
         if "pipeline/stage" in metrics:
             parts.append(f"stage {int(metrics['pipeline/stage'])}")
+        teacher = metrics.get("pipeline/teacher_ratio")
+        if teacher:  # teacher forcing: the metrics that follow are partly the expert's
+            parts.append(f"teacher-forced {teacher:.0%}")
         for key, label, fmt in _SUMMARY_KEYS:
             value = metrics.get(key)
             if value is not None and not (isinstance(value, float) and math.isnan(value)):
