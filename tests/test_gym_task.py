@@ -123,3 +123,19 @@ def test_success_is_taken_from_is_success_and_logged_by_the_sampler() -> None:
         for action in ([1, 0], [1, 0], [1, 0]):
             finished += sampler.step(np.array(action)).episodes
     assert sorted(e.metrics["success"] for e in finished) == [0.0, 1.0]
+
+
+def test_minigrid_task_declares_channel_maxima_and_logs_success() -> None:
+    from rl.tasks import make_minigrid_env
+
+    env = make_minigrid_env(env_id="MiniGrid-Empty-5x5-v0")
+    assert set(env.observation_space.spaces) == {"image", "direction"}
+    assert env.observation_space["image"].high[0, 0].tolist() == [10, 5, 2]
+    obs, _ = env.reset(seed=0)
+    assert env.observation_space.contains(obs)
+    # Empty-5x5: the agent starts at (1, 1) facing east, the goal is at (3, 3).
+    for action in (2, 2, 1, 2, 2):  # forward, forward, turn right, forward, forward
+        obs, reward, terminated, truncated, info = env.step(action)
+    assert terminated and reward > 0 and info["episode_metrics"] == {"success": 1.0}
+    with pytest.raises(ValueError, match="not a minigrid environment"):
+        make_minigrid_env(env_id="CartPole-v1")

@@ -51,3 +51,19 @@ def test_ppo_cartpole_experiment_reaches_475(compose_cfg) -> None:
     )
     metrics = rl.engine.run.train(cfg)
     assert metrics["eval/episodic_return"] >= 475, metrics
+
+
+def test_ppo_minigrid_learns_doorkey(compose_cfg) -> None:
+    """task=minigrid as shipped: the nav CNN on DoorKey-5x5's one-hot view, no wrapper needed."""
+    cfg = compose_cfg(
+        [
+            "+experiment=ppo_minigrid",
+            "task.env_id=MiniGrid-DoorKey-5x5-v0",
+            "total_env_steps=150_000",
+            "eval.num_episodes=50",
+            STOP_ONCE_LEARNED,
+            "logger.sinks.console.progress_bar=false",
+        ]
+    )
+    metrics = rl.engine.run.train(cfg)
+    assert metrics["eval/success"] >= 0.9, metrics

@@ -2,9 +2,10 @@
 
 ``factory`` builds an environment from a task config and reads a task's spaces and name;
 ``nav`` is the grid PointNav task, ``nav3d`` PointNav from pixels in MiniWorld interiors,
-``gym`` any registered gymnasium environment, ``debug`` small environments for tests; ``splits``
-holds the train/valid/test split mechanism both navigation tasks share; ``spaces`` says which
-observation and action spaces policies handle and flattens nested observations.
+``gym`` any registered gymnasium environment, ``minigrid`` MiniGrid's for the nav CNN, ``debug``
+small environments for tests; ``splits`` holds the train/valid/test split mechanism both
+navigation tasks share; ``spaces`` says which observation and action spaces policies handle and
+flattens nested observations.
 
 Importing this package registers with gymnasium (idempotently) ``rl/PointNav-v0`` (19x19, 2x2
 rooms, 100 steps), ``rl/PointNavSmall-v0`` (9x9, 2x2 rooms, 50 steps), ``rl/PointNav3D-v0``
@@ -20,6 +21,7 @@ import gymnasium
 
 from rl.tasks.factory import build_env, dict_space, task_id, task_spaces, with_split
 from rl.tasks.gym import make_gym_env  # binds the submodule name `gym` here, hence `gymnasium`
+from rl.tasks.minigrid import make_minigrid_env
 from rl.tasks.nav import Actions, PointNavEnv
 from rl.tasks.nav3d import PointNav3DEnv, RenderingUnavailableError
 from rl.tasks.spaces import SpaceError
@@ -33,6 +35,7 @@ __all__ = [
     "build_env",
     "dict_space",
     "make_gym_env",
+    "make_minigrid_env",
     "task_id",
     "task_spaces",
     "with_split",
