@@ -329,6 +329,6 @@ def load_checkpoint(
                 f"{path}: its saved {key} names callables that are not trusted:\n  "
                 + "\n  ".join(map(str, refused))
                 + "\nIf you trust this checkpoint, allow them explicitly, e.g. "
-                f"trusted_targets='[{first}.*]' (see README: Checkpoints)"
+                f"trusted_targets='[{first}.*]' (see docs/concepts/checkpoints.md)"
             )
     return state
