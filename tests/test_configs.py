@@ -163,6 +163,11 @@ def test_verify_names_the_offending_key(
             ["distributed.backend=tcp"], "distributed.backend: expected one of", id="choices"
         ),
         pytest.param(["torch_threads=0"], "torch_threads: must be >= 1", id="run-key-range"),
+        pytest.param(
+            ["torch_threads=many"],
+            "torch_threads: expected a number or 'auto', got 'many'",
+            id="threads-word",
+        ),
         pytest.param(["seed=abc"], "seed: expected int, got 'abc'", id="run-key-type"),
         pytest.param(["~eval.action_seed"], "eval.action_seed: missing", id="missing-key"),
         pytest.param(["~valid"], "valid: missing (null turns it off)", id="missing-section"),
@@ -287,3 +292,15 @@ def test_gym_experiments_are_named_after_the_environment_and_bind_no_task_key(
     swapped = resolve_cfg(compose_cfg([f"+experiment={experiment}", "task=nav_small"]))
     assert swapped["task"]["_target_"] == "rl.tasks.PointNavEnv"  # no task.env_id: unknown key
     verify_train_cfg(swapped)
+
+
+def test_torch_threads_auto_is_one_per_process_on_the_cpu(compose_cfg, resolve_cfg) -> None:
+    from rl.utils.threads import available_cores, torch_thread_count
+
+    for stem in ("train", "evaluate"):
+        cfg = compose_cfg([] if stem == "evaluate" else ["+experiment=ppo_cartpole"], stem)
+        assert resolve_cfg(cfg)["torch_threads"] == "auto"
+    assert torch_thread_count("auto", "cpu") == 1
+    assert torch_thread_count("auto", "cuda:0") == min(4, available_cores())
+    assert torch_thread_count(3, "cpu") == 3 and torch_thread_count(None, "cpu") is None
+    verify_train_cfg(resolve_cfg(compose_cfg(["+experiment=ppo_nav", "torch_threads=auto"])))

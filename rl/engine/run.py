@@ -49,6 +49,7 @@ from rl.training.trainer import OnPolicyTrainer
 from rl.utils.config import integral_fields_to_int, integral_floats_to_int, to_plain
 from rl.utils.logs import log_fatal
 from rl.utils.seeding import deterministic_mode, set_seed, worker_seeds
+from rl.utils.threads import set_torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -169,9 +170,12 @@ def _train_body(start: StartPlan, ctx: DistContext | None) -> dict[str, float]:
             output_dir.mkdir(parents=True, exist_ok=True)
             (output_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
             log.info("run folder: %s", output_dir)
-        if run.torch_threads:
-            torch.set_num_threads(run.torch_threads)
         device = torch.device(run.device) if ctx is None else ctx.device
+        log.info(
+            "torch threads: %d (torch_threads=%s)",
+            set_torch_threads(run.torch_threads, device),
+            run.torch_threads,
+        )
         set_seed(run.seed)
         pipeline: TrainingPipeline = hydra.utils.instantiate(cfg["pipeline"])
         spaces = task_spaces(cfg["task"])

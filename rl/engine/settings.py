@@ -44,7 +44,8 @@ class RunSettings:
         exp_name: Experiment name (run folders, wandb group).
         seed: The run's seed.
         device: ``cpu``, ``cuda`` or ``cuda:N``.
-        torch_threads: ``torch.set_num_threads`` (None: torch's default).
+        torch_threads: Torch threads of the learner process: an integer, ``auto``
+            (:mod:`rl.utils.threads`: one on the CPU) or None (torch's default).
         total_env_steps: Budget in env steps over all workers.
         tags: Tags of the run (wandb).
         output_dir: The run folder.
@@ -62,7 +63,7 @@ class RunSettings:
     exp_name: str
     seed: int
     device: str
-    torch_threads: Annotated[int | None, Check(ge=1)]
+    torch_threads: Annotated[int | str | None, Check(ge=1, words=("auto",))]
     total_env_steps: Annotated[int, Check(gt=0)]
     tags: list[str]
     output_dir: str

@@ -50,6 +50,7 @@ from rl.models.factory import build_policy
 from rl.models.policy import Policy
 from rl.tasks.factory import task_spaces, with_split
 from rl.utils.config import ConfigError, load_section
+from rl.utils.threads import set_torch_threads
 
 log = logging.getLogger(__name__)
 
@@ -466,8 +467,7 @@ def evaluate_from_config(cfg: Mapping[str, Any]) -> dict[str, float]:
     """
     task = cfg.get("task")
     settings = load_section(EvaluateSettings, {k: v for k, v in cfg.items() if k != "task"}, "")
-    if settings.torch_threads:
-        torch.set_num_threads(settings.torch_threads)
+    set_torch_threads(settings.torch_threads, settings.device)
     if settings.test_expert:
         return evaluate_expert_reference(settings, task)
     if task:

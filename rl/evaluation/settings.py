@@ -102,7 +102,8 @@ class EvaluateSettings:
         deterministic: Argmax actions instead of seeded sampled ones.
         action_seed: Seed of the action-sampling generator.
         device: Where the models run.
-        torch_threads: ``torch.set_num_threads`` (None: torch's default).
+        torch_threads: An integer, ``auto`` (:mod:`rl.utils.threads`) or None (torch's
+            default).
         progress_bar: A tqdm bar over checkpoints.
         plot: Write ``eval_summary.png`` for a run.
         output_dir: Where ``test_expert`` without a run writes.
@@ -121,7 +122,7 @@ class EvaluateSettings:
     deterministic: bool
     action_seed: int
     device: str
-    torch_threads: Annotated[int | None, Check(ge=1)]
+    torch_threads: Annotated[int | str | None, Check(ge=1, words=("auto",))]
     progress_bar: bool
     plot: bool
     output_dir: str

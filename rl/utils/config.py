@@ -249,20 +249,26 @@ class Check:
         gt: The value must be ``> gt``.
         le: The value must be ``<= le``.
         choices: The value must be one of these.
+        words: Strings a bounded number may also be (``Check(ge=1, words=("auto",))``); any
+            other string for a bounded field is an error.
     """
 
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
     choices: tuple[Any, ...] | None = None
+    words: tuple[str, ...] = ()
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` fails this check (None: it passes or is not a plain value)."""
         if value is None or isinstance(value, bool) or not isinstance(value, int | float | str):
             return None
         bounded = any(b is not None for b in (self.ge, self.gt, self.le))
+        if isinstance(value, str) and value in self.words:
+            return None
         if isinstance(value, str) and self.choices is None and bounded:
-            return f"expected a number, got {value!r}"
+            words = "".join(f" or {w!r}" for w in self.words)
+            return f"expected a number{words}, got {value!r}"
         if self.choices is not None and value not in self.choices:
             return f"expected one of {', '.join(map(str, self.choices))}, got {value!r}"
         if isinstance(value, str):
