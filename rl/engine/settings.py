@@ -20,6 +20,7 @@ from rl.distributed.settings import distributed_errors
 from rl.evaluation.settings import evaluation_errors
 from rl.pipeline.verify import pipeline_errors
 from rl.sampling.factory import sampler_num_envs
+from rl.tasks.factory import FRAMEWORK_KEYS
 from rl.tasks.gym import wrapper_errors
 from rl.utils.config import (
     Check,
@@ -124,7 +125,9 @@ def verify_train_cfg(cfg: Mapping[str, Any]) -> None:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
     if str(cfg["device"]).startswith("cuda") and not torch.cuda.is_available():
         errors.append(f"device: {cfg['device']!r} requested but CUDA is not available")
-    errors += check_targets({k: v for k, v in cfg.items() if k != "hydra"})
+    errors += check_targets(
+        {k: v for k, v in cfg.items() if k != "hydra"}, framework_keys={"task": FRAMEWORK_KEYS}
+    )
     errors += wrapper_errors(cfg["task"])
     errors += evaluation_errors(cfg["eval"], cfg["valid"])
     errors += distributed_errors(cfg["distributed"])

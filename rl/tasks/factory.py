@@ -1,8 +1,10 @@
 """Environments from task configs: build one, read a task's spaces, name it.
 
 A task config is a plain mapping with a ``_target_`` returning a ``gymnasium.Env`` (the config
-group is the registry: ``conf/task/<name>.yaml``). Everything that needs an environment built
-from a config (samplers, probe videos, expert data, model building) goes through here.
+group is the registry: ``conf/task/<name>.yaml``), and optionally ``observations``: partial
+wrappers applied in order after the environment is built (:mod:`rl.tasks.observations`).
+Everything that needs an environment built from a config (samplers, probe videos, expert data,
+model building) goes through here.
 """
 
 from __future__ import annotations
@@ -15,9 +17,15 @@ import hydra.utils
 
 from rl.tasks.spaces import check_action_space, flat_observation_space
 
+# Keys of a task config the framework reads itself (not passed to the task's ``_target_``).
+FRAMEWORK_KEYS = frozenset({"observations"})
+
 
 def build_env(task: Mapping[str, Any], **kwargs: Any) -> gym.Env:
     """Instantiate the task config (a plain mapping with ``_target_``) into an environment.
+
+    Its ``observations`` transforms (partial wrappers, :mod:`rl.tasks.observations`) are
+    applied in order, innermost first.
 
     Args:
         task: Plain task config.
@@ -26,9 +34,20 @@ def build_env(task: Mapping[str, Any], **kwargs: Any) -> gym.Env:
     Raises:
         TypeError: The target did not build a ``gymnasium.Env``.
     """
-    env = hydra.utils.instantiate(dict(task), **kwargs)
+    transforms = task.get("observations") or ()
+    env = hydra.utils.instantiate(
+        {k: v for k, v in task.items() if k not in FRAMEWORK_KEYS}, **kwargs
+    )
     if not isinstance(env, gym.Env):
         raise TypeError(f"task._target_={task.get('_target_')!r} built {type(env)}, not a gym.Env")
+    for i, transform in enumerate(transforms):
+        wrap = hydra.utils.instantiate(transform) if isinstance(transform, Mapping) else transform
+        if not callable(wrap):
+            raise TypeError(
+                f"task.observations.{i}: expected a partial wrapper "
+                f"({{_target_: ..., _partial_: true}}), got {transform!r}"
+            )
+        env = wrap(env)
     return env
 
 

@@ -112,7 +112,10 @@ def _accepts_none(hint: Any) -> bool:
 
 
 def check_targets(
-    node: Any, path: str = "", runtime_kwargs: Mapping[str, set[str]] | None = None
+    node: Any,
+    path: str = "",
+    runtime_kwargs: Mapping[str, set[str]] | None = None,
+    framework_keys: Mapping[str, frozenset[str]] | None = None,
 ) -> list[str]:
     """Errors for every ``_target_`` node under ``node`` (a plain container).
 
@@ -121,19 +124,25 @@ def check_targets(
         path: Dotted path of ``node`` (for messages).
         runtime_kwargs: Keys the engine passes at build time, by node path (they must be
             accepted arguments but need not appear in the YAML).
+        framework_keys: Keys the framework reads itself at a node path, not passed to its
+            target (``{"task": {"observations"}}``); nodes inside them are still checked.
     """
     errors: list[str] = []
     runtime_kwargs = runtime_kwargs or {}
+    framework_keys = framework_keys or {}
     if isinstance(node, Mapping):
         if "_target_" in node:
-            errors += _check_target_node(node, path, runtime_kwargs.get(path, set()))
+            own = {k: v for k, v in node.items() if k not in framework_keys.get(path, ())}
+            errors += _check_target_node(own, path, runtime_kwargs.get(path, set()))
         for key, value in node.items():
             if isinstance(key, str) and key.startswith("_"):
                 continue
-            errors += check_targets(value, f"{path}.{key}" if path else str(key), runtime_kwargs)
+            errors += check_targets(
+                value, f"{path}.{key}" if path else str(key), runtime_kwargs, framework_keys
+            )
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            errors += check_targets(value, f"{path}.{i}", runtime_kwargs)
+            errors += check_targets(value, f"{path}.{i}", runtime_kwargs, framework_keys)
     return errors
 
 
