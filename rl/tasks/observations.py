@@ -34,7 +34,9 @@ def image_keys(space: gym.spaces.Dict, keys: Sequence[str] | None, transform: st
     """
     if not isinstance(space, gym.spaces.Dict):
         raise ValueError(f"{transform}: needs a dict observation space, got {space}")
-    images = [k for k, s in space.spaces.items() if isinstance(s, gym.spaces.Box) and len(s.shape) == 3]
+    images = [
+        k for k, s in space.spaces.items() if isinstance(s, gym.spaces.Box) and len(s.shape) == 3
+    ]
     if keys is None:
         if not images:
             raise ValueError(f"{transform}: the task has no image observation ({list(space)})")
