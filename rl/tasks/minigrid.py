@@ -17,6 +17,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rl.tasks.gym import make_gym_env
+
 # Largest object, colour and state index of minigrid's image channels (OBJECT_TO_IDX,
 # COLOR_TO_IDX, STATE_TO_IDX of minigrid.core.constants).
 CHANNEL_MAXIMA = (10, 5, 2)
@@ -66,13 +68,7 @@ def make_minigrid_env(
     """
     import minigrid  # noqa: F401  (registers the MiniGrid-* ids)
 
-    kwargs = dict(env_kwargs or {})
-    if render_mode is not None:
-        kwargs["render_mode"] = render_mode
-    try:
-        env = gym.make(env_id, **kwargs)
-    except gym.error.Error as e:
-        raise ValueError(f"task.env_id={env_id!r}: {e}") from e
+    env = make_gym_env(env_id=env_id, env_kwargs=env_kwargs, render_mode=render_mode)
     space = env.observation_space
     if not (isinstance(space, gym.spaces.Dict) and {"image", "direction"} <= set(space.spaces)):
         env.close()
