@@ -145,6 +145,7 @@ def test_wandb_offline_run_file_holds_metrics_and_config(tmp_path: Path) -> None
         ("+pipeline.named_losses.ppo.clip=0.3", "pipeline.named_losses.ppo.clip"),
         ("pipeline.stages.0.loss_names=[nope]", "pipeline.stages.0.loss_names"),
         ("pipeline.num_mini_batch=64", "num_mini_batch"),
+        ("pipeline.optimizer.lr=fast", "pipeline.optimizer.lr: expected a number, got 'fast'"),
     ],
 )
 def test_bad_config_fails_before_training(tmp_path: Path, override: str, named: str) -> None:
