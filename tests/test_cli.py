@@ -190,43 +190,6 @@ def test_unknown_top_level_key_added_with_plus(tmp_path: Path) -> None:
     assert not (run_dir / "checkpoints").exists()
 
 
-EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
-
-
-@pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_every_experiment_smoke_runs(tmp_path: Path, experiment: str) -> None:
-    """``+experiment=X +debug=smoke`` runs every shipped experiment, staged ones included.
-
-    Stage budgets are fractions of ``total_env_steps`` (the last stage takes the rest), so the
-    smoke budget shortens every stage; nothing else is overridden but where the offline
-    experiment keeps its generated expert data.
-    """
-    extra = []
-    if experiment.startswith("bc_"):  # keep the generated expert data inside tmp_path
-        data = "pipeline.stages.0.offpolicy_component.data_iterator"
-        extra = [f"{data}.path={tmp_path / 'expert.npz'}", f"{data}.generate.num_episodes=50"]
-    run_dir = tmp_path / "run"
-    proc = run(
-        [
-            "train.py",
-            f"+experiment={experiment}",
-            "+debug=smoke",
-            f"hydra.run.dir={run_dir}",
-            *extra,
-        ],
-        tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr
-    config = (run_dir / "config.yaml").read_text()
-    stages = config.count("_target_: rl.pipeline.PipelineStage")
-    names = [p.name for p in sorted((run_dir / "checkpoints").glob("ckpt_*.pt"))]
-    assert names[-1].startswith(f"ckpt_stage{stages - 1:02d}_"), names
-    steps = int(names[-1].split("_step")[1].split(".")[0])
-    assert 256 <= steps < 256 + 16 * stages  # the budget, up to a rollout's rounding per stage
-    if stages > 1:
-        assert '"pipeline/stage": 1.0' in (run_dir / "metrics.jsonl").read_text()
-
-
 def test_stage_budgets_must_leave_the_open_stage_something(tmp_path: Path) -> None:
     run_dir, proc = train(
         tmp_path,
