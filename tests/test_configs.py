@@ -289,6 +289,8 @@ def test_gym_experiments_are_named_after_the_environment_and_bind_no_task_key(
 ) -> None:
     plain = resolve_cfg(compose_cfg([f"+experiment={experiment}", "task.env_id=Acrobot-v1"]))
     assert plain["exp_name"] == "ppo_Acrobot-v1"
+    bare = resolve_cfg(compose_cfg(["task=gym", "task.env_id=Acrobot-v1", "model=mlp"]))
+    assert bare["exp_name"] == "Acrobot-v1"  # no experiment: named after the environment
     swapped = resolve_cfg(compose_cfg([f"+experiment={experiment}", "task=nav_small"]))
     assert swapped["task"]["_target_"] == "rl.tasks.PointNavEnv"  # no task.env_id: unknown key
     verify_train_cfg(swapped)
