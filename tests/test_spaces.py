@@ -64,7 +64,7 @@ def test_a_text_entry_is_refused_naming_the_task_the_key_and_the_wrapper() -> No
             build()
         message = str(err.value)
         assert message.startswith("task CartPole-v1: observation entry '0' is Text(")
-        assert "FilterObservation" in message and "ImgObsWrapper" in message
+        assert "FilterObservation" in message and "task=minigrid" in message
 
 
 def test_an_unsupported_action_space_is_refused_naming_the_task() -> None:

@@ -60,8 +60,8 @@ def _walk(space: gym.Space, path: tuple[str, ...], out: dict[str, gym.Space], ta
             f"task {task}: observation entry {where!r} is {space}, which policies cannot "
             "encode (supported: Box, Discrete, MultiDiscrete, MultiBinary, nested in Dict and "
             "Tuple); drop it with a wrapper in task.wrappers, e.g. "
-            "gymnasium.wrappers.FilterObservation (keep the other keys) or, for MiniGrid's "
-            "'mission' text, minigrid.wrappers.ImgObsWrapper"
+            "gymnasium.wrappers.FilterObservation (keep the other keys); for MiniGrid use "
+            "task=minigrid, which leaves out the 'mission' text"
         )
 
 
