@@ -118,9 +118,9 @@ class RawStepper:
 
 def reset_ms(resets: int = 200) -> float:
     """Mean wall time of one environment's unseeded reset, milliseconds (after 10 warm-up)."""
-    from rl.tasks.nav3d import PointNav3DEnv
+    from rl.tasks.factory import build_env
 
-    env = PointNav3DEnv(**{k: v for k, v in TASK.items() if k != "_target_"})
+    env = build_env(TASK)
     try:
         env.reset(seed=0)
         for _ in range(10):

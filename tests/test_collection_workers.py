@@ -432,3 +432,25 @@ def test_cli_joins_a_running_ray_head(tmp_path: Path) -> None:
             leftover.kill()
         shutil.rmtree(temp, ignore_errors=True)
     assert live_processes_of(tree) == []
+
+
+def test_weights_sent_to_a_process_worker_are_a_snapshot_the_next_update_leaves_alone() -> None:
+    # A process worker's pipe sends a CPU tensor as a handle to its shared storage: weights sent
+    # without a copy would change under the worker when the learner's next update runs before
+    # the worker has loaded them (the weights torn, and tagged with the wrong version).
+    import multiprocessing as mp
+
+    spec = CollectionSpec(task=SMALL, sampler=SERIAL, model=MODEL, seed=1)
+    workers, model = make_set(spec, "process", num_workers=1, mode="async", compress=False)
+    try:
+        workers.collect(RolloutRequest(num_steps=4))
+        sent_before = {k: v.clone() for k, v in model.state_dict().items()}
+        mine, theirs = mp.Pipe()
+        mine.send(workers._shared[1])  # what the worker's pipe carried, as it carries it
+        with torch.no_grad():
+            for p in model.parameters():  # the learner's next update, in place
+                p.add_(1.0)
+        received = theirs.recv()
+        assert same_weights(received, sent_before)
+    finally:
+        workers.close()

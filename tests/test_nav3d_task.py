@@ -20,6 +20,7 @@ from gymnasium.utils.env_checker import check_env
 from rl.collection.episodes import evaluate_expert
 from rl.models import build_policy
 from rl.tasks import PointNav3DEnv, RenderingUnavailableError, task_spaces
+from rl.tasks.factory import FRAMEWORK_KEYS
 from rl.tasks.nav3d_grid import NavGrid, point_clearance
 from rl.tasks.nav3d_layout import Door, Floorplan, FloorplanSpec, draw_floorplan
 from rl.tasks.splits import SPLITS, split_of
@@ -36,8 +37,9 @@ TEX = ("concrete", "floor_tiles_bw", "white")
 
 
 def make_env(task: dict[str, Any] = SMALL, **overrides: Any) -> PointNav3DEnv:
-    """The task's environment, built from its config file's arguments."""
-    return PointNav3DEnv(**{**{k: v for k, v in task.items() if k != "_target_"}, **overrides})
+    """The task's environment, built from its config file's arguments (the task's own keys)."""
+    own = {k: v for k, v in task.items() if k != "_target_" and k not in FRAMEWORK_KEYS}
+    return PointNav3DEnv(**{**own, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -188,8 +190,7 @@ def test_same_seed_same_frames_and_episode(small_env: PointNav3DEnv) -> None:
 def test_scenes_in_one_process_do_not_share_geometry() -> None:
     # MiniWorld compiles every env's scene into GL display list 1, shared by the contexts of a
     # process; ours keep their own, so building B leaves A's camera image unchanged.
-    kwargs = {k: v for k, v in SMALL.items() if k != "_target_"}
-    a, b = PointNav3DEnv(**kwargs), PointNav3DEnv(**kwargs)
+    a, b = make_env(), make_env()
     try:
         a.reset(seed=0)
         before = a.world.render_obs()

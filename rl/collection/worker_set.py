@@ -377,7 +377,12 @@ class CollectionWorkerSet:
         if not workers:
             return
         if self._shared is None or self._shared[0] != self.version:
-            weights = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+            # A copy: a process worker's pipe sends a CPU tensor as a handle to its shared
+            # storage, which the learner's next update would then change under the worker
+            # before it loads them (torn weights, tagged with the wrong version).
+            weights = {
+                k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()
+            }
             self._shared = (self.version, self.actors.share(weights))
         normalizer = None if self.normalizer is None else self.normalizer.state_dict()
         for i in workers:

@@ -124,15 +124,18 @@ def check_targets(
         path: Dotted path of ``node`` (for messages).
         runtime_kwargs: Keys the engine passes at build time, by node path (they must be
             accepted arguments but need not appear in the YAML).
-        framework_keys: Keys the framework reads itself at a node path, not passed to its
-            target (``{"task": {"observations"}}``); nodes inside them are still checked.
+        framework_keys: Keys the framework reads itself in a node named ``name``, not passed
+            to its target (``{"task": {"observations"}}`` applies to ``task`` and to copies of
+            it under other nodes, such as ``...generate.task``); nodes inside them are still
+            checked.
     """
     errors: list[str] = []
     runtime_kwargs = runtime_kwargs or {}
     framework_keys = framework_keys or {}
     if isinstance(node, Mapping):
         if "_target_" in node:
-            own = {k: v for k, v in node.items() if k not in framework_keys.get(path, ())}
+            name = path.rpartition(".")[2]
+            own = {k: v for k, v in node.items() if k not in framework_keys.get(name, ())}
             errors += _check_target_node(own, path, runtime_kwargs.get(path, set()))
         for key, value in node.items():
             if isinstance(key, str) and key.startswith("_"):
