@@ -1,0 +1,71 @@
+"""The documentation's code runs: the loss of "Adding a loss" trains through the real engine."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import open_dict
+
+import rl.engine.run
+from rl.engine.settings import verify_train_cfg
+from rl.utils.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+FENCE = re.compile(r"```python\n(.*?)```", re.DOTALL)
+
+
+def python_blocks(page: str) -> list[str]:
+    return FENCE.findall((ROOT / "docs" / page).read_text())
+
+
+@pytest.fixture
+def my_package(tmp_path: Path) -> Any:
+    """``my_package.losses`` holding the page's example, importable for this test."""
+    package = tmp_path / "my_package"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "losses.py").write_text(python_blocks("howto/add-a-loss.md")[0])
+    sys.path.insert(0, str(tmp_path))
+    yield package
+    sys.path.remove(str(tmp_path))
+    for name in [m for m in sys.modules if m == "my_package" or m.startswith("my_package.")]:
+        del sys.modules[name]
+
+
+OVERRIDES = [  # CartPole: a reward of 1 every step, what a head that trains learns at once
+    "+experiment=ppo_cartpole",
+    "total_env_steps=8192",
+    "eval.num_episodes=0",
+    "valid=null",
+    "logger.sinks.console.progress_bar=false",
+    "pipeline.metric_accumulate_interval=1024",
+    "torch_threads=1",
+    "+pipeline.named_losses.reward={_target_: my_package.losses.RewardPredictionLoss}",
+    "pipeline.stages.0.loss_names=[ppo,reward]",
+    "+pipeline.stages.0.loss_weights=[1.0,0.1]",
+    "trusted_targets=[my_package.*]",
+]
+
+
+def test_the_auxiliary_loss_of_adding_a_loss_trains(my_package: Path, compose_cfg: Any) -> None:
+    cfg = compose_cfg(OVERRIDES)
+    rl.engine.run.train(cfg)
+    records = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").open()]
+    mse = [r["losses/reward/reward_mse"] for r in records if "losses/reward/reward_mse" in r]
+    assert len(mse) >= 4, records
+    assert mse[-1] < 0.1 * mse[0], mse  # its head (in the optimizer) learns the rewards
+
+
+def test_a_wrong_key_of_that_loss_is_named(
+    my_package: Path, compose_cfg: Any, resolve_cfg
+) -> None:
+    cfg = compose_cfg(OVERRIDES)
+    with open_dict(cfg):
+        cfg.pipeline.named_losses.reward.hiden_size = 32
+    with pytest.raises(ConfigError, match=r"pipeline\.named_losses\.reward\.hiden_size"):
+        verify_train_cfg(resolve_cfg(cfg))
