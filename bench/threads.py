@@ -8,7 +8,8 @@ CPU-bound processes running beside it (pure Python loops this script starts and 
 Rows run interleaved (null, auto, null, auto, ...) so that drift hits both alike.
 
     python bench/threads.py [--steps 50000] [--busy 2] [--repeats 1] [--out DIR]
-    python bench/threads.py --smoke      # tiny budgets, busy only: checks that it runs
+    python bench/threads.py --smoke      # tiny budgets, idle only (no CPU-bound process
+                                         # beside the suite's tests): checks that it runs
                                          # (tests/test_bench.py)
 """
 
@@ -138,7 +139,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny budgets: check it runs")
     args = parser.parse_args()
     if args.smoke:
-        args.steps, args.busy, args.eval_episodes = 512, 1, 4
+        args.steps, args.busy, args.eval_episodes = 512, 0, 4
         WORKLOADS[:] = WORKLOADS[1:2]
     out = args.out or Path(tempfile.mkdtemp(prefix="threads_"))
     out.mkdir(parents=True, exist_ok=True)
@@ -152,11 +153,12 @@ def main() -> None:
         mp.get_context("spawn").Process(target=_spin, daemon=True) for _ in range(args.busy)
     ]
     try:
-        results = {} if args.smoke else {"idle": measure(args, out, "idle", variants)}
-        for p in spinners:
-            p.start()
-        busy = f"busy ({args.busy} CPU-bound processes beside)"
-        results[busy] = measure(args, out, "busy", variants)
+        results = {"idle": measure(args, out, "idle", variants)}
+        if spinners:
+            for p in spinners:
+                p.start()
+            busy = f"busy ({args.busy} CPU-bound processes beside)"
+            results[busy] = measure(args, out, "busy", variants)
     finally:
         for p in spinners:  # ours, by handle
             if p.pid is not None:

@@ -19,11 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rl.checkpoints.files import CheckpointError
+from rl.checkpoints.lock import LOCK_NAME
 from rl.engine.sweeps import in_multirun
 from rl.utils.config import ConfigError
 
-# What Hydra itself writes into a command's folder.
-_HYDRA_FILES = frozenset({".hydra", "train.log", "evaluate.log"})
+# What Hydra itself writes into a command's folder, and the run lock's file (released by then).
+_HYDRA_FILES = frozenset({".hydra", "train.log", "evaluate.log", LOCK_NAME})
 
 
 def discard_hydra_folder() -> bool:

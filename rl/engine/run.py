@@ -166,6 +166,9 @@ def _train_body(start: StartPlan, ctx: DistContext | None) -> dict[str, float]:
         stack.enter_context(deterministic_mode(run.deterministic))  # before any CUDA work
         main = ctx is None or ctx.is_main
         output_dir = Path(run.output_dir)
+        # A task whose spaces no policy can take is a refused config: found before the run
+        # folder is written (SpaceError is a ConfigError).
+        spaces = task_spaces(cfg["task"])
         if main:
             output_dir.mkdir(parents=True, exist_ok=True)
             (output_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -178,7 +181,6 @@ def _train_body(start: StartPlan, ctx: DistContext | None) -> dict[str, float]:
         )
         set_seed(run.seed)
         pipeline: TrainingPipeline = hydra.utils.instantiate(cfg["pipeline"])
-        spaces = task_spaces(cfg["task"])
         model = build_policy(cfg["model"], *spaces).to(device)
         # Auxiliary losses' heads, sized from the policy (before the per-rank seeds: every
         # rank builds the same heads).

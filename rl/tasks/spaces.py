@@ -28,6 +28,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rl.utils.config import ConfigError
+
 __all__ = [
     "ObservationFlattener",
     "SpaceError",
@@ -41,8 +43,12 @@ SEP = "/"  # joins the key path of a nested entry
 _LEAVES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 
 
-class SpaceError(ValueError):
-    """A task's observation or action space holds something the framework cannot train on."""
+class SpaceError(ConfigError):
+    """A task's observation or action space holds something the framework cannot train on.
+
+    A :class:`~rl.utils.config.ConfigError` (so a ``ValueError``): the task chosen cannot run,
+    and ``train.py`` says so without a traceback, before the run folder is made.
+    """
 
 
 def _walk(space: gym.Space, path: tuple[str, ...], out: dict[str, gym.Space], task: str) -> None:
