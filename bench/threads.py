@@ -1,13 +1,17 @@
 """Seconds per 100k env steps with torch's default thread count vs ``torch_threads=auto``.
 
 The shipped experiments and a gym task as a user runs them (``python train.py ...`` in a
-subprocess, start-up included, no evaluation), and ``evaluate.py`` on two checkpoints, each with
-``torch_threads=null`` (torch's default: one thread per core, what the defaults were) and with
-``torch_threads=auto`` (the default now), on an otherwise idle machine and with ``--busy N``
-CPU-bound processes running beside it (pure Python loops this script starts and ends by pid).
-Rows run interleaved (null, auto, null, auto, ...) so that drift hits both alike.
+subprocess, start-up included, no evaluation), and ``evaluate.py`` on the checkpoints of the
+first workload's run, on an otherwise idle machine and with ``--busy N`` CPU-bound processes
+running beside it (pure Python loops this script starts and ends by handle). Two variants, run
+interleaved (a, b, a, b, ...) so that drift hits both alike:
 
-    python bench/threads.py [--steps 50000] [--busy 2] [--repeats 1] [--out DIR]
+- by default ``torch_threads=null`` (torch's default: one thread per core) against
+  ``torch_threads=auto`` (the default now), on this tree;
+- with ``--before REF``: the defaults only (no ``torch_threads`` given) of the tree at git
+  ``REF`` (checked out into a temporary worktree, removed at the end) against this tree's.
+
+    python bench/threads.py [--steps 50000] [--busy 2] [--repeats 1] [--out DIR] [--before REF]
     python bench/threads.py --smoke      # tiny budgets, idle only (no CPU-bound process
                                          # beside the suite's tests): checks that it runs
                                          # (tests/test_bench.py)

@@ -23,8 +23,9 @@ from rl.checkpoints.lock import LOCK_NAME
 from rl.engine.sweeps import in_multirun
 from rl.utils.config import ConfigError
 
-# What Hydra itself writes into a command's folder, and the run lock's file (released by then).
-_HYDRA_FILES = frozenset({".hydra", "train.log", "evaluate.log", LOCK_NAME})
+# What a command's folder holds before its run writes anything: Hydra's own files and the run
+# lock's file (released by the time the folder is judged).
+_BOOKKEEPING_FILES = frozenset({".hydra", "train.log", "evaluate.log", LOCK_NAME})
 
 
 def discard_hydra_folder() -> bool:
@@ -38,7 +39,7 @@ def discard_hydra_folder() -> bool:
     if not HydraConfig.initialized():
         return False
     folder = Path(HydraConfig.get().runtime.output_dir)
-    if not folder.is_dir() or any(p.name not in _HYDRA_FILES for p in folder.iterdir()):
+    if not folder.is_dir() or any(p.name not in _BOOKKEEPING_FILES for p in folder.iterdir()):
         return False
     root = logging.getLogger()
     for handler in list(root.handlers):
