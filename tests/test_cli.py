@@ -176,12 +176,6 @@ def test_cfg_job_shows_what_runs(tmp_path: Path) -> None:
     assert "_target_: rl.losses.PPOLoss" in proc.stdout
 
 
-def test_gym_task_trains(tmp_path: Path) -> None:
-    run_dir, proc = train(tmp_path, "task=gym", "task.env_id=CartPole-v1", "model=mlp")
-    assert proc.returncode == 0, proc.stderr
-    assert list((run_dir / "checkpoints").glob("ckpt_*.pt"))
-
-
 def test_evaluate_without_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     proc = run(["evaluate.py", f"run_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'e'}"], tmp_path)
     assert proc.returncode != 0

@@ -25,7 +25,6 @@ from typing import Any
 import psutil
 import pytest
 import torch
-from test_learning import STOP_ONCE_LEARNED
 
 from rl.checkpoints import latest_checkpoint, load_checkpoint
 from rl.collection import CollectionSpec, RolloutRequest
@@ -238,32 +237,6 @@ def test_evaluation_over_two_workers_runs_each_episode_once(backend: str) -> Non
         workers.close()
     assert [e["episode_seed"] for e in result.episodes] == seeds
     assert {"success", "spl", "return"} <= set(result.metrics)
-
-
-@pytest.mark.slow
-def test_async_collection_workers_learn_small_pointnav(
-    compose_cfg: Any, ray_instance: Any
-) -> None:
-    """Asynchronous PPO (two Ray workers collect while the learner updates; policy lag 1)
-    within the budget of test_learning's PPO test (200k env steps on nav_small)."""
-    cfg = compose_cfg(
-        [
-            "+experiment=ppo_nav",
-            "task=nav_small",
-            "total_env_steps=200_000",
-            "torch_threads=1",
-            "eval.num_episodes=100",
-            "collector=ray",
-            "collector.mode=async",
-            "collector.num_workers=2",
-            STOP_ONCE_LEARNED,
-            "logger.sinks.console.progress_bar=false",
-        ]
-    )
-    metrics = run.train(cfg)
-    assert metrics["collection/policy_lag"] == 1.0, metrics
-    assert metrics["eval/success"] >= 0.9, metrics
-    assert metrics["eval/spl"] >= 0.7, metrics
 
 
 # -------------------------------------------------------------------------- faults

@@ -1,6 +1,7 @@
-"""Learning with collection workers: 2 DDP learners x 2 workers each (process and Ray), and
-V-trace on barrier-free asynchronous data, each on the learning test's nav_small budget (an
-upper bound: the stage ends once training success reaches 0.97, ``STOP_ONCE_LEARNED``).
+"""Learning with collection workers: 2 DDP learners x 2 workers each (process workers in async,
+Ray workers in sync), and V-trace on barrier-free asynchronous data, each on the learning test's
+nav_small budget (an upper bound: the stage ends once training success reaches 0.97,
+``STOP_ONCE_LEARNED``).
 
 In a module of their own so that the test processes run them beside the other worker tests.
 """
@@ -14,31 +15,35 @@ from test_learning import STOP_ONCE_LEARNED
 
 from rl.engine import run
 
+TWO_BY_TWO = [
+    "+experiment=ppo_nav",
+    "task=nav_small",
+    "total_env_steps=200_000",
+    "sampler.num_envs=8",  # per rank: 2 ranks x 8 = ppo_nav's 16 in all
+    "torch_threads=1",
+    "eval.num_episodes=100",
+    STOP_ONCE_LEARNED,
+    "distributed=ddp",
+    "distributed.workers=2",
+    "collector.num_workers=2",
+    "logger.sinks.console.progress_bar=false",
+]
+
 
 @pytest.mark.slow
-@pytest.mark.parametrize("collector", ["process", "ray"])
+@pytest.mark.parametrize(
+    ("collector", "mode", "lag"), [("process", "async", 1.0), ("ray", "sync", 0.0)]
+)
 def test_two_learners_with_two_workers_each_learn_small_pointnav(
-    collector: str, compose_cfg: Any
+    collector: str, mode: str, lag: float, compose_cfg: Any
 ) -> None:
-    """2 DDP learners x 2 collection workers each, on the learning test's nav_small budget."""
-    cfg = compose_cfg(
-        [
-            "+experiment=ppo_nav",
-            "task=nav_small",
-            "total_env_steps=200_000",
-            "sampler.num_envs=8",  # per rank: 2 ranks x 8 = ppo_nav's 16 in all
-            "torch_threads=1",
-            "eval.num_episodes=100",
-            STOP_ONCE_LEARNED,
-            "distributed=ddp",
-            "distributed.workers=2",
-            f"collector={collector}",
-            "collector.num_workers=2",
-            "logger.sinks.console.progress_bar=false",
-        ]
-    )
+    """2 DDP learners x 2 collection workers each: process workers collecting while their
+    learner updates (policy lag 1), Ray workers with every rollout on the current weights."""
+    cfg = compose_cfg([*TWO_BY_TWO, f"collector={collector}", f"collector.mode={mode}"])
     metrics = run.train(cfg)
+    assert metrics["collection/policy_lag"] == lag, metrics
     assert metrics["eval/success"] >= 0.9, metrics
+    assert metrics["eval/spl"] >= 0.7, metrics
 
 
 @pytest.mark.slow

@@ -20,12 +20,17 @@ radius.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse
-from scipy.sparse.csgraph import dijkstra
 
 from rl.tasks.nav3d_layout import Floorplan
+
+if TYPE_CHECKING:
+    import scipy.sparse
+
+# scipy is imported where a grid is built (about 0.3 s): every process imports rl.tasks, and
+# only those that build a 3D environment need it.
 
 __all__ = ["NavGrid", "expert_action", "point_clearance"]
 
@@ -125,6 +130,8 @@ class NavGrid:
         A ``(cells, 16)`` table holds each cell's neighbour per move (-1 where the move leaves
         the grid or crosses a blocked cell); its valid entries, row by row, are the CSR arrays.
         """
+        import scipy.sparse
+
         nx, nz = self.shape
         free = self.free
         index = np.arange(nx * nz).reshape(nx, nz)
@@ -152,6 +159,8 @@ class NavGrid:
 
     def distance_field(self, goal_cell: tuple[int, int]) -> np.ndarray:
         """Geodesic distance (metres) of every cell to the centre of ``goal_cell``; inf if none."""
+        from scipy.sparse.csgraph import dijkstra
+
         nz = self.shape[1]
         field = dijkstra(self._graph, directed=True, indices=goal_cell[0] * nz + goal_cell[1])
         return np.asarray(field).reshape(self.shape)
