@@ -6,6 +6,7 @@ the workers (a failing one surfaces as the parent's ``ProcessRaisedException``).
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import functools
 import json
@@ -21,6 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import yaml
 
 from rl.collection import InProcessCollector
 from rl.distributed import (
@@ -345,6 +347,25 @@ def test_a_killed_worker_ends_the_job_with_an_error(
         settings = DistributedSettings.from_config(plain["distributed"])
         spawn_workers(2, settings, "cpu", payload, _train_worker)
     assert time.monotonic() - start < 60
+
+
+def _rank_1_fails_then_exits_slowly(plan: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    if ctx.rank == 1:
+        # The launcher's teardown closes its connections at once; its exit then takes a while
+        # (as a rank closing its collection workers does), so rank 0's echo exits first.
+        atexit.register(time.sleep, 5.0)
+        raise ValueError("the cause, on rank 1")
+    dist.all_reduce(torch.zeros(1))  # fails once rank 1 has left: "Connection closed by peer"
+    return {}
+
+
+def test_a_failure_is_named_by_its_rank_not_by_the_peer_it_disconnected(tmp_path: Path) -> None:
+    section = yaml.safe_load((ROOT / "conf" / "distributed" / "none.yaml").read_text())
+    settings = DistributedSettings.from_config({**section, "enabled": True, "workers": 2})
+    plan = {"config": {"output_dir": str(tmp_path)}}
+    with pytest.raises(RuntimeError, match=r"(?s)worker 1 \(.*the cause, on rank 1") as err:
+        spawn_workers(2, settings, "cpu", plan, _rank_1_fails_then_exits_slowly)
+    assert "Connection closed" not in str(err.value)
 
 
 # --------------------------------------------------------------------------- CLI

@@ -125,7 +125,7 @@ def processes_below(pid: int) -> set[int]:
 
 
 def forkserver_tree(pids: set[int]) -> set[int]:
-    """A fork server and the sampler workers it forked (they share its command line)."""
+    """Fork servers and the workers they forked (which share their command line)."""
     return {p.pid for p in live_processes_of(pids) if "forkserver" in " ".join(p.cmdline())}
 
 
@@ -140,7 +140,7 @@ def test_sigterm_to_the_learner_stops_workers_and_their_samplers(tmp_path: Path)
     assert code == 143, err[-3000:]
     assert "stopped by SIGTERM" in err
     assert latest_checkpoint(tmp_path / "run") is not None
-    assert len(tree) >= 4, "expected a worker, its fork server and two sampler workers"
+    assert len(tree) >= 5, "expected a fork server, a worker, its fork server and 2 samplers"
     assert wait_until_gone(tree, seconds=10) == []
 
 
@@ -171,7 +171,9 @@ def test_kill_9_of_a_learner_whose_worker_waits_on_a_hung_sampler_leaves_no_proc
             seen.append(line)
         assert "collection worker 0 (pid" in line and "collecting a rollout" in line
         tree = processes_below(proc.pid)
-        assert len(forkserver_tree(tree)) == 3, "expected a fork server and two sampler workers"
+        # The learner's fork server, the collection worker it forked, the worker's fork server
+        # and the two sampler workers that one forked.
+        assert len(forkserver_tree(tree)) == 5, tree
         proc.kill()
         proc.wait(timeout=30)
         assert wait_until_gone(tree, seconds=10) == []

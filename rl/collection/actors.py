@@ -6,7 +6,8 @@ handles, ``get`` a result. Two implementations:
 
 - :class:`RayActors` (``backend: ray``): one Ray actor per worker, on this machine or a cluster;
 - :class:`ProcessActors` (``backend: process``): one child process per worker on this machine,
-  no Ray: start-up in about the time it takes to import torch, and nothing else running. Calls
+  no Ray: the children fork from a ``forkserver`` that has imported the worker's modules
+  once, so a worker starts in the time it takes to build its environments. Calls
   run in order in the child; ``stop_collecting`` (the straggler rule) is served at once by the
   child's receiving thread, as Ray serves it in its own concurrency group. The children are
   not daemonic (each may run a multiprocess sampler of its own) and never outlive the learner:
@@ -36,6 +37,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
 
 from rl.sampling.mp_worker import die_with_parent
+from rl.sampling.multiprocess import resolve_start_method
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +279,8 @@ class ProcessActors:
     object in a thread that lives as long as the workers, e.g. the main thread).
 
     Args:
-        cls: The worker class (importable: the children are started with ``spawn``).
+        cls: The worker class (importable: the children are started with ``forkserver``,
+            ``spawn`` where it is missing).
         kwargs: Constructor arguments, one mapping per worker (picklable).
         start_timeout: Seconds the workers may take to build.
         owner: Prefix of the workers' names in errors (``"rank 1 "`` under DDP).
@@ -292,7 +295,12 @@ class ProcessActors:
         owner: str = "",
     ) -> None:
         self.owner = owner
-        context = mp.get_context("spawn")
+        method = resolve_start_method("forkserver")
+        context = mp.get_context(method)
+        if method == "forkserver":
+            # Workers fork from a server that has imported the worker's modules once (torch
+            # among them): starting one costs a fork, not a fresh interpreter's imports.
+            context.set_forkserver_preload(["__main__", __name__, cls.__module__])
         self._conns: list[Connection] = []
         self._processes: list[Any] = []
         self._results: list[dict[int, tuple[bool, Any]]] = []

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -154,6 +155,31 @@ def _forward_signals(context: Any) -> Iterator[None]:
             signal.signal(sig, old)
 
 
+# A worker that fails closes its sockets, and the others then fail inside their next collective
+# with an error that names no cause (gloo's "Connection closed by peer"). Which failure the
+# launcher sees first is a race (on a loaded machine both have exited by the time it looks).
+_ECHOES = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
+
+
+def _first_cause(context: Any, error: ProcessException) -> tuple[int, str]:
+    """The failed worker to report: ``error``'s, unless it only echoes another's failure.
+
+    Every worker that raised left its traceback in its error file (torch's spawn wrapper);
+    the first one that is not an echo of a closed peer names the cause.
+    """
+    if not any(echo in str(error) for echo in _ECHOES):
+        return error.error_index, str(error)
+    for index, path in enumerate(context.error_files):
+        if index == error.error_index or not os.access(path, os.R_OK):
+            continue
+        with contextlib.suppress(Exception), open(path, "rb") as fh:
+            # Written by the worker process this launcher started (torch.multiprocessing).
+            trace = str(pickle.load(fh))
+            if not any(echo in trace for echo in _ECHOES):
+                return index, f"\n\n-- Process {index} failed with:\n{trace}"
+    return error.error_index, str(error)
+
+
 def spawn_workers(
     workers: int,
     settings: DistributedSettings,
@@ -192,8 +218,9 @@ def spawn_workers(
             while not context.join(timeout=1.0):
                 pass
     except ProcessException as e:
+        index, detail = _first_cause(context, e)
         raise RuntimeError(
-            f"distributed training failed: worker {e.error_index} ({e}); the other "
+            f"distributed training failed: worker {index} ({detail}); the other "
             "workers were terminated"
         ) from None
     if results.empty():

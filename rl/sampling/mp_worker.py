@@ -48,12 +48,16 @@ def die_with_parent(parent_pid: int | None = None) -> None:
     goes too, even while busy (a hung environment never reads its closed pipe). Call it first
     thing in the child:
 
-    - ``prctl(PR_SET_PDEATHSIG)``: the kernel kills this process when the thread that forked
-      it exits (not inherited by its own children: each sets its own);
-    - ``parent_pid``, the process that started this one, when it is not the one that forked
-      it (a ``forkserver`` child: the fork server outlives the process that asked, as long as
-      any of its children lives), or when it already ended before this call: a thread waits
-      on a pidfd of it and kills this process when it ends (zombie included).
+    - the process that forked this one is its parent: ``prctl(PR_SET_PDEATHSIG)``, the kernel
+      kills this process when the thread that forked it exits (not inherited by its own
+      children: each sets its own);
+    - ``parent_pid`` is another process (a ``forkserver`` child: the fork server forked it for
+      ``parent_pid``), or one that ended before this call: a thread waits on a pidfd of it and
+      kills this process when it ends (zombie included). The fork server's own end does not
+      count: it shares its parent's process group, so a SIGTERM to the group (the learner's
+      signal to save and stop) ends it at once, and its children must live on until their
+      parent closes them. Without pidfds (Linux < 5.3) the fork server's end is the best
+      signal there is, and ``PR_SET_PDEATHSIG`` is set after all.
 
     Args:
         parent_pid: The process that started this one (None: the one that forked it).
@@ -61,14 +65,16 @@ def die_with_parent(parent_pid: int | None = None) -> None:
     if not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)  # failing: the pidfd below
     if parent_pid is None or parent_pid == os.getppid():
-        return
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if parent_pid is None or parent_pid == os.getppid():  # not ended in between
+            return
     try:
         pidfd = os.pidfd_open(parent_pid)
     except ProcessLookupError:
         os._exit(1)  # the parent is gone already
     except (AttributeError, OSError):
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
         return  # no pidfds (Linux < 5.3): the closed pipe still ends an idle worker
 
     def watch() -> None:
