@@ -330,10 +330,15 @@ def test_interrupted_main_process_leaves_no_worker(tmp_path: Path) -> None:
     """Ctrl-C (SIGINT) in a script using the sampler: the workers end with it."""
     script = tmp_path / "loop.py"
     script.write_text(
+        "import faulthandler, signal\n"
         "import numpy as np\n"
         "from rl.sampling import MultiprocessSampler\n"
         f"TASK = {SMALL!r}\n"
         "if __name__ == '__main__':\n"
+        # Ctrl-C as in a terminal: a test run started in the background (a shell without job
+        # control) passes SIGINT on ignored, and Python then installs no KeyboardInterrupt.
+        "    signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "    faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
         "    s = MultiprocessSampler(task=TASK, num_processes=2, num_envs=4)\n"
         "    s.reset()\n"
         "    print(*s.worker_pids, flush=True)\n"
@@ -348,7 +353,21 @@ def test_interrupted_main_process_leaves_no_worker(tmp_path: Path) -> None:
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert len(pids) == 2 and all(_alive(p) for p in pids)
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=20)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            masks = [
+                line.strip()
+                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                if line.startswith(("SigBlk", "SigIgn", "SigCgt"))
+            ]
+            proc.send_signal(signal.SIGUSR1)  # every thread's stack to stderr, then the report
+            time.sleep(1.0)
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(
+                f"no exit 20 s after SIGINT ({masks}); its threads:\n{err.decode()[-6000:]}"
+            )
     finally:
         proc.kill()
     assert proc.returncode != 0
