@@ -495,9 +495,11 @@ class CollectionWorkerSet:
     def _refill(self, current: RolloutRequest, taken: int = 0) -> None:
         """Ask every idle worker for a rollout, planned in the order they are asked for.
 
-        The rollouts in flight feed the coming updates in the order they were asked for,
-        ``rollouts_per_update`` each; ``taken``: rollouts already taken for ``current``'s
-        update (the next one asked for feeds the update after it once it has them all).
+        The rollouts in flight are planned for the coming updates in the order they were asked
+        for, ``rollouts_per_update`` each, though an update takes the first ready ones (a short
+        rollout cut to the stage's budget may overtake a full one asked for before it);
+        ``taken``: rollouts already taken for ``current``'s update (the next one asked for is
+        planned for the update after it once it has them all).
         """
         for i in range(self.num_workers):
             if i in self._in_flight:
