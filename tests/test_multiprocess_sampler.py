@@ -356,18 +356,11 @@ def test_interrupted_main_process_leaves_no_worker(tmp_path: Path) -> None:
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            masks = [
-                line.strip()
-                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
-                if line.startswith(("SigBlk", "SigIgn", "SigCgt"))
-            ]
             proc.send_signal(signal.SIGUSR1)  # every thread's stack to stderr, then the report
             time.sleep(1.0)
             proc.kill()
             _, err = proc.communicate()
-            pytest.fail(
-                f"no exit 20 s after SIGINT ({masks}); its threads:\n{err.decode()[-6000:]}"
-            )
+            pytest.fail(f"no exit 20 s after SIGINT; its threads:\n{err.decode()[-6000:]}")
     finally:
         proc.kill()
     assert proc.returncode != 0

@@ -274,9 +274,9 @@ class ProcessActors:
     The workers are not daemonic, so they may start processes of their own (a
     ``sampler=multiprocess`` in each worker). None outlives this process: :meth:`close`
     ends them, so does interpreter exit (a ``multiprocessing`` finalizer, run before the
-    interpreter waits for its non-daemonic children), and on Linux the kernel kills them when
-    this process ends in any other way, SIGKILL included (``PR_SET_PDEATHSIG``: create this
-    object in a thread that lives as long as the workers, e.g. the main thread).
+    interpreter waits for its non-daemonic children), and on Linux each worker kills itself
+    when this process ends in any other way, SIGKILL included (it watches this process, not the
+    fork server it was forked from: :func:`~rl.sampling.mp_worker.die_with_parent`).
 
     Args:
         cls: The worker class (importable: the children are started with ``forkserver``,
