@@ -1,6 +1,6 @@
 """Where a training step's time goes: ``ppo_nav`` under ``torch.profiler``, split by phase.
 
-Runs ``ppo_nav`` (its defaults, or Hydra overrides given on the command line) for a few
+Runs ``ppo_nav`` (or ``--experiment``; its defaults, or Hydra overrides given on the command line) for a few
 rollouts in this process with in-process collection, marks each phase with
 ``torch.profiler.record_function`` and prints, per 1,000 env steps, the wall time of:
 
@@ -16,7 +16,8 @@ warm-up and not profiled.
 given on the command line still win), to check that the benchmark runs (``tests/test_bench.py``),
 not to measure.
 
-    python bench/profile_split.py [--rollouts 6] [--warmup 2] [--smoke] [HYDRA_OVERRIDE ...]
+    python bench/profile_split.py [--rollouts 6] [--warmup 2] [--smoke] [--experiment ppo_nav]
+                                  [HYDRA_OVERRIDE ...]
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=6, help="profiled rollouts")
     parser.add_argument("--warmup", type=int, default=2, help="rollouts before profiling")
     parser.add_argument("--smoke", action="store_true", help="tiny budgets: check it runs")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides of ppo_nav")
+    parser.add_argument("--experiment", default="ppo_nav", help="the experiment to profile")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of the experiment")
     args = parser.parse_args()
     if args.smoke:  # its defaults; flags and overrides given explicitly still win
         parser.set_defaults(**SMOKE)
@@ -92,7 +94,7 @@ def main() -> None:
     _mark_phases()
     steps_per_rollout = 16 * 128
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        probe = compose(config_name="train", overrides=["+experiment=ppo_nav", *args.overrides])
+        probe = compose(config_name="train", overrides=[f"+experiment={args.experiment}", *args.overrides])
     steps_per_rollout = int(probe.sampler.num_envs) * int(probe.pipeline.num_steps)
     total = steps_per_rollout * (args.warmup + args.rollouts)
     prof = profile(activities=[ProfilerActivity.CPU])
@@ -110,7 +112,7 @@ def main() -> None:
             cfg = compose(
                 config_name="train",
                 overrides=[
-                    "+experiment=ppo_nav",
+                    f"+experiment={args.experiment}",
                     f"total_env_steps={total}",
                     "pipeline.save_interval=0",
                     "eval.num_episodes=0",
@@ -136,7 +138,7 @@ def main() -> None:
     collect_rest -= rows["collect/storage"]
     forward = rows["update"] - rows["update/backward"] - rows["update/optimizer"]
     overrides = " ".join(args.overrides) or "(defaults)"
-    print(f"\nppo_nav {overrides}: ms per 1,000 env steps ({args.rollouts} rollouts profiled)")
+    print(f"\n{args.experiment} {overrides}: ms per 1,000 env steps ({args.rollouts} rollouts profiled)")
     total_ms = rows["collect"] + rows["update"]
     for label, name in PHASES.items():
         print(f"  {name:<30} {rows[label]:8.1f}  {rows[label] / total_ms:6.1%}")

@@ -1,4 +1,4 @@
-"""PPO loss diagnostics, its clipped surrogate by hand, and explained variance."""
+"""PPO loss diagnostics, its clipped surrogate by hand, imitation's value term, explained variance."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rl.losses import PPOLoss, explained_variance
+from rl.losses import ImitationLoss, PPOLoss, explained_variance
 from rl.models import Categorical, PolicyOutput
 from rl.pipeline import LinearDecay
 
@@ -143,3 +143,36 @@ def test_loss_reports_nan_explained_variance_without_raising() -> None:
     batch["returns"] = torch.ones(T, N)
     result = PPOLoss()(batch=batch, output=output, step_count=0)
     assert math.isnan(result.diagnostics["explained_variance"])
+
+
+def test_imitation_value_term_matches_hand_computation_and_trains_only_the_values() -> None:
+    batch, output = _batch_and_output(2)
+    expert = torch.randint(0, A, (T, N), generator=torch.Generator().manual_seed(3))
+    expert[0] = -1  # steps without an expert action: no imitation term, still a value term
+    batch["expert_actions"] = expert
+    plain = ImitationLoss()(batch=batch, output=output, step_count=0)
+    assert "value_loss" not in plain.terms
+    result = ImitationLoss(value_loss_coef=0.5)(batch=batch, output=output, step_count=0)
+
+    mask = expert >= 0
+    logp = torch.log_softmax(output.dist.logits.detach(), -1)
+    nll = -logp.gather(-1, expert.clamp(min=0)[..., None])[..., 0][mask].mean().item()
+    values, returns = output.values.detach(), batch["returns"]
+    value_loss = sum(
+        0.5 * (values[t, n].item() - returns[t, n].item()) ** 2 for t in range(T) for n in range(N)
+    ) / (T * N)
+    assert result.terms["imitation_loss"] == pytest.approx(nll, rel=1e-5)
+    assert result.terms["value_loss"] == pytest.approx(value_loss, rel=1e-5)
+    assert result.total.item() == pytest.approx(nll + 0.5 * value_loss, rel=1e-5)
+    # d/dV of 0.5 * 0.5 * mean((V - R)^2) is 0.5 * (V - R) / (T * N).
+    result.total.backward()
+    expected = 0.5 * (values - returns) / (T * N)
+    assert torch.allclose(output.values.grad, expected, atol=1e-6)
+
+
+def test_imitation_value_term_needs_returns() -> None:
+    batch, output = _batch_and_output(4)
+    del batch["returns"]
+    with pytest.raises(ValueError, match="value_loss_coef > 0 .* has none"):
+        ImitationLoss(value_loss_coef=1.0)(batch=batch, output=output, step_count=0)
+    ImitationLoss()(batch=batch, output=output, step_count=0)  # without the term: fine

@@ -351,6 +351,14 @@ def test_depth_observation() -> None:
     assert obs["depth"].shape == (60, 80, 1) and obs["depth"].dtype == np.float32
     assert 0.0 < obs["depth"].min() and obs["depth"].max() <= 10.0
     assert env.observation_space["depth"].contains(obs["depth"])
+    env = make_env(depth=True, normalize_depth=True, max_depth=4.0)
+    try:
+        normalized, _ = env.reset(seed=0)
+    finally:
+        env.close()
+    assert np.allclose(normalized["depth"], np.minimum(obs["depth"], 4.0) / 4.0)
+    assert normalized["depth"].max() == 1.0  # the far wall of two 3-4 m rooms is beyond 4 m
+    assert env.observation_space["depth"].contains(normalized["depth"])
 
 
 def test_gps_compass_points_at_the_goal(small_env: PointNav3DEnv) -> None:
@@ -392,6 +400,32 @@ def test_no_egl_gives_a_clear_error() -> None:
     assert proc.returncode == 1, proc.stderr[-2000:]  # an exception, not a signal (segfault)
     assert RenderingUnavailableError.__name__ in proc.stderr
     assert "apt-get install libegl1 libegl-mesa0" in proc.stderr
+
+
+def test_llvmpipe_renders_in_the_calling_thread_unless_the_user_says_otherwise() -> None:
+    # Mesa's llvmpipe starts LP_NUM_THREADS rasteriser threads with the first GL context (one
+    # per core by default); the task sets 0 (none) unless the environment gives a value.
+    code = (
+        "import os\nfrom rl.tasks import PointNav3DEnv\n"
+        "env = PointNav3DEnv(rooms=[1, 2], room_size=[3.0, 4.0])\nenv.reset(seed=0)\n"
+        "env.step(2)\n"
+        "threads = open('/proc/self/status').read().split('Threads:')[1].split()[0]\n"
+        "print(os.environ['LP_NUM_THREADS'], threads)\n"
+    )
+    seen = {}
+    for setting in (None, "3"):
+        env = {k: v for k, v in os.environ.items() if k != "LP_NUM_THREADS"}
+        if setting is not None:
+            env["LP_NUM_THREADS"] = setting
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        value, threads = proc.stdout.split()
+        seen[setting] = (value, int(threads))
+    assert seen[None][0] == "0"
+    assert seen["3"][0] == "3"  # the user's value is kept, and llvmpipe starts its threads
+    assert seen["3"][1] >= seen[None][1] + 3, seen
 
 
 # --------------------------------------------------------------------------------- the model

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import torch
 from tensordict import TensorDict
 
-from rl.losses.base import Loss, LossOutput
+from rl.losses.base import Loss, LossOutput, explained_variance
 from rl.models.distributions import Categorical
 from rl.models.policy import PolicyOutput
+from rl.utils.config import Check
 
 
 class ImitationLoss(Loss):
@@ -17,10 +20,22 @@ class ImitationLoss(Loss):
     or an off-policy expert batch. Steps without an expert action are masked out; a batch
     without any gives a zero loss. The expert gives one discrete action per step, so this loss
     needs a ``Discrete`` action space.
+
+    Args:
+        value_loss_coef: Weight of a value regression on the rollout's returns, ``0.5 * (V -
+            R)^2`` over every step (0: none, the default). Imitation alone leaves the critic
+            untrained, so a PPO stage after it starts from random values and its first
+            advantages are noise; with a weight here the critic learns the returns of the
+            policy being imitated (mixed with the expert's actions while teacher forcing
+            lasts), and PPO starts from a critic that fits them. On-policy rollouts only: an
+            off-policy expert batch has no returns (an error says so).
     """
 
+    def __init__(self, *, value_loss_coef: Annotated[float, Check(ge=0)] = 0.0) -> None:
+        self.value_loss_coef = value_loss_coef
+
     def __call__(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
-        """Cross-entropy on ``batch["expert_actions"]`` ``[T, n]`` (-1: none)."""
+        """Cross-entropy on ``batch["expert_actions"]`` ``[T, n]`` (-1: none), plus the value term."""
         if not isinstance(output.dist, Categorical):
             raise ValueError(
                 "imitation: the expert gives one discrete action per step, but the policy's "
@@ -32,16 +47,34 @@ class ImitationLoss(Loss):
         count = int(mask.sum())
         logp = output.dist.log_prob(expert.clamp(min=0))
         if count == 0:  # zero gradients for the policy's parameters, as a masked loss gives
-            return LossOutput(
+            out = LossOutput(
                 total=logp.sum() * 0.0,
                 terms={"imitation_loss": 0.0},
                 diagnostics={"expert_fraction": 0.0},
             )
-        loss = -(logp * mask).sum() / count
-        with torch.no_grad():
-            agree = ((output.dist.mode() == expert) & mask).sum().item() / count
-        return LossOutput(
-            total=loss,
-            terms={"imitation_loss": loss.item()},
-            diagnostics={"expert_accuracy": agree, "expert_fraction": count / expert.numel()},
+        else:
+            loss = -(logp * mask).sum() / count
+            with torch.no_grad():
+                agree = ((output.dist.mode() == expert) & mask).sum().item() / count
+            out = LossOutput(
+                total=loss,
+                terms={"imitation_loss": loss.item()},
+                diagnostics={"expert_accuracy": agree, "expert_fraction": count / expert.numel()},
+            )
+        if self.value_loss_coef > 0:
+            self._add_value_term(out, batch, output)
+        return out
+
+    def _add_value_term(self, out: LossOutput, batch: TensorDict, output: PolicyOutput) -> None:
+        if "returns" not in batch.keys():
+            raise ValueError(
+                "imitation: value_loss_coef > 0 regresses the values on the rollout's returns, "
+                "but this batch has none (an off-policy expert batch?); use value_loss_coef: 0 "
+                "for off-policy imitation"
+            )
+        value_loss = 0.5 * (output.values - batch["returns"]).pow(2).mean()
+        out.total = out.total + self.value_loss_coef * value_loss
+        out.terms["value_loss"] = value_loss.item()
+        out.diagnostics["explained_variance"] = explained_variance(
+            batch["values"], batch["returns"]
         )

@@ -76,7 +76,8 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
     """Point-goal navigation from pixels in procedurally generated interiors.
 
     Observations: ``{"rgb": uint8 [H, W, 3], "goal": float32 [3]}`` (and ``"depth"``: float32
-    ``[H, W, 1]`` metres, clipped to ``max_depth``, when ``depth=True``). ``goal`` is the
+    ``[H, W, 1]`` metres, clipped to ``max_depth``, when ``depth=True``; divided by ``max_depth``
+    to ``[0, 1]`` with ``normalize_depth=True``, habitat's depth sensor's default). ``goal`` is the
     GPS+compass reading: ``(distance, cos(bearing), sin(bearing))``, the Euclidean distance to
     the goal in metres and its bearing in the agent's frame (counter-clockwise from straight
     ahead, so positive is to the left), the angle given by its cosine and sine (continuous).
@@ -113,6 +114,7 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
         height: int = 60,
         depth: bool = False,
         max_depth: float = 10.0,
+        normalize_depth: bool = False,
         grid_resolution: float = 0.1,
         episodes_per_floorplan: int = 1,
         split: Annotated[str | None, Check(choices=SPLITS)] = None,
@@ -139,6 +141,8 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
             height: Camera image height, pixels.
             depth: Also observe depth (``"depth"``).
             max_depth: Depth is clipped to this, metres.
+            normalize_depth: Depth divided by ``max_depth``, in ``[0, 1]`` (a policy's input at
+                the scale of its scaled pixels) instead of metres.
             grid_resolution: Navigation grid cell side, metres.
             episodes_per_floorplan: Unseeded resets keep the floorplan (its scene and navigation
                 grid, built once) for this many episodes, each with a new goal and start; a
@@ -195,6 +199,7 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
         self.distance_reward_scale = float(distance_reward_scale)
         self.use_depth = bool(depth)
         self.max_depth = float(max_depth)
+        self.normalize_depth = bool(normalize_depth)
         self.grid_resolution = float(grid_resolution)
         self.episodes_per_floorplan = int(episodes_per_floorplan)
         self.split = split
@@ -209,9 +214,8 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
             ),
         }
         if self.use_depth:
-            obs_spaces["depth"] = spaces.Box(
-                0.0, self.max_depth, (int(height), int(width), 1), np.float32
-            )
+            high = 1.0 if self.normalize_depth else self.max_depth
+            obs_spaces["depth"] = spaces.Box(0.0, high, (int(height), int(width), 1), np.float32)
         self.observation_space = spaces.Dict(obs_spaces)
         self.action_space = spaces.Discrete(len(Actions))
 
@@ -342,7 +346,8 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
             "goal": np.array([distance, math.cos(bearing), math.sin(bearing)], np.float32),
         }
         if self.use_depth:
-            obs["depth"] = np.minimum(self.world.depth(), self.max_depth)
+            depth = np.minimum(self.world.depth(), self.max_depth)
+            obs["depth"] = depth / self.max_depth if self.normalize_depth else depth
         return obs
 
     def expert_action(self) -> int:

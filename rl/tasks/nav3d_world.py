@@ -5,6 +5,13 @@ then imports MiniWorld, which creates pyglet's shadow GL context. It fails with 
 or a pyglet exception where EGL is missing; :mod:`rl.tasks.nav3d` imports it lazily and turns
 that into a clear error.
 
+Mesa's CPU rasteriser (llvmpipe) renders with a pool of threads, one per core, by default. Here
+every sampler or collection-worker process renders its own environments and the cores are already
+shared out between processes, so the pool only adds hand-offs between threads:
+``LP_NUM_THREADS=0`` (render in the calling thread), set here unless the environment already sets
+it, made training 1.07x faster on 2 cores (``dagger_ppo_nav3d``; docs/tasks/nav3d.md). A GPU
+driver ignores the variable.
+
 :class:`SceneWorld` is a ``MiniWorldEnv`` used as a scene: the task builds its rooms from a
 :class:`~rl.tasks.nav3d_layout.Floorplan`, places the agent, moves it with MiniWorld's own
 collision rule and renders its camera. It compiles its static geometry into a display list of its
@@ -18,12 +25,14 @@ import contextlib
 import ctypes
 import io
 import math
+import os
 from typing import Any
 
 import numpy as np
 import pyglet
 
 pyglet.options["headless"] = True  # before pyglet.gl / pyglet.window are imported
+os.environ.setdefault("LP_NUM_THREADS", "0")  # llvmpipe renders in this thread (see above)
 
 from miniworld.miniworld import MiniWorldEnv  # noqa: E402 (needs the option above)
 from miniworld.opengl import Texture  # noqa: E402
