@@ -1,7 +1,8 @@
 """Where a training step's time goes: ``ppo_nav`` under ``torch.profiler``, split by phase.
 
-Runs ``ppo_nav`` (or ``--experiment``; its defaults, or Hydra overrides given on the command line) for a few
-rollouts in this process with in-process collection, marks each phase with
+Runs ``ppo_nav`` (or ``--experiment``; its defaults, or Hydra overrides given on the command
+line) for a few rollouts in this process with in-process collection (an experiment with
+collection workers needs ``collector=local '~collector.num_workers'``), marks each phase with
 ``torch.profiler.record_function`` and prints, per 1,000 env steps, the wall time of:
 
 - collection: environment stepping (the sampler), the policy's forward pass (``act``), storage
@@ -94,7 +95,9 @@ def main() -> None:
     _mark_phases()
     steps_per_rollout = 16 * 128
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        probe = compose(config_name="train", overrides=[f"+experiment={args.experiment}", *args.overrides])
+        probe = compose(
+            config_name="train", overrides=[f"+experiment={args.experiment}", *args.overrides]
+        )
     steps_per_rollout = int(probe.sampler.num_envs) * int(probe.pipeline.num_steps)
     total = steps_per_rollout * (args.warmup + args.rollouts)
     prof = profile(activities=[ProfilerActivity.CPU])
@@ -138,7 +141,10 @@ def main() -> None:
     collect_rest -= rows["collect/storage"]
     forward = rows["update"] - rows["update/backward"] - rows["update/optimizer"]
     overrides = " ".join(args.overrides) or "(defaults)"
-    print(f"\n{args.experiment} {overrides}: ms per 1,000 env steps ({args.rollouts} rollouts profiled)")
+    print(
+        f"\n{args.experiment} {overrides}: ms per 1,000 env steps "
+        f"({args.rollouts} rollouts profiled)"
+    )
     total_ms = rows["collect"] + rows["update"]
     for label, name in PHASES.items():
         print(f"  {name:<30} {rows[label]:8.1f}  {rows[label] / total_ms:6.1%}")

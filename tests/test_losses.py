@@ -1,4 +1,5 @@
-"""PPO loss diagnostics, its clipped surrogate by hand, imitation's value term, explained variance."""
+"""PPO loss diagnostics, its clipped surrogate by hand, imitation's value term, explained
+variance."""
 
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ class ImitationLoss(Loss):
         self.value_loss_coef = value_loss_coef
 
     def __call__(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
-        """Cross-entropy on ``batch["expert_actions"]`` ``[T, n]`` (-1: none), plus the value term."""
+        """Cross-entropy on ``batch["expert_actions"]`` ``[T, n]`` (-1: none); the value term."""
         if not isinstance(output.dist, Categorical):
             raise ValueError(
                 "imitation: the expert gives one discrete action per step, but the policy's "
