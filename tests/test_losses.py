@@ -146,7 +146,7 @@ def test_loss_reports_nan_explained_variance_without_raising() -> None:
     assert math.isnan(result.diagnostics["explained_variance"])
 
 
-def test_imitation_value_term_matches_hand_computation_and_trains_only_the_values() -> None:
+def test_imitation_value_term_value_and_gradient_by_hand() -> None:
     batch, output = _batch_and_output(2)
     expert = torch.randint(0, A, (T, N), generator=torch.Generator().manual_seed(3))
     expert[0] = -1  # steps without an expert action: no imitation term, still a value term
