@@ -3,22 +3,28 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+LOCK   := requirements.lock
 
 .DEFAULT_GOAL := help
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	# torch first, pinned to the CPU build, so nothing pulls a CUDA wheel.
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[dev,bench,sweep,docs]"
+	# Every package at the version requirements.lock names (torch's is the CPU build, so nothing
+	# pulls a CUDA wheel): pip and setuptools first, then the project in place with its extras.
+	$(BIN)/pip install --quiet -c $(LOCK) pip setuptools
+	$(BIN)/pip install --quiet -c $(LOCK) --no-build-isolation -e ".[dev,bench,sweep,docs]"
+	# The environment is exactly the lock: pip freeze equals it, and pip check finds nothing.
+	$(BIN)/python tools/lock.py check
 	touch $(STAMP)
 
-venv: $(STAMP) ## Create .venv and install the project with its dev, bench, sweep and docs extras
+venv: $(STAMP) ## Create .venv: the project with its dev, bench, sweep and docs extras, at the lock's versions
+
+lock: ## Regenerate requirements.lock from pyproject.toml (newest versions its ranges allow); prints what changed
+	$(PYTHON) tools/lock.py write
 
 train: $(STAMP) ## Train the default experiment (ppo_nav); pass extra overrides with ARGS="..."
 	$(BIN)/python train.py +experiment=ppo_nav $(ARGS)
@@ -50,4 +56,4 @@ bench: $(STAMP) ## Training-throughput benchmark: ours vs stable-baselines3
 clean-outputs: ## Remove outputs/, local wandb files and the built site
 	rm -rf outputs wandb site
 
-.PHONY: help venv train test docs docs-serve lint format smoke sweep-dry bench clean-outputs
+.PHONY: help venv lock train test docs docs-serve lint format smoke sweep-dry bench clean-outputs

@@ -20,12 +20,41 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 ComposeFn = Callable[..., DictConfig]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--seed-offset",
+        type=int,
+        default=0,
+        metavar="K",
+        help="add K to every test's seeds: a composed train config's seed, its evaluation's "
+        "action seed and episode list, and the seeds of tests that take the seed_offset "
+        "fixture. Learning tests must pass for K = 0, 1 and 2: pytest -m learning --seed-offset 1",
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    offset = config.getoption("--seed-offset")
+    return f"seed offset: {offset} (every test's seeds are shifted by it)" if offset else None
+
+
+@pytest.fixture(scope="session")
+def seed_offset(request: pytest.FixtureRequest) -> int:
+    """``--seed-offset K``: what a test adds to each seed it sets itself (0 by default)."""
+    return int(request.config.getoption("--seed-offset"))
+
+
+# Evaluation episode lists of two offsets do not overlap (eval.num_episodes is at most 200 here).
+EPISODE_SEED_STRIDE = 100_000
+
+
 @pytest.fixture
-def compose_cfg(tmp_path: Path) -> Iterator[ComposeFn]:
+def compose_cfg(tmp_path: Path, seed_offset: int) -> Iterator[ComposeFn]:
     """Compose a config of conf/ with overrides (run folder redirected to ``tmp_path``).
 
     ``${hydra:...}`` interpolations resolve because the composed ``hydra`` node is installed
     as the current HydraConfig. ``output_dir`` is only overridden for ``train``-like configs.
+    With ``--seed-offset K``, a ``train`` config's ``seed`` and ``eval.action_seed`` are shifted
+    by K (after the test's own overrides) and its evaluation episodes by K lists.
     """
 
     def _compose(
@@ -38,6 +67,11 @@ def compose_cfg(tmp_path: Path) -> Iterator[ComposeFn]:
         with initialize(version_base="1.3", config_path="../conf"):
             cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
         HydraConfig.instance().set_config(cfg)
+        if seed_offset and config_name == "train":
+            with open_dict(cfg):
+                cfg.seed = cfg.seed + seed_offset
+                cfg.eval.action_seed = cfg.eval.action_seed + seed_offset
+                cfg.eval.episode_seed = cfg.eval.episode_seed + EPISODE_SEED_STRIDE * seed_offset
         return cfg
 
     yield _compose

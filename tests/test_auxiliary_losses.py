@@ -17,6 +17,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 import rl.engine.run
@@ -328,6 +329,7 @@ def _logged(run_dir: Path, key: str) -> list[float]:
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 def test_inverse_dynamics_and_cpca_train_end_to_end(compose_cfg, tmp_path: Path) -> None:
     """pipeline=ppo_aux on nav_small: each head learns its task while PPO trains."""
     cfg = compose_cfg(
@@ -355,9 +357,58 @@ def test_inverse_dynamics_and_cpca_train_end_to_end(compose_cfg, tmp_path: Path)
     assert "action_rnn.weight_hh_l0" in saved["losses"]["cpca"]
 
 
+def _depth_errors(run_dir: Path, task: dict, num_steps: int = 256) -> tuple[float, float]:
+    """The trained depth head's L1 error on observations it never trained on, and the error of
+    the best blind guess (each pixel's median depth over those same observations).
+
+    The observations come from a uniformly random walk from fixed reset seeds, the same for every
+    run; the head reads the final checkpoint's RGB encoder (the policy never sees depth).
+    """
+    from rl.evaluation import InferenceAgent
+    from rl.tasks import build_env, dict_space
+
+    checkpoint = latest_checkpoint(run_dir)
+    model = InferenceAgent.from_checkpoint(checkpoint).model
+    env = build_env(task)
+    rng = np.random.default_rng(0)
+    frames: list[dict[str, np.ndarray]] = []
+    try:
+        space = dict_space(env.observation_space)
+        obs, _ = env.reset(seed=0)
+        while len(frames) < num_steps:
+            frames.append(obs)
+            obs, _, terminated, truncated, _ = env.step(int(rng.integers(env.action_space.n)))
+            if terminated or truncated:
+                obs, _ = env.reset(seed=len(frames))
+        head = DepthPredictionLoss(key="depth", size=[15, 20])
+        bind_losses({"depth": head}, model, space, env.action_space)
+    finally:
+        env.close()
+    head.load_state_dict(load_checkpoint(checkpoint)["losses"]["depth"])
+    batch = {k: torch.as_tensor(np.stack([f[k] for f in frames]))[None] for k in frames[0]}
+    with torch.no_grad():
+        output, _ = model(
+            batch, torch.ones(1, num_steps, dtype=torch.bool), model.initial_state(num_steps)
+        )
+        trained = head(batch=TensorDict({"obs": batch}), output=output, step_count=0).total
+    depth = batch["depth"][0].permute(0, 3, 1, 2)  # [B, 1, H, W]
+    target = torch.nn.functional.adaptive_avg_pool2d(depth, (15, 20)) * head.scale
+    blind = (target - target.median(dim=0).values).abs().mean()
+    return float(trained), float(blind)
+
+
 @pytest.mark.slow
+@pytest.mark.learning
 def test_depth_prediction_trains_end_to_end_on_nav3d(compose_cfg, tmp_path: Path) -> None:
-    """An RGB policy learns to predict the depth it does not see (task.depth, ignore_keys)."""
+    """An RGB encoder learns, through the engine, to predict the depth its policy does not see
+    (task.depth, model.ignore_keys, the head bound, trained and saved with the checkpoint).
+
+    The depth loss trains alone: beside PPO, what the policy looks at drifts as it learns, and
+    the loss curve moved with the views more than with the head (on one machine it fell by 8%
+    where another gave 20%). So the test measures the final head on a fixed set of views
+    instead: its error must be well below the best guess that does not look at the image (each
+    pixel's median depth over those views). Over seeds 1-3 the ratio was 0.6-0.72.
+    """
     cfg = compose_cfg(
         [
             "+experiment=ppo_nav3d",
@@ -365,21 +416,21 @@ def test_depth_prediction_trains_end_to_end_on_nav3d(compose_cfg, tmp_path: Path
             "pipeline=ppo_aux",
             "task.depth=true",
             "model.ignore_keys=[depth]",
-            "pipeline.stages.0.loss_names=[ppo,depth]",
-            "pipeline.stages.0.loss_weights=[1.0,1.0]",
+            "pipeline.stages.0.loss_names=[depth]",
+            "pipeline.stages.0.loss_weights=[1.0]",
             "collector=local",
             "~collector.num_workers",
             "sampler.num_envs=8",
             "pipeline.num_steps=32",
             "pipeline.optimizer.lr=1e-3",
             "pipeline.lr_scheduler=null",
-            "total_env_steps=4096",
-            "pipeline.metric_accumulate_interval=512",
+            "total_env_steps=8192",
+            "pipeline.metric_accumulate_interval=1024",
             "eval.num_episodes=0",
             "logger.sinks.console.progress_bar=false",
         ]
     )
     rl.engine.run.train(cfg)
-    depth = _logged(tmp_path / "run", "losses/depth/depth_loss")
-    assert len(depth) == 8
-    assert np.mean(depth[-2:]) < 0.8 * np.mean(depth[:2]), depth
+    assert len(_logged(tmp_path / "run", "losses/depth/depth_loss")) == 8
+    trained, blind = _depth_errors(tmp_path / "run", OmegaConf.to_container(cfg.task))
+    assert trained < 0.85 * blind, (trained, blind)

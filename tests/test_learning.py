@@ -6,7 +6,7 @@ import pytest
 
 import rl.engine.run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.learning]
 
 # The learning tests' budget is an upper bound: the (only) stage ends once the rolling training
 # success (sampled actions) reaches 0.97, and the held-out evaluation after it must still pass.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from test_learning import test_ppo_learns_small_pointnav as learns_small_pointnav
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.learning]
 
 
 def test_ppo_learns_small_pointnav_with_an_lstm(compose_cfg) -> None:

@@ -15,6 +15,8 @@ from test_learning import STOP_ONCE_LEARNED
 
 from rl.engine import run
 
+pytestmark = pytest.mark.learning
+
 TWO_BY_TWO = [
     "+experiment=ppo_nav",
     "task=nav_small",

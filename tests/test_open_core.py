@@ -83,6 +83,7 @@ class CountLoss(Loss):
         return LossOutput(total=loss, terms={"count_mse": loss.item()})
 
 
+@pytest.mark.learning
 @pytest.mark.parametrize(
     "collector",
     [[], ["collector=process", "collector.mode=sync"]],

@@ -229,6 +229,7 @@ def _train_toy(compose_cfg, task: dict, steps: int, overrides: list[str] = ()) -
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 def test_multidiscrete_actions_learn(compose_cfg) -> None:
     metrics = _train_toy(
         compose_cfg, MATCH, 30_000, ["pipeline.named_losses.ppo.entropy_coef=0.01"]
@@ -237,12 +238,14 @@ def test_multidiscrete_actions_learn(compose_cfg) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 def test_nested_dict_and_tuple_observations_learn(compose_cfg) -> None:
     metrics = _train_toy(compose_cfg, CORRIDOR, 40_000)
     assert metrics["eval/success"] >= 0.9, metrics  # a random policy: about 0.1
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 def test_box_actions_learn(compose_cfg) -> None:
     metrics = _train_toy(compose_cfg, REACH, 40_000, ["eval.deterministic=true"])
     # The mean action within 0.1 of the target on average; a random policy: about -4 x 0.9.
