@@ -331,13 +331,18 @@ def _logged(run_dir: Path, key: str) -> list[float]:
 @pytest.mark.slow
 @pytest.mark.learning
 def test_inverse_dynamics_and_cpca_train_end_to_end(compose_cfg, tmp_path: Path) -> None:
-    """pipeline=ppo_aux on nav_small: each head learns its task while PPO trains."""
+    """pipeline=ppo_aux on nav_small: each head learns its task while PPO trains.
+
+    Over seeds 1-4, from the first 4,096 steps to the last of 40,960: inverse dynamics went from
+    about 0.5 to 0.99 accuracy, CPC|A's accuracy rose by 0.13-0.19 and its loss fell by 0.17-0.28
+    (at half this budget the rises were 0.07-0.09 against a threshold of 0.05).
+    """
     cfg = compose_cfg(
         [
             "+experiment=ppo_nav",
             "task=nav_small",
             "pipeline=ppo_aux",
-            "total_env_steps=20480",
+            "total_env_steps=40960",
             "pipeline.metric_accumulate_interval=4096",
             "eval.num_episodes=0",
             "logger.sinks.console.progress_bar=false",
@@ -350,7 +355,8 @@ def test_inverse_dynamics_and_cpca_train_end_to_end(compose_cfg, tmp_path: Path)
     cpca_loss = _logged(run_dir, "losses/cpca/cpca_loss")
     # Actions of pairs: forward, left, right (STOP ends the episode): chance is about 1/3.
     assert inverse[0] < 0.7 and inverse[-1] > 0.9, inverse
-    assert cpca[-1] > cpca[0] + 0.05 and cpca_loss[-1] < cpca_loss[0] - 0.05, (cpca, cpca_loss)
+    # CPC|A tells real future steps from others: chance is 0.5.
+    assert cpca[-1] > cpca[0] + 0.07 and cpca_loss[-1] < cpca_loss[0] - 0.08, (cpca, cpca_loss)
     saved = load_checkpoint(latest_checkpoint(run_dir))
     assert set(saved["losses"]) == {"inverse_dynamics", "cpca"}
     assert "pair_layer.weight" in saved["losses"]["inverse_dynamics"]

@@ -41,7 +41,9 @@ class CountingPolicy(PolicyBase):
         self.body = nn.Sequential(nn.Linear(size, hidden), nn.Tanh())
         self.actor = ActionHead(action_space, hidden)
         self.critic = nn.Linear(hidden, 1)
-        self.count_head = nn.Linear(1, 1)  # what CountLoss trains
+        self.count_head = nn.Linear(1, 1)  # what CountLoss trains, from zero
+        nn.init.zeros_(self.count_head.weight)
+        nn.init.zeros_(self.count_head.bias)
 
     def initial_state(self, num_envs: int, device: torch.device | str = "cpu") -> TensorDict:
         """The step counter of each environment's episode."""
@@ -80,7 +82,10 @@ class CountLoss(Loss):
         if not torch.equal(target, output.extras["count"]):
             raise AssertionError("count_target does not line up with the steps it was recorded at")
         loss = (output.extras["predicted_count"] - target / 100.0).pow(2).mean()
-        return LossOutput(total=loss, terms={"count_mse": loss.item()})
+        untrained = (target / 100.0).pow(2).mean()  # the zero-initialised head's error
+        return LossOutput(
+            total=loss, terms={"count_mse": loss.item(), "untrained_mse": untrained.item()}
+        )
 
 
 @pytest.mark.learning
@@ -93,7 +98,7 @@ def test_a_users_policy_and_a_new_field_train_end_to_end(compose_cfg, collector)
     cfg = compose_cfg(
         [
             "+experiment=ppo_cartpole",
-            "total_env_steps=12288",
+            "total_env_steps=24576",
             "eval.num_episodes=10",
             "logger.sinks.console.progress_bar=false",
             "torch_threads=1",
@@ -106,5 +111,9 @@ def test_a_users_policy_and_a_new_field_train_end_to_end(compose_cfg, collector)
     with open_dict(cfg):
         cfg.model = {"_target_": "tests.test_open_core.CountingPolicy", "_partial_": True}
     metrics = rl.engine.run.train(cfg)  # CountLoss checked every minibatch's field
-    assert 0.0 <= metrics["losses/count/count_mse"] < 1.0, metrics
-    assert metrics["eval/episodic_return"] > 30, metrics  # and PPO on the rest learns
+    # The head learned the count: over seeds 1-8 its error was 0.7-4% of the untrained head's
+    # on the same minibatches; and PPO on the rest learned (evaluation return 117-171 for seeds
+    # 1-3 at this budget, at least 80 for seeds 1-8; a random policy: about 22).
+    count, untrained = metrics["losses/count/count_mse"], metrics["losses/count/untrained_mse"]
+    assert 0.0 <= count < 0.25 * untrained, metrics
+    assert metrics["eval/episodic_return"] > 50, metrics
