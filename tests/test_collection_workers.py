@@ -206,8 +206,8 @@ def test_sync_workers_resume_exactly(ray_instance: Any, tmp_path: Path) -> None:
 
 
 def test_fraction_samples_cuts_a_slow_worker(backend: str) -> None:
-    # Environment 3 (worker 1's second) sleeps 20 ms a step: worker 1 is the straggler.
-    slow = {"_target_": "rl.tasks.debug.SlowEnv", "delay": 0.02, "max_steps": 10,
+    # Environment 3 (worker 1's second) sleeps 50 ms a step: worker 1 is the straggler.
+    slow = {"_target_": "rl.tasks.debug.SlowEnv", "delay": 0.05, "max_steps": 10,
             "slow_seed": worker_seeds(4, 5)[3]}  # fmt: skip
     spec = CollectionSpec(task=slow, sampler=SERIAL, model=MODEL, seed=5)
     workers, _ = make_set(
@@ -215,7 +215,7 @@ def test_fraction_samples_cuts_a_slow_worker(backend: str) -> None:
     )
     try:
         rollout = workers.collect(RolloutRequest(num_steps=40))
-        # The fast worker finished its 40 steps; the slow one (0.8 s for all 40) was stopped
+        # The fast worker finished its 40 steps; the slow one (2 s for all 40) was stopped
         # after >= 10 of them, and the rollout keeps the steps both have.
         assert 10 <= rollout.num_steps < 40
         fractions = rollout.stats

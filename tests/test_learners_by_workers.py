@@ -66,9 +66,10 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 def test_barrier_free_async_takes_the_first_ready_rollouts(backend: str) -> None:
-    # Worker 1's first environment sleeps 50 ms a step: a 16-step rollout of it takes 0.8 s,
-    # worker 0's a few ms. With one rollout per update the learner never waits for worker 1.
-    slow = {"_target_": "rl.tasks.debug.SlowEnv", "delay": 0.05, "max_steps": 10,
+    # Worker 1's first environment sleeps 150 ms a step: a 16-step rollout of it takes 2.4 s,
+    # worker 0's a few ms (the margin is for a busy machine: the test passed beside two
+    # CPU-bound processes). With one rollout per update the learner never waits for worker 1.
+    slow = {"_target_": "rl.tasks.debug.SlowEnv", "delay": 0.15, "max_steps": 10,
             "slow_seed": worker_seeds(4, 5)[2]}  # fmt: skip
     spec = CollectionSpec(task=slow, sampler=SERIAL, model=MODEL, seed=5)
     workers = make_set(

@@ -430,6 +430,7 @@ def test_vtrace_configs_verify(compose_cfg: Any, resolve_cfg: Any) -> None:
         verify_train_cfg(bad)
 
 
+@pytest.mark.learning
 @pytest.mark.parametrize("collector", ["local", "process"])
 def test_vtrace_sees_the_policy_lag_of_an_asynchronous_worker(
     collector: str, compose_cfg: Any, tmp_path: Path
@@ -444,7 +445,9 @@ def test_vtrace_sees_the_policy_lag_of_an_asynchronous_worker(
     metrics = run.train(compose_cfg([*overrides, f"output_dir={tmp_path}"], set_output_dir=False))
     assert math.isfinite(metrics["losses/ppo/policy_loss"])
     kl = metrics["losses/vtrace/behaviour_kl"]
+    # One bound between the two: the same weights give the same log-probs (0.0 exactly, for
+    # seeds 1-9); one update's lag gave 2.9e-5 to 5.9e-4 over those seeds.
     if collector == "local":  # collected by the weights being updated: on-policy
         assert abs(kl) < 1e-6
     else:  # collected by the weights of one update before: behaviour and target differ
-        assert kl > 1e-5
+        assert kl > 1e-6
