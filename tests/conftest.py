@@ -127,6 +127,7 @@ LONGEST_FILES = (
     "test_distributed.py",
     "test_sweeps.py",
     "test_faults_collection.py",
+    "test_auxiliary_losses.py",
     "test_learning_lstm.py",
     "test_experiment_smoke.py",
     "test_cli.py",
