@@ -130,3 +130,28 @@ def test_two_concurrent_resumes_the_second_is_refused(tmp_path: Path) -> None:
         json.dumps(load_checkpoint(p)["config_unresolved"], sort_keys=True) for p in resumed
     }
     assert len(resumed) == (2048 - 256) // 256 and len(configs) == 1
+
+
+@pytest.mark.slow
+def test_a_refused_run_never_removes_a_folder_another_process_holds(tmp_path: Path) -> None:
+    """A run refused for its config shares ``hydra.run.dir`` with a live run that has only
+    Hydra's files so far: the live folder and its lock stay (issue 34, critical point 6)."""
+    folder = tmp_path / "run"
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "config.yaml").write_text("seed: 1\n")
+    proc = _holder(folder)  # the live run, still building its task
+    try:
+        refused = _train(tmp_path, "run", "pipeline.num_steps=abc")
+        assert refused.wait(timeout=120) == 1
+        assert "pipeline.num_steps" in (tmp_path / "run.err").read_text()
+        assert (folder / ".hydra" / "config.yaml").exists()
+        assert f"pid {proc.pid} " in (folder / LOCK_NAME).read_text()
+        with pytest.raises(RunFolderLockedError, match=f"pid {proc.pid} "):
+            RunLock(folder).acquire()  # the live lock still keeps a third run out
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    # Once nobody holds it, the same refusal cleans its own folder up as before.
+    refused = _train(tmp_path, "run", "pipeline.num_steps=abc")
+    assert refused.wait(timeout=120) == 1
+    assert not folder.exists()

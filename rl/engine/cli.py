@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rl.checkpoints.files import CheckpointError
-from rl.checkpoints.lock import LOCK_NAME
+from rl.checkpoints.lock import LOCK_NAME, RunFolderLockedError, RunLock
 from rl.engine.sweeps import in_multirun
 from rl.utils.config import ConfigError
 
@@ -28,28 +28,47 @@ from rl.utils.config import ConfigError
 _BOOKKEEPING_FILES = frozenset({".hydra", "train.log", "evaluate.log", LOCK_NAME})
 
 
+def _only_bookkeeping(folder: Path) -> bool:
+    """Whether ``folder`` is a real folder (not a link) holding only Hydra's files and a lock."""
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    return all(p.name in _BOOKKEEPING_FILES for p in folder.iterdir())
+
+
 def discard_hydra_folder() -> bool:
     """Remove this command's Hydra folder if it holds only Hydra's own files; whether it did.
 
-    Its parent (``outputs/<exp_name>``) goes too when that leaves it empty. Log handlers writing
-    into the folder are closed first.
+    The folder's run lock is taken first and held while it is removed: a folder another process
+    holds (a run sharing ``hydra.run.dir`` that is still building its task) is never removed,
+    nor its live lock file, whatever it holds. Its parent (``outputs/<exp_name>``) goes too when
+    that leaves it empty. Log handlers writing into the folder are closed first.
     """
     from hydra.core.hydra_config import HydraConfig
 
     if not HydraConfig.initialized():
         return False
     folder = Path(HydraConfig.get().runtime.output_dir)
-    if not folder.is_dir() or any(p.name not in _BOOKKEEPING_FILES for p in folder.iterdir()):
+    if not _only_bookkeeping(folder):
         return False
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        if (
-            isinstance(handler, logging.FileHandler)
-            and Path(handler.baseFilename).parent == folder
-        ):
-            root.removeHandler(handler)
-            handler.close()
-    shutil.rmtree(folder, ignore_errors=True)
+    lock = RunLock(folder, purpose="removing the folder of a refused run")
+    try:
+        lock.acquire()
+    except (RunFolderLockedError, OSError):
+        return False  # another process works there: not ours to remove
+    try:
+        if not _only_bookkeeping(folder):  # judged again under the lock
+            return False
+        root = logging.getLogger()
+        for handler in list(root.handlers):
+            if (
+                isinstance(handler, logging.FileHandler)
+                and Path(handler.baseFilename).parent == folder
+            ):
+                root.removeHandler(handler)
+                handler.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        lock.release()
     with contextlib.suppress(OSError):  # not empty, or not ours to remove
         folder.parent.rmdir()
     return True
