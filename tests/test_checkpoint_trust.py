@@ -25,6 +25,7 @@ from rl.checkpoints.trust import judge_target, trust_rules, untrusted_targets
 from rl.engine import run
 from rl.evaluation import InferenceAgent
 from rl.tasks import PointNavEnv
+from rl.utils.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ["+experiment=ppo_nav", "+debug=smoke", "task=nav_small", "eval.num_episodes=0"]
@@ -327,3 +328,39 @@ def test_entries_larger_than_the_file_are_refused(tmp_path: Path) -> None:
     path.write_bytes(with_digest(bytes(data[: eocd + 22 - 2]) + b"\x00\x00"))
     with pytest.raises(CheckpointError, match="declare|directory"):
         load_checkpoint(path)
+
+
+@pytest.mark.parametrize(
+    ("sink", "key", "name"),
+    [
+        ({"_target_": "rl.loggers.JsonlSink", "_partial_": True}, "filename", "victim.jsonl"),
+        ({"_target_": "rl.loggers.TensorBoardSink", "_partial_": True}, "subdir", "elsewhere"),
+    ],
+)
+@pytest.mark.parametrize("escape", ["absolute", "dotdot"])
+def test_resume_never_writes_where_a_saved_logger_points_outside_the_run(
+    trained_run: Path, tmp_path: Path, compose_cfg: Any, sink: dict, key: str, name: str,
+    escape: str,
+) -> None:  # fmt: skip
+    """A checkpoint whose saved logger names an absolute path, or one that climbs out with
+    '..', is refused by name before the sink opens anything (issue 34, critical point 4)."""
+    import shutil
+
+    folder = tmp_path / "crafted"
+    shutil.copytree(trained_run, folder)
+    target = tmp_path / name
+    if name.endswith(".jsonl"):
+        target.write_text("precious\n")
+    value = str(target) if escape == "absolute" else f"../{name}"
+    path = latest_checkpoint(folder)
+    state = load_checkpoint(path)
+    for section in ("config", "config_unresolved"):
+        state[section]["logger"]["sinks"]["crafted"] = {**sink, key: value}
+    stage, step = parse_checkpoint_name(path)  # type: ignore[misc]
+    save_checkpoint(folder, state, stage, step)
+    with pytest.raises(ConfigError, match=rf"logger\.sinks\.crafted: .*{key}: '{value}'"):
+        run.train(compose_cfg([*SMOKE, f"resume={folder}", "total_env_steps=512"]))
+    if name.endswith(".jsonl"):
+        assert target.read_text() == "precious\n"
+    else:
+        assert not target.exists()

@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rl.utils.config import ConfigError
+
 
 @dataclasses.dataclass
 class RunContext:
@@ -32,6 +34,26 @@ class RunContext:
     total_steps: int
     run_name: str
     resume_id: str | None = None
+
+    def path(self, relative: str | Path, what: str) -> Path:
+        """Where a sink writes ``relative`` (a file or folder name) inside the run folder.
+
+        Args:
+            relative: The name from the sink's config (``metrics.jsonl``, ``tensorboard``).
+            what: The sink's option, for the message (``JsonlSink filename``).
+
+        Raises:
+            ConfigError: ``relative`` is empty, absolute, or climbs out with ``..``: a config
+                (one saved in a checkpoint that ``resume=`` reads, say) never makes a sink
+                write outside the run folder.
+        """
+        rel = Path(relative)
+        if not str(relative).strip() or rel.is_absolute() or ".." in rel.parts:
+            raise ConfigError(
+                f"{what}: {str(relative)!r} is not a path inside the run folder (give a "
+                "relative name, without '..')"
+            )
+        return Path(self.output_dir) / rel
 
 
 class MetricsSink(abc.ABC):

@@ -7,7 +7,8 @@ from typing import Any
 
 import hydra.utils
 
-from rl.loggers.base import MetricsLogger, RunContext
+from rl.loggers.base import MetricsLogger, MetricsSink, RunContext
+from rl.utils.config import ConfigError
 
 
 def build_logger(config: Mapping[str, Any], context: RunContext) -> MetricsLogger:
@@ -16,10 +17,22 @@ def build_logger(config: Mapping[str, Any], context: RunContext) -> MetricsLogge
     Args:
         config: The plain ``logger`` section: ``{"sinks": {name: partial sink config}}``.
         context: What every sink is told about the run.
+
+    Raises:
+        ConfigError: A sink refused its options (named ``logger.sinks.<name>``); the sinks
+            built before it are closed.
     """
-    sinks = [
-        hydra.utils.instantiate(sink)(context=context)
-        for sink in (config.get("sinks") or {}).values()
-        if sink
-    ]
+    sinks: list[MetricsSink] = []
+    try:
+        for name, sink in (config.get("sinks") or {}).items():
+            if not sink:
+                continue
+            try:
+                sinks.append(hydra.utils.instantiate(sink)(context=context))
+            except ConfigError as e:
+                raise ConfigError(f"logger.sinks.{name}: {e}") from None
+    except BaseException:
+        for built in sinks:  # the ones opened before the refusal
+            built.close()
+        raise
     return MetricsLogger(sinks)

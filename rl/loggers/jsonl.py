@@ -15,11 +15,11 @@ class JsonlSink(MetricsSink):
 
     Args:
         context: The run (filled in by the engine).
-        filename: File name inside the run folder.
+        filename: File name inside the run folder (relative; a ConfigError otherwise).
     """
 
     def __init__(self, *, context: RunContext, filename: str = "metrics.jsonl") -> None:
-        self.path = context.output_dir / filename
+        self.path = context.path(filename, "JsonlSink filename")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", encoding="utf-8")
         self._t0 = time.time()

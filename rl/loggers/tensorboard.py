@@ -39,14 +39,15 @@ class TensorBoardSink(MetricsSink):
 
     Args:
         context: The run (filled in by the engine).
-        subdir: Folder of the event files inside the run folder.
+        subdir: Folder of the event files inside the run folder (relative; a ConfigError
+            otherwise).
         flush_secs: How often the writer flushes to disk.
     """
 
     def __init__(
         self, *, context: RunContext, subdir: str = "tensorboard", flush_secs: int = 30
     ) -> None:
-        self.log_dir = Path(context.output_dir) / subdir
+        self.log_dir = context.path(subdir, "TensorBoardSink subdir")
         self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=flush_secs)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
