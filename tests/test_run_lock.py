@@ -151,7 +151,4 @@ def test_a_refused_run_never_removes_a_folder_another_process_holds(tmp_path: Pa
     finally:
         proc.kill()
         proc.wait(timeout=10)
-    # Once nobody holds it, the same refusal cleans its own folder up as before.
-    refused = _train(tmp_path, "run", "pipeline.num_steps=abc")
-    assert refused.wait(timeout=120) == 1
-    assert not folder.exists()
+    # (With nobody holding it, a refused run's folder still goes: test_cli's refused configs.)
