@@ -18,7 +18,13 @@ from typing import Any
 import pytest
 import torch
 
-from rl.checkpoints import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from rl.checkpoints import (
+    CheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
 from rl.checkpoints.files import UntrustedCheckpointError, parse_checkpoint_name, with_digest
 from rl.checkpoints.lock import LOCK_NAME
 from rl.checkpoints.trust import judge_target, trust_rules, untrusted_targets
@@ -364,3 +370,29 @@ def test_resume_never_writes_where_a_saved_logger_points_outside_the_run(
         assert target.read_text() == "precious\n"
     else:
         assert not target.exists()
+
+
+def test_latest_names_a_sibling_checkpoint_only(trained_run: Path, tmp_path: Path) -> None:
+    """A copied run whose ``latest`` climbs out of the run, links out, or is no pointer at all
+    falls back to its own newest checkpoint (issue 34: a foreign file was evaluated)."""
+    import shutil
+
+    folder = tmp_path / "crafted"
+    shutil.copytree(trained_run, folder)
+    own = list_checkpoints(folder)[-1]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    foreign = elsewhere / own.name
+    shutil.copy(own, foreign)
+    pointer = folder / "checkpoints" / "latest"
+    assert latest_checkpoint(folder) == own  # as written by the run
+    for content in (f"../../elsewhere/{own.name}", str(foreign), "x" * 10_000, ""):
+        pointer.write_text(content)
+        assert latest_checkpoint(folder) == own, content
+    pointer.unlink()
+    pointer.symlink_to(foreign)  # a link out, with a plausible name in it too
+    assert latest_checkpoint(folder) == own
+    pointer.unlink()
+    (folder / "checkpoints" / "ckpt_stage09_step999999999999.pt").symlink_to(foreign)
+    pointer.write_text("ckpt_stage09_step999999999999.pt")
+    assert latest_checkpoint(folder) == own  # the name is a sibling, but a link out

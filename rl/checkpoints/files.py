@@ -258,21 +258,51 @@ def remove_stale_temp_files(run_dir: str | Path) -> list[Path]:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Checkpoints of a run in step order."""
+    """Checkpoints of a run in step order: regular files under checkpoint names (not links)."""
     folder = Path(run_dir) / CHECKPOINT_DIR
     if not folder.is_dir():
         return []
-    found = [p for p in folder.iterdir() if parse_checkpoint_name(p) is not None]
+    found = [
+        p
+        for p in folder.iterdir()
+        if parse_checkpoint_name(p) is not None and not p.is_symlink() and p.is_file()
+    ]
     return sorted(found, key=lambda p: parse_checkpoint_name(p)[::-1])  # type: ignore[index]
 
 
+# ``latest`` holds one checkpoint file name; anything longer is not a pointer this code wrote.
+_MAX_POINTER_BYTES = 256
+
+
+def _pointed_name(pointer: Path) -> str | None:
+    """The sibling checkpoint name ``latest`` holds, or None.
+
+    None unless ``latest`` is a regular file (not a link), at most a few hundred bytes, holding
+    a checkpoint file name and nothing else: a copied run folder whose pointer names
+    ``../../elsewhere/foreign.pt`` (or links elsewhere) never sends evaluation or resume out of
+    the run.
+    """
+    if pointer.is_symlink() or not pointer.is_file():
+        return None
+    with pointer.open("rb") as f:
+        raw = f.read(_MAX_POINTER_BYTES + 1)
+    name = raw.decode("utf-8", errors="replace").strip()
+    if len(raw) > _MAX_POINTER_BYTES or Path(name).name != name:
+        return None
+    return name if parse_checkpoint_name(name) is not None else None
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path:
-    """The newest checkpoint of a run (via ``latest``, else the last in step order)."""
+    """The newest checkpoint of a run (via ``latest``, else the last in step order).
+
+    ``latest`` counts only when it names a regular file beside it (not a link); otherwise the
+    newest checkpoint in step order is taken.
+    """
     folder = Path(run_dir) / CHECKPOINT_DIR
-    pointer = folder / LATEST
-    if pointer.is_file():
-        candidate = folder / pointer.read_text().strip()
-        if candidate.is_file():
+    name = _pointed_name(folder / LATEST)
+    if name is not None:
+        candidate = folder / name
+        if not candidate.is_symlink() and candidate.is_file():
             return candidate
     found = list_checkpoints(run_dir)
     if not found:
