@@ -256,6 +256,15 @@ def test_the_summary_plot_draws_the_training_curve(tmp_path: Path) -> None:
         {"step": 128.0, "success": 0.5, "spl": 0.4},
     ]
     assert training_curve(tmp_path / "missing.jsonl") == []
+    # An untrusted run folder's metrics.jsonl: a link to /dev/zero (memory) or a FIFO (a hang)
+    # is skipped at once (issue 34), and so is a link to a real metrics file.
+    for name, make in (
+        ("zero.jsonl", lambda p: p.symlink_to("/dev/zero")),
+        ("fifo.jsonl", os.mkfifo),
+        ("link.jsonl", lambda p: p.symlink_to(metrics)),
+    ):
+        make(tmp_path / name)
+        assert training_curve(tmp_path / name) == [], name
     # Checkpoint rows without SPL: the SPL panel comes from the training curve alone.
     rows = [{"step": 128, "success": 0.5, "return": 2.0}]
     assert plot_checkpoint_metrics(rows, tmp_path / "a.png") is not None

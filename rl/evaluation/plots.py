@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,18 +27,39 @@ TRAINING_KEYS = {
 }
 
 
+# The most of ``metrics.jsonl`` read for a plot (a long run logging every few thousand steps
+# writes a few MB; a larger file is read up to this point).
+MAX_METRICS_BYTES = 256 * 2**20
+
+
+def _read_regular_file(path: Path, limit: int) -> str | None:
+    """At most ``limit`` bytes of ``path`` if it is a regular file and not a link, else None.
+
+    A run folder is untrusted input: a ``metrics.jsonl`` that links to ``/dev/zero`` or is a
+    FIFO is skipped at once instead of filling memory or blocking.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        return f.read(limit).decode("utf-8", errors="replace")
+
+
 def training_curve(metrics_file: Path) -> list[dict[str, float]]:
     """The plotted metrics of a run's training episodes: ``{"step", "success", ...}`` per log.
 
-    Reads ``metrics.jsonl`` (one record per log point); a missing file or a line that is not
-    JSON (a run killed mid-write) gives what could be read.
+    Reads ``metrics.jsonl`` (one record per log point), a regular file only and at most
+    :data:`MAX_METRICS_BYTES` of it; a missing file, a link, a FIFO or a line that is not JSON
+    (a run killed mid-write) gives what could be read.
     """
     rows = []
-    try:
-        lines = Path(metrics_file).read_text().splitlines()
-    except OSError:
+    text = _read_regular_file(Path(metrics_file), MAX_METRICS_BYTES)
+    if text is None:
         return []
-    for line in lines:
+    for line in text.splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
