@@ -55,7 +55,7 @@ LAYOUT = {
     "rollout",
     "normalizer",
     "config",
-    "config_unresolved",
+    "choices",
     "wandb_run_id",
 }
 
@@ -88,9 +88,11 @@ def test_a_format2_checkpoint_from_before_the_split_resumes_exactly(
     old_run = tmp_path / "old"
     shutil.copytree(FIXTURE, old_run)
     old = load_checkpoint(list_checkpoints(old_run)[0])
-    assert old["format_version"] == 2 and CHECKPOINT_FORMAT == 4
-    # (format 3 adds normalizer, None when off; format 4 losses, empty without auxiliary heads)
-    assert set(old) == LAYOUT - {"normalizer", "losses"}
+    assert old["format_version"] == 2 and CHECKPOINT_FORMAT == 5
+    # (format 3 adds normalizer, None when off; format 4 losses, empty without auxiliary heads;
+    # format 5 replaces config_unresolved, dropped unread, by choices: None here, rebuilt on
+    # conf/'s defaults)
+    assert set(old) == LAYOUT - {"normalizer", "losses"} and old["choices"] is None
     # As a user resumes: the run folder (the saved config is used; conf/ changed since).
     run.train(compose_cfg(["+experiment=ppo_nav", "+debug=smoke", f"resume={old_run}"]))
     resumed = load_checkpoint(latest_checkpoint(old_run))

@@ -251,10 +251,10 @@ def test_resume_accepts_safe_overrides_and_refuses_unsafe_ones(
     run_dir = tmp_path / "run"
     run.train(compose_cfg([*SMOKE, "logger=wandb"]))
     saved = load_checkpoint(latest_checkpoint(run_dir))
-    assert saved["wandb_run_id"] and saved["config_unresolved"]["total_env_steps"] == 256
-    assert saved["config_unresolved"]["pipeline"]["stages"][0]["max_stage_steps"] == (
-        "${total_env_steps}"
-    )
+    # The config group choices, in the order typed: the config is rebuilt on conf/ with them.
+    assert saved["wandb_run_id"] and saved["config"]["total_env_steps"] == 256
+    assert list(saved["choices"])[:2] == ["experiment", "debug"]
+    assert saved["choices"]["logger"] == "wandb" and "config_unresolved" not in saved
     for override, key in [
         ("pipeline.optimizer.lr=0.1", "pipeline.optimizer.lr: 0.001 -> 0.1"),
         ("model.rnn_hidden_size=32", "model.rnn_hidden_size: 128 -> 32"),

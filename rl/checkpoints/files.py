@@ -1,4 +1,4 @@
-"""Checkpoint files: sortable names, atomic writes, safe loading.
+r"""Checkpoint files: sortable names, atomic writes, safe loading.
 
 Names are ``ckpt_stage{SS}_step{NNNNNNNNNNNN}.pt`` so that a plain sort is step order; a
 ``latest`` file beside them names the newest. Files are written to a temporary name, fsynced
@@ -15,8 +15,9 @@ Loading treats the file as untrusted input, in this order:
    is stored uncompressed, as ``torch.save`` writes them, and all fit in the file: a sparse
    multi-GB file or a zip bomb is refused in constant memory, before anything is inflated;
 2. ``torch.load(weights_only=True)``: a checkpoint that needs arbitrary unpickling is refused;
-3. the configs saved in it name only trusted ``_target_`` callables
-   (:mod:`rl.checkpoints.trust`), since evaluation and ``resume=`` build from them.
+3. the config saved in it is data (:func:`~rl.checkpoints.saved_config.config_data`: bounded,
+   no interpolation); what is built from it is rebuilt on the user's own config tree
+   (:func:`~rl.checkpoints.saved_config.rebuild_config`), never from the file's ``_target_``\ s.
 
 Every refusal is a :class:`CheckpointError` naming the file.
 """
@@ -27,28 +28,29 @@ import hashlib
 import io
 import os
 import re
-import tempfile
 import zipfile
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 
-from rl.checkpoints.trust import untrusted_targets
+from rl.checkpoints.errors import CheckpointError, UntrustedCheckpointError  # noqa: F401
+from rl.checkpoints.saved_config import config_data, saved_choices
+from rl.utils.files import FILE_MODE, TMP_SUFFIX, write_atomic  # noqa: F401  (FILE_MODE: tests)
 from rl.utils.finite import NonFiniteError, nonfinite_tensors
 
 CHECKPOINT_DIR = "checkpoints"
+# Version of the checkpoint layout (written by rl.training.state.TrainerState.state_dict).
+# 3: the carried rollout state holds the policy's recurrent state as a dict (``rollout.state``)
+# instead of a GRU's ``rollout.hidden`` ``[L, N, H]``, and ``normalizer`` holds the collector's
+# normalisation statistics (None when off); format-2 checkpoints load (the collector converts
+# them). 4: ``losses`` holds the state of the losses with parameters (auxiliary heads, by loss
+# name; empty for none). 5: ``choices`` (the config group choices, by which the saved config is
+# rebuilt on the user's config tree) replaces ``config_unresolved``, which is never read.
+# Formats 2 to 4 load; a newer format is refused.
+CHECKPOINT_FORMAT = 5
 LATEST = "latest"
 _NAME_RE = re.compile(r"^ckpt_stage(\d+)_step(\d+)\.pt$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be found or read."""
-
-
-class UntrustedCheckpointError(CheckpointError):
-    """A checkpoint's saved config names callables that are not trusted (never skipped)."""
 
 
 def checkpoint_name(stage: int, env_steps: int) -> str:
@@ -60,36 +62,6 @@ def parse_checkpoint_name(path: str | Path) -> tuple[int, int] | None:
     """``(stage, env_steps)`` from a checkpoint file name, or None."""
     m = _NAME_RE.match(Path(path).name)
     return (int(m.group(1)), int(m.group(2))) if m else None
-
-
-# Mode of checkpoint files and of ``latest`` (mkstemp creates 0600 files).
-FILE_MODE = 0o644
-TMP_SUFFIX = ".tmp"
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    """Write ``path`` via a temporary file in the same folder: write, fsync, rename, fsync dir.
-
-    A crash (even ``kill -9``) at any moment leaves either the old file or the complete new
-    one under ``path``, plus at worst a stray hidden ``.<name>.*.tmp`` file.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
-    try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # Zip's end-of-central-directory record: its signature, and its size without the comment.
@@ -201,7 +173,8 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps:
     """Atomically write ``state`` to ``run_dir/checkpoints/<name>`` and update ``latest``.
 
     Raises:
-        NonFiniteError: The weights or the optimizer state hold NaN or infinity (nothing is
+        NonFiniteError: The weights, the optimizer state or the normalisation statistics hold
+            NaN or infinity (nothing is
             written: a poisoned checkpoint would load as valid and be resumed from).
         CheckpointError: The file cannot be written (a full disk, permissions); the message
             names the file and the run folder and says which earlier checkpoint is intact.
@@ -211,6 +184,7 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps:
     bad = nonfinite_tensors(state.get("model"), "model")
     bad += nonfinite_tensors(state.get("losses"), "losses")
     bad += nonfinite_tensors(state.get("optimizer"), "optimizer")
+    bad += nonfinite_tensors(state.get("normalizer"), "normalizer")
     if bad:
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
         raise NonFiniteError(
@@ -220,7 +194,7 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps:
     buffer = io.BytesIO()
     torch.save(state, buffer)
     try:
-        _atomic_write(path, lambda f: f.write(with_digest(buffer.getvalue())))
+        write_atomic(path, lambda f: f.write(with_digest(buffer.getvalue())))
     except OSError as e:
         raise CheckpointError(
             f"cannot write checkpoint {path} (run folder {run_dir}): "
@@ -228,7 +202,7 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps:
         ) from e
     pointer = path.parent / LATEST
     try:
-        _atomic_write(pointer, lambda f: f.write(path.name.encode()))
+        write_atomic(pointer, lambda f: f.write(path.name.encode()))
     except OSError as e:
         raise CheckpointError(
             f"wrote checkpoint {path} completely, but cannot update {pointer} "
@@ -310,25 +284,20 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
     return found[-1]
 
 
-def load_checkpoint(
-    path: str | Path,
-    map_location: str | torch.device = "cpu",
-    *,
-    trusted_targets: Sequence[str] = (),
-) -> dict[str, Any]:
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a checkpoint safely, with a :class:`CheckpointError` naming the file if it cannot be.
 
     The file is checked before it is unpickled (:func:`archive_problem`: complete, matching its
     digest, only stored entries that fit in the file), then loaded with
-    ``torch.load(weights_only=True)``, then the configs saved in it must name only trusted
-    ``_target_`` callables (:mod:`rl.checkpoints.trust`), since evaluation and resuming build
-    the task and model from them.
+    ``torch.load(weights_only=True)``; its saved ``config`` must be plain data
+    (:func:`~rl.checkpoints.saved_config.config_data`) and its ``choices`` config group and
+    option names. Nothing is built from the config here: evaluation and ``resume=`` rebuild it
+    on the user's config tree (:func:`~rl.checkpoints.saved_config.rebuild_config`). An older
+    checkpoint's ``config_unresolved`` (interpolations kept) is dropped unread.
 
     Args:
         path: The checkpoint file.
         map_location: Where the tensors go.
-        trusted_targets: Patterns of ``_target_`` callables trusted beyond the defaults
-            (``my_package.*``): the user's ``trusted_targets`` key, never the checkpoint's.
     """
     path = Path(path)
     if not path.is_file():
@@ -349,16 +318,15 @@ def load_checkpoint(
             ) from e
     if not isinstance(state, dict) or "model" not in state or "config" not in state:
         raise CheckpointError(f"{path} is not a checkpoint of this project (no model/config)")
-    if not all(isinstance(state.get(k) or {}, dict) for k in ("config", "config_unresolved")):
+    version = state.get("format_version", 2)
+    if type(version) is not int or not 2 <= version <= CHECKPOINT_FORMAT:
+        raise CheckpointError(
+            f"{path}: checkpoint format {version!r}; this code reads formats 2 to "
+            f"{CHECKPOINT_FORMAT} (a newer file needs newer code)"
+        )
+    if not isinstance(state.get("config"), dict):
         raise CheckpointError(f"{path}: its saved config is not a mapping")
-    for key in ("config", "config_unresolved"):
-        refused = untrusted_targets(state.get(key) or {}, trusted_targets)
-        if refused:
-            first = refused[0].target.rpartition(".")[0] or refused[0].target
-            raise UntrustedCheckpointError(
-                f"{path}: its saved {key} names callables that are not trusted:\n  "
-                + "\n  ".join(map(str, refused))
-                + "\nIf you trust this checkpoint, allow them explicitly, e.g. "
-                f"trusted_targets='[{first}.*]' (see docs/concepts/checkpoints.md)"
-            )
+    state.pop("config_unresolved", None)  # (older checkpoints) never read: it would be resolved
+    state["config"] = config_data(state["config"], str(path))
+    state["choices"] = saved_choices(state.get("choices"), str(path))
     return state

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from rl.utils.files import open_nofollow
+
 LOCK_NAME = ".lock"
 
 
@@ -62,7 +64,7 @@ class RunLock:
         if self._fd is not None:
             return self
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # never through a link
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:

@@ -10,9 +10,10 @@ returns a :class:`StartPlan`.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,6 @@ from omegaconf import DictConfig
 from rl.checkpoints.files import (
     CHECKPOINT_DIR,
     CheckpointError,
-    UntrustedCheckpointError,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -29,8 +29,9 @@ from rl.checkpoints.files import (
 )
 from rl.checkpoints.lock import RunLock
 from rl.checkpoints.resume_config import resume_config, typed_override_keys, unresolved_config
-from rl.checkpoints.trust import untrusted_targets
+from rl.checkpoints.saved_config import rebuild_config, run_choices
 from rl.utils.config import ConfigError
+from rl.utils.files import NoFollowFileHandler, UnsafePathError
 
 if TYPE_CHECKING:  # (importing the models imports tensordict: loading a checkpoint need not)
     from rl.models.policy import Policy
@@ -56,32 +57,27 @@ def resume_run_dir(path: str | Path) -> Path:
     return path
 
 
-def resolve_resume_path(
-    path: str | Path, trusted_targets: Sequence[str] = ()
-) -> tuple[Path, Path, dict[str, Any]]:
+def resolve_resume_path(path: str | Path) -> tuple[Path, Path, dict[str, Any]]:
     """``(run_dir, checkpoint, state)`` for ``resume=PATH`` (a run folder or a checkpoint file).
 
     For a run folder this is the newest checkpoint in step order that loads (unreadable ones
-    are skipped with a warning; one whose config is not trusted stops the search). Every file
+    are skipped with a warning). Every file
     under a checkpoint name is complete (atomic writes), so this is also right when a crash
     fell between a checkpoint's rename and the update of ``latest``.
 
     Args:
         path: A run folder or a checkpoint file.
-        trusted_targets: The user's ``trusted_targets`` (see :mod:`rl.checkpoints.trust`).
     """
     run_dir = resume_run_dir(path)
     path = Path(path).expanduser().resolve()
     if path.is_file():
-        return run_dir, path, load_checkpoint(path, trusted_targets=trusted_targets)
+        return run_dir, path, load_checkpoint(path)
     candidates = list(reversed(list_checkpoints(path)))
     if not candidates:
         latest_checkpoint(path)  # raises the usual "no checkpoint in ..." error
     for candidate in candidates:
         try:
-            state = load_checkpoint(candidate, trusted_targets=trusted_targets)
-        except UntrustedCheckpointError:
-            raise
+            state = load_checkpoint(candidate)
         except CheckpointError as e:
             log.warning("skipping unreadable checkpoint: %s", e)
             continue
@@ -95,7 +91,9 @@ class StartPlan:
 
     Attributes:
         config: The resolved config to run (for a resume: the saved one plus safe changes).
-        config_unresolved: The same with interpolations kept (stored in checkpoints).
+        choices: The config group choices it was composed with (saved in checkpoints, so that
+            evaluation and resuming rebuild it on the user's config tree; None: not composed
+            by Hydra).
         resume_state: The checkpoint resumed from (None unless resuming).
         checkpoint: Its path (or the ``init_from`` checkpoint's).
         init_state: The ``init_from`` checkpoint (None unless given).
@@ -104,7 +102,7 @@ class StartPlan:
     """
 
     config: dict[str, Any]
-    config_unresolved: dict[str, Any]
+    choices: dict[str, str] | None
     resume_state: dict[str, Any] | None = None
     checkpoint: Path | None = None
     init_state: dict[str, Any] | None = None
@@ -158,6 +156,7 @@ def plan_start(cfg: DictConfig | Mapping[str, Any], plain: dict[str, Any]) -> St
         RunFolderLockedError: Another process trains (or evaluates) in the run folder.
     """
     unresolved = unresolved_config(cfg, plain)
+    choices = run_choices(cfg)
     if plain.get("resume") and plain.get("init_from"):
         raise ConfigError(
             "resume and init_from exclude each other: resume=RUN continues a run exactly; "
@@ -167,19 +166,36 @@ def plan_start(cfg: DictConfig | Mapping[str, Any], plain: dict[str, Any]) -> St
     if plain.get("init_from"):
         path = Path(plain["init_from"]).expanduser()
         if path.is_dir():
-            path = resolve_resume_path(path, trusted)[1]
-        init_state = load_checkpoint(path, trusted_targets=trusted)
+            path = resolve_resume_path(path)[1]
+        init_state = load_checkpoint(path)  # (its weights only: nothing built from its config)
         lock = RunLock(plain["output_dir"]).acquire()
-        return StartPlan(plain, unresolved, checkpoint=path, init_state=init_state, lock=lock)
+        return StartPlan(plain, choices, checkpoint=path, init_state=init_state, lock=lock)
     if not plain.get("resume"):
-        return StartPlan(plain, unresolved, lock=RunLock(plain["output_dir"]).acquire())
+        return StartPlan(plain, choices, lock=RunLock(plain["output_dir"]).acquire())
     lock = RunLock(resume_run_dir(plain["resume"])).acquire()  # before reading its checkpoints
     try:
-        run_dir, path, state = resolve_resume_path(plain["resume"], trusted)
+        run_dir, path, state = resolve_resume_path(plain["resume"])
         return _resume_plan(cfg, unresolved, run_dir, path, state, trusted, lock)
     except BaseException:
         lock.release()
         raise
+
+
+# Entries a checkpoint needs to be resumed from, and their types.
+_TRAINING_STATE = {"model": dict, "optimizer": dict, "pipeline": dict, "rng": dict}
+
+
+def _check_training_state(state: Mapping[str, Any], path: Path) -> None:
+    """A :class:`CheckpointError` naming what a checkpoint to resume from lacks."""
+    for key, kind in _TRAINING_STATE.items():
+        if not isinstance(state.get(key), kind):
+            raise CheckpointError(
+                f"{path}: cannot resume from it: its {key!r} entry is missing or not a "
+                f"{kind.__name__} (a damaged or crafted checkpoint)"
+            )
+    steps = state["pipeline"].get("total_steps")
+    if type(steps) is not int or steps < 0:
+        raise CheckpointError(f"{path}: cannot resume from it: pipeline.total_steps is {steps!r}")
 
 
 def _resume_plan(
@@ -192,20 +208,20 @@ def _resume_plan(
     lock: RunLock,
 ) -> StartPlan:
     """The plan of ``resume=``, once the run folder is locked."""
-    # The run's own train.log gets this invocation's log too (Hydra's goes to a new folder).
-    handler = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
+    _check_training_state(state, path)
+    # The run's own train.log gets this invocation's log too (Hydra's goes to a new folder);
+    # a link under its name (a copied folder) is refused, never written through.
+    if (run_dir / "train.log").is_symlink():
+        raise UnsafePathError(errno.ELOOP, f"{run_dir / 'train.log'} is a symbolic link; refused")
+    handler = NoFollowFileHandler(run_dir / "train.log", encoding="utf-8", delay=True)
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
     logging.getLogger().addHandler(handler)
     try:
-        config, merged = resume_config(state, unresolved, typed_override_keys(cfg), run_dir)
-        # Resolving the saved config may have made new nodes (e.g. ``oc.create``): judge the
-        # config that will be built, not only the one that was stored.
-        refused = untrusted_targets(config, trusted)
-        if refused:
-            raise UntrustedCheckpointError(
-                f"{path}: its saved config, resolved, names callables that are not trusted:"
-                "\n  " + "\n  ".join(map(str, refused))
-            )
+        # The saved config is data: rebuilt on the user's config tree with the run's choices.
+        saved = rebuild_config(
+            state["config"], state["choices"], str(path), trusted_targets=trusted
+        )
+        config = resume_config(saved, unresolved, typed_override_keys(cfg), run_dir)
     except BaseException:
         logging.getLogger().removeHandler(handler)
         handler.close()
@@ -219,7 +235,7 @@ def _resume_plan(
         f"; removed {len(stale)} stale temporary file(s)" if stale else "",
     )
     _move_later_checkpoints_aside(run_dir, path)
-    return StartPlan(config, merged, state, path, lock=lock, _log_handler=handler)
+    return StartPlan(config, saved.choices, state, path, lock=lock, _log_handler=handler)
 
 
 def _move_later_checkpoints_aside(run_dir: Path, path: Path) -> None:

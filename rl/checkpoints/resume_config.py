@@ -1,12 +1,13 @@
 """Which settings a resumed run may change, and the config it runs with.
 
-``resume=RUN_DIR`` continues a run with the config saved in its checkpoint. Settings typed on
+``resume=RUN_DIR`` continues a run with the config saved in its checkpoint, rebuilt on the
+user's config tree (:mod:`rl.checkpoints.saved_config`). Settings typed on
 the command line that differ from the saved ones are listed and applied only where that is safe
 (:data:`SAFE_RESUME_KEYS`: budgets and the schedule horizons derived from them, logging,
 evaluation, thread count, tags, save and log intervals); anything else is a
-:class:`~rl.utils.config.ConfigError` naming the keys. The saved config keeps its
-interpolations (``${total_env_steps}``), so a new budget re-resolves every stage budget and
-schedule horizon that derives from it.
+:class:`~rl.utils.config.ConfigError` naming the keys. The rebuilt config keeps the tree's
+interpolations (``${total_env_steps}``) wherever the saved value is what they give, so a new
+budget re-resolves every stage budget and schedule horizon that derives from it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from rl.checkpoints.saved_config import RebuiltConfig
 from rl.utils.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -188,15 +190,15 @@ def _set_path(node: dict[str, Any], path: str, value: Any) -> None:
 
 
 def resume_config(
-    state: Mapping[str, Any],
+    saved_run: RebuiltConfig,
     new_unresolved: Mapping[str, Any],
     typed_keys: list[str] | None,
     run_dir: Path,
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> dict[str, Any]:
     """The config a resumed run uses: the saved one plus the safe changes typed now.
 
     Args:
-        state: The checkpoint resumed from.
+        saved_run: The saved config, rebuilt on the user's config tree.
         new_unresolved: The config composed by this invocation (interpolations kept).
         typed_keys: Keys typed on the command line (None: every difference counts as typed).
             Differences from the saved config that were not typed (e.g. a default changed in
@@ -205,13 +207,13 @@ def resume_config(
         run_dir: The run folder (the new ``output_dir``).
 
     Returns:
-        ``(resolved, unresolved)`` configs of the resumed run.
+        The resolved config of the resumed run.
 
     Raises:
         ConfigError: A typed change is unsafe (listing every such key with both values).
     """
-    saved_resolved = state["config"]
-    saved = copy.deepcopy(state.get("config_unresolved") or saved_resolved)
+    saved_resolved = saved_run.config
+    saved = copy.deepcopy(saved_run.unresolved)
     diff = config_diff(saved, new_unresolved)
     added = _added_since(diff, saved)
     diff = {k: v for k, v in diff.items() if k not in added}
@@ -265,4 +267,4 @@ def resume_config(
             len(untyped),
             ", ".join(untyped),
         )
-    return resolved, merged
+    return resolved

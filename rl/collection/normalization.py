@@ -31,6 +31,7 @@ import torch
 
 from rl.distributed.reduce import all_reduce_sum, is_distributed
 from rl.utils.config import Check
+from rl.utils.finite import NonFiniteError
 
 __all__ = ["NormalizeSettings", "Normalizer", "RunningMeanStd"]
 
@@ -223,8 +224,10 @@ class Normalizer:
                 part = _all_reduce_moments(part)
             for k, sums in part["obs"].items():
                 _merge_sums(self.obs_stats[k], sums)
+                _check_finite(self.obs_stats[k], f"observation {k!r}")
             if self.settings.rewards:
                 _merge_sums(self.return_stats, part["return"])
+                _check_finite(self.return_stats, "the discounted return")
         self._freeze()
 
     def commit(self, distributed: bool = False) -> None:
@@ -258,6 +261,21 @@ class Normalizer:
         normalizer = cls(observation_space, NormalizeSettings(**state["settings"]))
         normalizer.load_state_dict(state)
         return normalizer
+
+
+def _check_finite(stats: RunningMeanStd, what: str) -> None:
+    """A :class:`NonFiniteError` if ``stats`` became NaN or infinite.
+
+    Values beyond float64's range once squared (1e200) do that: nothing is normalised, or
+    saved, with such statistics.
+    """
+    if not (bool(torch.isfinite(stats.mean).all()) and bool(torch.isfinite(stats.var).all())):
+        raise NonFiniteError(
+            f"normalize: the running statistics of {what} are not finite (mean "
+            f"{stats.mean.max().item():.3g}, variance {stats.var.max().item():.3g}): the values "
+            "are too large to normalise (squared, beyond float64); scale them in the task, or "
+            "turn normalize off for them"
+        )
 
 
 def _all_reduce_moments(part: Mapping[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from torch.multiprocessing.spawn import ProcessException
 from rl.distributed.reduce import broadcast_object
 from rl.distributed.settings import DistributedSettings
 from rl.distributed.setup import DistContext, init_distributed, teardown
+from rl.utils.files import NoFollowFileHandler
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def _spawned_worker(
     if index == 0:
         output_dir = Path(plan["config"]["output_dir"])
         output_dir.mkdir(parents=True, exist_ok=True)
-        handler = logging.FileHandler(output_dir / "train.log")
+        handler = NoFollowFileHandler(output_dir / "train.log")
         handler.setFormatter(
             logging.Formatter("[%(asctime)s][rank 0][%(name)s][%(levelname)s] - %(message)s")
         )

@@ -22,6 +22,7 @@ from rl.checkpoints.files import CheckpointError
 from rl.checkpoints.lock import LOCK_NAME, RunFolderLockedError, RunLock
 from rl.engine.sweeps import in_multirun
 from rl.utils.config import ConfigError
+from rl.utils.files import is_run_folder_write_error
 
 # What a command's folder holds before its run writes anything: Hydra's own files and the run
 # lock's file (released by the time the folder is judged).
@@ -76,12 +77,14 @@ def discard_hydra_folder() -> bool:
 
 @contextlib.contextmanager
 def config_errors_reported() -> Iterator[None]:
-    """A refused config or checkpoint of a single run: its message, exit 1.
+    """A refused config or checkpoint of a single run, or a full disk: its message, exit 1.
 
     For :class:`~rl.utils.config.ConfigError` and
     :class:`~rl.checkpoints.files.CheckpointError` (a missing, unreadable or untrusted
     checkpoint): the message goes to stderr without a traceback, and the folder Hydra created
-    for the run is removed when nothing but Hydra's files is in it. In a multirun the error
+    for the run is removed when nothing but Hydra's files is in it. A full disk or a link
+    where the run writes (:mod:`rl.utils.files`) is its message alone too (``train.log`` holds
+    the traceback). In a multirun the error
     propagates (Hydra records the job as failed and the sweep goes on).
     """
     try:
@@ -91,4 +94,9 @@ def config_errors_reported() -> Iterator[None]:
             raise
         discard_hydra_folder()
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as e:  # a full disk, or a link where the run writes: the message alone
+        if in_multirun() or not is_run_folder_write_error(e):
+            raise
+        print(f"error: {e.strerror or e}", file=sys.stderr)
         sys.exit(1)

@@ -24,7 +24,6 @@ from omegaconf import DictConfig
 
 from rl.checkpoints.files import CheckpointError, load_checkpoint
 from rl.checkpoints.resume import StartPlan, plan_start
-from rl.checkpoints.trust import config_targets
 from rl.collection.base import CollectionSpec, Collector
 from rl.distributed.launch import launched_by_torchrun, run_torchrun_worker, spawn_workers
 from rl.distributed.settings import DistributedSettings
@@ -47,6 +46,7 @@ from rl.training.state import RunRecord
 from rl.training.stopping import StopAgreement, TrainingStopped, stop_on_signals
 from rl.training.trainer import OnPolicyTrainer
 from rl.utils.config import integral_fields_to_int, integral_floats_to_int, to_plain
+from rl.utils.files import write_atomic
 from rl.utils.logs import log_fatal
 from rl.utils.seeding import deterministic_mode, set_seed, worker_seeds
 from rl.utils.threads import set_torch_threads
@@ -108,7 +108,7 @@ def _plan_payload(start: StartPlan) -> dict[str, Any]:
     """A start plan as plain data for other workers (they reload its checkpoint)."""
     return {
         "config": start.config,
-        "config_unresolved": start.config_unresolved,
+        "choices": start.choices,
         "resume": None if start.resume_state is None else str(start.checkpoint),
         "init_from": None if start.init_state is None else str(start.checkpoint),
     }
@@ -117,15 +117,12 @@ def _plan_payload(start: StartPlan) -> dict[str, Any]:
 def _train_worker(payload: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
     """One distributed worker: rebuild the start plan from ``payload``, train; the outcome."""
     resume, init_from = payload["resume"], payload["init_from"]
-    trusted = payload["config"].get("trusted_targets") or ()  # the parent judged with these
-    start = StartPlan(
+    start = StartPlan(  # (the parent rebuilt the config: only the training state is read)
         payload["config"],
-        payload["config_unresolved"],
-        resume_state=None if resume is None else load_checkpoint(resume, trusted_targets=trusted),
+        payload["choices"],
+        resume_state=None if resume is None else load_checkpoint(resume),
         checkpoint=Path(resume or init_from) if (resume or init_from) else None,
-        init_state=(
-            None if init_from is None else load_checkpoint(init_from, trusted_targets=trusted)
-        ),
+        init_state=None if init_from is None else load_checkpoint(init_from),
     )
     try:
         return {"metrics": _train(start, ctx)}
@@ -171,7 +168,7 @@ def _train_body(start: StartPlan, ctx: DistContext | None) -> dict[str, float]:
         spaces = task_spaces(cfg["task"])
         if main:
             output_dir.mkdir(parents=True, exist_ok=True)
-            (output_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+            write_atomic(output_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
             log.info("run folder: %s", output_dir)
         device = torch.device(run.device) if ctx is None else ctx.device
         log.info(
@@ -213,7 +210,7 @@ def _train_body(start: StartPlan, ctx: DistContext | None) -> dict[str, float]:
             collector=collector,
             logger=logger,
             output_dir=output_dir,
-            run=RunRecord(cfg, start.config_unresolved, logger.run_id or start.wandb_run_id),
+            run=RunRecord(cfg, start.choices, logger.run_id or start.wandb_run_id),
             device=device,
             seed=run.seed,
             callbacks=_callbacks(cfg, run, logger, device, stack) if main else [],
@@ -223,8 +220,15 @@ def _train_body(start: StartPlan, ctx: DistContext | None) -> dict[str, float]:
         if start.resume_state is not None:
             try:
                 trainer.load_state_dict(start.resume_state)
-            except (KeyError, RuntimeError, ValueError) as e:
-                raise CheckpointError(
+            except (
+                KeyError,
+                IndexError,
+                TypeError,
+                AttributeError,
+                RuntimeError,
+                ValueError,
+            ) as e:
+                raise CheckpointError(  # a crafted or damaged file: named, not a raw traceback
                     f"resume from {start.checkpoint}: it does not fit this run: "
                     f"{type(e).__name__}: {next(iter(str(e).splitlines()), '')}"
                 ) from e
@@ -321,9 +325,6 @@ def _callbacks(
             model=cfg["model"],
             logger=logger,
             device=device,
-            # The run's checkpoints hold the configs this run (and the runs it resumed) started
-            # with, which the user chose or trusted.
-            trusted_targets=[*cfg["trusted_targets"], *config_targets(cfg)],
         )
         stack.callback(background.close)
         callbacks.append(background)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from rl.checkpoints.files import CheckpointError, load_checkpoint
+from rl.checkpoints.saved_config import ConfigTree, rebuild_config
 from rl.collection.normalization import Normalizer
 from rl.models.factory import build_policy
 from rl.models.policy import Policy
@@ -78,25 +79,36 @@ class InferenceAgent:
         deterministic: bool = True,
         seed: int = 0,
         trusted_targets: Sequence[str] = (),
+        config_dir: str | Path | None = None,
     ) -> InferenceAgent:
         """Build the agent from a training checkpoint (loaded with ``weights_only=True``).
 
-        The model and the task's observation space are rebuilt from the config saved in the
-        checkpoint.
+        The model and the task's observation space are built from the config saved in the
+        checkpoint, rebuilt on your config tree (:mod:`rl.checkpoints.saved_config`): nothing
+        the file names is imported unless your tree names it there, or ``trusted_targets``
+        allows it.
 
         Args:
             path: A checkpoint file.
             device: Where the model runs.
             deterministic: Argmax actions (True) or seeded sampled ones.
             seed: Seed of the action-sampling generator.
-            trusted_targets: Patterns of callables the saved config may name beyond the
-                defaults (:mod:`rl.checkpoints.trust`).
+            trusted_targets: Patterns of callables the saved config may name where your
+                config tree names others (:mod:`rl.checkpoints.trust`).
+            config_dir: Your config tree's folder (default: the running Hydra app's, else
+                this project's ``conf/``).
 
         Returns:
             The agent, reset for a first episode.
         """
-        state = load_checkpoint(path, trusted_targets=trusted_targets)
-        config = state["config"]
+        state = load_checkpoint(path)
+        config = rebuild_config(
+            state["config"],
+            state["choices"],
+            str(path),
+            trusted_targets=trusted_targets,
+            tree=ConfigTree(config_dir),
+        ).config
         env = build_env(config["task"])
         try:  # the environment's own observation space: the agent takes what it returns
             space, action_space = env.observation_space, env.action_space

@@ -9,13 +9,14 @@ switch), so it works headless and never changes the backend of the calling progr
 
 from __future__ import annotations
 
+import io
 import json
 import math
-import os
-import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from rl.utils.files import read_regular_file, write_atomic
 
 # Panels in this order, when the metric is present: (metric, axis label).
 PLOTTED_METRICS = (("success", "success"), ("spl", "SPL"), ("return", "return"))
@@ -32,22 +33,6 @@ TRAINING_KEYS = {
 MAX_METRICS_BYTES = 256 * 2**20
 
 
-def _read_regular_file(path: Path, limit: int) -> str | None:
-    """At most ``limit`` bytes of ``path`` if it is a regular file and not a link, else None.
-
-    A run folder is untrusted input: a ``metrics.jsonl`` that links to ``/dev/zero`` or is a
-    FIFO is skipped at once instead of filling memory or blocking.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return None
-        return f.read(limit).decode("utf-8", errors="replace")
-
-
 def training_curve(metrics_file: Path) -> list[dict[str, float]]:
     """The plotted metrics of a run's training episodes: ``{"step", "success", ...}`` per log.
 
@@ -56,10 +41,10 @@ def training_curve(metrics_file: Path) -> list[dict[str, float]]:
     (a run killed mid-write) gives what could be read.
     """
     rows = []
-    text = _read_regular_file(Path(metrics_file), MAX_METRICS_BYTES)
-    if text is None:
+    raw = read_regular_file(Path(metrics_file), MAX_METRICS_BYTES)
+    if raw is None:
         return []
-    for line in text.splitlines():
+    for line in raw.decode("utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
@@ -125,8 +110,9 @@ def plot_checkpoint_metrics(
             ax.set_ylim(-0.05, 1.05)
     if title:
         fig.suptitle(title, fontsize="medium")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=100)
+    write_atomic(path, image.getvalue())  # (a link under the name is replaced, not followed)
     return path
 
 

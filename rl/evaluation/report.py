@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rl.collection.episodes import EvalResult
+from rl.utils.files import write_atomic
 
 
 def eval_json_path(checkpoint: Path, settings: Mapping[str, Any]) -> Path:
@@ -29,11 +30,12 @@ def eval_json_path(checkpoint: Path, settings: Mapping[str, Any]) -> Path:
 
 def write_eval_json(path: Path, result: EvalResult, settings: Mapping[str, Any]) -> None:
     """Write the settings, mean metrics and per-episode records as JSON."""
-    path.write_text(
+    write_atomic(  # (a link under the name is replaced, not followed)
+        path,
         json.dumps(
             {"settings": dict(settings), "metrics": result.metrics, "episodes": result.episodes},
             indent=1,
-        )
+        ),
     )
 
 

@@ -18,6 +18,7 @@ import contextlib
 import csv
 import dataclasses
 import glob
+import io
 import json
 import logging
 import sys
@@ -33,14 +34,18 @@ from rl.checkpoints.files import (
     CHECKPOINT_DIR,
     LATEST,
     CheckpointError,
-    UntrustedCheckpointError,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     parse_checkpoint_name,
 )
 from rl.checkpoints.lock import RunLock
-from rl.checkpoints.trust import untrusted_targets
+from rl.checkpoints.saved_config import (
+    config_data,
+    ordered_choices,
+    rebuild_config,
+    saved_choices,
+)
 from rl.collection.episodes import EvalResult, episode_seed_list, evaluate_expert, evaluate_policy
 from rl.collection.normalization import Normalizer
 from rl.evaluation.plots import plot_checkpoint_metrics, training_curve
@@ -50,6 +55,7 @@ from rl.models.factory import build_policy
 from rl.models.policy import Policy
 from rl.tasks.factory import task_spaces, with_split
 from rl.utils.config import ConfigError, load_section
+from rl.utils.files import read_regular_file, write_atomic
 from rl.utils.threads import set_torch_threads
 
 log = logging.getLogger(__name__)
@@ -84,12 +90,11 @@ class CheckpointRef:
 
 
 # ------------------------------------------------------------------ selection
-def checkpoint_ref(path: str | Path, trusted_targets: Sequence[str] = ()) -> CheckpointRef:
+def checkpoint_ref(path: str | Path) -> CheckpointRef:
     """Stage and env step of a checkpoint: from its name, else from its contents.
 
     Args:
         path: The checkpoint file.
-        trusted_targets: The user's ``trusted_targets`` (used when the file must be read).
 
     Raises:
         CheckpointError: If the file cannot be read (the message names it).
@@ -98,14 +103,16 @@ def checkpoint_ref(path: str | Path, trusted_targets: Sequence[str] = ()) -> Che
     parsed = parse_checkpoint_name(path)
     if parsed is not None:
         return CheckpointRef(path, parsed[0], parsed[1])
-    pipe = load_checkpoint(path, trusted_targets=trusted_targets).get("pipeline") or {}
+    pipe = load_checkpoint(path).get("pipeline") or {}
+    if not isinstance(pipe, dict):
+        raise CheckpointError(f"{path}: its pipeline position is not a mapping")
     return CheckpointRef(
         path, int(pipe.get("current_stage_index", 0)), int(pipe.get("total_steps", 0))
     )
 
 
 def find_checkpoints(
-    *, ckpt: str | None = None, run_dir: str | None = None, trusted_targets: Sequence[str] = ()
+    *, ckpt: str | None = None, run_dir: str | None = None
 ) -> list[CheckpointRef]:
     """The checkpoints named by ``ckpt`` (a file or a glob) or ``run_dir`` (all of a run).
 
@@ -114,7 +121,6 @@ def find_checkpoints(
             checkpoint), or a glob of files (``**`` allowed), e.g.
             ``outputs/x/*/checkpoints/ckpt_*.pt``.
         run_dir: A run folder: every checkpoint in its ``checkpoints/``.
-        trusted_targets: The user's ``trusted_targets`` (for files whose names say nothing).
 
     Returns:
         The checkpoints grouped by run folder, each run in step order (stage breaks ties).
@@ -154,7 +160,7 @@ def find_checkpoints(
         if not path.is_file():
             raise CheckpointError(f"checkpoint {path} does not exist")
         paths = [path]
-    refs = [checkpoint_ref(p, trusted_targets) for p in paths]
+    refs = [checkpoint_ref(p) for p in paths]
     return sorted(refs, key=lambda r: (str(r.run_dir), r.step, r.stage, r.path.name))
 
 
@@ -187,20 +193,35 @@ def thin_by_steps(refs: Sequence[CheckpointRef], every_steps: int) -> list[Check
 
 # ----------------------------------------------------------------- evaluation
 class _ModelCache:
-    """One model per distinct (model, task) config; checkpoints of a run share it."""
+    """Rebuilt configs by checkpoint, one model per distinct (model, task) config."""
 
     def __init__(self, device: torch.device, trusted_targets: Sequence[str]) -> None:
         self.device = device
         self.trusted_targets = list(trusted_targets)
+        self._configs: dict[Path, dict[str, Any]] = {}
+        self._rebuilt: dict[str, dict[str, Any]] = {}
         self._models: dict[str, Policy] = {}
         self._spaces: dict[str, Any] = {}
 
+    def config(self, ref: CheckpointRef, state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The checkpoint's training config, rebuilt on the user's config tree."""
+        if ref.path not in self._configs:
+            state = state or load_checkpoint(ref.path)
+            key = json.dumps([state["config"], state["choices"]], sort_keys=True)
+            if key not in self._rebuilt:
+                self._rebuilt[key] = rebuild_config(
+                    state["config"],
+                    state["choices"],
+                    str(ref.path),
+                    trusted_targets=self.trusted_targets,
+                ).config
+            self._configs[ref.path] = self._rebuilt[key]
+        return self._configs[ref.path]
+
     def load(self, ref: CheckpointRef) -> tuple[Policy, dict[str, Any], Normalizer | None]:
         """The checkpoint's policy, its training config and its normalisation (frozen)."""
-        state = load_checkpoint(
-            ref.path, map_location=self.device, trusted_targets=self.trusted_targets
-        )
-        train_cfg = state["config"]
+        state = load_checkpoint(ref.path, map_location=self.device)
+        train_cfg = self.config(ref, state)
         try:
             key = json.dumps([train_cfg["model"], train_cfg["task"]], sort_keys=True, default=str)
             if key not in self._models:
@@ -249,14 +270,16 @@ def write_summary(
     columns = ["checkpoint", "step", "stage"]
     columns += sorted({k for r in rows for k in r} - set(columns))
     csv_path, json_path = folder / f"{SUMMARY_NAME}.csv", folder / f"{SUMMARY_NAME}.json"
-    with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-    json_path.write_text(
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=columns, restval="")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_atomic(csv_path, table.getvalue())  # (a link under the name is replaced, not followed)
+    write_atomic(
+        json_path,
         json.dumps(
             {"settings": dict(settings), "checkpoints": list(rows), "expert": expert}, indent=1
-        )
+        ),
     )
     return csv_path, json_path
 
@@ -283,9 +306,7 @@ def evaluate_checkpoints(cfg: EvaluateSettings) -> dict[str, float]:
     Returns:
         The last evaluated checkpoint's metrics as ``eval/*``.
     """
-    refs = find_checkpoints(
-        ckpt=cfg.ckpt, run_dir=cfg.run_dir, trusted_targets=cfg.trusted_targets
-    )
+    refs = find_checkpoints(ckpt=cfg.ckpt, run_dir=cfg.run_dir)
     selected = thin_by_steps(refs, cfg.every_steps)
     if len(selected) < len(refs):
         log.info(
@@ -294,23 +315,26 @@ def evaluate_checkpoints(cfg: EvaluateSettings) -> dict[str, float]:
             len(selected),
             len(refs),
         )
-    for ref in selected:  # every one readable and trusted before anything is done
-        load_checkpoint(ref.path, trusted_targets=cfg.trusted_targets)
+    models = _ModelCache(torch.device(cfg.device), cfg.trusted_targets)
+    for ref in selected:  # every one readable, its config rebuilt, before anything is done
+        models.config(ref)
     with contextlib.ExitStack() as stack:
         # Results are written into the run folders: no trainer may be writing there meanwhile.
         for folder in sorted({ref.run_dir for ref in selected}):
             stack.enter_context(RunLock(folder, "evaluation"))
-        return _evaluate_selected(cfg, refs, selected)
+        return _evaluate_selected(cfg, refs, selected, models)
 
 
 def _evaluate_selected(
-    cfg: EvaluateSettings, refs: Sequence[CheckpointRef], selected: Sequence[CheckpointRef]
+    cfg: EvaluateSettings,
+    refs: Sequence[CheckpointRef],
+    selected: Sequence[CheckpointRef],
+    models: _ModelCache,
 ) -> dict[str, float]:
     """Evaluate ``selected`` (of ``refs``, all found); write JSONs, summaries and plots."""
     device = torch.device(cfg.device)
     episode_seeds = episode_seed_list(cfg.num_episodes, cfg.episode_seed)
     settings = cfg.episode_list
-    models = _ModelCache(device, cfg.trusted_targets)
     rows_by_run: dict[Path, list[dict[str, Any]]] = {}
     logged: dict[str, float] = {}
     bar = tqdm(
@@ -373,26 +397,57 @@ def _is_glob(value: Any) -> bool:
 
 
 # --------------------------------------------------------------------- expert
-def _task_of_run(run_dir: Path, trusted_targets: Sequence[str]) -> dict[str, Any]:
-    """The task a run trained on: its ``config.yaml``, else its newest checkpoint's config.
+# The most of a run folder's config.yaml / .hydra/hydra.yaml read (a real one is a few KB).
+_MAX_CONFIG_BYTES = 4 * 2**20
 
-    Both are untrusted input (a run folder may come from anywhere): the task must name only
-    trusted callables (:mod:`rl.checkpoints.trust`).
+
+def _folder_yaml(path: Path) -> Any:
+    """A run folder's YAML file as bounded data (None: missing, a link, not a regular file)."""
+    raw = read_regular_file(path, _MAX_CONFIG_BYTES + 1)
+    if raw is None:
+        return None
+    if len(raw) > _MAX_CONFIG_BYTES:
+        raise CheckpointError(f"{path}: larger than {_MAX_CONFIG_BYTES:,} bytes; refused")
+    try:
+        return config_data(yaml.safe_load(raw), str(path))
+    except yaml.YAMLError as e:
+        raise CheckpointError(f"{path}: not YAML: {str(e).splitlines()[0]}") from e
+
+
+def _hydra_choices(hydra: Any) -> Any:
+    """The ordered config group choices of a ``.hydra/hydra.yaml``'s ``hydra`` node (data)."""
+    if not isinstance(hydra, dict):
+        return None
+    runtime, overrides = hydra.get("runtime"), hydra.get("overrides")
+    return ordered_choices(
+        runtime.get("choices") if isinstance(runtime, dict) else None,
+        overrides.get("task") if isinstance(overrides, dict) else None,
+    )
+
+
+def _task_of_run(run_dir: Path, trusted_targets: Sequence[str]) -> dict[str, Any]:
+    """The task a run trained on, rebuilt on the user's config tree.
+
+    From its newest checkpoint, else (no checkpoint yet) from its ``config.yaml`` with the
+    choices of Hydra's ``.hydra/hydra.yaml`` beside it. Both are untrusted input (a run folder
+    may come from anywhere): read as bounded data (:mod:`rl.checkpoints.saved_config`).
     """
-    resolved = run_dir / "config.yaml"
-    if resolved.is_file():
-        task = (yaml.safe_load(resolved.read_text()) or {}).get("task")
-        if isinstance(task, dict):
-            refused = untrusted_targets(task, trusted_targets)
-            if refused:
-                raise UntrustedCheckpointError(
-                    f"{resolved}: its task names callables that are not trusted:\n  "
-                    + "\n  ".join(f"task.{r}" for r in refused)
-                )
-            return task
-    refs = find_checkpoints(run_dir=str(run_dir), trusted_targets=trusted_targets)
-    state = load_checkpoint(refs[-1].path, trusted_targets=trusted_targets)
-    return dict(state["config"]["task"])
+    found = list_checkpoints(run_dir)
+    if found:
+        state = load_checkpoint(found[-1])
+        config, choices, where = state["config"], state["choices"], str(found[-1])
+    else:
+        config = _folder_yaml(run_dir / "config.yaml")
+        if not isinstance(config, dict):
+            raise CheckpointError(
+                f"{run_dir}: no checkpoint and no config.yaml to take a task from"
+            )
+        where = str(run_dir / "config.yaml")
+        hydra = _folder_yaml(run_dir / ".hydra" / "hydra.yaml")
+        hydra = hydra.get("hydra") if isinstance(hydra, dict) else None
+        choices = saved_choices(_hydra_choices(hydra), where)
+    rebuilt = rebuild_config(config, choices, where, trusted_targets=trusted_targets)
+    return dict(rebuilt.config["task"])
 
 
 def evaluate_expert_reference(
@@ -416,7 +471,7 @@ def evaluate_expert_reference(
     if cfg.run_dir:
         folder = Path(cfg.run_dir)
     elif cfg.ckpt:
-        folder = find_checkpoints(ckpt=cfg.ckpt, trusted_targets=cfg.trusted_targets)[0].run_dir
+        folder = find_checkpoints(ckpt=cfg.ckpt)[0].run_dir
     if task:
         task = dict(task)
     elif folder is not None:

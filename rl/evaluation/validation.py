@@ -27,7 +27,7 @@ import multiprocessing as mp
 import queue
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from rl.models.factory import build_policy
 from rl.tasks.factory import task_spaces, with_split
 from rl.training.callbacks import Callback, RolloutInfo
 from rl.training.trainer import OnPolicyTrainer
+from rl.utils.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,6 @@ def _validation_main(
     model_cfg: dict[str, Any],
     settings: dict[str, Any],
     device: str,
-    trusted_targets: list[str],
 ) -> None:
     """Body of the validation process: evaluate each requested checkpoint, in order."""
     try:
@@ -92,7 +92,7 @@ def _validation_main(
             path, step = item
             t0 = time.perf_counter()
             try:
-                state = load_checkpoint(path, map_location=device, trusted_targets=trusted_targets)
+                state = load_checkpoint(path, map_location=device)  # (weights only)
                 model.load_state_dict(state["model"])
                 result = evaluate_policy(
                     model=model,
@@ -127,8 +127,6 @@ class BackgroundValidation(Callback):
         model: Plain (resolved) model config.
         logger: The run's logger; ``valid/*`` is logged at each checkpoint's env step.
         device: Where the validation model runs.
-        trusted_targets: Callables the checkpoints' saved configs may name beyond the defaults
-            (the run's own config and ``trusted_targets``: :mod:`rl.checkpoints.trust`).
     """
 
     def __init__(
@@ -139,7 +137,6 @@ class BackgroundValidation(Callback):
         model: Mapping[str, Any],
         logger: MetricsLogger,
         device: torch.device | str = "cpu",
-        trusted_targets: Sequence[str] = (),
     ) -> None:
         self.settings = settings
         self.logger = logger
@@ -149,7 +146,6 @@ class BackgroundValidation(Callback):
             dict(model),
             dataclasses.asdict(settings),
             str(device),
-            list(trusted_targets),
         )
         self.submitted: list[tuple[str, int]] = []
         self.completed: list[tuple[str, int]] = []
@@ -271,7 +267,7 @@ class BackgroundValidation(Callback):
             self.logger.log(step, payload)
             self.last_metrics = dict(payload)
             self._unobserved.append(dict(payload))
-            result_path(Path(path)).write_text(json.dumps({"step": step, "metrics": payload}))
+            write_atomic(result_path(Path(path)), json.dumps({"step": step, "metrics": payload}))
         else:
             self.failed.append(path)
             log.error("validation of %s (step %d) failed:\n%s", path, step, payload)

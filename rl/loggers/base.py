@@ -53,7 +53,13 @@ class RunContext:
                 f"{what}: {str(relative)!r} is not a path inside the run folder (give a "
                 "relative name, without '..')"
             )
-        return Path(self.output_dir) / rel
+        path = Path(self.output_dir) / rel
+        if not path.resolve().is_relative_to(Path(self.output_dir).resolve()):
+            raise ConfigError(
+                f"{what}: {path} leads out of the run folder through a symbolic link (a copied "
+                "run folder?); a run writes inside its folder only"
+            )
+        return path
 
 
 class MetricsSink(abc.ABC):

@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping
 
 from rl.loggers.base import MetricsSink, RunContext
+from rl.utils.files import describe_write_error, open_append
 
 
 class JsonlSink(MetricsSink):
@@ -21,7 +22,7 @@ class JsonlSink(MetricsSink):
     def __init__(self, *, context: RunContext, filename: str = "metrics.jsonl") -> None:
         self.path = context.path(filename, "JsonlSink filename")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
+        self._file = open_append(self.path)  # (a link under the name is refused)
         self._t0 = time.time()
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -29,10 +30,16 @@ class JsonlSink(MetricsSink):
         record: dict[str, object] = {"env_step": step, "wall_time": time.time() - self._t0}
         for k, v in metrics.items():
             record[k] = None if isinstance(v, float) and math.isnan(v) else v
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        except OSError as e:  # a full disk: said as such, as for checkpoints
+            raise OSError(e.errno, describe_write_error(self.path, e, "metrics file")) from None
 
     def close(self) -> None:
-        """Close the file."""
+        """Close the file (a write that cannot be flushed any more is dropped, not raised)."""
         if not self._file.closed:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:
+                pass

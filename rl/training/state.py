@@ -7,12 +7,12 @@ global RNG, the collector's episodes in flight and carried rollout state, and th
 :meth:`TrainerState.load_state_dict` restores all of it, so that a resumed run continues
 bitwise like an uninterrupted one (single-process sampler, CPU).
 
-The layout (:data:`CHECKPOINT_FORMAT` 4) is flat and ``torch.load(weights_only=True)``-safe::
+The layout (:data:`CHECKPOINT_FORMAT` 5) is flat and ``torch.load(weights_only=True)``-safe::
 
     format_version, model, losses, optimizer, lr_scheduler, pipeline,
     trackers {episode, train}, trainer {last_metrics, last_log_step, offpolicy_update_count},
     rng {python, numpy, torch, shuffle, offpolicy}, sampler, rollout, normalizer,
-    config, config_unresolved, wandb_run_id, [distributed {world_size, ranks}]
+    config, choices, wandb_run_id, [distributed {world_size, ranks}]
 
 Distributed, saving is a collective: rank 0's checkpoint also holds every rank's ``sampler``,
 ``rollout`` and ``rng`` (the top-level ones are rank 0's), and each rank resumes from its own
@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from rl.checkpoints.files import CHECKPOINT_FORMAT
 from rl.collection.base import Collector
 from rl.distributed.reduce import gather_objects
 from rl.distributed.setup import DistContext
@@ -39,13 +40,8 @@ from rl.utils.seeding import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
-# Version of the checkpoint layout written by TrainerState.state_dict. 3: the carried rollout
-# state holds the policy's recurrent state as a dict (``rollout.state``) instead of a GRU's
-# ``rollout.hidden`` ``[L, N, H]``, and ``normalizer`` holds the collector's normalisation
-# statistics (None when off); format-2 checkpoints load (the collector converts them). 4:
-# ``losses`` holds the state of the losses with parameters (auxiliary heads, by loss name; empty
-# for none); format-2 and -3 checkpoints, from before such losses, load.
-CHECKPOINT_FORMAT = 4
+# (CHECKPOINT_FORMAT, the version of the layout written by TrainerState.state_dict, and its
+# history: rl.checkpoints.files, which refuses files of a newer format.)
 # Per-rank entries of a distributed checkpoint.
 _RANK_KEYS = ("sampler", "rollout", "rng", "collection_workers")
 
@@ -56,13 +52,13 @@ class RunRecord:
 
     Attributes:
         config: Resolved run config.
-        config_unresolved: The composed config before interpolation (``${total_env_steps}``
-            kept), so a resume can re-resolve it with new safe overrides.
+        choices: Its config group choices (``task=nav_small``, ...), by which evaluation and
+            resuming rebuild it on the user's config tree (None: not composed by Hydra).
         wandb_run_id: Id of the wandb run (so a resume continues the same run).
     """
 
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    config_unresolved: dict[str, Any] | None = None
+    choices: dict[str, str] | None = None
     wandb_run_id: str | None = None
 
 
@@ -134,7 +130,7 @@ class TrainerState:
             },
             **self.collector.state_dict(),  # in-process collection: sampler, rollout
             "config": self.run.config,
-            "config_unresolved": self.run.config_unresolved,
+            "choices": self.run.choices,
             "wandb_run_id": self.run.wandb_run_id,
         }
         if self.dist.enabled:

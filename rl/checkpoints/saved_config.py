@@ -1,0 +1,434 @@
+"""A config read from a checkpoint or a run folder: data only, rebuilt on the user's config tree.
+
+A checkpoint (or a copied run folder) may come from anywhere, and evaluation, ``resume=`` and
+:class:`~rl.evaluation.InferenceAgent` build a task, a model and loggers from the config it
+carries. Nothing in that config is ever turned into code:
+
+1. **Loaded as data** (:func:`config_data`): dicts with string keys, lists and scalars only,
+   at most :data:`MAX_NODES` nodes (counted as a tree, so shared references cannot multiply
+   them) and :data:`MAX_DEPTH` levels, no loops, and no string holding an interpolation
+   (``${...}``): nothing of the file is ever resolved.
+2. **Rebuilt on the user's config tree** (:func:`rebuild_config`): the checkpoint records which
+   options of each config group the run used (``task=nav3d_small``, ``+experiment=ppo_nav``);
+   the config is composed again from the user's installed ``conf/`` with those choices, and
+   the saved plain values are laid over it. Every ``_target_`` (and every other ``_*_`` key
+   Hydra honours), every wrapper named by a dotted path and every gymnasium id of the
+   ``module:Env`` form in the result must be the one the user's config names at that place. Otherwise the checkpoint is
+   refused (:class:`~rl.checkpoints.files.UntrustedCheckpointError`, naming the key), unless
+   the callable matches a pattern of the user's own ``trusted_targets`` (typed on the command
+   line or the experiment, never read from a file).
+
+A checkpoint written without group choices (by code from before they were saved, or by a run
+built without Hydra) is rebuilt on the config tree's defaults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rl.checkpoints.errors import CheckpointError, UntrustedCheckpointError
+from rl.checkpoints.trust import Refusal, judge_env_id, judge_target, trust_rules
+
+# Bounds of a saved config: far above any real config (the largest experiment has ~600 nodes).
+MAX_NODES = 100_000
+MAX_DEPTH = 48
+MAX_STRING = 65_536
+# A config group or option name: path segments of letters, digits, ``_``, ``-`` and ``.``.
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")
+# Keys Hydra's ``instantiate`` honours (``_target_``, ``_args_``, ``_partial_``, ...).
+_META_RE = re.compile(r"^_[a-z]+_$")
+# Keys whose strings name code: wrappers as dotted paths, gymnasium ids (``module:Env``).
+_WRAPPER_KEYS = ("wrappers",)
+_ENV_ID_KEYS = ("env_id", "id")
+# Values of this invocation, never rebuilt from a file.
+_INVOCATION_KEYS = ("output_dir", "resume", "init_from", "trusted_targets")
+_PROJECT_CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def _key(parent: str, child: object) -> str:
+    return f"{parent}.{child}" if parent else str(child)
+
+
+def config_data(node: Any, where: str) -> Any:
+    """A plain copy of ``node`` if it is config data, else a :class:`CheckpointError`.
+
+    Data is dicts with string keys, lists (tuples become lists) and ``str``, ``int``,
+    ``float``, ``bool`` and ``None``. The copy is bounded: at most :data:`MAX_NODES` nodes
+    counted as a tree (a 1 KB file of shared references ``x = [x, x]`` is refused at once, not
+    expanded), :data:`MAX_DEPTH` levels, no node inside itself, strings of at most
+    :data:`MAX_STRING` characters without ``${`` (a saved config is never resolved).
+
+    Args:
+        node: What the file holds (e.g. a checkpoint's ``config``).
+        where: The file (and entry), for messages.
+    """
+    count = 0
+    on_path: set[int] = set()
+
+    def copy(value: Any, key: str, depth: int) -> Any:
+        nonlocal count
+        count += 1
+        if count > MAX_NODES:
+            raise CheckpointError(
+                f"{where}: the saved config has more than {MAX_NODES:,} nodes (counted as a "
+                "tree); refused"
+            )
+        if depth > MAX_DEPTH:
+            raise CheckpointError(
+                f"{where}: the saved config is nested more than {MAX_DEPTH} levels deep "
+                f"(at {key}); refused"
+            )
+        kind = type(value)
+        if value is None or kind in (bool, int, float):
+            return value
+        if kind is str:
+            if len(value) > MAX_STRING:
+                raise CheckpointError(f"{where}: {key or '<root>'} is a string of {len(value):,} "
+                                      "characters; refused")  # fmt: skip
+            if "${" in value:
+                raise CheckpointError(
+                    f"{where}: {key or '<root>'} holds an interpolation ({value[:80]!r}); a "
+                    "saved config is data and is never resolved"
+                )
+            return value
+        if kind not in (dict, list, tuple):
+            raise CheckpointError(
+                f"{where}: {key or '<root>'} is a {kind.__name__}, not config data"
+            )
+        if id(value) in on_path:
+            raise CheckpointError(f"{where}: {key or '<root>'} contains itself; refused")
+        on_path.add(id(value))
+        try:
+            if kind is dict:
+                out = {}
+                for k, v in value.items():
+                    if type(k) is not str:
+                        raise CheckpointError(
+                            f"{where}: a key of {key or '<root>'} is a {type(k).__name__} "
+                            f"({k!r}), not a string"
+                        )
+                    out[k] = copy(v, _key(key, k), depth + 1)
+                return out
+            return [copy(v, _key(key, i), depth + 1) for i, v in enumerate(value)]
+        finally:
+            on_path.discard(id(value))
+
+    return copy(node, "", 0)
+
+
+def saved_choices(value: Any, where: str) -> dict[str, str] | None:
+    """Config group choices as saved (``{"task": "nav_small", ...}``), checked as names.
+
+    Raises:
+        CheckpointError: Not a mapping of group names to option names.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > 256:
+        raise CheckpointError(f"{where}: its config group choices are not a mapping of names")
+    out = {}
+    for group, option in value.items():
+        if option is None:
+            continue
+        if not all(isinstance(s, str) and _NAME_RE.match(s) and ".." not in s
+                   for s in (group, option)):  # fmt: skip
+            raise CheckpointError(
+                f"{where}: config group choice {group!r}: {option!r} is not a group and option "
+                "name"
+            )
+        out[group] = option
+    return out
+
+
+def ordered_choices(choices: Any, overrides: Any) -> dict[str, str] | None:
+    """Hydra's ``runtime.choices`` in the order they were typed, Hydra's own groups left out.
+
+    Appended groups (``+experiment=ppo_nav +debug=smoke``) apply in the order they were
+    typed, so the choices typed on the command line come first, in that order.
+    """
+    if not isinstance(choices, Mapping):
+        return None
+    typed = []
+    for item in overrides if isinstance(overrides, (list, tuple)) else ():
+        group = str(item).split("=", 1)[0].lstrip("~+").split("@", 1)[0]
+        if group in choices and group not in typed:
+            typed.append(group)
+    order = [*typed, *(g for g in choices if g not in typed)]
+    return {
+        str(g): str(choices[g])
+        for g in order
+        if choices[g] is not None and not (str(g) == "hydra" or str(g).startswith("hydra/"))
+    }
+
+
+def run_choices(cfg: DictConfig | Mapping[str, Any]) -> dict[str, str] | None:
+    """The config group choices of the composed config ``cfg`` (None: not composed by Hydra).
+
+    Taken from ``cfg.hydra`` when the config carries it, else from the running Hydra app
+    (:func:`ordered_choices`).
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra: Any = None
+    if isinstance(cfg, DictConfig) and "hydra" in cfg:
+        hydra = cfg.hydra
+    elif HydraConfig.initialized():
+        hydra = HydraConfig.get()
+    if hydra is None:
+        return None
+    return ordered_choices(
+        OmegaConf.to_container(hydra.runtime.choices), list(hydra.overrides.task)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigTree:
+    """The user's config tree: where :func:`rebuild_config` composes a saved run's config.
+
+    Attributes:
+        config_dir: The tree's folder (None: the running Hydra app's search path, else the
+            project's own ``conf/``).
+        config_name: The primary config of training runs.
+    """
+
+    config_dir: str | Path | None = None
+    config_name: str = "train"
+
+    @contextlib.contextmanager
+    def _hydra(self) -> Iterator[Any]:
+        from hydra import initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+
+        if self.config_dir is None and GlobalHydra.instance().is_initialized():
+            yield GlobalHydra.instance()
+            return
+        folder = Path(self.config_dir or _PROJECT_CONF).expanduser().resolve()
+        if not (folder / f"{self.config_name}.yaml").is_file():
+            raise CheckpointError(
+                f"no {self.config_name}.yaml in {folder}: a saved config is rebuilt on your "
+                "config tree; give its folder (config_dir=...)"
+            )
+        gh = GlobalHydra.instance()
+        outer = gh.hydra if gh.is_initialized() else None  # an app's, restored afterwards
+        gh.clear()
+        try:
+            with initialize_config_dir(version_base="1.3", config_dir=str(folder)):
+                yield GlobalHydra.instance()
+        finally:
+            if outer is not None:
+                GlobalHydra.instance().clear()
+                GlobalHydra.instance().initialize(outer)
+
+    def compose(
+        self, choices: Mapping[str, str] | None, where: str
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """The tree's config (interpolations kept) with ``choices``, and the choices it used.
+
+        Raises:
+            CheckpointError: A choice names an option the tree does not have.
+        """
+        from hydra import compose
+
+        with self._hydra() as gh:
+            base = compose(self.config_name, [], return_hydra_config=True)
+            defaults = run_choices(base) or {}
+            appended: list[str] = []
+            replaced: list[str] = []
+            for group, option in (choices or {}).items():  # (in the order they were typed)
+                if defaults.get(group) == option:
+                    continue
+                options = gh.config_loader().get_group_options(group)
+                if option not in options:
+                    raise CheckpointError(
+                        f"{where}: the run used {group}={option}, which your config tree has no "
+                        f"option for ({', '.join(options) or 'no such group'})"
+                    )
+                (replaced if group in defaults else appended).append(
+                    f"{group}={option}" if group in defaults else f"+{group}={option}"
+                )
+            cfg = compose(self.config_name, [*appended, *replaced], return_hydra_config=True)
+            used = run_choices(cfg) or {}
+            raw = OmegaConf.to_container(cfg, resolve=False)
+        assert isinstance(raw, dict)
+        raw.pop("hydra", None)
+        return {str(k): v for k, v in raw.items()}, used
+
+
+def _overlay(raw: Any, tree: Any, saved: Any, key: str, where: str) -> Any:
+    """``raw`` (the user's config there, unresolved) with the saved value laid over it.
+
+    ``tree`` is ``raw`` resolved. A leaf equal to the saved value keeps the user's node (an
+    interpolation stays one); another saved value replaces it (its type is checked where the
+    config is verified, against the callables' annotations and the settings' fields). Inside
+    a ``_target_`` node, keys the saved config lacks are dropped (the run used the callable's
+    default); settings the saved config lacks take the tree's value.
+    """
+    if isinstance(raw, dict) and isinstance(saved, dict) and isinstance(tree, dict):
+        out = {}
+        for k, v in raw.items():
+            if k in saved:
+                out[k] = _overlay(v, tree.get(k), saved[k], _key(key, k), where)
+            elif "_target_" not in raw or _META_RE.match(k):
+                out[k] = v
+        out.update({k: v for k, v in saved.items() if k not in raw})
+        return out
+    if (
+        isinstance(raw, list) and isinstance(saved, list) and isinstance(tree, list)
+        and len(raw) == len(saved) == len(tree)
+    ):  # fmt: skip
+        return [
+            _overlay(*x, _key(key, i), where)
+            for i, x in enumerate(zip(raw, tree, saved, strict=True))
+        ]
+    if type(tree) is type(saved) and tree == saved:
+        return raw
+    return saved
+
+
+def _refusals(node: Any, tree: Any, key: str, rules: Sequence[Any]) -> Iterator[Refusal]:
+    """What ``node`` names as code that the user's config (``tree``) does not name there."""
+    if isinstance(node, dict):
+        mine = tree if isinstance(tree, dict) else {}
+        target = node.get("_target_")
+        trusted = bool(rules) and isinstance(target, str) and judge_target(target, rules) is None
+        for k, v in node.items():
+            if _META_RE.match(k) and not trusted and (k not in mine or mine[k] != v):
+                why = (
+                    f"your config tree names {mine[k]!r} here"
+                    if k in mine
+                    else "your config tree names nothing here"
+                )
+                yield Refusal(_key(key, k), json.dumps(v)[:200], why)
+        for k in _WRAPPER_KEYS:
+            ours = mine.get(k) if isinstance(mine.get(k), list) else []
+            for i, w in enumerate(node.get(k) or () if isinstance(node.get(k), list) else ()):
+                if isinstance(w, str) and w not in ours:
+                    reason = judge_target(w, rules) if rules else "not in your config tree"
+                    if reason is not None:
+                        yield Refusal(_key(key, f"{k}.{i}"), w, reason)
+        for k in _ENV_ID_KEYS:
+            value = node.get(k)
+            if isinstance(value, str) and value != mine.get(k):
+                reason = judge_env_id(value, rules)
+                if reason is not None:
+                    yield Refusal(_key(key, k), value, reason)
+        for k, v in node.items():
+            yield from _refusals(v, mine.get(k), _key(key, k), rules)
+    elif isinstance(node, list):
+        ours = tree if isinstance(tree, list) else []
+        for i, v in enumerate(node):
+            yield from _refusals(v, ours[i] if i < len(ours) else None, _key(key, i), rules)
+
+
+def _resolve(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
+    try:
+        out = OmegaConf.to_container(OmegaConf.create(dict(raw)), resolve=True)
+    except Exception as e:  # noqa: BLE001  (an interpolation of the tree that cannot resolve)
+        raise CheckpointError(f"{where}: the rebuilt config does not resolve: {e}") from e
+    assert isinstance(out, dict)
+    return {str(k): v for k, v in out.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class RebuiltConfig:
+    """A saved run's config, rebuilt on the user's config tree.
+
+    Attributes:
+        config: Resolved, ready to build from.
+        unresolved: The same with the tree's interpolations kept (``${total_env_steps}``).
+        choices: The config group choices it was composed with.
+    """
+
+    config: dict[str, Any]
+    unresolved: dict[str, Any]
+    choices: dict[str, str]
+
+
+def rebuild_config(
+    saved: Mapping[str, Any],
+    choices: Mapping[str, str] | None,
+    where: str,
+    *,
+    trusted_targets: Sequence[str] = (),
+    tree: ConfigTree | None = None,
+) -> RebuiltConfig:
+    """Rebuild a saved run's config on the user's config tree (see the module's docstring).
+
+    Args:
+        saved: The saved resolved config, as data (:func:`config_data`).
+        choices: The config group choices saved with it (None: the tree's defaults).
+        where: The file, for messages.
+        trusted_targets: The user's patterns of callables a saved config may name where their
+            config tree names another (``my_package.*``).
+        tree: The user's config tree (default: the running app's, else the project's).
+
+    Raises:
+        UntrustedCheckpointError: The saved config names code the tree does not name there.
+        CheckpointError: A choice the tree lacks, or a value of another kind than the tree's.
+    """
+    raw, used = (tree or ConfigTree()).compose(choices, where)
+    # This invocation's keys, not the tree's (``output_dir: ${hydra:runtime.output_dir}``).
+    output_dir = saved.get("output_dir")
+    raw.update(
+        output_dir=output_dir if isinstance(output_dir, str) else None,
+        resume=None,
+        init_from=None,
+        trusted_targets=list(trusted_targets),
+    )
+    _fix_app_interpolations(raw, saved)
+    resolved_tree = _resolve(raw, where)
+    data = {k: v for k, v in saved.items() if k not in _INVOCATION_KEYS}
+    merged = _overlay(raw, resolved_tree, data, "", where)
+    config = _resolve(merged, where)
+    rules = trust_rules(trusted_targets) if trusted_targets else ()
+    refused = list(_refusals(config, resolved_tree, "", rules))
+    if refused:
+        first = refused[0].target.strip('"').rpartition(".")[0] or refused[0].target
+        raise UntrustedCheckpointError(
+            f"{where}: its saved config names code that your config tree does not name there "
+            f"(rebuilt with {', '.join(f'{g}={o}' for g, o in sorted(used.items()))}):\n  "
+            + "\n  ".join(map(str, refused))
+            + "\nIf you trust this checkpoint, allow its callables explicitly, e.g. "
+            f"trusted_targets='[{first}.*]' (see docs/concepts/checkpoints.md)"
+        )
+    return RebuiltConfig(config, merged, used)
+
+
+def _fix_app_interpolations(raw: dict[str, Any], saved: Mapping[str, Any]) -> None:
+    """Replace the tree's ``${hydra:...}`` / ``${now:...}`` by the saved values there.
+
+    Those resolve only inside a Hydra app; a place the saved config lacks becomes None.
+    """
+
+    def fix(node: Any, old: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: fix(v, old.get(k) if isinstance(old, dict) else None)
+                    for k, v in node.items()}  # fmt: skip
+        if isinstance(node, list):
+            olds = old if isinstance(old, list) and len(old) == len(node) else [None] * len(node)
+            return [fix(v, o) for v, o in zip(node, olds, strict=True)]
+        if isinstance(node, str) and ("${hydra:" in node or "${now:" in node):
+            return old
+        return node
+
+    raw.update(fix(raw, saved))
+
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_NODES",
+    "ConfigTree",
+    "RebuiltConfig",
+    "config_data",
+    "rebuild_config",
+    "run_choices",
+    "saved_choices",
+]
