@@ -126,9 +126,7 @@ def test_two_concurrent_resumes_the_second_is_refused(tmp_path: Path) -> None:
     steps = [json.loads(line)["env_step"] for line in (folder / "metrics.jsonl").open()]
     assert steps == sorted(set(steps)) and steps[-1] == 2048
     resumed = [p for p in list_checkpoints(folder) if parse_checkpoint_name(p)[1] > 256]
-    configs = {
-        json.dumps(load_checkpoint(p)["config"], sort_keys=True) for p in resumed
-    }
+    configs = {json.dumps(load_checkpoint(p)["config"], sort_keys=True) for p in resumed}
     assert len(resumed) == (2048 - 256) // 256 and len(configs) == 1
 
 

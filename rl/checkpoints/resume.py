@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 from rl.checkpoints.files import (
     CHECKPOINT_DIR,
     CheckpointError,
+    UntrustedCheckpointError,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -61,7 +62,7 @@ def resolve_resume_path(path: str | Path) -> tuple[Path, Path, dict[str, Any]]:
     """``(run_dir, checkpoint, state)`` for ``resume=PATH`` (a run folder or a checkpoint file).
 
     For a run folder this is the newest checkpoint in step order that loads (unreadable ones
-    are skipped with a warning). Every file
+    are skipped with a warning; a crafted config stops the search). Every file
     under a checkpoint name is complete (atomic writes), so this is also right when a crash
     fell between a checkpoint's rename and the update of ``latest``.
 
@@ -78,6 +79,8 @@ def resolve_resume_path(path: str | Path) -> tuple[Path, Path, dict[str, Any]]:
     for candidate in candidates:
         try:
             state = load_checkpoint(candidate)
+        except UntrustedCheckpointError:
+            raise  # a crafted config stops the search: never silently resume an older one
         except CheckpointError as e:
             log.warning("skipping unreadable checkpoint: %s", e)
             continue

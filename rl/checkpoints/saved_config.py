@@ -13,9 +13,10 @@ carries. Nothing in that config is ever turned into code:
    the config is composed again from the user's installed ``conf/`` with those choices, and
    the saved plain values are laid over it. Every ``_target_`` (and every other ``_*_`` key
    Hydra honours), every wrapper named by a dotted path and every gymnasium id of the
-   ``module:Env`` form in the result must be the one the user's config names at that place. Otherwise the checkpoint is
-   refused (:class:`~rl.checkpoints.files.UntrustedCheckpointError`, naming the key), unless
-   the callable matches a pattern of the user's own ``trusted_targets`` (typed on the command
+   ``module:Env`` form in the result must be the one the user's config names at that place.
+   Otherwise the checkpoint is refused
+   (:class:`~rl.checkpoints.errors.UntrustedCheckpointError`, naming the key), unless the
+   callable matches a pattern of the user's own ``trusted_targets`` (typed on the command
    line or the experiment, never read from a file).
 
 A checkpoint written without group choices (by code from before they were saved, or by a run
@@ -58,10 +59,11 @@ def _key(parent: str, child: object) -> str:
 
 
 def config_data(node: Any, where: str) -> Any:
-    """A plain copy of ``node`` if it is config data, else a :class:`CheckpointError`.
+    """A plain copy of ``node`` if it is config data.
 
     Data is dicts with string keys, lists (tuples become lists) and ``str``, ``int``,
-    ``float``, ``bool`` and ``None``. The copy is bounded: at most :data:`MAX_NODES` nodes
+    ``float``, ``bool`` and ``None``; anything else is an :class:`UntrustedCheckpointError` (a
+    crafted file, never skipped as damaged). The copy is bounded: at most :data:`MAX_NODES` nodes
     counted as a tree (a 1 KB file of shared references ``x = [x, x]`` is refused at once, not
     expanded), :data:`MAX_DEPTH` levels, no node inside itself, strings of at most
     :data:`MAX_STRING` characters without ``${`` (a saved config is never resolved).
@@ -77,12 +79,12 @@ def config_data(node: Any, where: str) -> Any:
         nonlocal count
         count += 1
         if count > MAX_NODES:
-            raise CheckpointError(
+            raise UntrustedCheckpointError(
                 f"{where}: the saved config has more than {MAX_NODES:,} nodes (counted as a "
                 "tree); refused"
             )
         if depth > MAX_DEPTH:
-            raise CheckpointError(
+            raise UntrustedCheckpointError(
                 f"{where}: the saved config is nested more than {MAX_DEPTH} levels deep "
                 f"(at {key}); refused"
             )
@@ -91,27 +93,27 @@ def config_data(node: Any, where: str) -> Any:
             return value
         if kind is str:
             if len(value) > MAX_STRING:
-                raise CheckpointError(f"{where}: {key or '<root>'} is a string of {len(value):,} "
+                raise UntrustedCheckpointError(f"{where}: {key or '<root>'} is a string of {len(value):,} "
                                       "characters; refused")  # fmt: skip
             if "${" in value:
-                raise CheckpointError(
+                raise UntrustedCheckpointError(
                     f"{where}: {key or '<root>'} holds an interpolation ({value[:80]!r}); a "
                     "saved config is data and is never resolved"
                 )
             return value
         if kind not in (dict, list, tuple):
-            raise CheckpointError(
+            raise UntrustedCheckpointError(
                 f"{where}: {key or '<root>'} is a {kind.__name__}, not config data"
             )
         if id(value) in on_path:
-            raise CheckpointError(f"{where}: {key or '<root>'} contains itself; refused")
+            raise UntrustedCheckpointError(f"{where}: {key or '<root>'} contains itself; refused")
         on_path.add(id(value))
         try:
             if kind is dict:
                 out = {}
                 for k, v in value.items():
                     if type(k) is not str:
-                        raise CheckpointError(
+                        raise UntrustedCheckpointError(
                             f"{where}: a key of {key or '<root>'} is a {type(k).__name__} "
                             f"({k!r}), not a string"
                         )
@@ -128,19 +130,21 @@ def saved_choices(value: Any, where: str) -> dict[str, str] | None:
     """Config group choices as saved (``{"task": "nav_small", ...}``), checked as names.
 
     Raises:
-        CheckpointError: Not a mapping of group names to option names.
+        UntrustedCheckpointError: Not a mapping of group names to option names.
     """
     if value is None:
         return None
     if not isinstance(value, dict) or len(value) > 256:
-        raise CheckpointError(f"{where}: its config group choices are not a mapping of names")
+        raise UntrustedCheckpointError(
+            f"{where}: its config group choices are not a mapping of names"
+        )
     out = {}
     for group, option in value.items():
         if option is None:
             continue
         if not all(isinstance(s, str) and _NAME_RE.match(s) and ".." not in s
                    for s in (group, option)):  # fmt: skip
-            raise CheckpointError(
+            raise UntrustedCheckpointError(
                 f"{where}: config group choice {group!r}: {option!r} is not a group and option "
                 "name"
             )

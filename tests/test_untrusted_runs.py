@@ -1,0 +1,430 @@
+"""Crafted checkpoints and run folders never run code, write outside the run, or hang (issue 34).
+
+Each test crafts one file or folder from a real smoke run, re-signed with the project's digest
+(so it passes the archive, digest and ``weights_only`` checks, as an attacker's would), and
+feeds it to ``evaluate``, ``resume=`` and ``InferenceAgent``. The fuzz test at the end draws
+many such configs from the project's own callables, Hydra's resolvers, interpolations, nested
+``_args_`` and links, and checks that a sentinel folder is byte-for-byte unchanged and that no
+module the user's config does not name was imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rl.checkpoints import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from rl.checkpoints.errors import UntrustedCheckpointError
+from rl.checkpoints.files import parse_checkpoint_name
+from rl.checkpoints.saved_config import MAX_NODES, config_data
+from rl.collection.normalization import Normalizer, NormalizeSettings
+from rl.engine import run
+from rl.evaluation import InferenceAgent
+from rl.loggers.base import RunContext
+from rl.loggers.jsonl import JsonlSink
+from rl.utils.files import UnsafePathError
+from rl.utils.finite import NonFiniteError
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ["+experiment=ppo_nav", "+debug=smoke", "task=nav_small", "eval.num_episodes=0"]
+# Modules no test imports: a config that gets one imported has run code it chose.
+MARKERS = ("this", "antigravity", "smtpd", "xmlrpc.server")
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real smoke run's folder (checkpoints at 128 and 256 env steps)."""
+    from hydra import compose, initialize
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    folder = tmp_path_factory.mktemp("untrusted") / "run"
+    GlobalHydra.instance().clear()
+    with initialize(version_base="1.3", config_path="../conf"):
+        cfg = compose("train", [*SMOKE, f"output_dir={folder}"], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    run.train(cfg)
+    GlobalHydra.instance().clear()
+    return folder
+
+
+def _copy(run_dir: Path, tmp_path: Path, name: str = "crafted") -> Path:
+    folder = tmp_path / name
+    shutil.copytree(run_dir, folder)
+    return folder
+
+
+def _resign(path: Path, state: dict[str, Any]) -> None:
+    stage, step = parse_checkpoint_name(path)  # type: ignore[misc]
+    save_checkpoint(path.parent.parent, state, stage, step)
+
+
+def _hashes(folder: Path) -> dict[str, str]:
+    """Every file of ``folder`` (links not followed) with its SHA-256."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
+
+
+def _sentinel(tmp_path: Path) -> Path:
+    folder = tmp_path / "sentinel"
+    folder.mkdir()
+    for name in ("victim.txt", "victim.csv", "victim.png", "victim.log", "victim.jsonl"):
+        (folder / name).write_text(f"precious {name}\n")
+    return folder
+
+
+def _write_payload(target: Path) -> dict[str, Any]:
+    return {
+        "_target_": "pathlib.Path.write_text",
+        "self": {"_target_": "pathlib.Path", "_args_": [str(target)]},
+        "data": "written",
+    }
+
+
+def _entries(folder: Path, compose_cfg: Any, out: Path) -> list[tuple[str, Any]]:
+    """The three ways in: evaluate (a file and a run), resume, InferenceAgent."""
+    ckpt = latest_checkpoint(folder)
+    evaluate = ["num_episodes=1", "num_envs=1", "plot=false", "progress_bar=false"]
+    return [
+        (
+            "evaluate ckpt",
+            lambda: run.evaluate(
+                compose_cfg([f"ckpt={ckpt}", *evaluate, f"output_dir={out}"], "evaluate")
+            ),
+        ),  # fmt: skip
+        (
+            "evaluate run_dir",
+            lambda: run.evaluate(
+                compose_cfg([f"run_dir={folder}", *evaluate, f"output_dir={out}"], "evaluate")
+            ),
+        ),  # fmt: skip
+        ("resume", lambda: run.train(compose_cfg([*SMOKE, f"resume={folder}"]))),
+        ("InferenceAgent", lambda: InferenceAgent.from_checkpoint(ckpt)),
+    ]
+
+
+# ------------------------------------------------------------ critical 1: interpolations
+@pytest.mark.parametrize("escaped", [False, True])
+@pytest.mark.parametrize("where", ["exp_name", "task.split", "model.extra"])
+def test_interpolations_in_a_saved_config_are_never_resolved(
+    smoke_run: Path, tmp_path: Path, compose_cfg: Any, where: str, escaped: bool
+) -> None:
+    created = tmp_path / "created-by-interpolation"
+    value = (
+        "${oc.create:{_target_: pathlib.Path.write_text, self: {_target_: pathlib.Path, "
+        f"_args_: ['{created}']}}, data: written}}}}"
+    )
+    folder = _copy(smoke_run, tmp_path)
+    path = latest_checkpoint(folder)
+    state = torch.load(path, weights_only=True)
+    node = state["config"]
+    *parents, leaf = where.split(".")
+    for key in parents:
+        node = node[key]
+    node[leaf] = ("\\" if escaped else "") + value
+    _resign(path, state)
+    for name, enter in _entries(folder, compose_cfg, tmp_path / "eval"):
+        with pytest.raises(CheckpointError, match="interpolation") as info:
+            enter()
+        assert where in str(info.value), name
+        assert not created.exists(), name
+
+
+def test_a_run_folder_config_yaml_is_data_too(
+    smoke_run: Path, tmp_path: Path, compose_cfg: Any
+) -> None:
+    """test_expert reads a run folder's config.yaml when it has no checkpoint."""
+    created = tmp_path / "created"
+    folder = tmp_path / "copied"
+    folder.mkdir()
+    config = load_checkpoint(latest_checkpoint(smoke_run))["config"]
+    import yaml
+
+    for task in (
+        {**config["task"], "split": "${oc.create:" + str(_write_payload(created)) + "}"},
+        _write_payload(created),
+    ):
+        (folder / "config.yaml").write_text(yaml.safe_dump({**config, "task": task}))
+        cfg = compose_cfg([f"run_dir={folder}", "test_expert=true", "num_episodes=1",
+                           f"output_dir={tmp_path / 'e'}"], "evaluate")  # fmt: skip
+        with pytest.raises(CheckpointError):
+            run.evaluate(cfg)
+        assert not created.exists()
+
+
+# ---------------------------------------------------- critical 2 and 3: dispatchers, imports
+@pytest.mark.parametrize(
+    "task",
+    [
+        {"_target_": "rl.tasks.gym.resolve_wrapper", "path": "this.Nope"},
+        {"_target_": "rl.collection.ray_runtime._set_env", "env": {"BASH_ENV": "$(touch x)"}},
+        {
+            "_target_": "rl.collection.actors.ProcessActors",
+            "cls": {"_target_": "builtins.open", "_args_": ["victim", "w"]},
+        },  # fmt: skip
+        {"_target_": "gymnasium.make", "_args_": ["this:Nope-v0"]},
+        {"_target_": "rl.tasks.make_gym_env", "env_id": "this:Nope-v0"},
+        {
+            "_target_": "rl.tasks.PointNavEnv",
+            "_args_": [{"_target_": "builtins.open", "_args_": ["victim", "w"]}],
+        },  # fmt: skip
+    ],
+    ids=["resolve_wrapper", "set_env", "ProcessActors", "make_args", "module_id", "nested_args"],
+)
+def test_the_project_s_own_callables_and_gymnasium_ids_are_not_for_a_file_to_choose(
+    smoke_run: Path, tmp_path: Path, compose_cfg: Any, task: dict[str, Any]
+) -> None:
+    folder = _copy(smoke_run, tmp_path)
+    path = latest_checkpoint(folder)
+    state = load_checkpoint(path)
+    state["config"]["task"] = {**state["config"]["task"], **task}
+    _resign(path, state)
+    environ = dict(os.environ)
+    cwd = Path.cwd()
+    for name, enter in _entries(folder, compose_cfg, tmp_path / "eval"):
+        with pytest.raises(UntrustedCheckpointError, match="task") as info:
+            enter()
+        assert "does not name" in str(info.value), name
+    assert dict(os.environ) == environ
+    assert not any(m in sys.modules for m in MARKERS)
+    assert not (cwd / "victim").exists() and not (tmp_path / "victim").exists()
+
+
+def test_a_gym_task_s_wrappers_and_env_id_come_from_the_tree(
+    smoke_run: Path, tmp_path: Path, compose_cfg: Any
+) -> None:
+    """A saved ``task=gym`` run: its env id and wrappers are the tree's, or trusted."""
+    folder = _copy(smoke_run, tmp_path)
+    path = latest_checkpoint(folder)
+    state = load_checkpoint(path)
+    state["choices"]["task"] = "gym"
+    state["config"]["task"] = {"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1",
+                               "wrappers": ["this.Wrapper"]}  # fmt: skip
+    _resign(path, state)
+    with pytest.raises(UntrustedCheckpointError, match=r"task\.wrappers\.0"):
+        InferenceAgent.from_checkpoint(path)
+    assert "this" not in sys.modules
+
+
+# --------------------------------------------------------- critical 5: links in a run folder
+_LINKED = {
+    "eval_summary.csv": "victim.csv",
+    "eval_summary.json": "victim.txt",
+    "eval_summary.png": "victim.png",
+    "config.yaml": "victim.txt",
+    "train.log": "victim.log",
+    "metrics.jsonl": "victim.jsonl",
+}
+
+
+@pytest.mark.parametrize("lock_linked", [False, True])
+def test_links_in_a_copied_run_folder_are_never_written_through(
+    smoke_run: Path, tmp_path: Path, compose_cfg: Any, lock_linked: bool
+) -> None:
+    sentinel = _sentinel(tmp_path)
+    before = _hashes(sentinel)
+    folder = _copy(smoke_run, tmp_path)
+    links = {**_LINKED, **({".lock": "victim.txt"} if lock_linked else {})}
+    for name, victim in links.items():
+        (folder / name).unlink(missing_ok=True)
+        (folder / name).symlink_to(sentinel / victim)
+    evaluate = ["num_episodes=1", "num_envs=1", "progress_bar=false", f"run_dir={folder}",
+                f"output_dir={tmp_path / 'e'}"]  # fmt: skip
+    for enter in (
+        lambda: run.evaluate(compose_cfg(evaluate, "evaluate")),
+        lambda: run.train(compose_cfg([*SMOKE, f"resume={folder}", "total_env_steps=384"])),
+    ):
+        try:
+            enter()
+        except (UnsafePathError, CheckpointError) as e:  # refused by name: fine
+            assert str(folder) in str(e)
+        except Exception as e:  # noqa: BLE001  (a ConfigError for metrics.jsonl's link)
+            assert "symbolic link" in str(e), e
+        assert _hashes(sentinel) == before
+    if not lock_linked:  # evaluate ran: its summaries replaced the links, not the victims
+        assert (folder / "eval_summary.csv").is_file()
+        assert not (folder / "eval_summary.csv").is_symlink()
+
+
+# ------------------------------------------------------- majors: bounded, named refusals
+def test_configs_of_shared_references_loops_and_aliases_are_refused_at_once(
+    smoke_run: Path, tmp_path: Path, compose_cfg: Any
+) -> None:
+    folder = _copy(smoke_run, tmp_path)
+    path = latest_checkpoint(folder)
+    state = load_checkpoint(path)
+    shared: list[Any] = ["leaf"]
+    for _ in range(12):  # 8**12 paths from 12 lists: the file is a few KB
+        shared = [shared] * 8
+    state["config"]["task"]["extra"] = shared
+    _resign(path, state)
+    with pytest.raises(CheckpointError, match=f"more than {MAX_NODES:,} nodes"):
+        load_checkpoint(path)
+    loop: list[Any] = []
+    loop.append(loop)
+    with pytest.raises(CheckpointError, match="contains itself"):
+        config_data({"task": {"x": loop}}, "crafted")
+    # A YAML "billion laughs" of 1 KB as a copied run's config.yaml (test_expert reads it).
+    laughs = ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    for i, name in enumerate("bcdefghi"):
+        prev = "abcdefghi"[i]
+        laughs.append(f"{name}: &{name} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]")
+    laughs.append("task: *i")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.yaml").write_text("\n".join(laughs))
+    cfg = compose_cfg([f"run_dir={empty}", "test_expert=true", "num_episodes=1",
+                       f"output_dir={tmp_path / 'e'}"], "evaluate")  # fmt: skip
+    with pytest.raises(CheckpointError, match="nodes"):
+        run.evaluate(cfg)
+
+
+def test_a_crafted_training_state_is_a_named_error(
+    smoke_run: Path, tmp_path: Path, compose_cfg: Any
+) -> None:
+    for damage, match in [
+        (lambda s: s.pop("pipeline"), "'pipeline' entry is missing"),
+        (lambda s: s.__setitem__("rng", {"python": [1, 2], "numpy": "x"}), "does not fit"),
+    ]:
+        folder = _copy(smoke_run, tmp_path, f"crafted{id(damage)}")
+        path = latest_checkpoint(folder)
+        state = torch.load(path, weights_only=True)
+        damage(state)
+        _resign(path, state)
+        with pytest.raises(CheckpointError, match=match):
+            run.train(compose_cfg([*SMOKE, f"resume={folder}", "total_env_steps=384"]))
+    state["format_version"] = 99  # from newer code: refused by name (a run folder skips it)
+    _resign(path, state)
+    with pytest.raises(CheckpointError, match="checkpoint format 99; this code reads formats 2"):
+        load_checkpoint(path)
+
+
+def test_non_finite_normaliser_statistics_are_an_error_and_never_saved(tmp_path: Path) -> None:
+    import gymnasium as gym
+    import numpy as np
+
+    space = gym.spaces.Dict({"x": gym.spaces.Box(-np.inf, np.inf, (2,), np.float64)})
+    settings = NormalizeSettings(observations=True, rewards=False, clip=10, gamma=0.99,
+                                 epsilon=1e-8)  # fmt: skip
+    normalizer = Normalizer(space, settings)
+    normalizer.record_observations({"x": torch.full((4, 2), 1e200, dtype=torch.float64)})
+    with pytest.raises(NonFiniteError, match="observation 'x'"):
+        normalizer.commit()
+    state = {"model": {}, "config": {}, "normalizer": {"obs": {"x": {"var": torch.tensor([
+        float("nan")])}}}}  # fmt: skip
+    with pytest.raises(NonFiniteError, match="normalizer"):
+        save_checkpoint(tmp_path, state, 0, 1)
+    assert not list(tmp_path.rglob("*.pt"))
+
+
+def test_a_full_disk_on_metrics_jsonl_is_said_as_such(tmp_path: Path) -> None:
+    context = RunContext(tmp_path, {}, "x", "task", 1, 1, "run")
+    sink = JsonlSink(context=context)
+    sink._file.close()
+    sink._file = open("/dev/full", "a", encoding="utf-8")  # noqa: SIM115  (the kernel's ENOSPC)
+    with pytest.raises(
+        OSError, match=r"cannot write metrics file .*metrics\.jsonl: the disk is full"
+    ):
+        sink.log(1, {"a": 1.0})
+    sink.close()
+
+
+def test_the_cli_reports_a_full_disk_as_its_message_alone(tmp_path: Path) -> None:
+    code = (
+        "import errno, sys\n"
+        "from rl.engine.cli import config_errors_reported\n"
+        "with config_errors_reported():\n"
+        "    raise OSError(errno.ENOSPC, 'cannot write x: the disk is full')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "error: cannot write x: the disk is full"
+
+
+# --------------------------------------------------------------------------- the fuzz test
+def _fuzz_payloads(rng: random.Random, sentinel: Path) -> Any:
+    """One crafted value: a call, a dispatcher, an interpolation, nested ``_args_``."""
+    victim = str(sentinel / rng.choice(["victim.txt", "victim.csv", "new.txt"]))
+    calls = [
+        _write_payload(Path(victim)),
+        {"_target_": "builtins.open", "_args_": [victim, "w"]},
+        {"_target_": "shutil.rmtree", "_args_": [str(sentinel)]},
+        {"_target_": "os.remove", "path": victim},
+        {"_target_": "rl.tasks.gym.resolve_wrapper", "path": f"{rng.choice(MARKERS)}.X"},
+        {"_target_": "rl.collection.ray_runtime._set_env", "env": {"BROWSER": "/bin/sh"}},
+        {"_target_": "importlib.import_module", "_args_": [rng.choice(MARKERS)]},
+        {"_target_": "gymnasium.make", "_args_": [f"{rng.choice(MARKERS)}:X-v0"]},
+        {"_target_": "rl.storage.generate_expert_trajectories", "path": victim},
+        {"_target_": "rl.checkpoints.files.save_checkpoint", "run_dir": str(sentinel)},
+        {
+            "_target_": "hydra.utils.instantiate",
+            "config": {"_target_": "os.remove", "path": victim},
+        },  # fmt: skip
+    ]
+    call = rng.choice(calls)
+    kind = rng.randrange(5)
+    if kind == 0:
+        return call
+    if kind == 1:
+        return {"_target_": "rl.tasks.PointNavEnv", "_args_": [call]}
+    if kind == 2:
+        resolver = rng.choice(["oc.create", "oc.decode", "oc.env", "oc.select", "oc.dict.keys"])
+        return ("\\" * rng.randrange(2)) + f"${{{resolver}:{call}}}"
+    if kind == 3:
+        return [rng.choice(["a", 1, None]), call]
+    return {"nested": {"deeper": call}}
+
+
+@pytest.mark.timeout(600)
+def test_fuzz_crafted_checkpoints_and_folders_change_nothing_outside(
+    smoke_run: Path, tmp_path: Path, compose_cfg: Any
+) -> None:
+    rng = random.Random(34)
+    sentinel = _sentinel(tmp_path)
+    before, environ = _hashes(sentinel), dict(os.environ)
+    places = ["task", "task._target_", "task.extra", "model", "model.extra", "pipeline",
+              "pipeline.named_losses.ppo", "pipeline.optimizer", "logger.sinks.jsonl",
+              "logger.sinks.extra", "collector", "sampler", "exp_name", "task.observations",
+              "task.wrappers", "eval", "normalize"]  # fmt: skip
+    tried = 0
+    for i in range(24):
+        folder = _copy(smoke_run, tmp_path, f"fuzz{i}")
+        path = latest_checkpoint(folder)
+        state = torch.load(path, weights_only=True)
+        for _ in range(rng.randrange(1, 4)):
+            node, *rest = rng.choice(places).split(".")
+            parent, key = state["config"], node
+            for part in rest:
+                parent = parent.setdefault(key, {}) if isinstance(parent.get(key), dict) else {}
+                key = part
+            parent[key] = _fuzz_payloads(rng, sentinel)
+        if rng.random() < 0.3:
+            state["choices"][rng.choice(["task", "model"])] = rng.choice(["gym", "nav3d", "mlp"])
+        _resign(path, state)
+        if rng.random() < 0.5:  # and links into the sentinel where the run writes
+            for name in rng.sample(sorted(_LINKED), 3):
+                (folder / name).unlink(missing_ok=True)
+                (folder / name).symlink_to(sentinel / _LINKED[name])
+        for _name, enter in _entries(folder, compose_cfg, tmp_path / f"eval{i}"):
+            tried += 1
+            try:
+                enter()
+            except Exception:  # noqa: BLE001, S112  (refusals are expected; effects are not)
+                pass
+            assert _hashes(sentinel) == before, f"case {i}: {_name}"
+            assert dict(os.environ) == environ, f"case {i}: {_name}"
+            assert not [m for m in MARKERS if m in sys.modules], f"case {i}: {_name}"
+    assert tried == 96
