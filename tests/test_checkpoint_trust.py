@@ -203,7 +203,7 @@ def test_trusted_targets_let_a_users_own_task_through(
         "os.system",
         f"{__name__}.os.system",  # through a module the pattern allows, defined elsewhere
         f"{__name__}.subprocess.run",
-        "rl.storage.generate_expert_trajectories",  # writes where it is told, whatever patterns say
+        "rl.storage.generate_expert_trajectories",  # writes where it is told: never trusted
         "gymnasium.wrappers.RecordVideo",
         "",
     ],

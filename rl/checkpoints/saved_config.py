@@ -93,8 +93,9 @@ def config_data(node: Any, where: str) -> Any:
             return value
         if kind is str:
             if len(value) > MAX_STRING:
-                raise UntrustedCheckpointError(f"{where}: {key or '<root>'} is a string of {len(value):,} "
-                                      "characters; refused")  # fmt: skip
+                raise UntrustedCheckpointError(
+                    f"{where}: {key or '<root>'} is a string of {len(value):,} characters"
+                )
             if "${" in value:
                 raise UntrustedCheckpointError(
                     f"{where}: {key or '<root>'} holds an interpolation ({value[:80]!r}); a "

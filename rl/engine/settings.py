@@ -56,8 +56,8 @@ class RunSettings:
         video_interval: Env steps between probe videos (0 or None: none).
         deterministic: Deterministic algorithms only (see
             :func:`rl.utils.seeding.deterministic_mode`).
-        trusted_targets: Patterns of ``_target_`` callables that configs saved in checkpoints
-            (``resume``, ``init_from``) may name beyond the defaults
+        trusted_targets: Patterns of ``_target_`` callables that the config saved in the
+            checkpoint ``resume`` names may name where the config tree names others
             (:mod:`rl.checkpoints.trust`).
     """
 

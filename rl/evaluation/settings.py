@@ -109,7 +109,7 @@ class EvaluateSettings:
         output_dir: Where ``test_expert`` without a run writes.
         split: The task's episode split evaluated (``test``; None: the task's own).
         trusted_targets: Patterns of ``_target_`` callables the checkpoints' saved configs may
-            name beyond the defaults (:mod:`rl.checkpoints.trust`).
+            name where the config tree names others (:mod:`rl.checkpoints.trust`).
     """
 
     ckpt: str | None
