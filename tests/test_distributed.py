@@ -341,7 +341,7 @@ def test_a_killed_worker_ends_the_job_with_an_error(
         "mode": "kill",
     }
     plain["logger"] = {"sinks": {}}
-    payload = {"config": plain, "config_unresolved": plain, "resume": None, "init_from": None}
+    payload = {"config": plain, "choices": None, "resume": None, "init_from": None}
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="worker 1 .*SIGKILL"):
         settings = DistributedSettings.from_config(plain["distributed"])

@@ -274,7 +274,7 @@ def test_a_killed_worker_of_rank_1_names_the_rank_and_leaves_no_process(
     plain["task"] = {"_target_": "rl.tasks.debug.FaultyEnv", "fail_seed": doomed,
                      "fail_at_step": 40, "mode": "kill"}  # fmt: skip
     plain["logger"] = {"sinks": {}}
-    payload = {"config": plain, "config_unresolved": plain, "resume": None, "init_from": None}
+    payload = {"config": plain, "choices": None, "resume": None, "init_from": None}
     resource_tracker.ensure_running()  # multiprocessing's own helper of this process stays
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     start = time.monotonic()

@@ -188,6 +188,7 @@ def test_box_actions_reach_the_environment_clipped_and_are_stored_unclipped() ->
 @pytest.mark.parametrize("task", [MATCH, CORRIDOR, REACH], ids=["multidiscrete", "nested", "box"])
 def test_probe_videos_and_the_inference_agent_act_in_every_space(task: dict, tmp_path) -> None:
     from rl.checkpoints import save_checkpoint
+    from rl.checkpoints.errors import UntrustedCheckpointError
     from rl.evaluation import InferenceAgent
     from rl.evaluation.video import record_episode
     from rl.tasks import build_env
@@ -199,7 +200,11 @@ def test_probe_videos_and_the_inference_agent_act_in_every_space(task: dict, tmp
     assert "success" in metrics
     config = {"task": task, "model": MLP}
     path = save_checkpoint(tmp_path, {"model": policy.state_dict(), "config": config}, 0, 0)
-    agent = InferenceAgent.from_checkpoint(path, deterministic=True)
+    # Saved by a script, not from conf/: the user names the task and model it was made with.
+    with pytest.raises(UntrustedCheckpointError, match="task._target_"):
+        InferenceAgent.from_checkpoint(path)
+    trusted = [task["_target_"], MLP["_target_"]]
+    agent = InferenceAgent.from_checkpoint(path, deterministic=True, trusted_targets=trusted)
     obs, _ = env.reset(seed=4)
     for _ in range(6):
         action = agent.act(obs)

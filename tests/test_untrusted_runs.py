@@ -428,3 +428,24 @@ def test_fuzz_crafted_checkpoints_and_folders_change_nothing_outside(
             assert dict(os.environ) == environ, f"case {i}: {_name}"
             assert not [m for m in MARKERS if m in sys.modules], f"case {i}: {_name}"
     assert tried == 96
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("sampler.num_envs=100000", "sampler.num_envs"),
+        ("sampler.num_envs=null", "sampler.num_envs"),
+        ("seed=1180591620717411303424", "seed"),
+        ("torch_threads=100000", "torch_threads"),
+        ("sampler.timeout=0", "sampler.timeout"),
+        ("sampler.timeout=-1", "sampler.timeout"),
+    ],
+)
+def test_out_of_range_settings_are_refused_before_anything_starts(
+    compose_cfg: Any, override: str, key: str
+) -> None:
+    from rl.utils.config import ConfigError
+
+    sampler = ["sampler=multiprocess"] if "timeout" in override else []
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        run.train(compose_cfg([*SMOKE, *sampler, override]))

@@ -293,9 +293,33 @@ def _overlay(raw: Any, tree: Any, saved: Any, key: str, where: str) -> Any:
             _overlay(*x, _key(key, i), where)
             for i, x in enumerate(zip(raw, tree, saved, strict=True))
         ]
-    if type(tree) is type(saved) and tree == saved:
-        return raw
+    if (type(tree) is type(saved) and tree == saved) or (isinstance(raw, str) and "${" in raw):
+        return raw  # (an interpolation the saved values do not follow is pinned afterwards)
     return saved
+
+
+def _pin(merged: Any, resolved: Any, saved: Any) -> Any:
+    """``merged`` with each interpolation whose value is not the saved one replaced by it.
+
+    The interpolations that follow the saved values (a stage budget of ``${total_env_steps}``
+    once ``total_env_steps`` is the saved one) stay, so a resumed run's new budget moves them.
+    """
+    if isinstance(merged, dict) and isinstance(resolved, dict) and isinstance(saved, dict):
+        return {
+            k: _pin(v, resolved.get(k), saved[k]) if k in saved else v for k, v in merged.items()
+        }
+    if (
+        isinstance(merged, list) and isinstance(resolved, list) and isinstance(saved, list)
+        and len(merged) == len(resolved) == len(saved)
+    ):  # fmt: skip
+        return [_pin(*x) for x in zip(merged, resolved, saved, strict=True)]
+    if (
+        isinstance(merged, str)
+        and "${" in merged
+        and not (type(resolved) is type(saved) and resolved == saved)
+    ):
+        return saved
+    return merged
 
 
 def _refusals(node: Any, tree: Any, key: str, rules: Sequence[Any]) -> Iterator[Refusal]:
@@ -364,6 +388,7 @@ def rebuild_config(
     *,
     trusted_targets: Sequence[str] = (),
     tree: ConfigTree | None = None,
+    built: Sequence[str] | None = None,
 ) -> RebuiltConfig:
     """Rebuild a saved run's config on the user's config tree (see the module's docstring).
 
@@ -374,6 +399,8 @@ def rebuild_config(
         trusted_targets: The user's patterns of callables a saved config may name where their
             config tree names another (``my_package.*``).
         tree: The user's config tree (default: the running app's, else the project's).
+        built: The sections that will be built (evaluation: ``task`` and ``model``); only
+            they are judged (None: every section, as for ``resume=``). The others are data.
 
     Raises:
         UntrustedCheckpointError: The saved config names code the tree does not name there.
@@ -392,9 +419,11 @@ def rebuild_config(
     resolved_tree = _resolve(raw, where)
     data = {k: v for k, v in saved.items() if k not in _INVOCATION_KEYS}
     merged = _overlay(raw, resolved_tree, data, "", where)
+    merged = _pin(merged, _resolve(merged, where), data)
     config = _resolve(merged, where)
     rules = trust_rules(trusted_targets) if trusted_targets else ()
-    refused = list(_refusals(config, resolved_tree, "", rules))
+    judged = config if built is None else {k: config[k] for k in built if k in config}
+    refused = list(_refusals(judged, resolved_tree, "", rules))
     if refused:
         first = refused[0].target.strip('"').rpartition(".")[0] or refused[0].target
         raise UntrustedCheckpointError(

@@ -119,7 +119,7 @@ def _train_worker(payload: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
     resume, init_from = payload["resume"], payload["init_from"]
     start = StartPlan(  # (the parent rebuilt the config: only the training state is read)
         payload["config"],
-        payload["choices"],
+        payload.get("choices"),
         resume_state=None if resume is None else load_checkpoint(resume),
         checkpoint=Path(resume or init_from) if (resume or init_from) else None,
         init_state=None if init_from is None else load_checkpoint(init_from),

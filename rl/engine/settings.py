@@ -62,9 +62,9 @@ class RunSettings:
     """
 
     exp_name: str
-    seed: int
+    seed: Annotated[int, Check(ge=0, le=2**32 - 1)]  # (numpy's seeds are 32-bit)
     device: str
-    torch_threads: Annotated[int | str | None, Check(ge=1, words=("auto",))]
+    torch_threads: Annotated[int | str | None, Check(ge=1, le=1024, words=("auto",))]
     total_env_steps: Annotated[int, Check(gt=0)]
     tags: list[str]
     output_dir: str
@@ -134,6 +134,8 @@ def verify_train_cfg(cfg: Mapping[str, Any]) -> None:
     if cfg["normalize"] is not None:
         errors += section_errors(NormalizeSettings, cfg["normalize"], "normalize")
     errors += _collector_errors(cfg)
+    if errors:  # (a sampler's num_envs of null or 10**6 is among them: named, not counted)
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
     num_envs = sampler_num_envs(cfg["sampler"])
     if num_envs < 1:
         errors.append(f"sampler: needs at least one environment, got {num_envs}")

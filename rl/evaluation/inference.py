@@ -108,6 +108,7 @@ class InferenceAgent:
             str(path),
             trusted_targets=trusted_targets,
             tree=ConfigTree(config_dir),
+            built=("task", "model"),
         ).config
         env = build_env(config["task"])
         try:  # the environment's own observation space: the agent takes what it returns

@@ -192,6 +192,10 @@ def thin_by_steps(refs: Sequence[CheckpointRef], every_steps: int) -> list[Check
 
 
 # ----------------------------------------------------------------- evaluation
+# What evaluation builds from a checkpoint's config (the rest is never built: not judged).
+BUILT_FOR_EVALUATION = ("task", "model")
+
+
 class _ModelCache:
     """Rebuilt configs by checkpoint, one model per distinct (model, task) config."""
 
@@ -214,6 +218,7 @@ class _ModelCache:
                     state["choices"],
                     str(ref.path),
                     trusted_targets=self.trusted_targets,
+                    built=BUILT_FOR_EVALUATION,
                 ).config
             self._configs[ref.path] = self._rebuilt[key]
         return self._configs[ref.path]
@@ -446,7 +451,9 @@ def _task_of_run(run_dir: Path, trusted_targets: Sequence[str]) -> dict[str, Any
         hydra = _folder_yaml(run_dir / ".hydra" / "hydra.yaml")
         hydra = hydra.get("hydra") if isinstance(hydra, dict) else None
         choices = saved_choices(_hydra_choices(hydra), where)
-    rebuilt = rebuild_config(config, choices, where, trusted_targets=trusted_targets)
+    rebuilt = rebuild_config(
+        config, choices, where, trusted_targets=trusted_targets, built=("task",)
+    )
     return dict(rebuilt.config["task"])
 
 

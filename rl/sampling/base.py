@@ -57,6 +57,11 @@ class StepBatch:
     paused: np.ndarray
 
 
+# The most environments one sampler runs: far above any experiment (16 to 256), far below what
+# exhausts memory before the first step (100,000 ran 176 s into a MemoryError).
+MAX_NUM_ENVS = 4096
+
+
 class Sampler(abc.ABC):
     """A batch of environments stepped together.
 

@@ -12,7 +12,7 @@ from rl.sampling.base import Sampler
 
 def sampler_num_envs(config: Mapping[str, Any]) -> int:
     """Total environments a sampler config asks for (``num_envs``, else processes x envs)."""
-    if "num_envs" in config:
+    if config.get("num_envs") is not None:
         return int(config["num_envs"])
     return int(config.get("num_processes", 1)) * int(config.get("envs_per_process", 1))
 

@@ -37,17 +37,18 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import gymnasium as gym
 import numpy as np
 
-from rl.sampling.base import EpisodeRecord, Sampler, StepBatch
+from rl.sampling.base import MAX_NUM_ENVS, EpisodeRecord, Sampler, StepBatch
 from rl.sampling.mp_worker import LOAD, NEW, RESET, SAVE, STEP
 from rl.sampling.shared_memory import SharedArrays, final_key, obs_key, sampler_array_specs
 from rl.sampling.worker_pool import SamplerWorkerError, WorkerPool
 from rl.tasks.factory import build_env, dict_space, env_name
 from rl.tasks.spaces import action_array_spec, check_action_space
+from rl.utils.config import Check
 from rl.utils.misc import evenly_distribute_count_into_bins
 
 log = logging.getLogger(__name__)
@@ -152,16 +153,16 @@ class MultiprocessSampler(Sampler):
         self,
         *,
         task: Mapping[str, Any],
-        num_processes: int = 2,
-        envs_per_process: int = 8,
-        num_envs: int | None = None,
+        num_processes: Annotated[int, Check(ge=1, le=MAX_NUM_ENVS)] = 2,
+        envs_per_process: Annotated[int, Check(ge=1, le=MAX_NUM_ENVS)] = 8,
+        num_envs: Annotated[int | None, Check(ge=1, le=MAX_NUM_ENVS)] = None,
         seed: int | None = 0,
         episode_seeds: Sequence[int] | None = None,
         mp_start_method: str = "forkserver",
         env_offset: int = 0,
         total_envs: int | None = None,
-        timeout: float | None = DEFAULT_TIMEOUT_S,
-        start_timeout: float = 300.0,
+        timeout: Annotated[float | None, Check(gt=0)] = DEFAULT_TIMEOUT_S,
+        start_timeout: Annotated[float, Check(gt=0)] = 300.0,
     ) -> None:
         self._pool: WorkerPool | None = None
         num_envs = _count_envs(num_processes, envs_per_process, num_envs)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import gymnasium as gym
 import numpy as np
 
-from rl.sampling.base import EpisodeRecord, Sampler, StepBatch
+from rl.sampling.base import MAX_NUM_ENVS, EpisodeRecord, Sampler, StepBatch
 from rl.tasks.factory import build_env, env_name
 from rl.tasks.spaces import (
     ObservationFlattener,
@@ -21,6 +21,7 @@ from rl.tasks.spaces import (
     check_action_space,
     to_env_actions,
 )
+from rl.utils.config import Check
 from rl.utils.finite import NonFiniteError
 from rl.utils.misc import evenly_distribute_count_into_bins
 from rl.utils.seeding import worker_seeds
@@ -89,7 +90,7 @@ class SerialSampler(Sampler):
         self,
         *,
         task: Mapping[str, Any],
-        num_envs: int,
+        num_envs: Annotated[int, Check(ge=1, le=MAX_NUM_ENVS)],
         seed: int | None = 0,
         episode_seeds: Sequence[int] | None = None,
         env_offset: int = 0,
