@@ -178,14 +178,16 @@ def run_choices(cfg: DictConfig | Mapping[str, Any]) -> dict[str, str] | None:
     """The config group choices of the composed config ``cfg`` (None: not composed by Hydra).
 
     Taken from ``cfg.hydra`` when the config carries it, else from the running Hydra app
-    (:func:`ordered_choices`).
+    (:func:`ordered_choices`): only while one runs (a ``HydraConfig`` left behind by an earlier
+    composition is not this config's).
     """
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
     hydra: Any = None
     if isinstance(cfg, DictConfig) and "hydra" in cfg:
         hydra = cfg.hydra
-    elif HydraConfig.initialized():
+    elif HydraConfig.initialized() and GlobalHydra.instance().is_initialized():
         hydra = HydraConfig.get()
     if hydra is None:
         return None
