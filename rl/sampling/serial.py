@@ -6,6 +6,7 @@ tasks); multiprocess samplers must produce exactly what this one does for the sa
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
@@ -14,6 +15,7 @@ import gymnasium as gym
 import numpy as np
 
 from rl.sampling.base import MAX_NUM_ENVS, EpisodeRecord, Sampler, StepBatch
+from rl.sampling.watchdog import DEFAULT_TIMEOUT_S, Watchdog
 from rl.tasks.factory import build_env, env_name
 from rl.tasks.spaces import (
     ObservationFlattener,
@@ -84,6 +86,10 @@ class SerialSampler(Sampler):
             environment that has run its share is paused.
         env_offset: Global index of this sampler's first environment.
         total_envs: Size of the global seed stream (default ``env_offset + num_envs``).
+        timeout: Seconds one ``reset`` or ``step`` of all the environments may take before
+            a hung environment ends the run with a
+            :class:`~rl.sampling.watchdog.SamplerTimeoutError` naming it (a warning at half
+            of it; None: wait forever). See :mod:`rl.sampling.watchdog`.
     """
 
     def __init__(
@@ -95,9 +101,11 @@ class SerialSampler(Sampler):
         episode_seeds: Sequence[int] | None = None,
         env_offset: int = 0,
         total_envs: int | None = None,
+        timeout: Annotated[float | None, Check(gt=0)] = DEFAULT_TIMEOUT_S,
     ) -> None:
         self._closed = False
         self.envs: list[gym.Env] = []
+        self._watchdog: Watchdog | None = None
         if num_envs < 1:
             raise ValueError(f"sampler.num_envs must be >= 1, got {num_envs}")
         self.eval_mode = episode_seeds is not None
@@ -121,8 +129,10 @@ class SerialSampler(Sampler):
             self.close()
             raise
         first = self.envs[0]
+        self._timeout = timeout
         try:
             name = env_name(task, first)
+            self._name = name
             self._flatten = ObservationFlattener(first.observation_space, name)
             self.action_space = check_action_space(first.action_space, name)
         except Exception:
@@ -193,7 +203,18 @@ class SerialSampler(Sampler):
     def reset(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Reset every environment (training: with its seed; evaluation: its first episode)."""
         self._active = list(range(self.num_envs))
-        return self._reset_active(first=True)
+        with self._guard("resetting"):
+            return self._reset_active(first=True)
+
+    def _guard(self, what: str) -> contextlib.AbstractContextManager[None]:
+        """The hang watchdog around one call of the environments (started on first use)."""
+        if self._watchdog is None:
+            self._watchdog = Watchdog(self._timeout, self._describe_current)
+        return self._watchdog.guard(what)
+
+    def _describe_current(self) -> str:
+        env = self.current_env
+        return f"environment {env} ({self._name})" if env is not None else f"a {self._name}"
 
     def new_episodes(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Cut every episode and start new ones (unseeded resets; training mode only)."""
@@ -273,6 +294,10 @@ class SerialSampler(Sampler):
 
     def step(self, actions: np.ndarray) -> StepBatch:
         """Step the active environments; see :class:`rl.sampling.StepBatch`."""
+        with self._guard("stepping"):
+            return self._step(actions)
+
+    def _step(self, actions: np.ndarray) -> StepBatch:
         n = len(self._active)
         actions = to_env_actions(self.action_space, np.asarray(actions))
         if actions.shape != (n, *self._action_shape):
@@ -422,5 +447,7 @@ class SerialSampler(Sampler):
         if self._closed:
             return
         self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.close()
         for env in self.envs:
             env.close()

@@ -3,8 +3,8 @@
 SIGTERM and SIGUSR1 ask the trainer to save a checkpoint at the end of the current rollout and
 stop; ``train`` then raises :class:`TrainingStopped` whose ``exit_code`` is
 :data:`EXIT_SIGTERM` (143) or :data:`EXIT_REQUEUE` (3, for requeueing schedulers). A first
-Ctrl-C does the same with :data:`EXIT_SIGINT` (130); a second one aborts at once (the last
-checkpoint on disk stays valid: checkpoints are written atomically).
+Ctrl-C does the same with :data:`EXIT_SIGINT` (130); a second Ctrl-C or SIGTERM aborts at once
+(the last checkpoint on disk stays valid: checkpoints are written atomically).
 
 Under DDP every worker must leave the loop at the same rollout: :class:`StopAgreement` folds
 the stop requests into the one all-reduce each rollout already makes (its env-step count), and
@@ -130,7 +130,9 @@ class Stoppable(Protocol):
 def stop_on_signals(trainer: Stoppable) -> Iterator[None]:
     """Within the block, SIGTERM / SIGUSR1 / SIGINT call ``trainer.request_stop(name)``.
 
-    A second SIGINT raises ``KeyboardInterrupt`` (abort without saving). Handlers are only
+    A second SIGINT raises ``KeyboardInterrupt``, a second SIGTERM ``SystemExit(143)`` (abort
+    without saving: the rollout boundary may never come, e.g. a hung environment; the parts
+    are closed on the way out). Handlers are only
     installed in the main thread of the main interpreter and the previous ones are restored.
     """
     if threading.current_thread() is not threading.main_thread():
@@ -141,6 +143,11 @@ def stop_on_signals(trainer: Stoppable) -> Iterator[None]:
         name = signal.Signals(signum).name
         if name == "SIGINT" and trainer.stop_reason is not None:
             raise KeyboardInterrupt
+        if name == "SIGTERM" and trainer.stop_reason is not None:
+            # A second SIGTERM: the rollout boundary never came (a hung environment, say).
+            os.write(2, b"\nSIGTERM again: exiting now without saving (the last checkpoint on "
+                        b"disk is valid)\n")  # fmt: skip
+            raise SystemExit(EXIT_SIGTERM)
         if trainer.stop_reason is None:
             hint = " (Ctrl-C again to abort without saving)" if name == "SIGINT" else ""
             # os.write is safe in a signal handler (logging and print may not be).
