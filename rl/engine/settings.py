@@ -19,6 +19,7 @@ from rl.collection.normalization import NormalizeSettings
 from rl.distributed.settings import distributed_errors
 from rl.evaluation.settings import evaluation_errors
 from rl.pipeline.verify import pipeline_errors
+from rl.sampling.base import MAX_NUM_ENVS
 from rl.sampling.factory import sampler_num_envs
 from rl.tasks.factory import FRAMEWORK_KEYS
 from rl.tasks.gym import wrapper_errors
@@ -134,11 +135,17 @@ def verify_train_cfg(cfg: Mapping[str, Any]) -> None:
     if cfg["normalize"] is not None:
         errors += section_errors(NormalizeSettings, cfg["normalize"], "normalize")
     errors += _collector_errors(cfg)
-    if errors:  # (a sampler's num_envs of null or 10**6 is among them: named, not counted)
-        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
-    num_envs = sampler_num_envs(cfg["sampler"])
-    if num_envs < 1:
+    try:
+        num_envs: int | None = sampler_num_envs(cfg["sampler"])
+    except (TypeError, ValueError):  # (a num_envs of null: named above)
+        num_envs = None
+    if num_envs is not None and num_envs < 1:
         errors.append(f"sampler: needs at least one environment, got {num_envs}")
+    elif num_envs is not None and num_envs > MAX_NUM_ENVS:
+        if not any(e.startswith("sampler.") for e in errors):  # (processes x environments)
+            errors.append(f"sampler: {num_envs:,} environments; at most {MAX_NUM_ENVS:,}")
+    if num_envs is None or not 1 <= num_envs <= MAX_NUM_ENVS:
+        num_envs = MAX_NUM_ENVS  # (the minibatch check: no error that the above did not name)
     errors += pipeline_errors(
         cfg["pipeline"], num_envs=num_envs, total_env_steps=cfg["total_env_steps"]
     )
