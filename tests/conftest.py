@@ -143,3 +143,23 @@ def _schedule_key(item: pytest.Item) -> tuple[int, bool]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The longest files first; within a file, the tests on the shared Ray instance last."""
     items.sort(key=_schedule_key)
+
+
+# The overrides of the shared smoke run (a tiny PointNav PPO run, two checkpoints).
+SMOKE_RUN = ["+experiment=ppo_nav", "+debug=smoke", "task=nav_small", "eval.num_episodes=0"]
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real smoke run's folder (checkpoints at 128 and 256 env steps), trained once per
+    worker: tests that change it work on a copy."""
+    from rl.engine import run
+
+    folder = tmp_path_factory.mktemp("smoke") / "run"
+    GlobalHydra.instance().clear()
+    with initialize(version_base="1.3", config_path="../conf"):
+        cfg = compose("train", [*SMOKE_RUN, f"output_dir={folder}"], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    run.train(cfg)
+    GlobalHydra.instance().clear()
+    return folder

@@ -76,21 +76,10 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in files}
 
 
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real smoke run's folder (checkpoints at 128 and 256 env steps)."""
-    from hydra import compose, initialize
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-
-    folder = tmp_path_factory.mktemp("trust") / "run"
-    GlobalHydra.instance().clear()
-    with initialize(version_base="1.3", config_path="../conf"):
-        cfg = compose("train", [*SMOKE, f"output_dir={folder}"], return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    run.train(cfg)
-    GlobalHydra.instance().clear()
-    return folder
+@pytest.fixture
+def trained_run(smoke_run: Path) -> Path:
+    """The shared smoke run (conftest; its overrides are ``SMOKE``): copy it to change it."""
+    return smoke_run
 
 
 @pytest.fixture(params=["write_text", "open"])

@@ -40,23 +40,6 @@ SMOKE = ["+experiment=ppo_nav", "+debug=smoke", "task=nav_small", "eval.num_epis
 MARKERS = ("this", "antigravity", "smtpd", "xmlrpc.server")
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real smoke run's folder (checkpoints at 128 and 256 env steps)."""
-    from hydra import compose, initialize
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-
-    folder = tmp_path_factory.mktemp("untrusted") / "run"
-    GlobalHydra.instance().clear()
-    with initialize(version_base="1.3", config_path="../conf"):
-        cfg = compose("train", [*SMOKE, f"output_dir={folder}"], return_hydra_config=True)
-    HydraConfig.instance().set_config(cfg)
-    run.train(cfg)
-    GlobalHydra.instance().clear()
-    return folder
-
-
 def _copy(run_dir: Path, tmp_path: Path, name: str = "crafted") -> Path:
     folder = tmp_path / name
     shutil.copytree(run_dir, folder)
@@ -66,6 +49,13 @@ def _copy(run_dir: Path, tmp_path: Path, name: str = "crafted") -> Path:
 def _resign(path: Path, state: dict[str, Any]) -> None:
     stage, step = parse_checkpoint_name(path)  # type: ignore[misc]
     save_checkpoint(path.parent.parent, state, stage, step)
+
+
+def _crafted(run_dir: Path, tmp_path: Path, name: str = "crafted") -> tuple[Path, Path, dict]:
+    """A copy of the run: ``(folder, its newest checkpoint, that checkpoint's state)``."""
+    folder = _copy(run_dir, tmp_path, name)
+    path = latest_checkpoint(folder)
+    return folder, path, torch.load(path, weights_only=True)
 
 
 def _hashes(folder: Path) -> dict[str, str]:
@@ -126,9 +116,7 @@ def test_interpolations_in_a_saved_config_are_never_resolved(
         "${oc.create:{_target_: pathlib.Path.write_text, self: {_target_: pathlib.Path, "
         f"_args_: ['{created}']}}, data: written}}}}"
     )
-    folder = _copy(smoke_run, tmp_path)
-    path = latest_checkpoint(folder)
-    state = torch.load(path, weights_only=True)
+    folder, path, state = _crafted(smoke_run, tmp_path)
     node = state["config"]
     *parents, leaf = where.split(".")
     for key in parents:
@@ -186,9 +174,7 @@ def test_a_run_folder_config_yaml_is_data_too(
 def test_the_project_s_own_callables_and_gymnasium_ids_are_not_for_a_file_to_choose(
     smoke_run: Path, tmp_path: Path, compose_cfg: Any, task: dict[str, Any]
 ) -> None:
-    folder = _copy(smoke_run, tmp_path)
-    path = latest_checkpoint(folder)
-    state = load_checkpoint(path)
+    folder, path, state = _crafted(smoke_run, tmp_path)
     state["config"]["task"] = {**state["config"]["task"], **task}
     _resign(path, state)
     environ = dict(os.environ)
@@ -206,9 +192,7 @@ def test_a_gym_task_s_wrappers_and_env_id_come_from_the_tree(
     smoke_run: Path, tmp_path: Path, compose_cfg: Any
 ) -> None:
     """A saved ``task=gym`` run: its env id and wrappers are the tree's, or trusted."""
-    folder = _copy(smoke_run, tmp_path)
-    path = latest_checkpoint(folder)
-    state = load_checkpoint(path)
+    folder, path, state = _crafted(smoke_run, tmp_path)
     state["choices"]["task"] = "gym"
     state["config"]["task"] = {"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1",
                                "wrappers": ["this.Wrapper"]}  # fmt: skip
@@ -262,9 +246,7 @@ def test_links_in_a_copied_run_folder_are_never_written_through(
 def test_configs_of_shared_references_loops_and_aliases_are_refused_at_once(
     smoke_run: Path, tmp_path: Path, compose_cfg: Any
 ) -> None:
-    folder = _copy(smoke_run, tmp_path)
-    path = latest_checkpoint(folder)
-    state = load_checkpoint(path)
+    folder, path, state = _crafted(smoke_run, tmp_path)
     shared: list[Any] = ["leaf"]
     for _ in range(12):  # 8**12 paths from 12 lists: the file is a few KB
         shared = [shared] * 8
@@ -298,9 +280,7 @@ def test_a_crafted_training_state_is_a_named_error(
         (lambda s: s.pop("pipeline"), "'pipeline' entry is missing"),
         (lambda s: s.__setitem__("rng", {"python": [1, 2], "numpy": "x"}), "does not fit"),
     ]:
-        folder = _copy(smoke_run, tmp_path, f"crafted{id(damage)}")
-        path = latest_checkpoint(folder)
-        state = torch.load(path, weights_only=True)
+        folder, path, state = _crafted(smoke_run, tmp_path, f"crafted{id(damage)}")
         damage(state)
         _resign(path, state)
         with pytest.raises(CheckpointError, match=match):
@@ -401,9 +381,7 @@ def test_fuzz_crafted_checkpoints_and_folders_change_nothing_outside(
               "task.wrappers", "eval", "normalize"]  # fmt: skip
     tried = 0
     for i in range(24):
-        folder = _copy(smoke_run, tmp_path, f"fuzz{i}")
-        path = latest_checkpoint(folder)
-        state = torch.load(path, weights_only=True)
+        folder, path, state = _crafted(smoke_run, tmp_path, f"fuzz{i}")
         for _ in range(rng.randrange(1, 4)):
             node, *rest = rng.choice(places).split(".")
             parent, key = state["config"], node
