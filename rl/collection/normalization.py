@@ -82,9 +82,18 @@ class RunningMeanStd:
         return {"mean": self.mean.clone(), "var": self.var.clone(), "count": float(self.count)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s values."""
-        self.mean = state["mean"].to(torch.float64).clone()
-        self.var = state["var"].to(torch.float64).clone()
+        """Restore :meth:`state_dict`'s values (a ValueError: they do not fit, or not finite)."""
+        mean, var = state["mean"], state["var"]
+        if not (isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor)):
+            raise ValueError("mean and var are not tensors")
+        if mean.shape != self.mean.shape or var.shape != self.var.shape:
+            raise ValueError(
+                f"statistics of shape {tuple(mean.shape)}, expected {tuple(self.mean.shape)}"
+            )
+        if not (bool(torch.isfinite(mean).all()) and bool(torch.isfinite(var).all())):
+            raise ValueError("statistics are not finite")
+        self.mean = mean.to(torch.float64).clone()
+        self.var = var.to(torch.float64).clone()
         self.count = float(state["count"])
 
 
@@ -258,8 +267,13 @@ class Normalizer:
         """The normalizer a checkpoint saved (frozen for evaluation), or None if it has none."""
         if state is None:
             return None
-        normalizer = cls(observation_space, NormalizeSettings(**state["settings"]))
-        normalizer.load_state_dict(state)
+        try:
+            normalizer = cls(observation_space, NormalizeSettings(**state["settings"]))
+            normalizer.load_state_dict(state)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise ValueError(
+                f"the saved normalisation statistics are malformed ({type(e).__name__}: {e})"
+            ) from e
         return normalizer
 
 

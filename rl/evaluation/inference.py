@@ -124,11 +124,15 @@ class InferenceAgent:
                 f"{path}: its weights do not fit the model its config describes: "
                 f"{next(iter(str(e).splitlines()), '')}"
             ) from e
+        try:
+            normalizer = Normalizer.from_state(flat_space, state.get("normalizer"))
+        except ValueError as e:
+            raise CheckpointError(f"{path}: {e}") from e
         return cls(
             model=model,
             observation_space=space,
             action_space=action_space,
-            normalizer=Normalizer.from_state(flat_space, state.get("normalizer")),
+            normalizer=normalizer,
             device=device,
             deterministic=deterministic,
             seed=seed,

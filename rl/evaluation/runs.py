@@ -238,6 +238,8 @@ class _ModelCache:
             normalizer = Normalizer.from_state(self._spaces[key], state.get("normalizer"))
         except (KeyError, RuntimeError) as e:
             raise CheckpointError(f"{ref.path}: model does not match its saved config: {e}") from e
+        except ValueError as e:  # (the normaliser's statistics)
+            raise CheckpointError(f"{ref.path}: {e}") from e
         return model, train_cfg, normalizer
 
 
