@@ -470,3 +470,16 @@ def test_a_nan_reward_with_process_workers_and_multiprocess_samplers_is_named(
         run.train(cfg)
     assert "environment 2 returned a non-finite reward (nan)" in str(info.value)
     assert "sampler is closed" not in str(info.value)
+
+
+def test_the_rebuild_composes_every_saved_choice_in_the_order_typed() -> None:
+    """An experiment that overrides a group the run set back to its default, and appended
+    groups in the order typed (``+debug=smoke`` after ``+experiment=``: its budget wins)."""
+    from rl.checkpoints.saved_config import ConfigTree
+
+    choices = {"experiment": "ppo_nav3d", "debug": "smoke", "task": "nav", "local": "default"}
+    raw, used = ConfigTree().compose(choices, "test")
+    assert used["task"] == "nav" and raw["task"]["_target_"] == "rl.tasks.PointNavEnv"
+    assert raw["total_env_steps"] == 256  # smoke's, applied after ppo_nav3d's
+    with pytest.raises(CheckpointError, match="task=nowhere, which your config tree has no"):
+        ConfigTree().compose({"task": "nowhere"}, "test")

@@ -250,10 +250,12 @@ class ConfigTree:
             appended: list[str] = []
             replaced: list[str] = []
             for group, option in (choices or {}).items():  # (in the order they were typed)
-                if defaults.get(group) == option:
-                    continue
+                # Every choice is passed, defaults too: an experiment may override a group
+                # that the run then set back to its default.
                 options = gh.config_loader().get_group_options(group)
                 if option not in options:
+                    if defaults.get(group) == option:
+                        continue  # an optional default the tree lacks (``optional local``)
                     raise CheckpointError(
                         f"{where}: the run used {group}={option}, which your config tree has no "
                         f"option for ({', '.join(options) or 'no such group'})"
