@@ -483,3 +483,16 @@ def test_the_rebuild_composes_every_saved_choice_in_the_order_typed() -> None:
     assert raw["total_env_steps"] == 256  # smoke's, applied after ppo_nav3d's
     with pytest.raises(CheckpointError, match="task=nowhere, which your config tree has no"):
         ConfigTree().compose({"task": "nowhere"}, "test")
+
+
+def test_a_refused_collector_config_leaves_no_run_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "train.py", "+experiment=ppo_nav", "+debug=smoke", "collector=process",
+         "collector.num_workers=0", f"hydra.run.dir={folder}"],  # fmt: skip
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "WANDB_MODE": "disabled"},
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "collector.num_workers: must be >= 1, got 0" in proc.stderr
+    assert not folder.exists()

@@ -168,7 +168,6 @@ def _train_body(start: StartPlan, ctx: DistContext | None) -> dict[str, float]:
         spaces = task_spaces(cfg["task"])
         if main:
             output_dir.mkdir(parents=True, exist_ok=True)
-            write_atomic(output_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
             log.info("run folder: %s", output_dir)
         device = torch.device(run.device) if ctx is None else ctx.device
         log.info(
@@ -199,6 +198,8 @@ def _train_body(start: StartPlan, ctx: DistContext | None) -> dict[str, float]:
             spec=spec, model=model, device=device, dist=ctx
         )
         stack.callback(collector.close)
+        if main:  # (once the collector took its settings: a refused one leaves no run folder)
+            write_atomic(output_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
         stack.enter_context(stop_on_signals(stop))  # again: Ray installs its own handlers
         logger = MetricsLogger([])
         if main:  # distributed: only rank 0 logs, evaluates, validates and records videos
