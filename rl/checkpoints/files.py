@@ -36,7 +36,7 @@ import torch
 
 from rl.checkpoints.errors import CheckpointError, UntrustedCheckpointError  # noqa: F401
 from rl.checkpoints.saved_config import config_data, saved_choices
-from rl.utils.files import FILE_MODE, TMP_SUFFIX, write_atomic  # noqa: F401  (FILE_MODE: tests)
+from rl.utils.files import TMP_SUFFIX, write_atomic
 from rl.utils.finite import NonFiniteError, nonfinite_tensors
 
 CHECKPOINT_DIR = "checkpoints"
