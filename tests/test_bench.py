@@ -33,6 +33,7 @@ SCRIPTS = sorted((ROOT / "bench").glob("*.py"))
 RUN_TIMEOUT = 300  # seconds per run (alone, the longest takes under a minute here)
 PARALLEL = 2  # runs at a time on two cores (they wait for Ray and worker processes to start)
 LONGEST_FIRST = [
+    "published",
     "nav3d_fps",
     "collector_fps",
     "learning_comparison",
@@ -42,6 +43,7 @@ LONGEST_FIRST = [
     "time_to_success --sigterm 120",
 ]
 NUM = r"-?[\d,]+(?:\.\d+)?"  # a figure: 1,234 or 0.95 (its value is not checked)
+_FIG = rf"(?:{NUM}|n/a)"  # a figure, or n/a where nothing was measured
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,29 @@ TABLES: dict[str, list[str]] = {
         "^ratios$",
         rf"^  FPS ours / SB3:\s+{NUM}x$",
         rf"^  return ours - SB3:\s+[+-]?{NUM}$",
+    ],
+    "published": [
+        r"^# Published results, reproduced$",
+        r"^\| environment \| budget \| preset \| metric \| ours \| reference \| source \| ",
+        *(
+            # n/a: no training episode ended within --smoke's budget (MuJoCo's last 1,000 steps)
+            rf"^\| {re.escape(env)} \| {NUM} \| `ppo_[a-z_]+` \| [^|]+ \| {_FIG} \+- {_FIG} \| "
+            rf"{NUM} \+- {NUM} \| [^|]+ \| {_FIG} \| (yes|no) \| {NUM} \|$"
+            for env in (
+                "HalfCheetah-v5",
+                "Walker2d-v5",
+                "InvertedPendulum-v5",
+                "CartPole-v1",
+                "MiniGrid-Unlock-v0",
+                "MiniGrid-KeyCorridorS3R1-v0",
+                "MiniGrid-RedBlueDoors-6x6-v0",
+                "MiniGrid-FourRooms-v0",
+            )
+        ),
+        r"^\| implementation \| eval return \(mean \+- std\) \| per seed \| training FPS \|$",
+        rf"^\| ours \(`ppo_mujoco`\) \| {NUM} \+- {NUM} \| {NUM} \| {NUM} \|$",
+        rf"^\| stable-baselines3 PPO \| {NUM} \+- {NUM} \| {NUM} \| {NUM} \|$",
+        rf"^Ratios ours / SB3: return {NUM}, FPS {NUM}\.$",
     ],
     "ddp_fps": [
         r"^ppo_nav, 4 envs/worker, 16-step rollouts, 256 env steps$",
