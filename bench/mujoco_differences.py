@@ -64,13 +64,12 @@ VARIANTS: tuple[Variant, ...] = (
         "shipped",
     ),
     Variant(
-        "clip",
-        "+ clip range held at 0.2 (CleanRL, SB3), not decayed to 0",
-        "ppo_continuous",
-        (*PENDULUM_TO_CLEANRL, "pipeline.named_losses.ppo.clip_decay=null"),
+        "preset",
+        "+ clip range held at 0.2 (CleanRL's, SB3's), not decayed to 0: `ppo_mujoco`",
+        "ppo_mujoco",
+        (),
         "gamma_lr",
     ),
-    Variant("preset", "= `ppo_mujoco`", "ppo_mujoco", (), "clip"),
     Variant(
         "one_env",
         "`ppo_mujoco` with 1 env x 2,048 steps (CleanRL's, SB3's shape)",
@@ -116,6 +115,13 @@ def write_region(page: Path, table: str) -> None:
     page.write_text(f"{head}{BEGIN}\n{table}{END}{tail}")
 
 
+def folder(work: Path, env_id: str, steps: int, key: str, seed: int) -> Path:
+    """A run's folder; the preset's is the side-by-side row's of ``published.py`` (one run)."""
+    if key == "preset":
+        return published.side_by_side_folder(work, env_id, steps) / f"ours_seed{seed}"
+    return work / f"differences_{env_id}_{steps}" / f"{key}_seed{seed}"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Train every variant's seeds (or reuse them), write the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -150,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
             published.Benchmark(args.env, args.steps, v.experiment, reference, v.overrides),
             "ours",
             seed,
-            args.work / f"differences_{args.env}_{args.steps}" / f"{v.key}_seed{seed}",
+            folder(args.work, args.env, args.steps, v.key, seed),
             args.steps,
             episodes,
         )

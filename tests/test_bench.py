@@ -143,7 +143,7 @@ TABLES: dict[str, list[str]] = {
         *(
             # n/a: no training episode ended within --smoke's budget (MuJoCo's last 1,000 steps)
             rf"^\| {re.escape(env)} \| {NUM} \| `ppo_[a-z_]+` \| [^|]+ \| {_FIG} \+- {_FIG} \| "
-            rf"{NUM} \+- {NUM} \| [^|]+ \| {_FIG} \| (yes|no) \| {NUM} \|$"
+            rf"{NUM} \+- {NUM} \| [^|]+ \| {_FIG} \| (yes|no) \| {_FIG} \|$"
             for env in (
                 "HalfCheetah-v5",
                 "Walker2d-v5",
@@ -156,9 +156,9 @@ TABLES: dict[str, list[str]] = {
             )
         ),
         r"^\| implementation \| eval return \(mean \+- std\) \| per seed \| training FPS \|$",
-        rf"^\| ours \(`ppo_mujoco`\) \| {NUM} \+- {NUM} \| {NUM} \| {NUM} \|$",
-        rf"^\| stable-baselines3 PPO \| {NUM} \+- {NUM} \| {NUM} \| {NUM} \|$",
-        rf"^Ratios ours / SB3: return {NUM}, FPS {NUM}\.$",
+        rf"^\| ours \(`ppo_mujoco`\) \| {NUM} \+- {NUM} \| {NUM} \| {_FIG} \|$",
+        rf"^\| stable-baselines3 PPO \| {NUM} \+- {NUM} \| {NUM} \| {_FIG} \|$",
+        rf"^Ratios ours / SB3: return {_FIG}, FPS {_FIG}\.$",
     ],
     "ddp_fps": [
         r"^ppo_nav, 4 envs/worker, 16-step rollouts, 256 env steps$",
