@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--progress", type=float, default=60.0)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
-    command = "python bench/mujoco_differences.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
+    command = " ".join(
+        ["python bench/mujoco_differences.py", *(sys.argv[1:] if argv is None else argv)]
     )
     tmp = None
     if args.smoke:
@@ -193,14 +193,15 @@ def main(argv: list[str] | None = None) -> None:
         "| training FPS |",
         "|---|---|---|---|---|---|",
     ]
+    count = published._count
     for key, row in rows.items():
         base = rows.get(row["base"]) if row["base"] else None
         change = f'{row["eval_mean"] - base["eval_mean"]:+,.0f} vs "{row["base"]}"' if base else ""
-        seeds = ", ".join(f"{v:,.0f}" for v in row["eval_seeds"])
+        seeds = ", ".join(count(v) for v in row["eval_seeds"])
         lines.append(
-            f'| {row["label"]} ("{key}") | {row["eval_mean"]:,.0f} +- {row["eval_std"]:,.0f} '
-            f"| {seeds} | {row['train_mean']:,.0f} +- {row['train_std']:,.0f} | {change} "
-            f"| {row['fps']:,.0f} |"
+            f'| {row["label"]} ("{key}") | {count(row["eval_mean"])} +- {count(row["eval_std"])} '
+            f"| {seeds} | {count(row['train_mean'])} +- {count(row['train_std'])} | {change} "
+            f"| {count(row['fps'])} |"
         )
     table = "\n".join(lines) + "\n"
     args.out.mkdir(parents=True, exist_ok=True)

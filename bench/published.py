@@ -28,7 +28,9 @@ Written to ``--out`` (default ``docs/results/``, what the docs' page shows): ``p
 same figures and every seed's) and ``published/<env>.png`` (our seeds' learning curves and the
 reference's figure as a line). Runs go under ``--work`` (default ``outputs/published/``); a run
 whose ``result.json`` is there is reused, not retrained (``--fresh`` retrains), so the table can
-be built over several sittings. ``--only HalfCheetah-v5 ...`` restricts the benchmarks.
+be built over several sittings. ``--only HalfCheetah-v5 ...`` restricts the benchmarks;
+``--report-only`` trains nothing and writes the page from the runs already done (a row with
+fewer seeds says how many; one with none says "not run").
 
 ``--smoke``: every row with tiny budgets (one seed, 2,048 env steps; a few evaluation episodes)
 into a temporary folder, to check that the benchmark runs (``tests/test_bench.py``), not to
@@ -36,7 +38,7 @@ measure.
 
     python bench/published.py [--only ENV ...] [--seeds 1 2 3] [--jobs 2] [--out docs/results]
                               [--work outputs/published] [--fresh] [--skip-side-by-side]
-                              [--smoke]
+                              [--report-only] [--smoke]
 """
 
 from __future__ import annotations
@@ -284,14 +286,51 @@ def read_jsonl_tolerant(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def sampled_return(job: Job) -> float:
+    """The final checkpoint's return over the same episodes with *sampled* actions.
+
+    ``evaluate.py`` on ``checkpoints/latest`` (``deterministic=false``, the evaluation's
+    episode list): where an argmax policy loops (MiniGrid), this shows what the stochastic
+    policy it came from does.
+    """
+    out = job.folder / "sampled_eval"
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "evaluate.py"),
+            f"ckpt={job.folder / 'checkpoints' / 'latest'}",
+            f"num_episodes={job.eval_episodes}",
+            f"episode_seed={EVAL_SEED}",
+            "deterministic=false",
+            "progress_bar=false",
+            "plot=false",
+            f"hydra.run.dir={out}",
+        ],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    pattern = f"*.eval.*-{job.eval_episodes}ep-sampled-*.json"
+    found = sorted((job.folder / "checkpoints").glob(pattern))
+    if not found:
+        raise RuntimeError(f"{job.name}: evaluate.py wrote no sampled evaluation")
+    return float(json.loads(found[-1].read_text())["metrics"]["return"])
+
+
 # --------------------------------------------------------------------------- running
 def run_job(job: Job, fresh: bool, progress_every: float, counter: list[int], total: int) -> dict:
     """Train ``job`` (or reuse its ``result.json``); the result with the run's description."""
     result_path = job.folder / "result.json"
+    command = " ".join(job.command()[1:])
     if result_path.exists() and not fresh:
         result = json.loads(result_path.read_text())
-        print(f"  {job.name}: reused {result_path}", flush=True)
-        return result
+        if result.get("command") == command:
+            print(f"  {job.name}: reused {result_path}", flush=True)
+            if job.impl == "ours" and job.bench.eval_curve and "final_sampled" not in result:
+                result["final_sampled"] = sampled_return(job)
+                result_path.write_text(json.dumps(result))
+            return result
+        print(f"  {job.name}: its command changed since {result_path}; training again", flush=True)
     if job.folder.exists():
         for path in sorted(job.folder.rglob("*"), reverse=True):
             path.unlink() if path.is_file() or path.is_symlink() else path.rmdir()
@@ -318,13 +357,15 @@ def run_job(job: Job, fresh: bool, progress_every: float, counter: list[int], to
         result = json.loads((job.folder / "sb3_result.json").read_text())
     else:
         result = ours_result(job)
+        if job.bench.eval_curve:
+            result["final_sampled"] = sampled_return(job)
     result.update(
         env_id=job.bench.env_id,
         impl=job.impl,
         seed=job.seed,
         steps=job.steps,
         wall_s=time.perf_counter() - start,
-        command=" ".join(job.command()[1:]),
+        command=command,
     )
     result_path.write_text(json.dumps(result))
     counter[0] += 1
@@ -447,6 +488,19 @@ def _fmt(value: float, env_id: str) -> str:
     return f"{value:.3f}" if env_id.startswith("MiniGrid") else f"{value:,.1f}"
 
 
+def _ours(row: dict[str, Any], env_id: str, seeds: int) -> str:
+    """Ours, mean +- std; with how many seeds where fewer than asked; "not run" for none."""
+    if row["num_seeds"] == 0:
+        return "not run"
+    text = f"{_fmt(row['ours_mean'], env_id)} +- {_fmt(row['ours_std'], env_id)}"
+    return text if row["num_seeds"] >= seeds else f"{text} ({row['num_seeds']} of {seeds} seeds)"
+
+
+def _sampled(row: dict[str, Any], env_id: str) -> str:
+    mean, std = row["ours_sampled_mean"], row["ours_sampled_std"]
+    return "n/a" if math.isnan(mean) else f"{_fmt(mean, env_id)} +- {_fmt(std, env_id)}"
+
+
 def _count(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{value:,.0f}"
 
@@ -461,6 +515,7 @@ def table_rows(results: list[dict], benches: Sequence[Benchmark]) -> list[dict[s
     for bench in benches:
         runs = [r for r in results if r["env_id"] == bench.env_id and r["impl"] == "ours"]
         mean, std = summarise([r["final"] for r in runs])
+        sampled_mean, sampled_std = summarise([r.get("final_sampled", math.nan) for r in runs])
         ref = bench.reference
         rows.append(
             {
@@ -471,11 +526,14 @@ def table_rows(results: list[dict], benches: Sequence[Benchmark]) -> list[dict[s
                 "ours_mean": mean,
                 "ours_std": std,
                 "ours_seeds": {r["seed"]: r["final"] for r in runs},
+                "num_seeds": len(runs),
+                "ours_sampled_mean": sampled_mean,
+                "ours_sampled_std": sampled_std,
                 "ref_mean": ref.mean,
                 "ref_std": ref.std,
                 "ref_source": ref.source,
                 "ratio": mean / ref.mean if ref.mean else math.nan,
-                "meets": bool(mean >= ref.mean - ref.std),
+                "meets": bool(runs) and bool(mean >= ref.mean - ref.std),
                 "fps": statistics.fmean(r["fps"] for r in runs) if runs else math.nan,
                 "wall_s": sum(r["wall_s"] for r in runs),
             }
@@ -500,22 +558,26 @@ def markdown(rows: list[dict], side: dict | None, args: argparse.Namespace, wall
         f"{_clock(wall)} of wall time with {args.jobs} runs at a time (one torch thread each, "
         "on this project's 2-core machine). Ours: mean +- std over seeds "
         f"{', '.join(str(s) for s in args.seeds)}, each measured as its reference measures "
-        "(the metric column); `meets`: ours >= the reference's mean - its std.",
+        "(the metric column); `meets`: ours >= the reference's mean - its std. The last column, "
+        "for the evaluation rows: the same final checkpoints and episodes with sampled actions "
+        "(`evaluate.py deterministic=false`), where a deterministic policy loops. Training FPS "
+        "of the evaluation rows includes their periodic evaluations (every tenth of the budget).",
         "",
         f"{NOTE_V5}",
         "",
         "| environment | budget | preset | metric | ours | reference | source | ours / ref. "
-        "| meets | training FPS |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| meets | training FPS | ours, sampled actions |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         env = row["env_id"]
         lines.append(
             f"| {env} | {row['budget']:,} | `{row['experiment']}` | {METRIC_WORDS[row['metric']]} "
-            f"| {_fmt(row['ours_mean'], env)} +- {_fmt(row['ours_std'], env)} "
+            f"| {_ours(row, env, len(args.seeds))} "
             f"| {_fmt(row['ref_mean'], env)} +- {_fmt(row['ref_std'], env)} "
             f"| {row['ref_source']} | {_ratio(row['ratio'])} "
-            f"| {'yes' if row['meets'] else 'no'} | {_count(row['fps'])} |"
+            f"| {'yes' if row['meets'] else 'no'} | {_count(row['fps'])} "
+            f"| {_sampled(row, env)} |"
         )
     if side is not None:
         lines += [
@@ -606,10 +668,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fresh", action="store_true", help="retrain runs already done")
     parser.add_argument("--skip-side-by-side", action="store_true")
     parser.add_argument("--progress", type=float, default=60.0, help="seconds between lines")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="train nothing: the page from the runs already done (a row says how many seeds)",
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny budgets: check it runs")
     args = parser.parse_args(argv)
-    args.command_line = "python bench/published.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
+    args.command_line = " ".join(
+        ["python bench/published.py", *(sys.argv[1:] if argv is None else argv)]
     )
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
@@ -667,6 +734,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{len(jobs) + len(side_jobs)} runs, {args.jobs} at a time; runs in {args.work}",
         flush=True,
     )
+    if args.report_only:
+        jobs = [j for j in jobs if (j.folder / "result.json").exists()]
+        side_jobs = [j for j in side_jobs if (j.folder / "result.json").exists()]
+        print(f"--report-only: {len(jobs) + len(side_jobs)} runs found", flush=True)
     results = run_all(jobs + side_jobs, args.jobs, args.fresh, args.progress)
     main_results, side_results = results[: len(jobs)], results[len(jobs) :]
     rows = table_rows(main_results, benches)

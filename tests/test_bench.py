@@ -139,11 +139,13 @@ TABLES: dict[str, list[str]] = {
     ],
     "published": [
         r"^# Published results, reproduced$",
-        r"^\| environment \| budget \| preset \| metric \| ours \| reference \| source \| ",
+        r"^\| environment \| budget \| preset \| metric \| ours \| reference \| source \| .+ "
+        r"\| ours, sampled actions \|$",
         *(
             # n/a: no training episode ended within --smoke's budget (MuJoCo's last 1,000 steps)
             rf"^\| {re.escape(env)} \| {NUM} \| `ppo_[a-z_]+` \| [^|]+ \| {_FIG} \+- {_FIG} \| "
-            rf"{NUM} \+- {NUM} \| [^|]+ \| {_FIG} \| (yes|no) \| {_FIG} \|$"
+            rf"{NUM} \+- {NUM} \| [^|]+ \| {_FIG} \| (yes|no) \| {_FIG} "
+            rf"\| (?:{NUM} \+- {NUM}|n/a) \|$"
             for env in (
                 "HalfCheetah-v5",
                 "Walker2d-v5",
@@ -159,6 +161,23 @@ TABLES: dict[str, list[str]] = {
         rf"^\| ours \(`ppo_mujoco`\) \| {NUM} \+- {NUM} \| {NUM} \| {_FIG} \|$",
         rf"^\| stable-baselines3 PPO \| {NUM} \+- {NUM} \| {NUM} \| {_FIG} \|$",
         rf"^Ratios ours / SB3: return {_FIG}, FPS {_FIG}\.$",
+    ],
+    "mujoco_differences": [
+        r"^\| setting \| eval return \| per seed \| training return \| change in eval return "
+        r"\| training FPS \|$",
+        *(
+            rf"^\| .+ \(\"{key}\"\) \| {NUM} \+- {NUM} \| {NUM} \| {_FIG} \+- {_FIG} \| "
+            rf"(?:[+-]?{NUM} vs \"[a-z_]+\")? \| {_FIG} \|$"
+            for key in (
+                "shipped",
+                "gamma_lr",
+                "preset",
+                "one_env",
+                "lr_const",
+                "no_reward_norm",
+                "no_obs_norm",
+            )
+        ),
     ],
     "ddp_fps": [
         r"^ppo_nav, 4 envs/worker, 16-step rollouts, 256 env steps$",

@@ -290,7 +290,9 @@ def test_integral_floats_are_accepted_for_integer_keys(compose_cfg, tmp_path) ->
     assert names == ["ckpt_stage00_step000000000128.pt", "ckpt_stage00_step000000000256.pt"]
 
 
-@pytest.mark.parametrize("experiment", ["ppo_cartpole", "ppo_continuous"])
+@pytest.mark.parametrize(
+    "experiment", ["ppo_cartpole", "ppo_classic_control", "ppo_continuous", "ppo_mujoco"]
+)
 def test_gym_experiments_are_named_after_the_environment_and_bind_no_task_key(
     compose_cfg, resolve_cfg, experiment: str
 ) -> None:
