@@ -679,6 +679,8 @@ def main(argv: list[str] | None = None) -> None:
     args.command_line = " ".join(
         ["python bench/published.py", *(sys.argv[1:] if argv is None else argv)]
     )
+    if args.report_only:  # the page names the command that trains, not the one that reported
+        args.command_line = args.command_line.replace(" --report-only", "")
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
     known = {b.env_id for b in BENCHMARKS}
