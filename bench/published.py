@@ -47,6 +47,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -332,10 +333,8 @@ def run_job(job: Job, fresh: bool, progress_every: float, counter: list[int], to
                 result_path.write_text(json.dumps(result))
             return result
         print(f"  {job.name}: its command changed since {result_path}; training again", flush=True)
-    if job.folder.exists():
-        for path in sorted(job.folder.rglob("*"), reverse=True):
-            path.unlink() if path.is_file() or path.is_symlink() else path.rmdir()
-        job.folder.rmdir()
+    if job.folder.exists():  # a run that did not finish, or one trained again
+        shutil.rmtree(job.folder)
     job.folder.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     start = time.perf_counter()
