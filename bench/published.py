@@ -579,6 +579,12 @@ def markdown(rows: list[dict], side: dict | None, args: argparse.Namespace, wall
             f"| {'yes' if row['meets'] else 'no'} | {_count(row['fps'])} "
             f"| {_sampled(row, env)} |"
         )
+    lines += [
+        "",
+        "The presets and the differences that made continuous control lag, measured: "
+        "[continuous control](../howto/continuous-control.md). Where the MiniGrid rows fall "
+        "short, and what was measured about it: [MiniGrid](../howto/minigrid.md).",
+    ]
     if side is not None:
         lines += [
             "",
