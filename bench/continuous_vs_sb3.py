@@ -81,7 +81,7 @@ MATCHED: dict[str, Any] = {
     "pipeline.named_losses.ppo.normalize_advantage": True,
     "pipeline.max_grad_norm": MAX_GRAD_NORM,
     "pipeline.gamma": GAMMA,
-    "pipeline.gae_lambda": GAE_LAMBDA,
+    "pipeline.advantage.gae_lambda": GAE_LAMBDA,
     "model.head_layers": [64, 64],
     "model.activation": "tanh",
     "model.log_std_init": 0.0,

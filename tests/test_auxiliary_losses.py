@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
+from pipelines import ppo_pipeline
 from tensordict import TensorDict
 
 import rl.engine.run
@@ -34,7 +35,7 @@ from rl.losses import (
 from rl.losses.auxiliary import probe_features, same_episode
 from rl.models import ActorCritic
 from rl.models.policy import PolicyOutput
-from rl.pipeline import PipelineStage, TrainingPipeline
+from rl.pipeline import PipelineStage
 from rl.sampling import SerialSampler
 from rl.training import Callback, OnPolicyTrainer, RolloutInfo, RunRecord
 
@@ -264,7 +265,7 @@ def _trainer(path: Path, sampler: SerialSampler, callbacks=()) -> OnPolicyTraine
         rnn="gru",
         rnn_hidden_size=16,
     )
-    pipeline = TrainingPipeline(
+    pipeline = ppo_pipeline(
         named_losses={
             "ppo": PPOLoss(),
             "id": InverseDynamicsLoss(hidden_size=16),

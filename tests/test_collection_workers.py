@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
+from pipelines import ppo_pipeline
 
 from rl.checkpoints import latest_checkpoint, load_checkpoint
 from rl.collection import CollectionSpec, RolloutRequest
@@ -33,7 +34,7 @@ from rl.engine import run
 from rl.loggers import MetricsLogger
 from rl.losses import PPOLoss
 from rl.models import ActorCritic, build_policy
-from rl.pipeline import PipelineStage, TrainingPipeline
+from rl.pipeline import PipelineStage
 from rl.tasks import task_spaces
 from rl.training import Callback, OnPolicyTrainer, RolloutInfo
 from rl.utils.seeding import set_seed, worker_seeds
@@ -131,7 +132,7 @@ class StepsSeen(Callback):
 def test_a_stage_switch_changes_what_the_workers_collect(backend: str, tmp_path: Path) -> None:
     spec = CollectionSpec(task=SMALL, sampler=SERIAL, model=MODEL, seed=3)
     workers, model = make_set(spec, backend, num_workers=2, mode="sync")
-    pipe = TrainingPipeline(
+    pipe = ppo_pipeline(
         named_losses={"ppo": PPOLoss()},
         stages=[
             PipelineStage(loss_names=["ppo"], max_stage_steps=128, num_steps=16),
@@ -169,7 +170,7 @@ class StopAt(Callback):
 def train_with_workers(out: Path, callbacks: list[Callback], resume: bool = False) -> Any:
     spec = CollectionSpec(task=SMALL, sampler=SERIAL, model=MODEL, seed=4)
     workers, model = make_set(spec, num_workers=2, mode="sync")
-    pipe = TrainingPipeline(
+    pipe = ppo_pipeline(
         named_losses={"ppo": PPOLoss()},
         stages=[PipelineStage(loss_names=["ppo"], max_stage_steps=256)],
         optimizer=functools.partial(torch.optim.Adam, lr=1e-3),

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
+from pipelines import ppo_pipeline
 
 from rl.collection import InProcessCollector
 from rl.distributed import (
@@ -41,7 +42,7 @@ from rl.engine.settings import verify_train_cfg
 from rl.loggers import MetricsLogger
 from rl.losses import PPOLoss
 from rl.models import ActorCritic
-from rl.pipeline import PipelineStage, TrainingPipeline
+from rl.pipeline import PipelineStage
 from rl.sampling import SerialSampler
 from rl.training import Callback, OnPolicyTrainer
 from rl.utils.config import ConfigError
@@ -146,7 +147,7 @@ def make_trainer(
         rnn_hidden_size=16,
     )
     torch.manual_seed(100 + rank)  # action sampling differs by rank (as run.py seeds it)
-    pipe = TrainingPipeline(
+    pipe = ppo_pipeline(
         named_losses={"ppo": PPOLoss()},
         stages=[PipelineStage(loss_names=["ppo"], max_stage_steps=budget)],
         optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
@@ -241,7 +242,7 @@ def _eval_criterion(rank: int, tmp: str) -> None:
         rnn=None,
     )
     criterion = MetricThresholdCriterion(metric="eval/success", threshold=0.9)
-    pipe = TrainingPipeline(
+    pipe = ppo_pipeline(
         named_losses={"ppo": PPOLoss()},
         stages=[
             PipelineStage(

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from omegaconf import open_dict
 
 import rl.engine.run
@@ -72,3 +73,55 @@ def test_a_wrong_key_of_that_loss_is_named(
         cfg.pipeline.named_losses.reward.hiden_size = 32
     with pytest.raises(ConfigError, match=r"pipeline\.named_losses\.reward\.hiden_size"):
         verify_train_cfg(resolve_cfg(cfg))
+
+
+def test_the_pipeline_pages_own_estimator_trains(compose_cfg, tmp_path: Path) -> None:
+    """docs/concepts/pipeline.md: its estimator class and YAML, as written, train a run."""
+    code = next(b for b in python_blocks("concepts/pipeline.md") if "class ScaledTD" in b)
+    yaml = next(
+        b
+        for b in re.findall(
+            r"```yaml\n(.*?)```", (ROOT / "docs/concepts/pipeline.md").read_text(), re.DOTALL
+        )  # fmt: skip
+        if "my_pkg.td.ScaledTD" in b
+    )
+    (tmp_path / "my_pkg").mkdir()
+    (tmp_path / "my_pkg" / "__init__.py").write_text("")
+    (tmp_path / "my_pkg" / "td.py").write_text(code)
+    conf = tmp_path / "conf" / "pipeline" / "advantage"
+    conf.mkdir(parents=True)
+    (conf / "scaled_td.yaml").write_text(yaml)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        cfg = compose_cfg(
+            [
+                "+experiment=ppo_classic_control",
+                "+debug=smoke",
+                f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+                "pipeline/advantage=scaled_td",
+                "eval.num_episodes=0",
+                "logger.sinks.console.progress_bar=false",
+            ]
+        )
+        metrics = rl.engine.run.train(cfg)
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m == "my_pkg" or m.startswith("my_pkg.")]:
+            del sys.modules[name]
+    assert metrics["losses/td/mean_abs"] > 0.0
+
+
+def test_the_layout_pages_loop_from_python_runs(tmp_path: Path, monkeypatch, capsys) -> None:
+    """docs/layout.md's "The loop from Python", as written but for its budget and folder."""
+    code = next(b for b in python_blocks("layout.md") if "OnPolicyTrainer(" in b)
+    assert "max_stage_steps=100_000" in code and '"outputs/by_hand"' in code
+    code = code.replace("max_stage_steps=100_000", "max_stage_steps=2_048")
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()  # (the snippet sets one thread for the process)
+    try:
+        exec(compile(code, "docs/layout.md", "exec"), {"__name__": "docs_example"})
+    finally:
+        torch.set_num_threads(threads)
+    printed = capsys.readouterr().out
+    assert "losses/ppo/policy_loss" in printed, printed
+    assert (tmp_path / "outputs" / "by_hand" / "checkpoints").is_dir()

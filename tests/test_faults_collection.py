@@ -24,6 +24,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
+from pipelines import ppo_pipeline
 from test_collection_workers import (
     MODEL,
     ROOT,
@@ -186,7 +187,7 @@ def test_kill_9_of_a_learner_whose_worker_waits_on_a_hung_sampler_leaves_no_proc
 
 # ----------------------------------------------------- 9: async collection budgets
 def two_stage_pipeline(second_stage_steps: int) -> TrainingPipeline:
-    return TrainingPipeline(
+    return ppo_pipeline(
         named_losses={"ppo": PPOLoss()},
         stages=[
             PipelineStage(loss_names=["ppo"], max_stage_steps=128, num_steps=16),

@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from pipelines import ppo_pipeline
 
 from rl.collection import CollectionSpec, RolloutRequest
 from rl.collection.worker_set import CollectionWorkerSet
@@ -33,7 +34,7 @@ from rl.engine.run import _train_worker
 from rl.loggers import MetricsLogger
 from rl.losses import PPOLoss
 from rl.models import build_policy
-from rl.pipeline import PipelineStage, TrainingPipeline
+from rl.pipeline import PipelineStage
 from rl.tasks import task_spaces
 from rl.training import Callback, OnPolicyTrainer, RolloutInfo
 from rl.utils.seeding import set_seed, worker_seeds
@@ -121,7 +122,7 @@ class Seen(Callback):
 def test_async_budgets_end_exactly_and_nothing_is_asked_past_them(tmp_path: Path) -> None:
     spec = CollectionSpec(task=SMALL, sampler=SERIAL, model=MODEL, seed=3)
     workers = make_set(spec, num_workers=2, mode="async", rollouts_per_update=1, max_policy_lag=8)
-    pipe = TrainingPipeline(
+    pipe = ppo_pipeline(
         named_losses={"ppo": PPOLoss()},
         stages=[
             PipelineStage(loss_names=["ppo"], max_stage_steps=100, num_steps=16),
@@ -194,7 +195,7 @@ def _rank_trainer(rank: int, out: Path, stop_at: int | None = None) -> OnPolicyT
     )
     workers = make_set(spec, num_workers=2, mode="sync", dist=ctx)
     torch.manual_seed(100 + rank)  # action sampling differs by rank (as run.py seeds it)
-    pipe = TrainingPipeline(
+    pipe = ppo_pipeline(
         named_losses={"ppo": PPOLoss()},
         stages=[PipelineStage(loss_names=["ppo"], max_stage_steps=384)],
         optimizer=functools.partial(torch.optim.Adam, lr=1e-3),

@@ -63,7 +63,7 @@ def test_vtrace_with_barrier_free_async_learns_small_pointnav(compose_cfg: Any) 
             "collector.num_workers=2",
             "collector.rollouts_per_update=1",
             "collector.max_policy_lag=4",
-            "pipeline.advantage=vtrace",
+            "pipeline/advantage=vtrace",
             "pipeline.num_mini_batch=2",  # 8 environments per update
             "logger.sinks.console.progress_bar=false",
         ]

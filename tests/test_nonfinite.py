@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from pipelines import ppo_pipeline
 
 from rl.checkpoints import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from rl.collection import CollectionSpec, InProcessCollector, RolloutRequest
@@ -23,7 +24,7 @@ from rl.collection.worker_set import CollectionWorkerError, CollectionWorkerSet
 from rl.loggers import MetricsLogger
 from rl.losses import PPOLoss
 from rl.models import ActorCritic, build_policy
-from rl.pipeline import PipelineStage, TrainingPipeline
+from rl.pipeline import PipelineStage
 from rl.sampling import MultiprocessSampler, SamplerWorkerError, SerialSampler
 from rl.tasks import task_spaces
 from rl.training import OnPolicyTrainer, RunRecord
@@ -116,7 +117,7 @@ def make_trainer(tmp_path: Path, sampler: SerialSampler, on_nonfinite: str) -> O
     model = ActorCritic(observation_space=sampler.observation_space,
                         action_space=sampler.action_space, cnn_channels=[8], trunk_layers=[16],
                         rnn=None)  # fmt: skip
-    pipeline = TrainingPipeline(
+    pipeline = ppo_pipeline(
         named_losses={"ppo": NaNAfter(after=3)},
         stages=[PipelineStage(loss_names=["ppo"], max_stage_steps=128)],
         optimizer=functools.partial(torch.optim.Adam, lr=1e-3),

@@ -15,6 +15,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from pipelines import ppo_pipeline
 from test_resume import StopAt
 
 from rl.checkpoints import latest_checkpoint, load_checkpoint
@@ -25,7 +26,7 @@ from rl.evaluation import InferenceAgent
 from rl.loggers import MetricsLogger
 from rl.losses import PPOLoss
 from rl.models import ActorCritic
-from rl.pipeline import PipelineStage, TrainingPipeline
+from rl.pipeline import PipelineStage
 from rl.sampling import SerialSampler
 from rl.tasks import build_env, task_spaces
 from rl.training import OnPolicyTrainer
@@ -90,7 +91,7 @@ def _trainer(tmp_path: Path, sampler: SerialSampler, callbacks=()) -> OnPolicyTr
     space = sampler.observation_space
     model = ActorCritic(observation_space=space, action_space=sampler.action_space,
                         cnn_channels=[], trunk_layers=[], rnn=None, head_layers=[16])  # fmt: skip
-    pipeline = TrainingPipeline(
+    pipeline = ppo_pipeline(
         named_losses={"ppo": PPOLoss(entropy_coef=0.0)},
         stages=[PipelineStage(loss_names=["ppo"], max_stage_steps=192)],
         optimizer=functools.partial(torch.optim.Adam, lr=1e-3),

@@ -8,6 +8,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from pipelines import ppo_pipeline
 
 from rl.losses import PPOLoss
 from rl.pipeline import (
@@ -19,7 +20,6 @@ from rl.pipeline import (
     ScalarMeanTracker,
     TrainingPipeline,
     evenly_distribute_count_into_bins,
-    recursive_update,
     set_seed,
     step_lr_scheduler_to,
     worker_seeds,
@@ -155,13 +155,6 @@ def test_set_seed_reproducible() -> None:
     assert draw() != a
 
 
-def test_recursive_update() -> None:
-    original = {"a": 1, "b": {"c": 2, "d": {"e": 3}}, "f": {"g": 1}}
-    result = recursive_update(original, {"b": {"d": {"x": 4}, "c": 5}, "f": 7, "h": {"i": 1}})
-    assert result is original
-    assert original == {"a": 1, "b": {"c": 5, "d": {"e": 3, "x": 4}}, "f": 7, "h": {"i": 1}}
-
-
 # ------------------------------------------------------------------ pipeline
 def _pipeline(budgets=(100, 50), criterion=None, **defaults) -> TrainingPipeline:
     stages = [
@@ -173,7 +166,7 @@ def _pipeline(budgets=(100, 50), criterion=None, **defaults) -> TrainingPipeline
             early_stopping_criterion=criterion,
         ),
     ]
-    return TrainingPipeline(
+    return ppo_pipeline(
         named_losses={"ppo": PPOLoss()},
         stages=stages,
         optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
@@ -258,7 +251,7 @@ def test_state_dict_round_trip() -> None:
 
 def test_unknown_loss_name_raises() -> None:
     with pytest.raises(ValueError, match="nope"):
-        TrainingPipeline(
+        ppo_pipeline(
             named_losses={"ppo": PPOLoss()},
             stages=[PipelineStage(loss_names=["nope"], max_stage_steps=10)],
             optimizer=functools.partial(torch.optim.Adam, lr=1e-3),

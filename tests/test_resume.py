@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from pipelines import ppo_pipeline
 
 from rl.checkpoints.files import (
     CheckpointError,
@@ -66,7 +67,7 @@ class StopAt(Callback):
 
 def make_pipeline() -> TrainingPipeline:
     """Two stages: imitation with teacher forcing, then PPO; LR decays with env steps."""
-    return TrainingPipeline(
+    return ppo_pipeline(
         named_losses={"ppo": PPOLoss(), "imitation": ImitationLoss()},
         stages=[
             PipelineStage(

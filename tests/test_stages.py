@@ -4,11 +4,15 @@ forcing, off-policy updates, schedules across stage boundaries, imitation learni
 from __future__ import annotations
 
 import functools
+import inspect
+import re
+import typing
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from pipelines import ppo_pipeline
 
 from rl.checkpoints import list_checkpoints
 from rl.collection import InProcessCollector
@@ -68,7 +72,7 @@ def pipeline(stages: list[PipelineStage], lr_lambda=None, **settings) -> Trainin
         num_steps=16, num_mini_batch=2, update_repeats=1, metric_accumulate_interval=64
     )
     defaults.update(settings)
-    return TrainingPipeline(
+    return ppo_pipeline(
         named_losses={"ppo": PPOLoss(), "imitation": ImitationLoss()},
         stages=stages,
         optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
@@ -234,7 +238,7 @@ def test_stage_overrides_take_effect_and_unset_values_fall_back(tmp_path: Path) 
     assert first.settings.update_repeats == 2
     assert (second.num_steps, second.settings.gamma, second.settings.num_mini_batch) == (8, 0.5, 4)
     assert second.settings.update_repeats == 3
-    assert second.settings.gae_lambda == first.settings.gae_lambda == 0.95  # inherited
+    assert second.settings.advantage is first.settings.advantage  # inherited, the same object
     assert [r.num_steps for r in rec.rollouts] == [16, 8, 8]
 
 
@@ -415,3 +419,47 @@ def test_advance_scene_rollout_period_starts_new_episodes(tmp_path: Path) -> Non
     # episodes, so rollouts 5 and 7 start with all envs at an episode start.
     assert probe.all_start[0] and probe.all_start[5] and probe.all_start[7]
     assert not any(probe.all_start[i] for i in (1, 2, 3, 4, 6))
+
+
+# ------------------------------------------------------- settings, declared once
+def test_the_constructors_take_the_settings_as_declared() -> None:
+    """Names, types and ranges come from TrainingSettings alone (what the config check reads)."""
+    from rl.pipeline import TrainingSettings
+    from rl.utils.config import _hints, split_hint
+
+    names = TrainingSettings.names()
+    for cls, optional in ((TrainingPipeline, False), (PipelineStage, True)):
+        params = inspect.signature(cls).parameters
+        assert set(names) <= set(params), cls
+        hints = _hints(cls)
+        for name in names:
+            declared = typing.get_type_hints(TrainingSettings, include_extras=True)[name]
+            assert split_hint(hints[name])[1] == split_hint(declared)[1], (cls, name)
+            assert (params[name].default is None) == (
+                optional or name == "advance_scene_rollout_period"
+            ), (cls, name)
+
+
+def test_a_settings_mistake_names_the_key() -> None:
+    with pytest.raises(TypeError, match=r"\['gama'\] are not training settings"):
+        PipelineStage(loss_names=["ppo"], gama=0.9)
+    with pytest.raises(ValueError, match=r"pipeline stage.gamma: must be <= 1, got 2"):
+        PipelineStage(loss_names=["ppo"], gamma=2)
+    parts = {"named_losses": {"ppo": PPOLoss()}, "stages": [PipelineStage(loss_names=["ppo"])]}
+    with pytest.raises(TypeError, match=r"settings missing \(or null\): \['num_steps'\]"):
+        ppo_pipeline(**parts, total_env_steps=8, num_steps=None)
+    with pytest.raises(ValueError, match=r"pipeline.num_mini_batch: must be >= 1, got 0"):
+        ppo_pipeline(**parts, total_env_steps=8, num_mini_batch=0)
+
+
+def test_the_pipeline_and_the_config_check_apply_the_same_rules(compose_cfg, resolve_cfg) -> None:
+    """Each cross-field rule is written once (rl.pipeline.verify) and both apply it."""
+    from rl.engine.settings import verify_train_cfg
+    from rl.utils.config import ConfigError
+
+    message = "loss_weights: one weight per loss name is required (2 for 1)"
+    with pytest.raises(ValueError, match=re.escape(f"pipeline stage.{message}")):
+        PipelineStage(loss_names=["ppo"], loss_weights=[1.0, 2.0])
+    overrides = ["+experiment=ppo_nav", "+pipeline.stages.0.loss_weights=[1,2]"]
+    with pytest.raises(ConfigError, match=re.escape(f"pipeline.stages.0.{message}")):
+        verify_train_cfg(resolve_cfg(compose_cfg(overrides)))

@@ -7,6 +7,7 @@ import torch
 from tensordict import TensorDict
 
 from rl.storage import (
+    GAE,
     RolloutStorage,
     advantage_stats_of,
     compute_discounted_returns,
@@ -250,7 +251,7 @@ def test_shorter_rollout_than_capacity() -> None:
         assert b["actions"].shape[0] == 3
         assert b["obs", "x"].shape[0] == 3
     assert storage.rows().batch_size == (4, 4)  # three steps and the observation after them
-    storage.compute_returns(next_value=torch.zeros(4), gamma=1.0, use_gae=True, gae_lambda=1.0)
+    GAE(gae_lambda=1.0)(storage, model=torch.nn.Identity(), next_value=torch.zeros(4), gamma=1.0)
     # Rewards 0, 1, 2 with gamma 1 and a zero bootstrap: returns are the suffix sums.
     torch.testing.assert_close(storage["returns"][:3, 0], torch.tensor([3.0, 3.0, 2.0]))
 

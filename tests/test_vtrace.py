@@ -1,4 +1,4 @@
-"""V-trace (``pipeline.advantage: vtrace``): the pure function against a reference written from
+"""V-trace (``pipeline/advantage=vtrace``): the pure function against a reference written from
 the paper's definition, its on-policy reduction to n-step returns, truncation vs termination,
 episode boundaries; then the learner's use of it and the config keys."""
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from pipelines import ppo_pipeline
 
 from rl.collection import InProcessCollector, RolloutRequest
 from rl.engine import run
@@ -20,7 +21,14 @@ from rl.losses import PPOLoss
 from rl.models import ActorCritic
 from rl.pipeline import PipelineStage, TrainingPipeline
 from rl.sampling import SerialSampler
-from rl.storage import compute_discounted_returns, compute_gae, compute_vtrace
+from rl.storage import (
+    GAE,
+    DiscountedReturns,
+    VTrace,
+    compute_discounted_returns,
+    compute_gae,
+    compute_vtrace,
+)
 from rl.training import Learner, OnPolicyTrainer
 from rl.utils.config import ConfigError
 from rl.utils.seeding import set_seed
@@ -234,9 +242,11 @@ SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "ma
 
 
 def _pipeline(stages: list[PipelineStage] | None = None, **settings: Any) -> TrainingPipeline:
-    defaults = dict(num_steps=16, num_mini_batch=2, update_repeats=1, gamma=0.95)
+    defaults: dict[str, Any] = dict(
+        num_steps=16, num_mini_batch=2, update_repeats=1, gamma=0.95, advantage=GAE()
+    )
     defaults.update(settings)
-    return TrainingPipeline(
+    return ppo_pipeline(
         named_losses={"ppo": PPOLoss()},
         stages=stages or [PipelineStage(loss_names=["ppo"], max_stage_steps=1024)],
         optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
@@ -269,7 +279,7 @@ def _perturb(model: torch.nn.Module, seed: int, scale: float = 0.2) -> None:
             p.add_(scale * torch.randn(p.shape, generator=g))
 
 
-def _expected_vtrace(model, storage, settings) -> tuple[torch.Tensor, torch.Tensor]:
+def _expected_vtrace(model, storage, gamma, vtrace) -> tuple[torch.Tensor, torch.Tensor]:
     """compute_vtrace on one forward pass over all T + 1 rows (from the first state)."""
     t = storage.step
     rows = storage.rows()
@@ -288,10 +298,10 @@ def _expected_vtrace(model, storage, settings) -> tuple[torch.Tensor, torch.Tens
         truncation_values=storage["truncation_values"][:t],
         behaviour_logprobs=storage["logprobs"][:t],
         target_logprobs=logprobs,
-        gamma=settings.gamma,
-        rho_bar=settings.vtrace_rho_bar,
-        c_bar=settings.vtrace_c_bar,
-        vtrace_lambda=settings.vtrace_lambda,
+        gamma=gamma,
+        rho_bar=vtrace.rho_bar,
+        c_bar=vtrace.c_bar,
+        vtrace_lambda=vtrace.vtrace_lambda,
     )
 
 
@@ -303,9 +313,9 @@ def test_the_learner_fills_vtrace_targets_of_its_current_policy(rnn: str | None)
         assert storage["terminated"][: storage.step].any()
         assert storage["truncated"][: storage.step].any()
         _perturb(model, seed=1)
-        pipe = _pipeline(advantage="vtrace", vtrace_rho_bar=1.5, vtrace_c_bar=0.9)
+        pipe = _pipeline(advantage=VTrace(rho_bar=1.5, c_bar=0.9))
         settings = pipe.current_settings
-        expected_adv, expected_vs = _expected_vtrace(model, storage, settings)
+        expected_adv, expected_vs = _expected_vtrace(model, storage, 0.95, settings.advantage)
         t = storage.step
         behaviour = storage["logprobs"][:t].clone()
         learner = Learner(model=model, pipeline=pipe)
@@ -324,12 +334,10 @@ def test_on_policy_vtrace_in_the_learner_gives_the_discounted_returns() -> None:
     model, rollout, sampler = _collected("gru", seed=3)
     with sampler:
         storage, t = rollout.storage, rollout.storage.step
-        storage.compute_returns(next_value=rollout.next_value, gamma=0.95, use_gae=False,
-                                gae_lambda=0.0)  # fmt: skip
+        DiscountedReturns()(storage, model=model, next_value=rollout.next_value, gamma=0.95)
         returns = storage["returns"][:t].clone()
         advantages = storage["advantages"][:t].clone()
-        pipe = _pipeline(advantage="vtrace")
-        logged = Learner(model=model, pipeline=pipe).vtrace_returns(rollout, pipe.current_settings)
+        logged = VTrace()(storage, model=model, next_value=rollout.next_value, gamma=0.95)
         # The learner's forward pass reproduces what the collecting policy recorded ...
         assert logged["losses/vtrace/rho_mean"] == pytest.approx(1.0, abs=1e-5)
         assert abs(logged["losses/vtrace/behaviour_kl"]) < 1e-6
@@ -353,13 +361,12 @@ def test_advantage_gae_does_not_run_vtrace(monkeypatch: pytest.MonkeyPatch) -> N
             gamma=0.95,
             gae_lambda=0.9,
         )
-        pipe = _pipeline(gae_lambda=0.9)
-        assert pipe.current_settings.advantage == "gae"
+        pipe = _pipeline(advantage=GAE(gae_lambda=0.9))
 
         def fail(*args: Any, **kwargs: Any) -> None:
             raise AssertionError("advantage=gae ran V-trace")
 
-        monkeypatch.setattr(Learner, "vtrace_returns", fail)
+        monkeypatch.setattr(VTrace, "__call__", fail)
         learner = Learner(model=model, pipeline=pipe)
         tracker, _ = learner.update(rollout, pipe.current_stage, pipe.current_settings, 0)
         assert torch.equal(storage["advantages"][:t], expected)  # bitwise: the recorded values
@@ -370,12 +377,11 @@ def test_a_stage_switches_to_vtrace_and_training_runs(tmp_path: Path) -> None:
     stages = [
         PipelineStage(loss_names=["ppo"], max_stage_steps=128),
         PipelineStage(
-            loss_names=["ppo"], max_stage_steps=128, advantage="vtrace", vtrace_c_bar=0.5
+            loss_names=["ppo"], max_stage_steps=128, advantage=VTrace(c_bar=0.5)
         ),  # fmt: skip
     ]
     pipe = _pipeline(stages, update_repeats=2, metric_accumulate_interval=64)
-    assert [pipe.settings_for(i).advantage for i in (0, 1)] == ["gae", "vtrace"]
-    assert pipe.settings_for(1).vtrace_c_bar == 0.5 and pipe.settings_for(1).vtrace_rho_bar == 1.0
+    assert [pipe.settings_for(i).advantage for i in (0, 1)] == [GAE(), VTrace(c_bar=0.5)]
     set_seed(0)
     with SerialSampler(task=SMALL, num_envs=4, seed=0) as sampler:
         model = ActorCritic(
@@ -399,12 +405,12 @@ def test_a_stage_switches_to_vtrace_and_training_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("where", ["pipeline", "stage"])
-def test_an_unknown_estimator_is_an_error_naming_the_key(where: str) -> None:
-    with pytest.raises(ValueError, match="advantage: expected one of gae, vtrace, got 'retrace'"):
+def test_an_estimator_that_is_not_one_is_an_error_naming_the_key(where: str) -> None:
+    with pytest.raises(ValueError, match="advantage: expected an advantage estimator .* 'vtrace'"):
         if where == "pipeline":
-            _pipeline(advantage="retrace")
+            _pipeline(advantage="vtrace")  # the old string form
         else:
-            PipelineStage(loss_names=["ppo"], max_stage_steps=64, advantage="retrace")
+            PipelineStage(loss_names=["ppo"], max_stage_steps=64, advantage="vtrace")
 
 
 # -------------------------------------------------------------------- configs
@@ -421,13 +427,14 @@ SMOKE = [
 
 
 def test_vtrace_configs_verify(compose_cfg: Any, resolve_cfg: Any) -> None:
-    plain = resolve_cfg(compose_cfg(["+experiment=ppo_nav", "pipeline.advantage=vtrace"]))
-    assert plain["pipeline"]["advantage"] == "vtrace"
-    assert plain["pipeline"]["vtrace_rho_bar"] == plain["pipeline"]["vtrace_c_bar"] == 1.0
+    plain = resolve_cfg(compose_cfg(["+experiment=ppo_nav", "pipeline/advantage=vtrace"]))
+    assert plain["pipeline"]["advantage"] == {
+        "_target_": "rl.storage.VTrace", "rho_bar": 1.0, "c_bar": 1.0, "vtrace_lambda": 1.0
+    }  # fmt: skip
     verify_train_cfg(plain)
-    bad = resolve_cfg(compose_cfg(["+experiment=ppo_nav", "pipeline.advantage=vtrace2"]))
-    with pytest.raises(ConfigError, match="pipeline.advantage: expected one of gae, vtrace"):
-        verify_train_cfg(bad)
+    typo = ["+experiment=ppo_nav", "pipeline/advantage=vtrace", "+pipeline.advantage.cbar=2"]
+    with pytest.raises(ConfigError, match="pipeline.advantage.cbar: unknown key for rl.storage"):
+        verify_train_cfg(resolve_cfg(compose_cfg(typo)))
 
 
 @pytest.mark.learning
@@ -437,7 +444,7 @@ def test_vtrace_sees_the_policy_lag_of_an_asynchronous_worker(
 ) -> None:
     overrides = [
         *SMOKE,
-        "pipeline.advantage=vtrace",
+        "pipeline/advantage=vtrace",
         f"collector={collector}",  # process: asynchronous, one worker (policy lag 1)
         "pipeline.lr_scheduler=null",  # the LR decays to 0 within the smoke budget otherwise
         "pipeline.optimizer.lr=1.0e-2",

@@ -20,7 +20,8 @@ carries. Nothing in that config is ever turned into code:
    line or the experiment, never read from a file).
 
 A checkpoint written without group choices (by code from before they were saved, or by a run
-built without Hydra) is rebuilt on the config tree's defaults.
+built without Hydra) is rebuilt on the config tree's defaults; one written in an earlier
+version's layout is brought to today's first (:mod:`rl.checkpoints.migrations`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rl.checkpoints.errors import CheckpointError, UntrustedCheckpointError
+from rl.checkpoints.migrations import migrate
 from rl.checkpoints.trust import Refusal, judge_env_id, judge_target, trust_rules
 
 # Bounds of a saved config: far above any real config (the largest experiment has ~600 nodes).
@@ -410,6 +412,7 @@ def rebuild_config(
         UntrustedCheckpointError: The saved config names code the tree does not name there.
         CheckpointError: A choice the tree lacks, or a value of another kind than the tree's.
     """
+    saved, choices = migrate(saved, choices)  # an earlier version's layout, brought to today's
     raw, used = (tree or ConfigTree()).compose(choices, where)
     # This invocation's keys, not the tree's (``output_dir: ${hydra:runtime.output_dir}``).
     output_dir = saved.get("output_dir")

@@ -3,8 +3,10 @@
 ``base`` holds the seam (:class:`Collector`, :class:`RolloutRequest`, :class:`Rollout`);
 ``local`` its in-process implementation (:class:`InProcessCollector`: a sampler stepped with the
 learner's own policy, teacher forcing, forced scene advance, straggler preemption); ``episodes``
-runs fixed lists of seeded episodes (evaluation). Collection workers on Ray live in
-:mod:`rl.collection.workers` (imported on demand: ``collector=ray``).
+runs fixed lists of seeded episodes (evaluation). Collection workers (``collector=process``
+or ``collector=ray``) are :mod:`rl.collection.worker` (one worker), :mod:`rl.collection.actors`
+(its process or Ray actor) and :mod:`rl.collection.worker_set` (the set a learner drives),
+imported on demand.
 """
 
 from rl.collection.base import CollectionSpec, Collector, Rollout, RolloutRequest

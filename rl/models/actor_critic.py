@@ -259,11 +259,6 @@ class ActorCritic(PolicyBase):
         self.critic_out = _init(nn.Linear(c_feat, 1), gain=1.0)
 
     # ------------------------------------------------------------------ state
-    @property
-    def is_recurrent(self) -> bool:
-        """True for a GRU or LSTM policy."""
-        return self.rnn is not None
-
     def initial_state(self, num_envs: int, device: torch.device | str = "cpu") -> TensorDict:
         """Zero state of batch ``[num_envs]``.
 

@@ -16,7 +16,7 @@ from rl.pipeline.schedules import (
 from rl.pipeline.stages import PipelineStage, TrainingPipeline, TrainingSettings
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.pipeline.verify import pipeline_errors
-from rl.utils import evenly_distribute_count_into_bins, recursive_update, set_seed, worker_seeds
+from rl.utils import evenly_distribute_count_into_bins, set_seed, worker_seeds
 
 __all__ = [
     "ConstantSchedule",
@@ -33,7 +33,6 @@ __all__ = [
     "TrainingSettings",
     "evenly_distribute_count_into_bins",
     "pipeline_errors",
-    "recursive_update",
     "set_seed",
     "step_lr_scheduler_to",
     "worker_seeds",

@@ -11,7 +11,10 @@ steps) and round-trips that position through :meth:`TrainingPipeline.state_dict`
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import logging
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
@@ -20,14 +23,23 @@ import torch
 from rl.pipeline.early_stopping import EarlyStoppingCriterion, NeverEarlyStoppingCriterion
 from rl.pipeline.offpolicy import OffPolicyPipelineComponent
 from rl.pipeline.schedules import Schedule
-from rl.utils.config import Check
+from rl.pipeline.verify import budget_errors, stage_errors
+from rl.utils.config import Check, split_hint
 
 log = logging.getLogger(__name__)
 
+# An advantage estimator (rl.storage.AdvantageEstimator; that protocol lives above this layer).
+AdvantageEstimator = Callable[..., Mapping[str, float]]
 
-@dataclasses.dataclass(frozen=True)
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainingSettings:
-    """Settings of the rollout/update loop; in a stage, ``None`` means "use the pipeline's".
+    """Settings of the rollout/update loop: the one place each is declared, typed and ranged.
+
+    The pipeline takes every setting (their values for a run come from ``conf/pipeline/*.yaml``,
+    the one place of their defaults); a stage may override any of them. The constructors of
+    :class:`TrainingPipeline` and :class:`PipelineStage` take these fields as keyword
+    arguments, with these annotations (what the config check reads).
 
     Attributes:
         num_steps: Rollout length per environment (T).
@@ -40,70 +52,104 @@ class TrainingSettings:
             full-sequence BPTT). Must divide ``num_steps``.
         max_grad_norm: Gradient-norm clipping threshold.
         gamma: Discount factor.
-        use_gae: Generalised advantage estimation (False: discounted returns); with
-            ``advantage: gae`` only.
-        gae_lambda: GAE's lambda (with ``advantage: gae`` only).
-        advantage: The advantage estimator: ``gae`` (the on-policy estimator ``use_gae``
-            picks, from the rollout's values) or ``vtrace`` (V-trace's off-policy correction
-            between the behaviour log-probabilities stored with the rollout and the learner's
-            current ones, with the learner's current values:
-            :func:`~rl.storage.compute_vtrace`).
-        vtrace_rho_bar: V-trace's truncation of the importance weights in its TD errors and
-            policy-gradient advantages (rho bar).
-        vtrace_c_bar: V-trace's truncation of its trace coefficients (c bar).
-        vtrace_lambda: V-trace's lambda in its trace coefficients (1: the paper's V-trace).
-        advance_scene_rollout_period: Reserved for samplers that switch scenes every k rollouts.
+        advantage: The advantage estimator, an object built from its ``_target_``
+            (:class:`~rl.storage.AdvantageEstimator`: :class:`~rl.storage.GAE`,
+            :class:`~rl.storage.DiscountedReturns`, :class:`~rl.storage.VTrace`, or one's
+            own; ``conf/pipeline/advantage/``).
+        advance_scene_rollout_period: Every this many rollouts, ask the sampler to move its
+            environments to their next scenes (None: never).
         save_interval: Save a checkpoint every this many env steps (0: only at stage ends).
         metric_accumulate_interval: Log every this many env steps.
     """
 
-    num_steps: int | None = None
-    num_mini_batch: int | None = None
-    update_repeats: int | None = None
-    recurrence: int | None = None
-    max_grad_norm: float | None = None
-    gamma: float | None = None
-    use_gae: bool | None = None
-    gae_lambda: float | None = None
-    advantage: str | None = None
-    vtrace_rho_bar: float | None = None
-    vtrace_c_bar: float | None = None
-    vtrace_lambda: float | None = None
-    advance_scene_rollout_period: int | None = None
-    save_interval: int | None = None
-    metric_accumulate_interval: int | None = None
+    num_steps: Annotated[int, Check(ge=1)]
+    num_mini_batch: Annotated[int, Check(ge=1)]
+    update_repeats: Annotated[int, Check(ge=1)]
+    recurrence: Annotated[int, Check(ge=0)]
+    max_grad_norm: Annotated[float, Check(gt=0)]
+    gamma: Annotated[float, Check(ge=0, le=1)]
+    advantage: AdvantageEstimator
+    advance_scene_rollout_period: Annotated[int | None, Check(ge=1)] = None
+    save_interval: Annotated[int, Check(ge=0)]
+    metric_accumulate_interval: Annotated[int, Check(ge=0)]
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> TrainingSettings:
-        """The settings found in ``values`` (e.g. a constructor's ``locals()``)."""
-        return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+    def names(cls) -> tuple[str, ...]:
+        """The settings' names, in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
 
-    def overridden_by(self, other: TrainingSettings) -> TrainingSettings:
-        """These settings with every non-None value of ``other`` replacing ours."""
-        updates = {k: v for k, v in dataclasses.asdict(other).items() if v is not None}
-        return dataclasses.replace(self, **updates)
+    def with_overrides(self, overrides: Mapping[str, Any]) -> TrainingSettings:
+        """These settings with ``overrides`` (a stage's) replacing ours."""
+        return dataclasses.replace(self, **overrides)
 
-    def set_fields(self) -> dict[str, Any]:
-        """The settings that are not None."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+_SETTING_HINTS = typing.get_type_hints(TrainingSettings, include_extras=True)
+
+
+def _problems(values: Mapping[str, Any], where: str) -> list[str]:
+    """Range errors of settings values (their annotations' checks), each naming its key."""
+    errors = [
+        e
+        for key, value in values.items()
+        for check in split_hint(_SETTING_HINTS[key])[1]
+        for e in _checked(check, value, f"{where}.{key}")
+    ]
+    advantage = values.get("advantage")
+    if advantage is not None and not callable(advantage):
+        errors.append(
+            f"{where}.advantage: expected an advantage estimator (an object called as "
+            "estimator(storage, model=..., next_value=..., gamma=...), built from a _target_ "
+            f"such as rl.storage.GAE), got {type(advantage).__name__} {advantage!r}"
+        )
+    return errors
+
+
+def _settings_signature(cls: type, *, optional: bool) -> type:
+    """Give ``cls.__init__`` the settings as keyword parameters (declared once, above).
+
+    ``**settings`` in the code; in the signature and annotations (``inspect.signature``,
+    ``typing.get_type_hints``: what the config check and the docs read) one keyword per
+    setting, with its type and range, defaulting to None (``optional``: a stage's "unset").
+    """
+    init = cls.__init__  # type: ignore[misc]
+    signature = inspect.signature(init)
+    params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    hints = dict(typing.get_type_hints(init, include_extras=True))
+    for field in dataclasses.fields(TrainingSettings):
+        hint = _SETTING_HINTS[field.name]
+        if optional:
+            base, checks = split_hint(hint)
+            hint = Annotated[(base | None, *checks)] if checks else base | None  # type: ignore[misc]
+        has_default = optional or field.default is not dataclasses.MISSING
+        params.append(
+            inspect.Parameter(
+                field.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=None if has_default else inspect.Parameter.empty,
+                annotation=hint,
+            )
+        )
+        hints[field.name] = hint
+    init.__signature__ = signature.replace(parameters=params)
+    init.__annotations__ = hints
+    return cls
 
 
 # What a non-finite loss or gradient norm does (TrainingPipeline's ``on_nonfinite``).
 NONFINITE_POLICIES = ("error", "skip")
-# The advantage estimators (the ``advantage`` training setting).
-ADVANTAGE_ESTIMATORS = ("gae", "vtrace")
-# Settings that may stay None even in the merged result.
-_OPTIONAL_SETTINGS = frozenset({"advance_scene_rollout_period"})
 
 
-def _check_advantage(advantage: str | None, key: str) -> None:
-    """A ValueError naming ``key`` for an unknown advantage estimator (None: not set)."""
-    if advantage is not None and advantage not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(
-            f"{key}: expected one of {', '.join(ADVANTAGE_ESTIMATORS)}, got {advantage!r}"
-        )
+def _checked(check: Check, value: Any, key: str) -> list[str]:
+    problem = check.problem(value)
+    return [] if problem is None else [f"{key}: {problem}"]
 
 
+def _raise(errors: list[str]) -> None:
+    if errors:
+        raise ValueError("\n".join(errors))
+
+
+@functools.partial(_settings_signature, optional=True)
 class PipelineStage:
     """One stage of a pipeline.
 
@@ -118,21 +164,12 @@ class PipelineStage:
         early_stopping_criterion: Ends the stage before its budget (None: never).
         offpolicy_component: Off-policy losses run after every rollout's update (None: none).
             A stage with a component may have no on-policy losses (``loss_names: []``).
-        num_steps: Override of :attr:`TrainingSettings.num_steps` (likewise the rest).
-        num_mini_batch: Override.
-        update_repeats: Override.
-        recurrence: Override.
-        max_grad_norm: Override.
-        gamma: Override.
-        use_gae: Override.
-        gae_lambda: Override.
-        advantage: Override.
-        vtrace_rho_bar: Override.
-        vtrace_c_bar: Override.
-        vtrace_lambda: Override.
-        advance_scene_rollout_period: Override.
-        save_interval: Override.
-        metric_accumulate_interval: Override.
+        **overrides: Any :class:`TrainingSettings` field (``num_steps=64``, ``gamma=0.9``,
+            ...): this stage's value; None or absent: the pipeline's.
+
+    Raises:
+        TypeError: An override that is not a training setting.
+        ValueError: A stage without losses, weights that do not match, a value out of range.
     """
 
     def __init__(
@@ -144,42 +181,30 @@ class PipelineStage:
         teacher_forcing: Schedule | None = None,
         early_stopping_criterion: EarlyStoppingCriterion | None = None,
         offpolicy_component: OffPolicyPipelineComponent | None = None,
-        num_steps: Annotated[int | None, Check(ge=1)] = None,
-        num_mini_batch: Annotated[int | None, Check(ge=1)] = None,
-        update_repeats: Annotated[int | None, Check(ge=1)] = None,
-        recurrence: Annotated[int | None, Check(ge=0)] = None,
-        max_grad_norm: Annotated[float | None, Check(gt=0)] = None,
-        gamma: Annotated[float | None, Check(ge=0, le=1)] = None,
-        use_gae: bool | None = None,
-        gae_lambda: Annotated[float | None, Check(ge=0, le=1)] = None,
-        advantage: Annotated[str | None, Check(choices=ADVANTAGE_ESTIMATORS)] = None,
-        vtrace_rho_bar: Annotated[float | None, Check(gt=0)] = None,
-        vtrace_c_bar: Annotated[float | None, Check(gt=0)] = None,
-        vtrace_lambda: Annotated[float | None, Check(ge=0, le=1)] = None,
-        advance_scene_rollout_period: Annotated[int | None, Check(ge=1)] = None,
-        save_interval: Annotated[int | None, Check(ge=0)] = None,
-        metric_accumulate_interval: Annotated[int | None, Check(ge=0)] = None,
+        **overrides: Any,
     ) -> None:
-        _check_advantage(advantage, "PipelineStage.advantage")
+        unknown = sorted(set(overrides) - set(TrainingSettings.names()))
+        if unknown:
+            raise TypeError(
+                f"PipelineStage: {unknown} are not training settings "
+                f"({', '.join(TrainingSettings.names())})"
+            )
+        self.overrides = {k: v for k, v in overrides.items() if v is not None}
         self.loss_names = list(loss_names)
         self.offpolicy_component = offpolicy_component
-        if not self.loss_names and offpolicy_component is None:
-            raise ValueError("a pipeline stage needs loss names or an off-policy component")
+        component = None if offpolicy_component is None else offpolicy_component.loss_names
+        _raise(
+            stage_errors("pipeline stage", self.loss_names, loss_weights, component, None)
+            + _checked(Check(gt=0), max_stage_steps, "pipeline stage.max_stage_steps")
+            + _problems(self.overrides, "pipeline stage")
+        )
         self.loss_weights = (
             [1.0] * len(self.loss_names) if loss_weights is None else list(loss_weights)
         )
-        if len(self.loss_weights) != len(self.loss_names):
-            raise ValueError(
-                f"loss_weights has {len(self.loss_weights)} entries for "
-                f"{len(self.loss_names)} loss_names {self.loss_names}"
-            )
-        if max_stage_steps is not None and int(max_stage_steps) <= 0:
-            raise ValueError(f"max_stage_steps must be positive, got {max_stage_steps}")
         # None until the pipeline gives it the rest of its total (TrainingPipeline).
         self.max_stage_steps: int = None if max_stage_steps is None else int(max_stage_steps)  # type: ignore[assignment]
         self.teacher_forcing = teacher_forcing
         self.early_stopping_criterion = early_stopping_criterion or NeverEarlyStoppingCriterion()
-        self.training_settings = TrainingSettings.from_mapping(locals())
 
     @property
     def weighted_losses(self) -> dict[str, float]:
@@ -189,65 +214,34 @@ class PipelineStage:
     def __repr__(self) -> str:
         return (
             f"PipelineStage(loss_names={self.loss_names}, max_stage_steps={self.max_stage_steps},"
-            f" overrides={self.training_settings.set_fields()})"
+            f" overrides={self.overrides})"
         )
 
 
-def _fill_open_budget(stages: Sequence[PipelineStage], total_env_steps: int | None) -> None:
-    """Give the stage without ``max_stage_steps`` (if any) the rest of ``total_env_steps``."""
-    open_ = [i for i, stage in enumerate(stages) if stage.max_stage_steps is None]
-    if not open_:
-        return
-    if len(open_) > 1:
-        raise ValueError(
-            f"pipeline.stages {open_}: only one stage may leave max_stage_steps unset (it gets "
-            "what the others leave of total_env_steps)"
-        )
-    if total_env_steps is None:
-        raise ValueError(
-            f"pipeline.stages.{open_[0]}.max_stage_steps is unset: it takes the rest of "
-            "pipeline.total_env_steps, which is not set either"
-        )
-    rest = int(total_env_steps) - sum(s.max_stage_steps for s in stages if s.max_stage_steps)
-    if rest <= 0:
-        raise ValueError(
-            f"pipeline.stages.{open_[0]}.max_stage_steps is unset, but the other stages take "
-            f"all of total_env_steps={int(total_env_steps):,}"
-        )
-    stages[open_[0]].max_stage_steps = rest
-
-
+@functools.partial(_settings_signature, optional=False)
 class TrainingPipeline:
     """Stages of training run in order, with named losses and default settings.
 
     Args:
         named_losses: Losses by name; stages refer to them by these names.
         stages: The stages, in order.
-        total_env_steps: The run's budget (``${total_env_steps}`` in ``conf/pipeline``): a stage
-            without ``max_stage_steps`` gets what the others leave of it. Needed only then.
         optimizer: Builder of the optimizer, called as ``optimizer(params=...)`` (a Hydra
             ``_partial_``).
         lr_scheduler: Builder of the LR scheduler, called as ``lr_scheduler(optimizer=...)``
             (e.g. a partial ``LambdaLR`` with ``lr_lambda: LinearDecay``); stepped with env steps.
             None keeps the LR constant.
-        num_steps: Default rollout length (see :class:`TrainingSettings` for all settings).
-        num_mini_batch: Default.
-        update_repeats: Default.
-        recurrence: Default.
-        max_grad_norm: Default.
-        gamma: Default.
-        use_gae: Default.
-        gae_lambda: Default.
-        advantage: Default.
-        vtrace_rho_bar: Default.
-        vtrace_c_bar: Default.
-        vtrace_lambda: Default.
-        advance_scene_rollout_period: Default.
-        save_interval: Default.
-        metric_accumulate_interval: Default.
+        total_env_steps: The run's budget (``${total_env_steps}`` in ``conf/pipeline``): a stage
+            without ``max_stage_steps`` gets what the others leave of it; given, the stages'
+            budgets must sum to it.
         on_nonfinite: What a NaN or infinite loss or gradient norm does: ``error`` stops the
             run naming the loss term (the default), ``skip`` drops that optimisation step
             (counted as ``losses/nonfinite_skipped``, with a warning).
+        **settings: Every :class:`TrainingSettings` field (``advance_scene_rollout_period``
+            may be left out): the stages' defaults.
+
+    Raises:
+        TypeError: A setting missing or unknown.
+        ValueError: Unknown loss names, budgets that do not add up, a value out of range.
     """
 
     def __init__(
@@ -258,55 +252,54 @@ class TrainingPipeline:
         optimizer: Callable[..., torch.optim.Optimizer],
         lr_scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
         total_env_steps: Annotated[int | None, Check(gt=0)] = None,
-        num_steps: Annotated[int, Check(ge=1)] = 128,
-        num_mini_batch: Annotated[int, Check(ge=1)] = 4,
-        update_repeats: Annotated[int, Check(ge=1)] = 4,
-        recurrence: Annotated[int, Check(ge=0)] = 0,
-        max_grad_norm: Annotated[float, Check(gt=0)] = 0.5,
-        gamma: Annotated[float, Check(ge=0, le=1)] = 0.99,
-        use_gae: bool = True,
-        gae_lambda: Annotated[float, Check(ge=0, le=1)] = 0.95,
-        advantage: Annotated[str, Check(choices=ADVANTAGE_ESTIMATORS)] = "gae",
-        vtrace_rho_bar: Annotated[float, Check(gt=0)] = 1.0,
-        vtrace_c_bar: Annotated[float, Check(gt=0)] = 1.0,
-        vtrace_lambda: Annotated[float, Check(ge=0, le=1)] = 1.0,
-        advance_scene_rollout_period: Annotated[int | None, Check(ge=1)] = None,
-        save_interval: Annotated[int, Check(ge=0)] = 0,
-        metric_accumulate_interval: Annotated[int, Check(ge=0)] = 10_000,
         on_nonfinite: Annotated[str, Check(choices=NONFINITE_POLICIES)] = "error",
+        **settings: Any,
     ) -> None:
-        if on_nonfinite not in NONFINITE_POLICIES:
-            raise ValueError(
-                f"pipeline.on_nonfinite: expected one of {', '.join(NONFINITE_POLICIES)}, "
-                f"got {on_nonfinite!r}"
-            )
-        _check_advantage(advantage, "pipeline.advantage")
-        self.on_nonfinite = on_nonfinite
-        self.named_losses = dict(named_losses)
-        self.stages = list(stages)
-        if not self.stages:
-            raise ValueError("a training pipeline needs at least one stage")
-        for i, stage in enumerate(self.stages):
-            names = list(stage.loss_names)
-            if stage.offpolicy_component is not None:
-                names += stage.offpolicy_component.loss_names
-            unknown = [n for n in names if n not in self.named_losses]
-            if unknown:
-                raise ValueError(
-                    f"pipeline.stages.{i}.loss_names: unknown loss name(s) {unknown}; "
-                    f"pipeline.named_losses defines {sorted(self.named_losses)}"
+        missing = [
+            f.name
+            for f in dataclasses.fields(TrainingSettings)
+            if settings.get(f.name) is None and f.default is dataclasses.MISSING
+        ]
+        unknown = sorted(set(settings) - set(TrainingSettings.names()))
+        if missing or unknown:
+            raise TypeError(
+                "pipeline: "
+                + "; ".join(
+                    [f"settings missing (or null): {missing}"] * bool(missing)
+                    + [f"not training settings: {unknown}"] * bool(unknown)
                 )
-        _fill_open_budget(self.stages, total_env_steps)
+            )
+        self.stages = list(stages)
+        self.named_losses = dict(named_losses)
+        errors = [] if self.stages else ["pipeline.stages: at least one stage is required"]
+        for i, stage in enumerate(self.stages):
+            component = stage.offpolicy_component
+            errors += stage_errors(
+                f"pipeline.stages.{i}",
+                stage.loss_names,
+                stage.loss_weights,
+                None if component is None else component.loss_names,
+                self.named_losses,
+            )
+        errors += budget_errors([s.max_stage_steps for s in self.stages], total_env_steps)
+        errors += _problems(settings, "pipeline")
+        errors += _checked(
+            Check(choices=NONFINITE_POLICIES), on_nonfinite, "pipeline.on_nonfinite"
+        )
+        if total_env_steps is None and any(s.max_stage_steps is None for s in self.stages):
+            errors.append(
+                "pipeline.stages: a stage leaves max_stage_steps unset (the rest of "
+                "pipeline.total_env_steps), which is not set either"
+            )
+        _raise(errors)
+        for stage in self.stages:  # the open budget (one at most) takes the rest
+            if stage.max_stage_steps is None:
+                given = sum(s.max_stage_steps for s in self.stages if s.max_stage_steps)
+                stage.max_stage_steps = int(total_env_steps) - given  # type: ignore[arg-type]
+        self.on_nonfinite = on_nonfinite
         self.optimizer_builder = optimizer
         self.lr_scheduler_builder = lr_scheduler
-        self.defaults = TrainingSettings.from_mapping(locals())
-        missing = [
-            k
-            for k, v in dataclasses.asdict(self.defaults).items()
-            if v is None and k not in _OPTIONAL_SETTINGS
-        ]
-        if missing:
-            raise ValueError(f"pipeline settings must not be null: {missing}")
+        self.defaults = TrainingSettings(**settings)
         self.current_stage_index = 0
         self.stage_steps = 0
         self.total_steps = 0
@@ -342,7 +335,7 @@ class TrainingPipeline:
 
     def settings_for(self, stage_index: int) -> TrainingSettings:
         """Merged settings of stage ``stage_index``."""
-        return self.defaults.overridden_by(self.stages[stage_index].training_settings)
+        return self.defaults.with_overrides(self.stages[stage_index].overrides)
 
     @property
     def total_max_steps(self) -> int:
@@ -353,15 +346,6 @@ class TrainingPipeline:
     def stage_remaining_steps(self) -> int:
         """Env steps left in the current stage's budget."""
         return self.current_stage.max_stage_steps - self.stage_steps
-
-    def teacher_forcing_probability(self, extra_steps: int = 0) -> float:
-        """Probability of taking the expert's action ``extra_steps`` env steps from now.
-
-        The stage's schedule is a function of the env steps taken in the stage (0 when the
-        stage has no teacher forcing).
-        """
-        tf = self.current_stage.teacher_forcing
-        return 0.0 if tf is None else float(tf(self.stage_steps + extra_steps))
 
     def add_steps(self, env_steps: int) -> None:
         """Count ``env_steps`` env steps (one finished rollout) towards the current stage."""

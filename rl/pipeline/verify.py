@@ -2,55 +2,116 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from rl.utils.config import Check
 
 
-def _stage_errors(pipe: Mapping[str, Any], i: int, num_envs: int) -> list[str]:
-    stage = pipe["stages"][i]
-    where = f"pipeline.stages.{i}"
-    losses = pipe.get("named_losses") or {}
-    component = stage.get("offpolicy_component") or {}
-    named = [(f"{where}.loss_names", n) for n in stage.get("loss_names") or []]
-    named += [
-        (f"{where}.offpolicy_component.loss_names", n) for n in component.get("loss_names") or []
-    ]
+# --------------------------------------------------------------------------- rules
+# Each cross-field rule lives here once, over plain values: the config check before anything is
+# built (:func:`pipeline_errors`) and the constructors (rl.pipeline.stages) both apply them.
+def stage_errors(
+    where: str,
+    loss_names: Sequence[str],
+    loss_weights: Sequence[float] | None,
+    component_loss_names: Sequence[str] | None,
+    known_losses: Collection[str] | None,
+) -> list[str]:
+    """A stage's losses: named, known (``known_losses``, None: not checked), one weight each.
+
+    ``component_loss_names`` is None for a stage without an off-policy component.
+    """
+    named = [(f"{where}.loss_names", n) for n in loss_names]
+    named += [(f"{where}.offpolicy_component.loss_names", n) for n in component_loss_names or ()]
     errors = [
-        f"{key}: no loss named {name!r} in pipeline.named_losses (defined: {sorted(losses)})"
+        f"{key}: no loss named {name!r} in pipeline.named_losses (defined: {sorted(known_losses)})"
         for key, name in named
-        if name not in losses
+        if known_losses is not None and name not in known_losses
     ]
-    if not stage.get("loss_names") and not component:
+    if not loss_names and component_loss_names is None:
         errors.append(
             f"{where}.loss_names: must name at least one loss "
             "(or the stage needs an offpolicy_component)"
         )
-    weights = stage.get("loss_weights")
-    if weights is not None and len(weights) != len(stage.get("loss_names") or []):
-        errors.append(f"{where}.loss_weights: one weight per loss name is required")
+    if loss_weights is not None and len(loss_weights) != len(loss_names):
+        errors.append(
+            f"{where}.loss_weights: one weight per loss name is required ({len(loss_weights)} "
+            f"for {len(loss_names)})"
+        )
+    return errors
+
+
+def budget_errors(budgets: Sequence[int | None], total_env_steps: int | None) -> list[str]:
+    """The stages' budgets against the run's: one may be open (the rest), else they sum to it.
+
+    ``total_env_steps`` None: only the number of open budgets is checked.
+    """
+    unset = [i for i, b in enumerate(budgets) if b is None]
+    given = [b for b in budgets if b is not None]
+    if len(unset) > 1:
+        return [
+            f"pipeline.stages {unset}: only one stage may leave max_stage_steps unset (it gets "
+            "what the others leave of total_env_steps)"
+        ]
+    if not (isinstance(total_env_steps, int) and all(isinstance(b, int) for b in given)):
+        return []
+    if unset and sum(given) >= total_env_steps:
+        return [
+            f"pipeline.stages.{unset[0]}.max_stage_steps is unset (the rest of "
+            f"total_env_steps), but the other stages take {sum(given):,} of "
+            f"total_env_steps={total_env_steps:,}"
+        ]
+    if not unset and sum(given) != total_env_steps:
+        return [
+            f"pipeline.stages.*.max_stage_steps sum to {sum(given):,} but total_env_steps "
+            f"is {total_env_steps:,} (schedules run over total_env_steps: make them agree; "
+            "write budgets as ${fraction_of_total:0.2} and leave the last stage's unset to "
+            "follow total_env_steps)"
+        ]
+    return []
+
+
+def sequence_errors(
+    where: str, num_steps: Any, recurrence: Any, num_mini_batch: Any, num_envs: int
+) -> list[str]:
+    """Rollouts cut into equal BPTT chunks, and at most one minibatch per sequence."""
+    errors = []
+    chunks = 1
+    if isinstance(num_steps, int) and isinstance(recurrence, int) and 0 < recurrence < num_steps:
+        if num_steps % recurrence:
+            errors.append(
+                f"{where}.recurrence (or pipeline.recurrence)={recurrence} does not divide "
+                f"num_steps={num_steps}: the rollout is cut into BPTT chunks of equal length"
+            )
+        chunks = num_steps // recurrence
+    if isinstance(num_mini_batch, int) and num_mini_batch > num_envs * chunks:
+        errors.append(
+            f"{where}.num_mini_batch (or pipeline.num_mini_batch)={num_mini_batch} > "
+            f"{num_envs * chunks} sequences ({num_envs} environments x {chunks} BPTT chunks): "
+            "minibatches are split by sequence, so at most one per sequence"
+        )
+    return errors
+
+
+def _stage_errors(pipe: Mapping[str, Any], i: int, num_envs: int) -> list[str]:
+    stage = pipe["stages"][i]
+    where = f"pipeline.stages.{i}"
+    component = stage.get("offpolicy_component")
+    errors = stage_errors(
+        where,
+        stage.get("loss_names") or [],
+        stage.get("loss_weights"),
+        None if not component else component.get("loss_names") or [],
+        pipe.get("named_losses") or {},
+    )
 
     def setting(key: str) -> Any:
         return stage[key] if stage.get(key) is not None else pipe.get(key)
 
     # Ranges of single settings come from the constructors' annotations (check_targets).
-    mb, steps, chunk = (setting(k) for k in ("num_mini_batch", "num_steps", "recurrence"))
-    chunks = 1
-    if isinstance(steps, int) and isinstance(chunk, int) and 0 < chunk < steps:
-        if steps % chunk:
-            errors.append(
-                f"{where}.recurrence (or pipeline.recurrence)={chunk} does not divide num_steps="
-                f"{steps}: the rollout is cut into BPTT chunks of equal length"
-            )
-        chunks = steps // chunk
-    if isinstance(mb, int) and mb > num_envs * chunks:
-        errors.append(
-            f"{where}.num_mini_batch (or pipeline.num_mini_batch)={mb} > {num_envs * chunks} "
-            f"sequences ({num_envs} environments x {chunks} BPTT chunks): minibatches are split "
-            "by sequence, so at most one per sequence"
-        )
-    return errors
+    keys = ("num_steps", "recurrence", "num_mini_batch")
+    return errors + sequence_errors(where, *(setting(k) for k in keys), num_envs)
 
 
 def pipeline_errors(
@@ -77,25 +138,5 @@ def pipeline_errors(
         if problem is not None:
             errors.append(f"pipeline.optimizer.{key}: {problem}")
     budgets = [st.get("max_stage_steps") for st in stages]
-    unset = [i for i, b in enumerate(budgets) if b is None]
-    given = [b for b in budgets if b is not None]
-    if len(unset) > 1:
-        errors.append(
-            f"pipeline.stages {unset}: only one stage may leave max_stage_steps unset (it gets "
-            "what the others leave of total_env_steps)"
-        )
-    elif isinstance(total_env_steps, int) and all(isinstance(b, int) for b in given):
-        if unset and sum(given) >= total_env_steps:
-            errors.append(
-                f"pipeline.stages.{unset[0]}.max_stage_steps is unset (the rest of "
-                f"total_env_steps), but the other stages take {sum(given):,} of "
-                f"total_env_steps={total_env_steps:,}"
-            )
-        elif not unset and sum(given) != total_env_steps:
-            errors.append(
-                f"pipeline.stages.*.max_stage_steps sum to {sum(given):,} but total_env_steps "
-                f"is {total_env_steps:,} (schedules run over total_env_steps: make them agree; "
-                "write budgets as ${fraction_of_total:0.2} and leave the last stage's unset to "
-                "follow total_env_steps)"
-            )
+    errors += budget_errors(budgets, total_env_steps)
     return errors

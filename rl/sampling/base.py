@@ -71,7 +71,7 @@ class Sampler(abc.ABC):
 
     num_envs: int
     observation_space: gym.spaces.Dict
-    action_space: gym.spaces.Discrete
+    action_space: gym.Space
 
     @abc.abstractmethod
     def reset(self) -> tuple[dict[str, np.ndarray], np.ndarray]:

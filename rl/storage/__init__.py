@@ -1,8 +1,8 @@
-"""Rollout storage (a TensorDict of time-major rows), advantage estimation, expert data."""
+"""Rollout storage (a TensorDict of time-major rows), advantage estimators, expert data."""
 
 from rl.storage.advantages import compute_discounted_returns, compute_gae, compute_vtrace
+from rl.storage.estimators import GAE, AdvantageEstimator, DiscountedReturns, VTrace
 from rl.storage.expert_data import (
-    ExpertBatch,
     ExpertTrajectoryIterator,
     expert_batch,
     generate_expert_trajectories,
@@ -10,9 +10,12 @@ from rl.storage.expert_data import (
 from rl.storage.rollout import RolloutStorage, advantage_stats_of, sequence_start_state
 
 __all__ = [
-    "ExpertBatch",
+    "GAE",
+    "AdvantageEstimator",
+    "DiscountedReturns",
     "ExpertTrajectoryIterator",
     "RolloutStorage",
+    "VTrace",
     "advantage_stats_of",
     "compute_discounted_returns",
     "compute_gae",

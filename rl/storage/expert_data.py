@@ -48,10 +48,6 @@ def expert_batch(
     )
 
 
-# The type of an expert batch (kept for code written when it was a dataclass).
-ExpertBatch = TensorDict
-
-
 def generate_expert_trajectories(
     *, task: Mapping[str, Any], num_episodes: int, seed: int, path: str | Path
 ) -> Path:
@@ -170,10 +166,10 @@ class ExpertTrajectoryIterator:
         self.window = (lo, hi)
         self.generator = torch.Generator().manual_seed(self.seed + rank)
 
-    def __iter__(self) -> Iterator[ExpertBatch]:
+    def __iter__(self) -> Iterator[TensorDict]:
         return self
 
-    def __next__(self) -> ExpertBatch:
+    def __next__(self) -> TensorDict:
         lo, hi = self.window
         starts = lo + torch.randint(
             0, hi - lo - self.seq_len + 1, (self.batch_size,), generator=self.generator

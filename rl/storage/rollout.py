@@ -15,8 +15,8 @@ Row ``t`` holds
   ``values`` of the behaviour policy, ``rewards``, ``terminated``, ``truncated``,
   ``truncation_values`` (the value of a truncated episode's final observation),
   ``expert_actions`` (-1 where the task gives none), then ``advantages`` and ``returns`` once
-  computed (GAE or discounted returns: :meth:`RolloutStorage.compute_returns`; V-trace:
-  :meth:`RolloutStorage.compute_vtrace_returns`), and any other field a component records
+  computed (by the run's advantage estimator, :mod:`rl.storage.estimators`, through
+  :meth:`RolloutStorage.set_advantages`), and any other field a component records
   (:meth:`RolloutStorage.insert` takes every key it is given).
 
 Entries are allocated the first time they are written, with the shape and dtype of what is
@@ -39,7 +39,6 @@ from tensordict import TensorDict
 from tensordict.utils import NestedKey
 
 from rl.models.policy import empty_state
-from rl.storage.advantages import compute_discounted_returns, compute_gae, compute_vtrace
 from rl.utils.misc import evenly_distribute_count_into_bins
 
 __all__ = ["ADVANTAGE_STATS", "RolloutStorage", "advantage_stats_of", "sequence_start_state"]
@@ -202,70 +201,24 @@ class RolloutStorage:
         return self.data[: self.step + 1]
 
     # ------------------------------------------------------------------ returns
-    def compute_returns(
-        self, *, next_value: torch.Tensor, gamma: float, use_gae: bool, gae_lambda: float
-    ) -> None:
-        """Fill ``advantages`` and ``returns`` for the recorded steps."""
-        t, b = self.step, self._buffers
-        kwargs = dict(
-            rewards=b["rewards"][:t],
-            values=b["values"][:t],
-            next_value=next_value,
-            terminated=b["terminated"][:t],
-            truncated=b["truncated"][:t],
-            truncation_values=b["truncation_values"][:t],
-            gamma=gamma,
-        )
-        if use_gae:
-            adv, ret = compute_gae(**kwargs, gae_lambda=gae_lambda)
-        else:
-            adv, ret = compute_discounted_returns(**kwargs)
-        self.buffer("advantages", adv[0])[:t] = adv
-        self.buffer("returns", ret[0])[:t] = ret
+    def recorded(self) -> TensorDict:
+        """The recorded steps, rows ``0..step - 1`` (``[T, N]``, a view of :attr:`data`)."""
+        return self.data[: self.step]
 
-    def compute_vtrace_returns(
-        self,
-        *,
-        values: torch.Tensor,
-        next_value: torch.Tensor,
-        target_logprobs: torch.Tensor,
-        gamma: float,
-        rho_bar: float,
-        c_bar: float,
-        vtrace_lambda: float,
-    ) -> None:
-        """Fill ``advantages`` and ``returns`` (the targets ``v_s``) by V-trace.
+    def set_advantages(self, advantages: torch.Tensor, returns: torch.Tensor) -> None:
+        """Record the rollout's ``advantages`` and value targets ``returns`` (``[T, N]`` each).
 
-        The behaviour log-probabilities are the recorded ``logprobs``; rewards, endings and
-        ``truncation_values`` are the recorded ones (:func:`~rl.storage.compute_vtrace`).
-
-        Args:
-            values: ``[T, N]`` V(x_t) for the recorded steps (the learner's current values).
-            next_value: ``[N]`` V(x_T) of the observation after the last recorded step.
-            target_logprobs: ``[T, N]`` log-probabilities of the recorded actions under the
-                policy being learnt.
-            gamma: Discount factor.
-            rho_bar: Truncation of the importance weights.
-            c_bar: Truncation of the trace coefficients.
-            vtrace_lambda: V-trace's lambda.
+        What an advantage estimator (:mod:`rl.storage.estimators`) computes from
+        :meth:`recorded`; the losses read them per minibatch.
         """
-        t, b = self.step, self._buffers
-        adv, ret = compute_vtrace(
-            rewards=b["rewards"][:t],
-            values=values,
-            next_value=next_value,
-            terminated=b["terminated"][:t],
-            truncated=b["truncated"][:t],
-            truncation_values=b["truncation_values"][:t],
-            behaviour_logprobs=b["logprobs"][:t],
-            target_logprobs=target_logprobs,
-            gamma=gamma,
-            rho_bar=rho_bar,
-            c_bar=c_bar,
-            vtrace_lambda=vtrace_lambda,
-        )
-        self.buffer("advantages", adv[0])[:t] = adv
-        self.buffer("returns", ret[0])[:t] = ret
+        t = self.step
+        for key, value in (("advantages", advantages), ("returns", returns)):
+            if tuple(value.shape) != (t, self.num_envs):
+                raise ValueError(
+                    f"rollout {key}: expected shape {(t, self.num_envs)} (steps, environments), "
+                    f"got {tuple(value.shape)}"
+                )
+            self.buffer(key, value[0])[:t] = value
 
     # -------------------------------------------------------------- minibatches
     def sequence_length(self, recurrence: int) -> int:

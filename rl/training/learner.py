@@ -3,10 +3,10 @@
 One optimisation step (:meth:`Learner.optimize`: weighted losses -> backward -> gradient
 all-reduce -> clip -> optimiser step) serves both updates:
 
-- :meth:`Learner.update`, on-policy: returns and advantages of the rollout (``advantage:
-  gae``: GAE or discounted returns from the rollout's values; ``advantage: vtrace``: V-trace
-  with the current policy, see :meth:`Learner.vtrace_returns`; per-rollout advantage
-  statistics over every distributed worker), then ``update_repeats`` epochs of
+- :meth:`Learner.update`, on-policy: returns and advantages of the rollout (by the stage's
+  ``advantage`` estimator, :mod:`rl.storage.estimators`: GAE, discounted returns, V-trace
+  with the current policy, or a researcher's own; per-rollout advantage statistics over
+  every distributed worker), then ``update_repeats`` epochs of
   ``num_mini_batch`` minibatches of sequences (whole rollouts of some environments, re-run from
   the rollout's first state, or ``recurrence``-step chunks re-run from the states stored at
   their starts: truncated BPTT), each optimising the stage's losses.
@@ -35,6 +35,7 @@ from rl.pipeline.offpolicy import OffPolicyPipelineComponent
 from rl.pipeline.schedules import step_lr_scheduler_to
 from rl.pipeline.stages import PipelineStage, TrainingPipeline, TrainingSettings
 from rl.pipeline.trackers import ScalarMeanTracker
+from rl.storage.estimators import AdvantageEstimator
 from rl.storage.rollout import sequence_start_state
 from rl.utils.finite import NonFiniteError
 
@@ -205,15 +206,14 @@ class Learner:
         t0 = time.perf_counter()
         storage, model = rollout.storage, self.model
         tracker = ScalarMeanTracker()
-        if settings.advantage == "vtrace":
-            tracker.add_scalars(self.vtrace_returns(rollout, settings))
-        else:
-            storage.compute_returns(
-                next_value=rollout.next_value,
-                gamma=settings.gamma,  # type: ignore[arg-type]
-                use_gae=settings.use_gae,  # type: ignore[arg-type]
-                gae_lambda=settings.gae_lambda,  # type: ignore[arg-type]
-            )
+        estimator: AdvantageEstimator = settings.advantage  # type: ignore[assignment]
+        scalars = estimator(
+            storage,
+            model=model,
+            next_value=rollout.next_value,
+            gamma=settings.gamma,  # type: ignore[arg-type]
+        )
+        tracker.add_scalars(dict(scalars))
         if self.dist.enabled:
             # ALGO: per-rollout advantage normalisation with every worker's rollout (sum, sum of
             # squares and count all-reduced), independent of how the data is split over ranks.
@@ -241,61 +241,6 @@ class Learner:
                     )
                 )
         return tracker, time.perf_counter() - t0
-
-    @torch.no_grad()
-    def vtrace_returns(self, rollout: Rollout, settings: TrainingSettings) -> dict[str, float]:
-        """Fill the rollout's ``advantages`` and ``returns`` by V-trace; what to log.
-
-        The policy as it is now is re-run (without gradients) over the recorded steps from the
-        rollout's first state, as the update's whole-rollout minibatches are, and one step
-        further, over the observation after the rollout. That gives the target policy's
-        log-probabilities of the recorded actions and, as in IMPALA, the learner's current
-        values V(x_t) and V(x_T) (not the values recorded by the behaviour policy, which the
-        value-loss clipping still uses). The behaviour log-probabilities are the recorded
-        ``logprobs`` (PPO's ratio keeps using them too); under teacher forcing they are the
-        policy's log-probabilities of the expert's actions, so forced steps count as the
-        policy's own. A truncated episode bootstraps from the recorded
-        ``truncation_values``: its final observation is not stored.
-
-        Returns:
-            ``losses/vtrace/rho_mean`` (the mean importance weight pi/mu before clipping, 1 in
-            expectation), ``losses/vtrace/rho_clipfrac`` (the fraction above
-            ``vtrace_rho_bar``; at ``vtrace_rho_bar=1`` on-policy ratios that rounding puts
-            just above 1 count too) and ``losses/vtrace/behaviour_kl`` (an estimate of KL(mu ||
-            pi) from the recorded actions: 0 on-policy, it grows with the policy lag).
-        """
-        storage, model = rollout.storage, self.model
-        t = storage.step
-        rows = storage.rows()  # [T + 1, N]
-        steps, after = rows[:t], rows[t:]
-        model.train()  # as in the update's forward passes
-        output, state = model(steps["obs"], steps["episode_starts"], sequence_start_state(rows))
-        following, _ = model(after["obs"], after["episode_starts"], state)
-        target_logprobs = output.dist.log_prob(storage["actions"][:t])
-        rho_bar = float(settings.vtrace_rho_bar)  # type: ignore[arg-type]
-        storage.compute_vtrace_returns(
-            values=output.values,
-            next_value=following.values[0],
-            target_logprobs=target_logprobs,
-            gamma=settings.gamma,  # type: ignore[arg-type]
-            rho_bar=rho_bar,
-            c_bar=settings.vtrace_c_bar,  # type: ignore[arg-type]
-            vtrace_lambda=settings.vtrace_lambda,  # type: ignore[arg-type]
-        )
-        log_ratios = target_logprobs - storage["logprobs"][:t]
-        ratios = log_ratios.exp()
-        rho_mean, clipfrac, kl = torch.stack(
-            [
-                ratios.mean(),
-                (ratios > rho_bar).float().mean(),
-                (ratios - 1.0 - log_ratios).mean(),  # KL(mu || pi), PPO's approx_kl estimator
-            ]
-        ).tolist()  # one host read
-        return {
-            "losses/vtrace/rho_mean": rho_mean,
-            "losses/vtrace/rho_clipfrac": clipfrac,
-            "losses/vtrace/behaviour_kl": kl,
-        }
 
     def update_off_policy(
         self,

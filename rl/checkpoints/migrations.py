@@ -1,0 +1,87 @@
+"""Saved configs of earlier versions, brought to the current config layout before rebuilding.
+
+Each migration takes the saved config (data only, :func:`~rl.checkpoints.saved_config.config_data`)
+and its config group choices, and returns both in today's form; a config already in today's form
+passes unchanged. :func:`~rl.checkpoints.saved_config.rebuild_config` applies them all, so
+``resume=``, ``evaluate.py`` and :class:`~rl.evaluation.InferenceAgent` load older checkpoints.
+
+- **Advantage settings** (before the estimator became an object): ``advantage: gae|vtrace``
+  with ``use_gae``, ``gae_lambda``, ``vtrace_rho_bar``, ``vtrace_c_bar`` and ``vtrace_lambda``
+  beside it, in the pipeline and in any stage, become ``advantage: {_target_: ...}``
+  (``conf/pipeline/advantage/``), and the pipeline's choice ``pipeline/advantage``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["migrate"]
+
+# The settings the advantage estimator replaced, with the defaults they had then.
+_OLD_ADVANTAGE = {
+    "advantage": "gae",
+    "use_gae": True,
+    "gae_lambda": 0.95,
+    "vtrace_rho_bar": 1.0,
+    "vtrace_c_bar": 1.0,
+    "vtrace_lambda": 1.0,
+}
+
+
+def _is_old(node: Mapping[str, Any]) -> bool:
+    return any(k in node for k in _OLD_ADVANTAGE if k != "advantage") or isinstance(
+        node.get("advantage"), str
+    )
+
+
+def _estimator(old: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``(option of conf/pipeline/advantage, its node)`` for the old settings ``old``."""
+    if old["advantage"] == "vtrace":
+        return "vtrace", {
+            "_target_": "rl.storage.VTrace",
+            "rho_bar": old["vtrace_rho_bar"],
+            "c_bar": old["vtrace_c_bar"],
+            "vtrace_lambda": old["vtrace_lambda"],
+        }
+    if old["use_gae"] is False:
+        return "returns", {"_target_": "rl.storage.DiscountedReturns"}
+    return "gae", {"_target_": "rl.storage.GAE", "gae_lambda": old["gae_lambda"]}
+
+
+def _advantage_settings(
+    saved: dict[str, Any], choices: dict[str, str] | None
+) -> tuple[dict[str, Any], dict[str, str] | None]:
+    pipe = saved.get("pipeline")
+    if not isinstance(pipe, dict):
+        return saved, choices
+    stages = pipe.get("stages") if isinstance(pipe.get("stages"), list) else []
+    nodes = [pipe, *(s for s in stages if isinstance(s, dict))]
+    if not any(_is_old(node) for node in nodes):
+        return saved, choices
+    saved = copy.deepcopy(saved)
+    pipe = saved["pipeline"]
+    defaults = {k: pipe.pop(k, v) for k, v in _OLD_ADVANTAGE.items()}
+    option, pipe["advantage"] = _estimator(defaults)
+    for stage in pipe.get("stages") or []:
+        if not isinstance(stage, dict):
+            continue
+        own = {k: stage.pop(k) for k in _OLD_ADVANTAGE if stage.get(k) is not None}
+        for k in _OLD_ADVANTAGE:
+            stage.pop(k, None)
+        if own:
+            stage["advantage"] = _estimator({**defaults, **own})[1]
+    if choices is not None and "pipeline" in choices:
+        choices = {**choices, "pipeline/advantage": option}
+    return saved, choices
+
+
+def migrate(
+    saved: Mapping[str, Any], choices: Mapping[str, str] | None
+) -> tuple[dict[str, Any], dict[str, str] | None]:
+    """A saved config and its group choices in today's layout (see the module's docstring)."""
+    out, out_choices = dict(saved), None if choices is None else dict(choices)
+    for step in (_advantage_settings,):
+        out, out_choices = step(out, out_choices)
+    return out, out_choices
