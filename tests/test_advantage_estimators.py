@@ -221,3 +221,13 @@ def test_an_old_vtrace_run_rebuilds_on_todays_tree(compose_cfg, resolve_cfg) -> 
         "_target_": "rl.storage.VTrace", "rho_bar": 2.0, "c_bar": 1.0, "vtrace_lambda": 1.0
     }  # fmt: skip
     assert rebuilt.choices["pipeline/advantage"] == "vtrace"
+
+
+def test_a_saved_pipeline_without_a_setting_gets_the_default_it_ran_with() -> None:
+    pipe = {"_target_": "rl.pipeline.TrainingPipeline", "num_steps": 16, "stages": []}
+    new, _ = migrate({"pipeline": pipe}, None)
+    assert new["pipeline"]["num_steps"] == 16  # its own
+    assert new["pipeline"]["recurrence"] == 0 and new["pipeline"]["save_interval"] == 0
+    assert new["pipeline"]["advantage"] == {"_target_": "rl.storage.GAE", "gae_lambda": 0.95}
+    other = {"_target_": "my_pkg.Pipeline", "stages": []}  # not ours: left as it is
+    assert migrate({"pipeline": other}, None)[0] == {"pipeline": other}

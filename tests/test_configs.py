@@ -318,3 +318,28 @@ def test_torch_threads_auto_is_one_per_process_on_the_cpu(compose_cfg, resolve_c
     assert torch_thread_count("auto", "cuda:0") == min(4, available_cores())
     assert torch_thread_count(3, "cpu") == 3 and torch_thread_count(None, "cpu") is None
     verify_train_cfg(resolve_cfg(compose_cfg(["+experiment=ppo_nav", "torch_threads=auto"])))
+
+
+def test_a_run_checks_its_config_once(compose_cfg, monkeypatch) -> None:
+    """train() checks the composed config once; a fresh run does not check it again."""
+    import rl.engine.run as engine_run
+
+    checked: list[int] = []
+    original = engine_run.verify_train_cfg
+
+    def counting(cfg: Any) -> None:
+        checked.append(id(cfg))
+        original(cfg)
+
+    monkeypatch.setattr(engine_run, "verify_train_cfg", counting)
+    engine_run.train(
+        compose_cfg(
+            [
+                "+experiment=ppo_cartpole",
+                "+debug=smoke",
+                "eval.num_episodes=0",
+                "logger.sinks.console.progress_bar=false",
+            ]
+        )  # fmt: skip
+    )
+    assert len(checked) == 1, checked

@@ -5,6 +5,9 @@ and its config group choices, and returns both in today's form; a config already
 passes unchanged. :func:`~rl.checkpoints.saved_config.rebuild_config` applies them all, so
 ``resume=``, ``evaluate.py`` and :class:`~rl.evaluation.InferenceAgent` load older checkpoints.
 
+- **Training settings' defaults** (before they lived in the YAML alone): a saved pipeline
+  without a setting ran with the constructor's default of then; it is written in
+  (:data:`_FORMER_DEFAULTS`), as today's pipeline takes every setting.
 - **Advantage settings** (before the estimator became an object): ``advantage: gae|vtrace``
   with ``use_gae``, ``gae_lambda``, ``vtrace_rho_bar``, ``vtrace_c_bar`` and ``vtrace_lambda``
   beside it, in the pipeline and in any stage, become ``advantage: {_target_: ...}``
@@ -18,6 +21,21 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["migrate"]
+
+# TrainingPipeline's defaults before the settings' values lived in conf/pipeline/ alone.
+_FORMER_DEFAULTS = {
+    "num_steps": 128,
+    "num_mini_batch": 4,
+    "update_repeats": 4,
+    "recurrence": 0,
+    "max_grad_norm": 0.5,
+    "gamma": 0.99,
+    "advantage": "gae",  # (the old form: _advantage_settings makes it an object)
+    "advance_scene_rollout_period": None,
+    "save_interval": 0,
+    "metric_accumulate_interval": 10_000,
+}
+_PIPELINE_TARGET = "rl.pipeline.TrainingPipeline"
 
 # The settings the advantage estimator replaced, with the defaults they had then.
 _OLD_ADVANTAGE = {
@@ -77,11 +95,23 @@ def _advantage_settings(
     return saved, choices
 
 
+def _settings_defaults(
+    saved: dict[str, Any], choices: dict[str, str] | None
+) -> tuple[dict[str, Any], dict[str, str] | None]:
+    pipe = saved.get("pipeline")
+    if not isinstance(pipe, dict) or pipe.get("_target_") != _PIPELINE_TARGET:
+        return saved, choices
+    missing = {k: v for k, v in _FORMER_DEFAULTS.items() if k not in pipe}
+    if not missing:
+        return saved, choices
+    return {**saved, "pipeline": {**pipe, **missing}}, choices
+
+
 def migrate(
     saved: Mapping[str, Any], choices: Mapping[str, str] | None
 ) -> tuple[dict[str, Any], dict[str, str] | None]:
     """A saved config and its group choices in today's layout (see the module's docstring)."""
     out, out_choices = dict(saved), None if choices is None else dict(choices)
-    for step in (_advantage_settings,):
+    for step in (_settings_defaults, _advantage_settings):
         out, out_choices = step(out, out_choices)
     return out, out_choices

@@ -74,13 +74,13 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
     verify_train_cfg(plain)
     dist = DistributedSettings.from_config(plain["distributed"])
     if not dist.enabled:
-        return _train(plan_start(cfg, plain))
+        start = plan_start(cfg, plain)
+        return _train(start, checked=start.config is plain)
 
     planned: list[StartPlan] = []  # rank 0 holds its plan (the run folder's lock) to the end
 
     def make_plan() -> dict[str, Any]:
-        planned.append(plan_start(cfg, plain))
-        verify_train_cfg(planned[0].config)
+        planned.append(_verified_plan(cfg, plain))
         return _plan_payload(planned[0])
 
     if dist.workers is None or launched_by_torchrun():
@@ -90,9 +90,8 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
             for start in planned:
                 start.close()
     else:
-        start = plan_start(cfg, plain)
+        start = _verified_plan(cfg, plain)
         try:  # this process waits for the workers with the run's log file attached
-            verify_train_cfg(start.config)
             outcome = spawn_workers(
                 dist.workers, dist, start.config["device"], _plan_payload(start), _train_worker
             )
@@ -102,6 +101,22 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
         checkpoint = outcome["checkpoint"]
         raise TrainingStopped(outcome["stopped"], None if checkpoint is None else Path(checkpoint))
     return outcome["metrics"]  # type: ignore[no-any-return]
+
+
+def _verified_plan(cfg: DictConfig | dict[str, Any], plain: dict[str, Any]) -> StartPlan:
+    """How the run starts; a resumed run's config (rebuilt from its checkpoint) checked too.
+
+    The config is checked once per process: ``plain`` by :func:`train`, a rebuilt one here or
+    in :func:`_train_body`; distributed workers train on the config their launcher checked.
+    """
+    start = plan_start(cfg, plain)
+    if start.config is not plain:
+        try:
+            verify_train_cfg(start.config)
+        except BaseException:
+            start.close()
+            raise
+    return start
 
 
 def _plan_payload(start: StartPlan) -> dict[str, Any]:
@@ -133,14 +148,19 @@ def _train_worker(payload: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
         }
 
 
-def _train(start: StartPlan, ctx: DistContext | None = None) -> dict[str, float]:
+def _train(
+    start: StartPlan, ctx: DistContext | None = None, *, checked: bool = True
+) -> dict[str, float]:
     """Train from a start plan; ``ctx``: this distributed worker (None: one process).
+
+    ``checked``: the plan's config was checked (:func:`verify_train_cfg`) in this process or by
+    the launcher (False: a resumed run's rebuilt config, checked here).
 
     A fatal error is logged to ``train.log`` here, while a resumed run's own log file is still
     attached (:func:`rl.utils.logs.log_fatal`).
     """
     try:
-        return _train_body(start, ctx)
+        return _train_body(start, ctx, checked)
     except (TrainingStopped, KeyboardInterrupt):
         raise
     except Exception as e:
@@ -150,7 +170,7 @@ def _train(start: StartPlan, ctx: DistContext | None = None) -> dict[str, float]
         start.close()
 
 
-def _train_body(start: StartPlan, ctx: DistContext | None) -> dict[str, float]:
+def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dict[str, float]:
     """:func:`_train`'s work: build the parts from the plan's config, train, close them all."""
     with contextlib.ExitStack() as stack:
         # Signals stop the run cleanly from here on (a checkpoint at the first rollout
@@ -158,7 +178,8 @@ def _train_body(start: StartPlan, ctx: DistContext | None) -> dict[str, float]:
         stop = StopAgreement(ctx)
         stack.enter_context(stop_on_signals(stop))
         cfg = start.config
-        verify_train_cfg(cfg)
+        if not checked:
+            verify_train_cfg(cfg)
         run = RunSettings.from_config(cfg)
         stack.enter_context(deterministic_mode(run.deterministic))  # before any CUDA work
         main = ctx is None or ctx.is_main
