@@ -332,7 +332,8 @@ def test_a_killed_worker_ends_the_job_with_an_error(
             ["+experiment=ppo_nav", "+debug=smoke", "model=mlp", "distributed=ddp", "eval=null"]
         )
     )
-    plain["total_env_steps"] = plain["pipeline"]["stages"][0]["max_stage_steps"] = 100_000
+    plain["total_env_steps"] = plain["pipeline"]["total_env_steps"] = 100_000
+    plain["pipeline"]["stages"][0]["max_stage_steps"] = 100_000
     # Rank 1's first environment (global env 4 of 8) SIGKILLs its process at its 40th step.
     doomed = worker_seeds(8, plain["seed"])[4]
     plain["task"] = {

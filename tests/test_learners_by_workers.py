@@ -269,7 +269,8 @@ def test_a_killed_worker_of_rank_1_names_the_rank_and_leaves_no_process(
              "collector=process", "collector.num_workers=2", "collector.mode=sync"]
         )
     )  # fmt: skip
-    plain["total_env_steps"] = plain["pipeline"]["stages"][0]["max_stage_steps"] = 100_000
+    plain["total_env_steps"] = plain["pipeline"]["total_env_steps"] = 100_000
+    plain["pipeline"]["stages"][0]["max_stage_steps"] = 100_000
     # Rank 1's environments are global 4..7; its worker 1 has 6 and 7: 7 kills its process.
     doomed = worker_seeds(8, plain["seed"])[7]
     plain["task"] = {"_target_": "rl.tasks.debug.FaultyEnv", "fail_seed": doomed,
