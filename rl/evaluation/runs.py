@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import dataclasses
-import glob
 import io
 import json
 import logging
@@ -30,26 +28,25 @@ import torch
 import yaml
 from tqdm.auto import tqdm
 
+from rl.checkpoints.config_tree import ordered_choices, saved_choices
 from rl.checkpoints.files import (
-    CHECKPOINT_DIR,
-    LATEST,
     CheckpointError,
-    latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
-    parse_checkpoint_name,
 )
 from rl.checkpoints.lock import RunLock
-from rl.checkpoints.saved_config import (
-    config_data,
-    ordered_choices,
-    rebuild_config,
-    saved_choices,
-)
+from rl.checkpoints.saved_config import config_data, rebuild_config
 from rl.collection.episodes import EvalResult, episode_seed_list, evaluate_expert, evaluate_policy
 from rl.collection.normalization import Normalizer
 from rl.evaluation.plots import plot_checkpoint_metrics, training_curve
 from rl.evaluation.report import eval_json_path, format_table, write_eval_json
+from rl.evaluation.selection import (
+    CheckpointRef,
+    checkpoint_ref,
+    find_checkpoints,
+    is_glob,
+    thin_by_steps,
+)
 from rl.evaluation.settings import EvaluateSettings
 from rl.models.factory import build_policy
 from rl.models.policy import Policy
@@ -62,133 +59,8 @@ log = logging.getLogger(__name__)
 
 SUMMARY_NAME = "eval_summary"
 EXPERT_NAME = "expert.eval.json"
-CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt")
 # Columns of the printed summary, in this order, when present.
 TABLE_METRICS = ("success", "spl", "return", "length", "final_distance")
-_GLOB_CHARS = frozenset("*?[")
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointRef:
-    """A checkpoint file and its position in training.
-
-    Attributes:
-        path: The file.
-        stage: Pipeline stage index it was saved in.
-        step: Global env steps when it was saved.
-    """
-
-    path: Path
-    stage: int
-    step: int
-
-    @property
-    def run_dir(self) -> Path:
-        """The run folder: the parent of ``checkpoints/``, else the file's folder."""
-        parent = self.path.parent
-        return parent.parent if parent.name == CHECKPOINT_DIR else parent
-
-
-# ------------------------------------------------------------------ selection
-def checkpoint_ref(path: str | Path) -> CheckpointRef:
-    """Stage and env step of a checkpoint: from its name, else from its contents.
-
-    Args:
-        path: The checkpoint file.
-
-    Raises:
-        CheckpointError: If the file cannot be read (the message names it).
-    """
-    path = Path(path)
-    parsed = parse_checkpoint_name(path)
-    if parsed is not None:
-        return CheckpointRef(path, parsed[0], parsed[1])
-    pipe = load_checkpoint(path).get("pipeline") or {}
-    if not isinstance(pipe, dict):
-        raise CheckpointError(f"{path}: its pipeline position is not a mapping")
-    return CheckpointRef(
-        path, int(pipe.get("current_stage_index", 0)), int(pipe.get("total_steps", 0))
-    )
-
-
-def find_checkpoints(
-    *, ckpt: str | None = None, run_dir: str | None = None
-) -> list[CheckpointRef]:
-    """The checkpoints named by ``ckpt`` (a file or a glob) or ``run_dir`` (all of a run).
-
-    Args:
-        ckpt: A checkpoint file, a run's ``checkpoints/latest`` pointer (its newest
-            checkpoint), or a glob of files (``**`` allowed), e.g.
-            ``outputs/x/*/checkpoints/ckpt_*.pt``.
-        run_dir: A run folder: every checkpoint in its ``checkpoints/``.
-
-    Returns:
-        The checkpoints grouped by run folder, each run in step order (stage breaks ties).
-
-    Raises:
-        ConfigError: If neither or both are given.
-        CheckpointError: If nothing matches, or a file needed for ordering is unreadable.
-    """
-    if bool(ckpt) == bool(run_dir):
-        raise ConfigError(
-            "evaluate: set exactly one of ckpt=FILE_OR_GLOB (checkpoint files) or "
-            f"run_dir=RUN_FOLDER (every checkpoint of a run); got ckpt={ckpt!r}, "
-            f"run_dir={run_dir!r}"
-        )
-    if run_dir:
-        paths = list_checkpoints(run_dir)
-        if not paths:
-            raise CheckpointError(f"no checkpoint in {Path(run_dir) / CHECKPOINT_DIR}")
-    elif _GLOB_CHARS & set(str(ckpt)):
-        paths = [
-            Path(p)
-            for p in glob.glob(str(ckpt), recursive=True)
-            if Path(p).is_file() and Path(p).suffix in CHECKPOINT_SUFFIXES
-        ]
-        if not paths:
-            raise CheckpointError(
-                f"no checkpoint file ({'/'.join(CHECKPOINT_SUFFIXES)}) matches ckpt={ckpt!r}"
-            )
-    else:
-        path = Path(str(ckpt))
-        if path.name == LATEST and path.is_file():  # the run's pointer to its newest checkpoint
-            path = latest_checkpoint(path.parent.parent)
-        if path.is_dir():
-            raise ConfigError(
-                f"ckpt={ckpt!r} is a folder; for every checkpoint of a run use run_dir="
-            )
-        if not path.is_file():
-            raise CheckpointError(f"checkpoint {path} does not exist")
-        paths = [path]
-    refs = [checkpoint_ref(p) for p in paths]
-    return sorted(refs, key=lambda r: (str(r.run_dir), r.step, r.stage, r.path.name))
-
-
-def thin_by_steps(refs: Sequence[CheckpointRef], every_steps: int) -> list[CheckpointRef]:
-    """Keep checkpoints at least ``every_steps`` env steps apart, always keeping the last.
-
-    Works per run folder on step-ordered ``refs`` (as :func:`find_checkpoints` returns them):
-    the first checkpoint is kept, then each one at least ``every_steps`` after the last kept,
-    and the run's last checkpoint is always kept.
-
-    Args:
-        refs: Checkpoints in run, then step order.
-        every_steps: Minimum env-step distance (0 keeps everything).
-
-    Returns:
-        The kept checkpoints, in the same order.
-    """
-    if every_steps < 0:
-        raise ConfigError(f"every_steps: must be >= 0, got {every_steps}")
-    if every_steps == 0:
-        return list(refs)
-    kept: list[CheckpointRef] = []
-    for i, ref in enumerate(refs):
-        last_of_run = i + 1 == len(refs) or refs[i + 1].run_dir != ref.run_dir
-        first_of_run = not kept or kept[-1].run_dir != ref.run_dir
-        if first_of_run or last_of_run or ref.step - kept[-1].step >= every_steps:
-            kept.append(ref)
-    return kept
 
 
 # ----------------------------------------------------------------- evaluation
@@ -375,7 +247,7 @@ def _evaluate_selected(
     bar.close()
 
     mode = "argmax" if cfg.deterministic else "sampled"
-    single_file = len(refs) == 1 and not cfg.run_dir and not _is_glob(cfg.ckpt)
+    single_file = len(refs) == 1 and not cfg.run_dir and not is_glob(cfg.ckpt)
     for run_dir, rows in rows_by_run.items():
         expert = load_expert_reference(run_dir, settings)
         title = f"{run_dir} ({cfg.num_episodes} episodes, {mode} actions)"
@@ -397,10 +269,6 @@ def _evaluate_selected(
             if png is not None:
                 print(f"wrote {png}")
     return logged
-
-
-def _is_glob(value: Any) -> bool:
-    return bool(value) and bool(_GLOB_CHARS & set(str(value)))
 
 
 # --------------------------------------------------------------------- expert

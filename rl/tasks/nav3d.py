@@ -25,6 +25,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from rl.tasks.nav3d_checks import check_args, observation_space
 from rl.tasks.nav3d_grid import NavGrid, expert_action
 from rl.tasks.nav3d_layout import Floorplan, FloorplanSpec, draw_floorplan
 from rl.tasks.nav3d_map import top_down_map
@@ -64,12 +65,6 @@ def _scene_world_class() -> type:
     except Exception as e:  # ImportError (no libEGL), pyglet's NoSuchConfigException, ...
         raise RenderingUnavailableError(f"{_INSTALL_HINT}\nCause: {type(e).__name__}: {e}") from e
     return SceneWorld
-
-
-def _check_positive(**values: float) -> None:
-    for name, value in values.items():
-        if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a positive number, got {value!r}")
 
 
 class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
@@ -164,30 +159,22 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
             extra_door_prob=float(extra_door_prob),
         )
         self.floorplan_spec.check()
-        _check_positive(
+        check_args(
+            door_width=door_width,
+            max_steps=max_steps,
             forward_step=forward_step,
             turn_degrees=turn_degrees,
             agent_radius=agent_radius,
             success_distance=success_distance,
+            width=width,
+            height=height,
             max_depth=max_depth,
             grid_resolution=grid_resolution,
+            episodes_per_floorplan=episodes_per_floorplan,
+            split=split,
+            render_mode=render_mode,
+            render_modes=self.metadata["render_modes"],
         )
-        if 2 * agent_radius >= door_width:
-            raise ValueError(
-                f"agent_radius={agent_radius} does not fit through door_width={door_width}"
-            )
-        if isinstance(max_steps, bool) or int(max_steps) < 1:
-            raise ValueError(f"max_steps must be an int >= 1, got {max_steps!r}")
-        if isinstance(episodes_per_floorplan, bool) or int(episodes_per_floorplan) < 1:
-            raise ValueError(
-                f"episodes_per_floorplan must be an int >= 1, got {episodes_per_floorplan!r}"
-            )
-        if int(width) < 8 or int(height) < 8:
-            raise ValueError(f"width and height must be >= 8 pixels, got {width}x{height}")
-        if split is not None and split not in SPLITS:
-            raise ValueError(f"split must be one of {', '.join(SPLITS)} or None, got {split!r}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
         self.max_steps = int(max_steps)
         self.forward_step = float(forward_step)
         self.turn = math.radians(float(turn_degrees))
@@ -205,18 +192,8 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
         self.split = split
         self.render_mode = render_mode
 
-        obs_spaces: dict[str, spaces.Space] = {
-            "rgb": spaces.Box(0, 255, (int(height), int(width), 3), np.uint8),
-            "goal": spaces.Box(
-                np.array([0.0, -1.0, -1.0], np.float32),
-                np.array([np.inf, 1.0, 1.0], np.float32),
-                dtype=np.float32,
-            ),
-        }
-        if self.use_depth:
-            high = 1.0 if self.normalize_depth else self.max_depth
-            obs_spaces["depth"] = spaces.Box(0.0, high, (int(height), int(width), 1), np.float32)
-        self.observation_space = spaces.Dict(obs_spaces)
+        depth_high = (1.0 if self.normalize_depth else self.max_depth) if self.use_depth else None
+        self.observation_space = observation_space(int(height), int(width), depth_high)
         self.action_space = spaces.Discrete(len(Actions))
 
         world_class = _scene_world_class()
@@ -227,13 +204,16 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
             turn_degrees=float(turn_degrees),
             radius=self.agent_radius,
         )
-        # Per-episode state (filled by reset).
+        self._init_episode_state(int(height), int(width))
+
+    def _init_episode_state(self, height: int, width: int) -> None:
+        """Per-episode state (filled by reset) and the floorplan reuse counters."""
         self.plan: Floorplan | None = None
         self.grid: NavGrid | None = None
         self.field = np.zeros((1, 1))
         self.goal = np.zeros(2)
         self.path: list[np.ndarray] = []
-        self._rgb = np.zeros((int(height), int(width), 3), np.uint8)
+        self._rgb = np.zeros((height, width, 3), np.uint8)
         self._distance = 0.0
         self._start_distance = 0.0
         self._path_length = 0.0
