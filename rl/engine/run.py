@@ -207,13 +207,10 @@ def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dic
             model, cfg, run, ctx, loss_modules(pipeline.used_losses)
         )
         spec = CollectionSpec(
-            task=cfg["task"],
-            sampler=cfg["sampler"],
-            model=cfg["model"],
+            **{k: cfg[k] for k in ("task", "sampler", "model", "normalize")},
             seed=run.seed,
             env_offset=env_offset,
             total_envs=total_envs,
-            normalize=cfg["normalize"],
         )
         collector: Collector = hydra.utils.instantiate(cfg["collector"])(
             spec=spec, model=model, device=device, dist=ctx
@@ -239,21 +236,7 @@ def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dic
             dist=ctx,
             stop=stop,
         )
-        if start.resume_state is not None:
-            try:
-                trainer.load_state_dict(start.resume_state)
-            except (
-                KeyError,
-                IndexError,
-                TypeError,
-                AttributeError,
-                RuntimeError,
-                ValueError,
-            ) as e:
-                raise CheckpointError(  # a crafted or damaged file: named, not a raw traceback
-                    f"resume from {start.checkpoint}: it does not fit this run: "
-                    f"{type(e).__name__}: {next(iter(str(e).splitlines()), '')}"
-                ) from e
+        _resume(trainer, start)
         metrics = trainer.train()
         if trainer.stop_reason is not None:
             raise TrainingStopped(trainer.stop_reason, trainer.last_checkpoint)
@@ -261,6 +244,24 @@ def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dic
         log.info("final checkpoint: %s", trainer.last_checkpoint)
         logger.log_checkpoint(pipeline.total_steps, trainer.last_checkpoint)  # e.g. an artifact
         return metrics
+
+
+def _resume(trainer: OnPolicyTrainer, start: StartPlan) -> None:
+    """Load a resumed run's training state into ``trainer`` (nothing for a new run).
+
+    Raises:
+        CheckpointError: The state does not fit this run (a crafted or damaged file: named,
+            not a raw traceback).
+    """
+    if start.resume_state is None:
+        return
+    try:
+        trainer.load_state_dict(start.resume_state)
+    except (KeyError, IndexError, TypeError, AttributeError, RuntimeError, ValueError) as e:
+        raise CheckpointError(
+            f"resume from {start.checkpoint}: it does not fit this run: "
+            f"{type(e).__name__}: {next(iter(str(e).splitlines()), '')}"
+        ) from e
 
 
 def _distribute(

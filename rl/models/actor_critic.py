@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import gymnasium as gym
 import numpy as np
@@ -144,6 +144,21 @@ class _ImageEncoder(nn.Module):
         return self.convs(x).flatten(1)
 
 
+def _recurrent_core(
+    rnn: str | None, in_size: int, hidden_size: int, layers: int
+) -> nn.GRU | nn.LSTM | None:
+    """The GRU or LSTM (orthogonal weights, zero biases), or None for a memoryless policy."""
+    if rnn is None:
+        return None
+    core = (nn.GRU if rnn == "gru" else nn.LSTM)(in_size, hidden_size, layers)
+    for name, p in core.named_parameters():
+        if "weight" in name:
+            nn.init.orthogonal_(p)
+        else:
+            nn.init.zeros_(p)
+    return core
+
+
 class ActorCritic(PolicyBase):
     """Actor-critic over a flat dict observation space and any supported action space.
 
@@ -202,21 +217,48 @@ class ActorCritic(PolicyBase):
         self.keys = sorted(k for k in observation_space.spaces if k not in ignore_keys)
         if not self.keys:
             raise ValueError("model.ignore_keys: the policy must see at least one entry")
+        feat = self._build_encoders(
+            observation_space,
+            dict(
+                channels=cnn_channels,
+                kernels=cnn_kernels,
+                strides=cnn_strides,
+                encoding=image_encoding,
+                embed_dim=embed_dim,
+                activation=activation,
+            ),
+        )
+        self.trunk, feat = _mlp(feat, trunk_layers, activation)
+        self.rnn_kind = rnn
+        self.rnn = _recurrent_core(rnn, feat, rnn_hidden_size, rnn_layers)
+        feat = feat if self.rnn is None else rnn_hidden_size
+        self._state_shape = (rnn_layers, rnn_hidden_size)
+        self.actor, a_feat = _mlp(feat, head_layers, activation)
+        self.critic, c_feat = _mlp(feat, head_layers, activation)
+        self.actor_out = ActionHead(action_space, a_feat, log_std_init)
+        self.critic_out = _init(nn.Linear(c_feat, 1), gain=1.0)
+
+    def _build_encoders(self, observation_space: gym.spaces.Dict, cnn: dict[str, Any]) -> int:
+        """One encoder (or encoding) per observation entry of :attr:`keys`; their feature size.
+
+        Images (3-D boxes, with ``cnn`` channels) go through a CNN; other boxes and binaries
+        are flattened; discrete entries one-hot encoded (a multi-discrete one per component).
+        """
         self.encoders = nn.ModuleDict()
         self._kinds: dict[str, str] = {}
         self._onehot_n: dict[str, int] = {}
         feat = 0
         for key in self.keys:
             space = observation_space[key]
-            if isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and cnn_channels:
+            if isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and cnn["channels"]:
                 enc = _ImageEncoder(
                     space,
-                    cnn_channels,
-                    cnn_kernels,
-                    cnn_strides,
-                    image_encoding,
-                    embed_dim,
-                    activation,
+                    cnn["channels"],
+                    cnn["kernels"],
+                    cnn["strides"],
+                    cnn["encoding"],
+                    cnn["embed_dim"],
+                    cnn["activation"],
                 )
                 self.encoders[key] = enc
                 self._kinds[key] = "image"
@@ -240,23 +282,7 @@ class ActorCritic(PolicyBase):
                 feat += int(nvec.sum())
             else:
                 raise ValueError(f"observation entry {key!r}: unsupported space {space}")
-        self.trunk, feat = _mlp(feat, trunk_layers, activation)
-        self.rnn_kind = rnn
-        self.rnn: nn.GRU | nn.LSTM | None = None
-        if rnn is not None:
-            cls = nn.GRU if rnn == "gru" else nn.LSTM
-            self.rnn = cls(feat, rnn_hidden_size, rnn_layers)
-            for name, p in self.rnn.named_parameters():
-                if "weight" in name:
-                    nn.init.orthogonal_(p)
-                else:
-                    nn.init.zeros_(p)
-            feat = rnn_hidden_size
-        self._state_shape = (rnn_layers, rnn_hidden_size)
-        self.actor, a_feat = _mlp(feat, head_layers, activation)
-        self.critic, c_feat = _mlp(feat, head_layers, activation)
-        self.actor_out = ActionHead(action_space, a_feat, log_std_init)
-        self.critic_out = _init(nn.Linear(c_feat, 1), gain=1.0)
+        return feat
 
     # ------------------------------------------------------------------ state
     def initial_state(self, num_envs: int, device: torch.device | str = "cpu") -> TensorDict:

@@ -25,9 +25,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from rl.tasks.nav3d_checks import check_args, observation_space
+from rl.tasks.nav3d_checks import check_args, floorplan_spec, observation_space
 from rl.tasks.nav3d_grid import NavGrid, expert_action
-from rl.tasks.nav3d_layout import Floorplan, FloorplanSpec, draw_floorplan
+from rl.tasks.nav3d_layout import Floorplan, draw_floorplan
 from rl.tasks.nav3d_map import top_down_map
 from rl.tasks.splits import SPLITS, draw_in_split
 from rl.utils.config import Check
@@ -85,6 +85,39 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
 
     ``render()`` (``render_mode="rgb_array"``) returns the camera image, enlarged, next to a
     top-down map of the floorplan with the agent's path, its pose and the goal.
+
+    Args:
+        rooms: ``(rows, cols)`` of rooms.
+        room_size: ``(min, max)`` room width and depth, metres (0.5 m increments).
+        door_width: Doorway width, metres.
+        extra_door_prob: Probability of a doorway on a wall outside the spanning tree that
+            keeps every room reachable (0: a tree, one route between any two rooms).
+        max_steps: Steps after which the episode is truncated.
+        forward_step: Forward step length, metres.
+        turn_degrees: Turn angle, degrees.
+        agent_radius: The agent's collision radius, metres.
+        success_distance: ``STOP`` within this distance of the goal succeeds, metres.
+        min_start_distance: Least geodesic distance from start to goal, metres.
+        step_penalty: Subtracted from the reward on every step.
+        success_bonus: Added to the reward on success.
+        distance_reward_scale: Multiplies the per-step decrease of geodesic distance.
+        width: Camera image width, pixels.
+        height: Camera image height, pixels.
+        depth: Also observe depth (``"depth"``).
+        max_depth: Depth is clipped to this, metres.
+        normalize_depth: Depth divided by ``max_depth``, in ``[0, 1]`` (a policy's input at
+            the scale of its scaled pixels) instead of metres.
+        grid_resolution: Navigation grid cell side, metres.
+        episodes_per_floorplan: Unseeded resets keep the floorplan (its scene and navigation
+            grid, built once) for this many episodes, each with a new goal and start; a
+            seeded reset always draws a new one. 1: a new floorplan every episode.
+        split: ``train``, ``valid`` or ``test``: only floorplans of that split (80/10/10%,
+            disjoint); None: every floorplan.
+        render_mode: None or ``"rgb_array"``.
+
+    Raises:
+        ValueError: On an out-of-range argument (naming it).
+        RenderingUnavailableError: If OpenGL through EGL cannot start (says what to install).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 8}
@@ -115,50 +148,8 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
         split: Annotated[str | None, Check(choices=SPLITS)] = None,
         render_mode: str | None = None,
     ) -> None:
-        """Build the environment (and its GL context).
-
-        Args:
-            rooms: ``(rows, cols)`` of rooms.
-            room_size: ``(min, max)`` room width and depth, metres (0.5 m increments).
-            door_width: Doorway width, metres.
-            extra_door_prob: Probability of a doorway on a wall outside the spanning tree that
-                keeps every room reachable (0: a tree, one route between any two rooms).
-            max_steps: Steps after which the episode is truncated.
-            forward_step: Forward step length, metres.
-            turn_degrees: Turn angle, degrees.
-            agent_radius: The agent's collision radius, metres.
-            success_distance: ``STOP`` within this distance of the goal succeeds, metres.
-            min_start_distance: Least geodesic distance from start to goal, metres.
-            step_penalty: Subtracted from the reward on every step.
-            success_bonus: Added to the reward on success.
-            distance_reward_scale: Multiplies the per-step decrease of geodesic distance.
-            width: Camera image width, pixels.
-            height: Camera image height, pixels.
-            depth: Also observe depth (``"depth"``).
-            max_depth: Depth is clipped to this, metres.
-            normalize_depth: Depth divided by ``max_depth``, in ``[0, 1]`` (a policy's input at
-                the scale of its scaled pixels) instead of metres.
-            grid_resolution: Navigation grid cell side, metres.
-            episodes_per_floorplan: Unseeded resets keep the floorplan (its scene and navigation
-                grid, built once) for this many episodes, each with a new goal and start; a
-                seeded reset always draws a new one. 1: a new floorplan every episode.
-            split: ``train``, ``valid`` or ``test``: only floorplans of that split (80/10/10%,
-                disjoint); None: every floorplan.
-            render_mode: None or ``"rgb_array"``.
-
-        Raises:
-            ValueError: On an out-of-range argument (naming it).
-            RenderingUnavailableError: If OpenGL through EGL cannot start (says what to install).
-        """
-        rows, cols = (int(v) for v in rooms)
-        self.floorplan_spec = FloorplanSpec(
-            rows=rows,
-            cols=cols,
-            room_size=(float(room_size[0]), float(room_size[1])),
-            door_width=float(door_width),
-            extra_door_prob=float(extra_door_prob),
-        )
-        self.floorplan_spec.check()
+        """Build the environment (and its GL context); the arguments: see the class."""
+        self.floorplan_spec = floorplan_spec(rooms, room_size, door_width, extra_door_prob)
         check_args(
             door_width=door_width,
             max_steps=max_steps,

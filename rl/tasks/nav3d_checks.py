@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from gymnasium import spaces
 
+from rl.tasks.nav3d_layout import FloorplanSpec
 from rl.tasks.splits import SPLITS
 
 
@@ -63,3 +65,19 @@ def observation_space(height: int, width: int, depth_high: float | None) -> spac
     if depth_high is not None:
         obs_spaces["depth"] = spaces.Box(0.0, depth_high, (height, width, 1), np.float32)
     return spaces.Dict(obs_spaces)
+
+
+def floorplan_spec(
+    rooms: Sequence[int], room_size: Sequence[float], door_width: float, extra_door_prob: float
+) -> FloorplanSpec:
+    """The checked spec of ``rooms`` ``(rows, cols)`` and ``room_size`` ``(min, max)``."""
+    rows, cols = (int(v) for v in rooms)
+    spec = FloorplanSpec(
+        rows=rows,
+        cols=cols,
+        room_size=(float(room_size[0]), float(room_size[1])),
+        door_width=float(door_width),
+        extra_door_prob=float(extra_door_prob),
+    )
+    spec.check()
+    return spec
