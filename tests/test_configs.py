@@ -343,3 +343,13 @@ def test_a_run_checks_its_config_once(compose_cfg, monkeypatch) -> None:
         )  # fmt: skip
     )
     assert len(checked) == 1, checked
+
+
+@pytest.mark.parametrize("collector", ["ray", "process"])
+def test_every_collector_takes_the_documented_timeout(compose_cfg, resolve_cfg, collector) -> None:
+    """docs/concepts/collection-workers.md: ``collector.timeout`` (the hang watchdog)."""
+    plain = resolve_cfg(
+        compose_cfg(["+experiment=ppo_nav", f"collector={collector}", "collector.timeout=60"])
+    )
+    assert plain["collector"]["timeout"] == 60
+    verify_train_cfg(plain)

@@ -125,3 +125,22 @@ def test_the_layout_pages_loop_from_python_runs(tmp_path: Path, monkeypatch, cap
     printed = capsys.readouterr().out
     assert "losses/ppo/policy_loss" in printed, printed
     assert (tmp_path / "outputs" / "by_hand" / "checkpoints").is_dir()
+
+
+def test_a_local_config_as_the_configs_page_writes_it(compose_cfg, resolve_cfg, tmp_path) -> None:
+    """docs/concepts/configs.md's ``conf/local/default.yaml`` applies; without its header, the
+    config is refused naming ``local``."""
+    page = (ROOT / "docs" / "concepts" / "configs.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", page, re.DOTALL)
+    yaml_text = next(b for b in blocks if "@package _global_" in b)
+    assert yaml_text.startswith("# @package _global_\n")
+    (tmp_path / "conf" / "local").mkdir(parents=True)
+    local = tmp_path / "conf" / "local" / "default.yaml"
+    local.write_text(yaml_text.split("hydra:")[0])  # (the launcher part needs hydra/launcher)
+    search = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+    plain = resolve_cfg(compose_cfg(["+experiment=ppo_nav", search]))
+    assert plain["torch_threads"] == 4
+    verify_train_cfg(plain)
+    local.write_text("torch_threads: 4\n")  # the header left out
+    with pytest.raises(ConfigError, match="local"):
+        verify_train_cfg(resolve_cfg(compose_cfg(["+experiment=ppo_nav", search])))
