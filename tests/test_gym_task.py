@@ -107,22 +107,39 @@ class _Goal(gym.Env):
         return self.observation_space.sample() * 0, 0.0, done, False, info
 
 
-def test_success_is_taken_from_is_success_and_logged_by_the_sampler() -> None:
+def make_goal_env() -> gym.Env:
+    """A researcher's own task function (``task._target_``), not ``task=gym``."""
+    return _Goal()
+
+
+@pytest.mark.parametrize(
+    "task",
+    [
+        {"_target_": "rl.tasks.make_gym_env", "env_id": "rl_test/Goal-v0"},
+        {"_target_": "tests.test_gym_task.make_goal_env"},  # add-a-task.md's recipe
+    ],
+    ids=["task=gym", "own-target"],
+)
+def test_success_is_taken_from_is_success_for_every_task(task: dict) -> None:
     from rl.sampling import SerialSampler
 
-    gym.register(id="rl_test/Goal-v0", entry_point=_Goal)
-    env = make_gym_env(env_id="rl_test/Goal-v0")
-    env.reset(seed=0)
-    infos = [env.step(a)[-1] for a in (0, 0, 1)]
-    assert "episode_metrics" not in infos[0]
-    assert infos[-1]["episode_metrics"] == {"success": 1.0}
-    task = {"_target_": "rl.tasks.make_gym_env", "env_id": "rl_test/Goal-v0"}
+    if "rl_test/Goal-v0" not in gym.registry:
+        gym.register(id="rl_test/Goal-v0", entry_point=_Goal)
     with SerialSampler(task=task, num_envs=2, seed=0) as sampler:
         sampler.reset()
         finished = []
         for action in ([1, 0], [1, 0], [1, 0]):
             finished += sampler.step(np.array(action)).episodes
     assert sorted(e.metrics["success"] for e in finished) == [0.0, 1.0]
+
+
+def test_episode_metrics_of_a_task_come_before_is_success() -> None:
+    from rl.tasks.factory import episode_metrics
+
+    assert episode_metrics({}) == {}
+    assert episode_metrics({"is_success": True}) == {"success": 1.0}
+    own = {"episode_metrics": {"success": 0.0, "spl": 0.5}, "is_success": True}
+    assert episode_metrics(own) == {"success": 0.0, "spl": 0.5}
 
 
 def test_minigrid_task_declares_channel_maxima_and_logs_success() -> None:

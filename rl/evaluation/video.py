@@ -24,7 +24,7 @@ from rl.collection.normalization import Normalizer
 from rl.loggers.base import MetricsLogger
 from rl.models.policy import Policy
 from rl.sampling.convert import obs_to_torch
-from rl.tasks.factory import build_env
+from rl.tasks.factory import build_env, episode_metrics
 from rl.tasks.spaces import ObservationFlattener, to_env_actions
 from rl.training.callbacks import Callback, RolloutInfo
 from rl.training.trainer import OnPolicyTrainer
@@ -161,7 +161,7 @@ def record_episode(
             )
             starts = torch.zeros(1, dtype=torch.bool, device=device)
             if terminated or truncated:
-                metrics = {k: float(v) for k, v in info.get("episode_metrics", {}).items()}
+                metrics = episode_metrics(info)
                 break
     finally:
         model.train(was_training)

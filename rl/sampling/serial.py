@@ -16,7 +16,7 @@ import numpy as np
 
 from rl.sampling.base import MAX_NUM_ENVS, EpisodeRecord, Sampler, StepBatch
 from rl.sampling.watchdog import DEFAULT_TIMEOUT_S, Watchdog
-from rl.tasks.factory import build_env, env_name
+from rl.tasks.factory import build_env, env_name, episode_metrics
 from rl.tasks.spaces import (
     ObservationFlattener,
     action_array_spec,
@@ -332,7 +332,7 @@ class SerialSampler(Sampler):
             truncated[pos] = trunc and not term
             if term or trunc:
                 metrics = {"return": float(self._returns[i]), "length": float(self._lengths[i])}
-                metrics.update({k: float(v) for k, v in info.get("episode_metrics", {}).items()})
+                metrics.update(episode_metrics(info))
                 episodes.append(EpisodeRecord(self.env_offset + i, metrics, self._current_seed[i]))
                 if truncated[pos]:
                     final_rows.append(obs)

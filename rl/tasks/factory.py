@@ -51,6 +51,19 @@ def build_env(task: Mapping[str, Any], **kwargs: Any) -> gym.Env:
     return env
 
 
+def episode_metrics(info: Mapping[str, Any]) -> dict[str, float]:
+    """The per-episode metrics of an episode's last ``info``, for any task.
+
+    The framework's tasks report ``info["episode_metrics"]`` (a dict of floats); environments
+    of the ``is_success`` convention (gymnasium-robotics', stable-baselines3's) get it as
+    ``success`` where ``episode_metrics`` does not give one.
+    """
+    metrics = {k: float(v) for k, v in (info.get("episode_metrics") or {}).items()}
+    if "is_success" in info and "success" not in metrics:
+        metrics["success"] = float(info["is_success"])
+    return metrics
+
+
 def dict_space(space: gym.Space, task: str = "?") -> gym.spaces.Dict:
     """``space`` as the flat Dict space samplers and policies see (:mod:`rl.tasks.spaces`).
 

@@ -2,7 +2,8 @@
 
 ``conf/task/gym.yaml`` points here: ``task=gym task.env_id=CartPole-v1`` trains on CartPole.
 An environment that reports ``info["is_success"]`` (gymnasium-robotics' and stable-baselines3's
-convention) gets ``success`` logged like the framework's own tasks (:class:`SuccessFromInfo`).
+convention) gets ``success`` logged like the framework's own tasks, as every task does
+(:func:`rl.tasks.factory.episode_metrics`).
 """
 
 from __future__ import annotations
@@ -42,24 +43,6 @@ def wrapper_errors(task: Mapping[str, Any]) -> list[str]:
     return errors
 
 
-class SuccessFromInfo(gym.Wrapper):
-    """``info["is_success"]`` of an episode's last step as ``info["episode_metrics"]["success"]``.
-
-    The framework's tasks report per-episode metrics in ``episode_metrics`` on the last step;
-    generic environments follow the ``is_success`` convention instead. Steps without the key,
-    and environments that give ``episode_metrics`` of their own, are left as they are.
-    """
-
-    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
-        """One step; at an episode's end, ``is_success`` becomes an episode metric."""
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        if (terminated or truncated) and "is_success" in info:
-            metrics = dict(info.get("episode_metrics") or {})
-            metrics.setdefault("success", float(info["is_success"]))
-            info = {**info, "episode_metrics": metrics}
-        return obs, reward, terminated, truncated, info
-
-
 def make_gym_env(
     *,
     env_id: str,
@@ -79,7 +62,7 @@ def make_gym_env(
         render_mode: Passed to ``gymnasium.make`` (``rgb_array`` for videos).
 
     Returns:
-        The wrapped environment, with :class:`SuccessFromInfo` outermost.
+        The wrapped environment.
     """
     kwargs = dict(env_kwargs or {})
     if render_mode is not None:
@@ -90,4 +73,4 @@ def make_gym_env(
         raise ValueError(f"task.env_id={env_id!r}: {e}") from e
     for wrap in wrappers or ():
         env = (resolve_wrapper(wrap) if isinstance(wrap, str) else wrap)(env)
-    return SuccessFromInfo(env)
+    return env
