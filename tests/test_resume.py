@@ -398,3 +398,18 @@ def test_signals_and_kill9_during_writes_never_lose_the_run(tmp_path: Path) -> N
     assert not list((run_dir / "checkpoints").glob(".*.tmp"))  # stale ones were removed
     steps = [json.loads(line)["env_step"] for line in (run_dir / "metrics.jsonl").open()]
     assert steps[0] == 64 and steps[-1] == 3072
+
+
+def test_the_inference_agent_takes_a_runs_latest_pointer_and_folder(tmp_path: Path) -> None:
+    """``InferenceAgent.from_checkpoint`` takes what ``evaluate.py ckpt=`` takes: ``latest``."""
+    from rl.checkpoints.files import checkpoint_file
+
+    torch.manual_seed(0)
+    model = build_policy(MODEL_CFG, *task_spaces(SMALL))
+    first = save_checkpoint(tmp_path, {"model": model.state_dict(), "config": _cfg()}, 0, 64)
+    newest = save_checkpoint(tmp_path, {"model": model.state_dict(), "config": _cfg()}, 0, 128)
+    pointer = tmp_path / "checkpoints" / "latest"
+    assert first != newest and checkpoint_file(pointer) == newest == checkpoint_file(tmp_path)
+    assert checkpoint_file(first) == first
+    agent = InferenceAgent.from_checkpoint(pointer, deterministic=True)
+    assert agent.act(build_env(SMALL).reset(seed=0)[0]) in range(4)

@@ -284,6 +284,20 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
     return found[-1]
 
 
+def checkpoint_file(path: str | Path) -> Path:
+    """The checkpoint file ``path`` names.
+
+    A file is itself; a run's ``checkpoints/latest`` pointer (what ``evaluate.py ckpt=`` also
+    takes) names the run's newest checkpoint, and so does a run folder.
+    """
+    path = Path(path)
+    if path.name == LATEST and path.is_file():
+        return latest_checkpoint(path.parent.parent)
+    if path.is_dir() and (path / CHECKPOINT_DIR).is_dir():
+        return latest_checkpoint(path)
+    return path
+
+
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load a checkpoint safely, with a :class:`CheckpointError` naming the file if it cannot be.
 

@@ -25,7 +25,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rl.checkpoints.files import CheckpointError, load_checkpoint
+from rl.checkpoints.files import CheckpointError, checkpoint_file, load_checkpoint
 from rl.checkpoints.saved_config import ConfigTree, rebuild_config
 from rl.collection.normalization import Normalizer
 from rl.models.factory import build_policy
@@ -89,7 +89,8 @@ class InferenceAgent:
         allows it.
 
         Args:
-            path: A checkpoint file.
+            path: A checkpoint file, a run's ``checkpoints/latest`` pointer or a run folder
+                (both: the run's newest checkpoint).
             device: Where the model runs.
             deterministic: Argmax actions (True) or seeded sampled ones.
             seed: Seed of the action-sampling generator.
@@ -101,6 +102,7 @@ class InferenceAgent:
         Returns:
             The agent, reset for a first episode.
         """
+        path = checkpoint_file(path)
         state = load_checkpoint(path)
         config = rebuild_config(
             state["config"],

@@ -16,9 +16,8 @@ from typing import Any
 
 from rl.checkpoints.files import (
     CHECKPOINT_DIR,
-    LATEST,
     CheckpointError,
-    latest_checkpoint,
+    checkpoint_file,
     list_checkpoints,
     load_checkpoint,
     parse_checkpoint_name,
@@ -116,12 +115,11 @@ def find_checkpoints(
             )
     else:
         path = Path(str(ckpt))
-        if path.name == LATEST and path.is_file():  # the run's pointer to its newest checkpoint
-            path = latest_checkpoint(path.parent.parent)
         if path.is_dir():
             raise ConfigError(
                 f"ckpt={ckpt!r} is a folder; for every checkpoint of a run use run_dir="
             )
+        path = checkpoint_file(path)  # (the run's latest pointer: its newest checkpoint)
         if not path.is_file():
             raise CheckpointError(f"checkpoint {path} does not exist")
         paths = [path]
