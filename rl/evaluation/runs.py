@@ -222,7 +222,7 @@ def _evaluate_selected(
         unit="ckpt",
         file=sys.stderr,
         dynamic_ncols=True,
-        disable=not cfg.progress_bar,
+        disable=None if cfg.progress_bar is None else not cfg.progress_bar,
     )
     for ref in bar:
         bar.set_postfix_str(ref.path.name, refresh=True)

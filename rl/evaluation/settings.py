@@ -104,7 +104,7 @@ class EvaluateSettings:
         device: Where the models run.
         torch_threads: An integer, ``auto`` (:mod:`rl.utils.threads`) or None (torch's
             default).
-        progress_bar: A tqdm bar over checkpoints.
+        progress_bar: A tqdm bar over checkpoints (None: when the console is a terminal).
         plot: Write ``eval_summary.png`` for a run.
         output_dir: Where ``test_expert`` without a run writes.
         split: The task's episode split evaluated (``test``; None: the task's own).
@@ -123,7 +123,7 @@ class EvaluateSettings:
     action_seed: int
     device: str
     torch_threads: Annotated[int | str | None, Check(ge=1, words=("auto",))]
-    progress_bar: bool
+    progress_bar: bool | None
     plot: bool
     output_dir: str
     split: Annotated[str | None, Check(choices=SPLITS)]

@@ -33,12 +33,14 @@ class ConsoleSink(MetricsSink):
 
     Args:
         context: The run (filled in by the engine).
-        progress_bar: Show the tqdm bar (off in non-interactive logs if you prefer).
+        progress_bar: Show the tqdm bar: None (the default) when the console is a terminal
+            (a redirected log gets the summary lines, not the bar's updates), True always,
+            False never.
         summary_every: Print a summary line every this many log points (0: never).
     """
 
     def __init__(
-        self, *, context: RunContext, progress_bar: bool = True, summary_every: int = 1
+        self, *, context: RunContext, progress_bar: bool | None = None, summary_every: int = 1
     ) -> None:
         self.summary_every = summary_every
         self._count = 0
@@ -47,7 +49,7 @@ class ConsoleSink(MetricsSink):
             unit="step",
             unit_scale=True,
             dynamic_ncols=True,
-            disable=not progress_bar,
+            disable=None if progress_bar is None else not progress_bar,  # None: not on a TTY
             desc=context.exp_name,
             file=sys.stderr,
             smoothing=0.1,
