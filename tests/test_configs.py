@@ -353,3 +353,19 @@ def test_every_collector_takes_the_documented_timeout(compose_cfg, resolve_cfg, 
     )
     assert plain["collector"]["timeout"] == 60
     verify_train_cfg(plain)
+
+
+@pytest.mark.parametrize("experiment", [[], ["+experiment=ppo_nav"]], ids=["none", "ppo_nav"])
+def test_a_run_without_an_experiment_says_so(compose_cfg, caplog, experiment) -> None:
+    import rl.engine.run as engine_run
+
+    cfg = compose_cfg(
+        [*experiment, "+debug=smoke", "task=nav_small", "model.cnn_channels=[8]",
+         "eval.num_episodes=0", "valid=null", "logger.sinks.console.progress_bar=false"]
+    )  # fmt: skip
+    with caplog.at_level("WARNING", logger="rl.engine.run"):
+        engine_run.train(cfg)
+    warned = [r.getMessage() for r in caplog.records if "no +experiment=" in r.getMessage()]
+    assert bool(warned) == (not experiment), warned
+    if warned:
+        assert "task=nav_small" in warned[0] and "+experiment=ppo_nav" in warned[0]

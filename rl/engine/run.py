@@ -22,6 +22,7 @@ import torch
 import yaml
 from omegaconf import DictConfig
 
+from rl.checkpoints.config_tree import run_choices
 from rl.checkpoints.files import CheckpointError, load_checkpoint
 from rl.checkpoints.resume import StartPlan, plan_start
 from rl.collection.base import CollectionSpec, Collector
@@ -72,6 +73,7 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
     plain = to_plain(cfg)
     integral_floats_to_int(plain)
     verify_train_cfg(plain)
+    _warn_without_experiment(cfg, plain)
     dist = DistributedSettings.from_config(plain["distributed"])
     if not dist.enabled:
         start = plan_start(cfg, plain)
@@ -101,6 +103,20 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
         checkpoint = outcome["checkpoint"]
         raise TrainingStopped(outcome["stopped"], None if checkpoint is None else Path(checkpoint))
     return outcome["metrics"]  # type: ignore[no-any-return]
+
+
+def _warn_without_experiment(cfg: DictConfig | dict[str, Any], plain: dict[str, Any]) -> None:
+    """A warning when a new run was composed by Hydra without ``+experiment=``."""
+    choices = run_choices(cfg)
+    if choices is None or "experiment" in choices or plain.get("resume"):
+        return
+    groups = ", ".join(f"{g}={choices[g]}" for g in ("task", "model", "pipeline") if g in choices)
+    log.warning(
+        "no +experiment= given: training the config tree's defaults (%s) as %r; pick one "
+        "with +experiment=NAME (conf/experiment/, e.g. +experiment=ppo_nav)",
+        groups,
+        plain.get("exp_name"),
+    )
 
 
 def _verified_plan(cfg: DictConfig | dict[str, Any], plain: dict[str, Any]) -> StartPlan:
