@@ -144,3 +144,32 @@ def test_a_local_config_as_the_configs_page_writes_it(compose_cfg, resolve_cfg, 
     local.write_text("torch_threads: 4\n")  # the header left out
     with pytest.raises(ConfigError, match="local"):
         verify_train_cfg(resolve_cfg(compose_cfg(["+experiment=ppo_nav", search])))
+
+
+@pytest.mark.parametrize(
+    ("module", "cls", "extra"),
+    [
+        ("policies", "TinyMLP", []),
+        ("recurrent", "TinyLSTM", ["pipeline.recurrence=8"]),
+    ],
+)
+def test_the_add_a_model_pages_policies_train(compose_cfg, tmp_path, module, cls, extra) -> None:
+    """docs/howto/add-a-model.md: each class as written trains PPO on CartPole (smoke)."""
+    code = next(b for b in python_blocks("howto/add-a-model.md") if f"class {cls}(" in b)
+    (tmp_path / "my_package").mkdir()
+    (tmp_path / "my_package" / "__init__.py").write_text("")
+    (tmp_path / "my_package" / f"{module}.py").write_text(code)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        cfg = compose_cfg(
+            ["+experiment=ppo_cartpole", "+debug=smoke", "eval.num_episodes=4",
+             "logger.sinks.console.progress_bar=false", *extra]
+        )  # fmt: skip
+        with open_dict(cfg):
+            cfg.model = {"_target_": f"my_package.{module}.{cls}", "_partial_": True}
+        metrics = rl.engine.run.train(cfg)
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m == "my_package" or m.startswith("my_package.")]:
+            del sys.modules[name]
+    assert metrics["eval/episodic_return"] > 0

@@ -9,6 +9,7 @@ from rl.models.distributions import (
     MultiCategorical,
 )
 from rl.models.factory import build_policy
+from rl.models.lstm import lstm_sequence
 from rl.models.policy import Policy, PolicyBase, PolicyOutput, PolicyStep, empty_state
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "PolicyStep",
     "build_policy",
     "empty_state",
+    "lstm_sequence",
 ]
