@@ -203,9 +203,6 @@ def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dic
         # A task whose spaces no policy can take is a refused config: found before the run
         # folder is written (SpaceError is a ConfigError).
         spaces = task_spaces(cfg["task"])
-        if main:
-            output_dir.mkdir(parents=True, exist_ok=True)
-            log.info("run folder: %s", output_dir)
         device = torch.device(run.device) if ctx is None else ctx.device
         log.info(
             "torch threads: %d (torch_threads=%s)",
@@ -214,7 +211,12 @@ def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dic
         )
         set_seed(run.seed)
         pipeline: TrainingPipeline = hydra.utils.instantiate(cfg["pipeline"])
+        # A policy whose outputs break the protocol is a refused config as well (checked by
+        # build_policy on a small batch): found before the run folder is written.
         model = build_policy(cfg["model"], *spaces).to(device)
+        if main:
+            output_dir.mkdir(parents=True, exist_ok=True)
+            log.info("run folder: %s", output_dir)
         # Auxiliary losses' heads, sized from the policy (before the per-rank seeds: every
         # rank builds the same heads).
         bind_losses(pipeline.used_losses, model, *spaces)

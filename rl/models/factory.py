@@ -9,6 +9,7 @@ import gymnasium as gym
 import hydra.utils
 from torch import nn
 
+from rl.models.checks import check_policy
 from rl.models.policy import Policy
 
 
@@ -23,7 +24,10 @@ def build_policy(
 
     Raises:
         TypeError: The target did not build a ``torch.nn.Module`` implementing
-            :class:`~rl.models.policy.Policy` (``initial_state``, ``forward``, ``act``).
+            :class:`~rl.models.policy.Policy` (``initial_state``, ``forward``, ``act``), or
+            one whose outputs do not have the protocol's shapes
+            (:class:`~rl.models.checks.PolicyShapeError`, naming the output: checked once, on
+            a small batch, by :func:`~rl.models.checks.check_policy`).
     """
     policy = hydra.utils.instantiate(dict(model_cfg))(
         observation_space=observation_space, action_space=action_space
@@ -36,4 +40,5 @@ def build_policy(
             "(rl.models.Policy; subclass rl.models.PolicyBase to get act)"
             + (f"; it lacks {', '.join(missing)}" if missing else "")
         )
+    check_policy(policy, observation_space)
     return policy

@@ -1,0 +1,121 @@
+"""The Policy protocol's shapes, checked once where a policy is built (:func:`check_policy`).
+
+A policy of a researcher's own that returns values of shape ``[T, N, 1]``, or actions without
+their environment dimension, would otherwise fail far from its cause (inside the advantage
+estimator, or in the sampler). :func:`~rl.models.factory.build_policy` runs the policy once on
+a small batch of observations drawn from the task's space (``T = 3`` steps of ``N = 2``
+environments, an episode start at the second step) and checks every output against the
+protocol (:class:`~rl.models.policy.Policy`), naming the class, the output and the expected
+shape. The probe changes nothing: no gradients, evaluation mode, its own random stream.
+"""
+
+from __future__ import annotations
+
+import copy as copy_module
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from rl.utils.config import ConfigError
+
+_T, _N = 3, 2  # the probe's steps and environments
+
+
+class PolicyShapeError(ConfigError, TypeError):
+    """A policy's output does not have the shape the protocol asks for.
+
+    A :class:`~rl.utils.config.ConfigError` (the model chosen cannot run: ``train.py`` prints
+    the message alone and leaves no run folder) and a ``TypeError``.
+    """
+
+
+def _batch(space: gym.spaces.Dict, lead: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """Observations of ``space`` with leading dimensions ``lead``, drawn from it (seeded)."""
+    rng = np.random.default_rng(0)
+    out = {}
+    for key, sub in space.spaces.items():
+        sub = _seeded(sub, int(rng.integers(2**31)))
+        samples = [np.asarray(sub.sample()) for _ in range(int(np.prod(lead)))]
+        out[key] = torch.as_tensor(np.stack(samples)).reshape(*lead, *samples[0].shape)
+    return out
+
+
+def _seeded(space: gym.Space, seed: int) -> gym.Space:
+    copy = copy_module.deepcopy(space)  # (the task's space keeps its own random stream)
+    copy.seed(seed)
+    return copy
+
+
+def _expect(policy: Any, what: str, value: Any, shape: tuple[int, ...], hint: str) -> None:
+    got = tuple(value.shape) if isinstance(value, torch.Tensor) else None
+    if got != shape:
+        shown = "not a tensor" if got is None else f"shape {list(got)}"
+        raise PolicyShapeError(
+            f"policy {type(policy).__name__}: {what} has {shown}; expected {list(shape)} "
+            f"({hint}). See rl.models.Policy (docs/howto/add-a-model.md)."
+        )
+
+
+def check_policy(policy: Any, observation_space: gym.spaces.Dict) -> None:
+    """Run ``policy`` once on a small batch and check its outputs' shapes (see the module).
+
+    Raises:
+        PolicyShapeError: An output of the wrong shape, naming the class and the output.
+    """
+    was_training = policy.training
+    policy.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            _probe(policy, observation_space)
+    finally:
+        policy.train(was_training)
+
+
+def _probe(policy: Any, observation_space: gym.spaces.Dict) -> None:
+    device = next((p.device for p in policy.parameters()), torch.device("cpu"))
+    state = policy.initial_state(_N, device)
+    if not isinstance(state, TensorDict) or tuple(state.batch_size) != (_N,):
+        raise PolicyShapeError(
+            f"policy {type(policy).__name__}: initial_state({_N}) returned "
+            f"{type(state).__name__} {getattr(state, 'batch_size', '')}; expected a TensorDict "
+            f"of batch [{_N}] (batch-first: one entry per environment)"
+        )
+    obs = {k: v.to(device) for k, v in _batch(observation_space, (_T, _N)).items()}
+    starts = torch.zeros(_T, _N, dtype=torch.bool, device=device)
+    starts[1, 0] = True
+    output, after = policy(obs, starts, state)
+    _expect(policy, "forward()'s values", output.values, (_T, _N), "one value per step and "
+            "environment: [T, N], not [T, N, 1]")  # fmt: skip
+    _check_state(policy, "forward()", after)
+    step, after = policy.act(_first(obs), starts[0], state, deterministic=True)
+    _expect(policy, "act()'s values", step.values, (_N,), "one per environment: [N]")
+    _expect(policy, "act()'s logprobs", step.logprobs, (_N,), "one per environment: [N]")
+    if not isinstance(step.actions, torch.Tensor) or step.actions.shape[:1] != (_N,):
+        _expect(policy, "act()'s actions", step.actions, (_N,), "[N, ...]: environments first")
+    _check_state(policy, "act()", after)
+    actions = step.actions.unsqueeze(0).expand(_T, *step.actions.shape)
+    _expect(policy, "forward()'s dist.log_prob(actions)", output.dist.log_prob(actions),
+            (_T, _N), "[T, N]: one log-probability per step and environment")  # fmt: skip
+    for name, value in output.extras.items():
+        if not isinstance(value, torch.Tensor) or tuple(value.shape[:2]) != (_T, _N):
+            _expect(policy, f"forward()'s extras[{name!r}]", value, (_T, _N), "[T, N, ...]")
+    for name, value in step.extras.items():
+        if not isinstance(value, torch.Tensor) or value.shape[:1] != (_N,):
+            _expect(policy, f"act()'s extras[{name!r}]", value, (_N,), "[N, ...]")
+
+
+def _first(obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v[0] for k, v in obs.items()}
+
+
+def _check_state(policy: Any, where: str, state: Any) -> None:
+    if not isinstance(state, TensorDict) or tuple(state.batch_size) != (_N,):
+        raise PolicyShapeError(
+            f"policy {type(policy).__name__}: {where} returned a state "
+            f"{type(state).__name__} {getattr(state, 'batch_size', '')}; expected a TensorDict "
+            f"of batch [{_N}] (the state after, batch-first)"
+        )
