@@ -369,3 +369,15 @@ def test_a_run_without_an_experiment_says_so(compose_cfg, caplog, experiment) ->
     assert bool(warned) == (not experiment), warned
     if warned:
         assert "task=nav_small" in warned[0] and "+experiment=ppo_nav" in warned[0]
+
+
+def test_a_callback_without_the_hooks_is_named(compose_cfg) -> None:
+    import rl.engine.run as engine_run
+
+    cfg = compose_cfg(
+        ["+experiment=ppo_cartpole", "+debug=smoke", "eval.num_episodes=0",
+         "callbacks=[{_target_: collections.OrderedDict}]"]
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"callbacks.0: collections.OrderedDict built a "
+                       r"OrderedDict without on_train_start"):  # fmt: skip
+        engine_run.train(cfg)

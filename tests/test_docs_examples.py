@@ -173,3 +173,29 @@ def test_the_add_a_model_pages_policies_train(compose_cfg, tmp_path, module, cls
         for name in [m for m in sys.modules if m == "my_package" or m.startswith("my_package.")]:
             del sys.modules[name]
     assert metrics["eval/episodic_return"] > 0
+
+
+def test_the_pipeline_pages_callback_runs_from_the_config(
+    compose_cfg, resolve_cfg, tmp_path, capsys
+) -> None:
+    """docs/concepts/pipeline.md: ``StageReport`` as written, named in ``callbacks:``."""
+    code = next(b for b in python_blocks("concepts/pipeline.md") if "class StageReport(" in b)
+    (tmp_path / "my_package").mkdir()
+    (tmp_path / "my_package" / "__init__.py").write_text("")
+    (tmp_path / "my_package" / "callbacks.py").write_text(code)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        cfg = compose_cfg(
+            ["+experiment=ppo_cartpole", "+debug=smoke", "eval.num_episodes=0",
+             "logger.sinks.console.progress_bar=false",
+             "callbacks=[{_target_: my_package.callbacks.StageReport}]"]
+        )  # fmt: skip
+        rl.engine.run.train(cfg)
+        cfg = compose_cfg(["+experiment=ppo_cartpole", "callbacks=[{_target_: my_package.nope}]"])
+        with pytest.raises(ConfigError, match=r"callbacks.0._target_: cannot import"):
+            verify_train_cfg(resolve_cfg(cfg))
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m == "my_package" or m.startswith("my_package.")]:
+            del sys.modules[name]
+    assert "stage 0 ended at" in capsys.readouterr().out

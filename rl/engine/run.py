@@ -46,7 +46,12 @@ from rl.training.callbacks import Callback
 from rl.training.state import RunRecord
 from rl.training.stopping import StopAgreement, TrainingStopped, stop_on_signals
 from rl.training.trainer import OnPolicyTrainer
-from rl.utils.config import integral_fields_to_int, integral_floats_to_int, to_plain
+from rl.utils.config import (
+    ConfigError,
+    integral_fields_to_int,
+    integral_floats_to_int,
+    to_plain,
+)
 from rl.utils.files import write_atomic
 from rl.utils.logs import log_fatal
 from rl.utils.seeding import deterministic_mode, set_seed, worker_seeds
@@ -369,7 +374,32 @@ def _callbacks(
         )
         stack.callback(background.close)
         callbacks.append(background)
-    return callbacks
+    return callbacks + _own_callbacks(cfg.get("callbacks") or [], stack)
+
+
+_HOOKS = ("on_train_start", "on_rollout_end", "on_stage_end", "on_checkpoint", "on_train_end")
+
+
+def _own_callbacks(nodes: list[Any], stack: contextlib.ExitStack) -> list[Callback]:
+    """The researcher's callbacks (``callbacks:``), built from their ``_target_``s.
+
+    One with a ``close()`` is closed with the run. Raises ConfigError for an object that lacks
+    a hook of :class:`~rl.training.Callback` (naming its entry and the hooks).
+    """
+    built: list[Callback] = []
+    for i, node in enumerate(nodes):
+        callback = hydra.utils.instantiate(node)
+        missing = [hook for hook in _HOOKS if not callable(getattr(callback, hook, None))]
+        if missing:
+            raise ConfigError(
+                f"callbacks.{i}: {node['_target_']} built a {type(callback).__name__} without "
+                f"{', '.join(missing)} (subclass rl.training.Callback: its hooks do nothing "
+                "until you write them)"
+            )
+        if callable(getattr(callback, "close", None)):
+            stack.callback(callback.close)
+        built.append(callback)
+    return built
 
 
 # ------------------------------------------------------------------------ evaluate

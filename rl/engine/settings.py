@@ -60,6 +60,9 @@ class RunSettings:
         trusted_targets: Patterns of ``_target_`` callables that the config saved in the
             checkpoint ``resume`` names may name where the config tree names others
             (:mod:`rl.checkpoints.trust`).
+        callbacks: The researcher's own trainer callbacks (:class:`rl.training.Callback`
+            hooks), each a ``_target_`` node built by the engine, called after the built-in
+            ones, on rank 0.
     """
 
     exp_name: str
@@ -75,6 +78,7 @@ class RunSettings:
     video_interval: Annotated[int | None, Check(ge=0)]
     deterministic: bool
     trusted_targets: list[str]
+    callbacks: list[Any]
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> RunSettings:
@@ -130,6 +134,12 @@ def verify_train_cfg(cfg: Mapping[str, Any]) -> None:
         {k: v for k, v in cfg.items() if k != "hydra"}, framework_keys={"task": FRAMEWORK_KEYS}
     )
     errors += wrapper_errors(cfg["task"])
+    errors += [
+        f"callbacks.{i}: expected a node naming its class ({{_target_: my_package.MyCallback}}), "
+        f"got {node!r}"
+        for i, node in enumerate(cfg.get("callbacks") or [])
+        if not (isinstance(node, Mapping) and "_target_" in node)
+    ]
     errors += evaluation_errors(cfg["eval"], cfg["valid"])
     errors += distributed_errors(cfg["distributed"])
     if cfg["normalize"] is not None:
