@@ -1,1 +1,19 @@
-"""rl: a Hydra-configured on-policy RL framework (``rl.engine.train`` is where a run starts)."""
+"""rl: a Hydra-configured on-policy RL framework.
+
+From Python: ``rl.train("+experiment=ppo_nav", "seed=2")`` and ``rl.evaluate("run_dir=...")``
+(:mod:`rl.api`); a composed config runs through ``rl.engine.train(cfg)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Run", "compose", "evaluate", "train"]
+
+
+def __getattr__(name: str) -> Any:  # (lazy: ``import rl.tasks`` does not load the engine)
+    if name in __all__:
+        from rl import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'rl' has no attribute {name!r}")

@@ -199,3 +199,14 @@ def test_the_pipeline_pages_callback_runs_from_the_config(
         for name in [m for m in sys.modules if m == "my_package" or m.startswith("my_package.")]:
             del sys.modules[name]
     assert "stage 0 ended at" in capsys.readouterr().out
+
+
+def test_the_getting_started_python_example_runs(tmp_path, monkeypatch, capsys) -> None:
+    """docs/getting-started.md "From Python", as written but for its budget."""
+    code = next(b for b in python_blocks("getting-started.md") if "rl.train(" in b)
+    assert '"total_env_steps=50_000"' in code
+    code = code.replace('"total_env_steps=50_000"', '"total_env_steps=2_048"')
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/getting-started.md", "exec"), {"__name__": "docs_example"})
+    out = capsys.readouterr().out
+    assert "ppo_CartPole-v1" in out and "eval/episodic_return" in out and "return " in out

@@ -24,6 +24,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from tensordict import TensorDict
 
 from rl.checkpoints.files import CheckpointError, checkpoint_file, load_checkpoint
 from rl.checkpoints.saved_config import ConfigTree, rebuild_config
@@ -149,12 +150,38 @@ class InferenceAgent:
     def act(self, observation: Mapping[str, Any] | np.ndarray | tuple[Any, ...]) -> Any:
         """The action for one observation, as the environment returned it.
 
+        The agent keeps the recurrent state (reset it with :meth:`reset` at an episode start).
+
         Args:
             observation: What the environment returned (a dict, a tuple, an array).
 
         Returns:
             What the environment takes: an ``int`` (``Discrete``), an array clipped to the
             bounds (``Box``), an int64 array (``MultiDiscrete``).
+        """
+        action, self._state = self.predict(observation, self._state, self._episode_start)
+        self._episode_start = False
+        return action
+
+    def predict(
+        self,
+        observation: Mapping[str, Any] | np.ndarray | tuple[Any, ...],
+        state: TensorDict | None = None,
+        episode_start: bool = False,
+    ) -> tuple[Any, TensorDict]:
+        """The action for one observation and the state after it; the caller holds the state.
+
+        stable-baselines3's ``predict(observation, state, episode_start)``: for several agents
+        or episodes interleaved, keep one state each.
+
+        Args:
+            observation: What the environment returned.
+            state: The policy's state before this observation (None: a new episode's).
+            episode_start: This observation starts an episode (the state is reset first).
+
+        Returns:
+            ``(action, state)``: the action as :meth:`act` returns it, and the state to pass
+            with the next observation.
         """
         obs = self._flatten(observation)
         batch = {
@@ -163,14 +190,14 @@ class InferenceAgent:
         }
         if self.normalizer is not None:
             batch = self.normalizer.observations(batch)
-        starts = torch.tensor([self._episode_start], device=self.device)
-        step, self._state = self.model.act(
-            batch, starts, self._state, self.deterministic, self.generator
-        )
-        self._episode_start = False
+        if state is None:
+            state, episode_start = self.model.initial_state(1, self.device), True
+        starts = torch.tensor([episode_start], device=self.device)
+        with torch.no_grad():
+            step, state = self.model.act(batch, starts, state, self.deterministic, self.generator)
         action = step.actions[0].cpu().numpy()
         if action.ndim == 0:
-            return int(action)
+            return int(action), state
         if self.action_space is not None:
-            return to_env_actions(self.action_space, action)
-        return action
+            return to_env_actions(self.action_space, action), state
+        return action, state

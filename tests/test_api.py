@@ -1,0 +1,63 @@
+"""The Python API (rl.api): train and evaluate with the command line's overrides, then use the
+policy with an explicit state (``InferenceAgent.predict``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import rl
+from rl.evaluation import InferenceAgent
+from rl.tasks import build_env
+
+SMOKE = ("+experiment=ppo_cartpole", "+debug=smoke", "eval.num_episodes=4",
+         "logger.sinks.console.progress_bar=false")  # fmt: skip
+
+
+def test_train_then_evaluate_from_python(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # runs go to outputs/<exp_name>/<time>, as with train.py
+    run = rl.train(*SMOKE, "seed=3")
+    assert run.run_dir.parent == (tmp_path / "outputs" / "ppo_CartPole-v1").resolve()
+    assert "eval/episodic_return" in run.metrics
+    saved = (run.run_dir / "config.yaml").read_text()
+    assert "seed: 3" in saved and "torch_threads: 1" in saved  # one thread unless told
+    results = rl.evaluate(f"run_dir={run.run_dir}", "num_episodes=6", "plot=false")
+    assert "eval/episodic_return" in results
+    summary = json.loads((run.run_dir / "eval_summary.json").read_text())
+    assert summary["settings"]["num_episodes"] == 6 and summary["checkpoints"]  # as evaluate.py
+
+
+def test_predict_with_an_explicit_state_equals_act(tmp_path: Path) -> None:
+    run = rl.train(  # a recurrent policy (ppo_nav's GRU): the state matters
+        "+experiment=ppo_nav", "+debug=smoke", "task=nav_small", "model.cnn_channels=[8]",
+        "eval.num_episodes=0", "valid=null", "logger.sinks.console.progress_bar=false",
+        f"output_dir={tmp_path / 'run'}",
+    )  # fmt: skip
+    agent = InferenceAgent.from_checkpoint(run.run_dir, deterministic=True)
+    other = InferenceAgent.from_checkpoint(run.run_dir / "checkpoints" / "latest")
+    env = build_env({"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2,
+                     "max_steps": 20})  # fmt: skip
+    obs, _ = env.reset(seed=5)
+    state, start = None, True
+    agent.reset()
+    for _ in range(20):
+        expected = agent.act(obs)
+        action, state = other.predict(obs, state, start)
+        start = False
+        assert action == expected
+        obs, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            break
+    env.close()
+
+
+def test_inside_a_hydra_app_the_api_says_what_to_call() -> None:
+    from hydra import initialize_config_dir
+
+    from rl.api import PROJECT_CONF
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(PROJECT_CONF)):
+        with pytest.raises(RuntimeError, match=r"call rl.engine.train\(cfg\)"):
+            rl.train("+experiment=ppo_cartpole")
