@@ -61,3 +61,14 @@ def test_inside_a_hydra_app_the_api_says_what_to_call() -> None:
     with initialize_config_dir(version_base="1.3", config_dir=str(PROJECT_CONF)):
         with pytest.raises(RuntimeError, match=r"call rl.engine.train\(cfg\)"):
             rl.train("+experiment=ppo_cartpole")
+
+
+def test_evaluation_acts_as_the_run_evaluated_while_training(tmp_path: Path) -> None:
+    """evaluate.py's default (``deterministic: null``): the run's own ``eval.deterministic``."""
+    run = rl.train(*SMOKE, "eval.deterministic=true", f"output_dir={tmp_path / 'run'}")
+    rl.evaluate(f"run_dir={run.run_dir}", "num_episodes=3", "plot=false")
+    first = {p.name for p in run.run_dir.glob("checkpoints/*.eval.*.json")}
+    assert first and all("-argmax-" in name for name in first), first
+    rl.evaluate(f"run_dir={run.run_dir}", "num_episodes=3", "plot=false", "deterministic=false")
+    tags = sorted(p.name.split(".eval.")[1] for p in run.run_dir.glob("checkpoints/*.eval.*.json"))
+    assert sorted({t.split("-")[2] for t in tags}) == ["argmax", "sampled"], tags

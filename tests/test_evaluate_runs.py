@@ -224,6 +224,7 @@ def test_cli_run_dir(run_dir: Path, tmp_path: Path) -> None:
             f"run_dir={run}",
             "num_episodes=3",
             "every_steps=256",
+            "progress_bar=true",  # (output to a pipe: the bar is off unless asked for)
             f"hydra.run.dir={tmp_path / 'hydra'}",
         ],
         cwd=ROOT,

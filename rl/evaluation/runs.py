@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import io
 import json
 import logging
@@ -197,11 +198,34 @@ def evaluate_checkpoints(cfg: EvaluateSettings) -> dict[str, float]:
     models = _ModelCache(torch.device(cfg.device), cfg.trusted_targets)
     for ref in selected:  # every one readable, its config rebuilt, before anything is done
         models.config(ref)
+    if cfg.deterministic is None:  # as the runs evaluated while they trained
+        cfg = dataclasses.replace(cfg, deterministic=_as_trained(selected, models))
     with contextlib.ExitStack() as stack:
         # Results are written into the run folders: no trainer may be writing there meanwhile.
         for folder in sorted({ref.run_dir for ref in selected}):
             stack.enter_context(RunLock(folder, "evaluation"))
         return _evaluate_selected(cfg, refs, selected, models)
+
+
+def _as_trained(selected: Sequence[CheckpointRef], models: _ModelCache) -> bool:
+    """The ``eval.deterministic`` the selected checkpoints' runs trained with (one for all).
+
+    Raises:
+        ConfigError: The runs evaluated differently (``deterministic=`` must say which).
+    """
+    modes = {
+        ref.run_dir: bool((models.config(ref).get("eval") or {}).get("deterministic", False))
+        for ref in selected
+    }
+    if len(set(modes.values())) > 1:
+        raise ConfigError(
+            "deterministic: the selected runs evaluated with argmax and with sampled actions "
+            f"while training ({', '.join(f'{d}: {m}' for d, m in sorted(modes.items()))}); "
+            "set deterministic=true or deterministic=false"
+        )
+    mode = next(iter(modes.values()), False)
+    log.info("deterministic=%s: as the run evaluated while training (eval.deterministic)", mode)
+    return mode
 
 
 def _evaluate_selected(

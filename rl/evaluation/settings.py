@@ -99,7 +99,8 @@ class EvaluateSettings:
         num_episodes: Episodes of the fixed list.
         episode_seed: Episode ``i`` resets with seed ``episode_seed + i``.
         num_envs: Environments stepped together.
-        deterministic: Argmax actions instead of seeded sampled ones.
+        deterministic: Argmax actions instead of seeded sampled ones; None: as the run
+            evaluated while training (its ``eval.deterministic``).
         action_seed: Seed of the action-sampling generator.
         device: Where the models run.
         torch_threads: An integer, ``auto`` (:mod:`rl.utils.threads`) or None (torch's
@@ -119,7 +120,7 @@ class EvaluateSettings:
     num_episodes: Annotated[int, Check(ge=1)]
     episode_seed: int
     num_envs: Annotated[int, Check(ge=1)]
-    deterministic: bool
+    deterministic: bool | None
     action_seed: int
     device: str
     torch_threads: Annotated[int | str | None, Check(ge=1, words=("auto",))]
