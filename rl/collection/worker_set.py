@@ -19,8 +19,8 @@
   rollout each update, the barrier). Each rollout carries the version of the weights it was
   collected with; one more than ``max_policy_lag`` versions behind the learner is dropped
   (``collection/dropped``) and its worker collects again with the current weights. PPO's
-  ratio uses the behaviour log-probabilities stored with the data (``pipeline.advantage:
-  vtrace`` corrects the advantages too); ``collection/policy_lag`` (mean) and
+  ratio uses the behaviour log-probabilities stored with the data
+  (``pipeline/advantage=vtrace`` corrects the advantages too); ``collection/policy_lag`` (mean) and
   ``collection/policy_lag_max`` are logged. What is collected ahead is what the learner will
   ask for: the trainer hands its plan (:meth:`~CollectionWorkerSet.set_request_plan`), and
   the rollouts in flight are counted against it in the order they were asked for, so the last
