@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,18 +26,29 @@ def python_blocks(page: str) -> list[str]:
     return FENCE.findall((ROOT / "docs" / page).read_text())
 
 
+@contextlib.contextmanager
+def users_package(root: Path, name: str, modules: dict[str, str]) -> Iterator[None]:
+    """``name`` (a package of ``modules``: file name -> code) importable while inside."""
+    (root / name).mkdir()
+    (root / name / "__init__.py").write_text("")
+    for module, code in modules.items():
+        (root / name / f"{module}.py").write_text(code)
+    sys.path.insert(0, str(root))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(root))
+        for loaded in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
+            del sys.modules[loaded]
+
+
 @pytest.fixture
 def my_package(tmp_path: Path) -> Any:
     """``my_package.losses`` holding the page's example, importable for this test."""
-    package = tmp_path / "my_package"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "losses.py").write_text(python_blocks("howto/add-a-loss.md")[0])
-    sys.path.insert(0, str(tmp_path))
-    yield package
-    sys.path.remove(str(tmp_path))
-    for name in [m for m in sys.modules if m == "my_package" or m.startswith("my_package.")]:
-        del sys.modules[name]
+    with users_package(
+        tmp_path, "my_package", {"losses": python_blocks("howto/add-a-loss.md")[0]}
+    ):
+        yield tmp_path / "my_package"
 
 
 OVERRIDES = [  # CartPole: a reward of 1 every step, what a head that trains learns at once
@@ -85,14 +98,10 @@ def test_the_pipeline_pages_own_estimator_trains(compose_cfg, tmp_path: Path) ->
         )  # fmt: skip
         if "my_pkg.td.ScaledTD" in b
     )
-    (tmp_path / "my_pkg").mkdir()
-    (tmp_path / "my_pkg" / "__init__.py").write_text("")
-    (tmp_path / "my_pkg" / "td.py").write_text(code)
     conf = tmp_path / "conf" / "pipeline" / "advantage"
     conf.mkdir(parents=True)
     (conf / "scaled_td.yaml").write_text(yaml)
-    sys.path.insert(0, str(tmp_path))
-    try:
+    with users_package(tmp_path, "my_pkg", {"td": code}):
         cfg = compose_cfg(
             [
                 "+experiment=ppo_classic_control",
@@ -104,10 +113,6 @@ def test_the_pipeline_pages_own_estimator_trains(compose_cfg, tmp_path: Path) ->
             ]
         )
         metrics = rl.engine.run.train(cfg)
-    finally:
-        sys.path.remove(str(tmp_path))
-        for name in [m for m in sys.modules if m == "my_pkg" or m.startswith("my_pkg.")]:
-            del sys.modules[name]
     assert metrics["losses/td/mean_abs"] > 0.0
 
 
@@ -156,11 +161,7 @@ def test_a_local_config_as_the_configs_page_writes_it(compose_cfg, resolve_cfg, 
 def test_the_add_a_model_pages_policies_train(compose_cfg, tmp_path, module, cls, extra) -> None:
     """docs/howto/add-a-model.md: each class as written trains PPO on CartPole (smoke)."""
     code = next(b for b in python_blocks("howto/add-a-model.md") if f"class {cls}(" in b)
-    (tmp_path / "my_package").mkdir()
-    (tmp_path / "my_package" / "__init__.py").write_text("")
-    (tmp_path / "my_package" / f"{module}.py").write_text(code)
-    sys.path.insert(0, str(tmp_path))
-    try:
+    with users_package(tmp_path, "my_package", {module: code}):
         cfg = compose_cfg(
             ["+experiment=ppo_cartpole", "+debug=smoke", "eval.num_episodes=4",
              "logger.sinks.console.progress_bar=false", *extra]
@@ -168,10 +169,6 @@ def test_the_add_a_model_pages_policies_train(compose_cfg, tmp_path, module, cls
         with open_dict(cfg):
             cfg.model = {"_target_": f"my_package.{module}.{cls}", "_partial_": True}
         metrics = rl.engine.run.train(cfg)
-    finally:
-        sys.path.remove(str(tmp_path))
-        for name in [m for m in sys.modules if m == "my_package" or m.startswith("my_package.")]:
-            del sys.modules[name]
     assert metrics["eval/episodic_return"] > 0
 
 
@@ -180,11 +177,7 @@ def test_the_pipeline_pages_callback_runs_from_the_config(
 ) -> None:
     """docs/concepts/pipeline.md: ``StageReport`` as written, named in ``callbacks:``."""
     code = next(b for b in python_blocks("concepts/pipeline.md") if "class StageReport(" in b)
-    (tmp_path / "my_package").mkdir()
-    (tmp_path / "my_package" / "__init__.py").write_text("")
-    (tmp_path / "my_package" / "callbacks.py").write_text(code)
-    sys.path.insert(0, str(tmp_path))
-    try:
+    with users_package(tmp_path, "my_package", {"callbacks": code}):
         cfg = compose_cfg(
             ["+experiment=ppo_cartpole", "+debug=smoke", "eval.num_episodes=0",
              "logger.sinks.console.progress_bar=false",
@@ -194,10 +187,6 @@ def test_the_pipeline_pages_callback_runs_from_the_config(
         cfg = compose_cfg(["+experiment=ppo_cartpole", "callbacks=[{_target_: my_package.nope}]"])
         with pytest.raises(ConfigError, match=r"callbacks.0._target_: cannot import"):
             verify_train_cfg(resolve_cfg(cfg))
-    finally:
-        sys.path.remove(str(tmp_path))
-        for name in [m for m in sys.modules if m == "my_package" or m.startswith("my_package.")]:
-            del sys.modules[name]
     assert "stage 0 ended at" in capsys.readouterr().out
 
 
