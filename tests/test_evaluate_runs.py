@@ -125,6 +125,22 @@ def test_every_steps_thins_and_keeps_the_last(run_dir: Path, tmp_path: Path) -> 
     assert summary_steps(run) == [128, 512]
 
 
+def test_each_setting_keeps_its_own_summary(run_dir: Path, tmp_path: Path) -> None:
+    """argmax and sampled evaluations of one run: neither summary replaces the other."""
+    run = copy_run(run_dir, tmp_path)
+    evaluate(eval_cfg(tmp_path, f"run_dir={run}", "every_steps=1000", "deterministic=true"))
+    evaluate(eval_cfg(tmp_path, f"run_dir={run}", "every_steps=1000", "deterministic=false"))
+    (argmax,) = run.glob("eval_summary.test-4ep-argmax-*.json")
+    (sampled,) = run.glob("eval_summary.test-4ep-sampled-*.json")
+    assert json.loads(argmax.read_text())["settings"]["deterministic"] is True
+    assert json.loads(sampled.read_text())["settings"]["deterministic"] is False
+    for summary in (argmax, sampled):
+        assert summary.with_suffix(".csv").is_file() and summary.with_suffix(".png").is_file()
+    # eval_summary.* is the latest evaluation's, a copy of its own
+    assert (run / "eval_summary.json").read_text() == sampled.read_text()
+    assert (run / "eval_summary.png").read_bytes() == sampled.with_suffix(".png").read_bytes()
+
+
 def test_thin_by_steps_per_run() -> None:
     refs = [CheckpointRef(Path(f"a/checkpoints/c{s}.pt"), 0, s) for s in (10, 20, 30, 45, 50)]
     refs += [CheckpointRef(Path(f"b/checkpoints/c{s}.pt"), 0, s) for s in (5, 6)]

@@ -89,6 +89,7 @@ def train(
     num_envs: int = 4,
     seed: int = 0,
     rnn: str | None = None,
+    callbacks: typing.Sequence[Callback] = (),
 ):
     torch.manual_seed(seed)
     recorder = Recorder()
@@ -108,7 +109,7 @@ def train(
             logger=MetricsLogger([]),
             output_dir=tmp_path,
             seed=seed,
-            callbacks=[recorder],
+            callbacks=[recorder, *callbacks],
         )
         trainer.train()
     return trainer, recorder
@@ -279,6 +280,31 @@ def test_full_teacher_forcing_records_the_expert_actions(tmp_path: Path) -> None
     _, rec = train(pipe, tmp_path)
     assert all(rec.actions_equal_expert)
     assert sum(r.teacher_forced for r in rec.rollouts) == 128
+
+
+def test_each_loss_is_logged_with_its_weight_and_its_total(tmp_path: Path) -> None:
+    """losses/<name>/{weight,total} per loss; losses/total is the sum of weight x total."""
+    stages = [
+        PipelineStage(loss_names=["ppo", "imitation"], loss_weights=[1.0, 0.25], max_stage_steps=64),
+        PipelineStage(loss_names=["ppo", "imitation"], loss_weights=[0.5, 2.0], max_stage_steps=64),
+    ]
+    pipe = pipeline(stages)
+    logged: list[dict[str, float]] = []
+
+    class Metrics(Callback):
+        def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
+            if trainer.last_metrics:
+                logged.append(dict(trainer.last_metrics))
+
+        def on_train_end(self, trainer: OnPolicyTrainer, checkpoint: Path) -> None:
+            logged.append(dict(trainer.last_metrics))
+
+    train(pipe, tmp_path, callbacks=[Metrics()])
+    weights = [(m["losses/ppo/weight"], m["losses/imitation/weight"]) for m in logged]
+    assert (1.0, 0.25) in weights and (0.5, 2.0) in weights, weights
+    for m in logged:
+        parts = sum(m[f"losses/{n}/weight"] * m[f"losses/{n}/total"] for n in ("ppo", "imitation"))
+        assert parts == pytest.approx(m["losses/total"], rel=1e-5, abs=1e-6)
 
 
 def test_offpolicy_component_runs_exactly_its_updates(tmp_path: Path) -> None:

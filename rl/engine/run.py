@@ -407,7 +407,8 @@ def evaluate(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
     """Evaluate checkpoints (``run_dir=``: every one of a run; ``ckpt=``: a file or a glob).
 
     Each selected checkpoint runs the same fixed, seeded episode list and gets its
-    ``<checkpoint>.eval.json``; a run also gets ``eval_summary.{csv,json,png}``.
+    ``<checkpoint>.eval.<settings>.json``; a run also gets
+    ``eval_summary.<settings>.{csv,json,png}`` (and ``eval_summary.*``, the latest's).
     ``test_expert=true`` evaluates the task's expert instead. See :mod:`rl.evaluation.runs`.
 
     Returns:

@@ -12,20 +12,26 @@ from rl.collection.episodes import EvalResult
 from rl.utils.files import write_atomic
 
 
-def eval_json_path(checkpoint: Path, settings: Mapping[str, Any]) -> Path:
-    """Where ``evaluate.py`` writes a checkpoint's result for an episode list and action mode.
+def settings_tag(settings: Mapping[str, Any]) -> str:
+    """``<split>-<N>ep-<sampled|argmax>-<hash>``: an episode list and action mode, in a file name.
 
-    ``<checkpoint>.eval.<split>-<N>ep-<sampled|argmax>-<hash>.json``: the settings are in the
-    name (the hash covers all of :attr:`~rl.evaluation.EvaluateSettings.episode_list`), so
-    results of different settings sit side by side, and none replaces the training-time final
-    evaluation, ``<checkpoint>.eval.json``.
+    The hash covers all of :attr:`~rl.evaluation.EvaluateSettings.episode_list`, so results of
+    different settings get different names.
     """
     digest = hashlib.blake2b(
         json.dumps(dict(settings), sort_keys=True, default=str).encode(), digest_size=4
     ).hexdigest()
     mode = "argmax" if settings.get("deterministic") else "sampled"
-    tag = f"{settings.get('split') or 'all'}-{settings.get('num_episodes')}ep-{mode}-{digest}"
-    return checkpoint.with_suffix(f".eval.{tag}.json")
+    return f"{settings.get('split') or 'all'}-{settings.get('num_episodes')}ep-{mode}-{digest}"
+
+
+def eval_json_path(checkpoint: Path, settings: Mapping[str, Any]) -> Path:
+    """Where ``evaluate.py`` writes a checkpoint's result for an episode list and action mode.
+
+    ``<checkpoint>.eval.<settings_tag>.json``: results of different settings sit side by side,
+    and none replaces the training-time final evaluation, ``<checkpoint>.eval.json``.
+    """
+    return checkpoint.with_suffix(f".eval.{settings_tag(settings)}.json")
 
 
 def write_eval_json(path: Path, result: EvalResult, settings: Mapping[str, Any]) -> None:

@@ -40,7 +40,7 @@ from rl.checkpoints.saved_config import config_data, rebuild_config
 from rl.collection.episodes import EvalResult, episode_seed_list, evaluate_expert, evaluate_policy
 from rl.collection.normalization import Normalizer
 from rl.evaluation.plots import plot_checkpoint_metrics, training_curve
-from rl.evaluation.report import eval_json_path, format_table, write_eval_json
+from rl.evaluation.report import eval_json_path, format_table, settings_tag, write_eval_json
 from rl.evaluation.selection import (
     CheckpointRef,
     checkpoint_ref,
@@ -140,28 +140,40 @@ def format_summary(
     return "\n".join(lines)
 
 
+def summary_stems(settings: Mapping[str, Any]) -> tuple[str, str]:
+    """The names (no suffix) of a run's summary: its setting's own, and the latest's.
+
+    ``eval_summary.<settings_tag>`` keeps every setting's summary (argmax and sampled, other
+    episode lists); ``eval_summary`` is the run's latest evaluation, whatever its setting.
+    """
+    return f"{SUMMARY_NAME}.{settings_tag(settings)}", SUMMARY_NAME
+
+
 def write_summary(
     folder: Path,
     rows: Sequence[Mapping[str, Any]],
     settings: Mapping[str, Any],
     expert: Mapping[str, float] | None = None,
 ) -> tuple[Path, Path]:
-    """Write ``eval_summary.csv`` (one row per checkpoint) and ``eval_summary.json``."""
+    """Write ``eval_summary.<settings>.{csv,json}`` (one row per checkpoint) and the latest's.
+
+    Returns:
+        The setting's own CSV and JSON (``eval_summary.{csv,json}`` are copies of them).
+    """
     columns = ["checkpoint", "step", "stage"]
     columns += sorted({k for r in rows for k in r} - set(columns))
-    csv_path, json_path = folder / f"{SUMMARY_NAME}.csv", folder / f"{SUMMARY_NAME}.json"
     table = io.StringIO(newline="")
     writer = csv.DictWriter(table, fieldnames=columns, restval="")
     writer.writeheader()
     writer.writerows(rows)
-    write_atomic(csv_path, table.getvalue())  # (a link under the name is replaced, not followed)
-    write_atomic(
-        json_path,
-        json.dumps(
-            {"settings": dict(settings), "checkpoints": list(rows), "expert": expert}, indent=1
-        ),
+    data = json.dumps(
+        {"settings": dict(settings), "checkpoints": list(rows), "expert": expert}, indent=1
     )
-    return csv_path, json_path
+    own, latest = summary_stems(settings)
+    for stem in (own, latest):  # (a link under a name is replaced, not followed)
+        write_atomic(folder / f"{stem}.csv", table.getvalue())
+        write_atomic(folder / f"{stem}.json", data)
+    return folder / f"{own}.csv", folder / f"{own}.json"
 
 
 def load_expert_reference(folder: Path, settings: Mapping[str, Any]) -> dict[str, float] | None:
@@ -283,15 +295,17 @@ def _evaluate_selected(
         name = eval_json_path(Path("<checkpoint>.pt"), settings).name
         print(f"wrote {len(rows)} {name} files, {csv_path}, {json_path}")
         if cfg.plot:
+            own, latest = summary_stems(settings)
             png = plot_checkpoint_metrics(
                 rows,
-                run_dir / f"{SUMMARY_NAME}.png",
-                title=str(run_dir),
+                run_dir / f"{own}.png",
+                title=f"{run_dir} ({mode} actions)",
                 expert=expert,
                 training=training_curve(run_dir / "metrics.jsonl"),
             )
             if png is not None:
-                print(f"wrote {png}")
+                write_atomic(run_dir / f"{latest}.png", png.read_bytes())
+                print(f"wrote {png} (and {latest}.png)")
     return logged
 
 

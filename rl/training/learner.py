@@ -124,19 +124,23 @@ class Learner:
             num_samples: Samples behind the losses' means (the gradient all-reduce weight).
             max_grad_norm: Gradient-norm clipping threshold.
             step_count: Global env steps (for the losses' schedules).
-            prefix: Logged keys are ``{prefix}/<loss>/<term>``, ``{prefix}/total`` and
-                ``{prefix}/grad_norm``.
+            prefix: Logged keys are ``{prefix}/<loss>/<term>``, each loss's own (unweighted)
+                ``{prefix}/<loss>/total`` and its ``{prefix}/<loss>/weight`` in the step,
+                ``{prefix}/total`` (the sum of weight x total) and ``{prefix}/grad_norm``.
         """
         total: torch.Tensor | None = None
         logged: dict[str, float] = {}
+        totals: dict[str, torch.Tensor] = {}
         for name, weight in weighted_losses.items():
             result = self.pipeline.named_losses[name](
                 batch=batch, output=output, step_count=step_count
             )
+            totals[name] = result.total.detach()
             term = result.total if weight == 1.0 else weight * result.total
             total = term if total is None else total + term
             for key, value in {**result.terms, **result.diagnostics}.items():
                 logged[f"{prefix}/{name}/{key}"] = value
+            logged[f"{prefix}/{name}/weight"] = float(weight)
         if total is None:
             raise ValueError(f"{prefix}: a step needs at least one loss")
         self.optimizer.zero_grad(set_to_none=True)
@@ -146,6 +150,8 @@ class Learner:
             average_gradients(self._params, num_samples)
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params, max_grad_norm)
         logged[f"{prefix}/total"] = total.item()
+        for name, value in totals.items():  # (computed already: no further device sync)
+            logged[f"{prefix}/{name}/total"] = value.item()
         logged[f"{prefix}/grad_norm"] = grad_norm.item()
         # HARNESS: judged after the gradient all-reduce, so every DDP worker decides alike.
         finite = math.isfinite(logged[f"{prefix}/total"]) and math.isfinite(
@@ -170,7 +176,7 @@ class Learner:
             NonFiniteError: Naming the non-finite terms (``pipeline.on_nonfinite=error``).
         """
         bad = {k: v for k, v in logged.items() if not math.isfinite(v)}
-        terms = [k for k in bad if not k.endswith(("/total", "/grad_norm"))]
+        terms = [k for k in bad if k not in (f"{prefix}/total", f"{prefix}/grad_norm")]
         what = ", ".join(f"{k}={v}" for k, v in bad.items())
         cause = (
             f"loss term {', '.join(terms)}"
