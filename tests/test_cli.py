@@ -147,6 +147,10 @@ def test_wandb_offline_run_file_holds_metrics_and_config(tmp_path: Path) -> None
         ("pipeline.num_mini_batch=64", "num_mini_batch"),
         ("pipeline.optimizer.lr=fast", "pipeline.optimizer.lr: expected a number, got 'fast'"),
         ("model.rnn=transformer", "model.rnn: expected one of gru, lstm, got 'transformer'"),
+        (  # an auxiliary loss reading a feature the policy lacks: found when it is bound
+            "pipeline=ppo_aux pipeline.named_losses.inverse_dynamics.feature=visul",
+            "pipeline.named_losses.inverse_dynamics: InverseDynamicsLoss: feature='visul'",
+        ),
         (  # a task whose observations hold text: found when the task is built, still no folder
             "task=gym task.env_id=MiniGrid-Empty-5x5-v0 model=mlp",
             "observation entry 'mission' is MissionSpace",
@@ -164,9 +168,15 @@ def test_bad_config_fails_before_training(tmp_path: Path, override: str, named: 
 
 
 def test_unknown_key_is_rejected_by_hydra(tmp_path: Path) -> None:
-    _, proc = train(tmp_path, "pipeline.num_stepz=8")
+    _, proc = train(tmp_path, "pipeline.optimizer.lrr=8")
     assert proc.returncode != 0
-    assert "num_stepz" in proc.stderr
+    assert "Key 'lrr' is not in struct" in proc.stderr
+    assert "+pipeline.optimizer.lrr=8" in proc.stderr  # the hint that `+` adds a key
+    # ... and with the `+`, the check names the key the optimizer does not accept
+    run_dir, proc = train(tmp_path, "+pipeline.optimizer.lrr=8")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: ") and "pipeline.optimizer.lrr" in proc.stderr
+    assert not run_dir.exists()
 
 
 def test_cfg_job_shows_what_runs(tmp_path: Path) -> None:

@@ -219,12 +219,13 @@ def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dic
         # A policy whose outputs break the protocol is a refused config as well (checked by
         # build_policy on a small batch): found before the run folder is written.
         model = build_policy(cfg["model"], *spaces).to(device)
+        # Auxiliary losses' heads, sized from the policy (before the per-rank seeds: every
+        # rank builds the same heads); a feature the policy lacks is a refused config
+        # (LossBindError), found before the run folder is written.
+        bind_losses(pipeline.used_losses, model, *spaces)
         if main:
             output_dir.mkdir(parents=True, exist_ok=True)
             log.info("run folder: %s", output_dir)
-        # Auxiliary losses' heads, sized from the policy (before the per-rank seeds: every
-        # rank builds the same heads).
-        bind_losses(pipeline.used_losses, model, *spaces)
         start.init_model(model)
         env_offset, total_envs = _distribute(
             model, cfg, run, ctx, loss_modules(pipeline.used_losses)

@@ -5,7 +5,7 @@ The policy's objectives (PPO, A2C, imitation) and auxiliary losses with heads of
 """
 
 from rl.losses.a2c import A2CLoss
-from rl.losses.auxiliary import AuxiliaryLoss, bind_losses
+from rl.losses.auxiliary import AuxiliaryLoss, LossBindError, bind_losses
 from rl.losses.base import Loss, LossOutput, explained_variance
 from rl.losses.cpca import CPCALoss
 from rl.losses.depth import DepthPredictionLoss
@@ -16,6 +16,7 @@ from rl.losses.ppo import PPOLoss
 __all__ = [
     "A2CLoss",
     "AuxiliaryLoss",
+    "LossBindError",
     "CPCALoss",
     "DepthPredictionLoss",
     "ImitationLoss",

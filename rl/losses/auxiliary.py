@@ -28,10 +28,12 @@ from torch import nn
 
 from rl.losses.base import Loss, LossOutput
 from rl.models.policy import Policy, PolicyOutput
+from rl.utils.config import ConfigError
 
 __all__ = [
     "POLICY_FEATURES",
     "AuxiliaryLoss",
+    "LossBindError",
     "bind_losses",
     "loss_modules",
     "probe_features",
@@ -44,6 +46,13 @@ POLICY_FEATURES = {
     "embedding": "the encoded observation after the trunk MLP (the recurrent layers' input)",
     "belief": "the recurrent layers' output (the heads' input; the embedding if memoryless)",
 }
+
+
+class LossBindError(ConfigError, ValueError):
+    """An auxiliary loss that does not fit the policy or the task (a feature it lacks, a space).
+
+    A refused config: the run stops before its folder is written, with the message alone.
+    """
 
 
 class AuxiliaryLoss(nn.Module, Loss):
@@ -183,17 +192,24 @@ def bind_losses(
 
     Heads are created on the policy's device, initialised from the global torch generator (call
     this at the same point of every run, as the engine does, for reproducible runs).
+
+    Raises:
+        LossBindError: A loss's :meth:`AuxiliaryLoss.bind` refused the policy or the task
+            (its ``ValueError``), named by its key ``pipeline.named_losses.<name>``.
     """
-    aux = [loss for loss in losses.values() if isinstance(loss, AuxiliaryLoss)]
+    aux = {name: loss for name, loss in losses.items() if isinstance(loss, AuxiliaryLoss)}
     if not aux:
         return []
     features = probe_features(policy, observation_space)
     device = next((p.device for p in policy.parameters()), torch.device("cpu"))  # type: ignore[attr-defined]
     params: list[nn.Parameter] = []
-    for loss in aux:
-        loss.bind(
-            features=features, observation_space=observation_space, action_space=action_space
-        )
+    for name, loss in aux.items():
+        try:
+            loss.bind(
+                features=features, observation_space=observation_space, action_space=action_space
+            )
+        except ValueError as e:  # a feature or a space the loss needs: the config's fault
+            raise LossBindError(f"pipeline.named_losses.{name}: {e}") from e
         loss.to(device)
         params += list(loss.parameters())
     return params
