@@ -285,8 +285,12 @@ def test_full_teacher_forcing_records_the_expert_actions(tmp_path: Path) -> None
 def test_each_loss_is_logged_with_its_weight_and_its_total(tmp_path: Path) -> None:
     """losses/<name>/{weight,total} per loss; losses/total is the sum of weight x total."""
     stages = [
-        PipelineStage(loss_names=["ppo", "imitation"], loss_weights=[1.0, 0.25], max_stage_steps=64),
-        PipelineStage(loss_names=["ppo", "imitation"], loss_weights=[0.5, 2.0], max_stage_steps=64),
+        PipelineStage(
+            loss_names=["ppo", "imitation"], loss_weights=[1.0, 0.25], max_stage_steps=64
+        ),
+        PipelineStage(
+            loss_names=["ppo", "imitation"], loss_weights=[0.5, 2.0], max_stage_steps=64
+        ),
     ]
     pipe = pipeline(stages)
     logged: list[dict[str, float]] = []
