@@ -294,7 +294,8 @@ def test_integral_floats_are_accepted_for_integer_keys(compose_cfg, tmp_path) ->
 
 
 @pytest.mark.parametrize(
-    "experiment", ["ppo_cartpole", "ppo_classic_control", "ppo_continuous", "ppo_mujoco"]
+    "experiment",
+    ["ppo_cartpole", "ppo_classic_control", "ppo_continuous", "ppo_mujoco", "ppo_minigrid"],
 )
 def test_gym_experiments_are_named_after_the_environment_and_bind_no_task_key(
     compose_cfg, resolve_cfg, experiment: str
@@ -305,6 +306,8 @@ def test_gym_experiments_are_named_after_the_environment_and_bind_no_task_key(
     assert bare["exp_name"] == "Acrobot-v1"  # no experiment: named after the environment
     swapped = resolve_cfg(compose_cfg([f"+experiment={experiment}", "task=nav_small"]))
     assert swapped["task"]["_target_"] == "rl.tasks.PointNavEnv"  # no task.env_id: unknown key
+    # a task of one's own is named after its _target_, not the preset's environment
+    assert swapped["exp_name"] == "ppo_PointNavEnv"
     verify_train_cfg(swapped)
 
 

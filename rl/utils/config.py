@@ -44,6 +44,27 @@ def fraction_of_total(fraction: float, *, _root_: DictConfig) -> int:
 OmegaConf.register_new_resolver("fraction_of_total", fraction_of_total, replace=True)
 
 
+def task_name(*, _root_: DictConfig) -> str:
+    """``${task_name:}``: what a run is named after, its task's ``env_id`` or its ``_target_``.
+
+    ``task.env_id`` where the task has one (``CartPole-v1``), else the last part of the task's
+    ``_target_`` (``my_package.make_corridor`` -> ``make_corridor``), else ``task``. The generic
+    presets name runs ``ppo_${task_name:}``, so a task of one's own is not filed under the name
+    of the environment the preset was written for.
+    """
+    task = _root_.get("task")
+    if not isinstance(task, DictConfig):
+        return "task"
+    env_id = task.get("env_id")
+    if env_id:
+        return str(env_id)
+    target = task.get("_target_")
+    return str(target).rpartition(".")[2] if target else "task"
+
+
+OmegaConf.register_new_resolver("task_name", task_name, replace=True)
+
+
 def import_target(path: str) -> Callable[..., Any]:
     """Import ``package.module.attr`` (as Hydra's ``_target_`` does)."""
     module_name, _, attr = path.rpartition(".")
