@@ -176,6 +176,14 @@ class Normalizer:
             self._frozen[k] = (stats.mean.float(), (1.0 / std).float())
         self._reward_scale = 1.0 / math.sqrt(float(self.return_stats.var) + eps)
 
+    def observation_transform(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """``{entry: (mean, 1 / std)}`` (float32) of the frozen statistics.
+
+        The normalised entry is ``((x - mean) * inv_std).clamp(-clip, clip)`` (an export folds
+        this in).
+        """
+        return {k: (mean.clone(), inv_std.clone()) for k, (mean, inv_std) in self._frozen.items()}
+
     def observations(self, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``obs`` with the float entries normalised (a new dict; other entries as they are)."""
         if not self.obs_keys:

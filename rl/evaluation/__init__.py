@@ -5,7 +5,8 @@ re-exported here, and collection workers run them too); ``runs`` evaluates
 checkpoints in bulk for ``evaluate.py`` (summaries, plots); the trainer callbacks watching a run
 are ``training_eval`` (``eval/*`` during and after training), ``validation`` (each checkpoint in
 a separate process) and ``video`` (probe videos); ``settings`` types the ``eval`` and ``valid``
-sections; ``inference`` uses a trained policy outside the engine.
+sections; ``inference`` uses a trained policy outside the engine, and ``export`` writes it for
+use without the framework (ONNX, ``torch.export``).
 """
 
 from rl.collection.episodes import (
@@ -15,6 +16,7 @@ from rl.collection.episodes import (
     evaluate_expert,
     evaluate_policy,
 )
+from rl.evaluation.export import ExportError, export_checkpoint, export_policy
 from rl.evaluation.inference import InferenceAgent
 from rl.evaluation.settings import EvalSettings, ValidSettings
 from rl.evaluation.training_eval import TrainingEvaluation
@@ -25,6 +27,7 @@ __all__ = [
     "BackgroundValidation",
     "EvalResult",
     "EvalSettings",
+    "ExportError",
     "InferenceAgent",
     "NoExpertError",
     "ProbeVideo",
@@ -33,4 +36,6 @@ __all__ = [
     "episode_seed_list",
     "evaluate_expert",
     "evaluate_policy",
+    "export_checkpoint",
+    "export_policy",
 ]

@@ -141,6 +141,11 @@ class InferenceAgent:
             seed=seed,
         )
 
+    @property
+    def observation_space(self) -> gym.spaces.Dict:
+        """The policy's flat observation space (the environment's, flattened)."""
+        return self._flatten.space
+
     def reset(self) -> None:
         """Start a new episode: the policy's initial state."""
         self._state = self.model.initial_state(1, self.device)
@@ -183,7 +188,15 @@ class InferenceAgent:
             ``(action, state)``: the action as :meth:`act` returns it, and the state to pass
             with the next observation.
         """
-        obs = self._flatten(observation)
+        return self.predict_flat(self._flatten(observation), state, episode_start)
+
+    def predict_flat(
+        self, obs: Mapping[str, Any], state: TensorDict | None = None, episode_start: bool = False
+    ) -> tuple[Any, TensorDict]:
+        """:meth:`predict` for an observation already flat.
+
+        ``obs`` holds the entries of :attr:`observation_space`, as an exported policy takes them.
+        """
         batch = {
             k: torch.from_numpy(np.asarray(obs[k], dtype=dtype)[None]).to(self.device)
             for k, dtype in self._dtypes.items()

@@ -39,6 +39,8 @@ from rl.checkpoints.lock import RunLock
 from rl.checkpoints.saved_config import config_data, rebuild_config
 from rl.collection.episodes import EvalResult, episode_seed_list, evaluate_expert, evaluate_policy
 from rl.collection.normalization import Normalizer
+from rl.evaluation.export import describe as describe_export
+from rl.evaluation.export import export_checkpoint
 from rl.evaluation.plots import plot_checkpoint_metrics, training_curve
 from rl.evaluation.report import eval_json_path, format_table, settings_tag, write_eval_json
 from rl.evaluation.selection import (
@@ -425,6 +427,25 @@ def _evaluate_expert_into(
     return logged
 
 
+def export_from_settings(cfg: EvaluateSettings) -> dict[str, float]:
+    """``export=onnx|pt2``: one checkpoint's policy written for use without the framework."""
+    if cfg.test_expert:
+        raise ConfigError("export: exports a checkpoint's policy; test_expert=true has none")
+    source = cfg.ckpt or cfg.run_dir
+    if source is None:
+        raise ConfigError("export: give the checkpoint, ckpt=FILE (or its run: run_dir=RUN)")
+    if cfg.ckpt and is_glob(cfg.ckpt):
+        raise ConfigError(f"export: exports one checkpoint, ckpt={cfg.ckpt!r} is a glob")
+    info = export_checkpoint(
+        source,
+        cfg.export,  # type: ignore[arg-type]
+        cfg.export_path,
+        trusted_targets=cfg.trusted_targets,
+    )
+    print(describe_export(info))
+    return {"export/checked_observations": float(info.checked_observations)}
+
+
 def evaluate_from_config(cfg: Mapping[str, Any]) -> dict[str, float]:
     """What ``evaluate.py`` runs (via ``rl.engine.run.evaluate``): checkpoints or the expert.
 
@@ -436,8 +457,16 @@ def evaluate_from_config(cfg: Mapping[str, Any]) -> dict[str, float]:
         ConfigError: A key is unknown, missing, mistyped or out of range (each named).
     """
     task = cfg.get("task")
+    if cfg.get("export") == "torchscript":
+        raise ConfigError(
+            "export=torchscript: torch.jit is deprecated in the torch this project pins; "
+            "export=pt2 writes its successor, a torch.export program "
+            "(torch.export.load(path).module()), and export=onnx an ONNX file"
+        )
     settings = load_section(EvaluateSettings, {k: v for k, v in cfg.items() if k != "task"}, "")
     set_torch_threads(settings.torch_threads, settings.device)
+    if settings.export is not None:
+        return export_from_settings(settings)
     if settings.test_expert:
         return evaluate_expert_reference(settings, task)
     if task:

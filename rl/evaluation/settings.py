@@ -107,6 +107,9 @@ class EvaluateSettings:
             default).
         progress_bar: A tqdm bar over checkpoints (None: when the console is a terminal).
         plot: Write ``eval_summary.png`` for a run.
+        export: ``onnx`` or ``pt2``: export the checkpoint's policy instead of evaluating
+            (:mod:`rl.evaluation.export`); None: evaluate.
+        export_path: Where the export is written (None: beside the checkpoint).
         output_dir: Where ``test_expert`` without a run writes.
         split: The task's episode split evaluated (``test``; None: the task's own).
         trusted_targets: Patterns of ``_target_`` callables the checkpoints' saved configs may
@@ -126,6 +129,8 @@ class EvaluateSettings:
     torch_threads: Annotated[int | str | None, Check(ge=1, words=("auto",))]
     progress_bar: bool | None
     plot: bool
+    export: Annotated[str | None, Check(choices=("onnx", "pt2"))]
+    export_path: str | None
     output_dir: str
     split: Annotated[str | None, Check(choices=SPLITS)]
     trusted_targets: list[str]

@@ -33,7 +33,7 @@ from torch import nn
 
 from rl.models.distributions import ActionDistribution
 
-__all__ = ["Policy", "PolicyBase", "PolicyOutput", "PolicyStep", "empty_state"]
+__all__ = ["Policy", "PolicyBase", "PolicyOutput", "PolicyStep", "empty_state", "first_step"]
 
 
 @dataclasses.dataclass
@@ -129,12 +129,12 @@ class PolicyBase(nn.Module):
         out, state = self(
             {k: v.unsqueeze(0) for k, v in obs.items()}, episode_starts.unsqueeze(0), state
         )
-        dist = _first_step(out.dist)
+        dist = first_step(out.dist)
         actions = dist.mode() if deterministic else dist.sample(generator)
         return PolicyStep(actions, dist.log_prob(actions), out.values[0], dist), state
 
 
-def _first_step(dist: ActionDistribution) -> ActionDistribution:
+def first_step(dist: ActionDistribution) -> ActionDistribution:
     """``dist`` (batch ``[1, N]``) at its only step (batch ``[N]``)."""
     index = getattr(dist, "index", None)
     if index is None:
