@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, open_dict, read_write
 
 PROJECT_CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -66,11 +66,17 @@ def compose(
     """The config ``train.py`` (``config_name="evaluate"``: ``evaluate.py``) would run.
 
     The run folder is set as Hydra sets it (``hydra.run.dir``: ``outputs/<exp_name>/<time>``)
-    unless ``output_dir=`` is among the overrides.
+    unless ``output_dir=`` is among the overrides; torch runs on one thread unless
+    ``torch_threads=`` is among them. Edit the result in Python (``cfg.task = {...}``: a task,
+    a model or callbacks of your own, whole nodes an override cannot write) and pass it to
+    :func:`train` as ``cfg=``.
     """
     from hydra import compose as hydra_compose
     from hydra.core.hydra_config import HydraConfig
 
+    typed = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+    if config_name == "train" and "torch_threads" not in typed:
+        overrides = ("torch_threads=1", *overrides)  # (the CLI's auto: slower for small models)
     with _hydra(config_dir):
         cfg = hydra_compose(config_name, overrides=list(overrides), return_hydra_config=True)
     with open_dict(cfg):  # what a Hydra app's runtime holds, for ${hydra:...} interpolations
@@ -79,11 +85,14 @@ def compose(
     return cfg
 
 
-def train(*overrides: str, config_dir: str | Path | None = None) -> Run:
+def train(
+    *overrides: str, cfg: DictConfig | None = None, config_dir: str | Path | None = None
+) -> Run:
     """Train as ``python train.py OVERRIDES...`` does; the run's folder and final metrics.
 
     Args:
         *overrides: Hydra overrides, e.g. ``"+experiment=ppo_nav"``, ``"seed=2"``.
+        cfg: Instead of overrides: a config from :func:`compose`, edited in Python.
         config_dir: The config tree (default: this project's ``conf/``).
 
     Raises:
@@ -92,9 +101,16 @@ def train(*overrides: str, config_dir: str | Path | None = None) -> Run:
     """
     import rl.engine.run
 
-    typed = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
-    threads = [] if "torch_threads" in typed else ["torch_threads=1"]
-    cfg = compose(*threads, *overrides, config_dir=config_dir)
+    if cfg is None:
+        cfg = compose(*overrides, config_dir=config_dir)
+    elif overrides:
+        raise TypeError("rl.train: give overrides or cfg=, not both (compose them together)")
+    elif "hydra" in cfg:  # its ${hydra:...} values are its own, whatever was composed since
+        from hydra.core.hydra_config import HydraConfig
+
+        with read_write(cfg.hydra), open_dict(cfg):  # its folder named after it as edited
+            cfg.hydra.runtime.output_dir = str(Path(cfg.hydra.run.dir).resolve())
+        HydraConfig.instance().set_config(cfg)
     metrics = rl.engine.run.train(cfg)
     return Run(Path(cfg.output_dir), metrics)
 

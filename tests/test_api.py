@@ -72,3 +72,15 @@ def test_evaluation_acts_as_the_run_evaluated_while_training(tmp_path: Path) -> 
     rl.evaluate(f"run_dir={run.run_dir}", "num_episodes=3", "plot=false", "deterministic=false")
     tags = sorted(p.name.split(".eval.")[1] for p in run.run_dir.glob("checkpoints/*.eval.*.json"))
     assert sorted({t.split("-")[2] for t in tags}) == ["argmax", "sampled"], tags
+
+
+def test_a_config_edited_in_python_trains_under_its_own_name(tmp_path: Path, monkeypatch) -> None:
+    """rl.compose, a whole node replaced in Python, rl.train(cfg=): the run folder follows."""
+    monkeypatch.chdir(tmp_path)
+    cfg = rl.compose(*SMOKE)
+    cfg.task = {"_target_": "rl.tasks.make_gym_env", "env_id": "Acrobot-v1"}
+    run = rl.train(cfg=cfg)
+    assert run.run_dir.parent.name == "ppo_Acrobot-v1"  # not the composed ppo_CartPole-v1
+    assert "env_id: Acrobot-v1" in (run.run_dir / "config.yaml").read_text()
+    with pytest.raises(TypeError, match="not both"):
+        rl.train("seed=2", cfg=cfg)
