@@ -9,10 +9,16 @@ and a progress line every ``--progress`` seconds. Each run is measured as its re
   (the stochastic policy, raw rewards: the ``charts/episodic_return`` CleanRL logs). Ours: per
   seed, the mean of ``charts/episodic_return`` over the last 10% of the budget; mean +- std over
   seeds (CleanRL's docs: mean +- std over its 3 seeds' curves, openrlbenchmark).
-- **RL Zoo** (``benchmark.md``): a *deterministic* evaluation of the trained agent (the Zoo's
-  ``std`` is over the evaluation episodes of its single trained agent, not over seeds). Ours:
-  the final ``eval/episodic_return`` of the engine's own evaluation (``eval.deterministic=true``,
-  ``EVAL_EPISODES_ZOO`` episodes on held-out seeds); mean +- std over seeds.
+- **RL Zoo** (``benchmark.md``): an evaluation of the trained agent (the Zoo's ``std`` is over
+  the evaluation episodes of its single trained agent, not over seeds), made by
+  ``rl_zoo3/benchmark.py`` running ``enjoy.py`` with its default actions: *sampled* for MiniGrid
+  (and Atari: ``stochastic = args.stochastic or (is_atari or is_minigrid) and not
+  args.deterministic``), the argmax otherwise. Ours, the same episodes (``EVAL_EPISODES_ZOO``
+  held-out seeds) for both: the final ``eval/episodic_return`` of the engine's own evaluation
+  (``eval.deterministic=true``: the argmax, also the curves every tenth of the budget) and the
+  final checkpoint's return with sampled actions (``evaluate.py deterministic=false``); the table
+  compares the one the reference measured (``Reference.actions``) and shows the other beside it.
+  Mean +- std over seeds.
 
 The side-by-side row (``SIDE_BY_SIDE``): Walker2d-v5 at 300k env steps, 3 seeds each of ours
 (``ppo_mujoco``) and stable-baselines3 PPO (its defaults: ``PPO("MlpPolicy")`` over
@@ -76,7 +82,8 @@ class Reference:
     mean: float
     std: float
     source: str  # project, file, environment version
-    metric: Literal["train", "eval"]  # training episodes' return | deterministic evaluation
+    metric: Literal["train", "eval"]  # training episodes' return | an evaluation
+    actions: Literal["argmax", "sampled"] = "argmax"  # how an evaluation chose actions
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,7 @@ class Benchmark:
 
 _CLEANRL_CONT = "CleanRL ppo_continuous_action.py, {}-v4, 3 seeds (docs.cleanrl.dev)"
 _ZOO = "RL Zoo benchmark.md (PPO, 1 agent; std over eval episodes), {}"
+_ZOO_MINIGRID = "sampled"  # rl_zoo3 enjoy.py's default actions for MiniGrid
 BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "HalfCheetah-v5",
@@ -122,21 +130,23 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "MiniGrid-Unlock-v0",
         100_000,
         "ppo_minigrid",
-        Reference(0.963, 0.016, _ZOO.format("MiniGrid-Unlock-v0"), "eval"),
+        Reference(0.963, 0.016, _ZOO.format("MiniGrid-Unlock-v0"), "eval", _ZOO_MINIGRID),
         eval_curve=True,
     ),
     Benchmark(
         "MiniGrid-KeyCorridorS3R1-v0",
         500_000,
         "ppo_minigrid",
-        Reference(0.949, 0.011, _ZOO.format("MiniGrid-KeyCorridorS3R1-v0"), "eval"),
+        Reference(0.949, 0.011, _ZOO.format("MiniGrid-KeyCorridorS3R1-v0"), "eval", _ZOO_MINIGRID),
         eval_curve=True,
     ),
     Benchmark(
         "MiniGrid-RedBlueDoors-6x6-v0",
         1_000_000,
         "ppo_minigrid",
-        Reference(0.860, 0.313, _ZOO.format("MiniGrid-RedBlueDoors-6x6-v0"), "eval"),
+        Reference(
+            0.860, 0.313, _ZOO.format("MiniGrid-RedBlueDoors-6x6-v0"), "eval", _ZOO_MINIGRID
+        ),
         # the Zoo's own entry for this env: 512-step rollouts (minibatches of 64 kept)
         overrides=("pipeline.num_steps=512", "pipeline.num_mini_batch=64"),
         eval_curve=True,
@@ -145,7 +155,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "MiniGrid-FourRooms-v0",
         5_000_000,
         "ppo_minigrid",
-        Reference(0.573, 0.311, _ZOO.format("MiniGrid-FourRooms-v0"), "eval"),
+        Reference(0.573, 0.311, _ZOO.format("MiniGrid-FourRooms-v0"), "eval", _ZOO_MINIGRID),
         eval_curve=True,
     ),
 )
@@ -294,8 +304,8 @@ def sampled_return(job: Job) -> float:
     """The final checkpoint's return over the same episodes with *sampled* actions.
 
     ``evaluate.py`` on ``checkpoints/latest`` (``deterministic=false``, the evaluation's
-    episode list): where an argmax policy loops (MiniGrid), this shows what the stochastic
-    policy it came from does.
+    episode list): the RL Zoo's measure for MiniGrid; where an argmax policy loops, it also
+    shows what the stochastic policy it came from does.
     """
     out = job.folder / "sampled_eval"
     subprocess.run(
@@ -498,9 +508,11 @@ def _ours(row: dict[str, Any], env_id: str, seeds: int) -> str:
     return text if row["num_seeds"] >= seeds else f"{text} ({row['num_seeds']} of {seeds} seeds)"
 
 
-def _sampled(row: dict[str, Any], env_id: str) -> str:
-    mean, std = row["ours_sampled_mean"], row["ours_sampled_std"]
-    return "n/a" if math.isnan(mean) else f"{_fmt(mean, env_id)} +- {_fmt(std, env_id)}"
+def _other(row: dict[str, Any], env_id: str) -> str:
+    mean, std = row["ours_other_mean"], row["ours_other_std"]
+    if math.isnan(mean):
+        return "n/a"
+    return f"{_fmt(mean, env_id)} +- {_fmt(std, env_id)} ({row['other_actions']})"
 
 
 def _count(value: float) -> str:
@@ -516,21 +528,28 @@ def table_rows(results: list[dict], benches: Sequence[Benchmark]) -> list[dict[s
     rows = []
     for bench in benches:
         runs = [r for r in results if r["env_id"] == bench.env_id and r["impl"] == "ours"]
-        mean, std = summarise([r["final"] for r in runs])
-        sampled_mean, sampled_std = summarise([r.get("final_sampled", math.nan) for r in runs])
         ref = bench.reference
+        # "final": the run's own measure (argmax evaluation or training return); an
+        # evaluation row's other action mode is "final_sampled" (evaluate.py's)
+        key, other_key = (
+            ("final_sampled", "final") if ref.actions == "sampled" else ("final", "final_sampled")
+        )
+        mean, std = summarise([r.get(key, math.nan) for r in runs])
+        other_mean, other_std = summarise([r.get(other_key, math.nan) for r in runs])
         rows.append(
             {
                 "env_id": bench.env_id,
                 "budget": runs[0]["steps"] if runs else bench.budget,
                 "experiment": bench.experiment,
                 "metric": ref.metric,
+                "actions": ref.actions,
                 "ours_mean": mean,
                 "ours_std": std,
-                "ours_seeds": {r["seed"]: r["final"] for r in runs},
+                "ours_seeds": {r["seed"]: r.get(key, math.nan) for r in runs},
                 "num_seeds": len(runs),
-                "ours_sampled_mean": sampled_mean,
-                "ours_sampled_std": sampled_std,
+                "other_actions": "argmax" if ref.actions == "sampled" else "sampled",
+                "ours_other_mean": other_mean,
+                "ours_other_std": other_std,
                 "ref_mean": ref.mean,
                 "ref_std": ref.std,
                 "ref_source": ref.source,
@@ -544,8 +563,9 @@ def table_rows(results: list[dict], benches: Sequence[Benchmark]) -> list[dict[s
 
 
 METRIC_WORDS = {
-    "train": "training episodes' return, last 10% of the budget",
-    "eval": "deterministic evaluation",
+    ("train", "argmax"): "training episodes' return, last 10% of the budget",
+    ("eval", "argmax"): "evaluation, argmax actions",
+    ("eval", "sampled"): "evaluation, sampled actions (the Zoo's for MiniGrid)",
 }
 
 
@@ -560,32 +580,36 @@ def markdown(rows: list[dict], side: dict | None, args: argparse.Namespace, wall
         f"{_clock(wall)} of wall time with {args.jobs} runs at a time (one torch thread each, "
         "on this project's 2-core machine). Ours: mean +- std over seeds "
         f"{', '.join(str(s) for s in args.seeds)}, each measured as its reference measures "
-        "(the metric column); `meets`: ours >= the reference's mean - its std. The last column, "
-        "for the evaluation rows: the same final checkpoints and episodes with sampled actions "
-        "(`evaluate.py deterministic=false`), where a deterministic policy loops. Training FPS "
-        "of the evaluation rows includes their periodic evaluations (every tenth of the budget).",
+        "(the metric column: the RL Zoo evaluates MiniGrid agents with sampled actions, "
+        "`rl_zoo3/enjoy.py`'s default there, and others with the argmax); `meets`: ours >= the "
+        "reference's mean - its std. The last column, for the evaluation rows: the same final "
+        "checkpoints and episodes with the other action mode (`evaluate.py deterministic=...`). "
+        "Training FPS of the evaluation rows includes their periodic evaluations (every tenth of "
+        "the budget).",
         "",
         f"{NOTE_V5}",
         "",
         "| environment | budget | preset | metric | ours | reference | source | ours / ref. "
-        "| meets | training FPS | ours, sampled actions |",
+        "| meets | training FPS | ours, other actions |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         env = row["env_id"]
         lines.append(
-            f"| {env} | {row['budget']:,} | `{row['experiment']}` | {METRIC_WORDS[row['metric']]} "
+            f"| {env} | {row['budget']:,} | `{row['experiment']}` "
+            f"| {METRIC_WORDS[row['metric'], row['actions']]} "
             f"| {_ours(row, env, len(args.seeds))} "
             f"| {_fmt(row['ref_mean'], env)} +- {_fmt(row['ref_std'], env)} "
             f"| {row['ref_source']} | {_ratio(row['ratio'])} "
             f"| {'yes' if row['meets'] else 'no'} | {_count(row['fps'])} "
-            f"| {_sampled(row, env)} |"
+            f"| {_other(row, env)} |"
         )
     lines += [
         "",
         "The presets and the differences that made continuous control lag, measured: "
-        "[continuous control](../howto/continuous-control.md). Where the MiniGrid rows fall "
-        "short, and what was measured about it: [MiniGrid](../howto/minigrid.md).",
+        "[continuous control](../howto/continuous-control.md). What was measured about the "
+        "MiniGrid rows (argmax loops, RedBlueDoors' 512-step rollouts): "
+        "[MiniGrid](../howto/minigrid.md).",
     ]
     if side is not None:
         lines += [
@@ -631,10 +655,19 @@ def plot(results: list[dict], bench: Benchmark, path: Path) -> None:
             steps, values = zip(*result["curve"], strict=True) if result["curve"] else ((), ())
             ax.plot(steps, values, label=f"ours, seed {result['seed']}", lw=1.2)
     ref = bench.reference
+    if ref.actions == "sampled":  # the final checkpoints' sampled evaluation, the table's figure
+        finals = [
+            (r["steps"], r["final_sampled"])
+            for r in results
+            if r["env_id"] == bench.env_id and r["impl"] == "ours" and "final_sampled" in r
+        ]
+        if finals:
+            ax.scatter(*zip(*finals, strict=True), marker="o", s=18, color="C3", zorder=3,
+                       label="ours, final, sampled actions")  # fmt: skip
     ax.axhline(ref.mean, color="k", ls="--", lw=1, label="reference (final)")
     ax.axhspan(ref.mean - ref.std, ref.mean + ref.std, color="k", alpha=0.08)
     ax.set_xlabel("env steps")
-    ax.set_ylabel("training return" if ref.metric == "train" else "deterministic eval return")
+    ax.set_ylabel("training return" if ref.metric == "train" else "eval return (curves: argmax)")
     ax.set_title(f"{bench.env_id} ({bench.experiment})", fontsize=10)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()

@@ -140,12 +140,12 @@ TABLES: dict[str, list[str]] = {
     "published": [
         r"^# Published results, reproduced$",
         r"^\| environment \| budget \| preset \| metric \| ours \| reference \| source \| .+ "
-        r"\| ours, sampled actions \|$",
+        r"\| ours, other actions \|$",
         *(
             # n/a: no training episode ended within --smoke's budget (MuJoCo's last 1,000 steps)
             rf"^\| {re.escape(env)} \| {NUM} \| `ppo_[a-z_]+` \| [^|]+ \| {_FIG} \+- {_FIG} \| "
             rf"{NUM} \+- {NUM} \| [^|]+ \| {_FIG} \| (yes|no) \| {_FIG} "
-            rf"\| (?:{NUM} \+- {NUM}|n/a) \|$"
+            rf"\| (?:{NUM} \+- {NUM} \((?:argmax|sampled)\)|n/a) \|$"
             for env in ("Walker2d-v5", "CartPole-v1", "MiniGrid-Unlock-v0")  # one per preset
         ),
         r"^\| implementation \| eval return \(mean \+- std\) \| per seed \| training FPS \|$",
