@@ -143,7 +143,7 @@ def test_async_budgets_end_exactly_and_nothing_is_asked_past_them(tmp_path: Path
     )
     try:
         trainer.train()
-        in_flight, requested = len(workers._in_flight), sum(workers._requested)
+        in_flight, requested = len(workers._async.in_flight), sum(workers._requested)
         dropped = workers.dropped
     finally:
         workers.close()

@@ -138,12 +138,21 @@ class RolloutAssembler:
         return self.storage
 
     def assemble(
-        self, packed: Sequence[Mapping[str, Any]], env_slices: Sequence[slice]
+        self,
+        packed: Sequence[Mapping[str, Any]],
+        widths: Sequence[int],
+        extra_stats: Mapping[str, float] | None = None,
     ) -> Rollout:
-        """One rollout from each worker's packed rollout, in ``env_slices`` columns.
+        """One rollout from each worker's packed rollout, side by side.
 
-        Every packed rollout must have the same number of steps.
+        Args:
+            packed: Each worker's packed rollout, all of the same number of steps.
+            widths: Each one's environments (their columns follow in this order).
+            extra_stats: More statistics to log with the rollout's (``collection/*``); the
+                transfer's own (``collection/{bytes_sent,compression,pack_seconds}``) are added.
         """
+        bounds = [sum(widths[:i]) for i in range(len(widths) + 1)]
+        env_slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
         steps = {int(p["steps"]) for p in packed}
         if len(steps) != 1:
             raise ValueError(f"workers' rollouts differ in length: {sorted(steps)}")
@@ -161,6 +170,15 @@ class RolloutAssembler:
         stats = ScalarMeanTracker()
         for p in packed:
             stats.merge(p["stats"])
+        sent = sum(int(p["packed_bytes"]) for p in packed)
+        stats.add_scalars(
+            {
+                **(extra_stats or {}),
+                "collection/bytes_sent": float(sent),
+                "collection/compression": sum(int(p["bytes"]) for p in packed) / max(1, sent),
+                "collection/pack_seconds": max(float(p["pack_seconds"]) for p in packed),
+            }
+        )
         return Rollout(
             storage=storage,
             next_value=next_value,

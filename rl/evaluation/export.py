@@ -49,11 +49,20 @@ from torch import nn
 
 from rl.checkpoints.files import checkpoint_file
 from rl.evaluation.inference import InferenceAgent
+from rl.evaluation.selection import is_glob
+from rl.evaluation.settings import EvaluateSettings
 from rl.models.policy import Policy, first_step
 from rl.utils.config import ConfigError
 from rl.utils.files import write_atomic
 
-__all__ = ["EXPORT_FORMATS", "ExportError", "ExportedPolicy", "export_checkpoint", "export_policy"]
+__all__ = [
+    "EXPORT_FORMATS",
+    "ExportError",
+    "ExportedPolicy",
+    "export_checkpoint",
+    "export_from_settings",
+    "export_policy",
+]
 
 ExportFormat = Literal["onnx", "pt2"]
 EXPORT_FORMATS: tuple[str, ...] = ("onnx", "pt2")
@@ -354,3 +363,22 @@ def describe(info: ExportInfo) -> str:
         f"wrote {info.path} (checked on {info.checked_observations} sampled observations) and "
         f"{info.description}\n  inputs: {fmt(info.inputs)}\n  outputs: {fmt(info.outputs)}"
     )
+
+
+def export_from_settings(cfg: EvaluateSettings) -> dict[str, float]:
+    """``export=onnx|pt2``: one checkpoint's policy written for use without the framework."""
+    if cfg.test_expert:
+        raise ConfigError("export: exports a checkpoint's policy; test_expert=true has none")
+    source = cfg.ckpt or cfg.run_dir
+    if source is None:
+        raise ConfigError("export: give the checkpoint, ckpt=FILE (or its run: run_dir=RUN)")
+    if cfg.ckpt and is_glob(cfg.ckpt):
+        raise ConfigError(f"export: exports one checkpoint, ckpt={cfg.ckpt!r} is a glob")
+    info = export_checkpoint(
+        source,
+        cfg.export,  # type: ignore[arg-type]
+        cfg.export_path,
+        trusted_targets=cfg.trusted_targets,
+    )
+    print(describe(info))
+    return {"export/checked_observations": float(info.checked_observations)}

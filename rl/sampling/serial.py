@@ -15,6 +15,7 @@ import gymnasium as gym
 import numpy as np
 
 from rl.sampling.base import MAX_NUM_ENVS, EpisodeRecord, Sampler, StepBatch
+from rl.sampling.env_state import np_random_state, reset_state, set_np_random_state
 from rl.sampling.watchdog import DEFAULT_TIMEOUT_S, Watchdog
 from rl.tasks.factory import build_env, env_name, episode_metrics
 from rl.tasks.spaces import (
@@ -27,31 +28,6 @@ from rl.utils.config import Check
 from rl.utils.finite import NonFiniteError
 from rl.utils.misc import evenly_distribute_count_into_bins
 from rl.utils.seeding import worker_seeds
-
-
-def _np_random_state(env: gym.Env) -> dict[str, Any] | None:
-    """The bit-generator state of ``env``'s ``np_random`` (None if it has none yet)."""
-    rng = getattr(env.unwrapped, "_np_random", None)
-    return None if rng is None else dict(rng.bit_generator.state)
-
-
-def _set_np_random_state(env: gym.Env, state: dict[str, Any]) -> None:
-    """Give ``env`` an ``np_random`` in exactly ``state`` (from :func:`_np_random_state`)."""
-    bit_generator = getattr(np.random, state["bit_generator"])()
-    bit_generator.state = state
-    env.unwrapped.np_random = np.random.Generator(bit_generator)
-
-
-def _reset_state(env: gym.Env) -> dict[str, Any] | None:
-    """What ``env``'s next reset depends on besides its ``np_random``, if it says (see below).
-
-    A task whose unseeded reset depends on state kept across episodes (e.g. a scene reused for
-    several episodes) defines ``reset_state()`` (plain values) and ``set_reset_state(state)``
-    on its unwrapped env; samplers save it with each episode in flight and restore it before
-    replaying, so that resume stays exact.
-    """
-    get = getattr(env.unwrapped, "reset_state", None)
-    return None if get is None else get()
 
 
 def _all_finite(values: np.ndarray) -> bool:
@@ -179,8 +155,8 @@ class SerialSampler(Sampler):
         else:
             seed = self._seeds[i] if first else None
         self.current_env = self.env_offset + i
-        self._episode_start[i] = {"seed": seed, "np_random": _np_random_state(self.envs[i])}
-        env_state = _reset_state(self.envs[i])
+        self._episode_start[i] = {"seed": seed, "np_random": np_random_state(self.envs[i])}
+        env_state = reset_state(self.envs[i])
         if env_state is not None:  # only for tasks that keep state across episodes
             self._episode_start[i]["env_state"] = env_state
         self._episode_actions[i] = []
@@ -367,9 +343,9 @@ class SerialSampler(Sampler):
         An episode started with a seed is restored by resetting with that seed; one started
         without (an auto-reset) by restoring the environment's ``np_random`` bit-generator state
         from just before that reset, and its ``reset_state()`` where it has one (state a reset
-        depends on besides ``np_random``, see :func:`_reset_state`). Either way the recorded
-        actions are then replayed, so this is exact for environments that are deterministic
-        given their ``np_random`` (and reset state).
+        depends on besides ``np_random``, :mod:`rl.sampling.env_state`). Either way the
+        recorded actions are then replayed, so this is exact for environments that are
+        deterministic given their ``np_random`` (and reset state).
 
         Raises:
             NotImplementedError: In evaluation mode (episode lists are not resumable).
@@ -414,7 +390,7 @@ class SerialSampler(Sampler):
                 env.unwrapped.set_reset_state(episode["env_state"])
                 self._episode_start[i]["env_state"] = episode["env_state"]
             if seed is None and episode["np_random"] is not None:
-                _set_np_random_state(env, episode["np_random"])
+                set_np_random_state(env, episode["np_random"])
             obs, info = env.reset(seed=None if seed is None else int(seed))
             self._returns[i] = 0.0
             self._lengths[i] = 0

@@ -3,8 +3,9 @@
 A multiprocess sampler waits for its workers with a timeout; a serial sampler runs the
 environment in the calling thread, where a hung ``step`` would stall the run for good (and a
 SIGTERM's checkpoint, taken at the next rollout boundary, would never come). :class:`Watchdog`
-watches each guarded call from a thread: at half the timeout it logs a warning naming the
-environment, at the timeout it sends ``SIGUSR2`` to the main thread, whose handler raises
+watches each guarded call from a thread (its :class:`~rl.utils.deadline.Deadline`, the rule every
+watchdog here follows): at half the timeout it logs a warning naming the environment, at the
+timeout it sends ``SIGUSR2`` to the main thread, whose handler raises
 :class:`SamplerTimeoutError` there. That ends an environment stuck in Python code or in a
 blocking call that releases the GIL (``time.sleep``, I/O, a socket); one spinning in C while
 holding the GIL cannot be interrupted from inside the process (use ``sampler=multiprocess``).
@@ -22,6 +23,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from rl.utils.deadline import Deadline
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +79,7 @@ class Watchdog:
     def __init__(self, timeout: float | None, describe: Callable[[], str]) -> None:
         self.timeout = timeout
         self._describe = describe
-        self._deadline: float | None = None
-        self._started = 0.0
-        self._warned = False
+        self._deadline: Deadline | None = None  # the guarded call's (None: none running)
         self._what = ""
         self._wake = threading.Event()
         self._stopped = False
@@ -102,9 +103,8 @@ class Watchdog:
         if not self.active:
             yield
             return
-        self._what, self._warned = what, False
-        self._started = time.monotonic()
-        self._deadline = self._started + float(self.timeout)  # type: ignore[arg-type]
+        self._what = what
+        self._deadline = Deadline(self.timeout)
         self._wake.set()
         try:
             yield
@@ -119,14 +119,12 @@ class Watchdog:
                 self._wake.clear()
                 continue
             now = time.monotonic()
-            half = self._started + float(self.timeout) / 2  # type: ignore[arg-type]
-            if not self._warned and now >= half:
-                self._warned = True
+            if deadline.should_warn(now):
                 log.warning(
                     "%s has been %s for %.0f s (the sampler's timeout is %.0f s)",
-                    self._describe(), self._what, now - self._started, self.timeout,
+                    self._describe(), self._what, deadline.elapsed(now), self.timeout,
                 )  # fmt: skip
-            if now >= deadline:
+            if deadline.expired(now):
                 _message[:] = [
                     f"{self._describe()} took more than {self.timeout:g} s {self._what} (the "
                     "sampler's timeout): a hung environment; raise sampler.timeout if it is "

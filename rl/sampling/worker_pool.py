@@ -6,8 +6,8 @@ Faults never hang: it waits on the pipes and the process sentinels together, so 
 dies (killed, segfault, ``os._exit``) is noticed at once; an environment that raises sends its
 traceback. Both stop every worker and raise :class:`SamplerWorkerError` naming the worker, the
 global environment index and the original traceback. A live worker that does not reply is
-a hang: a warning names it (its pid and environments) once :data:`WARN_FRACTION` of the
-timeout has passed, and the timeout ends it with the same kind of error.
+a hang (:class:`~rl.utils.deadline.Deadline`): a warning names it (its pid and environments)
+once half of the timeout has passed, and the timeout ends it with the same kind of error.
 :meth:`WorkerPool.close` (also run by the garbage collector and at interpreter exit) stops
 every worker with :func:`stop_workers`, escalating to SIGTERM and SIGKILL after short grace
 periods.
@@ -26,14 +26,13 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from rl.sampling.mp_worker import CLOSE, worker_main
+from rl.utils.deadline import Deadline
 
-__all__ = ["WARN_FRACTION", "SamplerWorkerError", "WorkerPool", "exit_reason", "stop_workers"]
+__all__ = ["SamplerWorkerError", "WorkerPool", "exit_reason", "stop_workers"]
 
 log = logging.getLogger(__name__)
 
 _DEAD = object()  # marks a pipe closed by a dead worker
-# A warning names the workers that have not replied once this fraction of the timeout passed.
-WARN_FRACTION = 0.5
 
 
 class SamplerWorkerError(RuntimeError):
@@ -118,7 +117,7 @@ class WorkerPool:
 
         Waits on the pipes and the process sentinels together, so a worker that dies is
         reported as soon as the operating system reaps it, not after a timeout. A live worker
-        silent for :data:`WARN_FRACTION` of ``timeout`` is named in a warning (once per call).
+        silent for half of ``timeout`` is named in a warning (once per call).
 
         Args:
             workers: The workers to hear from.
@@ -134,26 +133,21 @@ class WorkerPool:
         """
         replies: dict[int, Any] = {}
         pending = {w: self.conns[w] for w in workers}
-        start = time.monotonic()
-        deadline = None if timeout is None else start + timeout
-        warn_at = None if timeout is None else start + WARN_FRACTION * timeout
+        deadline = Deadline(timeout)
         while pending:
             now = time.monotonic()
-            if warn_at is not None and now >= warn_at:
-                warn_at = None
+            if deadline.should_warn(now):
                 log.warning(
                     "no reply for %.1f s while %s from %s; it counts as hung after %s s "
                     "(sampler.timeout)",
-                    now - start,
+                    deadline.elapsed(now),
                     what,
                     ", ".join(self._label(w) for w in pending),
                     timeout,
                 )
-            wake = deadline if warn_at is None else warn_at
-            left = None if wake is None else max(0.0, wake - now)
             sentinels = {self.processes[w].sentinel: w for w in pending}
-            ready = set(mpc.wait([*pending.values(), *sentinels], left))
-            if not ready and deadline is not None and time.monotonic() >= deadline:
+            ready = set(mpc.wait([*pending.values(), *sentinels], deadline.seconds_left(now)))
+            if not ready and deadline.expired():
                 late = ", ".join(self._label(w) for w in pending)
                 self._fail(
                     f"no reply within {timeout} s while {what} from {late} (hung? "

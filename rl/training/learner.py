@@ -176,7 +176,7 @@ class Learner:
             NonFiniteError: Naming the non-finite terms (``pipeline.on_nonfinite=error``).
         """
         bad = {k: v for k, v in logged.items() if not math.isfinite(v)}
-        terms = [k for k in bad if k not in (f"{prefix}/total", f"{prefix}/grad_norm")]
+        terms = [k for k in bad if not k.endswith(("/total", "/grad_norm"))]
         what = ", ".join(f"{k}={v}" for k, v in bad.items())
         cause = (
             f"loss term {', '.join(terms)}"
