@@ -22,6 +22,7 @@ from rl.pipeline.schedules import Schedule
 from rl.sampling.base import EpisodeRecord
 from rl.sampling.factory import sampler_num_envs
 from rl.storage.rollout import RolloutStorage
+from rl.tasks.factory import task_spaces
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,8 @@ class CollectionSpec:
         env_offset: Global index of this collector's first environment (distributed ranks).
         total_envs: Size of the global seed stream (None: ``env_offset + num_envs``).
         normalize: The run's ``normalize`` section (None: no normalisation).
+        spaces: The task's flat observation space and its action space, read once by the run
+            (None: read from the task where needed, by building one environment).
     """
 
     task: dict[str, Any]
@@ -47,6 +50,15 @@ class CollectionSpec:
     env_offset: int = 0
     total_envs: int | None = None
     normalize: dict[str, Any] | None = None
+    spaces: tuple[gym.spaces.Dict, gym.Space] | None = None
+
+    def task_spaces(self) -> tuple[gym.spaces.Dict, gym.Space]:
+        """The task's flat observation space and action space (``spaces``, else the task's)."""
+        return self.spaces if self.spaces is not None else task_spaces(self.task)
+
+    def with_task(self, task: dict[str, Any]) -> CollectionSpec:
+        """The spec for another task (its spaces read again when needed)."""
+        return dataclasses.replace(self, task=dict(task), spaces=None)
 
     def build_normalizer(self, observation_space: gym.spaces.Dict) -> Normalizer | None:
         """The normalizer ``normalize`` asks for (None when it normalises nothing)."""

@@ -48,7 +48,7 @@ from rl.collection.local import InProcessCollector
 from rl.collection.transport import pack_rollout
 from rl.models.factory import build_policy
 from rl.sampling.factory import build_sampler
-from rl.tasks.factory import task_spaces, with_split
+from rl.tasks.factory import with_split
 from rl.utils.seeding import rng_state, set_rng_state, set_seed
 
 # Collection settings a learner may change at run time (`update_algorithm_parameter`).
@@ -131,7 +131,7 @@ class CollectionWorker:
         self.compress = compress
         self.num_envs, self.env_offset = num_envs, env_offset
         set_seed(spec.seed)
-        self.model = build_policy(spec.model, *task_spaces(spec.task))
+        self.model = build_policy(spec.model, *spec.task_spaces())
         if index:
             set_seed(spec.seed + index)
         self.stop_request = None if min_rollout_frac is None else StopRequest(min_rollout_frac)
@@ -222,10 +222,10 @@ class CollectionWorker:
             )
         if name == "policy":
             self.spec = dataclasses.replace(self.spec, model=dict(config))
-            self.model = build_policy(self.spec.model, *task_spaces(self.spec.task))
+            self.model = build_policy(self.spec.model, *self.spec.task_spaces())
             self.collector.replace_policy(self.model)
             return
-        self.spec = dataclasses.replace(self.spec, task=dict(config))
+        self.spec = self.spec.with_task(config)
         sampler = self._sampler(self.spec.task)
         self.collector.close()
         self.collector = self._collector(sampler)

@@ -52,7 +52,7 @@ from rl.collection.worker_calls import START_TIMEOUT_S, WorkerCalls
 from rl.collection.worker_config import DEFAULT_TIMEOUT_S, check_collector, worker_kwargs
 from rl.distributed.setup import DistContext
 from rl.models.policy import Policy
-from rl.tasks.factory import task_spaces, with_split
+from rl.tasks.factory import with_split
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ class CollectionWorkerSet:
         self.num_workers, self.pids = num_workers, self.calls.pids
         self.assembler = RolloutAssembler(num_envs=self.num_envs, device=self.device)
         # The run's normalisation statistics: the workers' moments merged, sent with the weights.
-        self.normalizer = spec.build_normalizer(task_spaces(spec.task)[0])
+        self.normalizer = spec.build_normalizer(spec.task_spaces()[0])
         # The learner's weights version: one more per collect() (every rollout is followed by
         # an update), and the version the workers last received.
         self.version = 0
@@ -267,7 +267,7 @@ class CollectionWorkerSet:
             self.spec = dataclasses.replace(self.spec, model=dict(config))
             self.assembler.storage = None  # its fields may differ (the recurrent state's)
         elif name == "environments":
-            self.spec = dataclasses.replace(self.spec, task=dict(config))
+            self.spec = self.spec.with_task(dict(config))
         budget = self.calls.budget()
         budget = None if budget is None else max(budget, START_TIMEOUT_S)
         what = f"replacing its {name}"

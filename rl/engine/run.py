@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import hydra.utils
 import torch
 import yaml
@@ -235,6 +236,7 @@ def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dic
             seed=run.seed,
             env_offset=env_offset,
             total_envs=total_envs,
+            spaces=spaces,  # (read once: no collector builds an environment for them)
         )
         collector: Collector = hydra.utils.instantiate(cfg["collector"])(
             spec=spec, model=model, device=device, dist=ctx
@@ -256,7 +258,7 @@ def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dic
             run=RunRecord(cfg, start.choices, logger.run_id or start.wandb_run_id),
             device=device,
             seed=run.seed,
-            callbacks=_callbacks(cfg, run, logger, device, stack) if main else [],
+            callbacks=_callbacks(cfg, run, logger, device, stack, spaces) if main else [],
             dist=ctx,
             stop=stop,
         )
@@ -342,6 +344,7 @@ def _callbacks(
     logger: MetricsLogger,
     device: torch.device,
     stack: contextlib.ExitStack,
+    spaces: tuple[gym.spaces.Dict, gym.Space],
 ) -> list[Callback]:
     """The trainer callbacks the config asks for (closed with ``stack``), in calling order.
 
@@ -372,6 +375,7 @@ def _callbacks(
             model=cfg["model"],
             logger=logger,
             device=device,
+            spaces=spaces,
         )
         stack.callback(background.close)
         callbacks.append(background)

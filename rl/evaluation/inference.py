@@ -35,6 +35,44 @@ from rl.tasks.factory import build_env, dict_space
 from rl.tasks.spaces import ObservationFlattener, to_env_actions
 
 
+def load_trained_policy(
+    state: Mapping[str, Any],
+    where: str | Path,
+    spaces: tuple[gym.spaces.Dict, gym.Space],
+    *,
+    model: Policy | None = None,
+    model_config: Mapping[str, Any] | None = None,
+    device: torch.device | str = "cpu",
+) -> tuple[Policy, Normalizer | None]:
+    """A checkpoint's policy with its weights, and its observation normalisation (frozen).
+
+    The one way every user of a trained policy (evaluation, validation, the inference agent,
+    export) gets it from a loaded checkpoint ``state``: ``model`` reused (a cache's, the
+    validation process's) or built from ``model_config`` for ``spaces`` (the task's flat
+    observation space and its action space), then the weights loaded.
+
+    Raises:
+        CheckpointError: The weights do not fit the model, or the statistics are malformed
+            (naming ``where``).
+    """
+    if model is None:
+        if model_config is None:
+            raise ValueError("load_trained_policy: give the model or its config")
+        model = build_policy(dict(model_config), *spaces).to(device)  # type: ignore[attr-defined]
+    try:
+        model.load_state_dict(state["model"])  # type: ignore[union-attr]
+    except (KeyError, RuntimeError) as e:
+        raise CheckpointError(
+            f"{where}: its weights do not fit the model its config describes: "
+            f"{next(iter(str(e).splitlines()), '')}"
+        ) from e
+    try:
+        normalizer = Normalizer.from_state(spaces[0], state.get("normalizer"))
+    except ValueError as e:
+        raise CheckpointError(f"{where}: {e}") from e
+    return model, normalizer  # type: ignore[return-value]
+
+
 class InferenceAgent:
     """A policy that acts on single observations, with its recurrent state handled.
 
@@ -118,19 +156,9 @@ class InferenceAgent:
             space, action_space = env.observation_space, env.action_space
         finally:
             env.close()
-        flat_space = dict_space(space)
-        model = build_policy(config["model"], flat_space, action_space)
-        try:
-            model.load_state_dict(state["model"])
-        except RuntimeError as e:
-            raise CheckpointError(
-                f"{path}: its weights do not fit the model its config describes: "
-                f"{next(iter(str(e).splitlines()), '')}"
-            ) from e
-        try:
-            normalizer = Normalizer.from_state(flat_space, state.get("normalizer"))
-        except ValueError as e:
-            raise CheckpointError(f"{path}: {e}") from e
+        model, normalizer = load_trained_policy(
+            state, path, (dict_space(space), action_space), model_config=config["model"]
+        )
         return cls(
             model=model,
             observation_space=space,

@@ -29,7 +29,6 @@ import torch
 from tqdm.auto import tqdm
 
 from rl.checkpoints.files import (
-    CheckpointError,
     load_checkpoint,
 )
 from rl.checkpoints.lock import RunLock
@@ -38,6 +37,7 @@ from rl.collection.episodes import EvalResult, episode_seed_list, evaluate_polic
 from rl.collection.normalization import Normalizer
 from rl.evaluation.expert_reference import evaluate_expert_reference, load_expert_reference
 from rl.evaluation.export import export_from_settings
+from rl.evaluation.inference import load_trained_policy
 from rl.evaluation.plots import plot_checkpoint_metrics, training_curve
 from rl.evaluation.report import eval_json_path, settings_tag, write_eval_json
 from rl.evaluation.selection import (
@@ -48,7 +48,6 @@ from rl.evaluation.selection import (
     thin_by_steps,
 )
 from rl.evaluation.settings import EvaluateSettings
-from rl.models.factory import build_policy
 from rl.models.policy import Policy
 from rl.tasks.factory import task_spaces, with_split
 from rl.utils.config import ConfigError, load_section
@@ -98,19 +97,14 @@ class _ModelCache:
         """The checkpoint's policy, its training config and its normalisation (frozen)."""
         state = load_checkpoint(ref.path, map_location=self.device)
         train_cfg = self.config(ref, state)
-        try:
-            key = json.dumps([train_cfg["model"], train_cfg["task"]], sort_keys=True, default=str)
-            if key not in self._models:
-                spaces = task_spaces(train_cfg["task"])
-                self._models[key] = build_policy(train_cfg["model"], *spaces).to(self.device)
-                self._spaces[key] = spaces[0]
-            model = self._models[key]
-            model.load_state_dict(state["model"])
-            normalizer = Normalizer.from_state(self._spaces[key], state.get("normalizer"))
-        except (KeyError, RuntimeError) as e:
-            raise CheckpointError(f"{ref.path}: model does not match its saved config: {e}") from e
-        except ValueError as e:  # (the normaliser's statistics)
-            raise CheckpointError(f"{ref.path}: {e}") from e
+        key = json.dumps([train_cfg["model"], train_cfg["task"]], sort_keys=True, default=str)
+        if key not in self._spaces:  # (spaces read once per distinct task)
+            self._spaces[key] = task_spaces(train_cfg["task"])
+        model, normalizer = load_trained_policy(
+            state, ref.path, self._spaces[key], model=self._models.get(key),
+            model_config=train_cfg["model"], device=self.device,
+        )  # fmt: skip
+        self._models[key] = model
         return model, train_cfg, normalizer
 
 

@@ -31,11 +31,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import torch
 
 from rl.checkpoints.files import list_checkpoints, load_checkpoint, parse_checkpoint_name
 from rl.collection.episodes import episode_seed_list, evaluate_policy
-from rl.collection.normalization import Normalizer
+from rl.evaluation.inference import load_trained_policy
 from rl.evaluation.settings import ValidSettings
 from rl.loggers.base import MetricsLogger
 from rl.models.factory import build_policy
@@ -72,12 +73,16 @@ def _validation_main(
     model_cfg: dict[str, Any],
     settings: dict[str, Any],
     device: str,
+    spaces: tuple[gym.spaces.Dict, gym.Space] | None,
 ) -> None:
-    """Body of the validation process: evaluate each requested checkpoint, in order."""
+    """Body of the validation process: evaluate each requested checkpoint, in order.
+
+    ``spaces``: the task's, read by the run (None: read here, building one environment).
+    """
     try:
         torch.set_num_threads(int(settings["torch_threads"]))
-        space, actions = task_spaces(task)
-        model = build_policy(model_cfg, space, actions).to(device)
+        spaces = task_spaces(task) if spaces is None else spaces
+        model = build_policy(model_cfg, *spaces).to(device)
         seeds = episode_seed_list(int(settings["num_episodes"]), int(settings["episode_seed"]))
         parent = mp.parent_process()
         while True:
@@ -93,7 +98,7 @@ def _validation_main(
             t0 = time.perf_counter()
             try:
                 state = load_checkpoint(path, map_location=device)  # (weights only)
-                model.load_state_dict(state["model"])
+                _, normalizer = load_trained_policy(state, path, spaces, model=model)
                 result = evaluate_policy(
                     model=model,
                     task=task,
@@ -102,7 +107,7 @@ def _validation_main(
                     deterministic=bool(settings["deterministic"]),
                     action_seed=int(settings["action_seed"]),
                     device=device,
-                    normalizer=Normalizer.from_state(space, state.get("normalizer")),
+                    normalizer=normalizer,
                 )
                 metrics = result.as_logged("valid")
                 metrics["valid/seconds"] = time.perf_counter() - t0
@@ -137,6 +142,7 @@ class BackgroundValidation(Callback):
         model: Mapping[str, Any],
         logger: MetricsLogger,
         device: torch.device | str = "cpu",
+        spaces: tuple[gym.spaces.Dict, gym.Space] | None = None,
     ) -> None:
         self.settings = settings
         self.logger = logger
@@ -146,6 +152,7 @@ class BackgroundValidation(Callback):
             dict(model),
             dataclasses.asdict(settings),
             str(device),
+            spaces,
         )
         self.submitted: list[tuple[str, int]] = []
         self.completed: list[tuple[str, int]] = []
