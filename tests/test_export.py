@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import rl
 from rl.evaluation import InferenceAgent
 from rl.evaluation.export import ExportError, _check, export_checkpoint, export_policy
 from rl.tasks import build_env
+from rl.utils.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 QUIET = ("logger.sinks.console.progress_bar=false", "valid=null")
@@ -171,12 +173,13 @@ def test_evaluate_py_exports_and_names_what_it_cannot(cartpole: Path, tmp_path: 
     )
     assert (tmp_path / "p.onnx").is_file() and (tmp_path / "p.onnx.json").is_file()
     assert "Warning" not in proc.stderr  # the exporter's chatter is kept off the console
-    for args, named in [
-        ((f"ckpt={latest}", "export=torchscript"), "torch.jit is deprecated"),
+    proc = _evaluate(tmp_path, f"ckpt={latest}", "export=torchscript")  # a refused setting: exit 1
+    assert proc.returncode == 1 and proc.stderr.startswith("error: "), proc.stderr
+    assert "torch.jit is deprecated" in proc.stderr and "Traceback" not in proc.stderr
+    for args, named in [  # (the same check in this process: each names what it cannot do)
         ((f"ckpt={latest}", "export=tflite"), "export: expected one of onnx, pt2"),
         ((f"ckpt='{cartpole}/checkpoints/*.pt'", "export=onnx"), "exports one checkpoint"),
         (("export=onnx",), "give the checkpoint"),
     ]:
-        proc = _evaluate(tmp_path, *args)
-        assert proc.returncode == 1, (args, proc.stderr)
-        assert proc.stderr.startswith("error: ") and named in proc.stderr, proc.stderr
+        with pytest.raises(ConfigError, match=re.escape(named)):
+            rl.evaluate(*args, f"hydra.run.dir={tmp_path / 'h'}")
