@@ -3,16 +3,17 @@
 ``base`` holds the seam (:class:`Collector`, :class:`RolloutRequest`, :class:`Rollout`);
 ``local`` its in-process implementation (:class:`InProcessCollector`: a sampler stepped with the
 learner's own policy, teacher forcing, forced scene advance, straggler preemption); ``episodes``
-runs fixed lists of seeded episodes (evaluation). Collection workers (``collector=process``
+runs fixed lists of seeded episodes (evaluation) and ``acting`` the policy step they, probe
+videos and the inference agent share. Collection workers (``collector=process``
 or ``collector=ray``) are :mod:`rl.collection.worker` (one worker), :mod:`rl.collection.actors`
 (its process or Ray actor) and :mod:`rl.collection.worker_set` (the set a learner drives),
 imported on demand.
 """
 
+from rl.collection.acting import NoExpertError, PolicyActor
 from rl.collection.base import CollectionSpec, Collector, Rollout, RolloutRequest
 from rl.collection.episodes import (
     EvalResult,
-    NoExpertError,
     episode_seed_list,
     evaluate_expert,
     evaluate_policy,
@@ -25,6 +26,7 @@ __all__ = [
     "EvalResult",
     "InProcessCollector",
     "NoExpertError",
+    "PolicyActor",
     "Rollout",
     "RolloutRequest",
     "episode_seed_list",

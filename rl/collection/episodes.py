@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from rl.collection.acting import Actor, ExpertActor, PolicyActor
 from rl.collection.normalization import Normalizer
 from rl.models.policy import Policy
-from rl.sampling.convert import episode_metric_key, obs_to_torch
+from rl.sampling.convert import episode_metric_key
 from rl.sampling.factory import build_sampler
 
 
@@ -78,34 +79,16 @@ def evaluate_policy(
         Mean metrics and per-episode records.
     """
     device = torch.device(device)
-
-    def policy_obs(obs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return obs if normalizer is None else normalizer.observations(obs)
-
     model.eval()
     generator = torch.Generator(device=device).manual_seed(action_seed)
-    records: dict[int, dict[str, Any]] = {}
-    with build_sampler(None, task=task, num_envs=num_envs, episode_seeds=episode_seeds) as sampler:
-        obs_np, _ = sampler.reset()
-        obs = policy_obs(obs_to_torch(obs_np, device))
-        n = sampler.num_envs
-        starts = torch.ones(n, dtype=torch.bool, device=device)
-        state = model.initial_state(n, device)
-        while sampler.num_active:
-            step, state = model.act(obs, starts, state, deterministic, generator)
-            result = sampler.step(step.actions.cpu().numpy())
-            for ep in result.episodes:
-                assert ep.episode_seed is not None
-                records[ep.episode_seed] = {"episode_seed": ep.episode_seed, **ep.metrics}
-            keep = torch.from_numpy(~result.paused).to(device)
-            obs = policy_obs({k: v[keep] for k, v in obs_to_torch(result.obs, device).items()})
-            starts = torch.from_numpy(result.terminated | result.truncated).to(device)[keep]
-            state = state[keep]
-    return summarise_episodes(records, episode_seeds)
 
+    def actor(num: int) -> Actor:
+        return PolicyActor(
+            model, num, device=device, deterministic=deterministic, generator=generator,
+            normalizer=normalizer,
+        )  # fmt: skip
 
-class NoExpertError(ValueError):
-    """The task gives no expert action (``info["expert_action"]``), so it cannot be evaluated."""
+    return run_episode_list(task, episode_seeds, num_envs, actor)
 
 
 def evaluate_expert(
@@ -117,8 +100,7 @@ def evaluate_expert(
     """Run the task's expert (``info["expert_action"]``) on every episode of ``episode_seeds``.
 
     The reference for a policy's evaluation: the same episode list, split and paused the same
-    way as :func:`evaluate_policy`, with the expert's action taken at every step (exposed by
-    samplers as ``StepBatch.expert_actions``).
+    way as :func:`evaluate_policy`, with the expert's action taken at every step.
 
     Args:
         task: Plain task config (``_target_`` + arguments).
@@ -131,20 +113,34 @@ def evaluate_expert(
     Raises:
         NoExpertError: If the task gives no expert action at some step.
     """
+    expert = ExpertActor(str(task.get("_target_")))
+    return run_episode_list(task, episode_seeds, num_envs, lambda _: expert)
+
+
+def run_episode_list(
+    task: Mapping[str, Any],
+    episode_seeds: Sequence[int],
+    num_envs: int,
+    make_actor: Callable[[int], Actor],
+) -> EvalResult:
+    """The one loop over a fixed episode list: ``make_actor(N)`` acts for the environments.
+
+    Each environment runs a contiguous share of the list; one that has run its share is paused
+    (the actor drops it) until all are done, so every episode counts exactly once.
+    """
     records: dict[int, dict[str, Any]] = {}
     with build_sampler(None, task=task, num_envs=num_envs, episode_seeds=episode_seeds) as sampler:
-        _, expert = sampler.reset()
+        obs, expert = sampler.reset()
+        actor = make_actor(sampler.num_envs)
         while sampler.num_active:
-            if (expert < 0).any():
-                raise NoExpertError(
-                    f"task {task.get('_target_')!r} gives no expert action "
-                    '(info["expert_action"]); test_expert needs a task with an expert'
-                )
-            result = sampler.step(expert)
+            result = sampler.step(actor.act(obs, expert))
             for ep in result.episodes:
                 assert ep.episode_seed is not None
                 records[ep.episode_seed] = {"episode_seed": ep.episode_seed, **ep.metrics}
-            expert = result.expert_actions[~result.paused]
+            keep = ~result.paused
+            obs = {k: v[keep] for k, v in result.obs.items()}
+            expert = result.expert_actions[keep]
+            actor.advance(result.terminated | result.truncated, keep)
     return summarise_episodes(records, episode_seeds)
 
 

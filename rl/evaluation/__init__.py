@@ -9,9 +9,9 @@ sections; ``inference`` uses a trained policy outside the engine, and ``export``
 use without the framework (ONNX, ``torch.export``).
 """
 
+from rl.collection.acting import NoExpertError
 from rl.collection.episodes import (
     EvalResult,
-    NoExpertError,
     episode_seed_list,
     evaluate_expert,
     evaluate_policy,

@@ -28,6 +28,7 @@ from tensordict import TensorDict
 
 from rl.checkpoints.files import CheckpointError, checkpoint_file, load_checkpoint
 from rl.checkpoints.saved_config import ConfigTree, rebuild_config
+from rl.collection.acting import policy_step
 from rl.collection.normalization import Normalizer
 from rl.models.factory import build_policy
 from rl.models.policy import Policy
@@ -229,14 +230,14 @@ class InferenceAgent:
             k: torch.from_numpy(np.asarray(obs[k], dtype=dtype)[None]).to(self.device)
             for k, dtype in self._dtypes.items()
         }
-        if self.normalizer is not None:
-            batch = self.normalizer.observations(batch)
         if state is None:
             state, episode_start = self.model.initial_state(1, self.device), True
         starts = torch.tensor([episode_start], device=self.device)
-        with torch.no_grad():
-            step, state = self.model.act(batch, starts, state, self.deterministic, self.generator)
-        action = step.actions[0].cpu().numpy()
+        actions, state = policy_step(
+            self.model, batch, starts, state, deterministic=self.deterministic,
+            generator=self.generator, normalizer=self.normalizer,
+        )  # fmt: skip
+        action = actions[0].cpu().numpy()
         if action.ndim == 0:
             return int(action), state
         if self.action_space is not None:

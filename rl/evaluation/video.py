@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from rl.collection.acting import PolicyActor
 from rl.collection.normalization import Normalizer
 from rl.loggers.base import MetricsLogger
 from rl.models.policy import Policy
-from rl.sampling.convert import obs_to_torch
 from rl.tasks.factory import build_env, episode_metrics
 from rl.tasks.spaces import ObservationFlattener, to_env_actions
 from rl.training.callbacks import Callback, RolloutInfo
@@ -136,18 +136,16 @@ def record_episode(
     try:
         obs, _ = env.reset(seed=seed)
         frames = [np.asarray(env.render())]
-        state = model.initial_state(1, device)
+        actor = PolicyActor(
+            model, 1, device=device, deterministic=deterministic, generator=generator,
+            normalizer=normalizer,
+        )  # fmt: skip
         flatten = ObservationFlattener(env.observation_space)
-        starts = torch.ones(1, dtype=torch.bool, device=device)
         total, length, metrics = 0.0, 0, {}
         captions_text = ["step 0  (reset)"]
         terminated = truncated = False
         while length < max_frames:
-            batch = obs_to_torch({k: np.asarray(v)[None] for k, v in flatten(obs).items()}, device)
-            if normalizer is not None:
-                batch = normalizer.observations(batch)
-            step, state = model.act(batch, starts, state, deterministic, generator)
-            action = step.actions[0].cpu().numpy()
+            action = actor.act({k: np.asarray(v)[None] for k, v in flatten(obs).items()})[0]
             env_action = (
                 int(action) if action.ndim == 0 else to_env_actions(env.action_space, action)
             )
@@ -159,7 +157,6 @@ def record_episode(
                 f"step {length}  action {_action_text(action)}  reward {float(reward):+.2f}"
                 f"  return {total:.2f}"
             )
-            starts = torch.zeros(1, dtype=torch.bool, device=device)
             if terminated or truncated:
                 metrics = episode_metrics(info)
                 break

@@ -1,0 +1,132 @@
+"""The one policy step outside training: evaluation, probe videos and the inference agent.
+
+:func:`policy_step` is that step: the run's observation normalisation applied (frozen), then
+the policy's action, argmax or drawn. :class:`PolicyActor` takes it for ``N`` environments, the
+recurrent state and the episode starts carried from one step to the next, environments that
+are done dropped from the batch (their state too). Fixed episode lists
+(:func:`~rl.collection.episodes.evaluate_policy`), probe videos
+(:func:`~rl.evaluation.video.record_episode`) and :class:`~rl.evaluation.InferenceAgent` all
+act through it, so a policy acts the same wherever it runs; :class:`ExpertActor` is the task's
+expert in the same place of the same loop (:func:`~rl.collection.episodes.evaluate_expert`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from rl.collection.normalization import Normalizer
+from rl.models.policy import Policy
+from rl.sampling.convert import obs_to_torch
+
+__all__ = ["Actor", "ExpertActor", "NoExpertError", "PolicyActor", "policy_step"]
+
+
+class NoExpertError(ValueError):
+    """The task gives no expert action (``info["expert_action"]``), so it cannot be evaluated."""
+
+
+@torch.no_grad()
+def policy_step(
+    model: Policy,
+    obs: Mapping[str, torch.Tensor],
+    starts: torch.Tensor,
+    state: TensorDict,
+    *,
+    deterministic: bool,
+    generator: torch.Generator | None = None,
+    normalizer: Normalizer | None = None,
+) -> tuple[torch.Tensor, TensorDict]:
+    """The one policy step: ``(actions [N, ...], the state after)`` for ``[N, ...]`` inputs.
+
+    The observations are normalised as the run normalised them (``normalizer``, frozen), then
+    the policy acts: the argmax (``deterministic``) or a draw from ``generator``.
+    """
+    if normalizer is not None:
+        obs = normalizer.observations(obs)
+    step, state = model.act(obs, starts, state, deterministic, generator)
+    return step.actions, state
+
+
+class Actor(Protocol):
+    """What acts in a loop over ``N`` environments (a policy, the task's expert)."""
+
+    def act(self, obs: Mapping[str, np.ndarray], expert: np.ndarray) -> np.ndarray:
+        """Actions ``[N, ...]`` for observations ``[N, ...]`` (``expert``: the task's, or -1)."""
+        ...
+
+    def advance(self, done: np.ndarray, keep: np.ndarray | None = None) -> None:
+        """After a step of ``N``: which ended an episode, which stay (None: all), ``[N]`` each."""
+        ...
+
+
+class PolicyActor:
+    """A policy acting for ``num_envs`` environments, its state and episode starts carried.
+
+    Args:
+        model: The policy (put in eval mode by the caller where it matters).
+        num_envs: Environments it acts for (each starts an episode).
+        device: Where the model runs.
+        deterministic: Argmax actions instead of sampled ones.
+        generator: Generator of sampled actions (None: the global one).
+        normalizer: The run's observation normalisation, applied frozen (None: none).
+    """
+
+    def __init__(
+        self,
+        model: Policy,
+        num_envs: int,
+        *,
+        device: torch.device | str = "cpu",
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+        normalizer: Normalizer | None = None,
+    ) -> None:
+        self.model, self.device = model, torch.device(device)
+        self.deterministic, self.generator, self.normalizer = deterministic, generator, normalizer
+        self.state = model.initial_state(num_envs, self.device)
+        self.starts = torch.ones(num_envs, dtype=torch.bool, device=self.device)
+
+    def act(self, obs: Mapping[str, np.ndarray], expert: np.ndarray | None = None) -> np.ndarray:
+        """Actions ``[N, ...]`` (NumPy) for NumPy observations ``[N, ...]``."""
+        actions, self.state = policy_step(
+            self.model, obs_to_torch(obs, self.device), self.starts, self.state,
+            deterministic=self.deterministic, generator=self.generator,
+            normalizer=self.normalizer,
+        )  # fmt: skip
+        self.starts = torch.zeros_like(self.starts)
+        return actions.cpu().numpy()  # type: ignore[no-any-return]
+
+    def advance(self, done: np.ndarray, keep: np.ndarray | None = None) -> None:
+        """Episode starts where ``done``; environments not in ``keep`` dropped (paused)."""
+        self.starts = torch.from_numpy(np.asarray(done, dtype=bool)).to(self.device)
+        if keep is not None and not keep.all():
+            mask = torch.from_numpy(np.asarray(keep, dtype=bool)).to(self.device)
+            self.starts, self.state = self.starts[mask], self.state[mask]
+
+
+class ExpertActor:
+    """The task's expert (``info["expert_action"]``) in a policy's place.
+
+    Args:
+        task: The task's name, for the error of a task without an expert.
+    """
+
+    def __init__(self, task: str) -> None:
+        self.task = task
+
+    def act(self, obs: Mapping[str, np.ndarray], expert: np.ndarray) -> np.ndarray:
+        """The expert's actions (a :class:`NoExpertError` where the task gives none)."""
+        if (expert < 0).any():
+            raise NoExpertError(
+                f'task {self.task!r} gives no expert action (info["expert_action"]); '
+                "test_expert needs a task with an expert"
+            )
+        return expert
+
+    def advance(self, done: np.ndarray, keep: np.ndarray | None = None) -> None:
+        """Nothing to carry."""
