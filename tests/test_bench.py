@@ -111,7 +111,6 @@ TABLES: dict[str, list[str]] = {
         *_rows(
             "ours mlp, ray sync",
             "ours mlp, ray async",
-            "ours mlp, ray async, no lz4",
             value=f"{NUM} FPS   {_SPLIT}{_RAY}",
         ),
         *_rows("stable-baselines3 PPO, MLP", value=f"{NUM} FPS"),

@@ -384,3 +384,10 @@ def test_a_callback_without_the_hooks_is_named(compose_cfg) -> None:
     with pytest.raises(ConfigError, match=r"callbacks.0: collections.OrderedDict built a "
                        r"OrderedDict without on_train_start"):  # fmt: skip
         engine_run.train(cfg)
+
+
+def test_the_documented_log_std_init_applies_to_the_mlp(compose_cfg, resolve_cfg) -> None:
+    """docs/concepts/policies.md: ``model.log_std_init`` on ``model=mlp`` (declared there)."""
+    plain = resolve_cfg(compose_cfg(["task=pendulum", "model=mlp", "model.log_std_init=-0.5"]))
+    assert plain["model"]["log_std_init"] == -0.5
+    verify_train_cfg(plain)
