@@ -19,6 +19,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from pipelines import ppo_pipeline
+from small import SMALL
 from tensordict import TensorDict
 
 import rl.engine.run
@@ -243,7 +244,6 @@ def test_actor_critic_features_and_ignored_keys() -> None:
 
 
 # ---------------------------------------------------------------- end to end, resume
-SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 30}
 
 
 class _StopAt(Callback):

@@ -26,6 +26,7 @@ import psutil
 import pytest
 import torch
 from pipelines import ppo_pipeline
+from small import MODEL, SERIAL, SMALL
 
 from rl.checkpoints import latest_checkpoint, load_checkpoint
 from rl.collection import CollectionSpec, RolloutRequest
@@ -40,10 +41,6 @@ from rl.training import Callback, OnPolicyTrainer, RolloutInfo
 from rl.utils.seeding import set_seed, worker_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 30}
-MODEL = {"_target_": "rl.models.ActorCritic", "_partial_": True, "cnn_channels": [8],
-         "trunk_layers": [16], "rnn": "gru", "rnn_hidden_size": 8}  # fmt: skip
-SERIAL = {"_target_": "rl.sampling.SerialSampler", "_partial_": True, "num_envs": 4}
 SMOKE = [
     "+experiment=ppo_nav",
     "+debug=smoke",

@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
 from pipelines import ppo_pipeline
+from small import SMALL
 
 from rl.collection import InProcessCollector
 from rl.distributed import (
@@ -50,7 +51,6 @@ from rl.utils.seeding import worker_seeds
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 30}
 WORLD = 2
 
 

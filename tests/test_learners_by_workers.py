@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from pipelines import ppo_pipeline
+from small import MODEL, SERIAL, SMALL
 
 from rl.collection import CollectionSpec, RolloutRequest
 from rl.collection.worker_set import CollectionWorkerSet
@@ -39,10 +40,6 @@ from rl.tasks import task_spaces
 from rl.training import Callback, OnPolicyTrainer, RolloutInfo
 from rl.utils.seeding import set_seed, worker_seeds
 
-SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 30}
-MODEL = {"_target_": "rl.models.ActorCritic", "_partial_": True, "cnn_channels": [8],
-         "trunk_layers": [16], "rnn": "gru", "rnn_hidden_size": 8}  # fmt: skip
-SERIAL = {"_target_": "rl.sampling.SerialSampler", "_partial_": True, "num_envs": 4}
 WORLD = 2
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from small import small_nav
 
 from rl.sampling import (
     MultiprocessSampler,
@@ -24,7 +25,7 @@ from rl.sampling import (
 from rl.utils.seeding import worker_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 12}
+SMALL = small_nav(max_steps=12)
 CARTPOLE = {"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1"}
 FAULTY = {"_target_": "rl.tasks.debug.FaultyEnv"}
 FIELDS = ("rewards", "terminated", "truncated", "expert_actions", "final_obs_indices", "paused")

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from pipelines import ppo_pipeline
+from small import SMALL
 
 from rl.checkpoints import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from rl.collection import CollectionSpec, InProcessCollector, RolloutRequest
@@ -34,7 +35,6 @@ from rl.utils.seeding import worker_seeds
 NUM_ENVS = 4
 MLP = {"_target_": "rl.models.ActorCritic", "_partial_": True, "cnn_channels": [],
        "trunk_layers": [], "rnn": None, "head_layers": [16]}  # fmt: skip
-SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 30}
 
 
 def faulty(mode: str, env: int = 2, life_step: int = 13) -> dict[str, Any]:

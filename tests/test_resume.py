@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from pipelines import ppo_pipeline
+from small import SMALL
 
 from rl.checkpoints.files import (
     CheckpointError,
@@ -50,8 +51,6 @@ from rl.training import (
 )
 from rl.utils.config import ConfigError, to_plain
 from rl.utils.seeding import worker_seeds
-
-SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 30}
 
 
 class StopAt(Callback):

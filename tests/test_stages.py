@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from pipelines import ppo_pipeline
+from small import SMALL
 
 from rl.checkpoints import list_checkpoints
 from rl.collection import InProcessCollector
@@ -34,8 +35,6 @@ from rl.sampling import SerialSampler
 from rl.storage import ExpertTrajectoryIterator
 from rl.tasks import task_spaces
 from rl.training import Callback, OnPolicyTrainer, RolloutInfo
-
-SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 30}
 
 
 class Recorder(Callback):

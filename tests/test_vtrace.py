@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from pipelines import ppo_pipeline
+from small import small_nav
 
 from rl.collection import InProcessCollector, RolloutRequest
 from rl.engine import run
@@ -238,7 +239,7 @@ def test_the_trace_does_not_cross_an_episode_boundary(kind: str) -> None:
 
 
 # ------------------------------------------------------------------ the learner
-SMALL = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 5}
+SMALL = small_nav(max_steps=5)
 
 
 def _pipeline(stages: list[PipelineStage] | None = None, **settings: Any) -> TrainingPipeline:

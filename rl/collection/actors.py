@@ -23,7 +23,6 @@ import contextlib
 import itertools
 import logging
 import math
-import multiprocessing as mp
 import multiprocessing.util as mp_util
 import os
 import queue
@@ -37,7 +36,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
 
 from rl.sampling.mp_worker import die_with_parent
-from rl.sampling.multiprocess import resolve_start_method
+from rl.utils.processes import end_processes, process_context
 
 log = logging.getLogger(__name__)
 
@@ -295,12 +294,9 @@ class ProcessActors:
         owner: str = "",
     ) -> None:
         self.owner = owner
-        method = resolve_start_method("forkserver")
-        context = mp.get_context(method)
-        if method == "forkserver":
-            # Workers fork from a server that has imported the worker's modules once (torch
-            # among them): starting one costs a fork, not a fresh interpreter's imports.
-            context.set_forkserver_preload(["__main__", __name__, cls.__module__])
+        # Workers fork from a server that has imported the worker's modules once (torch among
+        # them): starting one costs a fork, not a fresh interpreter's imports.
+        context = process_context("forkserver", preload=["__main__", __name__, cls.__module__])
         self._conns: list[Connection] = []
         self._processes: list[Any] = []
         self._results: list[dict[int, tuple[bool, Any]]] = []
@@ -418,13 +414,7 @@ def _end_processes(processes: list[Any], conns: list[Connection], grace: float =
     """
     for conn in conns:
         conn.close()
-    deadline = time.monotonic() + grace
-    for process in processes:
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
-    for process in processes:
-        if process.is_alive():
-            process.kill()
-            process.join(timeout=2.0)
+    end_processes(processes, grace, signals=("kill",), wait=2.0, release=False)
     processes.clear()
     conns.clear()
 

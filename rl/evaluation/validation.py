@@ -44,6 +44,7 @@ from rl.tasks.factory import task_spaces, with_split
 from rl.training.callbacks import Callback, RolloutInfo
 from rl.training.trainer import OnPolicyTrainer
 from rl.utils.files import write_atomic
+from rl.utils.processes import end_processes, process_context
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +54,6 @@ _POLL_SECONDS = 0.5
 def result_path(checkpoint: Path) -> Path:
     """Where the validation result of ``checkpoint`` is written (``<checkpoint>.valid.json``)."""
     return checkpoint.with_suffix(".valid.json")
-
-
-def _start_method(method: str) -> str:
-    return method if method in mp.get_all_start_methods() else "spawn"
 
 
 def _checkpoint_step(path: Path, state: Mapping[str, Any] | None = None) -> int:
@@ -163,7 +160,7 @@ class BackgroundValidation(Callback):
         self._finished = False
 
     def _start(self) -> None:
-        ctx = mp.get_context(_start_method(self.settings.mp_start_method))
+        ctx = process_context(self.settings.mp_start_method)
         self._requests = ctx.Queue()
         self._results = ctx.Queue()
         self._process = ctx.Process(
@@ -320,12 +317,8 @@ class BackgroundValidation(Callback):
         self._finished = True
         if self._process is None:
             return
-        if self._process.is_alive():
-            self._process.terminate()
-            self._process.join(timeout=10)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join()
+        if self._process.is_alive():  # SIGTERM, 10 s to exit, then SIGKILL
+            end_processes([self._process], 0.0, wait=10.0, release=False)
         for q in (self._requests, self._results):
             q.cancel_join_thread()
             q.close()

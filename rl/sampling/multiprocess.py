@@ -35,7 +35,6 @@ fault detection, stopping) :mod:`rl.sampling.worker_pool`, and the shared block'
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
@@ -50,6 +49,7 @@ from rl.tasks.factory import build_env, dict_space, env_name
 from rl.tasks.spaces import action_array_spec, check_action_space
 from rl.utils.config import Check
 from rl.utils.misc import evenly_distribute_count_into_bins
+from rl.utils.processes import process_context, resolve_start_method
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,6 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "MultiprocessSampler",
     "SamplerWorkerError",
-    "resolve_start_method",
 ]
 
 # Seconds a worker may take to reply to one step (or reset, or save) before it counts as hung.
@@ -65,25 +64,6 @@ __all__ = [
 # (first reset of a process 0.3 s), so a step of 8 environments that all reset takes well under
 # 1 s and a first reset of 16 about 5 s, even on a loaded machine.
 DEFAULT_TIMEOUT_S = 60.0
-
-
-def resolve_start_method(method: str | None) -> str:
-    """The start method to use: ``method`` if available, else ``spawn`` (``forkserver`` first).
-
-    Args:
-        method: ``forkserver``, ``spawn``, ``fork`` or None (``forkserver``).
-
-    Returns:
-        An available start method; ``forkserver`` falls back to ``spawn`` where it is missing.
-    """
-    method = method or "forkserver"
-    available = mp.get_all_start_methods()
-    if method in available:
-        return method
-    if method == "forkserver":
-        log.info("start method 'forkserver' is not available here; using 'spawn'")
-        return "spawn"
-    raise ValueError(f"sampler.mp_start_method={method!r} is not available (have {available})")
 
 
 def _count_envs(num_processes: int, envs_per_process: int, num_envs: int | None) -> int:
@@ -177,7 +157,7 @@ class MultiprocessSampler(Sampler):
         self.total_envs = env_offset + num_envs if total_envs is None else total_envs
         self.timeout = timeout
         self._restore_timeout = None if timeout is None else max(timeout, start_timeout)
-        self.start_method = resolve_start_method(mp_start_method)
+        self.start_method = resolve_start_method(mp_start_method, "sampler.mp_start_method")
         blocks = evenly_distribute_count_into_bins(num_envs, self.num_processes)
         starts = np.cumsum([0, *blocks])
         #: ``(first, end)`` local environment indices of each worker.
@@ -186,7 +166,9 @@ class MultiprocessSampler(Sampler):
         ]
         self._probe_spaces(task)
 
-        ctx = mp.get_context(self.start_method)
+        # Forked from a server that has already imported this module (and the main module):
+        # starting a worker costs a fork, not a fresh interpreter.
+        ctx = process_context(self.start_method, preload=["__main__", __name__])
         layout, nbytes = SharedArrays.plan(
             sampler_array_specs(self.observation_space, num_envs, self.action_space)
         )
@@ -223,10 +205,6 @@ class MultiprocessSampler(Sampler):
         start_timeout: float,
     ) -> None:
         """Start a worker process per block; wait until all have built their environments."""
-        if self.start_method == "forkserver":
-            # Workers fork from a server that has already imported this module (and the
-            # main module): starting them costs a fork, not a fresh interpreter.
-            ctx.set_forkserver_preload(["__main__", __name__])
         off = self.env_offset
         self._pool = WorkerPool(ctx, [(off + lo, off + hi - 1) for lo, hi in self.worker_envs])
         worker_args = [

@@ -27,6 +27,7 @@ from typing import Any, NoReturn
 
 from rl.sampling.mp_worker import CLOSE, worker_main
 from rl.utils.deadline import Deadline
+from rl.utils.processes import end_processes
 
 __all__ = ["SamplerWorkerError", "WorkerPool", "exit_reason", "stop_workers"]
 
@@ -223,27 +224,10 @@ def stop_workers(
     for conn in conns:
         with contextlib.suppress(Exception):
             conn.send_bytes(CLOSE)
-    deadline = time.monotonic() + grace
-    for proc in processes:
-        if proc.pid is not None:
-            proc.join(max(0.0, deadline - time.monotonic()))
-    for escalate in ("terminate", "kill"):
-        alive = [p for p in processes if p.pid is not None and p.exitcode is None]
-        if not alive:
-            break
-        for proc in alive:
-            with contextlib.suppress(Exception):
-                getattr(proc, escalate)()
-        deadline = time.monotonic() + 1.0
-        for proc in alive:
-            proc.join(max(0.0, deadline - time.monotonic()))
+    end_processes(processes, grace)
     for conn in conns:
         with contextlib.suppress(Exception):
             conn.close()
-    for proc in processes:
-        with contextlib.suppress(Exception):
-            if proc.exitcode is not None:
-                proc.close()
 
 
 def exit_reason(exitcode: int | None) -> str:
