@@ -32,6 +32,7 @@ successor.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import io
 import json
@@ -187,7 +188,7 @@ def export_policy(
 
     Args:
         agent: The policy, its spaces and its normalisation (e.g.
-            :meth:`InferenceAgent.from_checkpoint`); its model is exported on the CPU.
+            :meth:`InferenceAgent.from_checkpoint`); a CPU copy of its model is exported.
         path: The file to write (``.onnx`` or ``.pt2``); ``<path>.json`` describes it.
         fmt: ``onnx`` (onnxruntime, and any ONNX runtime) or ``pt2`` (``torch.export``).
         check_observations: Sampled observations on which the written file must give the
@@ -202,7 +203,8 @@ def export_policy(
     path = Path(path)
     if agent.action_space is None:
         raise ExportError("export needs the environment's action space (the agent has none)")
-    model = agent.model.to("cpu").eval()  # type: ignore[attr-defined]
+    # A CPU copy: the agent keeps its model where it runs (the check below acts with it).
+    model = copy.deepcopy(agent.model).to("cpu").eval()  # type: ignore[attr-defined]
     state_keys = _state_keys(model.initial_state(1, "cpu"))
     wrapper = ExportedPolicy(
         model, agent.observation_space, agent.action_space, agent.normalizer, state_keys
@@ -319,7 +321,7 @@ def _check(
         state = TensorDict(
             {k: x[i : i + 1] for k, x in zip(state_keys, example[n_obs + 1 :], strict=True)},
             batch_size=[1],
-        )
+        ).to(agent.device)
         action, _ = agent.predict_flat(obs, state, bool(example[n_obs][i]))
         expected.append(np.asarray(action))
     ok = np.allclose(exported, np.stack(expected), rtol=1e-4, atol=1e-5)
