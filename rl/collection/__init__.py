@@ -6,8 +6,9 @@ learner's own policy, teacher forcing, forced scene advance, straggler preemptio
 runs fixed lists of seeded episodes (evaluation) and ``acting`` the policy step they, probe
 videos and the inference agent share. Collection workers (``collector=process``
 or ``collector=ray``) are :mod:`rl.collection.worker` (one worker), :mod:`rl.collection.actors`
-(its process or Ray actor) and :mod:`rl.collection.worker_set` (the set a learner drives),
-imported on demand.
+(its process or Ray actor), :mod:`rl.collection.worker_set` (the set a learner drives, with
+:mod:`~rl.collection.worker_calls`: its calls and watchdog, :mod:`~rl.collection.async_collection`:
+barrier-free collection, :mod:`~rl.collection.worker_config`: its settings), imported on demand.
 """
 
 from rl.collection.acting import NoExpertError, PolicyActor
