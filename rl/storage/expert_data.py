@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 from tensordict import TensorDict
 
 from rl.tasks.factory import build_env
+from rl.tasks.spaces import ObservationFlattener
+from rl.utils.files import write_atomic
 
 
 def expert_batch(
@@ -64,7 +63,7 @@ def generate_expert_trajectories(
         ``path``.
     """
     env = build_env(task)
-    is_dict = isinstance(env.observation_space, gym.spaces.Dict)
+    flatten = ObservationFlattener(env.observation_space)  # the entries policies are given
     steps: dict[str, list[np.ndarray]] = {}
     actions: list[int] = []
     starts: list[bool] = []
@@ -75,8 +74,7 @@ def generate_expert_trajectories(
             while True:
                 if "expert_action" not in info:
                     raise ValueError(f"task {task.get('_target_')} gives no info['expert_action']")
-                entries = obs if is_dict else {"obs": obs}
-                for key, value in entries.items():
+                for key, value in flatten(obs).items():
                     steps.setdefault(key, []).append(np.asarray(value))
                 action = int(info["expert_action"])
                 actions.append(action)
@@ -94,10 +92,7 @@ def generate_expert_trajectories(
     arrays["episode_start"] = np.asarray(starts, dtype=bool)
     buffer = io.BytesIO()
     np.savez_compressed(buffer, **arrays)  # type: ignore[arg-type]
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(buffer.getvalue())
-    os.replace(tmp, path)
+    write_atomic(path, buffer.getvalue())
     return path
 
 
