@@ -15,11 +15,14 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from tensordict import TensorDict
 
 import rl
 from rl.evaluation import InferenceAgent
 from rl.evaluation.export import ExportError, _check, export_checkpoint, export_policy
+from rl.models import ActionHead, PolicyBase, PolicyOutput
 from rl.tasks import build_env
+from rl.tasks.factory import dict_space
 from rl.utils.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,3 +186,59 @@ def test_evaluate_py_exports_and_names_what_it_cannot(cartpole: Path, tmp_path: 
     ]:
         with pytest.raises(ConfigError, match=re.escape(named)):
             rl.evaluate(*args, f"hydra.run.dir={tmp_path / 'h'}")
+
+
+class NestedStatePolicy(PolicyBase):
+    """A recurrent policy whose state is nested (``{"core": {"h"}}``, ``{"steps"}``)."""
+
+    def __init__(self, *, observation_space, action_space, hidden: int = 8) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.cell = torch.nn.GRUCell(int(np.prod(observation_space["obs"].shape)), hidden)
+        self.actor, self.critic = ActionHead(action_space, hidden), torch.nn.Linear(hidden, 1)
+
+    def initial_state(self, num_envs: int, device: torch.device | str = "cpu") -> TensorDict:
+        return TensorDict(
+            {"core": {"h": torch.zeros(num_envs, self.hidden)}, "steps": torch.zeros(num_envs)},
+            [num_envs],
+            device=device,
+        )
+
+    def forward(self, obs, episode_starts, state):
+        h, steps, outs = state["core", "h"], state["steps"], []
+        for t in range(episode_starts.shape[0]):
+            keep = (~episode_starts[t]).float()
+            h = self.cell(obs["obs"][t].float(), h * keep[:, None])
+            steps = steps * keep + 1
+            outs.append(h + 0.01 * steps[:, None])
+        x = torch.stack(outs)
+        after = TensorDict({"core": {"h": h}, "steps": steps}, [h.shape[0]])
+        return PolicyOutput(self.actor(x), self.critic(x)[..., 0]), after
+
+
+def test_a_nested_state_is_exported_leaf_by_leaf(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    env = build_env({"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1"})
+    model = NestedStatePolicy(observation_space=dict_space(env.observation_space),
+                              action_space=env.action_space)  # fmt: skip
+    agent = InferenceAgent(model=model, observation_space=env.observation_space,
+                           action_space=env.action_space)  # fmt: skip
+    info = export_policy(agent, tmp_path / "nested.onnx", "onnx")  # (checked on 32 inputs)
+    assert [d["name"] for d in info.inputs] == [
+        "obs",
+        "episode_start",
+        "state.core.h",
+        "state.steps",
+    ]
+    session = ort.InferenceSession(str(info.path), providers=["CPUExecutionProvider"])
+    h, steps = np.zeros((1, 8), np.float32), np.zeros(1, np.float32)
+    obs, _ = env.reset(seed=0)
+    agent.reset()
+    for t in range(20):
+        feed = {"obs": obs[None].astype(np.float32), "episode_start": np.array([t == 0]),
+                "state.core.h": h, "state.steps": steps}  # fmt: skip
+        action, h, steps = session.run(None, feed)
+        assert int(action[0]) == agent.act(obs)
+        obs, _, terminated, truncated, _ = env.step(int(action[0]))
+        if terminated or truncated:
+            break

@@ -46,6 +46,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from tensordict import TensorDict
+from tensordict.utils import NestedKey
 from torch import nn
 
 from rl.checkpoints.files import checkpoint_file
@@ -93,7 +94,7 @@ class ExportedPolicy(nn.Module):
         observation_space: gym.spaces.Dict,
         action_space: gym.Space,
         normalizer: Any | None,
-        state_keys: Sequence[str],
+        state_keys: Sequence[NestedKey],
     ) -> None:
         super().__init__()
         self.model = model  # type: ignore[assignment]
@@ -120,9 +121,7 @@ class ExportedPolicy(nn.Module):
         for i, k in enumerate(self.normalized):
             mean, inv_std = self.get_buffer(f"obs_mean_{i}"), self.get_buffer(f"obs_inv_std_{i}")
             obs[k] = ((obs[k] - mean) * inv_std).clamp(-self.clip, self.clip)
-        state = TensorDict(
-            dict(zip(self.state_keys, inputs[n + 1 :], strict=True)), batch_size=[starts.shape[0]]
-        )
+        state = _state_of(self.state_keys, inputs[n + 1 :], starts.shape[0])
         output, after = self.model(  # type: ignore[operator]
             {k: v.unsqueeze(0) for k, v in obs.items()}, starts.unsqueeze(0), state
         )
@@ -145,9 +144,21 @@ class ExportInfo:
     checked_observations: int
 
 
-def _state_keys(state: TensorDict) -> list[str]:
-    keys = state.keys(include_nested=True, leaves_only=True)
-    return [k if isinstance(k, str) else ".".join(k) for k in keys]
+def _state_keys(state: TensorDict) -> list[NestedKey]:
+    """The state's leaves, nested ones as key tuples (named ``a.b`` in the exported file)."""
+    return list(state.keys(include_nested=True, leaves_only=True))
+
+
+def _key_name(key: NestedKey) -> str:
+    return key if isinstance(key, str) else ".".join(key)
+
+
+def _state_of(keys: Sequence[NestedKey], values: Sequence[torch.Tensor], batch: Any) -> TensorDict:
+    """The policy's state from its leaves (nested entries rebuilt)."""
+    state = TensorDict({}, batch_size=[batch])
+    for key, value in zip(keys, values, strict=True):
+        state.set(key, value)
+    return state
 
 
 def _example_inputs(
@@ -167,8 +178,11 @@ def _example_inputs(
     return (*obs, starts, *(torch.randn_like(state[k].float()).to(state[k].dtype) for k in keys))
 
 
-def _describe(agent: InferenceAgent, example: tuple[torch.Tensor, ...], state_keys: list[str]):
-    names = [*agent.observation_space.spaces, "episode_start", *(f"state.{k}" for k in state_keys)]
+def _describe(
+    agent: InferenceAgent, example: tuple[torch.Tensor, ...], state_keys: list[NestedKey]
+) -> tuple[list[str], list[dict[str, Any]]]:
+    states = [f"state.{_key_name(k)}" for k in state_keys]
+    names = [*agent.observation_space.spaces, "episode_start", *states]
     inputs = [
         {"name": n, "dtype": str(x.dtype).removeprefix("torch."), "shape": ["N", *x.shape[1:]]}
         for n, x in zip(names, example, strict=True)
@@ -222,7 +236,7 @@ def export_policy(
             outputs_example = wrapper(*example)
     except Exception as e:  # what torch.export cannot trace in the policy: its own message
         raise ExportError(f"{type(model).__name__} could not be exported: {e}") from e
-    output_names = ["action", *(f"next_state.{k}" for k in state_keys)]
+    output_names = ["action", *(f"next_state.{_key_name(k)}" for k in state_keys)]
     outputs = [
         {"name": n, "dtype": str(x.dtype).removeprefix("torch."), "shape": ["N", *x.shape[1:]]}
         for n, x in zip(output_names, outputs_example, strict=True)
@@ -318,10 +332,8 @@ def _check(
     expected = []
     for i in range(count):
         obs = {k: example[j][i].numpy() for j, k in enumerate(agent.observation_space.spaces)}
-        state = TensorDict(
-            {k: x[i : i + 1] for k, x in zip(state_keys, example[n_obs + 1 :], strict=True)},
-            batch_size=[1],
-        ).to(agent.device)
+        rows = [x[i : i + 1] for x in example[n_obs + 1 :]]
+        state = _state_of(state_keys, rows, 1).to(agent.device)
         action, _ = agent.predict_flat(obs, state, bool(example[n_obs][i]))
         expected.append(np.asarray(action))
     ok = np.allclose(exported, np.stack(expected), rtol=1e-4, atol=1e-5)
