@@ -79,17 +79,17 @@ def _step_for(
     """Step ``sampler`` with ``actions`` (one of ``ACTIONS``) for ``seconds``: (steps, elapsed)."""
     high = 3 if actions == "walk" else 4
     table = np.random.default_rng(0).integers(0, high, size=(4096, num_envs))
-    _, expert = sampler.reset()
+    expert = sampler.reset()["expert_actions"].numpy()  # nav3d's step field (rl.tasks.fields)
 
     def act(t: int) -> np.ndarray:
         # -1: an environment without an expert action (none here): forward.
         return np.where(expert < 0, 2, expert) if actions == "expert" else table[t % 4096]
 
     for t in range(20):  # warm-up (textures, first frames)
-        expert = sampler.step(act(t)).expert_actions
+        expert = sampler.step(act(t))["expert_actions"].numpy()
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        expert = sampler.step(act(steps)).expert_actions
+        expert = sampler.step(act(steps))["expert_actions"].numpy()
         steps += 1
     return steps * num_envs, time.perf_counter() - start
 

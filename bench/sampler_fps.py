@@ -89,26 +89,28 @@ def build_policy(model: str) -> Any:
 
 def collect_fps(model: str, mode: str, seconds: float, processes: int = 2) -> float:
     """Steps/s of inference + stepping: ``sync`` (one sampler) or ``overlap`` (two halves)."""
-    from rl.sampling import MultiprocessSampler, obs_to_torch
+    from rl.sampling import MultiprocessSampler
 
     policy = build_policy(model)
     dev = torch.device("cpu")
 
-    def act(obs: dict[str, np.ndarray], starts: torch.Tensor, state: Any) -> Any:
-        step, state = policy.act(obs_to_torch(obs, dev), starts, state)
+    def act(batch: Any, starts: torch.Tensor, state: Any) -> Any:
+        """Actions for a sampler's step (or reset) ``TensorDict``: its ``obs``, as collected."""
+        obs = {k: v.to(dev, non_blocking=True) for k, v in batch["obs"].items()}
+        step, state = policy.act(obs, starts, state)
         return step.actions.numpy(), state
 
     with torch.no_grad():
         if mode == "sync":
             with make_sampler("serial" if processes == 0 else "mp", processes) as s:
-                obs, _ = s.reset()
+                b = s.reset()
                 hidden = policy.initial_state(NUM_ENVS, dev)
                 starts = torch.ones(NUM_ENVS, dtype=torch.bool)
                 steps, start = 0, time.perf_counter()
                 while time.perf_counter() - start < seconds:
-                    a, hidden = act(obs, starts, hidden)
+                    a, hidden = act(b, starts, hidden)
                     b = s.step(a)
-                    obs, starts = b.obs, torch.from_numpy(b.terminated | b.truncated)
+                    starts = b["terminated"] | b["truncated"]
                     steps += NUM_ENVS
                 return steps / (time.perf_counter() - start)
         half = NUM_ENVS // 2
@@ -125,19 +127,19 @@ def collect_fps(model: str, mode: str, seconds: float, processes: int = 2) -> fl
             for i in range(2)
         ]
         try:
-            obs = [h.reset()[0] for h in halves]
+            first = [h.reset() for h in halves]
             hid = [policy.initial_state(half, dev) for _ in halves]
             sts = [torch.ones(half, dtype=torch.bool) for _ in halves]
-            a0, hid[0] = act(obs[0], sts[0], hid[0])
+            a0, hid[0] = act(first[0], sts[0], hid[0])
             halves[0].step_async(a0)
-            a1, hid[1] = act(obs[1], sts[1], hid[1])
+            a1, hid[1] = act(first[1], sts[1], hid[1])
             halves[1].step_async(a1)
             steps, start = 0, time.perf_counter()
             while time.perf_counter() - start < seconds:
                 for i in (0, 1):  # half i's result arrives while the other half steps
                     b = halves[i].step_wait()
-                    obs[i], sts[i] = b.obs, torch.from_numpy(b.terminated | b.truncated)
-                    a, hid[i] = act(obs[i], sts[i], hid[i])
+                    sts[i] = b["terminated"] | b["truncated"]
+                    a, hid[i] = act(b, sts[i], hid[i])
                     halves[i].step_async(a)
                     steps += half
             return steps / (time.perf_counter() - start)

@@ -179,7 +179,7 @@ def _train_stop_resume(rank: int, tmp: str) -> None:
     assert seeds[0] == worker_seeds(8, 3)[:4] and seeds[1] == worker_seeds(8, 3)[4:]
     assert len(set(seeds[0]) | set(seeds[1])) == 8  # unique across ranks and environments
     obs = [None] * WORLD
-    dist.all_gather_object(obs, full.collector.sampler.reset()[0]["image"])
+    dist.all_gather_object(obs, full.collector.sampler.reset()["obs", "image"].numpy())
     assert not (obs[0] == obs[1]).all()
     full = make_trainer(rank, base / "full")
     full.train()

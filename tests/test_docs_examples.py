@@ -224,3 +224,11 @@ def test_the_notebook_page_runs_as_written(tmp_path, monkeypatch, capsys) -> Non
     summary = json.loads((run_dir / "eval_summary.json").read_text())
     assert summary["checkpoints"][-1]["success"] >= 0.9
     assert (tmp_path / "corridor.onnx").is_file()
+
+
+def test_the_samplers_pages_step_example_runs(capsys) -> None:
+    """docs/concepts/samplers.md: a sampler's step ``TensorDict`` read as the page reads it."""
+    code = next(b for b in python_blocks("concepts/samplers.md") if "finished_episodes" in b)
+    exec(compile(code, "docs/concepts/samplers.md", "exec"), {"__name__": "docs_example"})
+    out = capsys.readouterr().out.split("\n")
+    assert any(line.endswith(" 1.0") for line in out)  # the expert's episodes succeed

@@ -121,7 +121,7 @@ def make_goal_env() -> gym.Env:
     ids=["task=gym", "own-target"],
 )
 def test_success_is_taken_from_is_success_for_every_task(task: dict) -> None:
-    from rl.sampling import SerialSampler
+    from rl.sampling import SerialSampler, finished_episodes
 
     if "rl_test/Goal-v0" not in gym.registry:
         gym.register(id="rl_test/Goal-v0", entry_point=_Goal)
@@ -129,7 +129,7 @@ def test_success_is_taken_from_is_success_for_every_task(task: dict) -> None:
         sampler.reset()
         finished = []
         for action in ([1, 0], [1, 0], [1, 0]):
-            finished += sampler.step(np.array(action)).episodes
+            finished += finished_episodes(sampler.step(np.array(action)))
     assert sorted(e.metrics["success"] for e in finished) == [0.0, 1.0]
 
 

@@ -177,3 +177,12 @@ def test_imitation_value_term_needs_returns() -> None:
     with pytest.raises(ValueError, match="value_loss_coef > 0 .* has none"):
         ImitationLoss(value_loss_coef=1.0)(batch=batch, output=output, step_count=0)
     ImitationLoss()(batch=batch, output=output, step_count=0)  # without the term: fine
+
+
+def test_imitation_without_an_expert_field_is_an_error() -> None:
+    """A task that declares no ``expert_actions`` field (e.g. CartPole) is an error, not a
+    batch of -1 that silently gives a zero loss."""
+    batch, output = _batch_and_output(5)
+    del batch["expert_actions"]
+    with pytest.raises(ValueError, match="declares no such field"):
+        ImitationLoss()(batch=batch, output=output, step_count=0)

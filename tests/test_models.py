@@ -6,10 +6,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from small import final_obs_of, obs_of
 from tensordict import TensorDict
 
 from rl.models import ActorCritic
-from rl.sampling import SerialSampler, obs_to_torch
+from rl.sampling import SerialSampler
 from rl.storage import RolloutStorage, sequence_start_state
 from rl.tasks import Actions, dict_space
 
@@ -167,9 +168,8 @@ def recurrent_rollout(request):
             model.actor_out.bias[Actions.STOP] = -2.0
         model.eval()
         storage = RolloutStorage(num_steps=T_ROLLOUT, num_envs=N_ENVS)
-        obs_np, expert_np = sampler.reset()
-        obs = obs_to_torch(obs_np, torch.device("cpu"))
-        expert = torch.from_numpy(expert_np)
+        first = sampler.reset()
+        obs, expert = obs_of(first), first["expert_actions"]
         episode_starts = torch.ones(N_ENVS, dtype=torch.bool)
         # Start mid-way: a non-zero state that the storage must hand back to the update.
         state = model.initial_state(N_ENVS).apply(torch.randn_like)
@@ -182,11 +182,10 @@ def recurrent_rollout(request):
             for _ in range(T_ROLLOUT):
                 step, state = model.act(obs, episode_starts, state, generator=gen)
                 result = sampler.step(step.actions.numpy())
-                next_obs = obs_to_torch(result.obs, torch.device("cpu"))
+                next_obs = obs_of(result)
                 truncation_values = zeros
-                if len(result.final_obs_indices):
-                    idx = torch.from_numpy(result.final_obs_indices)
-                    final = obs_to_torch(result.final_obs, torch.device("cpu"))
+                final, idx = final_obs_of(result)
+                if len(idx):
                     out, _ = model(
                         {k: v.unsqueeze(0) for k, v in final.items()},
                         torch.zeros(1, len(idx), dtype=torch.bool),
@@ -194,20 +193,19 @@ def recurrent_rollout(request):
                     )
                     truncation_values = zeros.clone()
                     truncation_values[idx] = out.values[0]
-                terminated = torch.from_numpy(result.terminated)
-                truncated = torch.from_numpy(result.truncated)
+                terminated, truncated = result["terminated"], result["truncated"]
                 fields = {
                     "actions": step.actions,
                     "logprobs": step.logprobs,
                     "values": step.values,
-                    "rewards": torch.from_numpy(result.rewards),
+                    "rewards": result["rewards"],
                     "terminated": terminated,
                     "truncated": truncated,
                     "truncation_values": truncation_values,
                     "expert_actions": expert,
                 }
                 storage.insert(fields, next_obs, state)
-                expert = torch.from_numpy(result.expert_actions)
+                expert = result["expert_actions"]
                 obs, episode_starts = next_obs, terminated | truncated
     finally:
         sampler.close()

@@ -13,14 +13,15 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from small import small_nav
+import torch
+from small import assert_same_step, small_nav
 
 from rl.sampling import (
     MultiprocessSampler,
     SamplerWorkerError,
     SerialSampler,
-    StepBatch,
     build_sampler,
+    finished_episodes,
 )
 from rl.utils.seeding import worker_seeds
 
@@ -28,7 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = small_nav(max_steps=12)
 CARTPOLE = {"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1"}
 FAULTY = {"_target_": "rl.tasks.debug.FaultyEnv"}
-FIELDS = ("rewards", "terminated", "truncated", "expert_actions", "final_obs_indices", "paused")
 
 
 _ALREADY_RUNNING: set[int] = set()
@@ -66,19 +66,6 @@ def assert_no_children(timeout: float = 5.0) -> None:
     assert live_children() == []
 
 
-def assert_same(a: StepBatch, b: StepBatch) -> None:
-    for field in FIELDS:
-        x, y = getattr(a, field), getattr(b, field)
-        assert x.dtype == y.dtype and np.array_equal(x, y), field
-    assert a.obs.keys() == b.obs.keys() and a.final_obs.keys() == b.final_obs.keys()
-    for key in a.obs:
-        assert a.obs[key].dtype == b.obs[key].dtype
-        assert a.obs[key].tobytes() == b.obs[key].tobytes(), key
-    for key in a.final_obs:
-        assert a.final_obs[key].tobytes() == b.final_obs[key].tobytes(), key
-    assert a.episodes == b.episodes  # env index, metrics (exact floats) and episode seed
-
-
 @pytest.mark.parametrize(
     ("task", "processes", "envs", "steps"),
     [
@@ -99,20 +86,17 @@ def test_bitwise_identical_to_serial(task: dict, processes: int, envs: int, step
         assert multi.num_envs == envs and multi.num_processes == processes
         assert multi.observation_space == serial.observation_space
         assert multi.action_space == serial.action_space
-        (obs_s, exp_s), (obs_m, exp_m) = serial.reset(), multi.reset()
-        assert np.array_equal(exp_s, exp_m)
-        assert all(obs_s[k].tobytes() == obs_m[k].tobytes() for k in obs_s)
+        assert multi.step_fields == serial.step_fields
+        assert_same_step(serial.reset(), multi.reset())
         truncations = episodes = 0
         for t in range(steps):
             if t == steps // 2:  # forced new episodes (advance_scene_rollout_period) match too
-                (obs_s, exp_s), (obs_m, exp_m) = serial.new_episodes(), multi.new_episodes()
-                assert np.array_equal(exp_s, exp_m)
-                assert all(obs_s[k].tobytes() == obs_m[k].tobytes() for k in obs_s)
+                assert_same_step(serial.new_episodes(), multi.new_episodes())
             actions = rng.integers(0, num_actions, envs)
             a, b = serial.step(actions), multi.step(actions)
-            assert_same(a, b)
-            truncations += int(a.truncated.sum())
-            episodes += len(a.episodes)
+            assert_same_step(a, b)
+            truncations += int(a["truncated"].sum())
+            episodes += len(finished_episodes(a))
         assert episodes > 0
         if task is SMALL:
             assert truncations > 0  # the final-observation path is exercised
@@ -128,19 +112,22 @@ def test_halves_with_env_offset_match_one_serial_sampler() -> None:
             task=SMALL, num_processes=2, num_envs=3, seed=2, env_offset=3, total_envs=6
         ) as b,
     ):
-        obs, _ = serial.reset()
-        obs_a, obs_b = a.reset()[0], b.reset()[0]
-        assert all(np.array_equal(obs[k], np.concatenate([obs_a[k], obs_b[k]])) for k in obs)
+        obs = serial.reset()["obs"]
+        obs_a, obs_b = a.reset()["obs"], b.reset()["obs"]
+        assert obs.keys() == obs_a.keys() == obs_b.keys()
+        assert all(torch.equal(obs[k], torch.cat([obs_a[k], obs_b[k]])) for k in obs.keys())
         for _ in range(40):
             actions = rng.integers(0, 4, 6)
             a.step_async(actions[:3])
             b.step_async(actions[3:])
             x, ya, yb = serial.step(actions), a.step_wait(), b.step_wait()
-            assert np.array_equal(x.rewards, np.concatenate([ya.rewards, yb.rewards]))
+            assert torch.equal(x["rewards"], torch.cat([ya["rewards"], yb["rewards"]]))
+            assert x["obs"].keys() == ya["obs"].keys() == yb["obs"].keys()
             assert all(
-                np.array_equal(x.obs[k], np.concatenate([ya.obs[k], yb.obs[k]])) for k in x.obs
+                torch.equal(x["obs", k], torch.cat([ya["obs", k], yb["obs", k]]))
+                for k in x["obs"].keys()
             )
-            assert x.episodes == ya.episodes + yb.episodes
+            assert finished_episodes(x) == finished_episodes(ya) + finished_episodes(yb)
 
 
 def test_state_dict_round_trips_between_layouts_and_serial() -> None:
@@ -165,7 +152,7 @@ def test_state_dict_round_trips_between_layouts_and_serial() -> None:
         with resumed:
             resumed.load_state_dict(state)
             for t in range(10, 30):
-                assert_same(resumed.step(actions[t]), expected[t - 10])
+                assert_same_step(resumed.step(actions[t]), expected[t - 10])
 
 
 def test_envs_per_process_and_num_envs_precedence() -> None:
@@ -178,14 +165,14 @@ def test_envs_per_process_and_num_envs_precedence() -> None:
 
 
 def run_episode_list(sampler: SerialSampler | MultiprocessSampler) -> list:
-    _, expert = sampler.reset()
+    expert = sampler.reset()["expert_actions"].numpy()
     episodes = []
     while sampler.num_active:
         actions = expert.copy()
         actions[::3] = 0  # deterministic, not the pure expert: some episodes are truncated
         batch = sampler.step(actions)
-        episodes += batch.episodes
-        expert = batch.expert_actions[~batch.paused]
+        episodes += finished_episodes(batch)
+        expert = batch["expert_actions"][~batch["paused"]].numpy()
     return episodes
 
 
@@ -224,8 +211,7 @@ def test_spawn_start_method_works() -> None:
         task=CARTPOLE, num_processes=1, num_envs=2, mp_start_method="spawn", seed=1
     ) as multi:
         assert multi.start_method == "spawn"
-        obs, _ = multi.reset()
-        assert obs["obs"].shape == (2, 4)
+        assert multi.reset()["obs", "obs"].shape == (2, 4)
     assert_no_children()
 
 

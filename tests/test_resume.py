@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from pipelines import ppo_pipeline
-from small import SMALL
+from small import SMALL, obs_of
 
 from rl.checkpoints.files import (
     CheckpointError,
@@ -39,7 +39,7 @@ from rl.loggers import MetricsLogger
 from rl.losses import ImitationLoss, PPOLoss
 from rl.models import ActorCritic, build_policy
 from rl.pipeline import LinearDecay, PipelineStage, TrainingPipeline
-from rl.sampling import SerialSampler, obs_to_torch
+from rl.sampling import SerialSampler
 from rl.tasks import build_env, task_spaces
 from rl.training import (
     EXIT_REQUEUE,
@@ -208,16 +208,15 @@ def test_inference_agent_reproduces_the_engines_argmax_actions(tmp_path: Path) -
     seed = 7
     engine_actions: list[list[int]] = [[]]
     with SerialSampler(task=SMALL, num_envs=1, seed=seed) as sampler:
-        obs_np, _ = sampler.reset()
+        obs = obs_of(sampler.reset())
         starts = torch.ones(1, dtype=torch.bool)
         state = model.initial_state(1)
         while len(engine_actions) < 3:  # two episodes (the second after an auto-reset)
-            obs = obs_to_torch(obs_np, torch.device("cpu"))
             step, state = model.act(obs, starts, state, deterministic=True)
             engine_actions[-1].append(int(step.actions[0]))
             result = sampler.step(step.actions.numpy())
-            obs_np = result.obs
-            starts = torch.from_numpy(result.terminated | result.truncated)
+            obs = obs_of(result)
+            starts = result["terminated"] | result["truncated"]
             if starts[0]:
                 engine_actions.append([])
     agent = InferenceAgent.from_checkpoint(path, deterministic=True)

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from small import small_nav
 
-from rl.sampling import SerialSampler
+from rl.sampling import SerialSampler, finished_episodes
 
 SMALL = small_nav(max_steps=12)
 CARTPOLE = {"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1"}
 
 
 def run_expert(sampler: SerialSampler, max_steps: int = 10_000) -> list:
-    _, expert = sampler.reset()
+    expert = sampler.reset()["expert_actions"].numpy()
     episodes = []
     for _ in range(max_steps):
         if not sampler.num_active:
@@ -22,8 +23,8 @@ def run_expert(sampler: SerialSampler, max_steps: int = 10_000) -> list:
         actions = expert.copy()
         actions[::3] = 0
         batch = sampler.step(actions)
-        episodes += batch.episodes
-        expert = batch.expert_actions[~batch.paused]
+        episodes += finished_episodes(batch)
+        expert = batch["expert_actions"][~batch["paused"]].numpy()
     return episodes
 
 
@@ -41,12 +42,12 @@ def test_evaluation_results_do_not_depend_on_the_split() -> None:
 
     def results(n: int) -> dict:
         with SerialSampler(task={**SMALL, "max_steps": 50}, num_envs=n, episode_seeds=seeds) as s:
-            _, expert = s.reset()
+            expert = s.reset()["expert_actions"].numpy()
             out = {}
             while s.num_active:
                 b = s.step(expert)  # the pure expert: deterministic per episode
-                out.update({e.episode_seed: e.metrics for e in b.episodes})
-                expert = b.expert_actions[~b.paused]
+                out.update({e.episode_seed: e.metrics for e in finished_episodes(b)})
+                expert = b["expert_actions"][~b["paused"]].numpy()
             return out
 
     one, three = results(1), results(3)
@@ -56,24 +57,37 @@ def test_evaluation_results_do_not_depend_on_the_split() -> None:
 
 def test_truncation_reports_final_observation_and_resets() -> None:
     with SerialSampler(task=SMALL, num_envs=2, seed=3) as sampler:
-        obs, _ = sampler.reset()
+        sampler.reset()
         turn_left = np.zeros(2, dtype=np.int64)  # never stops: every episode is truncated
         for step in range(1, 13):
             batch = sampler.step(turn_left)
             if step < 12:
-                assert not batch.truncated.any() and not batch.final_obs_indices.size
-        assert batch.truncated.all() and not batch.terminated.any()
-        assert batch.final_obs_indices.tolist() == [0, 1]
-        assert batch.final_obs["image"].shape == (2, 7, 7, 3)
-        assert [e.metrics["length"] for e in batch.episodes] == [12.0, 12.0]
+                assert not batch["truncated"].any() and "final_obs" not in batch.keys()
+        assert batch["truncated"].all() and not batch["terminated"].any()
+        assert batch["truncated"].nonzero().squeeze(1).tolist() == [0, 1]
+        assert batch["final_obs", "image"].shape == (2, 7, 7, 3)
+        assert [e.metrics["length"] for e in finished_episodes(batch)] == [12.0, 12.0]
         # The returned obs already belongs to the next episode.
-        assert not np.array_equal(batch.obs["goal"], batch.final_obs["goal"])
+        assert not torch.equal(batch["obs", "goal"], batch["final_obs", "goal"])
+
+
+def test_final_observations_are_zeros_where_no_episode_was_truncated() -> None:
+    with SerialSampler(task=SMALL, num_envs=2, seed=3) as sampler:
+        expert = sampler.reset()["expert_actions"].numpy()
+        for _ in range(12):  # env 0 turns (truncated at step 12), env 1 follows the expert
+            batch = sampler.step(np.array([0, expert[1]]))
+            expert = batch["expert_actions"].numpy()
+        assert batch["truncated"].tolist() == [True, False]
+        assert batch["final_obs"].batch_size == (2,)  # every row, as obs
+        for key in ("image", "goal"):
+            assert batch["final_obs", key][0].any()  # env 0's last observation
+            assert not batch["final_obs", key][1].any()  # zeros: env 1 was not truncated
 
 
 def test_training_seeds_differ_per_env_and_are_reproducible() -> None:
     def first_obs(seed: int) -> np.ndarray:
         with SerialSampler(task=SMALL, num_envs=4, seed=seed) as s:
-            return s.reset()[0]["goal"]
+            return s.reset()["obs", "goal"].numpy()
 
     a, b, c = first_obs(0), first_obs(0), first_obs(1)
     np.testing.assert_array_equal(a, b)
@@ -83,11 +97,13 @@ def test_training_seeds_differ_per_env_and_are_reproducible() -> None:
 
 def test_non_dict_observations_are_wrapped() -> None:
     with SerialSampler(task=CARTPOLE, num_envs=2, seed=0) as sampler:
-        obs, expert = sampler.reset()
-        assert list(obs) == ["obs"] and obs["obs"].shape == (2, 4)
-        assert expert.tolist() == [-1, -1]
+        first = sampler.reset()
+        assert list(first["obs"].keys()) == ["obs"] and first["obs", "obs"].shape == (2, 4)
+        # CartPole declares no step fields: no expert actions at all.
+        assert sampler.step_fields == {} and set(first.keys()) == {"obs"}
         batch = sampler.step(np.array([0, 1]))
-        assert batch.rewards.tolist() == [1.0, 1.0]
+        assert batch["rewards"].tolist() == [1.0, 1.0]
+        assert "expert_actions" not in batch.keys()
 
 
 def test_wrong_action_count_is_an_error() -> None:
@@ -102,13 +118,15 @@ def test_new_episodes_cuts_every_episode() -> None:
         sampler.reset()
         for _ in range(3):
             batch = sampler.step(np.zeros(3, dtype=np.int64))
-        obs, expert = sampler.new_episodes()
-        assert obs["image"].shape == (3, 7, 7, 3) and expert.shape == (3,)
-        assert not np.array_equal(obs["goal"], batch.obs["goal"])
+        first = sampler.new_episodes()
+        assert first["obs", "image"].shape == (3, 7, 7, 3)
+        assert first["expert_actions"].shape == (3,)
+        assert not torch.equal(first["obs", "goal"], batch["obs", "goal"])
         # Lengths restart: the next episode end comes after the full max_steps.
         lengths = []
         for _ in range(50):
-            lengths += [e.metrics["length"] for e in sampler.step(np.zeros(3, np.int64)).episodes]
+            step = sampler.step(np.zeros(3, np.int64))
+            lengths += [e.metrics["length"] for e in finished_episodes(step)]
         assert lengths == [50.0, 50.0, 50.0]
 
 

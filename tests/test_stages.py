@@ -16,7 +16,7 @@ from pipelines import ppo_pipeline
 from small import SMALL
 
 from rl.checkpoints import list_checkpoints
-from rl.collection import InProcessCollector
+from rl.collection import InProcessCollector, RolloutRequest
 from rl.evaluation import episode_seed_list, evaluate_policy
 from rl.loggers import MetricsLogger
 from rl.losses import ImitationLoss, PPOLoss
@@ -406,6 +406,28 @@ def test_imitation_with_teacher_forcing_learns_the_expert(
         action_seed=seed_offset,
     )
     assert result.metrics["success"] >= 0.9, result.metrics
+
+
+def test_teacher_forcing_without_an_expert_field_is_an_error() -> None:
+    """CartPole declares no ``expert_actions`` step field: teacher forcing says so instead of
+    taking no expert action (before: every step's expert was -1, silently never forced)."""
+    cartpole = {"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1"}
+    with SerialSampler(task=cartpole, num_envs=2, seed=0) as sampler:
+        assert "expert_actions" not in sampler.step_fields
+        model = ActorCritic(
+            observation_space=sampler.observation_space,
+            action_space=sampler.action_space,
+            cnn_channels=[],
+            trunk_layers=[],
+            rnn=None,
+            head_layers=[16],
+        )
+        collector = InProcessCollector(model=model, sampler=sampler)
+        collector.collect(RolloutRequest(num_steps=4))  # without teacher forcing: fine
+        with pytest.raises(ValueError, match="teacher forcing .* declares no such field"):
+            collector.collect(
+                RolloutRequest(num_steps=4, teacher_forcing=ConstantSchedule(value=1.0))
+            )
 
 
 class FirstStepStarts(Callback):

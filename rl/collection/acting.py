@@ -13,7 +13,7 @@ expert in the same place of the same loop (:func:`~rl.collection.episodes.evalua
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ from tensordict import TensorDict
 
 from rl.collection.normalization import Normalizer
 from rl.models.policy import Policy
-from rl.sampling.convert import obs_to_torch
+from rl.tasks.fields import EXPERT_ACTIONS
 
 __all__ = ["Actor", "ExpertActor", "NoExpertError", "PolicyActor", "policy_step"]
 
@@ -55,8 +55,8 @@ def policy_step(
 class Actor(Protocol):
     """What acts in a loop over ``N`` environments (a policy, the task's expert)."""
 
-    def act(self, obs: Mapping[str, np.ndarray], expert: np.ndarray) -> np.ndarray:
-        """Actions ``[N, ...]`` for observations ``[N, ...]`` (``expert``: the task's, or -1)."""
+    def act(self, step: Mapping[str, Any]) -> np.ndarray:
+        """Actions ``[N, ...]`` for a sampler's step of ``N`` (its ``obs`` and task fields)."""
         ...
 
     def advance(self, done: np.ndarray, keep: np.ndarray | None = None) -> None:
@@ -91,10 +91,11 @@ class PolicyActor:
         self.state = model.initial_state(num_envs, self.device)
         self.starts = torch.ones(num_envs, dtype=torch.bool, device=self.device)
 
-    def act(self, obs: Mapping[str, np.ndarray], expert: np.ndarray | None = None) -> np.ndarray:
-        """Actions ``[N, ...]`` (NumPy) for NumPy observations ``[N, ...]``."""
+    def act(self, step: Mapping[str, Any]) -> np.ndarray:
+        """Actions ``[N, ...]`` (NumPy) for ``step["obs"]``, ``[N, ...]`` arrays or tensors."""
+        obs = {k: torch.as_tensor(v).to(self.device) for k, v in step["obs"].items()}
         actions, self.state = policy_step(
-            self.model, obs_to_torch(obs, self.device), self.starts, self.state,
+            self.model, obs, self.starts, self.state,
             deterministic=self.deterministic, generator=self.generator,
             normalizer=self.normalizer,
         )  # fmt: skip
@@ -110,7 +111,7 @@ class PolicyActor:
 
 
 class ExpertActor:
-    """The task's expert (``info["expert_action"]``) in a policy's place.
+    """The task's expert (its ``expert_actions`` step field) in a policy's place.
 
     Args:
         task: The task's name, for the error of a task without an expert.
@@ -119,14 +120,15 @@ class ExpertActor:
     def __init__(self, task: str) -> None:
         self.task = task
 
-    def act(self, obs: Mapping[str, np.ndarray], expert: np.ndarray) -> np.ndarray:
+    def act(self, step: Mapping[str, Any]) -> np.ndarray:
         """The expert's actions (a :class:`NoExpertError` where the task gives none)."""
-        if (expert < 0).any():
+        expert = step[EXPERT_ACTIONS] if EXPERT_ACTIONS in step.keys() else None
+        if expert is None or (expert < 0).any():
             raise NoExpertError(
                 f'task {self.task!r} gives no expert action (info["expert_action"]); '
                 "test_expert needs a task with an expert"
             )
-        return expert
+        return np.asarray(expert)
 
     def advance(self, done: np.ndarray, keep: np.ndarray | None = None) -> None:
         """Nothing to carry."""

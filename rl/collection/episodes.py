@@ -18,6 +18,7 @@ import torch
 from rl.collection.acting import Actor, ExpertActor, PolicyActor
 from rl.collection.normalization import Normalizer
 from rl.models.policy import Policy
+from rl.sampling.base import finished_episodes
 from rl.sampling.convert import episode_metric_key
 from rl.sampling.factory import build_sampler
 
@@ -97,7 +98,7 @@ def evaluate_expert(
     episode_seeds: Sequence[int],
     num_envs: int = 16,
 ) -> EvalResult:
-    """Run the task's expert (``info["expert_action"]``) on every episode of ``episode_seeds``.
+    """Run the task's expert (``expert_actions``) on every episode of ``episode_seeds``.
 
     The reference for a policy's evaluation: the same episode list, split and paused the same
     way as :func:`evaluate_policy`, with the expert's action taken at every step.
@@ -130,17 +131,17 @@ def run_episode_list(
     """
     records: dict[int, dict[str, Any]] = {}
     with build_sampler(None, task=task, num_envs=num_envs, episode_seeds=episode_seeds) as sampler:
-        obs, expert = sampler.reset()
+        step = sampler.reset()
         actor = make_actor(sampler.num_envs)
         while sampler.num_active:
-            result = sampler.step(actor.act(obs, expert))
-            for ep in result.episodes:
+            result = sampler.step(actor.act(step))
+            for ep in finished_episodes(result):
                 assert ep.episode_seed is not None
                 records[ep.episode_seed] = {"episode_seed": ep.episode_seed, **ep.metrics}
-            keep = ~result.paused
-            obs = {k: v[keep] for k, v in result.obs.items()}
-            expert = result.expert_actions[keep]
-            actor.advance(result.terminated | result.truncated, keep)
+            paused = result.get("paused")
+            step = result[~paused] if paused.any() else result
+            done = result.get("terminated") | result.get("truncated")
+            actor.advance(done.numpy(), (~paused).numpy())
     return summarise_episodes(records, episode_seeds)
 
 

@@ -4,10 +4,12 @@
 the policy on the current observations (the recurrent state carried along and reset at episode
 starts), replaces sampled actions by the expert's with the request's teacher-forcing
 probability, steps the sampler, bootstraps truncated episodes from the value of their final
-observation, and records everything in its :class:`~rl.storage.RolloutStorage`. Under DDP with
+observation, and records everything in its :class:`~rl.storage.RolloutStorage`: the policy's
+outputs and extras, the step's rewards and flags, and the task's own step fields
+(:mod:`rl.tasks.fields`) beside the action taken on the observation they came with. Under DDP with
 ``distributed.sync_frac`` set, a straggler ends its rollout early once enough workers are done
 (:class:`~rl.distributed.RolloutPreemption`). What one rollout hands the next (observations,
-expert actions, episode starts, recurrent state) stays here and is saved with the sampler's
+the task's fields, episode starts, recurrent state) stays here and is saved with the sampler's
 episodes in flight, so a resumed run continues exactly.
 """
 
@@ -19,19 +21,18 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from tensordict import TensorDict
 
 from rl.collection.base import CollectionSpec, Preemption, Rollout, RolloutRequest
 from rl.collection.episodes import EvalResult, evaluate_policy
 from rl.collection.normalization import Normalizer
+from rl.collection.teacher_forcing import check_field_names, teacher_force
 from rl.distributed.preemption import RolloutPreemption
 from rl.distributed.setup import DistContext
-from rl.models.policy import Policy, PolicyStep
+from rl.models.policy import Policy
 from rl.pipeline.trackers import ScalarMeanTracker
-from rl.sampling.base import Sampler, StepBatch
-from rl.sampling.convert import obs_to_torch
+from rl.sampling.base import Sampler, finished_episodes
 from rl.sampling.factory import build_sampler
 from rl.storage.rollout import RolloutStorage
 from rl.tasks.factory import with_split
@@ -44,7 +45,7 @@ class _Carry:
     """What one rollout hands the next."""
 
     obs: dict[str, torch.Tensor]  # as the environments returned them (not normalised)
-    expert: torch.Tensor  # [N] int64 on the CPU, -1 where the task gives none
+    fields: dict[str, torch.Tensor]  # the task's step fields for those observations
     episode_starts: torch.Tensor
     state: TensorDict  # the policy's recurrent state, batch [N]
     returns: torch.Tensor | None = None  # [N] float64 discounted returns (reward scaling)
@@ -140,11 +141,19 @@ class InProcessCollector:
             )
         return self.storage
 
-    def _fresh_carry(self, obs_np: Mapping[str, np.ndarray], expert_np: np.ndarray) -> _Carry:
+    def _fields(self, step: TensorDict) -> dict[str, torch.Tensor]:
+        """The task's step fields of a sampler's step, on the collector's device."""
+        return {k: step.get(k).to(self.device) for k in self.sampler.step_fields}
+
+    def _obs(self, step: TensorDict, key: str = "obs") -> dict[str, torch.Tensor]:
+        """A step's observations (``obs`` or ``final_obs``) by key, on the collector's device."""
+        return {k: v.to(self.device, non_blocking=True) for k, v in step.get(key).items()}
+
+    def _fresh_carry(self, first: TensorDict) -> _Carry:
         n = self.num_envs
         return _Carry(
-            obs=obs_to_torch(obs_np, self.device),
-            expert=torch.from_numpy(expert_np),
+            obs=self._obs(first),
+            fields=self._fields(first),
             episode_starts=torch.ones(n, dtype=torch.bool, device=self.device),
             state=self.model.initial_state(n, self.device),
             returns=self._fresh_returns(),
@@ -163,7 +172,7 @@ class InProcessCollector:
     def collect(self, request: RolloutRequest) -> Rollout:
         """Fill the storage with ``request.num_steps`` steps of every environment."""
         if self._carry is None:
-            self._carry = self._fresh_carry(*self.sampler.reset())
+            self._carry = self._fresh_carry(self.sampler.reset())
         c = self._carry
         model, n = self.model, self.num_envs
         storage = self._storage_for(request.num_steps)
@@ -176,7 +185,8 @@ class InProcessCollector:
         if self.preemption is not None:
             self.preemption.start(self._rollout_index)
         self._rollout_index += 1
-        obs, expert, starts, state, returns = c.obs, c.expert, c.episode_starts, c.state, c.returns
+        obs, task_fields, starts, state = c.obs, c.fields, c.episode_starts, c.state
+        returns = c.returns
         policy_obs = self._policy_obs(obs)
         for t in range(request.num_steps):
             t0 = time.perf_counter()
@@ -186,7 +196,7 @@ class InProcessCollector:
             actions, logprobs = step.actions, step.logprobs
             if request.teacher_forcing is not None:
                 prob = request.teacher_forcing_probability(t)
-                actions, logprobs, count = self._teacher_force(prob, step, expert)
+                actions, logprobs, count = teacher_force(prob, step, task_fields, self.device)
                 forced_steps += count
                 stats.add_scalars(
                     {"pipeline/teacher_ratio": count / n, "pipeline/teacher_forcing_prob": prob}
@@ -198,13 +208,15 @@ class InProcessCollector:
                 "actions": actions,
                 "logprobs": logprobs,
                 "values": step.values,
-                "expert_actions": expert.to(self.device),
+                **task_fields,  # what the task reported with the observation acted on
                 **step.extras,  # fields the policy declares for its own losses
             }
+            if t == 0:
+                check_field_names(task_fields, step.extras)
             recorded = self._record(storage, fields, result, state, returns)
             obs, policy_obs, starts, returns = recorded
-            expert = torch.from_numpy(result.expert_actions)
-            episodes.extend(result.episodes)
+            task_fields = self._fields(result)
+            episodes.extend(finished_episodes(result))
             t3 = time.perf_counter()
             inference_seconds += (t1 - t0) + (t3 - t2)
             env_seconds += t2 - t1
@@ -217,7 +229,7 @@ class InProcessCollector:
                 self.preemption.finished()
             stats.add_scalars({self.preemption.metric: storage.step / request.num_steps})
         self._carry = _Carry(
-            obs=obs, expert=expert, episode_starts=starts, state=state, returns=returns
+            obs=obs, fields=task_fields, episode_starts=starts, state=state, returns=returns
         )
         # ALGO: the value the returns bootstrap from, by the policy that collected the rollout.
         out, _ = model(
@@ -239,7 +251,7 @@ class InProcessCollector:
         self,
         storage: RolloutStorage,
         fields: dict[str, torch.Tensor],
-        result: StepBatch,
+        result: TensorDict,
         state: TensorDict,
         returns: torch.Tensor | None,
     ) -> tuple[dict[str, torch.Tensor], Mapping[str, torch.Tensor], torch.Tensor, Any]:
@@ -248,13 +260,13 @@ class InProcessCollector:
         Returns:
             ``(next observations, what the policy sees of them, episode starts, returns)``.
         """
-        next_obs = obs_to_torch(result.obs, self.device)
+        next_obs = self._obs(result)
         next_policy_obs = self._policy_obs(next_obs)
         fields["truncation_values"] = self._truncation_values(result, state)
-        terminated = torch.from_numpy(result.terminated).to(self.device)
-        truncated = torch.from_numpy(result.truncated).to(self.device)
+        terminated = result.get("terminated").to(self.device)
+        truncated = result.get("truncated").to(self.device)
         starts = terminated | truncated
-        rewards = torch.from_numpy(result.rewards).to(self.device)
+        rewards = result.get("rewards").to(self.device)
         if returns is not None and self.normalizer is not None:  # ALGO: VecNormalize's scaling
             rewards, returns = self.normalizer.rewards(rewards, returns, starts)
         fields.update(rewards=rewards, terminated=terminated, truncated=truncated)
@@ -263,39 +275,13 @@ class InProcessCollector:
         storage.insert(fields, next_policy_obs, state)
         return next_obs, next_policy_obs, starts, returns
 
-    def _teacher_force(
-        self, prob: float, step: PolicyStep, expert: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """ALGO: take the expert's action with probability ``prob`` where the task gives one.
-
-        Returns:
-            ``(actions taken, their log-probabilities under the policy, how many were forced)``:
-            the storage records the action taken, so the update sees what the env saw.
-
-        Raises:
-            ValueError: The policy's actions are not single discrete actions (the expert's
-                are), e.g. a Box action space.
-        """
-        actions, logprobs = step.actions, step.logprobs
-        if actions.shape != expert.shape or actions.is_floating_point():
-            raise ValueError(
-                "teacher forcing takes the task's expert actions (one discrete action per "
-                f"environment), but the policy's actions have shape {tuple(actions.shape)} "
-                f"and dtype {actions.dtype}: teacher forcing needs a Discrete action space"
-            )
-        forced = (torch.rand(actions.shape) < prob) & (expert >= 0)
-        if forced.any():
-            actions = torch.where(forced.to(self.device), expert.to(self.device), actions)
-            logprobs = step.dist.log_prob(actions)
-        return actions, logprobs, int(forced.sum())
-
-    def _truncation_values(self, result: StepBatch, state: TensorDict) -> torch.Tensor:
+    def _truncation_values(self, result: TensorDict, state: TensorDict) -> torch.Tensor:
         """ALGO: values of the final observations of truncated episodes (bootstrapped)."""
-        values = torch.zeros(len(result.rewards), device=self.device)
-        if not len(result.final_obs_indices):
+        values = torch.zeros(result.batch_size[0], device=self.device)
+        if "final_obs" not in result.keys():
             return values
-        idx = torch.from_numpy(result.final_obs_indices).to(self.device)
-        final = self._policy_obs(obs_to_torch(result.final_obs, self.device))
+        idx = result.get("truncated").nonzero().squeeze(1).to(self.device)
+        final = self._policy_obs({k: v[idx] for k, v in self._obs(result, "final_obs").items()})
         out, _ = self.model(
             {k: v.unsqueeze(0) for k, v in final.items()},
             torch.zeros(1, len(idx), dtype=torch.bool, device=self.device),
@@ -323,8 +309,7 @@ class InProcessCollector:
         """
         if self._carry is None:
             return
-        obs_np, expert_np = self.sampler.new_episodes()
-        fresh = self._fresh_carry(obs_np, expert_np)
+        fresh = self._fresh_carry(self.sampler.new_episodes())
         self._carry = dataclasses.replace(fresh, state=self._carry.state)
 
     def evaluate(
@@ -368,7 +353,6 @@ class InProcessCollector:
         rollout = None
         if self._carry is not None:
             rollout = {
-                "expert": self._carry.expert,
                 "episode_starts": self._carry.episode_starts,
                 "state": self._carry.state.to_dict(),
                 "obs": dict(self._carry.obs),
@@ -397,11 +381,11 @@ class InProcessCollector:
             )
             return
         try:
-            obs_np, expert_np = self.sampler.load_state_dict(sampler_state)
+            first = self.sampler.load_state_dict(sampler_state)
         except NotImplementedError as e:
             log.warning("%s: starting fresh episodes instead", e)
             return
-        obs = obs_to_torch(obs_np, self.device)
+        obs = self._obs(first)
         saved = rollout["obs"]
         if set(saved) != set(obs) or not all(
             torch.equal(obs[k], saved[k].to(self.device)) for k in obs
@@ -412,7 +396,7 @@ class InProcessCollector:
             )
         self._carry = _Carry(
             obs=obs,
-            expert=torch.from_numpy(expert_np),
+            fields=self._fields(first),
             episode_starts=rollout["episode_starts"].to(self.device),
             state=self._saved_state(rollout),
             returns=rollout.get("returns", self._fresh_returns()),

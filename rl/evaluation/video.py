@@ -145,7 +145,8 @@ def record_episode(
         captions_text = ["step 0  (reset)"]
         terminated = truncated = False
         while length < max_frames:
-            action = actor.act({k: np.asarray(v)[None] for k, v in flatten(obs).items()})[0]
+            obs_row = {k: np.asarray(v)[None] for k, v in flatten(obs).items()}
+            action = actor.act({"obs": obs_row})[0]
             env_action = (
                 int(action) if action.ndim == 0 else to_env_actions(env.action_space, action)
             )

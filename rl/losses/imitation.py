@@ -10,6 +10,7 @@ from tensordict import TensorDict
 from rl.losses.base import Loss, LossOutput, explained_variance
 from rl.models.distributions import Categorical
 from rl.models.policy import PolicyOutput
+from rl.tasks.fields import EXPERT_ACTIONS
 from rl.utils.config import Check
 
 
@@ -42,7 +43,13 @@ class ImitationLoss(Loss):
                 f"action distribution is a {type(output.dist).__name__}; imitation needs a "
                 "Discrete action space"
             )
-        expert = batch["expert_actions"]
+        if EXPERT_ACTIONS not in batch.keys():
+            raise ValueError(
+                f"imitation reads the task's expert actions (the step field {EXPERT_ACTIONS!r}, "
+                "info['expert_action']), but the task declares no such field "
+                "(rl.tasks.fields: StepField); imitation needs a task with an expert"
+            )
+        expert = batch[EXPERT_ACTIONS]
         mask = expert >= 0
         count = int(mask.sum())
         logp = output.dist.log_prob(expert.clamp(min=0))

@@ -3,11 +3,12 @@
 ``SerialSampler`` steps every environment in this process (debugging, tests);
 ``MultiprocessSampler`` steps them in worker processes through shared memory. Both take the
 same keyword arguments (``task``, ``num_envs``, ``seed``, ``episode_seeds``, ...) and return
-bitwise the same results; :func:`build_sampler` builds either from a sampler config.
-``convert`` turns their NumPy batches into tensors and names their episode metrics.
+bitwise the same results, one ``TensorDict`` per step (:func:`step_tensordict`: observations,
+rewards, flags and the task's own step fields, :mod:`rl.tasks.fields`); :func:`build_sampler`
+builds either from a sampler config. ``convert`` names their episode metrics.
 """
 
-from rl.sampling.base import EpisodeRecord, Sampler, StepBatch
+from rl.sampling.base import EpisodeRecord, Sampler, finished_episodes, step_tensordict
 from rl.sampling.convert import episode_metric_key, obs_to_torch
 from rl.sampling.factory import build_sampler, sampler_num_envs
 from rl.sampling.multiprocess import MultiprocessSampler, SamplerWorkerError
@@ -19,9 +20,10 @@ __all__ = [
     "Sampler",
     "SamplerWorkerError",
     "SerialSampler",
-    "StepBatch",
     "build_sampler",
     "episode_metric_key",
+    "finished_episodes",
     "obs_to_torch",
     "sampler_num_envs",
+    "step_tensordict",
 ]

@@ -1,13 +1,18 @@
-"""The sampler interface the engine drives, and what one step returns."""
+"""The sampler interface the engine drives, and what one step returns (a ``TensorDict``)."""
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
+from tensordict import TensorDict
+
+from rl.tasks.fields import StepField
 
 
 @dataclasses.dataclass
@@ -25,36 +30,66 @@ class EpisodeRecord:
     episode_seed: int | None = None
 
 
-@dataclasses.dataclass
-class StepBatch:
-    """What a sampler returns for one step of its (active) environments, ``[N, ...]`` arrays.
+STEP_KEYS = ("obs", "rewards", "terminated", "truncated", "paused")
+"""The entries of every step ``TensorDict`` (besides the task's fields and ``final_obs``)."""
 
-    ``obs`` is the observation to act on next: for an environment whose episode just ended it is
-    already the first observation of its next episode (auto-reset); the last observation of a
-    truncated episode is in ``final_obs`` so its value can be bootstrapped.
 
-    Attributes:
-        obs: Next observations by key.
-        rewards: ``[N]`` float32.
-        terminated: ``[N]`` bool.
-        truncated: ``[N]`` bool (never both).
-        expert_actions: ``[N]`` int64, -1 where the task gives none.
-        final_obs: Last observations of the truncated episodes by key, ``[K, ...]``.
-        final_obs_indices: ``[K]`` positions (in this batch) of those environments.
-        episodes: Episodes that finished in this step.
-        paused: ``[N]`` bool (evaluation mode): the environment ran out of episodes and leaves
-            the active set after this step; its ``obs`` row is meaningless.
+def step_tensordict(
+    obs: Mapping[str, np.ndarray],
+    fields: Mapping[str, np.ndarray],
+    *,
+    rewards: np.ndarray | None = None,
+    terminated: np.ndarray | None = None,
+    truncated: np.ndarray | None = None,
+    paused: np.ndarray | None = None,
+    final_obs: Mapping[str, np.ndarray] | None = None,
+    episodes: list[EpisodeRecord] | None = None,
+) -> TensorDict:
+    """What a sampler returns: one ``TensorDict`` of batch ``[N]`` over NumPy rows (no copy).
+
+    Entries (``torch`` tensors over the given arrays):
+
+    - ``obs``: the observations to act on next, by key (nested). For an environment whose
+      episode just ended it is already the first observation of its next episode (auto-reset).
+    - the task's step fields (:mod:`rl.tasks.fields`), e.g. ``expert_actions``: what the
+      environment reported with those observations.
+    - after a step, ``rewards`` (float32), ``terminated`` and ``truncated`` (bool, never both)
+      and ``paused`` (bool, evaluation mode: the environment ran out of episodes and leaves the
+      active set after this step; its ``obs`` row is meaningless);
+    - ``final_obs`` (nested, only in steps where an episode was truncated): the last
+      observation of each truncated episode, so its value can be bootstrapped (other rows are
+      zeros);
+    - ``episodes`` (non-tensor, :func:`finished_episodes`): the episodes that ended.
+
+    A reset's ``TensorDict`` holds ``obs`` and the task's fields only.
     """
+    n = len(next(iter(obs.values())))
+    data: dict[str, Any] = {
+        "obs": TensorDict._new_unsafe(
+            {k: torch.from_numpy(v) for k, v in obs.items()}, batch_size=torch.Size([n])
+        )
+    }
+    for key, value in fields.items():
+        data[key] = torch.from_numpy(value)
+    for key, flags in (
+        ("rewards", rewards), ("terminated", terminated), ("truncated", truncated),
+        ("paused", paused),
+    ):  # fmt: skip
+        if flags is not None:
+            data[key] = torch.from_numpy(flags)
+    if final_obs:
+        data["final_obs"] = TensorDict._new_unsafe(
+            {k: torch.from_numpy(v) for k, v in final_obs.items()}, batch_size=torch.Size([n])
+        )
+    step = TensorDict._new_unsafe(data, batch_size=torch.Size([n]))
+    if episodes is not None:
+        step.set_non_tensor("episodes", episodes)
+    return step
 
-    obs: dict[str, np.ndarray]
-    rewards: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    expert_actions: np.ndarray
-    final_obs: dict[str, np.ndarray]
-    final_obs_indices: np.ndarray
-    episodes: list[EpisodeRecord]
-    paused: np.ndarray
+
+def finished_episodes(step: TensorDict) -> list[EpisodeRecord]:
+    """The episodes that ended in ``step`` (a sampler's step ``TensorDict``)."""
+    return step.get_non_tensor("episodes", default=[])  # type: ignore[no-any-return]
 
 
 # The most environments one sampler runs: far above any experiment (16 to 256), far below what
@@ -72,25 +107,30 @@ class Sampler(abc.ABC):
     num_envs: int
     observation_space: gym.spaces.Dict
     action_space: gym.Space
+    step_fields: dict[str, StepField]  # the task's per-step fields (rl.tasks.fields)
 
     @abc.abstractmethod
-    def reset(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Reset every environment; return ``(obs [N, ...], expert_actions [N])``."""
+    def reset(self) -> TensorDict:
+        """Reset every environment; return their first observations and fields, batch ``[N]``."""
 
     @abc.abstractmethod
-    def step(self, actions: np.ndarray) -> StepBatch:
-        """Step the active environments with ``actions`` (``[N_active]`` int)."""
+    def step(self, actions: np.ndarray) -> TensorDict:
+        """Step the active environments with ``actions`` (``[N_active, ...]``).
+
+        Returns:
+            The step (:func:`step_tensordict`), batch ``[N_active]`` as before the step.
+        """
 
     @property
     @abc.abstractmethod
     def num_active(self) -> int:
         """Environments still running (all of them in training mode)."""
 
-    def new_episodes(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def new_episodes(self) -> TensorDict:
         """Cut every environment's episode and start a new one (training mode).
 
         AllenAct's forced scene advance (``advance_scene_rollout_period``): the interrupted
-        episodes are not reported as finished. Returns ``(obs [N, ...], expert_actions [N])``.
+        episodes are not reported as finished. Returns what :meth:`reset` returns.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot start new episodes on demand")
 
@@ -113,15 +153,15 @@ class Sampler(abc.ABC):
             "a resumed run starts fresh episodes"
         )
 
-    def load_state_dict(self, state: dict[str, Any]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def load_state_dict(self, state: dict[str, Any]) -> TensorDict:
         """Restore the episodes in flight saved by :meth:`state_dict` (instead of :meth:`reset`).
 
         Args:
             state: What :meth:`state_dict` returned, on a sampler built with the same arguments.
 
         Returns:
-            ``(obs [N, ...], expert_actions [N])`` as :meth:`reset` returns them: the
-            observations the saved sampler was about to act on.
+            What :meth:`reset` returns: the observations (and fields) the saved sampler was
+            about to act on.
 
         Raises:
             NotImplementedError: This sampler cannot restore episodes.

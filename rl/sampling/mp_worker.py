@@ -29,10 +29,11 @@ import traceback
 from typing import Any
 
 import numpy as np
+from tensordict import TensorDict
 
-from rl.sampling.base import EpisodeRecord
+from rl.sampling.base import EpisodeRecord, finished_episodes
 from rl.sampling.serial import SerialSampler
-from rl.sampling.shared_memory import SharedArrays, final_key, obs_key
+from rl.sampling.shared_memory import SharedArrays, step_key
 
 __all__ = ["CLOSE", "LOAD", "NEW", "RESET", "SAVE", "STEP", "die_with_parent", "worker_main"]
 
@@ -89,7 +90,6 @@ def worker_main(
     conn: mpc.Connection,
     raw: Any,
     layout: dict[str, tuple[int, tuple[int, ...], str]],
-    obs_keys: list[str],
     task: dict[str, Any],
     row_offset: int,
     env_offset: int,
@@ -123,7 +123,7 @@ def worker_main(
             conn.send(("error", None, traceback.format_exc()))
             return
         conn.send(("ready", None, None))
-        _serve(conn, sampler, _WorkerRows(shared.arrays, obs_keys, row_offset))
+        _serve(conn, sampler, _WorkerRows(shared.arrays, row_offset))
     finally:
         if sampler is not None:
             with contextlib.suppress(Exception):
@@ -132,23 +132,31 @@ def worker_main(
             conn.close()
 
 
+def _is_final(key: str | tuple[str, str]) -> bool:
+    return isinstance(key, tuple) and key[0] == "final_obs"
+
+
 class _WorkerRows:
     """One worker's writer into its rows (``row_offset ..``) of the shared arrays.
 
+    Every shared array but the actions and the final observations holds the step
+    ``TensorDict`` entry of its name (:func:`~rl.sampling.shared_memory.step_key`), so a task's
+    own step fields are written like the observations, with no list of fields here.
+
     Args:
         arrays: The shared arrays, by name.
-        obs_keys: The observation keys.
         row_offset: Shared-array row of the worker's first environment.
     """
 
-    def __init__(
-        self, arrays: dict[str, np.ndarray], obs_keys: list[str], row_offset: int
-    ) -> None:
+    def __init__(self, arrays: dict[str, np.ndarray], row_offset: int) -> None:
         self.row_offset = row_offset
-        self.obs_views = [(arrays[obs_key(k)], arrays[final_key(k)], k) for k in obs_keys]
-        self.actions, self.rewards = arrays["actions"], arrays["rewards"]
-        self.terminated, self.truncated = arrays["terminated"], arrays["truncated"]
-        self.experts, self.paused = arrays["expert_actions"], arrays["paused"]
+        self.actions, self.paused = arrays["actions"], arrays["paused"]
+        self.per_step = [(a, step_key(k)) for k, a in arrays.items() if k != "actions"]
+        self.finals = [(a, key) for a, key in self.per_step if _is_final(key)]
+        self.per_step = [(a, key) for a, key in self.per_step if not _is_final(key)]
+        # what a reset writes: the observations and the task's fields
+        flags = ("rewards", "terminated", "truncated", "paused")
+        self.on_reset = [(a, key) for a, key in self.per_step if key not in flags]
 
     def step(self, sampler: SerialSampler) -> list[EpisodeRecord] | None:
         """Step the active environments with their shared actions; write back the results.
@@ -157,24 +165,20 @@ class _WorkerRows:
             The episodes that finished, or None if none did.
         """
         rows = np.asarray(sampler.active_indices, dtype=np.int64) + self.row_offset
-        batch = sampler.step(self.actions[rows])
-        for obs_buf, final_buf, k in self.obs_views:
-            obs_buf[rows] = batch.obs[k]
-            if len(batch.final_obs_indices):
-                final_buf[rows[batch.final_obs_indices]] = batch.final_obs[k]
-        self.rewards[rows] = batch.rewards
-        self.terminated[rows] = batch.terminated
-        self.truncated[rows] = batch.truncated
-        self.experts[rows] = batch.expert_actions
-        self.paused[rows] = batch.paused
-        return batch.episodes or None
+        step = sampler.step(self.actions[rows])
+        for buf, key in self.per_step:
+            buf[rows] = step.get(key).numpy()
+        if "final_obs" in step.keys():
+            truncated = step.get("truncated").numpy()
+            for buf, key in self.finals:
+                buf[rows[truncated]] = step.get(key).numpy()[truncated]
+        return finished_episodes(step) or None
 
-    def restart(self, num_envs: int, obs: dict[str, np.ndarray], expert: np.ndarray) -> None:
-        """Write the first observations of all ``num_envs`` environments; unpause them."""
+    def restart(self, num_envs: int, first: TensorDict) -> None:
+        """Write the first observations (and fields) of all ``num_envs`` environments."""
         rows = np.arange(self.row_offset, self.row_offset + num_envs)
-        for obs_buf, _, k in self.obs_views:
-            obs_buf[rows] = obs[k]
-        self.experts[rows] = expert
+        for buf, key in self.on_reset:
+            buf[rows] = first.get(key).numpy()
         self.paused[rows] = False
 
 
@@ -193,12 +197,12 @@ def _serve(conn: mpc.Connection, sampler: SerialSampler, rows: _WorkerRows) -> N
                 conn.send(rows.step(sampler))
             elif cmd in (RESET, NEW, LOAD):
                 if cmd == RESET:
-                    obs, expert = sampler.reset()
+                    first = sampler.reset()
                 elif cmd == NEW:
-                    obs, expert = sampler.new_episodes()
+                    first = sampler.new_episodes()
                 else:
-                    obs, expert = sampler.load_state_dict(conn.recv())
-                rows.restart(sampler.num_envs, obs, expert)
+                    first = sampler.load_state_dict(conn.recv())
+                rows.restart(sampler.num_envs, first)
                 conn.send(None)
             elif cmd == SAVE:
                 conn.send(sampler.state_dict())

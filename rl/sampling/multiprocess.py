@@ -40,12 +40,14 @@ from typing import Annotated, Any
 
 import gymnasium as gym
 import numpy as np
+from tensordict import TensorDict
 
-from rl.sampling.base import MAX_NUM_ENVS, EpisodeRecord, Sampler, StepBatch
+from rl.sampling.base import MAX_NUM_ENVS, EpisodeRecord, Sampler, step_tensordict
 from rl.sampling.mp_worker import LOAD, NEW, RESET, SAVE, STEP
 from rl.sampling.shared_memory import SharedArrays, final_key, obs_key, sampler_array_specs
 from rl.sampling.worker_pool import SamplerWorkerError, WorkerPool
 from rl.tasks.factory import build_env, dict_space, env_name
+from rl.tasks.fields import step_fields_of
 from rl.tasks.spaces import action_array_spec, check_action_space
 from rl.utils.config import Check
 from rl.utils.misc import evenly_distribute_count_into_bins
@@ -170,7 +172,9 @@ class MultiprocessSampler(Sampler):
         # starting a worker costs a fork, not a fresh interpreter.
         ctx = process_context(self.start_method, preload=["__main__", __name__])
         layout, nbytes = SharedArrays.plan(
-            sampler_array_specs(self.observation_space, num_envs, self.action_space)
+            sampler_array_specs(
+                self.observation_space, num_envs, self.action_space, self.step_fields
+            )
         )
         raw = ctx.RawArray("B", nbytes)
         self._shared = SharedArrays(raw, layout)
@@ -191,6 +195,7 @@ class MultiprocessSampler(Sampler):
             self.observation_space = dict_space(probe.observation_space, name)
             self.action_space: gym.Space = check_action_space(probe.action_space, name)
             self._action_shape = action_array_spec(self.action_space)[0]
+            self.step_fields = step_fields_of(task, probe, name)
         finally:
             probe.close()
 
@@ -211,7 +216,6 @@ class MultiprocessSampler(Sampler):
             (
                 raw,
                 layout,
-                self._obs_keys,
                 dict(task),
                 lo,
                 off + lo,
@@ -241,17 +245,17 @@ class MultiprocessSampler(Sampler):
         """Environments still running."""
         return len(self._active)
 
-    def reset(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def reset(self) -> TensorDict:
         """Reset every environment (training: with its seed; evaluation: its first episode)."""
         return self._reset_all(RESET)
 
-    def new_episodes(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def new_episodes(self) -> TensorDict:
         """Cut every episode and start new ones (unseeded resets; training mode only)."""
         if self.eval_mode:
             raise RuntimeError("new_episodes() would skip evaluation episodes")
         return self._reset_all(NEW)
 
-    def _reset_all(self, cmd: bytes) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def _reset_all(self, cmd: bytes) -> TensorDict:
         pool = self._open_pool()
         if self._stepping is not None:
             self.step_wait()  # finish a step left in flight
@@ -260,16 +264,16 @@ class MultiprocessSampler(Sampler):
         pool.gather(workers, self.timeout, "resetting")
         return self._restarted()
 
-    def _restarted(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Mark every environment active; copy out their first observations and expert actions."""
+    def _restarted(self) -> TensorDict:
+        """Mark every environment active; copy out their first observations and fields."""
         self._active = np.arange(self.num_envs, dtype=np.int64)
         self._all_active = True
         arr = self._shared.arrays
         obs = {k: arr[obs_key(k)].copy() for k in self._obs_keys}
-        return obs, arr["expert_actions"].copy()
+        return step_tensordict(obs, {k: arr[k].copy() for k in self.step_fields})
 
-    def step(self, actions: np.ndarray) -> StepBatch:
-        """Step the active environments; see :class:`rl.sampling.StepBatch`.
+    def step(self, actions: np.ndarray) -> TensorDict:
+        """Step the active environments (:func:`~rl.sampling.base.step_tensordict`).
 
         Args:
             actions: ``[N_active, ...]`` actions, in the order of the active environments.
@@ -313,7 +317,7 @@ class MultiprocessSampler(Sampler):
         pool.broadcast(workers, STEP)
         self._stepping = workers
 
-    def step_wait(self) -> StepBatch:
+    def step_wait(self) -> TensorDict:
         """Wait for the step started by :meth:`step_async`; return its results."""
         pool = self._open_pool()
         if self._stepping is None:
@@ -324,22 +328,21 @@ class MultiprocessSampler(Sampler):
         idx: slice | np.ndarray = slice(None) if self._all_active else self._active
         episodes: list[EpisodeRecord] = [ep for r in replies if r for ep in r]
         truncated = arr["truncated"][idx].copy()
-        final_idx = np.flatnonzero(truncated)
         final_obs: dict[str, np.ndarray] = {}
-        if len(final_idx):
-            rows = self._active[final_idx]
-            final_obs = {k: arr[final_key(k)][rows] for k in self._obs_keys}
+        if truncated.any():  # zeros where the episode was not truncated, as SerialSampler's
+            final_obs = {k: arr[final_key(k)][idx].copy() for k in self._obs_keys}
+            for rows in final_obs.values():
+                rows[~truncated] = 0
         paused = arr["paused"][idx].copy()
-        batch = StepBatch(
-            obs={k: arr[obs_key(k)][idx].copy() for k in self._obs_keys},
+        batch = step_tensordict(
+            {k: arr[obs_key(k)][idx].copy() for k in self._obs_keys},
+            {k: arr[k][idx].copy() for k in self.step_fields},
             rewards=arr["rewards"][idx].copy(),
             terminated=arr["terminated"][idx].copy(),
             truncated=truncated,
-            expert_actions=arr["expert_actions"][idx].copy(),
-            final_obs=final_obs,
-            final_obs_indices=final_idx.astype(np.int64),
-            episodes=episodes,
             paused=paused,
+            final_obs=final_obs,
+            episodes=episodes,
         )
         if paused.any():
             self._active = self._active[~paused]
@@ -368,7 +371,7 @@ class MultiprocessSampler(Sampler):
             "episodes": [ep for block in blocks for ep in block["episodes"]],
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def load_state_dict(self, state: dict[str, Any]) -> TensorDict:
         """Restore the episodes in flight saved by :meth:`state_dict` (replaces :meth:`reset`).
 
         Args:
@@ -376,7 +379,7 @@ class MultiprocessSampler(Sampler):
                 environments (``num_envs`` and ``env_offset`` must match).
 
         Returns:
-            ``(obs [N, ...], expert_actions [N])``: what the saved sampler was about to act on.
+            What :meth:`reset` returns: what the saved sampler was about to act on.
         """
         pool = self._open_pool()
         if self.eval_mode:

@@ -7,17 +7,19 @@ tasks); multiprocess samplers must produce exactly what this one does for the sa
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 import gymnasium as gym
 import numpy as np
+from tensordict import TensorDict
 
-from rl.sampling.base import MAX_NUM_ENVS, EpisodeRecord, Sampler, StepBatch
+from rl.sampling.base import MAX_NUM_ENVS, EpisodeRecord, Sampler, step_tensordict
 from rl.sampling.env_state import np_random_state, reset_state, set_np_random_state
+from rl.sampling.finite_checks import FiniteChecks, is_float
 from rl.sampling.watchdog import DEFAULT_TIMEOUT_S, Watchdog
 from rl.tasks.factory import build_env, env_name, episode_metrics
+from rl.tasks.fields import step_fields_of
 from rl.tasks.spaces import (
     ObservationFlattener,
     action_array_spec,
@@ -25,26 +27,18 @@ from rl.tasks.spaces import (
     to_env_actions,
 )
 from rl.utils.config import Check
-from rl.utils.finite import NonFiniteError
 from rl.utils.misc import evenly_distribute_count_into_bins
 from rl.utils.seeding import worker_seeds
 
 
-def _all_finite(values: np.ndarray) -> bool:
-    """No NaN or infinity in ``values`` (one reduction on the hot path).
-
-    A NaN or infinity makes the sum non-finite; so can an overflow of large finite values, and
-    then the element-wise check decides.
-    """
-    return math.isfinite(values.sum()) or bool(np.isfinite(values).all())
+def _scatter_rows(rows: np.ndarray, positions: list[int], like: np.ndarray) -> np.ndarray:
+    """``rows`` at ``positions`` of an array of zeros shaped and typed like ``like``."""
+    out = np.zeros_like(like)
+    out[positions] = rows
+    return out
 
 
-def _is_float(dtype: Any) -> bool:
-    """Whether observations of ``dtype`` can be NaN or infinite."""
-    return dtype is not None and np.dtype(dtype).kind in "fc"
-
-
-class SerialSampler(Sampler):
+class SerialSampler(FiniteChecks, Sampler):
     """Steps ``num_envs`` environments one after the other.
 
     What the environments return is checked once per step over the whole batch: a NaN or
@@ -111,6 +105,7 @@ class SerialSampler(Sampler):
             self._name = name
             self._flatten = ObservationFlattener(first.observation_space, name)
             self.action_space = check_action_space(first.action_space, name)
+            self.step_fields = step_fields_of(task, first, name)
         except Exception:
             self.close()
             raise
@@ -124,7 +119,7 @@ class SerialSampler(Sampler):
         self._lengths = np.zeros(num_envs, dtype=np.int64)
         self._current_seed: list[int | None] = [None] * num_envs
         self._float_keys = [
-            k for k, space in self.observation_space.spaces.items() if _is_float(space.dtype)
+            k for k, space in self.observation_space.spaces.items() if is_float(space.dtype)
         ]
         # How each environment's current episode started and the actions taken since, so the
         # episodes in flight can be saved and replayed (state_dict / load_state_dict).
@@ -141,6 +136,15 @@ class SerialSampler(Sampler):
     def _env_action(self, action: Any) -> Any:
         """An action as the environment takes it, from what was recorded for replay."""
         return int(action) if self._discrete else np.asarray(action, dtype=self._action_dtype)
+
+    def _read_fields(self, pos: int, info: Mapping[str, Any], out: dict[str, np.ndarray]) -> None:
+        """Row ``pos`` of the task's step fields ``out`` from one environment's ``info``."""
+        for key, field in self.step_fields.items():
+            if field.info in info:
+                out[key][pos] = info[field.info]
+
+    def _empty_fields(self, n: int) -> dict[str, np.ndarray]:
+        return {key: field.empty(n) for key, field in self.step_fields.items()}
 
     def _stack(self, rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
         out = {}
@@ -176,7 +180,7 @@ class SerialSampler(Sampler):
         """Local indices of the running environments, in batch order."""
         return list(self._active)
 
-    def reset(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def reset(self) -> TensorDict:
         """Reset every environment (training: with its seed; evaluation: its first episode)."""
         self._active = list(range(self.num_envs))
         with self._guard("resetting"):
@@ -192,88 +196,30 @@ class SerialSampler(Sampler):
         env = self.current_env
         return f"environment {env} ({self._name})" if env is not None else f"a {self._name}"
 
-    def new_episodes(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def new_episodes(self) -> TensorDict:
         """Cut every episode and start new ones (unseeded resets; training mode only)."""
         if self.eval_mode:
             raise RuntimeError("new_episodes() would skip evaluation episodes")
         return self._reset_active(first=False)
 
-    def _reset_active(self, first: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        rows, experts = [], []
-        for i in self._active:
+    def _reset_active(self, first: bool) -> TensorDict:
+        rows = []
+        fields = self._empty_fields(len(self._active))
+        for pos, i in enumerate(self._active):
             obs, info = self._reset_env(i, first=first)
             rows.append(obs)
-            experts.append(info.get("expert_action", -1))
+            self._read_fields(pos, info, fields)
         self.current_env = None
         batch = self._stack(rows)
         self._check_obs(batch, self._active, lambda pos: "the first observation of an episode")
-        return batch, np.asarray(experts, dtype=np.int64)
+        return step_tensordict(batch, fields)
 
-    # ------------------------------------------------------- finite values
-    def _check_obs(
-        self, obs: dict[str, np.ndarray], envs: list[int], when: Any, what: str = "observation"
-    ) -> None:
-        """Raise :class:`NonFiniteError` for the first non-finite float observation entry.
-
-        Args:
-            obs: ``[K, ...]`` observation rows by key.
-            envs: Local environment index of each row.
-            when: ``when(row)``: at which step the row was observed, in words.
-            what: ``observation`` or ``final observation``.
-        """
-        for key in self._float_keys:
-            values = obs.get(key)
-            if values is None or len(values) == 0 or _all_finite(values):
-                continue
-            row = int(np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(1))[0])
-            field = f"{what} {key!r}" if self._dict_obs else what
-            self._nonfinite(envs[row], field, values[row], when(row))
-
-    def _nonfinite(self, env: int, field: str, value: Any, when: str) -> None:
-        self.current_env = self.env_offset + env  # named by a multiprocess worker's error too
-        bad = np.asarray(value, dtype=np.float64).ravel()
-        bad = bad[~np.isfinite(bad)]
-        seed = self._episode_start[env].get("seed")
-        raise NonFiniteError(
-            f"environment {self.env_offset + env} returned a non-finite {field} "
-            f"({bad[0] if bad.size else value}) at {when}"
-            + ("" if seed is None else f" (episode seed {seed})")
-            + "; non-finite rewards and observations would poison the update, so they stop "
-            "the run"
-        )
-
-    def _check_step(
-        self, batch: StepBatch, active: list[int], steps: np.ndarray, reset: np.ndarray
-    ) -> None:
-        """Every reward and float observation of a step finite (else :class:`NonFiniteError`)."""
-        if not _all_finite(batch.rewards):
-            pos = int(np.flatnonzero(~np.isfinite(batch.rewards))[0])
-            self._nonfinite(
-                active[pos], "reward", batch.rewards[pos], f"step {steps[pos]} of its episode"
-            )
-        self._check_obs(
-            batch.obs,
-            active,
-            lambda pos: (
-                f"the reset after step {steps[pos]} of its episode"
-                if reset[pos]
-                else f"step {steps[pos]} of its episode"
-            ),
-        )
-        if batch.final_obs:
-            self._check_obs(
-                batch.final_obs,
-                [active[pos] for pos in batch.final_obs_indices],
-                lambda k: f"step {steps[batch.final_obs_indices[k]]} of its episode (truncated)",
-                "final observation",
-            )
-
-    def step(self, actions: np.ndarray) -> StepBatch:
-        """Step the active environments; see :class:`rl.sampling.StepBatch`."""
+    def step(self, actions: np.ndarray) -> TensorDict:
+        """Step the active environments (:func:`~rl.sampling.base.step_tensordict`)."""
         with self._guard("stepping"):
             return self._step(actions)
 
-    def _step(self, actions: np.ndarray) -> StepBatch:
+    def _step(self, actions: np.ndarray) -> TensorDict:
         n = len(self._active)
         actions = to_env_actions(self.action_space, np.asarray(actions))
         if actions.shape != (n, *self._action_shape):
@@ -285,7 +231,7 @@ class SerialSampler(Sampler):
         rewards = np.zeros(n, dtype=np.float32)
         terminated = np.zeros(n, dtype=bool)
         truncated = np.zeros(n, dtype=bool)
-        experts = np.full(n, -1, dtype=np.int64)
+        fields = self._empty_fields(n)
         paused = np.zeros(n, dtype=bool)
         final_rows: list[dict[str, Any]] = []
         final_idx: list[int] = []
@@ -318,24 +264,29 @@ class SerialSampler(Sampler):
                 else:
                     obs, info = self._reset_env(i, first=False)
                     reset[pos] = True
-            experts[pos] = info.get("expert_action", -1)
+            if self.step_fields:
+                self._read_fields(pos, info, fields)
             rows.append(obs)
         self.current_env = None
-        batch = StepBatch(
-            obs=self._stack(rows),
+        obs_batch = self._stack(rows)
+        final_obs = self._stack(final_rows) if final_rows else {}
+        self._check_step(obs_batch, rewards, (final_obs, final_idx), active, steps, reset)
+        if final_rows:  # every row, zeros where the episode was not truncated
+            final_obs = {
+                k: _scatter_rows(v, final_idx, obs_batch[k]) for k, v in final_obs.items()
+            }
+        if paused.any():
+            self._active = [i for pos, i in enumerate(self._active) if not paused[pos]]
+        return step_tensordict(
+            obs_batch,
+            fields,
             rewards=rewards,
             terminated=terminated,
             truncated=truncated,
-            expert_actions=experts,
-            final_obs=self._stack(final_rows) if final_rows else {},
-            final_obs_indices=np.asarray(final_idx, dtype=np.int64),
-            episodes=episodes,
             paused=paused,
+            final_obs=final_obs,
+            episodes=episodes,
         )
-        self._check_step(batch, active, steps, reset)
-        if paused.any():
-            self._active = [i for pos, i in enumerate(self._active) if not paused[pos]]
-        return batch
 
     def state_dict(self) -> dict[str, Any]:
         """The episodes in flight: per environment, how it started and the actions since.
@@ -361,11 +312,11 @@ class SerialSampler(Sampler):
             ],
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def load_state_dict(self, state: dict[str, Any]) -> TensorDict:
         """Restore the episodes in flight saved by :meth:`state_dict` (replaces :meth:`reset`).
 
         Returns:
-            ``(obs [N, ...], expert_actions [N])``: what the saved sampler was about to act on.
+            What :meth:`reset` returns: what the saved sampler was about to act on.
 
         Raises:
             ValueError: The state belongs to a different sampler layout.
@@ -380,7 +331,8 @@ class SerialSampler(Sampler):
                 f"but this sampler has {self.num_envs} at offset {self.env_offset}"
             )
         self._active = list(range(self.num_envs))
-        rows, experts = [], []
+        rows = []
+        fields = self._empty_fields(self.num_envs)
         for i, episode in enumerate(state["episodes"]):
             env = self.envs[i]
             self.current_env = self.env_offset + i
@@ -407,11 +359,11 @@ class SerialSampler(Sampler):
                     )
             self._episode_actions[i] = actions
             rows.append(self._as_dict(obs))
-            experts.append(info.get("expert_action", -1))
+            self._read_fields(i, info, fields)
         self.current_env = None
         batch = self._stack(rows)
         self._check_obs(batch, self._active, lambda pos: "its restored episode")
-        return batch, np.asarray(experts, dtype=np.int64)
+        return step_tensordict(batch, fields)
 
     def render(self, env_index: int = 0) -> np.ndarray | None:
         """RGB frame of one environment (it must have been built with ``render_mode``)."""

@@ -4,8 +4,10 @@ Every observation, final observation, reward, flag and action of a
 :class:`~rl.sampling.MultiprocessSampler` lives in one ``multiprocessing.RawArray`` of bytes,
 carved into ``[N, ...]`` numpy views (``N``: the sampler's environments). The parent plans the
 layout (:func:`sampler_array_specs`, :meth:`SharedArrays.plan`) and every process builds the
-same views from the block and the layout (:class:`SharedArrays`). Observation key ``k`` is
-stored under :func:`obs_key` (``obs/k``) and its final observation under :func:`final_key`.
+same views from the block and the layout (:class:`SharedArrays`). Arrays are named by the
+step ``TensorDict``'s keys (:func:`~rl.sampling.base.step_tensordict`): observation key ``k``
+is ``obs/k`` (:func:`obs_key`), its final observation ``final_obs/k`` (:func:`final_key`), a
+task's step field its own name; :func:`step_key` turns a name back into the nested key.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rl.tasks.fields import StepField
 from rl.tasks.spaces import action_array_spec
 
-__all__ = ["SharedArrays", "final_key", "obs_key", "sampler_array_specs"]
+__all__ = ["SharedArrays", "final_key", "obs_key", "sampler_array_specs", "step_key"]
 
 _ALIGN = 64  # byte alignment of each array in the shared block
 
@@ -30,11 +33,20 @@ def obs_key(key: str) -> str:
 
 def final_key(key: str) -> str:
     """The shared array holding the final observation ``key`` of truncated episodes."""
-    return f"final/{key}"
+    return f"final_obs/{key}"
+
+
+def step_key(name: str) -> str | tuple[str, str]:
+    """The step ``TensorDict`` key of shared array ``name`` (``obs/k`` -> ``("obs", "k")``)."""
+    head, sep, tail = name.partition("/")
+    return (head, tail) if sep else name
 
 
 def sampler_array_specs(
-    observation_space: gym.spaces.Dict, num_envs: int, action_space: gym.Space | None = None
+    observation_space: gym.spaces.Dict,
+    num_envs: int,
+    action_space: gym.Space | None = None,
+    step_fields: Mapping[str, StepField] | None = None,
 ) -> dict[str, tuple[tuple[int, ...], Any]]:
     """The sampler's shared arrays, ``name -> (shape, dtype)``, for :meth:`SharedArrays.plan`.
 
@@ -42,10 +54,11 @@ def sampler_array_specs(
         observation_space: The environments' (dict) observation space.
         num_envs: Rows of every array (one per environment).
         action_space: The environments' action space (None: one int64 action per row).
+        step_fields: The task's step fields (:mod:`rl.tasks.fields`).
 
     Returns:
         An observation and a final-observation array per observation key, then the actions,
-        rewards, termination/truncation flags, expert actions and paused flags.
+        rewards, termination/truncation and paused flags, then an array per step field.
     """
     n = num_envs
     action_shape, action_dtype = ((), np.int64)
@@ -60,9 +73,10 @@ def sampler_array_specs(
         rewards=((n,), np.float32),
         terminated=((n,), np.bool_),
         truncated=((n,), np.bool_),
-        expert_actions=((n,), np.int64),
         paused=((n,), np.bool_),
     )
+    for key, field in (step_fields or {}).items():
+        specs[key] = ((n, *field.shape), field.dtype)
     return specs
 
 

@@ -5,7 +5,8 @@
 ``gym`` any registered gymnasium environment, ``minigrid`` MiniGrid's for the nav CNN, ``debug``
 small environments for tests; ``splits`` holds the train/valid/test split mechanism both
 navigation tasks share; ``spaces`` says which observation and action spaces policies handle and
-flattens nested observations.
+flattens nested observations; ``fields`` declares the per-step values a task reports in
+``info`` for the rollout (:class:`StepField`, e.g. the navigation tasks' ``expert_actions``).
 
 Importing this package registers with gymnasium (idempotently) ``rl/PointNav-v0`` (19x19, 2x2
 rooms, 100 steps), ``rl/PointNavSmall-v0`` (9x9, 2x2 rooms, 50 steps), ``rl/PointNav3D-v0``
@@ -20,6 +21,7 @@ from typing import Any
 import gymnasium
 
 from rl.tasks.factory import build_env, dict_space, task_id, task_spaces, with_split
+from rl.tasks.fields import StepField
 from rl.tasks.gym import make_gym_env  # binds the submodule name `gym` here, hence `gymnasium`
 from rl.tasks.minigrid import make_minigrid_env
 from rl.tasks.nav import Actions, PointNavEnv
@@ -32,6 +34,7 @@ __all__ = [
     "PointNavEnv",
     "RenderingUnavailableError",
     "SpaceError",
+    "StepField",
     "build_env",
     "dict_space",
     "make_gym_env",

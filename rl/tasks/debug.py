@@ -16,10 +16,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
 import numpy as np
+
+from rl.tasks.fields import EXPERT_ACTIONS, StepField, expert_field
 
 __all__ = ["FaultyEnv", "SlowEnv"]
 
@@ -44,6 +46,9 @@ class FaultyEnv(gym.Env):
         max_steps: Truncation limit.
         hang_seconds: How long ``hang`` sleeps.
     """
+
+    # a constant expert (always 0), recorded as the rollout field expert_actions
+    step_fields: ClassVar[dict[str, StepField]] = {EXPERT_ACTIONS: expert_field()}
 
     metadata: dict[str, Any] = {"render_modes": []}
 

@@ -2,7 +2,8 @@
 
 A task config is a plain mapping with a ``_target_`` returning a ``gymnasium.Env`` (the config
 group is the registry: ``conf/task/<name>.yaml``), and optionally ``observations``: partial
-wrappers applied in order after the environment is built (:mod:`rl.tasks.observations`).
+wrappers applied in order after the environment is built (:mod:`rl.tasks.observations`), and
+``step_fields``: values of ``info`` to record in the rollout (:mod:`rl.tasks.fields`).
 Everything that needs an environment built from a config (samplers, probe videos, expert data,
 model building) goes through here.
 """
@@ -18,7 +19,7 @@ import hydra.utils
 from rl.tasks.spaces import check_action_space, flat_observation_space
 
 # Keys of a task config the framework reads itself (not passed to the task's ``_target_``).
-FRAMEWORK_KEYS = frozenset({"observations"})
+FRAMEWORK_KEYS = frozenset({"observations", "step_fields"})
 
 
 def build_env(task: Mapping[str, Any], **kwargs: Any) -> gym.Env:

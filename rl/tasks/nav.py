@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from enum import IntEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 from gymnasium import spaces
@@ -30,6 +30,7 @@ from minigrid.core.grid import Grid
 from minigrid.core.mission import MissionSpace
 from minigrid.minigrid_env import MiniGridEnv
 
+from rl.tasks.fields import EXPERT_ACTIONS, StepField, expert_field
 from rl.tasks.nav_checks import checked_args, observation_space
 from rl.tasks.nav_layout import RoomLayout, build_minigrid_grid
 from rl.tasks.nav_view import (
@@ -73,6 +74,9 @@ class PointNavEnv(MiniGridEnv):
     ``max_steps`` truncates it. The final step's ``info["episode_metrics"]`` holds ``success``,
     ``spl``, ``final_distance`` and ``shortest_path_length``.
     """
+
+    # the shortest-path expert, recorded as the rollout field expert_actions
+    step_fields: ClassVar[dict[str, StepField]] = {EXPERT_ACTIONS: expert_field()}
 
     def __init__(
         self,

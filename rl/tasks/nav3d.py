@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import math
 from enum import IntEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from rl.tasks.fields import EXPERT_ACTIONS, StepField, expert_field
 from rl.tasks.nav3d_checks import check_args, floorplan_spec, observation_space
 from rl.tasks.nav3d_grid import NavGrid, expert_action
 from rl.tasks.nav3d_layout import Floorplan, draw_floorplan
@@ -119,6 +120,9 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
         ValueError: On an out-of-range argument (naming it).
         RenderingUnavailableError: If OpenGL through EGL cannot start (says what to install).
     """
+
+    # the shortest-path expert, recorded as the rollout field expert_actions
+    step_fields: ClassVar[dict[str, StepField]] = {EXPERT_ACTIONS: expert_field()}
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 8}
 

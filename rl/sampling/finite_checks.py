@@ -1,0 +1,121 @@
+"""The check that what environments return is finite, once per step over the whole batch.
+
+A NaN or infinite reward or floating-point observation would poison the update, so it stops the
+run with a :class:`~rl.utils.finite.NonFiniteError` naming the environment, the step of its
+episode and the field. :class:`FiniteChecks` is the part of
+:class:`~rl.sampling.SerialSampler` that checks (a multiprocess sampler's workers run that
+sampler, so every sampler checks the same way).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from rl.utils.finite import NonFiniteError
+
+__all__ = ["FiniteChecks", "all_finite", "is_float"]
+
+
+def all_finite(values: np.ndarray) -> bool:
+    """No NaN or infinity in ``values`` (one reduction on the hot path).
+
+    A NaN or infinity makes the sum non-finite; so can an overflow of large finite values, and
+    then the element-wise check decides.
+    """
+    return math.isfinite(values.sum()) or bool(np.isfinite(values).all())
+
+
+def is_float(dtype: Any) -> bool:
+    """Whether observations of ``dtype`` can be NaN or infinite."""
+    return dtype is not None and np.dtype(dtype).kind in "fc"
+
+
+class FiniteChecks:
+    """Finite checks of a sampler's step (mixed into :class:`~rl.sampling.SerialSampler`).
+
+    It reads the sampler's ``_float_keys`` (observation keys of a float dtype), ``_dict_obs``,
+    ``env_offset``, ``_episode_start`` (each environment's episode seed) and sets
+    ``current_env`` to the environment that returned a non-finite value.
+    """
+
+    _float_keys: list[str]
+    _dict_obs: bool
+    env_offset: int
+    _episode_start: list[dict[str, Any]]
+    current_env: int | None
+
+    def _check_obs(
+        self,
+        obs: dict[str, np.ndarray],
+        envs: list[int],
+        when: Callable[[int], str],
+        what: str = "observation",
+    ) -> None:
+        """Raise :class:`NonFiniteError` for the first non-finite float observation entry.
+
+        Args:
+            obs: ``[K, ...]`` observation rows by key.
+            envs: Local environment index of each row.
+            when: ``when(row)``: at which step the row was observed, in words.
+            what: ``observation`` or ``final observation``.
+        """
+        for key in self._float_keys:
+            values = obs.get(key)
+            if values is None or len(values) == 0 or all_finite(values):
+                continue
+            row = int(np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(1))[0])
+            field = f"{what} {key!r}" if self._dict_obs else what
+            self._nonfinite(envs[row], field, values[row], when(row))
+
+    def _nonfinite(self, env: int, field: str, value: Any, when: str) -> None:
+        self.current_env = self.env_offset + env  # named by a multiprocess worker's error too
+        bad = np.asarray(value, dtype=np.float64).ravel()
+        bad = bad[~np.isfinite(bad)]
+        seed = self._episode_start[env].get("seed")
+        raise NonFiniteError(
+            f"environment {self.env_offset + env} returned a non-finite {field} "
+            f"({bad[0] if bad.size else value}) at {when}"
+            + ("" if seed is None else f" (episode seed {seed})")
+            + "; non-finite rewards and observations would poison the update, so they stop "
+            "the run"
+        )
+
+    def _check_step(
+        self,
+        obs: dict[str, np.ndarray],
+        rewards: np.ndarray,
+        final: tuple[dict[str, np.ndarray], list[int]],
+        active: list[int],
+        steps: np.ndarray,
+        reset: np.ndarray,
+    ) -> None:
+        """Every reward and float observation of a step finite (else :class:`NonFiniteError`).
+
+        ``final``: the final observations of the truncated episodes and their positions.
+        """
+        if not all_finite(rewards):
+            pos = int(np.flatnonzero(~np.isfinite(rewards))[0])
+            self._nonfinite(
+                active[pos], "reward", rewards[pos], f"step {steps[pos]} of its episode"
+            )
+        final_obs, final_idx = final
+        self._check_obs(
+            obs,
+            active,
+            lambda pos: (
+                f"the reset after step {steps[pos]} of its episode"
+                if reset[pos]
+                else f"step {steps[pos]} of its episode"
+            ),
+        )
+        if final_idx:
+            self._check_obs(
+                final_obs,
+                [active[pos] for pos in final_idx],
+                lambda k: f"step {steps[final_idx[k]]} of its episode (truncated)",
+                "final observation",
+            )

@@ -1,0 +1,120 @@
+"""Per-step fields a task reports in ``info``: declared once, carried to the losses.
+
+A task declares the values its environments report in ``info`` that should reach the rollout,
+as a policy declares its ``extras``: a mapping from the rollout field's name to a
+:class:`StepField` (which ``info`` key, shape, dtype, and the value where ``info`` lacks it).
+The declaration is the environment class's ``step_fields`` attribute, or the task config's
+``step_fields`` entry (for an environment one cannot edit, e.g. a gymnasium id), which adds to
+and overrides the class's::
+
+    class MyEnv(gym.Env):
+        step_fields = {"privileged": StepField("agent_pos", shape=(2,), dtype="float32")}
+
+    # conf/task/my_task.yaml
+    step_fields:
+      privileged: {info: agent_pos, shape: [2], dtype: float32}
+
+Samplers read the declared fields from the ``info`` that comes with each observation (the
+reset's for the first observation of an episode, as for the observation itself) into their step
+``TensorDict`` (:mod:`rl.sampling.base`); collection records each field in the rollout beside
+the action taken on that observation, and a loss reads ``batch["privileged"]``. No framework
+file names the field. The shortest-path expert of the navigation tasks is one such field:
+``expert_actions`` (``info["expert_action"]``, -1 where there is none), which imitation losses and
+teacher forcing read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+__all__ = [
+    "EXPERT_ACTIONS",
+    "RESERVED_FIELDS",
+    "StepField",
+    "expert_field",
+    "step_fields_of",
+]
+
+# The rollout field of the task's expert actions (imitation losses and teacher forcing read it).
+EXPERT_ACTIONS = "expert_actions"
+
+# Names the framework itself uses in a sampler's step or in the rollout.
+RESERVED_FIELDS = frozenset(
+    {
+        "obs", "rewards", "terminated", "truncated", "paused", "final_obs", "episodes",
+        "actions", "logprobs", "values", "truncation_values", "episode_starts", "state",
+        "advantages", "returns",
+    }
+)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class StepField:
+    """One value per step that a task reports in ``info``.
+
+    Attributes:
+        info: The ``info`` key holding it.
+        shape: Its shape (``()``: a scalar).
+        dtype: Its NumPy dtype.
+        missing: The value recorded where ``info`` lacks the key.
+    """
+
+    info: str
+    shape: tuple[int, ...] = ()
+    dtype: str = "float32"
+    missing: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        object.__setattr__(self, "dtype", np.dtype(self.dtype).str)
+
+    def empty(self, n: int) -> np.ndarray:
+        """``[n, *shape]`` rows filled with :attr:`missing`."""
+        return np.full((n, *self.shape), self.missing, dtype=self.dtype)
+
+
+def expert_field() -> StepField:
+    """``info["expert_action"]`` (one discrete action), -1 where the task gives none."""
+    return StepField("expert_action", dtype="int64", missing=-1)
+
+
+def step_fields_of(task: Mapping[str, Any], env: gym.Env, name: str) -> dict[str, StepField]:
+    """The step fields of ``task``: its environment class's, then its config's ``step_fields``.
+
+    Args:
+        task: The task config (its ``step_fields`` entry, if any, adds and overrides).
+        env: One environment of the task (its unwrapped class's ``step_fields``).
+        name: The task's name, for errors.
+
+    Raises:
+        ValueError: A field named as a framework field, or a malformed declaration, naming
+            the task and the field.
+    """
+    declared: dict[str, Any] = dict(getattr(env.unwrapped, "step_fields", None) or {})
+    declared.update(task.get("step_fields") or {})
+    fields: dict[str, StepField] = {}
+    for key, spec in declared.items():
+        where = f"task {name!r}: step field {key!r}"
+        if key in RESERVED_FIELDS:
+            raise ValueError(f"{where} is a name the framework uses; choose another")
+        if isinstance(spec, StepField):
+            fields[key] = spec
+            continue
+        if not isinstance(spec, Mapping) or "info" not in spec:
+            raise ValueError(
+                f"{where}: expected a StepField or a mapping with an 'info' key "
+                f"({{info: ..., shape: [...], dtype: ..., missing: ...}}), got {spec!r}"
+            )
+        unknown = set(spec) - {"info", "shape", "dtype", "missing"}
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}")
+        try:
+            fields[key] = StepField(**dict(spec))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from e
+    return fields
