@@ -10,7 +10,7 @@ reads the field from the minibatch, checks it against the recomputed counter ste
 the field is aligned with its steps and each sequence starts from its stored state), and
 regresses the prediction on it. Both are named as ``_target_``s in the config and go
 through the real engine, in process and through a collection worker process (the field
-crosses the process boundary in the packed rollout).
+crosses the process boundary in the shipped rollout).
 """
 
 from __future__ import annotations

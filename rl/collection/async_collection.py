@@ -13,11 +13,10 @@ rollouts were asked for, so nothing is collected past a stage's budget or the ru
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from rl.collection.base import RolloutRequest
-from rl.collection.transport import cut_packed_rollout
 from rl.collection.worker_calls import WorkerCalls
 from rl.utils.deadline import Deadline
 
@@ -80,17 +79,21 @@ class AsyncCollection:
         moved = current.stage_steps + updates_ahead * current.num_steps * current.steps_per_step
         return dataclasses.replace(current, stage_steps=moved)
 
-    def refill(self, current: RolloutRequest, taken: int = 0) -> None:
+    def refill(
+        self, current: RolloutRequest, taken: int = 0, holding: Collection[int] = ()
+    ) -> None:
         """Ask every idle worker for a rollout, planned in the order they are asked for.
 
         The rollouts in flight are planned for the coming updates in the order they were asked
         for, ``rollouts_per_update`` each, though an update takes the first ready ones (a short
         rollout cut to the stage's budget may overtake a full one asked for before it);
         ``taken``: rollouts already taken for ``current``'s update (the next one asked for is
-        planned for the update after it once it has them all).
+        planned for the update after it once it has them all); ``holding``: workers whose
+        taken rollout is not copied out yet (asked again after the update's
+        :meth:`refill`: a process worker writes its next rollout where this one lies).
         """
         for i in range(self.calls.num_workers):
-            if i in self.in_flight:
+            if i in self.in_flight or i in holding:
                 continue
             queued = taken + len(self.in_flight)
             planned = self.planned(queued // self.rollouts_per_update, current)
@@ -125,11 +128,11 @@ class AsyncCollection:
                     self.in_flight[i] = flight
                     self.ready[i] = (data, info)
                     continue
-                self.refill(request, taken=len(taken))
+                self.refill(request, taken=len(taken), holding=taken)
         workers = sorted(taken)
         steps = request.num_steps
         results = [
-            (cut_packed_rollout(data, steps), {**info, "num_steps": steps})
+            (data.cut(steps), {**info, "num_steps": steps})
             if int(info["num_steps"]) > steps
             else (data, info)
             for data, info in (taken[i] for i in workers)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -67,6 +67,8 @@ class InProcessCollector:
         update_normalizer: Merge each rollout's moments into the normalizer's statistics
             after the rollout (summed over DDP ranks first); False for a collection worker,
             whose learner merges them (:meth:`take_normalizer_moments`).
+        allocate: The storage's allocator (:class:`~rl.storage.RolloutStorage`; a process
+            collection worker's puts it in shared memory).
     """
 
     supports_distributed: ClassVar[bool] = True
@@ -82,8 +84,10 @@ class InProcessCollector:
         task: Mapping[str, Any] | None = None,
         normalizer: Normalizer | None = None,
         update_normalizer: bool = True,
+        allocate: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
     ) -> None:
         self.model = model
+        self.allocate = allocate
         self.normalizer = normalizer
         self.update_normalizer = update_normalizer
         self._distributed = dist is not None and dist.enabled
@@ -137,7 +141,10 @@ class InProcessCollector:
         """The storage, (re)allocated when a rollout is longer than its capacity."""
         if self.storage is None or self.storage.capacity < num_steps:
             self.storage = RolloutStorage(
-                num_steps=num_steps, num_envs=self.num_envs, device=self.device
+                num_steps=num_steps,
+                num_envs=self.num_envs,
+                device=self.device,
+                allocate=self.allocate,
             )
         return self.storage
 

@@ -1,11 +1,19 @@
-"""Rollouts across process and machine boundaries: packed as arrays, optionally compressed.
+"""Rollouts across process and machine boundaries: the rollout's ``TensorDict``, as it is.
 
-A collection worker packs its :class:`~rl.collection.Rollout` into plain NumPy arrays, one per
-leaf of the rollout's ``TensorDict`` (by nested key: every field the collector recorded, with
-no list of fields here), plus the finished episodes and statistics (:func:`pack_rollout`); with
-``compress`` every array's bytes are lz4-compressed (lz4's frame format, as RLlib compresses
-observations: grid observations and flags shrink several-fold, floats little). The learner
-writes the packed rollouts of all workers side by side into one storage
+A collection worker ships its :class:`~rl.collection.Rollout` as a :class:`ShippedRollout`
+(:func:`ship`): the storage's rows ``[T + 1, n]`` (every field the collector recorded, by nested
+key, with no list of fields here), the value to bootstrap from, the finished episodes and the
+statistics. The rows travel in one of three forms:
+
+- a worker that is a child process (``collector.backend=process``) keeps its storage in shared
+  memory and sends only the blocks' names (:class:`~rl.collection.shared_rows.SharedRows`): the
+  learner copies the rows from there into its own storage, with no pickling in between;
+- a Ray worker sends the ``TensorDict`` itself (Ray pickles its tensors);
+- with ``collector.compress`` each leaf's bytes are lz4-compressed (:class:`CompressedRows`,
+  lz4's frame format, as RLlib compresses observations: grid observations and flags shrink
+  several-fold, floats little), for rollouts that cross a network.
+
+The learner writes the rollouts of all workers side by side into one storage
 (:class:`RolloutAssembler`), each worker's environments in their own columns, so the update
 sees one ``[T, N]`` rollout whatever the layout.
 """
@@ -13,112 +21,154 @@ sees one ``[T, N]`` rollout whatever the layout.
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import lz4.frame
 import numpy as np
 import torch
 from tensordict import TensorDict
+from tensordict.utils import NestedKey
 
 from rl.collection.base import Rollout
+from rl.collection.shared_rows import SharedBuffers, SharedRows, forget
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.sampling.base import EpisodeRecord
 from rl.storage.rollout import RolloutStorage
 
+__all__ = ["CompressedRows", "RolloutAssembler", "ShippedRollout", "ship"]
 
-@dataclasses.dataclass
-class PackedArray:
-    """An array's bytes, lz4-compressed, with what is needed to rebuild it."""
 
-    dtype: str
-    shape: tuple[int, ...]
-    data: bytes
+@dataclasses.dataclass(frozen=True)
+class CompressedRows:
+    """Rows ``[T + 1, n]`` with each leaf's bytes lz4-compressed.
+
+    Attributes:
+        leaves: ``(key, dtype name, shape, compressed bytes)`` of each leaf.
+    """
+
+    leaves: tuple[tuple[NestedKey, str, tuple[int, ...], bytes], ...]
 
     @classmethod
-    def of(cls, array: np.ndarray) -> PackedArray:
-        """Compress ``array``."""
-        array = np.ascontiguousarray(array)
-        return cls(array.dtype.str, array.shape, lz4.frame.compress(array.tobytes()))
+    def of(cls, rows: TensorDict) -> CompressedRows:
+        """Compress every leaf of ``rows``."""
+        leaves = []
+        for key, value in rows.items(include_nested=True, leaves_only=True):
+            array = np.ascontiguousarray(value.cpu().numpy())
+            leaves.append((key, array.dtype.str, array.shape, lz4.frame.compress(array.data)))
+        return cls(tuple(leaves))
 
-    def unpack(self) -> np.ndarray:
-        """The array again."""
-        raw = lz4.frame.decompress(self.data)
-        return np.frombuffer(raw, dtype=np.dtype(self.dtype)).reshape(self.shape)
+    @property
+    def nbytes(self) -> int:
+        """Compressed size."""
+        return sum(len(data) for *_, data in self.leaves)
+
+    def decompress(self) -> TensorDict:
+        """The rows again."""
+        rows = TensorDict({}, batch_size=self.leaves[0][2][:2])
+        for key, dtype, shape, data in self.leaves:
+            array = np.frombuffer(lz4.frame.decompress(data), dtype=np.dtype(dtype))
+            rows.set(key, torch.from_numpy(array.copy()).view(shape))
+        return rows
 
 
-def pack_rollout(rollout: Rollout, *, compress: bool) -> dict[str, Any]:
-    """A rollout as plain data: arrays (lz4-compressed if ``compress``), episodes, statistics.
+@dataclasses.dataclass
+class ShippedRollout:
+    """A worker's rollout on its way to the learner.
 
-    Returns:
-        ``{"arrays": {nested key: array [T + 1, N, ...]}, "next_value": array [N],
-        "episodes": [...], "stats": ..., "teacher_forced": ..., "env_seconds": ...,
-        "inference_seconds": ..., "bytes": raw size, "packed_bytes": size sent,
-        "pack_seconds": time spent packing}`` (row ``T``'s per-step fields are unused).
+    Attributes:
+        rows: The storage's rows ``0..steps``: a ``TensorDict``, or its shared-memory or
+            compressed form (:meth:`tensors` gives the ``TensorDict``).
+        next_value: ``[n]`` value of the observation after the rollout.
+        steps: Steps recorded.
+        episodes: Episodes that ended during the rollout.
+        stats: The collector's statistics (a ``ScalarMeanTracker`` state).
+        teacher_forced: Steps whose action the expert chose.
+        env_seconds: Seconds spent stepping environments.
+        inference_seconds: Seconds spent in the policy.
+        nbytes: Size of the rows.
+        sent_bytes: Size of what carries them (names only for shared memory).
+        ship_seconds: Time spent preparing the rows.
+    """
+
+    rows: TensorDict | SharedRows | CompressedRows
+    next_value: torch.Tensor
+    steps: int
+    episodes: list[EpisodeRecord]
+    stats: dict[str, Any]
+    teacher_forced: int
+    env_seconds: float
+    inference_seconds: float
+    nbytes: int
+    sent_bytes: int
+    ship_seconds: float
+
+    def tensors(self) -> TensorDict:
+        """The rows ``[steps + 1, n]`` as a ``TensorDict`` (over shared memory: no copy)."""
+        if isinstance(self.rows, SharedRows):
+            return self.rows.attach()
+        if isinstance(self.rows, CompressedRows):
+            return self.rows.decompress()
+        return self.rows
+
+    def cut(self, steps: int) -> ShippedRollout:
+        """The rollout cut to its first ``steps`` steps (a straggler rule's common length).
+
+        The cut environments bootstrap from the value the collecting policy stored for the
+        observation at the cut (``values[steps]``); where the step before the cut ended an
+        episode, GAE does not bootstrap there anyway. Episodes and statistics stay whole.
+        """
+        if steps >= self.steps:
+            return self
+        rows = self.tensors()
+        return dataclasses.replace(
+            self, rows=rows[: steps + 1], next_value=rows["values"][steps].clone(), steps=steps
+        )
+
+
+def ship(
+    rollout: Rollout, *, compress: bool = False, shared: SharedBuffers | None = None
+) -> ShippedRollout:
+    """``rollout`` as it leaves its worker.
+
+    Args:
+        rollout: The collected rollout.
+        compress: lz4-compress the rows (:class:`CompressedRows`).
+        shared: The allocator of the storage's shared-memory blocks (names are sent instead
+            of the rows; ignored when ``compress``).
     """
     t0 = time.perf_counter()
-    rows = rollout.storage.rows()
-    arrays: dict[Any, Any] = {
-        key: value.cpu().numpy()
-        for key, value in rows.items(include_nested=True, leaves_only=True)
-    }
-    arrays["next_value"] = rollout.next_value.cpu().numpy()
-    raw = sum(a.nbytes for a in arrays.values())
-    packed = raw
+    storage = rollout.storage
+    rows = storage.rows()
+    nbytes = sum(v.numel() * v.element_size() for v in rows.values(True, True))
+    shipped: TensorDict | SharedRows | CompressedRows = rows
+    sent = nbytes
     if compress:
-        arrays = {k: PackedArray.of(a) for k, a in arrays.items()}
-        packed = sum(len(a.data) for a in arrays.values())
-    next_value = arrays.pop("next_value")
-    return {
-        "arrays": arrays,
-        "next_value": next_value,
-        "steps": rollout.storage.step,
-        "episodes": [dataclasses.asdict(e) for e in rollout.episodes],
-        "stats": rollout.stats,
-        "teacher_forced": rollout.teacher_forced,
-        "env_seconds": rollout.env_seconds,
-        "inference_seconds": rollout.inference_seconds,
-        "bytes": raw,
-        "packed_bytes": packed,
-        "pack_seconds": time.perf_counter() - t0,
-    }
-
-
-def _array(value: Any) -> np.ndarray:
-    return value.unpack() if isinstance(value, PackedArray) else np.asarray(value)
-
-
-def _tensor(array: np.ndarray) -> torch.Tensor:
-    """A tensor over ``array`` (a copy when it is read-only, as Ray's zero-copy arrays are)."""
-    return torch.from_numpy(array if array.flags.writeable else array.copy())
-
-
-def unpack_rows(data: Mapping[str, Any]) -> TensorDict:
-    """The rows ``[T + 1, n]`` of a packed rollout as a ``TensorDict``."""
-    arrays = {key: _array(value) for key, value in data["arrays"].items()}
-    first = next(iter(arrays.values()))
-    rows = TensorDict({}, batch_size=first.shape[:2])
-    for key, array in arrays.items():
-        rows.set(key, _tensor(array))
-    return rows
-
-
-def cut_packed_rollout(data: Mapping[str, Any], steps: int) -> dict[str, Any]:
-    """A packed rollout cut to its first ``steps`` steps (a straggler rule's common length).
-
-    The cut environments bootstrap from the value the collecting policy stored for the
-    observation at the cut (``values[steps]``); where the step before the cut ended an
-    episode, GAE does not bootstrap there anyway. Episodes and statistics stay whole.
-    """
-    arrays = {k: _array(v)[: steps + 1] for k, v in data["arrays"].items()}
-    recorded = int(data["steps"])
-    next_value = arrays["values"][steps] if steps < recorded else _array(data["next_value"])
-    return {**data, "arrays": arrays, "next_value": next_value, "steps": min(steps, recorded)}
+        shipped = CompressedRows.of(rows)
+        sent = shipped.nbytes
+    elif shared is not None:
+        shared.keep_only(storage.data)
+        shipped = shared.rows(storage.data, storage.step + 1)
+        sent = len(pickle.dumps(shipped))
+    return ShippedRollout(
+        rows=shipped,
+        next_value=rollout.next_value.cpu(),
+        steps=storage.step,
+        episodes=list(rollout.episodes),
+        stats=rollout.stats,
+        teacher_forced=rollout.teacher_forced,
+        env_seconds=rollout.env_seconds,
+        inference_seconds=rollout.inference_seconds,
+        nbytes=nbytes,
+        sent_bytes=sent,
+        ship_seconds=time.perf_counter() - t0,
+    )
 
 
 class RolloutAssembler:
-    """Writes the packed rollouts of several workers into one learner-side storage.
+    """Writes the rollouts of several workers into one learner-side storage.
 
     Args:
         num_envs: Environments over all workers.
@@ -129,6 +179,7 @@ class RolloutAssembler:
         self.num_envs = num_envs
         self.device = torch.device(device)
         self.storage: RolloutStorage | None = None
+        self._blocks: dict[int, set[str]] = {}  # shared blocks mapped for each column block
 
     def _storage_for(self, num_steps: int) -> RolloutStorage:
         if self.storage is None or self.storage.capacity < num_steps:
@@ -139,55 +190,71 @@ class RolloutAssembler:
 
     def assemble(
         self,
-        packed: Sequence[Mapping[str, Any]],
+        shipped: Sequence[ShippedRollout],
         widths: Sequence[int],
-        extra_stats: Mapping[str, float] | None = None,
+        extra_stats: dict[str, float] | None = None,
     ) -> Rollout:
-        """One rollout from each worker's packed rollout, side by side.
+        """One rollout from each worker's, side by side.
 
         Args:
-            packed: Each worker's packed rollout, all of the same number of steps.
+            shipped: Each worker's rollout, all of the same number of steps.
             widths: Each one's environments (their columns follow in this order).
             extra_stats: More statistics to log with the rollout's (``collection/*``); the
                 transfer's own (``collection/{bytes_sent,compression,pack_seconds}``) are added.
         """
         bounds = [sum(widths[:i]) for i in range(len(widths) + 1)]
         env_slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
-        steps = {int(p["steps"]) for p in packed}
+        steps = {s.steps for s in shipped}
         if len(steps) != 1:
             raise ValueError(f"workers' rollouts differ in length: {sorted(steps)}")
         t = steps.pop()
-        rows = [unpack_rows(p) for p in packed]
+        rows = [s.tensors() for s in shipped]
         if self.storage is not None and not _fits(self.storage, rows[0]):
             self.storage = None  # the fields changed (a replaced policy's state)
         storage = self._storage_for(t)
         storage.reset(t)
         next_value = torch.zeros(self.num_envs, device=self.device)
-        for p, part, envs in zip(packed, rows, env_slices, strict=True):
-            storage.write_envs(envs, part.to(self.device))
-            next_value[envs] = _tensor(_array(p["next_value"])).to(self.device)
+        for s, part, envs in zip(shipped, rows, env_slices, strict=True):
+            storage.write_envs(envs, part)
+            next_value[envs] = s.next_value.to(self.device)
+            self._track_blocks(envs.start, s)
         storage.step = t
-        stats = ScalarMeanTracker()
-        for p in packed:
-            stats.merge(p["stats"])
-        sent = sum(int(p["packed_bytes"]) for p in packed)
-        stats.add_scalars(
-            {
-                **(extra_stats or {}),
-                "collection/bytes_sent": float(sent),
-                "collection/compression": sum(int(p["bytes"]) for p in packed) / max(1, sent),
-                "collection/pack_seconds": max(float(p["pack_seconds"]) for p in packed),
-            }
-        )
         return Rollout(
             storage=storage,
             next_value=next_value,
-            episodes=[EpisodeRecord(**e) for p in packed for e in p["episodes"]],
-            stats=stats.state_dict(),
-            teacher_forced=sum(int(p["teacher_forced"]) for p in packed),
-            env_seconds=max(float(p["env_seconds"]) for p in packed),
-            inference_seconds=max(float(p["inference_seconds"]) for p in packed),
+            episodes=[e for s in shipped for e in s.episodes],
+            stats=_stats(shipped, extra_stats),
+            teacher_forced=sum(s.teacher_forced for s in shipped),
+            env_seconds=max(s.env_seconds for s in shipped),
+            inference_seconds=max(s.inference_seconds for s in shipped),
         )
+
+    def _track_blocks(self, column: int, shipped: ShippedRollout) -> None:
+        """Unmap the shared blocks a worker no longer uses (its storage was replaced)."""
+        if not isinstance(shipped.rows, SharedRows):
+            return
+        names = {name for _, name, _, _ in shipped.rows.leaves}
+        forget(self._blocks.get(column, set()) - names)
+        self._blocks[column] = names
+
+
+def _stats(
+    shipped: Sequence[ShippedRollout], extra_stats: dict[str, float] | None
+) -> dict[str, Any]:
+    """The workers' statistics merged, with the transfer's."""
+    stats = ScalarMeanTracker()
+    for s in shipped:
+        stats.merge(s.stats)
+    sent = sum(s.sent_bytes for s in shipped)
+    stats.add_scalars(
+        {
+            **(extra_stats or {}),
+            "collection/bytes_sent": float(sent),
+            "collection/compression": sum(s.nbytes for s in shipped) / max(1, sent),
+            "collection/pack_seconds": max(s.ship_seconds for s in shipped),
+        }
+    )
+    return stats.state_dict()
 
 
 def _fits(storage: RolloutStorage, rows: TensorDict) -> bool:

@@ -45,7 +45,8 @@ import torch
 from rl.collection.base import CollectionSpec, RolloutRequest
 from rl.collection.episodes import evaluate_policy
 from rl.collection.local import InProcessCollector
-from rl.collection.transport import pack_rollout
+from rl.collection.shared_rows import SharedBuffers
+from rl.collection.transport import ShippedRollout, ship
 from rl.models.factory import build_policy
 from rl.sampling.factory import build_sampler
 from rl.tasks.factory import with_split
@@ -111,6 +112,8 @@ class CollectionWorker:
         min_rollout_frac: Minimum fraction of a rollout collected before an early stop (None:
             rollouts are never stopped early).
         compress: lz4-compress the rollouts it returns.
+        shared_memory: Keep the rollout storage in shared memory and send the learner its
+            blocks' names (a worker that is a child process of the learner's machine).
         torch_threads: Torch threads of this worker.
     """
 
@@ -123,12 +126,14 @@ class CollectionWorker:
         env_offset: int,
         min_rollout_frac: float | None = None,
         compress: bool = False,
+        shared_memory: bool = False,
         torch_threads: int = 1,
     ) -> None:
         torch.set_num_threads(torch_threads)
         self.index = index
         self.spec = spec
         self.compress = compress
+        self.shared = SharedBuffers() if shared_memory and not compress else None
         self.num_envs, self.env_offset = num_envs, env_offset
         set_seed(spec.seed)
         self.model = build_policy(spec.model, *spec.task_spaces())
@@ -161,6 +166,7 @@ class CollectionWorker:
             preemption=self.stop_request,
             normalizer=self.normalizer,
             update_normalizer=False,
+            allocate=None if self.shared is None else self.shared.allocate,
         )
 
     def pid(self) -> int:
@@ -244,11 +250,11 @@ class CollectionWorker:
         self.collector.new_episodes()
 
     # ------------------------------------------------------------ worker -> learner
-    def collect_data(self) -> tuple[dict[str, Any], dict[str, Any]]:
+    def collect_data(self) -> tuple[ShippedRollout, dict[str, Any]]:
         """Collect one rollout with the current weights and settings.
 
         Returns:
-            ``(data, info)``: the packed rollout (:func:`~rl.collection.transport.pack_rollout`)
+            ``(data, info)``: the rollout as shipped (:func:`~rl.collection.transport.ship`)
             and ``worker``, ``rollout`` (its index), ``actor_version``, ``num_steps``,
             ``collect_seconds``, ``fps``, ``normalizer_moments`` (None without
             normalisation).
@@ -258,7 +264,7 @@ class CollectionWorker:
             self.stop_request.begin(self.rollouts)
         rollout = self.collector.collect(self.request)
         seconds = time.perf_counter() - t0
-        data = pack_rollout(rollout, compress=self.compress)
+        data = ship(rollout, compress=self.compress, shared=self.shared)
         info = {
             "worker": self.index,
             "rollout": self.rollouts,
@@ -312,5 +318,7 @@ class CollectionWorker:
         set_rng_state(state["rng"])  # last: the replay above must not draw from them
 
     def close(self) -> None:
-        """Close the environments."""
+        """Close the environments; unlink the shared rollout storage."""
         self.collector.close()
+        if self.shared is not None:
+            self.shared.close()

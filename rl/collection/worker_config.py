@@ -80,6 +80,7 @@ def worker_kwargs(
     num_workers: int,
     *,
     compress: bool,
+    shared_memory: bool,
     cpus_per_worker: float,
     min_rollout_frac: float | None,
 ) -> tuple[list[slice], list[dict[str, Any]]]:
@@ -95,6 +96,7 @@ def worker_kwargs(
             "env_offset": starts[i],
             "min_rollout_frac": min_rollout_frac,
             "compress": compress,
+            "shared_memory": shared_memory,
             "torch_threads": max(1, int(cpus_per_worker)),
         }
         for i in range(num_workers)

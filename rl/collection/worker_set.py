@@ -46,7 +46,7 @@ from rl.collection.actors import CollectionWorkerError
 from rl.collection.async_collection import AsyncCollection, as_sent
 from rl.collection.base import CollectionSpec, Rollout, RolloutRequest
 from rl.collection.episodes import EvalResult, evaluate_policy
-from rl.collection.transport import RolloutAssembler, cut_packed_rollout
+from rl.collection.transport import RolloutAssembler
 from rl.collection.worker import ALGORITHM_PARAMETERS, CollectionWorker
 from rl.collection.worker_calls import START_TIMEOUT_S, WorkerCalls
 from rl.collection.worker_config import DEFAULT_TIMEOUT_S, check_collector, worker_kwargs
@@ -129,7 +129,8 @@ class CollectionWorkerSet:
         self.mode, self.backend, self.fraction_samples = mode, backend, fraction_samples
         self.evaluate_on_workers, self.timeout = evaluate_on_workers, timeout
         self.env_slices, kwargs = worker_kwargs(
-            spec, num_workers, compress=compress, cpus_per_worker=cpus_per_worker,
+            spec, num_workers, compress=compress, shared_memory=backend == "process",
+            cpus_per_worker=cpus_per_worker,
             min_rollout_frac=min_rollout_frac if fraction_samples < 1.0 else None,
         )  # fmt: skip
         ray_options = dict(
@@ -317,9 +318,9 @@ class CollectionWorkerSet:
             self.normalizer.merge(
                 [info["normalizer_moments"] for _, info in results], distributed=self._ddp
             )
-        # The taken workers start their next rollouts before this one is unpacked.
-        self._async.refill(request, taken=len(workers))
-        return self._assemble(workers, results, merged=True)
+        rollout = self._assemble(workers, results, merged=True)  # copied out of shared memory:
+        self._async.refill(request, taken=len(workers))  # the workers may write their next
+        return rollout
 
     def _assemble(
         self, workers: Sequence[int], results: Sequence[Any], merged: bool = False
@@ -329,12 +330,12 @@ class CollectionWorkerSet:
         infos = [info for _, info in results]
         steps = min(int(info["num_steps"]) for info in infos)
         if any(int(info["num_steps"]) != steps for info in infos):
-            data = [cut_packed_rollout(d, steps) for d in data]
+            data = [d.cut(steps) for d in data]
         if self.normalizer is not None and not merged:  # in worker order: one worker is exact
             self.normalizer.merge([info["normalizer_moments"] for info in infos], self._ddp)
         lags = [self.version - int(info["actor_version"]) for info in infos]
         widths = [self.env_slices[i].stop - self.env_slices[i].start for i in workers]
-        rollout = self.assembler.assemble(
+        return self.assembler.assemble(
             data,
             widths,
             {
@@ -344,7 +345,6 @@ class CollectionWorkerSet:
                 "collection/worker_fps": sum(float(i["fps"]) for i in infos) / len(infos),
             },
         )
-        return rollout
 
     @property
     def _ddp(self) -> bool:

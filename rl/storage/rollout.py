@@ -1,6 +1,6 @@
 """Time-major rollout storage: one ``tensordict.TensorDict`` of ``[T + 1, N]`` rows.
 
-The rollout is the carrier from the collector to the loss (and, packed, what collection
+The rollout is the carrier from the collector to the loss (and, as it is, what collection
 workers send): a ``TensorDict`` whose every entry has leading dimensions ``[T + 1, N]``.
 Row ``t`` holds
 
@@ -31,7 +31,7 @@ environments by default, or chunks of ``recurrence`` steps (truncated BPTT, Samp
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -75,6 +75,9 @@ class RolloutStorage:
         num_steps: Capacity in time steps (a rollout may use fewer: see :meth:`reset`).
         num_envs: Number of environments (N).
         device: Where the entries live.
+        allocate: ``allocate(shape, dtype)``: a zeroed CPU tensor for an entry (None:
+            ``torch.zeros`` on ``device``); a process collection worker's allocates in shared
+            memory (:class:`~rl.collection.shared_rows.SharedBuffers`).
 
     Attributes:
         data: The ``TensorDict`` (see the module docstring); rows ``0..step`` are this rollout's.
@@ -85,8 +88,16 @@ class RolloutStorage:
             (None: per-minibatch normalisation); the distributed trainer sets global ones.
     """
 
-    def __init__(self, *, num_steps: int, num_envs: int, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        *,
+        num_steps: int,
+        num_envs: int,
+        device: torch.device | str = "cpu",
+        allocate: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
+    ):
         self.capacity = num_steps
+        self._allocate = allocate
         self.num_envs = num_envs
         self.device = torch.device(device)
         self.data = TensorDict({}, batch_size=[num_steps + 1, num_envs], device=self.device)
@@ -109,7 +120,11 @@ class RolloutStorage:
                     f"rollout field {key!r}: expected a value per environment ({self.num_envs}), "
                     f"got shape {tuple(row.shape)}"
                 )
-            buf = torch.zeros((self.capacity + 1, *row.shape), dtype=row.dtype, device=self.device)
+            shape = (self.capacity + 1, *row.shape)
+            if self._allocate is not None and self.device.type == "cpu":
+                buf = self._allocate(shape, row.dtype)
+            else:
+                buf = torch.zeros(shape, dtype=row.dtype, device=self.device)
             self.data.set(key, buf)
             self._buffers[key] = buf
         return buf
@@ -182,7 +197,7 @@ class RolloutStorage:
     def write_envs(self, envs: slice, rows: TensorDict) -> None:
         """Copy a block of environments' rows (``[T + 1, n]``) into columns ``envs``.
 
-        Used to assemble one rollout from several collectors' packed rollouts (call
+        Used to assemble one rollout from several collectors' rollouts (call
         :meth:`reset` first and set :attr:`step` after).
         """
         for key, value in rows.items(include_nested=True, leaves_only=True):

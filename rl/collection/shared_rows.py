@@ -1,0 +1,135 @@
+"""A process collection worker's rollout storage in shared memory, read by the learner in place.
+
+A collection worker that is a child process of the learner (``collector.backend=process``)
+allocates every buffer of its rollout storage in a named shared-memory block of its own
+(:class:`SharedBuffers`, ``multiprocessing.shared_memory``) and sends the learner a
+:class:`SharedRows`: the blocks' names, shapes and dtypes and how many rows the rollout has. The
+learner maps the blocks once (cached by name) and copies the rows straight into its own
+storage, so a rollout crosses the process boundary with no pickling of its data and no copy of
+its own. The worker writes its next rollout into the same blocks only after the learner took
+the last one (:mod:`rl.collection.async_collection` asks a worker again only after its rollout
+was assembled).
+
+The worker owns the blocks: it unlinks them when its storage is replaced and when it closes
+(and the resource tracker it shares with the learner does at the end if it was killed). The
+learner only maps them and never unlinks them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from multiprocessing import shared_memory
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+from tensordict.utils import NestedKey
+
+__all__ = ["SharedBuffers", "SharedRows"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedRows:
+    """Rows ``[length, n]`` of tensors in named shared memory (what the learner is sent).
+
+    Attributes:
+        leaves: ``(key, block name, full shape, dtype name)`` of each leaf.
+        length: Rows of the rollout (``steps + 1``).
+    """
+
+    leaves: tuple[tuple[NestedKey, str, tuple[int, ...], str], ...]
+    length: int
+
+    def attach(self) -> TensorDict:
+        """The rows as a ``TensorDict`` over the shared blocks (mapped once per block)."""
+        first = self.leaves[0][2]
+        rows = TensorDict({}, batch_size=[self.length, first[1]])
+        for key, name, shape, dtype in self.leaves:
+            rows.set(key, _mapped(name, shape, dtype)[: self.length])
+        return rows
+
+
+# Blocks this process has mapped (the learner's side), by name: (block, tensor over it).
+_MAPPED: dict[str, tuple[shared_memory.SharedMemory, torch.Tensor]] = {}
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"not a torch dtype: {name!r}")
+    return dtype
+
+
+def _over(block: shared_memory.SharedMemory, shape: tuple[int, ...], dtype: torch.dtype) -> Any:
+    count = math.prod(shape)
+    if count == 0:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(block.buf, dtype=dtype, count=count).view(shape)
+
+
+def _mapped(name: str, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    """The tensor over block ``name`` (mapped on first use, never unlinked here)."""
+    hit = _MAPPED.get(name)
+    if hit is None:
+        # Python < 3.13 registers a block it only maps with the resource tracker: the one the
+        # worker registered it with (a child shares its parent's), so the name is registered
+        # once, the worker's unlink unregisters it, and the tracker unlinks it at the end if
+        # the worker was killed first.
+        block = shared_memory.SharedMemory(name=name)
+        hit = _MAPPED[name] = (block, _over(block, shape, _dtype(dtype)))
+    return hit[1]
+
+
+def forget(names: set[str]) -> None:
+    """Unmap blocks of ``names`` this process mapped (their worker replaced or closed them)."""
+    for name in names & set(_MAPPED):
+        _MAPPED.pop(name)  # the mapping goes with its last tensor
+
+
+class SharedBuffers:
+    """Tensors in named shared-memory blocks, one block each (the worker's side).
+
+    :meth:`allocate` is a :class:`~rl.storage.RolloutStorage`'s allocator; :meth:`rows` names
+    a rollout's rows for the learner.
+    """
+
+    def __init__(self) -> None:
+        self._blocks: dict[int, shared_memory.SharedMemory] = {}  # by data pointer
+
+    def allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A zeroed tensor of ``shape`` and ``dtype`` in a new shared block."""
+        nbytes = max(1, math.prod(shape) * torch.empty((), dtype=dtype).element_size())
+        block = shared_memory.SharedMemory(create=True, size=nbytes)
+        tensor = _over(block, shape, dtype)
+        tensor.zero_()
+        self._blocks[tensor.data_ptr()] = block
+        return tensor  # type: ignore[no-any-return]
+
+    def rows(self, data: TensorDict, length: int) -> SharedRows:
+        """The first ``length`` rows of ``data`` (a storage of this allocator's tensors)."""
+        leaves = []
+        for key, value in data.items(include_nested=True, leaves_only=True):
+            block = self._blocks.get(value.data_ptr())
+            if block is None:
+                raise ValueError(f"rollout field {key!r} is not in shared memory")
+            leaves.append((key, block.name, tuple(value.shape), str(value.dtype)))
+        return SharedRows(tuple(leaves), length)
+
+    def keep_only(self, data: TensorDict) -> None:
+        """Unlink every block that no leaf of ``data`` (the current storage) lies in."""
+        live = {v.data_ptr() for v in data.values(include_nested=True, leaves_only=True)}
+        for ptr in [p for p in self._blocks if p not in live]:
+            _unlink(self._blocks.pop(ptr))
+
+    def close(self) -> None:
+        """Unlink every block (the mappings go with the process)."""
+        for block in self._blocks.values():
+            _unlink(block)
+        self._blocks.clear()
+
+
+def _unlink(block: shared_memory.SharedMemory) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        block.unlink()
