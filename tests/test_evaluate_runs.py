@@ -207,7 +207,7 @@ def test_expert_from_a_task_config_without_a_run(tmp_path: Path) -> None:
 
 
 def test_expert_of_a_task_without_one_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(NoExpertError, match="no expert action"):
+    with pytest.raises(NoExpertError, match="declares no expert"):
         evaluate(eval_cfg(tmp_path, "test_expert=true", "task=gym"))
     with pytest.raises(ConfigError, match="needs a task"):
         evaluate(eval_cfg(tmp_path, "test_expert=true"))

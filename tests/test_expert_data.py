@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
 
 from rl.storage import ExpertTrajectoryIterator, generate_expert_trajectories
+from rl.tasks.fields import StepField, expert_field
 from rl.tasks.spaces import flat_observation_space
 
 
 class NestedCorridor(gym.Env):
     """A corridor whose observation is nested (a Dict holding a Tuple), with an expert."""
+
+    step_fields: ClassVar[dict[str, StepField]] = {"expert_actions": expert_field()}
 
     def __init__(self) -> None:
         self.observation_space = gym.spaces.Dict(

@@ -2,13 +2,16 @@
 
 ``base`` holds the seam (:class:`Collector`, :class:`RolloutRequest`, :class:`Rollout`);
 ``local`` its in-process implementation (:class:`InProcessCollector`: a sampler stepped with the
-learner's own policy, teacher forcing, forced scene advance, straggler preemption); ``episodes``
-runs fixed lists of seeded episodes (evaluation) and ``acting`` the policy step they, probe
-videos and the inference agent share. Collection workers (``collector=process``
+learner's own policy through the step runner, :mod:`rl.sampling.runner`, with ``recording``'s
+actor; ``teacher_forcing``; forced scene advance, straggler preemption); ``episodes`` runs fixed
+lists of seeded episodes (evaluation) and ``acting`` the policy step they, probe videos and the
+inference agent share. Collection workers (``collector=process``
 or ``collector=ray``) are :mod:`rl.collection.worker` (one worker), :mod:`rl.collection.actors`
 (its process or Ray actor), :mod:`rl.collection.worker_set` (the set a learner drives, with
 :mod:`~rl.collection.worker_calls`: its calls and watchdog, :mod:`~rl.collection.async_collection`:
-barrier-free collection, :mod:`~rl.collection.worker_config`: its settings), imported on demand.
+barrier-free collection, :mod:`~rl.collection.worker_config`: its settings,
+:mod:`~rl.collection.transport` and :mod:`~rl.collection.shared_rows`: how rollouts travel),
+imported on demand.
 """
 
 from rl.collection.acting import NoExpertError, PolicyActor

@@ -13,7 +13,7 @@ expert in the same place of the same loop (:func:`~rl.collection.episodes.evalua
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,13 +21,9 @@ from tensordict import TensorDict
 
 from rl.collection.normalization import Normalizer
 from rl.models.policy import Policy
-from rl.tasks.fields import EXPERT_ACTIONS
+from rl.sampling.runner import ExpertActor, NoExpertError
 
-__all__ = ["Actor", "ExpertActor", "NoExpertError", "PolicyActor", "policy_step"]
-
-
-class NoExpertError(ValueError):
-    """The task gives no expert action (``info["expert_action"]``), so it cannot be evaluated."""
+__all__ = ["ExpertActor", "NoExpertError", "PolicyActor", "policy_step"]
 
 
 @torch.no_grad()
@@ -50,18 +46,6 @@ def policy_step(
         obs = normalizer.observations(obs)
     step, state = model.act(obs, starts, state, deterministic, generator)
     return step.actions, state
-
-
-class Actor(Protocol):
-    """What acts in a loop over ``N`` environments (a policy, the task's expert)."""
-
-    def act(self, step: Mapping[str, Any]) -> np.ndarray:
-        """Actions ``[N, ...]`` for a sampler's step of ``N`` (its ``obs`` and task fields)."""
-        ...
-
-    def advance(self, done: np.ndarray, keep: np.ndarray | None = None) -> None:
-        """After a step of ``N``: which ended an episode, which stay (None: all), ``[N]`` each."""
-        ...
 
 
 class PolicyActor:
@@ -102,33 +86,10 @@ class PolicyActor:
         self.starts = torch.zeros_like(self.starts)
         return actions.cpu().numpy()  # type: ignore[no-any-return]
 
-    def advance(self, done: np.ndarray, keep: np.ndarray | None = None) -> None:
-        """Episode starts where ``done``; environments not in ``keep`` dropped (paused)."""
-        self.starts = torch.from_numpy(np.asarray(done, dtype=bool)).to(self.device)
-        if keep is not None and not keep.all():
-            mask = torch.from_numpy(np.asarray(keep, dtype=bool)).to(self.device)
+    def advance(self, result: Mapping[str, Any], keep: torch.Tensor | None = None) -> None:
+        """Episode starts where ``result`` ended one; environments not in ``keep`` dropped."""
+        done = torch.as_tensor(result["terminated"]) | torch.as_tensor(result["truncated"])
+        self.starts = done.to(self.device)
+        if keep is not None:
+            mask = keep.to(self.device)
             self.starts, self.state = self.starts[mask], self.state[mask]
-
-
-class ExpertActor:
-    """The task's expert (its ``expert_actions`` step field) in a policy's place.
-
-    Args:
-        task: The task's name, for the error of a task without an expert.
-    """
-
-    def __init__(self, task: str) -> None:
-        self.task = task
-
-    def act(self, step: Mapping[str, Any]) -> np.ndarray:
-        """The expert's actions (a :class:`NoExpertError` where the task gives none)."""
-        expert = step[EXPERT_ACTIONS] if EXPERT_ACTIONS in step.keys() else None
-        if expert is None or (expert < 0).any():
-            raise NoExpertError(
-                f'task {self.task!r} gives no expert action (info["expert_action"]); '
-                "test_expert needs a task with an expert"
-            )
-        return np.asarray(expert)
-
-    def advance(self, done: np.ndarray, keep: np.ndarray | None = None) -> None:
-        """Nothing to carry."""

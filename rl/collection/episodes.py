@@ -14,13 +14,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from tensordict import TensorDict
 
-from rl.collection.acting import Actor, ExpertActor, PolicyActor
+from rl.collection.acting import PolicyActor
 from rl.collection.normalization import Normalizer
 from rl.models.policy import Policy
 from rl.sampling.base import finished_episodes
 from rl.sampling.convert import episode_metric_key
 from rl.sampling.factory import build_sampler
+from rl.sampling.runner import Actor, ExpertActor, run_steps
 
 
 @dataclasses.dataclass
@@ -131,17 +133,14 @@ def run_episode_list(
     """
     records: dict[int, dict[str, Any]] = {}
     with build_sampler(None, task=task, num_envs=num_envs, episode_seeds=episode_seeds) as sampler:
-        step = sampler.reset()
-        actor = make_actor(sampler.num_envs)
-        while sampler.num_active:
-            result = sampler.step(actor.act(step))
+
+        def count(t: int, step: TensorDict, result: TensorDict) -> bool:
             for ep in finished_episodes(result):
                 assert ep.episode_seed is not None
                 records[ep.episode_seed] = {"episode_seed": ep.episode_seed, **ep.metrics}
-            paused = result.get("paused")
-            step = result[~paused] if paused.any() else result
-            done = result.get("terminated") | result.get("truncated")
-            actor.advance(done.numpy(), (~paused).numpy())
+            return False
+
+        run_steps(sampler, make_actor(sampler.num_envs), sampler.reset(), count)
     return summarise_episodes(records, episode_seeds)
 
 

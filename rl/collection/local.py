@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -27,28 +26,17 @@ from tensordict import TensorDict
 from rl.collection.base import CollectionSpec, Preemption, Rollout, RolloutRequest
 from rl.collection.episodes import EvalResult, evaluate_policy
 from rl.collection.normalization import Normalizer
-from rl.collection.teacher_forcing import check_field_names, teacher_force
+from rl.collection.recording import Carry, RolloutRecorder, obs_on
 from rl.distributed.preemption import RolloutPreemption
 from rl.distributed.setup import DistContext
 from rl.models.policy import Policy
-from rl.pipeline.trackers import ScalarMeanTracker
-from rl.sampling.base import Sampler, finished_episodes
+from rl.sampling.base import Sampler
 from rl.sampling.factory import build_sampler
+from rl.sampling.runner import run_steps
 from rl.storage.rollout import RolloutStorage
 from rl.tasks.factory import with_split
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class _Carry:
-    """What one rollout hands the next."""
-
-    obs: dict[str, torch.Tensor]  # as the environments returned them (not normalised)
-    fields: dict[str, torch.Tensor]  # the task's step fields for those observations
-    episode_starts: torch.Tensor
-    state: TensorDict  # the policy's recurrent state, batch [N]
-    returns: torch.Tensor | None = None  # [N] float64 discounted returns (reward scaling)
 
 
 class InProcessCollector:
@@ -95,7 +83,7 @@ class InProcessCollector:
         self.sampler = sampler
         self.device = torch.device(device)
         self.storage: RolloutStorage | None = None
-        self._carry: _Carry | None = None
+        self._carry: Carry | None = None
         self.preemption = preemption
         if preemption is None and dist is not None and dist.enabled and dist.sync_frac is not None:
             self.preemption = RolloutPreemption(
@@ -148,19 +136,10 @@ class InProcessCollector:
             )
         return self.storage
 
-    def _fields(self, step: TensorDict) -> dict[str, torch.Tensor]:
-        """The task's step fields of a sampler's step, on the collector's device."""
-        return {k: step.get(k).to(self.device) for k in self.sampler.step_fields}
-
-    def _obs(self, step: TensorDict, key: str = "obs") -> dict[str, torch.Tensor]:
-        """A step's observations (``obs`` or ``final_obs``) by key, on the collector's device."""
-        return {k: v.to(self.device, non_blocking=True) for k, v in step.get(key).items()}
-
-    def _fresh_carry(self, first: TensorDict) -> _Carry:
+    def _fresh_carry(self, first: TensorDict) -> Carry:
         n = self.num_envs
-        return _Carry(
-            obs=self._obs(first),
-            fields=self._fields(first),
+        return Carry(
+            step=first,
             episode_starts=torch.ones(n, dtype=torch.bool, device=self.device),
             state=self.model.initial_state(n, self.device),
             returns=self._fresh_returns(),
@@ -171,131 +150,39 @@ class InProcessCollector:
             return None
         return torch.zeros(self.num_envs, dtype=torch.float64)
 
-    def _policy_obs(self, obs: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
-        """What the policy sees of ``obs``: normalised when the normalizer says so."""
-        return obs if self.normalizer is None else self.normalizer.observations(obs)
-
     @torch.no_grad()
     def collect(self, request: RolloutRequest) -> Rollout:
         """Fill the storage with ``request.num_steps`` steps of every environment."""
         if self._carry is None:
             self._carry = self._fresh_carry(self.sampler.reset())
-        c = self._carry
-        model, n = self.model, self.num_envs
         storage = self._storage_for(request.num_steps)
-        model.eval()
+        self.model.eval()
         storage.reset(request.num_steps)
-        norm = self.normalizer
-        storage.set_first(self._policy_obs(c.obs), c.episode_starts, c.state)
-        stats, episodes = ScalarMeanTracker(), []
-        forced_steps, env_seconds, inference_seconds = 0, 0.0, 0.0
         if self.preemption is not None:
             self.preemption.start(self._rollout_index)
         self._rollout_index += 1
-        obs, task_fields, starts, state = c.obs, c.fields, c.episode_starts, c.state
-        returns = c.returns
-        policy_obs = self._policy_obs(obs)
-        for t in range(request.num_steps):
-            t0 = time.perf_counter()
-            if norm is not None:
-                norm.record_observations(obs)
-            step, state = model.act(policy_obs, starts, state)
-            actions, logprobs = step.actions, step.logprobs
-            if request.teacher_forcing is not None:
-                prob = request.teacher_forcing_probability(t)
-                actions, logprobs, count = teacher_force(prob, step, task_fields, self.device)
-                forced_steps += count
-                stats.add_scalars(
-                    {"pipeline/teacher_ratio": count / n, "pipeline/teacher_forcing_prob": prob}
-                )
-            t1 = time.perf_counter()
-            result = self.sampler.step(actions.cpu().numpy())
-            t2 = time.perf_counter()
-            fields = {
-                "actions": actions,
-                "logprobs": logprobs,
-                "values": step.values,
-                **task_fields,  # what the task reported with the observation acted on
-                **step.extras,  # fields the policy declares for its own losses
-            }
-            if t == 0:
-                check_field_names(task_fields, step.extras)
-            recorded = self._record(storage, fields, result, state, returns)
-            obs, policy_obs, starts, returns = recorded
-            task_fields = self._fields(result)
-            episodes.extend(finished_episodes(result))
-            t3 = time.perf_counter()
-            inference_seconds += (t1 - t0) + (t3 - t2)
-            env_seconds += t2 - t1
-            if self.preemption is not None and self.preemption.should_stop(
-                t + 1, request.num_steps
-            ):
-                break  # HARNESS: enough workers are done: this straggler ends its rollout here
+        recorder = RolloutRecorder(
+            model=self.model,
+            storage=storage,
+            request=request,
+            carry=self._carry,
+            field_names=list(self.sampler.step_fields),
+            device=self.device,
+            normalizer=self.normalizer,
+            preemption=self.preemption,
+        )
+        last = run_steps(
+            self.sampler, recorder, self._carry.step, recorder.record, request.num_steps
+        )
         if self.preemption is not None:
             if storage.step == request.num_steps:
                 self.preemption.finished()
-            stats.add_scalars({self.preemption.metric: storage.step / request.num_steps})
-        self._carry = _Carry(
-            obs=obs, fields=task_fields, episode_starts=starts, state=state, returns=returns
-        )
-        # ALGO: the value the returns bootstrap from, by the policy that collected the rollout.
-        out, _ = model(
-            {k: v.unsqueeze(0) for k, v in policy_obs.items()}, starts.unsqueeze(0), state
-        )
-        if norm is not None and self.update_normalizer:
-            norm.commit(distributed=self._distributed)  # the next rollout's statistics
-        return Rollout(
-            storage=storage,
-            next_value=out.values[0],
-            episodes=episodes,
-            stats=stats.state_dict(),
-            teacher_forced=forced_steps,
-            env_seconds=env_seconds,
-            inference_seconds=inference_seconds,
-        )
-
-    def _record(
-        self,
-        storage: RolloutStorage,
-        fields: dict[str, torch.Tensor],
-        result: TensorDict,
-        state: TensorDict,
-        returns: torch.Tensor | None,
-    ) -> tuple[dict[str, torch.Tensor], Mapping[str, torch.Tensor], torch.Tensor, Any]:
-        """Record a step's ``fields`` and what the environments returned.
-
-        Returns:
-            ``(next observations, what the policy sees of them, episode starts, returns)``.
-        """
-        next_obs = self._obs(result)
-        next_policy_obs = self._policy_obs(next_obs)
-        fields["truncation_values"] = self._truncation_values(result, state)
-        terminated = result.get("terminated").to(self.device)
-        truncated = result.get("truncated").to(self.device)
-        starts = terminated | truncated
-        rewards = result.get("rewards").to(self.device)
-        if returns is not None and self.normalizer is not None:  # ALGO: VecNormalize's scaling
-            rewards, returns = self.normalizer.rewards(rewards, returns, starts)
-        fields.update(rewards=rewards, terminated=terminated, truncated=truncated)
-        # The state after the step is the one before the next observation: truncated-BPTT
-        # chunks start from it.
-        storage.insert(fields, next_policy_obs, state)
-        return next_obs, next_policy_obs, starts, returns
-
-    def _truncation_values(self, result: TensorDict, state: TensorDict) -> torch.Tensor:
-        """ALGO: values of the final observations of truncated episodes (bootstrapped)."""
-        values = torch.zeros(result.batch_size[0], device=self.device)
-        if "final_obs" not in result.keys():
-            return values
-        idx = result.get("truncated").nonzero().squeeze(1).to(self.device)
-        final = self._policy_obs({k: v[idx] for k, v in self._obs(result, "final_obs").items()})
-        out, _ = self.model(
-            {k: v.unsqueeze(0) for k, v in final.items()},
-            torch.zeros(1, len(idx), dtype=torch.bool, device=self.device),
-            state[idx],
-        )
-        values[idx] = out.values[0]
-        return values
+            recorder.stats.add_scalars({self.preemption.metric: storage.step / request.num_steps})
+        self._carry = recorder.carry(last)
+        next_value = recorder.bootstrap_value()
+        if self.normalizer is not None and self.update_normalizer:
+            self.normalizer.commit(distributed=self._distributed)  # the next rollout's statistics
+        return Rollout(storage=storage, next_value=next_value, **recorder.summary())
 
     def replace_policy(self, model: Policy) -> None:
         """Collect with ``model`` from now on; its recurrent state starts anew (as at a reset)."""
@@ -362,7 +249,7 @@ class InProcessCollector:
             rollout = {
                 "episode_starts": self._carry.episode_starts,
                 "state": self._carry.state.to_dict(),
-                "obs": dict(self._carry.obs),
+                "obs": obs_on(self._carry.step, self.device),
                 "returns": self._carry.returns,
             }
         normalizer = None if self.normalizer is None else self.normalizer.state_dict()
@@ -392,7 +279,7 @@ class InProcessCollector:
         except NotImplementedError as e:
             log.warning("%s: starting fresh episodes instead", e)
             return
-        obs = self._obs(first)
+        obs = obs_on(first, self.device)
         saved = rollout["obs"]
         if set(saved) != set(obs) or not all(
             torch.equal(obs[k], saved[k].to(self.device)) for k in obs
@@ -401,9 +288,8 @@ class InProcessCollector:
                 "the restored environments' observations differ from the saved ones (is the "
                 "environment deterministic given its seed?); continuing from the restored ones"
             )
-        self._carry = _Carry(
-            obs=obs,
-            fields=self._fields(first),
+        self._carry = Carry(
+            step=first,
             episode_starts=rollout["episode_starts"].to(self.device),
             state=self._saved_state(rollout),
             returns=rollout.get("returns", self._fresh_returns()),

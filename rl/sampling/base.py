@@ -59,7 +59,7 @@ def step_tensordict(
     - ``final_obs`` (nested, only in steps where an episode was truncated): the last
       observation of each truncated episode, so its value can be bootstrapped (other rows are
       zeros);
-    - ``episodes`` (non-tensor, :func:`finished_episodes`): the episodes that ended.
+    - the episodes that ended (:func:`finished_episodes`).
 
     A reset's ``TensorDict`` holds ``obs`` and the task's fields only.
     """
@@ -82,14 +82,18 @@ def step_tensordict(
             {k: torch.from_numpy(v) for k, v in final_obs.items()}, batch_size=torch.Size([n])
         )
     step = TensorDict._new_unsafe(data, batch_size=torch.Size([n]))
-    if episodes is not None:
-        step.set_non_tensor("episodes", episodes)
+    # The episodes ride along as an attribute, not an entry: a non-tensor entry costs about
+    # 25 us a step to set and read back, 3% of a rollout of the memoryless MLP.
+    step._episodes = episodes or []
     return step
 
 
 def finished_episodes(step: TensorDict) -> list[EpisodeRecord]:
-    """The episodes that ended in ``step`` (a sampler's step ``TensorDict``)."""
-    return step.get_non_tensor("episodes", default=[])  # type: ignore[no-any-return]
+    """The episodes that ended in ``step`` (a sampler's step ``TensorDict``; [] after a reset).
+
+    They ride with the step itself, not with a copy or an index of it (``step[mask]``).
+    """
+    return getattr(step, "_episodes", [])
 
 
 # The most environments one sampler runs: far above any experiment (16 to 256), far below what

@@ -137,14 +137,22 @@ class SerialSampler(FiniteChecks, Sampler):
         """An action as the environment takes it, from what was recorded for replay."""
         return int(action) if self._discrete else np.asarray(action, dtype=self._action_dtype)
 
-    def _read_fields(self, pos: int, info: Mapping[str, Any], out: dict[str, np.ndarray]) -> None:
-        """Row ``pos`` of the task's step fields ``out`` from one environment's ``info``."""
+    def _fields(self, infos: list[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+        """The task's step fields ``[N, ...]`` from each environment's ``info``."""
+        out = {}
         for key, field in self.step_fields.items():
-            if field.info in info:
-                out[key][pos] = info[field.info]
-
-    def _empty_fields(self, n: int) -> dict[str, np.ndarray]:
-        return {key: field.empty(n) for key, field in self.step_fields.items()}
+            name = field.info
+            missing = field.empty(1)[0] if field.shape else field.missing
+            try:
+                out[key] = np.asarray(
+                    [info.get(name, missing) for info in infos], dtype=field.dtype
+                ).reshape(len(infos), *field.shape)
+            except (TypeError, ValueError) as e:
+                raise ValueError(
+                    f"{self._name}: step field {key!r} (info[{name!r}]) is not a "
+                    f"{field.dtype} of shape {field.shape}: {e}"
+                ) from e
+        return out
 
     def _stack(self, rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
         out = {}
@@ -203,16 +211,15 @@ class SerialSampler(FiniteChecks, Sampler):
         return self._reset_active(first=False)
 
     def _reset_active(self, first: bool) -> TensorDict:
-        rows = []
-        fields = self._empty_fields(len(self._active))
-        for pos, i in enumerate(self._active):
+        rows, infos = [], []
+        for i in self._active:
             obs, info = self._reset_env(i, first=first)
             rows.append(obs)
-            self._read_fields(pos, info, fields)
+            infos.append(info)
         self.current_env = None
         batch = self._stack(rows)
         self._check_obs(batch, self._active, lambda pos: "the first observation of an episode")
-        return step_tensordict(batch, fields)
+        return step_tensordict(batch, self._fields(infos))
 
     def step(self, actions: np.ndarray) -> TensorDict:
         """Step the active environments (:func:`~rl.sampling.base.step_tensordict`)."""
@@ -231,7 +238,7 @@ class SerialSampler(FiniteChecks, Sampler):
         rewards = np.zeros(n, dtype=np.float32)
         terminated = np.zeros(n, dtype=bool)
         truncated = np.zeros(n, dtype=bool)
-        fields = self._empty_fields(n)
+        infos: list[Mapping[str, Any]] = []
         paused = np.zeros(n, dtype=bool)
         final_rows: list[dict[str, Any]] = []
         final_idx: list[int] = []
@@ -264,8 +271,7 @@ class SerialSampler(FiniteChecks, Sampler):
                 else:
                     obs, info = self._reset_env(i, first=False)
                     reset[pos] = True
-            if self.step_fields:
-                self._read_fields(pos, info, fields)
+            infos.append(info)
             rows.append(obs)
         self.current_env = None
         obs_batch = self._stack(rows)
@@ -279,7 +285,7 @@ class SerialSampler(FiniteChecks, Sampler):
             self._active = [i for pos, i in enumerate(self._active) if not paused[pos]]
         return step_tensordict(
             obs_batch,
-            fields,
+            self._fields(infos),
             rewards=rewards,
             terminated=terminated,
             truncated=truncated,
@@ -331,8 +337,7 @@ class SerialSampler(FiniteChecks, Sampler):
                 f"but this sampler has {self.num_envs} at offset {self.env_offset}"
             )
         self._active = list(range(self.num_envs))
-        rows = []
-        fields = self._empty_fields(self.num_envs)
+        rows, infos = [], []
         for i, episode in enumerate(state["episodes"]):
             env = self.envs[i]
             self.current_env = self.env_offset + i
@@ -359,11 +364,11 @@ class SerialSampler(FiniteChecks, Sampler):
                     )
             self._episode_actions[i] = actions
             rows.append(self._as_dict(obs))
-            self._read_fields(i, info, fields)
+            infos.append(info)
         self.current_env = None
         batch = self._stack(rows)
         self._check_obs(batch, self._active, lambda pos: "its restored episode")
-        return step_tensordict(batch, fields)
+        return step_tensordict(batch, self._fields(infos))
 
     def render(self, env_index: int = 0) -> np.ndarray | None:
         """RGB frame of one environment (it must have been built with ``render_mode``)."""

@@ -1,10 +1,10 @@
 """Stored expert trajectories for off-policy updates (e.g. offline behaviour cloning).
 
-:func:`generate_expert_trajectories` runs a task's expert (``info["expert_action"]``) on seeded
-episodes and writes them to one ``.npz`` file; :class:`ExpertTrajectoryIterator` yields endless
-time-major minibatches of windows from such a file, for an
-:class:`~rl.pipeline.OffPolicyPipelineComponent`. ``python -m rl.storage.expert_data`` is the
-command-line generator.
+:func:`generate_expert_trajectories` runs a task's expert (its ``expert_actions`` step field,
+``info["expert_action"]``) through the step runner on seeded episodes and writes them to one
+``.npz`` file; :class:`ExpertTrajectoryIterator` yields endless time-major minibatches of
+windows from such a file, for an :class:`~rl.pipeline.OffPolicyPipelineComponent`.
+``python -m rl.storage.expert_data`` is the command-line generator.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rl.tasks.factory import build_env
-from rl.tasks.spaces import ObservationFlattener
+from rl.sampling.runner import ExpertActor, run_steps
+from rl.sampling.serial import SerialSampler
+from rl.tasks.fields import EXPERT_ACTIONS
 from rl.utils.files import write_atomic
 
 
@@ -62,34 +63,26 @@ def generate_expert_trajectories(
     Returns:
         ``path``.
     """
-    env = build_env(task)
-    flatten = ObservationFlattener(env.observation_space)  # the entries policies are given
     steps: dict[str, list[np.ndarray]] = {}
     actions: list[int] = []
-    starts: list[bool] = []
-    try:
-        for i in range(num_episodes):
-            obs, info = env.reset(seed=seed + i)
-            first = True
-            while True:
-                if "expert_action" not in info:
-                    raise ValueError(f"task {task.get('_target_')} gives no info['expert_action']")
-                for key, value in flatten(obs).items():
-                    steps.setdefault(key, []).append(np.asarray(value))
-                action = int(info["expert_action"])
-                actions.append(action)
-                starts.append(first)
-                first = False
-                obs, _, terminated, truncated, info = env.step(action)
-                if terminated or truncated:
-                    break
-    finally:
-        env.close()
+    starts: list[bool] = [True]  # whether each recorded step starts an episode
+
+    def record(t: int, step: TensorDict, result: TensorDict) -> bool:
+        for key, value in step["obs"].items():  # the entries policies are given
+            steps.setdefault(key, []).append(value[0].numpy())
+        actions.append(int(step[EXPERT_ACTIONS][0]))
+        starts.append(bool(result["terminated"][0] | result["truncated"][0]))
+        return False
+
+    episodes = [seed + i for i in range(num_episodes)]
+    expert = ExpertActor(str(task.get("_target_")))
+    with SerialSampler(task=task, num_envs=1, episode_seeds=episodes) as sampler:
+        run_steps(sampler, expert, sampler.reset(), record)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {f"obs/{k}": np.stack(v) for k, v in steps.items()}
     arrays["expert_action"] = np.asarray(actions, dtype=np.int64)
-    arrays["episode_start"] = np.asarray(starts, dtype=bool)
+    arrays["episode_start"] = np.asarray(starts[:-1], dtype=bool)
     buffer = io.BytesIO()
     np.savez_compressed(buffer, **arrays)  # type: ignore[arg-type]
     write_atomic(path, buffer.getvalue())

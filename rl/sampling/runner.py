@@ -1,0 +1,108 @@
+"""The one loop that runs an actor against a sampler's environments.
+
+:func:`run_steps` is that loop: the actor acts on the sampler's last step (its observations and
+the task's step fields), the sampler steps, the caller's ``on_step`` sees both, environments
+that ran out of episodes (evaluation) leave the batch, and the actor carries its state on.
+Collection (:class:`~rl.collection.recording.RolloutRecorder`, a policy that records every
+step into the rollout storage), evaluation on fixed episode lists
+(:func:`~rl.collection.episodes.run_episode_list`: a policy, or :class:`ExpertActor`, the task's
+expert) and expert trajectories (:func:`~rl.storage.expert_data.generate_expert_trajectories`)
+all run through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from rl.sampling.base import Sampler
+from rl.tasks.fields import EXPERT_ACTIONS
+
+__all__ = ["Actor", "ExpertActor", "NoExpertError", "run_steps"]
+
+
+class NoExpertError(ValueError):
+    """The task gives no expert action (``info["expert_action"]``), so it cannot be evaluated."""
+
+
+class Actor(Protocol):
+    """What acts in the loop for the ``N`` environments of a sampler's step."""
+
+    def act(self, step: TensorDict) -> np.ndarray:
+        """Actions ``[N, ...]`` for a sampler's step of ``N`` (its ``obs`` and task fields)."""
+        ...
+
+    def advance(self, result: TensorDict, keep: torch.Tensor | None) -> None:
+        """After the sampler's ``result``: which environments stay (``[N]`` bool; None: all).
+
+        Episode starts are ``result["terminated"] | result["truncated"]``.
+        """
+        ...
+
+
+def run_steps(
+    sampler: Sampler,
+    actor: Actor,
+    step: TensorDict,
+    on_step: Callable[[int, TensorDict, TensorDict], bool] | None = None,
+    max_steps: int | None = None,
+) -> TensorDict:
+    """Run ``actor`` from ``step`` until no environment is active, ``max_steps`` or a stop.
+
+    Args:
+        sampler: The environments.
+        actor: What acts (:class:`Actor`).
+        step: What the actor acts on first (a reset's, or the last step of a previous run).
+        on_step: ``on_step(t, step, result)`` after each step ``t`` (the step acted on and the
+            sampler's result, before paused environments leave it); True ends the run.
+        max_steps: Steps at most (None: until every environment is paused).
+
+    Returns:
+        The step to act on next (the active environments'), for a run that goes on.
+    """
+    t = 0
+    while sampler.num_active and (max_steps is None or t < max_steps):
+        result = sampler.step(actor.act(step))
+        stop = on_step is not None and on_step(t, step, result)
+        paused = result.get("paused")
+        keep = ~paused if paused.any() else None
+        actor.advance(result, keep)
+        step = result if keep is None else result[keep]
+        t += 1
+        if stop:
+            break
+    return step
+
+
+class ExpertActor:
+    """The task's expert (its ``expert_actions`` step field) in a policy's place.
+
+    Args:
+        task: The task's name, for the error of a task without an expert.
+    """
+
+    def __init__(self, task: str) -> None:
+        self.task = task
+
+    def act(self, step: Mapping[str, Any]) -> np.ndarray:
+        """The expert's actions (a :class:`NoExpertError` where the task gives none)."""
+        if EXPERT_ACTIONS not in step.keys():
+            raise NoExpertError(
+                f"task {self.task!r} declares no expert (the step field {EXPERT_ACTIONS!r}: "
+                "step_fields = {'expert_actions': rl.tasks.fields.expert_field()} on the env "
+                'class, reading info["expert_action"]); running the expert needs a task with one'
+            )
+        expert = step[EXPERT_ACTIONS]
+        if (expert < 0).any():
+            raise NoExpertError(
+                f'task {self.task!r} gave no expert action (info["expert_action"]) at a step; '
+                "running the expert needs one at every step"
+            )
+        return np.asarray(expert)
+
+    def advance(self, result: Mapping[str, Any], keep: torch.Tensor | None = None) -> None:
+        """Nothing to carry."""
