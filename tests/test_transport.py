@@ -14,7 +14,7 @@ import torch
 from small import MODEL, SERIAL, SMALL
 from tensordict import TensorDict
 
-from rl.collection import CollectionSpec, RolloutRequest
+from rl.collection import CollectionSpec, RolloutRequest, shared_rows
 from rl.collection.shared_rows import SharedBuffers
 from rl.collection.transport import CompressedRows
 from rl.collection.worker_set import CollectionWorkerSet
@@ -61,7 +61,8 @@ def test_a_process_workers_rollout_crosses_as_names_and_is_copied_before_reuse()
         assert _blocks(workers) == blocks  # the worker's blocks are reused
     finally:
         workers.close()
-    assert not any(os.path.exists(f"/dev/shm/{name}") for name in blocks)
+    assert not any(os.path.exists(f"/dev/shm/{name}") for name in blocks)  # unlinked
+    assert not blocks & set(shared_rows._MAPPED)  # and unmapped here
 
 
 def test_shared_buffers_name_their_rows_and_unlink_what_is_not_kept() -> None:

@@ -42,6 +42,10 @@ class Carry:
     returns: torch.Tensor | None = None  # [N] float64 discounted returns (reward scaling)
 
 
+def _on(value: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return value if device.type == "cpu" else value.to(device)
+
+
 def obs_on(step: TensorDict, device: torch.device, key: str = "obs") -> dict[str, torch.Tensor]:
     """A step's observations (``obs`` or ``final_obs``) by key, on ``device``."""
     obs = step.get(key)
@@ -141,10 +145,10 @@ class RolloutRecorder:
         next_obs = obs_on(result, self.device)
         next_policy_obs = self._policy_obs(next_obs)
         fields["truncation_values"] = self._truncation_values(result)
-        terminated = result.get("terminated").to(self.device)
-        truncated = result.get("truncated").to(self.device)
+        terminated, truncated, rewards = (
+            _on(result.get(key), self.device) for key in ("terminated", "truncated", "rewards")
+        )
         starts = terminated | truncated
-        rewards = result.get("rewards").to(self.device)
         if self.returns is not None and self.normalizer is not None:  # ALGO: VecNormalize's
             rewards, self.returns = self.normalizer.rewards(rewards, self.returns, starts)
         fields.update(rewards=rewards, terminated=terminated, truncated=truncated)

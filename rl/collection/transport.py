@@ -229,6 +229,12 @@ class RolloutAssembler:
             inference_seconds=max(s.inference_seconds for s in shipped),
         )
 
+    def close(self) -> None:
+        """Unmap every shared block of the workers' (their rollouts were copied out)."""
+        for names in self._blocks.values():
+            forget(names)
+        self._blocks.clear()
+
     def _track_blocks(self, column: int, shipped: ShippedRollout) -> None:
         """Unmap the shared blocks a worker no longer uses (its storage was replaced)."""
         if not isinstance(shipped.rows, SharedRows):

@@ -65,8 +65,7 @@ class CollectionWorkerSet:
             ``num_envs`` are split over the workers.
         model: The learner's policy (its weights are sent to the workers).
         device: The learner's device (the assembled rollout lives there).
-        dist: This learner's place among DDP ranks (each rank owns its workers; None: one
-            learner).
+        dist: This learner's place among DDP ranks (each its own workers; None: one learner).
         num_workers: Remote collection workers (of this rank).
         mode: ``sync`` or ``async`` (see the module docstring).
         rollouts_per_update: Async: worker rollouts per update, first come first served
@@ -82,9 +81,8 @@ class CollectionWorkerSet:
         min_rollout_frac: ... once they have this fraction of their steps.
         max_policy_lag: Async: largest accepted ``learner version - data version``.
         timeout: The hang watchdog: seconds a worker may take to answer a call, per 128 steps
-            of a rollout and per round of evaluation episodes
-            (:meth:`~rl.collection.worker_calls.WorkerCalls.budget`); a warning at half of it,
-            a :class:`CollectionWorkerError` at its end. None: wait as long as it takes.
+            of a rollout and per round of evaluation episodes (``WorkerCalls.budget``); a
+            warning at half of it, a :class:`CollectionWorkerError` at its end. None: no limit.
         compress: Workers lz4-compress the rollouts they send.
         evaluate_on_workers: Spread evaluations (``eval``) over the workers.
         allow_unauthenticated: Ray only: join a cluster even without token authentication
@@ -445,6 +443,8 @@ class CollectionWorkerSet:
         if calls is not None:
             del self.calls
             calls.close()  # (a hung worker is not waited for long)
+        if getattr(self, "assembler", None) is not None:
+            self.assembler.close()  # unmap the workers' shared blocks
 
 
 __all__ = ["CollectionWorker", "CollectionWorkerError", "CollectionWorkerSet"]

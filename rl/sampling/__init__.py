@@ -9,7 +9,7 @@ builds either from a sampler config. ``convert`` names their episode metrics.
 """
 
 from rl.sampling.base import EpisodeRecord, Sampler, finished_episodes, step_tensordict
-from rl.sampling.convert import episode_metric_key, obs_to_torch
+from rl.sampling.convert import episode_metric_key
 from rl.sampling.factory import build_sampler, sampler_num_envs
 from rl.sampling.multiprocess import MultiprocessSampler, SamplerWorkerError
 from rl.sampling.serial import SerialSampler
@@ -23,7 +23,6 @@ __all__ = [
     "build_sampler",
     "episode_metric_key",
     "finished_episodes",
-    "obs_to_torch",
     "sampler_num_envs",
     "step_tensordict",
 ]

@@ -68,8 +68,8 @@ def run_steps(
     while sampler.num_active and (max_steps is None or t < max_steps):
         result = sampler.step(actor.act(step))
         stop = on_step is not None and on_step(t, step, result)
-        paused = result.get("paused")
-        keep = ~paused if paused.any() else None
+        # Some environments paused (evaluation) when fewer are active than were stepped.
+        keep = None if sampler.num_active == len(result) else ~result.get("paused")
         actor.advance(result, keep)
         step = result if keep is None else result[keep]
         t += 1

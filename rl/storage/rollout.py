@@ -102,6 +102,8 @@ class RolloutStorage:
         self.device = torch.device(device)
         self.data = TensorDict({}, batch_size=[num_steps + 1, num_envs], device=self.device)
         self._buffers: dict[NestedKey, torch.Tensor] = {}  # the leaves of `data`, by key
+        # Each leaf's rows as views, made once: indexing a tuple is ~30x cheaper than a tensor.
+        self._rows: dict[NestedKey, tuple[torch.Tensor, ...]] = {}
         self.num_steps = num_steps
         self.step = 0
         self.states_recorded = True
@@ -127,7 +129,16 @@ class RolloutStorage:
                 buf = torch.zeros(shape, dtype=row.dtype, device=self.device)
             self.data.set(key, buf)
             self._buffers[key] = buf
+            self._rows[key] = buf.unbind(0)
         return buf
+
+    def _row(self, key: NestedKey, row: torch.Tensor, t: int) -> torch.Tensor:
+        """Row ``t`` of entry ``key`` (allocated like ``row`` on first sight)."""
+        rows = self._rows.get(key)
+        if rows is None:
+            self.buffer(key, row)
+            rows = self._rows[key]
+        return rows[t]
 
     def __getitem__(self, key: NestedKey) -> torch.Tensor:
         """The entry ``key``, every row (``[capacity + 1, N, ...]``); KeyError if never written."""
@@ -179,19 +190,18 @@ class RolloutStorage:
         t = self.step
         if t >= self.num_steps:
             raise RuntimeError(f"rollout storage is full ({self.num_steps} steps)")
-        buffers = self._buffers
+        row = self._row
         for k, v in step.items():
-            buf = buffers.get(k)
-            (self.buffer(k, v) if buf is None else buf)[t].copy_(v)
+            row(k, v, t).copy_(v)
         for k, v in next_obs.items():
-            self.buffer(("obs", k), v)[t + 1].copy_(v)
-        starts = buffers["episode_starts"][t + 1]
+            row(("obs", k), v, t + 1).copy_(v)
+        starts = self._rows["episode_starts"][t + 1]
         torch.logical_or(step["terminated"], step["truncated"], out=starts)
         if next_state is None:
             self.states_recorded = False
         else:
             for key, v in _state_leaves(next_state):
-                self.buffer(key, v)[t + 1].copy_(v)
+                row(key, v, t + 1).copy_(v)
         self.step = t + 1
 
     def write_envs(self, envs: slice, rows: TensorDict) -> None:
