@@ -145,9 +145,9 @@ class RolloutRecorder:
         next_obs = obs_on(result, self.device)
         next_policy_obs = self._policy_obs(next_obs)
         fields["truncation_values"] = self._truncation_values(result)
-        terminated, truncated, rewards = (
-            _on(result.get(key), self.device) for key in ("terminated", "truncated", "rewards")
-        )
+        terminated = _on(result.get("terminated"), self.device)
+        truncated = _on(result.get("truncated"), self.device)
+        rewards = _on(result.get("rewards"), self.device)
         starts = terminated | truncated
         if self.returns is not None and self.normalizer is not None:  # ALGO: VecNormalize's
             rewards, self.returns = self.normalizer.rewards(rewards, self.returns, starts)
