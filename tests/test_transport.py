@@ -104,3 +104,29 @@ def test_compressed_rows_come_back_equal() -> None:
     back = packed.decompress()
     assert set(back.keys(True, True)) == set(rows.keys(True, True))
     assert all(torch.equal(back[k], rows[k]) for k in rows.keys(True, True))
+
+
+def test_a_process_workers_pipe_sends_tensors_by_value() -> None:
+    import multiprocessing as mp
+
+    from rl.collection.pipes import receive_from, send
+
+    sent = {
+        "weights": torch.randn(3, 4),
+        "index": torch.arange(5),
+        "view": torch.arange(10.0)[::2],
+        "bf16": torch.ones(2, dtype=torch.bfloat16),  # no NumPy dtype: torch's own pickling
+    }
+    a, b = mp.Pipe()
+    try:
+        send(a, (7, True, sent))
+        call_id, ok, got = receive_from(b)
+    finally:
+        a.close()
+        b.close()
+    assert (call_id, ok) == (7, True)
+    for key, value in sent.items():
+        assert got[key].dtype == value.dtype and torch.equal(got[key], value), key
+        assert not got[key].is_shared(), key  # a copy of its own, not a shared-memory handle
+    got["weights"] += 1  # writable, and the sender's is untouched
+    assert not torch.equal(got["weights"], sent["weights"])

@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
 
+from rl.collection.pipes import receive_from, send
 from rl.sampling.mp_worker import die_with_parent
 from rl.utils.processes import end_processes, process_context
 
@@ -207,7 +208,7 @@ def _serve(conn: Connection, cls: type, kwargs: Mapping[str, Any], learner_pid: 
 
     def reply(call_id: int, ok: bool, value: Any) -> None:
         with send_lock:
-            conn.send((call_id, ok, value))
+            send(conn, (call_id, ok, value))
 
     def failure() -> str:
         return traceback.format_exc()
@@ -223,7 +224,7 @@ def _serve(conn: Connection, cls: type, kwargs: Mapping[str, Any], learner_pid: 
     def receive() -> None:  # control calls at once, the rest in order on the main thread
         try:
             while True:
-                call_id, method, args = conn.recv()
+                call_id, method, args = receive_from(conn)
                 if method in CONTROL_METHODS:
                     try:
                         reply(call_id, True, getattr(obj, method)(*args))
@@ -333,7 +334,7 @@ class ProcessActors:
         """Send the call; its result is read by :meth:`wait` / :meth:`get`."""
         call_id = next(self._ids)
         try:
-            self._conns[worker].send((call_id, method, args))
+            send(self._conns[worker], (call_id, method, args))
         except (BrokenPipeError, OSError):
             self._results[worker][call_id] = (False, self._death(worker))
         return _Call(worker, call_id)
@@ -346,7 +347,7 @@ class ProcessActors:
     def _receive(self, worker: int) -> None:
         """Read one result of ``worker`` (its death is a result of every pending call)."""
         try:
-            call_id, ok, value = self._conns[worker].recv()
+            call_id, ok, value = receive_from(self._conns[worker])
         except (EOFError, OSError):
             self._results[worker][_DEAD] = (False, self._death(worker))
             return

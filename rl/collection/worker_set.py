@@ -209,9 +209,8 @@ class CollectionWorkerSet:
         if not workers:
             return
         if self._shared is None or self._shared[0] != self.version:
-            # A copy: a process worker's pipe sends a CPU tensor as a handle to its shared
-            # storage, which the learner's next update would then change under the worker
-            # before it loads them (torn weights, tagged with the wrong version).
+            # A copy: the learner's next update must not change them under a worker that has
+            # not loaded them yet (torn weights, tagged with the wrong version).
             weights = {
                 k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()
             }
