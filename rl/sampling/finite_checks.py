@@ -10,7 +10,7 @@ sampler, so every sampler checks the same way).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -90,8 +90,8 @@ class FiniteChecks:
         rewards: np.ndarray,
         final: tuple[dict[str, np.ndarray], list[int]],
         active: list[int],
-        steps: np.ndarray,
-        reset: np.ndarray,
+        steps: Sequence[int],
+        reset: Sequence[bool],
     ) -> None:
         """Every reward and float observation of a step finite (else :class:`NonFiniteError`).
 

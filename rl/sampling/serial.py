@@ -115,8 +115,9 @@ class SerialSampler(FiniteChecks, Sampler):
         self._discrete = isinstance(self.action_space, gym.spaces.Discrete)
         self._action_dtype = getattr(self.action_space, "dtype", np.int64)
         self._active = list(range(num_envs))
-        self._returns = np.zeros(num_envs, dtype=np.float64)
-        self._lengths = np.zeros(num_envs, dtype=np.int64)
+        # Python numbers, not arrays: the hot loop below updates them one environment at a time
+        self._returns: list[float] = [0.0] * num_envs
+        self._lengths: list[int] = [0] * num_envs
         self._current_seed: list[int | None] = [None] * num_envs
         self._float_keys = [
             k for k, space in self.observation_space.spaces.items() if is_float(space.dtype)
@@ -234,36 +235,40 @@ class SerialSampler(FiniteChecks, Sampler):
                 f"expected {n} actions of shape {self._action_shape} for {self.action_space}, "
                 f"got shape {actions.shape}"
             )
+        # Python lists in the loop (an element of a NumPy array costs ~10x more to set), made
+        # arrays once after it.
         rows: list[dict[str, Any]] = []
-        rewards = np.zeros(n, dtype=np.float32)
-        terminated = np.zeros(n, dtype=bool)
-        truncated = np.zeros(n, dtype=bool)
+        rewards: list[float] = []
+        terminated: list[bool] = []
+        truncated: list[bool] = []
         infos: list[Mapping[str, Any]] = []
-        paused = np.zeros(n, dtype=bool)
+        paused = [False] * n
         final_rows: list[dict[str, Any]] = []
         final_idx: list[int] = []
         episodes: list[EpisodeRecord] = []
-        steps = np.zeros(n, dtype=np.int64)  # each environment's step of its episode
-        reset = np.zeros(n, dtype=bool)
+        steps: list[int] = []  # each environment's step of its episode
+        reset = [False] * n
         active = list(self._active)
-        for pos, i in enumerate(self._active):
-            env = self.envs[i]
+        env_actions = actions.tolist() if self._discrete else actions
+        for pos, i in enumerate(active):
             self.current_env = self.env_offset + i
-            action = int(actions[pos]) if self._discrete else actions[pos]
+            action = env_actions[pos]
             self._episode_actions[i].append(action if self._discrete else action.tolist())
-            obs, reward, term, trunc, info = env.step(action)
+            obs, reward, term, trunc, info = self.envs[i].step(action)
             obs = self._as_dict(obs)
-            self._returns[i] += float(reward)
+            reward = float(reward)
+            self._returns[i] += reward
             self._lengths[i] += 1
-            steps[pos] = self._lengths[i]
-            rewards[pos] = reward
-            terminated[pos] = term
-            truncated[pos] = trunc and not term
+            steps.append(self._lengths[i])
+            rewards.append(reward)
+            cut = bool(trunc) and not term
+            terminated.append(bool(term))
+            truncated.append(cut)
             if term or trunc:
-                metrics = {"return": float(self._returns[i]), "length": float(self._lengths[i])}
+                metrics = {"return": self._returns[i], "length": float(self._lengths[i])}
                 metrics.update(episode_metrics(info))
                 episodes.append(EpisodeRecord(self.env_offset + i, metrics, self._current_seed[i]))
-                if truncated[pos]:
+                if cut:
                     final_rows.append(obs)
                     final_idx.append(pos)
                 if self.eval_mode and not self._queues[i]:
@@ -274,6 +279,28 @@ class SerialSampler(FiniteChecks, Sampler):
             infos.append(info)
             rows.append(obs)
         self.current_env = None
+        return self._finish_step(
+            rows, infos, rewards, (terminated, truncated, paused), (final_rows, final_idx),
+            episodes, (active, steps, reset),
+        )  # fmt: skip
+
+    def _finish_step(
+        self,
+        rows: list[dict[str, Any]],
+        infos: list[Mapping[str, Any]],
+        reward_list: list[float],
+        flags: tuple[list[bool], list[bool], list[bool]],
+        finals: tuple[list[dict[str, Any]], list[int]],
+        episodes: list[EpisodeRecord],
+        where: tuple[list[int], list[int], list[bool]],
+    ) -> TensorDict:
+        """The step's arrays and its ``TensorDict`` from what the loop over the envs gathered."""
+        rewards = np.asarray(reward_list, dtype=np.float32)
+        terminated = np.asarray(flags[0], dtype=bool)
+        truncated = np.asarray(flags[1], dtype=bool)
+        paused = np.asarray(flags[2], dtype=bool)
+        final_rows, final_idx = finals
+        active, steps, reset = where
         obs_batch = self._stack(rows)
         final_obs = self._stack(final_rows) if final_rows else {}
         self._check_step(obs_batch, rewards, (final_obs, final_idx), active, steps, reset)
