@@ -184,6 +184,7 @@ def test_evaluation_runs_every_episode_exactly_once(processes: int, envs: int) -
     ) as multi:
         got = run_episode_list(multi)
         assert multi.num_active == 0
+        assert run_episode_list(multi) == got  # reset() starts the list again
     assert sorted(e.episode_seed for e in got) == seeds
     with SerialSampler(task=SMALL, num_envs=envs, episode_seeds=seeds) as serial:
         assert got == run_episode_list(serial)  # same order, env indices and metrics

@@ -34,6 +34,7 @@ def test_evaluation_runs_every_episode_exactly_once(num_envs: int) -> None:
     with SerialSampler(task=SMALL, num_envs=num_envs, episode_seeds=seeds) as sampler:
         episodes = run_expert(sampler)
         assert sampler.num_active == 0
+        assert run_expert(sampler) == episodes  # reset() starts the list again
     assert sorted(e.episode_seed for e in episodes) == seeds
 
 

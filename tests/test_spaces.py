@@ -189,14 +189,15 @@ def test_probe_videos_and_the_inference_agent_act_in_every_space(task: dict, tmp
     from rl.checkpoints import save_checkpoint
     from rl.checkpoints.errors import UntrustedCheckpointError
     from rl.evaluation import InferenceAgent
-    from rl.evaluation.video import record_episode
+    from rl.evaluation.video import record_episode, rendering_sampler
     from rl.tasks import build_env
 
     policy = build_policy(MLP, *task_spaces(task))
-    env = build_env(task, render_mode="rgb_array")
-    frames, metrics = record_episode(model=policy, env=env, seed=3)
+    with rendering_sampler(task, seed=3) as sampler:
+        frames, metrics = record_episode(model=policy, sampler=sampler)
     assert len(frames) == metrics["length"] + 1 and frames[0].ndim == 3
     assert "success" in metrics
+    env = build_env(task, render_mode="rgb_array")
     config = {"task": task, "model": MLP}
     path = save_checkpoint(tmp_path, {"model": policy.state_dict(), "config": config}, 0, 0)
     # Saved by a script, not from conf/: the user names the task and model it was made with.
@@ -257,17 +258,18 @@ def test_box_actions_learn(compose_cfg) -> None:
 
 
 def test_probe_video_frames_carry_a_caption() -> None:
-    from rl.evaluation.video import record_episode
-    from rl.tasks import build_env
+    from rl.evaluation.video import record_episode, rendering_sampler
 
     policy = build_policy(MLP, *task_spaces(MATCH))
-    env = build_env(MATCH, render_mode="rgb_array")
+    sampler = rendering_sampler(MATCH, seed=3)
     plain, metrics = record_episode(
-        model=policy, env=env, seed=3, generator=torch.Generator().manual_seed(0)
+        model=policy, sampler=sampler, generator=torch.Generator().manual_seed(0)
     )
+    # The same sampler plays the same episode again (what a probe video each interval does).
     captioned, again = record_episode(
-        model=policy, env=env, seed=3, generator=torch.Generator().manual_seed(0), captions=True
+        model=policy, sampler=sampler, generator=torch.Generator().manual_seed(0), captions=True
     )
+    sampler.close()
     assert again == metrics and len(captioned) == len(plain)
     h, w = plain[0].shape[:2]
     scale = -(-320 // w)

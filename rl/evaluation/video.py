@@ -1,8 +1,9 @@
 """Probe videos (AllenAct's ``probe``): one full episode of the current policy, as a video.
 
-Every ``video_interval`` env steps, :class:`ProbeVideo` builds (once) a separate environment
-from the task config with ``render_mode="rgb_array"`` (minigrid renders RGB frames), resets it
-with environment 0's seed, runs the current policy for one whole episode (recurrent state
+Every ``video_interval`` env steps, :class:`ProbeVideo` builds (once) a one-environment
+sampler over the task config with ``render_mode="rgb_array"`` (:func:`rendering_sampler`;
+minigrid renders RGB frames) playing environment 0's seed, runs the current policy for one
+whole episode through the one step loop (:func:`~rl.sampling.runner.run_steps`; recurrent state
 handled, actions sampled from the callback's own generator so training's random streams are
 untouched), and writes ``<run>/videos/step_<N>.mp4`` (imageio + ffmpeg; an animated GIF via
 Pillow when ffmpeg is missing), with a caption under every frame (step, action, reward, return;
@@ -19,13 +20,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from tensordict import TensorDict
 
 from rl.collection.acting import PolicyActor
 from rl.collection.normalization import Normalizer
 from rl.loggers.base import MetricsLogger
 from rl.models.policy import Policy
-from rl.tasks.factory import build_env, episode_metrics
-from rl.tasks.spaces import ObservationFlattener, to_env_actions
+from rl.sampling.base import finished_episodes
+from rl.sampling.runner import run_steps
+from rl.sampling.serial import SerialSampler
 from rl.training.callbacks import Callback, RolloutInfo
 from rl.training.trainer import OnPolicyTrainer
 
@@ -98,12 +101,46 @@ def write_video(frames: Sequence[np.ndarray], path: Path, fps: int = 8) -> Path:
         return gif
 
 
+def rendering_sampler(task: Mapping[str, Any], seed: int) -> SerialSampler:
+    """One environment of ``task`` rendering RGB frames, playing the episode of ``seed``.
+
+    Its ``reset()`` starts that same episode again, so one sampler serves every video.
+    """
+    return SerialSampler(
+        task={**task, "render_mode": "rgb_array"}, num_envs=1, episode_seeds=[seed], timeout=None
+    )
+
+
+class _Remembering:
+    """An actor that keeps the actions it took last (for the captions)."""
+
+    def __init__(self, actor: PolicyActor) -> None:
+        self.actor = actor
+        self.last: np.ndarray = np.zeros(0)
+
+    def act(self, step: Mapping[str, Any]) -> np.ndarray:
+        self.last = self.actor.act(step)
+        return self.last
+
+    def advance(self, result: Mapping[str, Any], keep: torch.Tensor | None = None) -> None:
+        self.actor.advance(result, keep)
+
+
+def _frame(sampler: SerialSampler) -> np.ndarray:
+    frame = sampler.render(0)
+    if frame is None:
+        raise ValueError(
+            f"the probe video's environment ({sampler.envs[0].unwrapped.__class__.__name__}) "
+            'rendered nothing: its constructor must take render_mode="rgb_array"'
+        )
+    return frame
+
+
 @torch.no_grad()
 def record_episode(
     *,
     model: Policy,
-    env: Any,
-    seed: int,
+    sampler: SerialSampler,
     device: torch.device | str = "cpu",
     deterministic: bool = False,
     generator: torch.Generator | None = None,
@@ -111,12 +148,14 @@ def record_episode(
     normalizer: Normalizer | None = None,
     captions: bool = False,
 ) -> tuple[list[np.ndarray], dict[str, float]]:
-    """Run ``model`` for one episode of ``env`` (built with ``render_mode="rgb_array"``).
+    """Run ``model`` for the episode of a :func:`rendering_sampler`, one frame per step.
+
+    The policy acts through the one step loop (:func:`~rl.sampling.runner.run_steps`) and the
+    one policy step (:class:`~rl.collection.acting.PolicyActor`), as in evaluation.
 
     Args:
         model: The policy (its training/eval mode is restored afterwards).
-        env: A gymnasium environment rendering RGB arrays.
-        seed: Reset seed of the episode.
+        sampler: A one-environment sampler rendering RGB arrays (:func:`rendering_sampler`).
         device: Where the model runs.
         deterministic: Argmax actions instead of sampled ones.
         generator: Generator for sampled actions (keeps the global RNG untouched).
@@ -128,47 +167,50 @@ def record_episode(
 
     Returns:
         The frames (the first observation's included) and ``{"return", "length"}`` plus the
-        task's ``episode_metrics``.
+        task's ``episode_metrics`` (those only when the episode ended within ``max_frames``).
     """
-    device = torch.device(device)
     was_training = model.training
     model.eval()
+    policy = PolicyActor(
+        model, 1, device=device, deterministic=deterministic, generator=generator,
+        normalizer=normalizer,
+    )  # fmt: skip
+    actor = _Remembering(policy)
+    frames = []
+    lines = [["step 0  (reset)", ""]]
+    total, metrics = 0.0, {}
+
+    def on_step(t: int, step: TensorDict, result: TensorDict) -> bool:
+        nonlocal total, metrics
+        frames.append(_frame(sampler))
+        reward = float(result["rewards"][0])
+        total += reward
+        lines.append(
+            [
+                f"step {t + 1}  action {_action_text(actor.last[0])}  reward {reward:+.2f}"
+                f"  return {total:.2f}",
+                "",
+            ]
+        )
+        for episode in finished_episodes(result):
+            metrics = episode.metrics
+        return False
+
     try:
-        obs, _ = env.reset(seed=seed)
-        frames = [np.asarray(env.render())]
-        actor = PolicyActor(
-            model, 1, device=device, deterministic=deterministic, generator=generator,
-            normalizer=normalizer,
-        )  # fmt: skip
-        flatten = ObservationFlattener(env.observation_space)
-        total, length, metrics = 0.0, 0, {}
-        captions_text = ["step 0  (reset)"]
-        terminated = truncated = False
-        while length < max_frames:
-            obs_row = {k: np.asarray(v)[None] for k, v in flatten(obs).items()}
-            action = actor.act({"obs": obs_row})[0]
-            env_action = (
-                int(action) if action.ndim == 0 else to_env_actions(env.action_space, action)
-            )
-            obs, reward, terminated, truncated, info = env.step(env_action)
-            frames.append(np.asarray(env.render()))
-            total += float(reward)
-            length += 1
-            captions_text.append(
-                f"step {length}  action {_action_text(action)}  reward {float(reward):+.2f}"
-                f"  return {total:.2f}"
-            )
-            if terminated or truncated:
-                metrics = episode_metrics(info)
-                break
+        first = sampler.reset()
+        frames.append(_frame(sampler))
+        run_steps(sampler, actor, first, on_step, max_steps=max_frames)
     finally:
         model.train(was_training)
+    length = len(frames) - 1
+    task_metrics = {k: v for k, v in metrics.items() if k not in ("return", "length")}
     if captions:
-        end = "  ".join(f"{k} {v:.2f}" for k, v in metrics.items()) or "episode cut"
-        lines = [[text, ""] for text in captions_text]
-        lines[-1][1] = f"end: {end}" if length and (terminated or truncated) else "(cut)"
+        end = "  ".join(f"{k} {v:.2f}" for k, v in task_metrics.items()) or "episode cut"
+        lines[-1][1] = f"end: {end}" if metrics else "(cut)"
         frames = [caption_frame(f, text) for f, text in zip(frames, lines, strict=True)]
-    return frames, {"return": total, "length": float(length), **metrics}
+    # The sampler's own sum where the episode ended (the rewards as the env gave them).
+    total = metrics.get("return", total)
+    return frames, {"return": total, "length": float(length), **task_metrics}
 
 
 class ProbeVideo(Callback):
@@ -206,7 +248,7 @@ class ProbeVideo(Callback):
         self.fps = fps
         self.deterministic = deterministic
         self.videos: list[Path] = []
-        self._env: Any = None
+        self._sampler: SerialSampler | None = None
 
     def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
         """Record when this rollout crossed a multiple of ``interval``."""
@@ -222,13 +264,12 @@ class ProbeVideo(Callback):
         normalizer: Normalizer | None = None,
     ) -> Path:
         """Record one episode with ``model`` now and save it as ``videos/step_<step>``."""
-        if self._env is None:
-            self._env = build_env(self.task, render_mode="rgb_array")
+        if self._sampler is None:
+            self._sampler = rendering_sampler(self.task, self.seed)
         generator = torch.Generator(device=self.device).manual_seed(self.seed)
         frames, metrics = record_episode(
             model=model,
-            env=self._env,
-            seed=self.seed,
+            sampler=self._sampler,
             device=self.device,
             deterministic=self.deterministic,
             generator=generator,
@@ -246,6 +287,6 @@ class ProbeVideo(Callback):
 
     def close(self) -> None:
         """Close the rendering environment."""
-        if self._env is not None:
-            self._env.close()
-            self._env = None
+        if self._sampler is not None:
+            self._sampler.close()
+            self._sampler = None

@@ -6,8 +6,10 @@ that ran out of episodes (evaluation) leave the batch, and the actor carries its
 Collection (:class:`~rl.collection.recording.RolloutRecorder`, a policy that records every
 step into the rollout storage), evaluation on fixed episode lists
 (:func:`~rl.collection.episodes.run_episode_list`: a policy, or :class:`ExpertActor`, the task's
-expert) and expert trajectories (:func:`~rl.storage.expert_data.generate_expert_trajectories`)
-all run through it.
+expert), probe videos (:func:`~rl.evaluation.video.record_episode`, a frame after each step) and
+expert trajectories (:func:`~rl.storage.expert_data.generate_expert_trajectories`) all run
+through it. (:class:`~rl.evaluation.InferenceAgent` takes one step at a time for a caller's own
+loop, through the same policy step.)
 """
 
 from __future__ import annotations

@@ -85,9 +85,10 @@ class SerialSampler(FiniteChecks, Sampler):
             num_envs = min(num_envs, len(episode_seeds))
             shares = evenly_distribute_count_into_bins(len(episode_seeds), num_envs)
             bounds = np.cumsum([0, *shares])
-            self._queues = [
-                list(episode_seeds[bounds[i] : bounds[i + 1]]) for i in range(num_envs)
+            self._episode_lists = [
+                tuple(episode_seeds[bounds[i] : bounds[i + 1]]) for i in range(num_envs)
             ]
+            self._queues = [list(share) for share in self._episode_lists]
         self.num_envs = num_envs
         self.env_offset = env_offset
         total = env_offset + num_envs if total_envs is None else total_envs
@@ -190,8 +191,14 @@ class SerialSampler(FiniteChecks, Sampler):
         return list(self._active)
 
     def reset(self) -> TensorDict:
-        """Reset every environment (training: with its seed; evaluation: its first episode)."""
+        """Reset every environment (training: with its seed; evaluation: its first episode).
+
+        In evaluation mode every environment starts its share of the episode list again, so
+        one sampler can run the same episodes several times (a probe video each interval).
+        """
         self._active = list(range(self.num_envs))
+        if self.eval_mode:
+            self._queues = [list(share) for share in self._episode_lists]
         with self._guard("resetting"):
             return self._reset_active(first=True)
 
