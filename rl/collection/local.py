@@ -150,7 +150,10 @@ class InProcessCollector:
             return None
         return torch.zeros(self.num_envs, dtype=torch.float64)
 
-    @torch.no_grad()
+    # Inference mode, not just no_grad: no version counters or view tracking on collection's
+    # many small tensors (5-7% of an MLP rollout). What it makes are inference tensors; the
+    # storage and the carried state are copied into or used only under it or no_grad.
+    @torch.inference_mode()
     def collect(self, request: RolloutRequest) -> Rollout:
         """Fill the storage with ``request.num_steps`` steps of every environment."""
         if self._carry is None:
