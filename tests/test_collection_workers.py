@@ -77,13 +77,24 @@ def make_set(
 
 
 # ----------------------------------------------------------------- sync and async
+# MAPPO on MPE's simple_spread (3 agents a environment: 12 rows), short episodes.
+SMOKE_AGENTS = [
+    "+experiment=mappo_mpe",
+    "+debug=smoke",
+    "task.env.max_cycles=10",
+    "eval.num_episodes=0",
+]
+
+
+@pytest.mark.parametrize("task", ["one_agent", "three_agents"])
 def test_one_sync_worker_trains_bitwise_like_local_collection(
-    backend: str, compose_cfg: Any, tmp_path: Path
+    backend: str, task: str, compose_cfg: Any, tmp_path: Path
 ) -> None:
-    run.train(compose_cfg([*SMOKE, f"output_dir={tmp_path / 'local'}"], set_output_dir=False))
+    smoke = SMOKE if task == "one_agent" else SMOKE_AGENTS
+    run.train(compose_cfg([*smoke, f"output_dir={tmp_path / 'local'}"], set_output_dir=False))
     workers = [f"collector={backend}", "collector.num_workers=1", "collector.mode=sync"]
     run.train(
-        compose_cfg([*SMOKE, *workers, f"output_dir={tmp_path / backend}"], set_output_dir=False)
+        compose_cfg([*smoke, *workers, f"output_dir={tmp_path / backend}"], set_output_dir=False)
     )
     assert same_weights(final_weights(tmp_path / "local"), final_weights(tmp_path / backend))
 

@@ -40,6 +40,7 @@ from rl.losses import ImitationLoss, PPOLoss
 from rl.models import ActorCritic, build_policy
 from rl.pipeline import LinearDecay, PipelineStage, TrainingPipeline
 from rl.sampling import SerialSampler
+from rl.sampling.agents import agent_rows
 from rl.tasks import build_env, task_spaces
 from rl.training import (
     EXIT_REQUEUE,
@@ -110,13 +111,31 @@ def make_trainer(tmp_path: Path, sampler: SerialSampler, callbacks=()) -> OnPoli
     )
 
 
-def test_interrupted_and_resumed_run_is_bitwise_equal_to_uninterrupted(tmp_path: Path) -> None:
-    with SerialSampler(task=SMALL, num_envs=4, seed=3) as sampler:
+# Two agents in each of two environments (four rows, as four PointNav environments): agent 0
+# leaves its episodes after 2 steps, agent 1 after 5, cut at 7; the cue is their expert.
+AGENTS = {
+    "_target_": "rl.tasks.pettingzoo.ParallelEnvAdapter",
+    "env": {"_target_": "rl.tasks.toy_agents.CueAgents", "_partial_": True,
+            "lifetimes": [2, 5], "max_cycles": 7},
+}  # fmt: skip
+SAMPLERS = {
+    "one_agent": lambda: SerialSampler(task=SMALL, num_envs=4, seed=3),
+    "two_agents": lambda: agent_rows(SerialSampler(task=AGENTS, num_envs=2, seed=3)),
+}
+
+
+@pytest.mark.parametrize("agents", list(SAMPLERS))
+def test_interrupted_and_resumed_run_is_bitwise_equal_to_uninterrupted(
+    tmp_path: Path, agents: str
+) -> None:
+    if agents == "two_agents":
+        pytest.importorskip("pettingzoo")
+    with SAMPLERS[agents]() as sampler:
         reference = make_trainer(tmp_path / "a", sampler)
         reference.train()
     # Stop mid-stage (step 64, episodes in flight) and resume twice more, past the stage switch.
     for stop in (64, 128, None):
-        with SerialSampler(task=SMALL, num_envs=4, seed=3) as sampler:
+        with SAMPLERS[agents]() as sampler:
             callbacks = [StopAt(stop)] if stop else []
             trainer = make_trainer(tmp_path / "b", sampler, callbacks)
             found = list_checkpoints(tmp_path / "b")

@@ -41,6 +41,7 @@ class CollectionSpec:
         normalize: The run's ``normalize`` section (None: no normalisation).
         spaces: The task's flat observation space and its action space, read once by the run
             (None: read from the task where needed, by building one environment).
+        agents: Agents per environment (a multi-agent task's: each is a row of the batch).
     """
 
     task: dict[str, Any]
@@ -51,13 +52,14 @@ class CollectionSpec:
     total_envs: int | None = None
     normalize: dict[str, Any] | None = None
     spaces: tuple[gym.spaces.Dict, gym.Space] | None = None
+    agents: int = 1
 
     def task_spaces(self) -> tuple[gym.spaces.Dict, gym.Space]:
         """The task's flat observation space and action space (``spaces``, else the task's)."""
         return self.spaces if self.spaces is not None else task_spaces(self.task)
 
     def with_task(self, task: dict[str, Any]) -> CollectionSpec:
-        """The spec for another task (its spaces read again when needed)."""
+        """The spec for another task (its spaces read again when needed; the same agents)."""
         return dataclasses.replace(self, task=dict(task), spaces=None)
 
     def build_normalizer(self, observation_space: gym.spaces.Dict) -> Normalizer | None:
@@ -70,6 +72,11 @@ class CollectionSpec:
     def num_envs(self) -> int:
         """Environments the sampler config asks for."""
         return sampler_num_envs(self.sampler)
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the batch: the environments' agents (the environments, for one agent)."""
+        return self.num_envs * self.agents
 
 
 @dataclasses.dataclass(frozen=True)

@@ -84,10 +84,14 @@ def worker_kwargs(
     cpus_per_worker: float,
     min_rollout_frac: float | None,
 ) -> tuple[list[slice], list[dict[str, Any]]]:
-    """Each worker's environments (contiguous blocks of the run's) and constructor arguments."""
+    """Each worker's rows (contiguous blocks of the run's) and constructor arguments.
+
+    A worker's rows are its environments, or their agents for a multi-agent task.
+    """
     shares = evenly_distribute_count_into_bins(spec.num_envs, num_workers)
     starts = [sum(shares[:i]) for i in range(num_workers)]
-    slices = [slice(a, a + n) for a, n in zip(starts, shares, strict=True)]
+    rows = spec.agents  # a worker's rows: its environments' agents
+    slices = [slice(a * rows, (a + n) * rows) for a, n in zip(starts, shares, strict=True)]
     kwargs = [
         {
             "index": i,

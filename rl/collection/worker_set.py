@@ -178,10 +178,10 @@ class CollectionWorkerSet:
 
     @property
     def num_envs(self) -> int:
-        """Environments of one update's rollout (every worker's, or ``rollouts_per_update``'s)."""
+        """Rows of one update's rollout (every worker's, or ``rollouts_per_update``'s)."""
         if self.rollouts_per_update == self.num_workers:
-            return self.spec.num_envs
-        return self.rollouts_per_update * (self.spec.num_envs // self.num_workers)
+            return self.spec.num_rows
+        return self.rollouts_per_update * (self.spec.num_rows // self.num_workers)
 
     # ------------------------------------------------------------- collection
     def _send_parameters(self, request: RolloutRequest, workers: Sequence[int]) -> None:

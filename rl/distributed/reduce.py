@@ -98,7 +98,9 @@ def average_gradients(params: Iterable[torch.nn.Parameter], batch_size: float) -
     return float(total)
 
 
-def advantage_stats(advantages: torch.Tensor) -> tuple[float, float, int]:
+def advantage_stats(
+    advantages: torch.Tensor, weights: torch.Tensor | None = None
+) -> tuple[float, float, int]:
     """Mean, standard deviation (unbiased, as ``Tensor.std``) and count over all ranks.
 
     One all-reduce of the sum, the sum of squares and the count (float64), so the result
@@ -106,9 +108,16 @@ def advantage_stats(advantages: torch.Tensor) -> tuple[float, float, int]:
 
     Args:
         advantages: This rank's advantages (any shape).
+        weights: 0 for steps that do not count (agents out of their episode), 1 for the
+            others, shaped like ``advantages`` (None: all count).
     """
     a = advantages.detach().to(torch.float64)
-    values = torch.stack([a.sum(), (a * a).sum(), torch.tensor(float(a.numel()), device=a.device)])
+    if weights is None:
+        count = torch.tensor(float(a.numel()), device=a.device, dtype=torch.float64)
+    else:
+        w = weights.detach().to(torch.float64)
+        a, count = a * w, w.sum()
+    values = torch.stack([a.sum(), (a * a).sum(), count])
     if is_distributed():
         values = values.to(_reduce_device(a.device))
         dist.all_reduce(values, op=dist.ReduceOp.SUM)

@@ -42,7 +42,7 @@ from rl.losses.auxiliary import bind_losses, loss_modules
 from rl.models.factory import build_policy
 from rl.pipeline.stages import TrainingPipeline
 from rl.sampling.factory import sampler_num_envs
-from rl.tasks.factory import task_id, task_spaces
+from rl.tasks.factory import task_id, task_layout
 from rl.training.callbacks import Callback
 from rl.training.state import RunRecord
 from rl.training.stopping import StopAgreement, TrainingStopped, stop_on_signals
@@ -208,7 +208,8 @@ def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dic
         output_dir = Path(run.output_dir)
         # A task whose spaces no policy can take is a refused config: found before the run
         # folder is written (SpaceError is a ConfigError).
-        spaces = task_spaces(cfg["task"])
+        layout = task_layout(cfg["task"])
+        spaces = (layout.observation_space, layout.action_space)
         device = torch.device(run.device) if ctx is None else ctx.device
         log.info(
             "torch threads: %d (torch_threads=%s)",
@@ -237,6 +238,7 @@ def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dic
             env_offset=env_offset,
             total_envs=total_envs,
             spaces=spaces,  # (read once: no collector builds an environment for them)
+            agents=layout.agents,
         )
         collector: Collector = hydra.utils.instantiate(cfg["collector"])(
             spec=spec, model=model, device=device, dist=ctx

@@ -26,7 +26,8 @@ from rl.collection.acting import PolicyActor
 from rl.collection.normalization import Normalizer
 from rl.loggers.base import MetricsLogger
 from rl.models.policy import Policy
-from rl.sampling.base import finished_episodes
+from rl.sampling.agents import agent_rows
+from rl.sampling.base import Sampler, finished_episodes
 from rl.sampling.runner import run_steps
 from rl.sampling.serial import SerialSampler
 from rl.training.callbacks import Callback, RolloutInfo
@@ -101,13 +102,19 @@ def write_video(frames: Sequence[np.ndarray], path: Path, fps: int = 8) -> Path:
         return gif
 
 
-def rendering_sampler(task: Mapping[str, Any], seed: int) -> SerialSampler:
+def rendering_sampler(task: Mapping[str, Any], seed: int) -> Sampler:
     """One environment of ``task`` rendering RGB frames, playing the episode of ``seed``.
 
-    Its ``reset()`` starts that same episode again, so one sampler serves every video.
+    Its ``reset()`` starts that same episode again, so one sampler serves every video. A
+    multi-agent task's has one row per agent (:class:`~rl.sampling.agents.AgentRows`).
     """
-    return SerialSampler(
-        task={**task, "render_mode": "rgb_array"}, num_envs=1, episode_seeds=[seed], timeout=None
+    return agent_rows(
+        SerialSampler(
+            task={**task, "render_mode": "rgb_array"},
+            num_envs=1,
+            episode_seeds=[seed],
+            timeout=None,
+        )
     )
 
 
@@ -126,21 +133,26 @@ class _Remembering:
         self.actor.advance(result, keep)
 
 
-def _frame(sampler: SerialSampler) -> np.ndarray:
-    frame = sampler.render(0)
+def _one(actions: np.ndarray) -> np.ndarray:
+    """One environment's action (every agent's, with several)."""
+    return actions[0] if len(actions) == 1 else actions
+
+
+def _frame(sampler: Sampler) -> np.ndarray:
+    frame = sampler.render(0)  # type: ignore[attr-defined]
     if frame is None:
         raise ValueError(
-            f"the probe video's environment ({sampler.envs[0].unwrapped.__class__.__name__}) "
-            'rendered nothing: its constructor must take render_mode="rgb_array"'
+            "the probe video's environment rendered nothing: its constructor must take "
+            'render_mode="rgb_array"'
         )
-    return frame
+    return np.asarray(frame)
 
 
 @torch.no_grad()
 def record_episode(
     *,
     model: Policy,
-    sampler: SerialSampler,
+    sampler: Sampler,
     device: torch.device | str = "cpu",
     deterministic: bool = False,
     generator: torch.Generator | None = None,
@@ -172,7 +184,7 @@ def record_episode(
     was_training = model.training
     model.eval()
     policy = PolicyActor(
-        model, 1, device=device, deterministic=deterministic, generator=generator,
+        model, sampler.num_envs, device=device, deterministic=deterministic, generator=generator,
         normalizer=normalizer,
     )  # fmt: skip
     actor = _Remembering(policy)
@@ -183,11 +195,11 @@ def record_episode(
     def on_step(t: int, step: TensorDict, result: TensorDict) -> bool:
         nonlocal total, metrics
         frames.append(_frame(sampler))
-        reward = float(result["rewards"][0])
+        reward = float(result["rewards"].sum())  # the team's, with several agents
         total += reward
         lines.append(
             [
-                f"step {t + 1}  action {_action_text(actor.last[0])}  reward {reward:+.2f}"
+                f"step {t + 1}  action {_action_text(_one(actor.last))}  reward {reward:+.2f}"
                 f"  return {total:.2f}",
                 "",
             ]
@@ -248,7 +260,7 @@ class ProbeVideo(Callback):
         self.fps = fps
         self.deterministic = deterministic
         self.videos: list[Path] = []
-        self._sampler: SerialSampler | None = None
+        self._sampler: Sampler | None = None
 
     def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
         """Record when this rollout crossed a multiple of ``interval``."""

@@ -12,6 +12,8 @@ from rl.losses.base import (
     explained_variance,
     normalized_advantages,
     policy_terms,
+    step_weights,
+    weighted_mean,
 )
 from rl.models.policy import PolicyOutput
 from rl.utils.config import Check
@@ -39,10 +41,11 @@ class A2CLoss(Loss):
 
     def __call__(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
         """A2C on a minibatch; see :class:`rl.losses.Loss`."""
-        logprobs, entropy = policy_terms(output.dist, batch["actions"])
+        weights = step_weights(batch)  # None but for agents out of their episode
+        logprobs, entropy = policy_terms(output.dist, batch["actions"], weights)
         adv = normalized_advantages(batch) if self.normalize_advantage else batch["advantages"]
-        policy_loss = -(logprobs * adv.detach()).mean()
-        value_loss = 0.5 * (output.values - batch["returns"]).pow(2).mean()
+        policy_loss = -weighted_mean(logprobs * adv.detach(), weights)
+        value_loss = 0.5 * weighted_mean((output.values - batch["returns"]).pow(2), weights)
         total = policy_loss + self.value_loss_coef * value_loss - self.entropy_coef * entropy
         return LossOutput(
             total=total,

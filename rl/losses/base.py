@@ -18,6 +18,7 @@ from tensordict import TensorDict
 from rl.models.distributions import ActionDistribution
 from rl.models.policy import PolicyOutput
 from rl.storage.rollout import advantage_stats_of
+from rl.tasks.agents import AGENT_ACTIVE
 
 
 @dataclasses.dataclass
@@ -57,24 +58,61 @@ def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> float:
     return float(1.0 - torch.var(target - predicted, unbiased=False) / var_target)
 
 
+def step_weights(batch: TensorDict) -> torch.Tensor | None:
+    """The weight of each step of ``batch`` ``[T, n]``, or None where every step counts.
+
+    A multi-agent task's rows of agents out of their episode (``agent_active`` false,
+    :mod:`rl.tasks.agents`) weigh 0: their steps carry nothing into a loss or its statistics.
+    """
+    if AGENT_ACTIVE not in batch.keys():
+        return None
+    return batch[AGENT_ACTIVE].to(torch.float32)
+
+
+def weighted_mean(x: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """The mean of ``x`` over the steps that count (:func:`step_weights`; None: all)."""
+    if weights is None:
+        return x.mean()
+    return (x * weights).sum() / weights.sum().clamp_min(1.0)
+
+
+def weighted_var(x: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """The (biased) variance of ``x`` over the steps that count."""
+    if weights is None:
+        return torch.var(x, unbiased=False)
+    return weighted_mean((x - weighted_mean(x, weights)).pow(2), weights)
+
+
 def policy_terms(
-    dist: ActionDistribution, actions: torch.Tensor
+    dist: ActionDistribution, actions: torch.Tensor, weights: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(log-probabilities of actions [T, n], mean entropy [])`` under ``dist``."""
-    return dist.log_prob(actions), dist.entropy().mean()
+    """``(log-probabilities of actions [T, n], mean entropy [])`` under ``dist``.
+
+    The entropy's mean is over the steps that count (``weights``, :func:`step_weights`).
+    """
+    return dist.log_prob(actions), weighted_mean(dist.entropy(), weights)
 
 
 def normalized_advantages(batch: TensorDict) -> torch.Tensor:
     """Advantages ``[T, n]`` at zero mean and unit std.
 
     Uses the rollout-wide statistics the batch carries when the engine set them (global
-    statistics under DDP, :func:`~rl.storage.advantage_stats_of`), else this minibatch's own.
+    statistics under DDP, :func:`~rl.storage.advantage_stats_of`), else this minibatch's own
+    (over the steps that count, :func:`step_weights`).
     """
     adv = batch["advantages"]
     stats = advantage_stats_of(batch)
     if stats is not None:
         mean, std = stats
         return (adv - mean) / (std + 1e-8)
+    weights = step_weights(batch)
+    if weights is not None:
+        count = weights.sum()
+        if count > 1:
+            mean = weighted_mean(adv, weights)
+            var = ((adv - mean).pow(2) * weights).sum() / (count - 1)  # unbiased, as std_mean
+            return (adv - mean) / (var.sqrt() + 1e-8)
+        return adv
     if adv.numel() > 1:
         std, mean = torch.std_mean(adv)
         return (adv - mean) / (std + 1e-8)

@@ -7,7 +7,13 @@ from typing import Annotated
 import torch
 from tensordict import TensorDict
 
-from rl.losses.base import Loss, LossOutput, explained_variance
+from rl.losses.base import (
+    Loss,
+    LossOutput,
+    explained_variance,
+    step_weights,
+    weighted_mean,
+)
 from rl.models.distributions import Categorical
 from rl.models.policy import PolicyOutput
 from rl.tasks.fields import EXPERT_ACTIONS
@@ -51,6 +57,9 @@ class ImitationLoss(Loss):
             )
         expert = batch[EXPERT_ACTIONS]
         mask = expert >= 0
+        weights = step_weights(batch)
+        if weights is not None:  # agents out of their episode have nothing to imitate
+            mask = mask & (weights > 0)
         count = int(mask.sum())
         logp = output.dist.log_prob(expert.clamp(min=0))
         if count == 0:  # zero gradients for the policy's parameters, as a masked loss gives
@@ -79,7 +88,9 @@ class ImitationLoss(Loss):
                 "but this batch has none (an off-policy expert batch?); use value_loss_coef: 0 "
                 "for off-policy imitation"
             )
-        value_loss = 0.5 * (output.values - batch["returns"]).pow(2).mean()
+        value_loss = 0.5 * weighted_mean(
+            (output.values - batch["returns"]).pow(2), step_weights(batch)
+        )
         out.total = out.total + self.value_loss_coef * value_loss
         out.terms["value_loss"] = value_loss.item()
         out.diagnostics["explained_variance"] = explained_variance(

@@ -12,6 +12,9 @@ from rl.losses.base import (
     LossOutput,
     normalized_advantages,
     policy_terms,
+    step_weights,
+    weighted_mean,
+    weighted_var,
 )
 from rl.models.policy import PolicyOutput
 from rl.pipeline.schedules import Schedule
@@ -58,7 +61,8 @@ class PPOLoss(Loss):
     def __call__(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
         """PPO on a minibatch; see :class:`rl.losses.Loss`."""
         clip = self.current_clip(step_count)
-        logprobs, entropy = policy_terms(output.dist, batch["actions"])
+        weights = step_weights(batch)  # None but for agents out of their episode
+        logprobs, entropy = policy_terms(output.dist, batch["actions"], weights)
         adv = normalized_advantages(batch) if self.normalize_advantage else batch["advantages"]
         old_values, returns = batch["values"], batch["returns"]
 
@@ -66,16 +70,15 @@ class PPOLoss(Loss):
         ratio = logratio.exp()
         surr1 = ratio * adv
         surr2 = ratio.clamp(1.0 - clip, 1.0 + clip) * adv
-        policy_loss = -torch.min(surr1, surr2).mean()
+        policy_loss = -weighted_mean(torch.min(surr1, surr2), weights)
 
         values = output.values
         if self.use_clipped_value_loss:
             v_clipped = old_values + (values - old_values).clamp(-clip, clip)
-            value_loss = (
-                0.5 * torch.max((values - returns).pow(2), (v_clipped - returns).pow(2)).mean()
-            )
+            worst = torch.max((values - returns).pow(2), (v_clipped - returns).pow(2))
+            value_loss = 0.5 * weighted_mean(worst, weights)
         else:
-            value_loss = 0.5 * (values - returns).pow(2).mean()
+            value_loss = 0.5 * weighted_mean((values - returns).pow(2), weights)
 
         total = policy_loss + self.value_loss_coef * value_loss - self.entropy_coef * entropy
         with torch.no_grad():  # every logged value in one host read
@@ -85,11 +88,11 @@ class PPOLoss(Loss):
                     policy_loss,
                     value_loss,
                     entropy,
-                    (ratio_change - logratio).mean(),  # approx_kl
-                    (-logratio).mean(),  # old_approx_kl
-                    (ratio_change.abs() > clip).float().mean(),  # clipfrac
-                    torch.var(returns, unbiased=False),  # explained variance's parts
-                    torch.var(returns - old_values, unbiased=False),
+                    weighted_mean(ratio_change - logratio, weights),  # approx_kl
+                    weighted_mean(-logratio, weights),  # old_approx_kl
+                    weighted_mean((ratio_change.abs() > clip).float(), weights),  # clipfrac
+                    weighted_var(returns, weights),  # explained variance's parts
+                    weighted_var(returns - old_values, weights),
                 ]
             ).tolist()
         var_returns, var_residual = logged[6], logged[7]

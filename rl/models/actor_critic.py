@@ -38,125 +38,13 @@ from tensordict import TensorDict
 from torch import nn
 
 from rl.models.distributions import ActionHead
+from rl.models.encoders import ACTIVATIONS, ImageEncoder, init_layer, mlp, recurrent_core
 from rl.models.gru import gru_sequence
 from rl.models.lstm import lstm_sequence
 from rl.models.policy import PolicyBase, PolicyOutput, PolicyStep, empty_state
 from rl.utils.config import Check
 
 RNNS = ("gru", "lstm")
-
-
-def _init(layer: nn.Module, gain: float = math.sqrt(2)) -> nn.Module:
-    if isinstance(layer, (nn.Linear, nn.Conv2d)):
-        nn.init.orthogonal_(layer.weight, gain)
-        nn.init.zeros_(layer.bias)
-    return layer
-
-
-_ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
-
-
-def _mlp(in_size: int, layers: Sequence[int], activation: str) -> tuple[nn.Module, int]:
-    modules: list[nn.Module] = []
-    for size in layers:
-        modules += [_init(nn.Linear(in_size, size)), _ACTIVATIONS[activation]()]
-        in_size = size
-    return nn.Sequential(*modules), in_size
-
-
-class _ImageEncoder(nn.Module):
-    def __init__(
-        self,
-        space: gym.spaces.Box,
-        channels: Sequence[int],
-        kernels: Sequence[int] | None,
-        strides: Sequence[int] | None,
-        image_encoding: str,
-        embed_dim: int,
-        activation: str,
-    ) -> None:
-        super().__init__()
-        h, w, c = space.shape
-        self.embed: nn.Embedding | None = None
-        self.onehot_size = 0
-        self.scale = 1.0
-        if image_encoding == "onehot":
-            # ALGO: one-hot of each channel's value, concatenated: as expressive as an
-            # embedding followed by the first conv, with no embedding gradient to scatter and
-            # no input gradient for the first conv (the update's costliest parts otherwise).
-            if space.dtype != "uint8":
-                raise ValueError("image_encoding='onehot' needs a uint8 image space")
-            sizes = [int(np.asarray(space.high)[..., i].max()) + 1 for i in range(c)]
-            if sum(sizes) > 64:
-                raise ValueError(
-                    f"image_encoding='onehot': the image space's high values give {sum(sizes)} "
-                    "one-hot channels; declare each channel's real maximum in the space's high "
-                    "(e.g. 10, 5, 2 for minigrid's object, colour, state) or use 'embed'"
-                )
-            self.register_buffer(
-                "onehot_offsets", torch.tensor(np.cumsum([0, *sizes[:-1]])), persistent=False
-            )
-            self.onehot_size = in_ch = sum(sizes)
-        elif image_encoding == "embed":
-            if space.dtype != "uint8":
-                raise ValueError("image_encoding='embed' needs a uint8 image space")
-            self.embed = nn.Embedding(256 * c, embed_dim)
-            self.register_buffer("offsets", torch.arange(c) * 256, persistent=False)
-            in_ch = c * embed_dim
-        elif image_encoding == "scale":
-            self.scale = 1.0 / 255.0 if space.dtype == "uint8" else 1.0
-            in_ch = c
-        else:
-            raise ValueError(
-                f"image_encoding must be 'onehot', 'embed' or 'scale', got {image_encoding!r}"
-            )
-        kernels = (
-            list(kernels) if kernels is not None else [3 if min(h, w) >= 3 else 1] * len(channels)
-        )
-        strides = list(strides) if strides is not None else [1] * len(channels)
-        if len(kernels) != len(channels) or len(strides) != len(channels):
-            raise ValueError(
-                f"cnn_kernels ({len(kernels)}) and cnn_strides ({len(strides)}) need one value "
-                f"per cnn_channels entry ({len(channels)})"
-            )
-        convs: list[nn.Module] = []
-        for out_ch, k, stride in zip(channels, kernels, strides, strict=True):
-            if min(h, w) < k:
-                raise ValueError(
-                    f"image {space.shape}: a {k}x{k} conv does not fit the {h}x{w} feature map "
-                    "left by the layers before it; use smaller cnn_kernels or cnn_strides"
-                )
-            convs += [_init(nn.Conv2d(in_ch, out_ch, k, stride)), _ACTIVATIONS[activation]()]
-            in_ch, h, w = out_ch, (h - k) // stride + 1, (w - k) // stride + 1
-        self.convs = nn.Sequential(*convs)
-        self.out_size = in_ch * h * w
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, H, W, C] -> [B, F]
-        if self.onehot_size:
-            index = x.long() + self.onehot_offsets  # [B, H, W, C]
-            onehot = torch.zeros(*x.shape[:3], self.onehot_size, device=x.device)
-            x = onehot.scatter_(-1, index, 1.0).permute(0, 3, 1, 2)
-        elif self.embed is not None:
-            e = self.embed(x.long() + self.offsets)  # [B, H, W, C, E]
-            x = e.flatten(-2).permute(0, 3, 1, 2)
-        else:
-            x = x.float().permute(0, 3, 1, 2) * self.scale
-        return self.convs(x).flatten(1)
-
-
-def _recurrent_core(
-    rnn: str | None, in_size: int, hidden_size: int, layers: int
-) -> nn.GRU | nn.LSTM | None:
-    """The GRU or LSTM (orthogonal weights, zero biases), or None for a memoryless policy."""
-    if rnn is None:
-        return None
-    core = (nn.GRU if rnn == "gru" else nn.LSTM)(in_size, hidden_size, layers)
-    for name, p in core.named_parameters():
-        if "weight" in name:
-            nn.init.orthogonal_(p)
-        else:
-            nn.init.zeros_(p)
-    return core
 
 
 class ActorCritic(PolicyBase):
@@ -180,6 +68,11 @@ class ActorCritic(PolicyBase):
         log_std_init: Initial log standard deviation of a Gaussian policy (``Box`` actions).
         ignore_keys: Observation entries the policy does not see (recorded all the same, for
             losses that read them).
+        critic_keys: Observation entries only the critic sees, through a network of its own
+            (``critic_layers`` on their flattened concatenation): a centralised critic that
+            reads a multi-agent task's global ``state`` (MAPPO) while the actor sees only the
+            agent's own entries. Empty: actor and critic share the features.
+        critic_layers: Hidden sizes of that critic network.
     """
 
     def __init__(
@@ -197,14 +90,16 @@ class ActorCritic(PolicyBase):
         rnn_hidden_size: Annotated[int, Check(ge=1)] = 128,
         rnn_layers: Annotated[int, Check(ge=1)] = 1,
         head_layers: Sequence[int] = (),
-        activation: Annotated[str, Check(choices=tuple(_ACTIVATIONS))] = "relu",
+        activation: Annotated[str, Check(choices=tuple(ACTIVATIONS))] = "relu",
         log_std_init: float = 0.0,
         ignore_keys: Sequence[str] = (),
+        critic_keys: Sequence[str] = (),
+        critic_layers: Sequence[int] = (64, 64),
     ) -> None:
         super().__init__()
-        if activation not in _ACTIVATIONS:
+        if activation not in ACTIVATIONS:
             raise ValueError(
-                f"model.activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}"
+                f"model.activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}"
             )
         if rnn not in (None, *RNNS):
             raise ValueError(f"model.rnn must be one of gru, lstm or null, got {rnn!r}")
@@ -214,9 +109,13 @@ class ActorCritic(PolicyBase):
                 f"model.ignore_keys: {unknown} are not observation entries of the task "
                 f"({sorted(observation_space.spaces)})"
             )
-        self.keys = sorted(k for k in observation_space.spaces if k not in ignore_keys)
+        self.critic_keys = self._check_critic_keys(observation_space, critic_keys)
+        hidden = {*ignore_keys, *self.critic_keys}
+        self.keys = sorted(k for k in observation_space.spaces if k not in hidden)
         if not self.keys:
-            raise ValueError("model.ignore_keys: the policy must see at least one entry")
+            raise ValueError(
+                "model.ignore_keys / critic_keys: the actor must see at least one entry"
+            )
         feat = self._build_encoders(
             observation_space,
             dict(
@@ -228,15 +127,45 @@ class ActorCritic(PolicyBase):
                 activation=activation,
             ),
         )
-        self.trunk, feat = _mlp(feat, trunk_layers, activation)
+        self.trunk, feat = mlp(feat, trunk_layers, activation)
         self.rnn_kind = rnn
-        self.rnn = _recurrent_core(rnn, feat, rnn_hidden_size, rnn_layers)
+        self.rnn = recurrent_core(rnn, feat, rnn_hidden_size, rnn_layers)
         feat = feat if self.rnn is None else rnn_hidden_size
         self._state_shape = (rnn_layers, rnn_hidden_size)
-        self.actor, a_feat = _mlp(feat, head_layers, activation)
-        self.critic, c_feat = _mlp(feat, head_layers, activation)
+        self.actor, a_feat = mlp(feat, head_layers, activation)
+        if self.critic_keys:  # a centralised critic: its own network on its own entries
+            critic_in = sum(int(math.prod(observation_space[k].shape)) for k in self.critic_keys)
+            self.critic, c_feat = mlp(critic_in, critic_layers, activation)
+        else:
+            self.critic, c_feat = mlp(feat, head_layers, activation)
         self.actor_out = ActionHead(action_space, a_feat, log_std_init)
-        self.critic_out = _init(nn.Linear(c_feat, 1), gain=1.0)
+        self.critic_out = init_layer(nn.Linear(c_feat, 1), gain=1.0)
+
+    @staticmethod
+    def _check_critic_keys(space: gym.spaces.Dict, keys: Sequence[str]) -> list[str]:
+        for key in keys:
+            if key not in space.spaces:
+                raise ValueError(
+                    f"model.critic_keys: {key!r} is not an observation entry of the task "
+                    f"({sorted(space.spaces)})"
+                )
+            if not isinstance(space[key], gym.spaces.Box) or len(space[key].shape) > 2:
+                raise ValueError(
+                    f"model.critic_keys: {key!r} is {space[key]}; a centralised critic reads "
+                    "vector (Box) entries"
+                )
+        return sorted(keys)
+
+    def _critic_input(self, obs: Mapping[str, torch.Tensor], lead: int) -> torch.Tensor:
+        """The centralised critic's entries, flattened and concatenated: ``[lead, F]``."""
+        parts = [obs[k].reshape(lead, -1).float() for k in self.critic_keys]
+        return torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+
+    def _values(self, x: torch.Tensor, obs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The critic's values ``[lead, 1]`` from the heads' input ``x`` (or its own entries)."""
+        if self.critic_keys:
+            x = self._critic_input(obs, x.shape[0])
+        return self.critic_out(self.critic(x))  # type: ignore[no-any-return]
 
     def _build_encoders(self, observation_space: gym.spaces.Dict, cnn: dict[str, Any]) -> int:
         """One encoder (or encoding) per observation entry of :attr:`keys`; their feature size.
@@ -251,7 +180,7 @@ class ActorCritic(PolicyBase):
         for key in self.keys:
             space = observation_space[key]
             if isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and cnn["channels"]:
-                enc = _ImageEncoder(
+                enc = ImageEncoder(
                     space,
                     cnn["channels"],
                     cnn["kernels"],
@@ -373,7 +302,7 @@ class ActorCritic(PolicyBase):
         t_len, n = episode_starts.shape
         x, state, features = self._features(obs, episode_starts, state)
         dist = self.actor_out(self.actor(x).view(t_len, n, -1))
-        values = self.critic_out(self.critic(x)).view(t_len, n)
+        values = self._values(x, obs).view(t_len, n)
         extras = {k: v.view(t_len, n, -1) for k, v in features.items()}
         return PolicyOutput(dist=dist, values=values, extras=extras), state
 
@@ -409,10 +338,9 @@ class ActorCritic(PolicyBase):
         generator: torch.Generator | None = None,
     ) -> tuple[PolicyStep, TensorDict]:
         """One step for ``[N, ...]`` observations (the heads run on ``[N, F]`` directly)."""
-        x, state, _ = self._features(
-            {k: v.unsqueeze(0) for k, v in obs.items()}, episode_starts.unsqueeze(0), state
-        )
+        obs = {k: v.unsqueeze(0) for k, v in obs.items()}
+        x, state, _ = self._features(obs, episode_starts.unsqueeze(0), state)
         dist = self.actor_out(self.actor(x))
         actions = dist.mode() if deterministic else dist.sample(generator)
-        values = self.critic_out(self.critic(x))[:, 0]
+        values = self._values(x, obs)[:, 0]
         return PolicyStep(actions, dist.log_prob(actions), values, dist), state

@@ -7,6 +7,7 @@ from typing import Any
 
 import hydra.utils
 
+from rl.sampling.agents import agent_rows
 from rl.sampling.base import Sampler
 
 
@@ -42,7 +43,8 @@ def build_sampler(
         total_envs: Size of that global seed stream (default ``env_offset + num_envs``).
 
     Returns:
-        The sampler (a context manager; close it).
+        The sampler (a context manager; close it); for a multi-agent task, with one row per
+        agent (:class:`~rl.sampling.agents.AgentRows`).
     """
     cfg = dict(config or {"_target_": "rl.sampling.SerialSampler"})
     cfg["_partial_"] = True
@@ -53,4 +55,5 @@ def build_sampler(
         kwargs["episode_seeds"] = list(episode_seeds)
     if env_offset or total_envs is not None:
         kwargs.update(env_offset=env_offset, total_envs=total_envs)
-    return hydra.utils.instantiate(cfg)(**kwargs)  # type: ignore[no-any-return]
+    sampler = hydra.utils.instantiate(cfg)(**kwargs)
+    return agent_rows(sampler)  # several agents: one row each

@@ -46,6 +46,7 @@ from rl.sampling.base import MAX_NUM_ENVS, EpisodeRecord, Sampler, step_tensordi
 from rl.sampling.mp_worker import LOAD, NEW, RESET, SAVE, STEP
 from rl.sampling.shared_memory import SharedArrays, final_key, obs_key, sampler_array_specs
 from rl.sampling.worker_pool import SamplerWorkerError, WorkerPool
+from rl.tasks.agents import num_agents
 from rl.tasks.factory import build_env, dict_space, env_name
 from rl.tasks.fields import step_fields_of
 from rl.tasks.spaces import action_array_spec, check_action_space
@@ -193,9 +194,11 @@ class MultiprocessSampler(Sampler):
                 probe.observation_space, gym.spaces.Dict | gym.spaces.Tuple
             )
             self.observation_space = dict_space(probe.observation_space, name)
-            self.action_space: gym.Space = check_action_space(probe.action_space, name)
-            self._action_shape = action_array_spec(self.action_space)[0]
             self.step_fields = step_fields_of(task, probe, name)
+            self.action_space: gym.Space = check_action_space(
+                probe.action_space, name, num_agents(self.step_fields)
+            )
+            self._action_shape = action_array_spec(self.action_space)[0]
         finally:
             probe.close()
 

@@ -18,6 +18,7 @@ from rl.sampling.base import MAX_NUM_ENVS, EpisodeRecord, Sampler, step_tensordi
 from rl.sampling.env_state import np_random_state, reset_state, set_np_random_state
 from rl.sampling.finite_checks import FiniteChecks, is_float
 from rl.sampling.watchdog import DEFAULT_TIMEOUT_S, Watchdog
+from rl.tasks.agents import num_agents
 from rl.tasks.factory import build_env, env_name, episode_metrics
 from rl.tasks.fields import step_fields_of
 from rl.tasks.spaces import (
@@ -105,8 +106,11 @@ class SerialSampler(FiniteChecks, Sampler):
             name = env_name(task, first)
             self._name = name
             self._flatten = ObservationFlattener(first.observation_space, name)
-            self.action_space = check_action_space(first.action_space, name)
             self.step_fields = step_fields_of(task, first, name)
+            self.action_space = check_action_space(
+                first.action_space, name, num_agents(self.step_fields)
+            )
+            self._transition_fields = any(f.transition for f in self.step_fields.values())
         except Exception:
             self.close()
             raise
@@ -139,15 +143,27 @@ class SerialSampler(FiniteChecks, Sampler):
         """An action as the environment takes it, from what was recorded for replay."""
         return int(action) if self._discrete else np.asarray(action, dtype=self._action_dtype)
 
-    def _fields(self, infos: list[Mapping[str, Any]]) -> dict[str, np.ndarray]:
-        """The task's step fields ``[N, ...]`` from each environment's ``info``."""
+    def _fields(
+        self,
+        infos: list[Mapping[str, Any]],
+        step_infos: list[Mapping[str, Any]] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """The task's step fields ``[N, ...]`` from each environment's ``info``.
+
+        ``infos`` came with the observations (a reset's after an episode ended), ``step_infos``
+        with the steps (for :attr:`~rl.tasks.fields.StepField.transition` fields; None after a
+        reset: their ``missing`` value).
+        """
         out = {}
         for key, field in self.step_fields.items():
             name = field.info
             missing = field.empty(1)[0] if field.shape else field.missing
+            source = infos
+            if field.transition:
+                source = step_infos if step_infos is not None else [{}] * len(infos)
             try:
                 out[key] = np.asarray(
-                    [info.get(name, missing) for info in infos], dtype=field.dtype
+                    [info.get(name, missing) for info in source], dtype=field.dtype
                 ).reshape(len(infos), *field.shape)
             except (TypeError, ValueError) as e:
                 raise ValueError(
@@ -249,6 +265,7 @@ class SerialSampler(FiniteChecks, Sampler):
         terminated: list[bool] = []
         truncated: list[bool] = []
         infos: list[Mapping[str, Any]] = []
+        step_infos: list[Mapping[str, Any]] | None = [] if self._transition_fields else None
         paused = [False] * n
         final_rows: list[dict[str, Any]] = []
         final_idx: list[int] = []
@@ -262,6 +279,7 @@ class SerialSampler(FiniteChecks, Sampler):
             action = env_actions[pos]
             self._episode_actions[i].append(action if self._discrete else action.tolist())
             obs, reward, term, trunc, info = self.envs[i].step(action)
+            step_info = info
             obs = self._as_dict(obs)
             reward = float(reward)
             self._returns[i] += reward
@@ -284,17 +302,19 @@ class SerialSampler(FiniteChecks, Sampler):
                     obs, info = self._reset_env(i, first=False)
                     reset[pos] = True
             infos.append(info)
+            if step_infos is not None:
+                step_infos.append(step_info)  # the step's own, even where a reset followed
             rows.append(obs)
         self.current_env = None
         return self._finish_step(
-            rows, infos, rewards, (terminated, truncated, paused), (final_rows, final_idx),
-            episodes, (active, steps, reset),
+            rows, (infos, step_infos), rewards, (terminated, truncated, paused),
+            (final_rows, final_idx), episodes, (active, steps, reset),
         )  # fmt: skip
 
     def _finish_step(
         self,
         rows: list[dict[str, Any]],
-        infos: list[Mapping[str, Any]],
+        infos: tuple[list[Mapping[str, Any]], list[Mapping[str, Any]] | None],
         reward_list: list[float],
         flags: tuple[list[bool], list[bool], list[bool]],
         finals: tuple[list[dict[str, Any]], list[int]],
@@ -319,7 +339,7 @@ class SerialSampler(FiniteChecks, Sampler):
             self._active = [i for pos, i in enumerate(self._active) if not paused[pos]]
         return step_tensordict(
             obs_batch,
-            self._fields(infos),
+            self._fields(*infos),
             rewards=rewards,
             terminated=terminated,
             truncated=truncated,

@@ -10,12 +10,15 @@ model building) goes through here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
 import hydra.utils
 
+from rl.tasks.agents import num_agents, unstack_space
+from rl.tasks.fields import step_fields_of
 from rl.tasks.spaces import check_action_space, flat_observation_space
 
 # Keys of a task config the framework reads itself (not passed to the task's ``_target_``).
@@ -77,8 +80,24 @@ def dict_space(space: gym.Space, task: str = "?") -> gym.spaces.Dict:
     return flat_observation_space(space, task)
 
 
-def task_spaces(task: Mapping[str, Any]) -> tuple[gym.spaces.Dict, gym.Space]:
-    """``(flat observation Dict space, action space)`` of a task (builds one env).
+@dataclasses.dataclass(frozen=True)
+class TaskLayout:
+    """What a run reads of its task once: one agent's spaces and how many agents.
+
+    Attributes:
+        observation_space: The flat observation ``Dict`` space a policy sees (one agent's).
+        action_space: The action space a policy acts in (one agent's).
+        agents: Agents per environment (1 for a single-agent task; each is a row of the
+            batch, :mod:`rl.tasks.agents`).
+    """
+
+    observation_space: gym.spaces.Dict
+    action_space: gym.Space
+    agents: int = 1
+
+
+def task_layout(task: Mapping[str, Any]) -> TaskLayout:
+    """The spaces and agents of a task (builds one env).
 
     Raises:
         SpaceError: An observation entry or an action space policies cannot handle, naming
@@ -87,12 +106,32 @@ def task_spaces(task: Mapping[str, Any]) -> tuple[gym.spaces.Dict, gym.Space]:
     env = build_env(task)
     try:
         name = env_name(task, env)
-        return (
-            dict_space(env.observation_space, name),
-            check_action_space(env.action_space, name),
+        agents = num_agents(step_fields_of(task, env, name))
+        observation_space = dict_space(env.observation_space, name)
+        action_space = check_action_space(env.action_space, name, agents)
+        if agents is None:
+            return TaskLayout(observation_space, action_space)
+        # A multi-agent task: one agent's spaces (every agent is a row of the batch).
+        return TaskLayout(
+            gym.spaces.Dict({k: unstack_space(s) for k, s in observation_space.spaces.items()}),
+            unstack_space(action_space),
+            agents,
         )
     finally:
         env.close()
+
+
+def task_spaces(task: Mapping[str, Any]) -> tuple[gym.spaces.Dict, gym.Space]:
+    """``(flat observation Dict space, action space)`` of a task (builds one env).
+
+    For a multi-agent task (:mod:`rl.tasks.agents`), one agent's: what its policy sees.
+
+    Raises:
+        SpaceError: An observation entry or an action space policies cannot handle, naming
+            the task.
+    """
+    layout = task_layout(task)
+    return layout.observation_space, layout.action_space
 
 
 def env_name(task: Mapping[str, Any], env: gym.Env) -> str:

@@ -62,12 +62,17 @@ class StepField:
         shape: Its shape (``()``: a scalar).
         dtype: Its NumPy dtype.
         missing: The value recorded where ``info`` lacks the key.
+        transition: Read from the ``info`` of the step itself, even where the episode ended
+            and the sampler reset the environment (a value of the transition, like the reward:
+            a multi-agent task's per-agent rewards); ``missing`` after a reset. By default a
+            field comes with the observation, from the reset's ``info`` for an episode's first.
     """
 
     info: str
     shape: tuple[int, ...] = ()
     dtype: str = "float32"
     missing: float = 0.0
+    transition: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
@@ -107,10 +112,10 @@ def step_fields_of(task: Mapping[str, Any], env: gym.Env, name: str) -> dict[str
             continue
         if not isinstance(spec, Mapping) or "info" not in spec:
             raise ValueError(
-                f"{where}: expected a StepField or a mapping with an 'info' key "
-                f"({{info: ..., shape: [...], dtype: ..., missing: ...}}), got {spec!r}"
+                f"{where}: expected a StepField or a mapping with an 'info' key ({{info: ..., "
+                f"shape: [...], dtype: ..., missing: ..., transition: ...}}), got {spec!r}"
             )
-        unknown = set(spec) - {"info", "shape", "dtype", "missing"}
+        unknown = set(spec) - {"info", "shape", "dtype", "missing", "transition"}
         if unknown:
             raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}")
         try:

@@ -126,12 +126,23 @@ def _flatten_nested(obs: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def check_action_space(space: gym.Space, task: str = "?") -> gym.Space:
+def check_action_space(space: gym.Space, task: str = "?", agents: int | None = None) -> gym.Space:
     """``space`` if policies can act in it (Discrete, 1-D Box, MultiDiscrete), else an error.
+
+    ``agents``: the space is a multi-agent task's, stacked over that many agents
+    (:mod:`rl.tasks.agents`); one agent's space is checked.
 
     Raises:
         SpaceError: Naming ``task`` and the space.
     """
+    if agents is not None:
+        from rl.tasks.agents import unstack_space  # (agents builds on this module's peers)
+
+        try:
+            check_action_space(unstack_space(space), task)
+        except ValueError as e:
+            raise SpaceError(f"task {task}: {e}") from e
+        return space
     if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
         if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.ndim != 1:
             raise SpaceError(f"task {task}: MultiDiscrete actions need a 1-D nvec, got {space}")
@@ -156,7 +167,7 @@ def action_array_spec(space: gym.Space) -> tuple[tuple[int, ...], Any]:
     if isinstance(space, gym.spaces.Discrete):
         return (), np.int64
     if isinstance(space, gym.spaces.MultiDiscrete):
-        return (len(space.nvec),), np.int64
+        return tuple(space.nvec.shape), np.int64
     return tuple(space.shape), np.float32
 
 

@@ -37,6 +37,7 @@ from rl.pipeline.stages import PipelineStage, TrainingPipeline, TrainingSettings
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.storage.estimators import AdvantageEstimator
 from rl.storage.rollout import sequence_start_state
+from rl.tasks.agents import AGENT_ACTIVE
 from rl.utils.finite import NonFiniteError
 
 log = logging.getLogger(__name__)
@@ -223,7 +224,11 @@ class Learner:
         if self.dist.enabled:
             # ALGO: per-rollout advantage normalisation with every worker's rollout (sum, sum of
             # squares and count all-reduced), independent of how the data is split over ranks.
-            mean, std, _ = advantage_stats(storage["advantages"][: storage.step])
+            active = storage.data.get(AGENT_ACTIVE, None)  # several agents: those in play
+            mean, std, _ = advantage_stats(
+                storage["advantages"][: storage.step],
+                None if active is None else active[: storage.step],
+            )
             storage.advantage_stats = (mean, std)
         self._train_mode()
         for _ in range(settings.update_repeats):  # type: ignore[arg-type]

@@ -1,0 +1,140 @@
+"""Several agents in one environment: how they travel as one environment and as rows.
+
+A multi-agent task is, to the samplers, one ``gymnasium.Env`` whose every entry is stacked over
+its ``A`` agents (agent ``i`` at index ``i`` of the leading axis): observations ``[A, ...]``,
+actions ``[A, ...]`` (:func:`stack_space`; a ``Discrete`` agent action space is stacked as a
+1-D ``MultiDiscrete``), and three per-agent step fields in ``info``:
+
+- ``agent_rewards`` ``[A]`` float32: each agent's reward of the step (the env's own ``reward``
+  is the team's, their sum: the episode return samplers report is the team's);
+- ``agent_done`` ``[A]`` int8: ``1`` where the agent's episode ended by termination in this
+  step, ``2`` by truncation, ``0`` otherwise (an agent already out of the episode: ``0``);
+- ``agent_active`` ``[A]`` bool, reported with the observations: the agent acts on them (it is
+  still in the episode). An agent out of the episode still has a row of zeros and an action
+  that is ignored; its steps carry no weight in losses or metrics.
+
+Declaring ``agent_rewards`` is what makes a task multi-agent: the number of agents is its
+shape (:func:`num_agents`). The :class:`~rl.tasks.pettingzoo.ParallelEnvAdapter` turns any
+PettingZoo Parallel environment into such an env. Samplers then present every agent as a row of
+the batch (:class:`~rl.sampling.agents.AgentRows`): environment ``e``'s agent ``i`` is row
+``e * A + i``, and the policy sees one agent's spaces (:func:`unstack_space`), so parameters are
+shared across agents and every loss, storage and collection path works unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import gymnasium as gym
+import numpy as np
+
+from rl.tasks.fields import StepField
+
+__all__ = [
+    "AGENT_ACTIVE",
+    "AGENT_DONE",
+    "AGENT_REWARDS",
+    "DONE_TERMINATED",
+    "DONE_TRUNCATED",
+    "agent_fields",
+    "num_agents",
+    "stack_space",
+    "unstack_space",
+]
+
+AGENT_REWARDS = "agent_rewards"
+AGENT_DONE = "agent_done"
+AGENT_ACTIVE = "agent_active"
+DONE_TERMINATED, DONE_TRUNCATED = 1, 2
+
+
+def agent_fields(count: int) -> dict[str, StepField]:
+    """The step fields of a task with ``count`` agents (its env class's ``step_fields``)."""
+    return {
+        AGENT_REWARDS: StepField(AGENT_REWARDS, (count,), "float32", transition=True),
+        AGENT_DONE: StepField(AGENT_DONE, (count,), "int8", transition=True),
+        AGENT_ACTIVE: StepField(AGENT_ACTIVE, shape=(count,), dtype="bool", missing=1),
+    }
+
+
+def num_agents(fields: Mapping[str, StepField]) -> int | None:
+    """The agents of a task with step ``fields``; None for a single-agent task.
+
+    Raises:
+        ValueError: The fields declare agents inconsistently.
+    """
+    rewards = fields.get(AGENT_REWARDS)
+    if rewards is None:
+        return None
+    if len(rewards.shape) != 1 or rewards.shape[0] < 1:
+        raise ValueError(f"step field {AGENT_REWARDS!r} must have shape [agents], got {rewards}")
+    count = rewards.shape[0]
+    if not (rewards.transition and AGENT_DONE in fields and fields[AGENT_DONE].transition):
+        raise ValueError(
+            f"{AGENT_REWARDS!r} and {AGENT_DONE!r} are values of the step (transition: true), "
+            "not of the observation (rl.tasks.agents.agent_fields)"
+        )
+    for key in (AGENT_DONE, AGENT_ACTIVE):
+        if key not in fields or fields[key].shape != (count,):
+            raise ValueError(
+                f"a multi-agent task ({AGENT_REWARDS!r} of shape [{count}]) must declare "
+                f"{key!r} of shape [{count}] too (rl.tasks.agents.agent_fields)"
+            )
+    return count
+
+
+def stack_space(space: gym.Space, count: int) -> gym.Space:
+    """``space`` of one agent stacked for ``count`` agents (a leading axis of ``count``).
+
+    ``Discrete(n)`` becomes ``MultiDiscrete([n] * count)``; ``Dict`` and ``Tuple`` are stacked
+    entry by entry.
+
+    Raises:
+        ValueError: A space that cannot be stacked (e.g. ``Discrete`` with a non-zero start).
+    """
+    if isinstance(space, gym.spaces.Dict):
+        return gym.spaces.Dict({k: stack_space(s, count) for k, s in space.spaces.items()})
+    if isinstance(space, gym.spaces.Tuple):
+        return gym.spaces.Tuple([stack_space(s, count) for s in space.spaces])
+    if isinstance(space, gym.spaces.Box):
+        low = np.broadcast_to(space.low, (count, *space.shape))
+        high = np.broadcast_to(space.high, (count, *space.shape))
+        return gym.spaces.Box(low.copy(), high.copy(), dtype=space.dtype)
+    if isinstance(space, gym.spaces.Discrete):
+        if int(space.start) != 0:
+            raise ValueError(f"a Discrete agent space must start at 0, got {space}")
+        return gym.spaces.MultiDiscrete([int(space.n)] * count)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return gym.spaces.MultiDiscrete(np.stack([space.nvec] * count))
+    if isinstance(space, gym.spaces.MultiBinary):
+        return gym.spaces.MultiBinary([count, *np.atleast_1d(space.n)])
+    raise ValueError(f"an agent space of kind {type(space).__name__} cannot be stacked: {space}")
+
+
+def unstack_space(space: gym.Space) -> gym.Space:
+    """One agent's space of a space :func:`stack_space` made (the leading axis dropped).
+
+    Raises:
+        ValueError: The agents' spaces differ (parameter sharing needs one space), or the space
+            was not stacked.
+    """
+    if isinstance(space, gym.spaces.Dict):
+        return gym.spaces.Dict({k: unstack_space(s) for k, s in space.spaces.items()})
+    if isinstance(space, gym.spaces.Tuple):
+        return gym.spaces.Tuple([unstack_space(s) for s in space.spaces])
+    if isinstance(space, gym.spaces.Box) and space.shape:
+        low, high = space.low, space.high
+        if not ((low == low[:1]).all() and (high == high[:1]).all()):
+            raise ValueError(f"the agents' Box spaces differ (bounds): {space}")
+        return gym.spaces.Box(low[0], high[0], dtype=space.dtype)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        nvec = space.nvec
+        if not (nvec == nvec[:1]).all():
+            raise ValueError(f"the agents' discrete spaces differ: {space}")
+        if nvec.ndim == 1:
+            return gym.spaces.Discrete(int(nvec[0]))
+        return gym.spaces.MultiDiscrete(nvec[0])
+    if isinstance(space, gym.spaces.MultiBinary) and np.ndim(space.n) >= 1:
+        shape = tuple(np.atleast_1d(space.n)[1:])
+        return gym.spaces.MultiBinary(list(shape) if len(shape) > 1 else int(shape[0]))
+    raise ValueError(f"{space} is not a space stacked over agents (no leading agent axis)")
