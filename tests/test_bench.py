@@ -105,6 +105,20 @@ TABLES: dict[str, list[str]] = {
         rf"^  ours MLP / SB3 PPO:\s+{NUM}x$",
         rf"^  ours flattened-GRU async / RecurrentPPO: {NUM}x$",
     ],
+    "multiagent_fps": [
+        rf"^PointNav 9x9, 16 environments, {NUM} steps \(rows\) each, 1 thread$",
+        *_rows(
+            "raw limit, 1 agent (env steps/s)",
+            "raw limit, 2 agents (agent-steps/s)",
+            value=NUM,
+        ),
+        *_rows("ppo_nav, task=nav_small (1 agent)", value=f"{NUM} env steps/s"),
+        *_rows(
+            "mappo_nav_multi (2 agents)",
+            "ippo_nav_multi (2 agents)",
+            value=f"{NUM} agent-steps/s",
+        ),
+    ],
     "collector_fps": [
         r"^training FPS on rl/PointNav-v0, .*, 1 Ray worker\(s\)\)$",
         *_rows("ours mlp, local", value=f"{NUM} FPS   {_SPLIT}"),

@@ -14,6 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+
+from rl.tasks.factory import task_layout
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
@@ -40,7 +43,9 @@ def _check_run(run_dir: Path) -> None:
     names = [p.name for p in sorted((run_dir / "checkpoints").glob("ckpt_*.pt"))]
     assert names and names[-1].startswith(f"ckpt_stage{stages - 1:02d}_"), (run_dir, names)
     steps = int(names[-1].split("_step")[1].split(".")[0])
-    assert 256 <= steps < 256 + 16 * stages, names  # the budget, to a rollout per stage
+    # the budget, to a rollout per stage (a step of a multi-agent task: one row per agent)
+    agents = task_layout(yaml.safe_load(config)["task"]).agents
+    assert 256 <= steps < 256 + 16 * agents * stages * 4, names
     if stages > 1:
         assert '"pipeline/stage": 1.0' in (run_dir / "metrics.jsonl").read_text()
 

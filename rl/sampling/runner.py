@@ -22,6 +22,7 @@ import torch
 from tensordict import TensorDict
 
 from rl.sampling.base import Sampler
+from rl.tasks.agents import AGENT_ACTIVE
 from rl.tasks.fields import EXPERT_ACTIONS
 
 __all__ = ["Actor", "ExpertActor", "NoExpertError", "run_steps"]
@@ -99,7 +100,11 @@ class ExpertActor:
                 'class, reading info["expert_action"]); running the expert needs a task with one'
             )
         expert = step[EXPERT_ACTIONS]
-        if (expert < 0).any():
+        missing = expert < 0
+        if AGENT_ACTIVE in step.keys():  # agents out of their episode act for nothing
+            missing &= step[AGENT_ACTIVE]
+            expert = expert.clamp(min=0)
+        if missing.any():
             raise NoExpertError(
                 f'task {self.task!r} gave no expert action (info["expert_action"]) at a step; '
                 "running the expert needs one at every step"

@@ -155,10 +155,15 @@ def task_id(task: Mapping[str, Any]) -> str:
 def with_split(task: Mapping[str, Any], split: str | None) -> dict[str, Any]:
     """``task`` drawing its episodes from ``split`` (tasks without splits are left as they are).
 
-    A task has splits when its config has a ``split`` key (PointNav's ``conf/task`` files do);
-    ``split=None`` keeps the task's own.
+    A task has splits when its config has a ``split`` key (PointNav's ``conf/task`` files do),
+    or its ``env`` has (a multi-agent task's environment, ``task=nav_multi``); ``split=None``
+    keeps the task's own.
     """
     task = dict(task)
-    if split is not None and "split" in task:
+    if split is None:
+        return task
+    if "split" in task:
         task["split"] = split
+    elif isinstance(task.get("env"), Mapping) and "split" in task["env"]:
+        task["env"] = {**task["env"], "split": split}
     return task

@@ -175,6 +175,8 @@ class PointNavEnv(MiniGridEnv):
         self._start_distance = 0
         self._cells_moved = 0
         self._done = False
+        # Cells the agent cannot enter besides walls: the other agents' (rl.tasks.nav_multi).
+        self.occupied: set[tuple[int, int]] | frozenset[tuple[int, int]] = frozenset()
 
     # ------------------------------------------------------------------ layout
 
@@ -217,7 +219,7 @@ class PointNavEnv(MiniGridEnv):
                 f"{e} ({self.size}x{self.size}, {self.rooms_per_side} rooms per side)"
             ) from None
         door_x, door_y, self._door_v, goal_index, direction, start_index = drawn
-        self._door_x, self._door_y = door_x, door_y
+        self._door_x, self._door_y = door_x, door_y  # (the distance fields below read them)
         min_dist = self.min_start_distance
 
         for attempt in range(100):
@@ -239,15 +241,33 @@ class PointNavEnv(MiniGridEnv):
                 f"no start cell at geodesic distance >= {min_dist} from the goal "
                 f"after 100 goal draws; lower min_start_distance"
             )
-        self.goal_pos = (gx, gy)
+        self.place(door_x, door_y, (gx, gy), dist, (sx, sy), direction, dist_list)
+
+    def place(
+        self,
+        door_x: list[int],
+        door_y: list[int],
+        goal: tuple[int, int],
+        dist: np.ndarray,
+        start: tuple[int, int],
+        direction: int,
+        dist_list: list[list[int]] | None = None,
+    ) -> None:
+        """Set the episode: the doors, the goal and its distance field, the agent's start.
+
+        What a reset draws; the multi-agent task (:mod:`rl.tasks.nav_multi`) places each
+        agent's own goal and start in one shared layout with it.
+        """
+        self._door_x, self._door_y = door_x, door_y
+        self.goal_pos = goal
         self.distance_field = dist
-        self._dist = dist_list
+        self._dist = dist.tolist() if dist_list is None else dist_list
         self._free = dist >= 0
-        self.agent_pos = (sx, sy)
+        self.agent_pos = start
         self.agent_dir = direction
         self._grid = None  # built on demand by the `grid` property
         self._enc_padded, self._see_behind_padded = episode_arrays(
-            self._enc_template, self._see_behind_template, door_x, door_y, (gx, gy), self._pad
+            self._enc_template, self._see_behind_template, door_x, door_y, goal, self._pad
         )
         self._image_cache = {}
 
@@ -331,6 +351,10 @@ class PointNavEnv(MiniGridEnv):
         """
         super(MiniGridEnv, self).reset(seed=seed)  # gym.Env.reset: seeding only
         self._gen_grid(self.width, self.height)
+        return self.begin()
+
+    def begin(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Start the episode :meth:`place` set: counters zeroed; the first observation."""
         self.carrying = None
         self.step_count = 0
         self._start_distance = self._dist[self.agent_pos[0]][self.agent_pos[1]]
@@ -368,7 +392,8 @@ class PointNavEnv(MiniGridEnv):
         elif a == 2:
             fx, fy = DIR_VEC[self.agent_dir]
             nx, ny = x + fx, y + fy
-            if self._dist[nx][ny] >= 0:  # free (every free cell is reachable)
+            # free (every free cell is reachable) and not another agent's (several agents)
+            if self._dist[nx][ny] >= 0 and (nx, ny) not in self.occupied:
                 self.agent_pos = (nx, ny)
                 self._cells_moved += 1
         elif a == 3:
