@@ -77,3 +77,19 @@ def test_the_expert_evaluates_through_the_step_runner() -> None:
     result = evaluate_expert(task=task(2, "test"), episode_seeds=list(range(24)), num_envs=4)
     assert len(result.episodes) == 24
     assert result.metrics["success"] >= 0.95 and "spl/agent_1" in result.metrics, result.metrics
+
+
+def test_a_probe_video_shows_every_agent() -> None:
+    from rl.evaluation.video import record_episode, rendering_sampler
+    from rl.models import build_policy
+    from rl.tasks import task_spaces
+
+    model = {"_target_": "rl.models.ActorCritic", "_partial_": True, "cnn_channels": [4],
+             "trunk_layers": [8], "rnn": "gru", "rnn_hidden_size": 8}  # fmt: skip
+    policy = build_policy(model, *task_spaces(task()))
+    with rendering_sampler(task(), seed=5) as sampler:
+        frames, metrics = record_episode(model=policy, sampler=sampler)
+    assert len(frames) == metrics["length"] + 1
+    height, width, _ = frames[0].shape
+    assert width == 2 * height  # the two agents' square views of the grid, side by side
+    assert "success/agent_1" in metrics or metrics["length"] == 50  # cut at max_steps

@@ -9,7 +9,8 @@ as step fields. The observation holds:
 - ``obs``: the agent's own observation (a ``Dict`` one is stacked entry by entry);
 - ``state`` (``global_state``, the default where the environment has a ``state()``): the
   environment's global state, the same row for every agent: what a centralised critic reads
-  (MAPPO); ``global_state: concat`` concatenates the agents' flattened observations instead
+  (MAPPO); ``global_state: concat`` concatenates the agents' observations instead (each
+  entry's elements as floats, agent after agent)
   (for an environment without ``state()``), ``false`` leaves it out (IPPO);
 - ``agent_index`` (``agent_index: true``): the agent's index, for a shared policy that should
   tell the agents apart.
@@ -143,7 +144,7 @@ class ParallelEnvAdapter(gym.Env):
             state_space = self.env.state_space
             spaces["state"] = stack_space(state_space, count)
         elif global_state == "concat":
-            size = count * int(gym.spaces.flatdim(agent_obs))
+            size = count * _flat_size(agent_obs)
             spaces["state"] = stack_space(
                 gym.spaces.Box(-np.inf, np.inf, (size,), dtype=np.float32), count
             )
@@ -152,7 +153,7 @@ class ParallelEnvAdapter(gym.Env):
         self.observation_space = gym.spaces.Dict(spaces)
         self.action_space = stack_space(agent_act, count)
         self._discrete = isinstance(agent_act, gym.spaces.Discrete)
-        self._zero_obs = gym.spaces.flatten(agent_obs, agent_obs.sample()) * 0
+        self._zero_obs = _zeros(agent_obs)  # an absent agent's observation
         self._returns = np.zeros(count)
 
     # ----------------------------------------------------------------- helpers
@@ -163,15 +164,14 @@ class ParallelEnvAdapter(gym.Env):
             if agent in obs:
                 rows.append(obs[agent])
             else:
-                rows.append(gym.spaces.unflatten(self._obs_space, self._zero_obs))
+                rows.append(self._zero_obs)
         out: dict[str, Any] = {"obs": _stack(rows)}
         if self.global_state == "state":
             state = np.asarray(self.env.state())
             out["state"] = np.broadcast_to(state, (len(self.agents), *state.shape))
         elif self.global_state == "concat":
-            flat = np.concatenate(
-                [gym.spaces.flatten(self._obs_space, row) for row in rows]
-            ).astype(np.float32)
+            leaves = _leaves(out["obs"], self._obs_space, len(self.agents))
+            flat = np.concatenate(leaves, axis=1).reshape(-1)
             out["state"] = np.broadcast_to(flat, (len(self.agents), len(flat)))
         if "agent_index" in self.observation_space.spaces:
             out["agent_index"] = np.arange(len(self.agents), dtype=np.int64)
@@ -182,11 +182,9 @@ class ParallelEnvAdapter(gym.Env):
         out = {}
         for field in self._agent_step_fields.values():
             missing = field.empty(1)[0]
-            out[field.info] = np.stack(
-                [
-                    np.asarray((infos.get(a) or {}).get(field.info, missing), dtype=field.dtype)
-                    for a in self.agents
-                ]
+            out[field.info] = np.array(
+                [(infos.get(a) or {}).get(field.info, missing) for a in self.agents],
+                dtype=field.dtype,
             )
         return out
 
@@ -273,4 +271,35 @@ def _stack(rows: list[Any]) -> Any:
         return {k: _stack([r[k] for r in rows]) for k in first}
     if isinstance(first, tuple):
         return tuple(_stack([r[i] for r in rows]) for i in range(len(first)))
-    return np.stack([np.asarray(r) for r in rows])
+    return np.array(rows)  # (np.stack: three times the time for a few small arrays)
+
+
+def _zeros(space: gym.Space) -> Any:
+    """An observation of ``space`` of zeros (``Dict`` and ``Tuple`` ones entry by entry)."""
+    if isinstance(space, gym.spaces.Dict):
+        return {k: _zeros(s) for k, s in space.spaces.items()}
+    if isinstance(space, gym.spaces.Tuple):
+        return tuple(_zeros(s) for s in space.spaces)
+    return np.zeros(space.shape, dtype=space.dtype)
+
+
+def _flat_size(space: gym.Space) -> int:
+    """Values in one observation of ``space``: each entry's elements (a Discrete: one)."""
+    if isinstance(space, gym.spaces.Dict):
+        return sum(_flat_size(s) for s in space.spaces.values())
+    if isinstance(space, gym.spaces.Tuple):
+        return sum(_flat_size(s) for s in space.spaces)
+    return int(np.prod(space.shape, dtype=np.int64))
+
+
+def _leaves(stacked: Any, space: gym.Space, count: int) -> list[np.ndarray]:
+    """Every entry of a stacked observation as ``[count, elements]`` float32.
+
+    In the order of one agent's ``space``, whatever order the environment's dicts come in.
+    """
+    if isinstance(space, gym.spaces.Dict):
+        return [x for k, s in space.spaces.items() for x in _leaves(stacked[k], s, count)]
+    if isinstance(space, gym.spaces.Tuple):
+        pairs = zip(stacked, space.spaces, strict=True)
+        return [x for v, s in pairs for x in _leaves(v, s, count)]
+    return [np.asarray(stacked, dtype=np.float32).reshape(count, -1)]
