@@ -395,3 +395,20 @@ def test_cli_spawned_workers(tmp_path: Path) -> None:
 def test_cli_torchrun(tmp_path: Path) -> None:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
     _cli(tmp_path, [*torchrun, "--master_port", str(free_port())])
+
+
+def test_cli_spawned_workers_with_several_agents(tmp_path: Path) -> None:
+    """DDP over a multi-agent task: each rank's rows are its environments' agents."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "train.py", "+experiment=mappo_nav_multi", "+debug=smoke",
+         "distributed=ddp", "distributed.workers=2", f"hydra.run.dir={run_dir}",
+         "eval.num_episodes=4"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # global agent-steps: 2 ranks x 4 environments x 2 agents x 16 steps a rollout
+    assert [r["env_step"] for r in records if "charts/SPS" in r] == [256]
+    assert "eval/success/agent_1" in records[-1] and "eval/success" in records[-1]
