@@ -185,3 +185,15 @@ def test_a_centralised_critic_reads_the_state_and_the_actor_does_not() -> None:
     out2, _ = model(changed, starts, model.initial_state(4))
     assert torch.equal(out.dist.logits, out2.dist.logits)  # the actor: the agent's own obs
     assert not torch.equal(out.values, out2.values)  # the critic: the global state
+
+
+def test_an_aec_environment_goes_through_pettingzoos_conversion() -> None:
+    pytest.importorskip("mpe2")
+    aec = {"_target_": "mpe2.simple_spread_v3.env", "_partial_": True, "N": 2, "max_cycles": 5}
+    task = {"_target_": "rl.tasks.pettingzoo.ParallelEnvAdapter", "env": aec}
+    with build_sampler(None, task=task, num_envs=2, seed=0) as sampler:
+        assert isinstance(sampler, AgentRows) and sampler.num_envs == 4
+        step = sampler.reset()
+        for _ in range(5):
+            step = sampler.step(np.zeros(4, dtype=np.int64))
+        assert step["truncated"].all() and len(finished_episodes(step)) == 2
