@@ -7,8 +7,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+import rl.engine.run
+from rl.utils.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -157,11 +161,23 @@ def test_wandb_offline_run_file_holds_metrics_and_config(tmp_path: Path) -> None
         ),
     ],
 )
-def test_bad_config_fails_before_training(tmp_path: Path, override: str, named: str) -> None:
-    """Refused before anything starts: the message alone, and no run folder left behind."""
-    run_dir, proc = train(tmp_path, *override.split())
+def test_bad_config_fails_before_training(
+    tmp_path: Path, override: str, named: str, compose_cfg: Any
+) -> None:
+    """Refused before anything starts, naming the key, and no run folder written (in process:
+    what ``train.py`` runs; its report of the refusal is the next test's)."""
+    cfg = compose_cfg(["+experiment=ppo_nav", "+debug=smoke", *override.split()])
+    with pytest.raises(ConfigError) as refused:
+        rl.engine.run.train(cfg)
+    assert named in str(refused.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_py_reports_a_refused_config_alone(tmp_path: Path) -> None:
+    """``train.py``: the message alone on stderr (no traceback), exit 1, no run folder left."""
+    run_dir, proc = train(tmp_path, "model.rnn=transformer")
     assert proc.returncode == 1
-    assert named in proc.stderr
+    assert "model.rnn: expected one of gru, lstm, got 'transformer'" in proc.stderr
     assert proc.stderr.startswith("error: "), proc.stderr
     assert "Traceback" not in proc.stderr
     assert not run_dir.exists()

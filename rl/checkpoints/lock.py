@@ -49,6 +49,7 @@ class RunLock:
         self.path = self.run_dir / LOCK_NAME
         self.purpose = purpose
         self._fd: int | None = None
+        self.created_folder = False  # this lock made the run folder (it did not exist)
 
     @property
     def held(self) -> bool:
@@ -63,6 +64,7 @@ class RunLock:
         """
         if self._fd is not None:
             return self
+        self.created_folder = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # never through a link
         try:
@@ -98,6 +100,27 @@ class RunLock:
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)  # closing the only descriptor of the open file drops the flock
+
+    def discard_unused_folder(self) -> bool:
+        """Remove the run folder this lock created when nothing but the lock is in it.
+
+        For a run refused after it took its folder (a task or a policy that cannot be built):
+        no empty folder is left behind. A folder that existed before, or holds anything else,
+        is left as it is.
+
+        Returns:
+            Whether the folder was removed.
+        """
+        if not (self.held and self.created_folder):
+            return False
+        try:
+            if [p.name for p in self.run_dir.iterdir()] == [LOCK_NAME]:
+                self.path.unlink()
+                self.run_dir.rmdir()
+                return True
+        except OSError:
+            pass  # something appeared meanwhile: leave the folder
+        return False
 
     def __enter__(self) -> RunLock:
         return self.acquire()

@@ -185,6 +185,12 @@ def _train(
         return _train_body(start, ctx, checked)
     except (TrainingStopped, KeyboardInterrupt):
         raise
+    except ConfigError as e:
+        # Refused before anything was written (a task or policy that cannot be built): no
+        # folder left behind, as train.py's report does for Hydra's.
+        if start.lock is None or not start.lock.discard_unused_folder():
+            log_fatal(log, e, "training failed")
+        raise
     except Exception as e:
         log_fatal(log, e, "training failed")
         raise
