@@ -190,7 +190,7 @@ def test_unknown_key_is_rejected_by_hydra(tmp_path: Path) -> None:
     assert "Key 'lrr' is not in struct" in proc.stderr
     assert "+pipeline.optimizer.lrr=8" in proc.stderr  # the hint that `+` adds a key
     # ... and with the `+`, the check names the key the optimizer does not accept
-    # (test_bad_config_fails_before_training's case "+pipeline.named_losses.ppo.clip=0.3")
+    # (test_bad_config_fails_before_training, case "+pipeline.optimizer.lrr=8")
 
 
 def test_cfg_job_shows_what_runs(tmp_path: Path) -> None:
