@@ -33,9 +33,13 @@ class TwiceEnv(gym.Env):
     """Observation ``[t / 10]``; ``info["double"] = 2 t / 10``; 7 steps an episode.
 
     Action 1 at an even step gives reward 1 (a little to learn); truncated after 7 steps.
+    ``info["paid"]`` is the step's reward: a transition field, recorded beside the reward.
     """
 
-    step_fields: ClassVar[dict[str, StepField]] = {"twice": StepField("double")}
+    step_fields: ClassVar[dict[str, StepField]] = {
+        "twice": StepField("double"),
+        "paid": StepField("paid", transition=True),
+    }
 
     def __init__(self, *, max_steps: int = 7) -> None:
         self.observation_space = gym.spaces.Box(0.0, 10.0, shape=(1,), dtype=np.float32)
@@ -55,7 +59,7 @@ class TwiceEnv(gym.Env):
         reward = float(int(action) == 1 and self._t % 2 == 0)
         self._t += 1
         obs, info = self._out()
-        return obs, reward, False, self._t >= self.max_steps, info
+        return obs, reward, False, self._t >= self.max_steps, {**info, "paid": reward}
 
 
 class UndeclaredTwiceEnv(TwiceEnv):
@@ -65,13 +69,17 @@ class UndeclaredTwiceEnv(TwiceEnv):
 
 
 class TwiceLoss(Loss):
-    """Check ``batch["twice"]`` against the observation it came with."""
+    """Check ``batch["twice"]`` against the observation it came with, ``batch["paid"]``
+    against the reward of its step."""
 
     def __call__(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
-        """Zero loss with the policy's graph; raises if the field does not line up."""
+        """Zero loss with the policy's graph; raises if a field does not line up."""
         twice, obs = batch["twice"], batch["obs", "obs"][..., 0]
         if twice.shape != obs.shape or not torch.allclose(twice, 2 * obs):
             raise AssertionError("the step field does not line up with its observations")
+        # The reward of every step, episodes' last included (a reset followed those).
+        if not torch.equal(batch["paid"], batch["rewards"]) or not batch["paid"].any():
+            raise AssertionError("the transition field does not line up with its rewards")
         return LossOutput(total=output.values.sum() * 0.0, terms={"fields_checked": 1.0})
 
 
@@ -102,7 +110,10 @@ def test_a_tasks_own_field_reaches_a_users_loss(compose_cfg, collector, declared
     if declared == "config":
         task = {
             "_target_": "tests.test_step_fields.UndeclaredTwiceEnv",
-            "step_fields": {"twice": {"info": "double", "dtype": "float32"}},
+            "step_fields": {
+                "twice": {"info": "double", "dtype": "float32"},
+                "paid": {"info": "paid", "transition": True},
+            },
         }
     with open_dict(cfg):
         cfg.task = task
@@ -117,7 +128,7 @@ def test_samplers_carry_a_field_with_its_observation(sampler) -> None:
         kwargs.update(num_processes=2, mp_start_method="fork")
     cls = SerialSampler if sampler == "serial" else MultiprocessSampler
     with cls(**kwargs) as s:
-        assert set(s.step_fields) == {"twice"}
+        assert set(s.step_fields) == {"twice", "paid"}
         step = s.reset()
         assert torch.equal(step["twice"], 2 * step["obs", "obs"][:, 0]), step
         truncations = 0

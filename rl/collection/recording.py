@@ -62,7 +62,10 @@ class RolloutRecorder:
         storage: The rollout storage, reset for this rollout.
         request: The rollout's settings (teacher forcing).
         carry: Where the last rollout left off.
-        field_names: The task's step fields (the sampler's ``step_fields``).
+        field_names: The task's step fields (the sampler's ``step_fields``) that come with an
+            observation: recorded beside the action taken on it.
+        transition_names: Its transition fields (``StepField.transition``): recorded with the
+            step that reported them, beside its reward.
         device: Where the model and the storage live.
         normalizer: Observation and reward normalisation (None: none).
         preemption: A rule that may end the rollout early (None: none).
@@ -77,11 +80,13 @@ class RolloutRecorder:
         carry: Carry,
         field_names: list[str],
         device: torch.device,
+        transition_names: list[str] | None = None,
         normalizer: Normalizer | None = None,
         preemption: Preemption | None = None,
     ) -> None:
         self.model, self.storage, self.request = model, storage, request
         self.field_names, self.device = field_names, device
+        self.transition_names = list(transition_names or [])
         self.normalizer, self.preemption = normalizer, preemption
         self.state, self.starts, self.returns = carry.state, carry.episode_starts, carry.returns
         self.obs = obs_on(carry.step, device)
@@ -152,6 +157,8 @@ class RolloutRecorder:
         if self.returns is not None and self.normalizer is not None:  # ALGO: VecNormalize's
             rewards, self.returns = self.normalizer.rewards(rewards, self.returns, starts)
         fields.update(rewards=rewards, terminated=terminated, truncated=truncated)
+        for key in self.transition_names:  # a value of this step, like its reward
+            fields[key] = _on(result.get(key), self.device)
         # The state after the step is the one before the next observation: truncated-BPTT
         # chunks start from it.
         self.storage.insert(fields, next_policy_obs, self.state)

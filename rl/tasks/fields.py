@@ -64,8 +64,10 @@ class StepField:
         missing: The value recorded where ``info`` lacks the key.
         transition: Read from the ``info`` of the step itself, even where the episode ended
             and the sampler reset the environment (a value of the transition, like the reward:
-            a multi-agent task's per-agent rewards); ``missing`` after a reset. By default a
-            field comes with the observation, from the reset's ``info`` for an episode's first.
+            a multi-agent task's per-agent rewards), and recorded with that step, beside its
+            reward; ``missing`` after a reset. By default a field comes with the observation
+            (from the reset's ``info`` for an episode's first) and is recorded beside the
+            action taken on it.
     """
 
     info: str
