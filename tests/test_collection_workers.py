@@ -10,6 +10,7 @@ find it and leave it running. The CLI tests start their own.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import secrets
 import shutil
@@ -77,26 +78,51 @@ def make_set(
 
 
 # ----------------------------------------------------------------- sync and async
-# MAPPO on MPE's simple_spread (3 agents a environment: 12 rows), short episodes.
+# MAPPO on MPE's simple_spread (3 agents a environment: 12 rows), short episodes, normalised
+# values (their statistics travel to the workers with the weights).
 SMOKE_AGENTS = [
     "+experiment=mappo_mpe",
+    "+debug=smoke",
+    "+task.env.max_cycles=10",
+    "eval.num_episodes=0",
+    "model.value_norm=true",
+]
+# Two agents of different kinds, one policy each (speaker and listener).
+SMOKE_GROUPS = [
+    "+experiment=mappo_speaker_listener",
     "+debug=smoke",
     "task.env.max_cycles=10",
     "eval.num_episodes=0",
 ]
+SMOKES = {"one_agent": SMOKE, "three_agents": SMOKE_AGENTS, "two_groups": SMOKE_GROUPS}
 
 
-@pytest.mark.parametrize("task", ["one_agent", "three_agents"])
+@pytest.mark.parametrize("task", list(SMOKES))
 def test_one_sync_worker_trains_bitwise_like_local_collection(
     backend: str, task: str, compose_cfg: Any, tmp_path: Path
 ) -> None:
-    smoke = SMOKE if task == "one_agent" else SMOKE_AGENTS
+    smoke = SMOKES[task]
     run.train(compose_cfg([*smoke, f"output_dir={tmp_path / 'local'}"], set_output_dir=False))
     workers = [f"collector={backend}", "collector.num_workers=1", "collector.mode=sync"]
     run.train(
         compose_cfg([*smoke, *workers, f"output_dir={tmp_path / backend}"], set_output_dir=False)
     )
     assert same_weights(final_weights(tmp_path / "local"), final_weights(tmp_path / backend))
+
+
+def test_async_workers_collect_for_groups_of_agents(compose_cfg: Any, tmp_path: Path) -> None:
+    """Two asynchronous process workers, agents of two kinds: every agent's episodes counted."""
+    async_workers = ["collector=process", "collector.num_workers=2", "collector.mode=async"]
+    cfg = compose_cfg([*SMOKE_GROUPS, *async_workers, "eval.num_episodes=4"])
+    run.train(cfg)
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    final = [r for r in rows if "eval/return/listener_0" in r][-1]
+    assert final["eval/return/speaker_0"] == final["eval/return/listener_0"]  # a team reward
+    lags = [r["collection/policy_lag"] for r in rows if "collection/policy_lag" in r]
+    assert lags and max(lags) >= 0.5  # rollouts collected while the learner updated
+    assert latest_checkpoint(tmp_path / "run") is not None
 
 
 def test_two_sync_workers_are_reproducible(

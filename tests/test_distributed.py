@@ -404,7 +404,7 @@ def test_cli_spawned_workers_with_several_agents(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "train.py", "+experiment=mappo_nav_multi", "+debug=smoke",
          "distributed=ddp", "distributed.workers=2", f"hydra.run.dir={run_dir}",
-         "eval.num_episodes=4"],
+         "eval.num_episodes=4", "model.value_norm=true"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

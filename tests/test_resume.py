@@ -41,7 +41,7 @@ from rl.models import ActorCritic, build_policy
 from rl.pipeline import LinearDecay, PipelineStage, TrainingPipeline
 from rl.sampling import SerialSampler
 from rl.sampling.agents import agent_rows
-from rl.tasks import build_env, task_spaces
+from rl.tasks import build_env, task_layout, task_spaces
 from rl.training import (
     EXIT_REQUEUE,
     EXIT_SIGTERM,
@@ -89,16 +89,25 @@ def make_pipeline() -> TrainingPipeline:
     )
 
 
-def make_trainer(tmp_path: Path, sampler: SerialSampler, callbacks=()) -> OnPolicyTrainer:
+def make_trainer(
+    tmp_path: Path, sampler: SerialSampler, callbacks=(), groups: dict | None = None
+) -> OnPolicyTrainer:
+    """The resume tests' trainer; ``groups``: a task with groups of agents, one policy each."""
     torch.manual_seed(0)
-    model = ActorCritic(
-        observation_space=sampler.observation_space,
-        action_space=sampler.action_space,
-        cnn_channels=[8],
-        trunk_layers=[32],
-        rnn="gru",
-        rnn_hidden_size=16,
-    )
+    if groups is not None:
+        layout = task_layout(groups)  # one GRU policy per group, learning normalised values
+        model = build_policy(
+            GROUPED, layout.observation_space, layout.action_space, groups=layout.groups
+        )
+    else:
+        model = ActorCritic(
+            observation_space=sampler.observation_space,
+            action_space=sampler.action_space,
+            cnn_channels=[8],
+            trunk_layers=[32],
+            rnn="gru",
+            rnn_hidden_size=16,
+        )
     return OnPolicyTrainer(
         model=model,
         pipeline=make_pipeline(),
@@ -118,9 +127,17 @@ AGENTS = {
     "env": {"_target_": "rl.tasks.toy_agents.CueAgents", "_partial_": True,
             "lifetimes": [2, 5], "max_cycles": 7},
 }  # fmt: skip
+# Agents of two kinds (cues of 2 and 3 values), one policy each.
+GROUPS = {**AGENTS, "env": {**AGENTS["env"], "choices": [2, 3]}, "groups": "prefix"}
+GROUPED = {
+    "_target_": "rl.models.GroupedPolicy", "_partial_": True,
+    "policy": {"_target_": "rl.models.ActorCritic", "_partial_": True, "cnn_channels": [],
+               "trunk_layers": [16], "rnn": "gru", "rnn_hidden_size": 8, "value_norm": True},
+}  # fmt: skip
 SAMPLERS = {
     "one_agent": lambda: SerialSampler(task=SMALL, num_envs=4, seed=3),
     "two_agents": lambda: agent_rows(SerialSampler(task=AGENTS, num_envs=2, seed=3)),
+    "two_groups": lambda: agent_rows(SerialSampler(task=GROUPS, num_envs=2, seed=3)),
 }
 
 
@@ -128,16 +145,17 @@ SAMPLERS = {
 def test_interrupted_and_resumed_run_is_bitwise_equal_to_uninterrupted(
     tmp_path: Path, agents: str
 ) -> None:
-    if agents == "two_agents":
+    if agents != "one_agent":
         pytest.importorskip("pettingzoo")
+    groups = GROUPS if agents == "two_groups" else None
     with SAMPLERS[agents]() as sampler:
-        reference = make_trainer(tmp_path / "a", sampler)
+        reference = make_trainer(tmp_path / "a", sampler, groups=groups)
         reference.train()
     # Stop mid-stage (step 64, episodes in flight) and resume twice more, past the stage switch.
     for stop in (64, 128, None):
         with SAMPLERS[agents]() as sampler:
             callbacks = [StopAt(stop)] if stop else []
-            trainer = make_trainer(tmp_path / "b", sampler, callbacks)
+            trainer = make_trainer(tmp_path / "b", sampler, callbacks, groups=groups)
             found = list_checkpoints(tmp_path / "b")
             if found:
                 trainer.load_state_dict(load_checkpoint(found[-1]))

@@ -21,6 +21,8 @@ from rl.checkpoints.errors import CheckpointError, UntrustedCheckpointError
 
 # A config group or option name: path segments of letters, digits, ``_``, ``-`` and ``.``.
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")
+# A group chosen in an option's own defaults list, at a package of its own: ``model@model.policy``.
+_PACKAGE_RE = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
 _PROJECT_CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
@@ -40,14 +42,22 @@ def saved_choices(value: Any, where: str) -> dict[str, str] | None:
     for group, option in value.items():
         if option is None:
             continue
-        if not all(isinstance(s, str) and _NAME_RE.match(s) and ".." not in s
-                   for s in (group, option)):  # fmt: skip
+        if not _is_choice(group, option):
             raise UntrustedCheckpointError(
                 f"{where}: config group choice {group!r}: {option!r} is not a group and option "
                 "name"
             )
         out[group] = option
     return out
+
+
+def _is_choice(group: Any, option: Any) -> bool:
+    """Whether ``group: option`` names a config group (at a package of its own) and an option."""
+    if not (isinstance(group, str) and isinstance(option, str)):
+        return False
+    name, at, package = group.partition("@")
+    names = all(_NAME_RE.match(s) and ".." not in s for s in (name, option))
+    return names and (not at or _PACKAGE_RE.match(package) is not None)
 
 
 def ordered_choices(choices: Any, overrides: Any) -> dict[str, str] | None:
@@ -149,7 +159,8 @@ class ConfigTree:
             for group, option in (choices or {}).items():  # (in the order they were typed)
                 # Every choice is passed, defaults too: an experiment may override a group
                 # that the run then set back to its default.
-                options = gh.config_loader().get_group_options(group)
+                # (a group at a package of its own, model@model.policy: the group's options)
+                options = gh.config_loader().get_group_options(group.partition("@")[0])
                 if option not in options:
                     if defaults.get(group) == option:
                         continue  # an optional default the tree lacks (``optional local``)
@@ -157,9 +168,10 @@ class ConfigTree:
                         f"{where}: the run used {group}={option}, which your config tree has no "
                         f"option for ({', '.join(options) or 'no such group'})"
                     )
-                (replaced if group in defaults else appended).append(
-                    f"{group}={option}" if group in defaults else f"+{group}={option}"
-                )
+                if group in defaults or "@" in group:  # (the latter in an option's defaults)
+                    replaced.append(f"{group}={option}")
+                else:
+                    appended.append(f"+{group}={option}")
             cfg = compose(self.config_name, [*appended, *replaced], return_hydra_config=True)
             used = run_choices(cfg) or {}
             raw = OmegaConf.to_container(cfg, resolve=False)

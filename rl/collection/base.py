@@ -22,6 +22,7 @@ from rl.pipeline.schedules import Schedule
 from rl.sampling.base import EpisodeRecord
 from rl.sampling.factory import sampler_num_envs
 from rl.storage.rollout import RolloutStorage
+from rl.tasks.agents import AgentGroup
 from rl.tasks.factory import task_spaces
 
 
@@ -42,6 +43,8 @@ class CollectionSpec:
         spaces: The task's flat observation space and its action space, read once by the run
             (None: read from the task where needed, by building one environment).
         agents: Agents per environment (a multi-agent task's: each is a row of the batch).
+        groups: A multi-agent task's groups of agents, one policy each
+            (:attr:`rl.tasks.TaskLayout.groups`; None: one policy for all).
     """
 
     task: dict[str, Any]
@@ -53,6 +56,7 @@ class CollectionSpec:
     normalize: dict[str, Any] | None = None
     spaces: tuple[gym.spaces.Dict, gym.Space] | None = None
     agents: int = 1
+    groups: tuple[AgentGroup, ...] | None = None
 
     def task_spaces(self) -> tuple[gym.spaces.Dict, gym.Space]:
         """The task's flat observation space and action space (``spaces``, else the task's)."""

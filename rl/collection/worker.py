@@ -136,7 +136,7 @@ class CollectionWorker:
         self.shared = SharedBuffers() if shared_memory and not compress else None
         self.num_envs, self.env_offset = num_envs, env_offset
         set_seed(spec.seed)
-        self.model = build_policy(spec.model, *spec.task_spaces())
+        self.model = build_policy(spec.model, *spec.task_spaces(), groups=spec.groups)
         if index:
             set_seed(spec.seed + index)
         self.stop_request = None if min_rollout_frac is None else StopRequest(min_rollout_frac)
@@ -228,7 +228,9 @@ class CollectionWorker:
             )
         if name == "policy":
             self.spec = dataclasses.replace(self.spec, model=dict(config))
-            self.model = build_policy(self.spec.model, *self.spec.task_spaces())
+            self.model = build_policy(
+                self.spec.model, *self.spec.task_spaces(), groups=self.spec.groups
+            )
             self.collector.replace_policy(self.model)
             return
         self.spec = self.spec.with_task(config)

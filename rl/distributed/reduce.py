@@ -98,20 +98,19 @@ def average_gradients(params: Iterable[torch.nn.Parameter], batch_size: float) -
     return float(total)
 
 
-def advantage_stats(
-    advantages: torch.Tensor, weights: torch.Tensor | None = None
-) -> tuple[float, float, int]:
-    """Mean, standard deviation (unbiased, as ``Tensor.std``) and count over all ranks.
+def weighted_moments(
+    x: torch.Tensor, weights: torch.Tensor | None = None
+) -> tuple[float, float, float]:
+    """``(sum, sum of squares, count)`` of ``x`` over all ranks, in float64.
 
-    One all-reduce of the sum, the sum of squares and the count (float64), so the result
-    equals the statistics of the concatenated advantages of every rank.
+    One all-reduce, so the result is that of the concatenated ``x`` of every rank.
 
     Args:
-        advantages: This rank's advantages (any shape).
+        x: This rank's values (any shape).
         weights: 0 for steps that do not count (agents out of their episode), 1 for the
-            others, shaped like ``advantages`` (None: all count).
+            others, shaped like ``x`` (None: all count).
     """
-    a = advantages.detach().to(torch.float64)
+    a = x.detach().to(torch.float64)
     if weights is None:
         count = torch.tensor(float(a.numel()), device=a.device, dtype=torch.float64)
     else:
@@ -122,6 +121,22 @@ def advantage_stats(
         values = values.to(_reduce_device(a.device))
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
     total, total_sq, count = (float(v) for v in values.cpu())
+    return total, total_sq, count
+
+
+def advantage_stats(
+    advantages: torch.Tensor, weights: torch.Tensor | None = None
+) -> tuple[float, float, int]:
+    """Mean, standard deviation (unbiased, as ``Tensor.std``) and count over all ranks.
+
+    The statistics of the concatenated advantages of every rank (:func:`weighted_moments`).
+
+    Args:
+        advantages: This rank's advantages (any shape).
+        weights: 0 for steps that do not count (agents out of their episode), 1 for the
+            others, shaped like ``advantages`` (None: all count).
+    """
+    total, total_sq, count = weighted_moments(advantages, weights)
     mean = total / count
     var = (total_sq - count * mean * mean) / max(count - 1.0, 1.0)
     return mean, max(var, 0.0) ** 0.5, int(count)

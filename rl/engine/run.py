@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import hydra.utils
 import torch
 import yaml
@@ -42,7 +41,7 @@ from rl.losses.auxiliary import bind_losses, loss_modules
 from rl.models.factory import build_policy
 from rl.pipeline.stages import TrainingPipeline
 from rl.sampling.factory import sampler_num_envs
-from rl.tasks.factory import task_id, task_layout
+from rl.tasks.factory import TaskLayout, task_id, task_layout
 from rl.training.callbacks import Callback
 from rl.training.state import RunRecord
 from rl.training.stopping import StopAgreement, TrainingStopped, stop_on_signals
@@ -215,7 +214,6 @@ def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dic
         # A task whose spaces no policy can take is a refused config: found before the run
         # folder is written (SpaceError is a ConfigError).
         layout = task_layout(cfg["task"])
-        spaces = (layout.observation_space, layout.action_space)
         device = torch.device(run.device) if ctx is None else ctx.device
         log.info(
             "torch threads: %d (torch_threads=%s)",
@@ -226,11 +224,11 @@ def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dic
         pipeline: TrainingPipeline = hydra.utils.instantiate(cfg["pipeline"])
         # A policy whose outputs break the protocol is a refused config as well (checked by
         # build_policy on a small batch): found before the run folder is written.
-        model = build_policy(cfg["model"], *spaces).to(device)
+        model = build_policy(cfg["model"], *layout.spaces, groups=layout.groups).to(device)
         # Auxiliary losses' heads, sized from the policy (before the per-rank seeds: every
         # rank builds the same heads); a feature the policy lacks is a refused config
         # (LossBindError), found before the run folder is written.
-        bind_losses(pipeline.used_losses, model, *spaces)
+        bind_losses(pipeline.used_losses, model, *layout.spaces)
         if main:
             output_dir.mkdir(parents=True, exist_ok=True)
             log.info("run folder: %s", output_dir)
@@ -243,8 +241,9 @@ def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dic
             seed=run.seed,
             env_offset=env_offset,
             total_envs=total_envs,
-            spaces=spaces,  # (read once: no collector builds an environment for them)
+            spaces=layout.spaces,  # (read once: no collector builds an environment for them)
             agents=layout.agents,
+            groups=layout.groups,
         )
         collector: Collector = hydra.utils.instantiate(cfg["collector"])(
             spec=spec, model=model, device=device, dist=ctx
@@ -266,7 +265,7 @@ def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dic
             run=RunRecord(cfg, start.choices, logger.run_id or start.wandb_run_id),
             device=device,
             seed=run.seed,
-            callbacks=_callbacks(cfg, run, logger, device, stack, spaces) if main else [],
+            callbacks=_callbacks(cfg, run, logger, device, stack, layout) if main else [],
             dist=ctx,
             stop=stop,
         )
@@ -352,7 +351,7 @@ def _callbacks(
     logger: MetricsLogger,
     device: torch.device,
     stack: contextlib.ExitStack,
-    spaces: tuple[gym.spaces.Dict, gym.Space],
+    layout: TaskLayout,
 ) -> list[Callback]:
     """The trainer callbacks the config asks for (closed with ``stack``), in calling order.
 
@@ -383,7 +382,7 @@ def _callbacks(
             model=cfg["model"],
             logger=logger,
             device=device,
-            spaces=spaces,
+            layout=layout,
         )
         stack.callback(background.close)
         callbacks.append(background)

@@ -44,13 +44,15 @@ def load_trained_policy(
     model: Policy | None = None,
     model_config: Mapping[str, Any] | None = None,
     device: torch.device | str = "cpu",
+    groups: Sequence[Any] | None = None,
 ) -> tuple[Policy, Normalizer | None]:
     """A checkpoint's policy with its weights, and its observation normalisation (frozen).
 
     The one way every user of a trained policy (evaluation, validation, the inference agent,
     export) gets it from a loaded checkpoint ``state``: ``model`` reused (a cache's, the
     validation process's) or built from ``model_config`` for ``spaces`` (the task's flat
-    observation space and its action space), then the weights loaded.
+    observation space and its action space; ``groups``: a task's groups of agents, one
+    policy each), then the weights loaded.
 
     Raises:
         CheckpointError: The weights do not fit the model, or the statistics are malformed
@@ -59,7 +61,7 @@ def load_trained_policy(
     if model is None:
         if model_config is None:
             raise ValueError("load_trained_policy: give the model or its config")
-        model = build_policy(dict(model_config), *spaces).to(device)  # type: ignore[attr-defined]
+        model = build_policy(dict(model_config), *spaces, groups=groups).to(device)  # type: ignore[attr-defined]
     try:
         model.load_state_dict(state["model"])  # type: ignore[union-attr]
     except (KeyError, RuntimeError) as e:

@@ -49,7 +49,7 @@ from rl.evaluation.selection import (
 )
 from rl.evaluation.settings import EvaluateSettings
 from rl.models.policy import Policy
-from rl.tasks.factory import task_spaces, with_split
+from rl.tasks.factory import TaskLayout, task_layout, with_split
 from rl.utils.config import ConfigError, load_section
 from rl.utils.files import write_atomic
 from rl.utils.threads import set_torch_threads
@@ -75,7 +75,7 @@ class _ModelCache:
         self._configs: dict[Path, dict[str, Any]] = {}
         self._rebuilt: dict[str, dict[str, Any]] = {}
         self._models: dict[str, Policy] = {}
-        self._spaces: dict[str, Any] = {}
+        self._layouts: dict[str, TaskLayout] = {}
 
     def config(self, ref: CheckpointRef, state: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The checkpoint's training config, rebuilt on the user's config tree."""
@@ -98,11 +98,13 @@ class _ModelCache:
         state = load_checkpoint(ref.path, map_location=self.device)
         train_cfg = self.config(ref, state)
         key = json.dumps([train_cfg["model"], train_cfg["task"]], sort_keys=True, default=str)
-        if key not in self._spaces:  # (spaces read once per distinct task)
-            self._spaces[key] = task_spaces(train_cfg["task"])
+        if key not in self._layouts:  # (spaces read once per distinct task)
+            self._layouts[key] = task_layout(train_cfg["task"])
+        layout = self._layouts[key]
         model, normalizer = load_trained_policy(
-            state, ref.path, self._spaces[key], model=self._models.get(key),
-            model_config=train_cfg["model"], device=self.device,
+            state, ref.path, layout.spaces,
+            model=self._models.get(key), model_config=train_cfg["model"], device=self.device,
+            groups=layout.groups,
         )  # fmt: skip
         self._models[key] = model
         return model, train_cfg, normalizer

@@ -31,7 +31,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import torch
 
 from rl.checkpoints.files import list_checkpoints, load_checkpoint, parse_checkpoint_name
@@ -40,7 +39,7 @@ from rl.evaluation.inference import load_trained_policy
 from rl.evaluation.settings import ValidSettings
 from rl.loggers.base import MetricsLogger
 from rl.models.factory import build_policy
-from rl.tasks.factory import task_spaces, with_split
+from rl.tasks.factory import TaskLayout, task_layout, with_split
 from rl.training.callbacks import Callback, RolloutInfo
 from rl.training.trainer import OnPolicyTrainer
 from rl.utils.files import write_atomic
@@ -70,16 +69,17 @@ def _validation_main(
     model_cfg: dict[str, Any],
     settings: dict[str, Any],
     device: str,
-    spaces: tuple[gym.spaces.Dict, gym.Space] | None,
+    layout: TaskLayout | None,
 ) -> None:
     """Body of the validation process: evaluate each requested checkpoint, in order.
 
-    ``spaces``: the task's, read by the run (None: read here, building one environment).
+    ``layout``: the task's, read by the run (None: read here, building one environment).
     """
     try:
         torch.set_num_threads(int(settings["torch_threads"]))
-        spaces = task_spaces(task) if spaces is None else spaces
-        model = build_policy(model_cfg, *spaces).to(device)
+        layout = task_layout(task) if layout is None else layout
+        spaces = layout.spaces
+        model = build_policy(model_cfg, *spaces, groups=layout.groups).to(device)
         seeds = episode_seed_list(int(settings["num_episodes"]), int(settings["episode_seed"]))
         parent = mp.parent_process()
         while True:
@@ -139,7 +139,7 @@ class BackgroundValidation(Callback):
         model: Mapping[str, Any],
         logger: MetricsLogger,
         device: torch.device | str = "cpu",
-        spaces: tuple[gym.spaces.Dict, gym.Space] | None = None,
+        layout: TaskLayout | None = None,
     ) -> None:
         self.settings = settings
         self.logger = logger
@@ -149,7 +149,7 @@ class BackgroundValidation(Callback):
             dict(model),
             dataclasses.asdict(settings),
             str(device),
-            spaces,
+            layout,
         )
         self.submitted: list[tuple[str, int]] = []
         self.completed: list[tuple[str, int]] = []

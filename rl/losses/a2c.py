@@ -13,6 +13,7 @@ from rl.losses.base import (
     normalized_advantages,
     policy_terms,
     step_weights,
+    value_terms,
     weighted_mean,
 )
 from rl.models.policy import PolicyOutput
@@ -45,7 +46,8 @@ class A2CLoss(Loss):
         logprobs, entropy = policy_terms(output.dist, batch["actions"], weights)
         adv = normalized_advantages(batch) if self.normalize_advantage else batch["advantages"]
         policy_loss = -weighted_mean(logprobs * adv.detach(), weights)
-        value_loss = 0.5 * weighted_mean((output.values - batch["returns"]).pow(2), weights)
+        values, _, returns = value_terms(batch, output)  # (normalised with value normalisation)
+        value_loss = 0.5 * weighted_mean((values - returns).pow(2), weights)
         total = policy_loss + self.value_loss_coef * value_loss - self.entropy_coef * entropy
         return LossOutput(
             total=total,

@@ -93,6 +93,21 @@ def policy_terms(
     return dist.log_prob(actions), weighted_mean(dist.entropy(), weights)
 
 
+def value_terms(
+    batch: TensorDict, output: PolicyOutput
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(values, old values, returns)`` ``[T, n]`` in the units the critic learns in.
+
+    The reward's units, or normalised ones, ``(x - mean) / std``, for a policy with value
+    normalisation (:attr:`~rl.models.PolicyOutput.value_norm`).
+    """
+    values, old, returns = output.values, batch["values"], batch["returns"]
+    if output.value_norm is None:
+        return values, old, returns
+    mean, std = output.value_norm
+    return (values - mean) / std, (old - mean) / std, (returns - mean) / std
+
+
 def normalized_advantages(batch: TensorDict) -> torch.Tensor:
     """Advantages ``[T, n]`` at zero mean and unit std.
 

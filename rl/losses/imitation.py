@@ -12,9 +12,11 @@ from rl.losses.base import (
     LossOutput,
     explained_variance,
     step_weights,
+    value_terms,
     weighted_mean,
 )
-from rl.models.distributions import Categorical
+from rl.models.distributions import ActionDistribution, Categorical
+from rl.models.grouped import GroupedDistribution
 from rl.models.policy import PolicyOutput
 from rl.tasks.fields import EXPERT_ACTIONS
 from rl.utils.config import Check
@@ -43,7 +45,7 @@ class ImitationLoss(Loss):
 
     def __call__(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
         """Cross-entropy on ``batch["expert_actions"]`` ``[T, n]`` (-1: none); the value term."""
-        if not isinstance(output.dist, Categorical):
+        if not _discrete(output.dist):
             raise ValueError(
                 "imitation: the expert gives one discrete action per step, but the policy's "
                 f"action distribution is a {type(output.dist).__name__}; imitation needs a "
@@ -88,11 +90,17 @@ class ImitationLoss(Loss):
                 "but this batch has none (an off-policy expert batch?); use value_loss_coef: 0 "
                 "for off-policy imitation"
             )
-        value_loss = 0.5 * weighted_mean(
-            (output.values - batch["returns"]).pow(2), step_weights(batch)
-        )
+        values, _, returns = value_terms(batch, output)  # (normalised with value normalisation)
+        value_loss = 0.5 * weighted_mean((values - returns).pow(2), step_weights(batch))
         out.total = out.total + self.value_loss_coef * value_loss
         out.terms["value_loss"] = value_loss.item()
         out.diagnostics["explained_variance"] = explained_variance(
             batch["values"], batch["returns"]
         )
+
+
+def _discrete(dist: ActionDistribution) -> bool:
+    """Whether ``dist`` is over one discrete action (every group's, for groups of agents)."""
+    if isinstance(dist, GroupedDistribution):
+        return all(isinstance(d, Categorical) for _, d, _ in dist.parts)
+    return isinstance(dist, Categorical)

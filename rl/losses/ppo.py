@@ -13,6 +13,7 @@ from rl.losses.base import (
     normalized_advantages,
     policy_terms,
     step_weights,
+    value_terms,
     weighted_mean,
     weighted_var,
 )
@@ -64,7 +65,6 @@ class PPOLoss(Loss):
         weights = step_weights(batch)  # None but for agents out of their episode
         logprobs, entropy = policy_terms(output.dist, batch["actions"], weights)
         adv = normalized_advantages(batch) if self.normalize_advantage else batch["advantages"]
-        old_values, returns = batch["values"], batch["returns"]
 
         logratio = logprobs - batch["logprobs"]
         ratio = logratio.exp()
@@ -72,7 +72,8 @@ class PPOLoss(Loss):
         surr2 = ratio.clamp(1.0 - clip, 1.0 + clip) * adv
         policy_loss = -weighted_mean(torch.min(surr1, surr2), weights)
 
-        values = output.values
+        # (in normalised units for a policy with value normalisation)
+        values, old_values, returns = value_terms(batch, output)
         if self.use_clipped_value_loss:
             v_clipped = old_values + (values - old_values).clamp(-clip, clip)
             worst = torch.max((values - returns).pow(2), (v_clipped - returns).pow(2))
@@ -91,8 +92,8 @@ class PPOLoss(Loss):
                     weighted_mean(ratio_change - logratio, weights),  # approx_kl
                     weighted_mean(-logratio, weights),  # old_approx_kl
                     weighted_mean((ratio_change.abs() > clip).float(), weights),  # clipfrac
-                    weighted_var(returns, weights),  # explained variance's parts
-                    weighted_var(returns - old_values, weights),
+                    weighted_var(batch["returns"], weights),  # explained variance's parts
+                    weighted_var(batch["returns"] - batch["values"], weights),
                 ]
             ).tolist()
         var_returns, var_residual = logged[6], logged[7]

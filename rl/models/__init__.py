@@ -9,8 +9,10 @@ from rl.models.distributions import (
     MultiCategorical,
 )
 from rl.models.factory import build_policy
+from rl.models.grouped import GroupedDistribution, GroupedPolicy
 from rl.models.lstm import lstm_sequence
 from rl.models.policy import Policy, PolicyBase, PolicyOutput, PolicyStep, empty_state
+from rl.models.value_norm import ValueNorm
 
 __all__ = [
     "ActionDistribution",
@@ -18,11 +20,14 @@ __all__ = [
     "ActorCritic",
     "Categorical",
     "DiagGaussian",
+    "GroupedDistribution",
+    "GroupedPolicy",
     "MultiCategorical",
     "Policy",
     "PolicyBase",
     "PolicyOutput",
     "PolicyStep",
+    "ValueNorm",
     "build_policy",
     "empty_state",
     "lstm_sequence",

@@ -42,6 +42,7 @@ from rl.models.encoders import ACTIVATIONS, ImageEncoder, init_layer, mlp, recur
 from rl.models.gru import gru_sequence
 from rl.models.lstm import lstm_sequence
 from rl.models.policy import PolicyBase, PolicyOutput, PolicyStep, empty_state
+from rl.models.value_norm import ValueNorm
 from rl.utils.config import Check
 
 RNNS = ("gru", "lstm")
@@ -73,6 +74,10 @@ class ActorCritic(PolicyBase):
             reads a multi-agent task's global ``state`` (MAPPO) while the actor sees only the
             agent's own entries. Empty: actor and critic share the features.
         critic_layers: Hidden sizes of that critic network.
+        value_norm: The critic learns values in normalised units (MAPPO's value
+            normalisation, :mod:`rl.models.value_norm`); its values are returned in the
+            reward's units all the same.
+        value_norm_beta: Decay of the normalisation's moving averages, once a rollout.
     """
 
     def __init__(
@@ -95,6 +100,8 @@ class ActorCritic(PolicyBase):
         ignore_keys: Sequence[str] = (),
         critic_keys: Sequence[str] = (),
         critic_layers: Sequence[int] = (64, 64),
+        value_norm: bool = False,
+        value_norm_beta: Annotated[float, Check(gt=0)] = 0.99999,
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -140,6 +147,13 @@ class ActorCritic(PolicyBase):
             self.critic, c_feat = mlp(feat, head_layers, activation)
         self.actor_out = ActionHead(action_space, a_feat, log_std_init)
         self.critic_out = init_layer(nn.Linear(c_feat, 1), gain=1.0)
+        self.value_norm = ValueNorm(value_norm_beta) if value_norm else None
+
+    def value_norms(
+        self, obs: Mapping[str, torch.Tensor]
+    ) -> list[tuple[ValueNorm, torch.Tensor | None]]:
+        """The value normalisation's statistics (every row's), or none."""
+        return [] if self.value_norm is None else [(self.value_norm, None)]
 
     @staticmethod
     def _check_critic_keys(space: gym.spaces.Dict, keys: Sequence[str]) -> list[str]:
@@ -165,7 +179,10 @@ class ActorCritic(PolicyBase):
         """The critic's values ``[lead, 1]`` from the heads' input ``x`` (or its own entries)."""
         if self.critic_keys:
             x = self._critic_input(obs, x.shape[0])
-        return self.critic_out(self.critic(x))  # type: ignore[no-any-return]
+        values = self.critic_out(self.critic(x))
+        if self.value_norm is not None:  # learnt in normalised units
+            values = self.value_norm.denormalize(values)
+        return values  # type: ignore[no-any-return]
 
     def _build_encoders(self, observation_space: gym.spaces.Dict, cnn: dict[str, Any]) -> int:
         """One encoder (or encoding) per observation entry of :attr:`keys`; their feature size.
@@ -304,7 +321,8 @@ class ActorCritic(PolicyBase):
         dist = self.actor_out(self.actor(x).view(t_len, n, -1))
         values = self._values(x, obs).view(t_len, n)
         extras = {k: v.view(t_len, n, -1) for k, v in features.items()}
-        return PolicyOutput(dist=dist, values=values, extras=extras), state
+        norm = None if self.value_norm is None else self.value_norm.stats()
+        return PolicyOutput(dist=dist, values=values, extras=extras, value_norm=norm), state
 
     def _features(
         self,

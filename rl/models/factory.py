@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -14,13 +15,19 @@ from rl.models.policy import Policy
 
 
 def build_policy(
-    model_cfg: Mapping[str, Any], observation_space: gym.spaces.Dict, action_space: gym.Space
+    model_cfg: Mapping[str, Any],
+    observation_space: gym.spaces.Dict,
+    action_space: gym.Space,
+    *,
+    groups: Sequence[Any] | None = None,
 ) -> Any:
     """Instantiate a model config (a ``_partial_`` ``_target_``) for the given spaces.
 
     The one way every part of the framework builds a policy (training, collection workers,
     validation, evaluation, inference). Callers get the spaces of a task with
     :func:`rl.tasks.task_spaces`: ``build_policy(cfg["model"], *task_spaces(cfg["task"]))``.
+    A multi-agent task with groups of agents (:attr:`rl.tasks.TaskLayout.groups`) passes
+    ``groups`` too: the policy takes them (:class:`~rl.models.grouped.GroupedPolicy`).
 
     Raises:
         TypeError: The target did not build a ``torch.nn.Module`` implementing
@@ -29,9 +36,18 @@ def build_policy(
             (:class:`~rl.models.checks.PolicyShapeError`, naming the output: checked once, on
             a small batch, by :func:`~rl.models.checks.check_policy`).
     """
-    policy = hydra.utils.instantiate(dict(model_cfg))(
-        observation_space=observation_space, action_space=action_space
-    )
+    build = hydra.utils.instantiate(dict(model_cfg))
+    kwargs: dict[str, Any] = {}
+    if groups:
+        if "groups" not in _parameters(build):
+            names = ", ".join(f"{g.name} (agents {list(g.agents)})" for g in groups)
+            raise ValueError(
+                f"the task has groups of agents with spaces of their own ({names}), one policy "
+                f"each, but model._target_={model_cfg.get('_target_')!r} takes no groups: use "
+                "model=grouped (rl.models.GroupedPolicy)"
+            )
+        kwargs["groups"] = tuple(groups)
+    policy = build(observation_space=observation_space, action_space=action_space, **kwargs)
     if not isinstance(policy, nn.Module) or not isinstance(policy, Policy):
         missing = [m for m in ("initial_state", "forward", "act") if not hasattr(policy, m)]
         raise TypeError(
@@ -42,3 +58,11 @@ def build_policy(
         )
     check_policy(policy, observation_space)
     return policy
+
+
+def _parameters(build: Any) -> set[str]:
+    """The keyword parameters ``build`` (a class or a partial of one) takes."""
+    try:
+        return set(inspect.signature(build).parameters)
+    except (TypeError, ValueError):  # (no signature to read: pass nothing more)
+        return set()

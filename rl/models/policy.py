@@ -12,6 +12,11 @@ A policy is a ``torch.nn.Module`` (its ``state_dict`` is the checkpoint's ``mode
   inputs, the state before the first step), resetting its state before every step whose
   ``episode_starts`` is set.
 
+Optionally, a policy whose critic learns normalised values (:mod:`rl.models.value_norm`) has
+``value_norms(obs)``: its :class:`~rl.models.value_norm.ValueNorm` statistics, each with the
+``[T, N]`` mask of the rows whose returns it follows (None: every row); the learner updates them
+with each rollout's returns before the update.
+
 Observations arrive as a mapping of flat entries (:mod:`rl.tasks.spaces`). The action
 distribution follows the action space (:mod:`rl.models.distributions`).
 
@@ -45,11 +50,15 @@ class PolicyOutput:
         values: ``[T, N]`` state-value estimates.
         extras: More outputs ``[T, N, ...]`` by name, for losses of the policy's own (e.g. an
             auxiliary head's predictions); nothing by default.
+        value_norm: ``(mean, std)`` of the value targets, broadcastable to ``values``, for a
+            critic that learns in normalised units (:mod:`rl.models.value_norm`): value losses
+            compare values and returns as ``(x - mean) / std``. None: in the reward's units.
     """
 
     dist: ActionDistribution
     values: torch.Tensor
     extras: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    value_norm: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclasses.dataclass

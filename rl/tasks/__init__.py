@@ -20,7 +20,15 @@ from typing import Any
 
 import gymnasium
 
-from rl.tasks.factory import build_env, dict_space, task_id, task_spaces, with_split
+from rl.tasks.factory import (
+    TaskLayout,
+    build_env,
+    dict_space,
+    task_id,
+    task_layout,
+    task_spaces,
+    with_split,
+)
 from rl.tasks.fields import StepField
 from rl.tasks.gym import make_gym_env  # binds the submodule name `gym` here, hence `gymnasium`
 from rl.tasks.minigrid import make_minigrid_env
@@ -29,6 +37,7 @@ from rl.tasks.nav3d import PointNav3DEnv, RenderingUnavailableError
 from rl.tasks.spaces import SpaceError
 
 __all__ = [
+    "TaskLayout",
     "Actions",
     "PointNav3DEnv",
     "PointNavEnv",
@@ -40,6 +49,7 @@ __all__ = [
     "make_gym_env",
     "make_minigrid_env",
     "task_id",
+    "task_layout",
     "task_spaces",
     "with_split",
 ]

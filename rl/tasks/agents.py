@@ -19,11 +19,21 @@ PettingZoo Parallel environment into such an env. Samplers then present every ag
 the batch (:class:`~rl.sampling.agents.AgentRows`): environment ``e``'s agent ``i`` is row
 ``e * A + i``, and the policy sees one agent's spaces (:func:`unstack_space`), so parameters are
 shared across agents and every loss, storage and collection path works unchanged.
+
+Agents of different kinds (a predator and its prey: observation or action spaces of their
+own) form **groups**, one policy each (:class:`~rl.models.grouped.GroupedPolicy`). Rows stay
+alike: the env declares ``agent_groups`` (:class:`AgentGroup`, in the order of their index),
+each group's observation is an entry ``obs/<group>`` of its own (zeros in the other groups'
+rows), ``agent_group`` (:data:`AGENT_GROUP`) holds each agent's group index, and the rows'
+action space is the groups' union (:func:`union_action_space`: the largest ``Discrete``, or
+``Box`` actions padded with zeros to the longest). :func:`group_layouts` gives each group the
+observation space its policy sees: its own entry as ``obs``, with the entries every group has.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -32,6 +42,10 @@ from rl.tasks.fields import StepField
 
 __all__ = [
     "AGENT_ACTIVE",
+    "AGENT_GROUP",
+    "AgentGroup",
+    "group_layouts",
+    "union_action_space",
     "AGENT_DONE",
     "AGENT_REWARDS",
     "DONE_TERMINATED",
@@ -45,6 +59,8 @@ __all__ = [
 AGENT_REWARDS = "agent_rewards"
 AGENT_DONE = "agent_done"
 AGENT_ACTIVE = "agent_active"
+AGENT_GROUP = "agent_group"  # (rl.models.grouped.GROUP_ENTRY reads it)
+GROUP_OBS = "obs"  # a group's own observation entry: obs/<group>
 DONE_TERMINATED, DONE_TRUNCATED = 1, 2
 
 
@@ -138,3 +154,84 @@ def unstack_space(space: gym.Space) -> gym.Space:
         shape = tuple(np.atleast_1d(space.n)[1:])
         return gym.spaces.MultiBinary(list(shape) if len(shape) > 1 else int(shape[0]))
     raise ValueError(f"{space} is not a space stacked over agents (no leading agent axis)")
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentGroup:
+    """A group of a multi-agent task's agents: one policy for them, with spaces of its own.
+
+    Attributes:
+        name: The group's name (``adversary``).
+        agents: The indices of its agents in the environment.
+        action_space: One agent's action space (the group's own, not the rows' union).
+        observation_space: The flat observation space the group's policy sees (filled by
+            :func:`group_layouts`; None as the environment declares it).
+        entries: ``(policy's key, row's key)`` of each entry of ``observation_space``.
+    """
+
+    name: str
+    agents: tuple[int, ...]
+    action_space: gym.Space
+    observation_space: gym.spaces.Dict | None = None
+    entries: tuple[tuple[str, str], ...] = ()
+
+
+def union_action_space(spaces: Sequence[gym.Space]) -> gym.Space:
+    """The action space of rows of agents with the action ``spaces`` (one per group).
+
+    ``Discrete`` spaces: the largest; 1-D ``Box`` spaces: the longest, the others padded with
+    zeros (bounds widened to hold every group's); any other kind: one space for all.
+
+    Raises:
+        ValueError: Spaces of different kinds, or of one kind that cannot be joined.
+    """
+    first = spaces[0]
+    if all(s == first for s in spaces):
+        return first
+    if all(isinstance(s, gym.spaces.Discrete) and int(s.start) == 0 for s in spaces):
+        return gym.spaces.Discrete(max(int(s.n) for s in spaces))
+    if all(isinstance(s, gym.spaces.Box) and len(s.shape) == 1 for s in spaces):
+        size = max(s.shape[0] for s in spaces)
+        low, high = np.zeros(size, np.float64), np.zeros(size, np.float64)
+        for s in spaces:
+            n = s.shape[0]
+            low[:n], high[:n] = np.minimum(low[:n], s.low), np.maximum(high[:n], s.high)
+        dtype = np.result_type(*(s.dtype for s in spaces))
+        return gym.spaces.Box(low.astype(dtype), high.astype(dtype), dtype=dtype)
+    raise ValueError(
+        f"the agent groups' action spaces cannot share rows: {list(spaces)} (groups may differ "
+        "in the size of a Discrete or a 1-D Box space, not in its kind)"
+    )
+
+
+def group_layouts(
+    groups: Sequence[AgentGroup], observation_space: gym.spaces.Dict
+) -> tuple[AgentGroup, ...]:
+    """``groups`` with the observation space each one's policy sees (one agent's, flat).
+
+    Group ``g`` sees its own entries (``obs/g...`` renamed ``obs...``) and every entry that is
+    no group's (a global ``state``, ``agent_index``), not ``agent_group``.
+
+    Raises:
+        ValueError: A group has no entry of its own in ``observation_space``.
+    """
+    names = {g.name for g in groups}
+    out = []
+    for group in groups:
+        entries: list[tuple[str, str]] = []
+        own = f"{GROUP_OBS}/{group.name}"
+        for key in observation_space.spaces:
+            head, _, rest = key.partition("/")
+            if key == AGENT_GROUP or (head == GROUP_OBS and rest.split("/")[0] in names):
+                if key == own or key.startswith(own + "/"):
+                    entries.append((GROUP_OBS + key[len(own) :], key))
+                continue
+            entries.append((key, key))
+        if not any(row != policy for policy, row in entries):
+            raise ValueError(
+                f"agent group {group.name!r} has no observation entry of its own ({own!r}) "
+                f"among {sorted(observation_space.spaces)}"
+            )
+        space = gym.spaces.Dict({k: observation_space[row] for k, row in entries})
+        out.append(dataclasses.replace(group, observation_space=space, entries=tuple(entries)))
+    return tuple(out)

@@ -17,7 +17,7 @@ from typing import Any
 import gymnasium as gym
 import hydra.utils
 
-from rl.tasks.agents import num_agents, unstack_space
+from rl.tasks.agents import AgentGroup, group_layouts, num_agents, unstack_space
 from rl.tasks.fields import step_fields_of
 from rl.tasks.spaces import check_action_space, flat_observation_space
 
@@ -89,11 +89,20 @@ class TaskLayout:
         action_space: The action space a policy acts in (one agent's).
         agents: Agents per environment (1 for a single-agent task; each is a row of the
             batch, :mod:`rl.tasks.agents`).
+        groups: A multi-agent task's groups of agents with spaces of their own, one policy
+            each (:class:`~rl.tasks.agents.AgentGroup`, with the spaces their policies see);
+            None: one space for all, one shared policy.
     """
 
     observation_space: gym.spaces.Dict
     action_space: gym.Space
     agents: int = 1
+    groups: tuple[AgentGroup, ...] | None = None
+
+    @property
+    def spaces(self) -> tuple[gym.spaces.Dict, gym.Space]:
+        """``(observation_space, action_space)``, as :func:`task_spaces` returns them."""
+        return self.observation_space, self.action_space
 
 
 def task_layout(task: Mapping[str, Any]) -> TaskLayout:
@@ -112,10 +121,15 @@ def task_layout(task: Mapping[str, Any]) -> TaskLayout:
         if agents is None:
             return TaskLayout(observation_space, action_space)
         # A multi-agent task: one agent's spaces (every agent is a row of the batch).
+        row_space = gym.spaces.Dict(
+            {k: unstack_space(s) for k, s in observation_space.spaces.items()}
+        )
+        groups = getattr(env.unwrapped, "agent_groups", None)
         return TaskLayout(
-            gym.spaces.Dict({k: unstack_space(s) for k, s in observation_space.spaces.items()}),
+            row_space,
             unstack_space(action_space),
             agents,
+            group_layouts(groups, row_space) if groups else None,
         )
     finally:
         env.close()
@@ -130,8 +144,7 @@ def task_spaces(task: Mapping[str, Any]) -> tuple[gym.spaces.Dict, gym.Space]:
         SpaceError: An observation entry or an action space policies cannot handle, naming
             the task.
     """
-    layout = task_layout(task)
-    return layout.observation_space, layout.action_space
+    return task_layout(task).spaces
 
 
 def env_name(task: Mapping[str, Any], env: gym.Env) -> str:

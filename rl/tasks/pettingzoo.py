@@ -24,14 +24,18 @@ The inner environment's own per-agent ``step_fields`` (declared as a single-agen
 declares them, :mod:`rl.tasks.fields`, and reported in each agent's ``info``) are stacked over
 the agents: an expert (``expert_actions``) reaches imitation and teacher forcing per agent.
 
-Homogeneous agents only (one observation and one action space for all, as parameter sharing
-needs); per-group policies are not supported yet.
+Agents of different kinds (spaces of their own) form groups (``groups: prefix``: by the name
+before the last ``_``, ``adversary_0`` in ``adversary``; or a mapping of group names to agent
+names), one policy each (``model=grouped``, :class:`~rl.models.grouped.GroupedPolicy`): group
+``g``'s observation is then the entry ``obs/g`` (zeros in the other groups' rows), and
+``agent_group`` holds each agent's group (:mod:`rl.tasks.agents`). Without groups every agent
+must have the same spaces: one policy shared by all.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -40,11 +44,14 @@ import numpy as np
 from rl.tasks.agents import (
     AGENT_ACTIVE,
     AGENT_DONE,
+    AGENT_GROUP,
     AGENT_REWARDS,
     DONE_TERMINATED,
     DONE_TRUNCATED,
+    AgentGroup,
     agent_fields,
     stack_space,
+    union_action_space,
 )
 from rl.tasks.fields import StepField
 
@@ -68,16 +75,52 @@ def _as_parallel(env: Any) -> Any:
     )
 
 
-def _same_space(spaces: dict[str, gym.Space], what: str) -> gym.Space:
-    first = next(iter(spaces.values()))
+def _same_space(spaces: dict[str, gym.Space], what: str, group: str | None) -> gym.Space:
+    first_agent, first = next(iter(spaces.items()))
     for agent, space in spaces.items():
         if space != first:
+            where = "all agents" if group is None else f"the agents of group {group!r}"
             raise ValueError(
-                f"agent {agent!r} has the {what} space {space}, another agent {first}: "
-                "a shared policy needs one space for all agents (per-group policies are not "
-                "supported yet)"
+                f"agent {agent!r} has the {what} space {space}, agent {first_agent!r} {first}: "
+                f"one policy for {where} needs one space for them (task.groups: prefix, or a "
+                "mapping of group names to agents, with model=grouped gives each kind of agent "
+                "a policy of its own)"
             )
     return first
+
+
+def _groups(agents: list[str], groups: str | Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """Group name -> its agents, from ``task.groups`` (``prefix`` or a mapping)."""
+    if groups == "prefix":
+        out: dict[str, list[str]] = {}
+        for agent in agents:
+            out.setdefault(agent.rsplit("_", 1)[0], []).append(agent)
+        return out
+    if not isinstance(groups, Mapping):
+        raise ValueError(
+            f"task.groups must be null, prefix or a mapping of group names to agent names, "
+            f"got {groups!r}"
+        )
+    out = {str(name): [str(a) for a in members] for name, members in groups.items()}
+    named = [a for members in out.values() for a in members]
+    unknown = sorted(set(named) - set(agents))
+    twice = sorted({a for a in named if named.count(a) > 1})
+    missing = [a for a in agents if a not in named]
+    if unknown or twice or missing or not all(out.values()):
+        raise ValueError(
+            f"task.groups must put each of the environment's agents {agents} in one group: "
+            + "; ".join(
+                f"{what} {names}"
+                for what, names in (
+                    ("not agents of the environment:", unknown),
+                    ("in two groups:", twice),
+                    ("in no group:", missing),
+                    ("empty groups:", [g for g, m in out.items() if not m]),
+                )
+                if names
+            )
+        )
+    return out
 
 
 def _has_state(env: Any) -> bool:
@@ -94,6 +137,8 @@ class ParallelEnvAdapter(gym.Env):
         global_state: ``auto`` (the environment's ``state()`` where it has one, else the
             agents' observations concatenated), ``state``, ``concat``, or ``false`` (none).
         agent_index: Add each agent's index to its observation (``agent_index``).
+        groups: Agents of different kinds, one policy each: ``prefix`` (by the name before the
+            last ``_``) or ``{group: [agent, ...]}``; None: one group (a shared policy).
         render_mode: Passed to the constructor (probe videos ask for ``rgb_array``).
     """
 
@@ -105,6 +150,7 @@ class ParallelEnvAdapter(gym.Env):
         *,
         global_state: str | bool = "auto",
         agent_index: bool = False,
+        groups: str | Mapping[str, Sequence[str]] | None = None,
         render_mode: str | None = None,
     ) -> None:
         if global_state not in GLOBAL_STATE_MODES:
@@ -127,10 +173,18 @@ class ParallelEnvAdapter(gym.Env):
             for key, field in self._agent_step_fields.items()
         }
         self.step_fields.update(agent_fields(count))
-        agent_obs = _same_space({a: self.env.observation_space(a) for a in self.agents}, "obs")
-        agent_act = _same_space({a: self.env.action_space(a) for a in self.agents}, "action")
-        self._obs_space = agent_obs
-        spaces: dict[str, gym.Space] = {"obs": stack_space(agent_obs, count)}
+        members = {None: self.agents} if groups is None else _groups(self.agents, groups)
+        self._grouped = groups is not None
+        self._group_obs: dict[str | None, gym.Space] = {}
+        acts: dict[str | None, gym.Space] = {}
+        self._group_of = np.zeros(count, np.int64)  # each agent's group index
+        for g, (name, agents) in enumerate(members.items()):
+            self._group_obs[name] = _same_space(
+                {a: self.env.observation_space(a) for a in agents}, "observation", name
+            )
+            acts[name] = _same_space({a: self.env.action_space(a) for a in agents}, "action", name)
+            self._group_of[[self.agents.index(a) for a in agents]] = g
+        spaces: dict[str, gym.Space] = {"obs": self._stacked_obs_space()}
         if global_state == "auto":
             global_state = "state" if _has_state(self.env) else "concat"
         self.global_state = global_state
@@ -144,37 +198,74 @@ class ParallelEnvAdapter(gym.Env):
             state_space = self.env.state_space
             spaces["state"] = stack_space(state_space, count)
         elif global_state == "concat":
-            size = count * _flat_size(agent_obs)
+            size = sum(_flat_size(self._own_obs_space(i)) for i in range(count))
             spaces["state"] = stack_space(
                 gym.spaces.Box(-np.inf, np.inf, (size,), dtype=np.float32), count
+            )
+        if self._grouped:
+            spaces[AGENT_GROUP] = gym.spaces.MultiDiscrete([len(members)] * count)
+            self.agent_groups = tuple(
+                AgentGroup(str(name), tuple(self.agents.index(a) for a in agents), acts[name])
+                for name, agents in members.items()
             )
         if agent_index:
             spaces["agent_index"] = gym.spaces.MultiDiscrete([count] * count)
         self.observation_space = gym.spaces.Dict(spaces)
-        self.action_space = stack_space(agent_act, count)
-        self._discrete = isinstance(agent_act, gym.spaces.Discrete)
-        self._zero_obs = _zeros(agent_obs)  # an absent agent's observation
+        union = union_action_space(list(acts.values()))
+        self.action_space = stack_space(union, count)
+        # Each agent's action from its row: an int (Discrete), the group's part of a padded Box.
+        own_acts = [acts[list(members)[g]] for g in self._group_of]
+        self._discrete = [isinstance(a, gym.spaces.Discrete) for a in own_acts]
+        self._act_size = [
+            a.shape[0] if isinstance(a, gym.spaces.Box) and a != union else None for a in own_acts
+        ]
+        self._zero_obs = {name: _zeros(space) for name, space in self._group_obs.items()}
         self._returns = np.zeros(count)
+
+    def _own_obs_space(self, agent: int) -> gym.Space:
+        """Agent ``agent``'s own observation space."""
+        return list(self._group_obs.values())[self._group_of[agent]]
+
+    def _stacked_obs_space(self) -> gym.Space:
+        """``obs``: the agents' observations stacked (a ``Dict`` of groups with groups)."""
+        count = len(self.agents)
+        if not self._grouped:
+            return stack_space(self._group_obs[None], count)
+        return gym.spaces.Dict(
+            {str(name): stack_space(space, count) for name, space in self._group_obs.items()}
+        )
 
     # ----------------------------------------------------------------- helpers
     def _observation(self, obs: dict[str, Any]) -> dict[str, Any]:
         """The stacked observation of the agents in ``obs`` (zeros for the others)."""
-        rows = []
-        for agent in self.agents:
-            if agent in obs:
-                rows.append(obs[agent])
-            else:
-                rows.append(self._zero_obs)
-        out: dict[str, Any] = {"obs": _stack(rows)}
+        count = len(self.agents)
+        stacked = {}
+        for g, name in enumerate(self._group_obs):
+            zeros = self._zero_obs[name]
+            stacked[name] = _stack(
+                [
+                    obs[a] if a in obs and self._group_of[i] == g else zeros
+                    for i, a in enumerate(self.agents)
+                ]
+            )
+        out: dict[str, Any] = {
+            "obs": {str(k): v for k, v in stacked.items()} if self._grouped else stacked[None]
+        }
         if self.global_state == "state":
             state = np.asarray(self.env.state())
-            out["state"] = np.broadcast_to(state, (len(self.agents), *state.shape))
+            out["state"] = np.broadcast_to(state, (count, *state.shape))
         elif self.global_state == "concat":
-            leaves = _leaves(out["obs"], self._obs_space, len(self.agents))
-            flat = np.concatenate(leaves, axis=1).reshape(-1)
-            out["state"] = np.broadcast_to(flat, (len(self.agents), len(flat)))
+            # Every agent's own observation, flat, agent after agent.
+            own = [
+                np.concatenate(_leaves(stacked[name], space, count), axis=1)
+                for name, space in self._group_obs.items()
+            ]
+            flat = np.concatenate([own[self._group_of[i]][i] for i in range(count)])
+            out["state"] = np.broadcast_to(flat, (count, len(flat)))
+        if self._grouped:
+            out[AGENT_GROUP] = self._group_of
         if "agent_index" in self.observation_space.spaces:
-            out["agent_index"] = np.arange(len(self.agents), dtype=np.int64)
+            out["agent_index"] = np.arange(count, dtype=np.int64)
         return out
 
     def _fields(self, infos: dict[str, dict[str, Any]]) -> dict[str, np.ndarray]:
@@ -213,11 +304,7 @@ class ParallelEnvAdapter(gym.Env):
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Step every agent still in the episode with its row of ``action``."""
         live = list(self.env.agents)
-        actions = {
-            a: (int(action[i]) if self._discrete else np.asarray(action[i]))
-            for i, a in enumerate(self.agents)
-            if a in live
-        }
+        actions = {a: self._action(action, i) for i, a in enumerate(self.agents) if a in live}
         obs, rewards, terminations, truncations, infos = self.env.step(actions)
         count = len(self.agents)
         agent_rewards = np.zeros(count, np.float32)
@@ -254,6 +341,13 @@ class ParallelEnvAdapter(gym.Env):
             truncated,
             info,
         )
+
+    def _action(self, action: np.ndarray, i: int) -> Any:
+        """Agent ``i``'s action from its row (its own part of a padded ``Box`` row)."""
+        if self._discrete[i]:
+            return int(action[i])
+        size = self._act_size[i]
+        return np.asarray(action[i]) if size is None else np.asarray(action[i][:size])
 
     def render(self) -> Any:
         """The inner environment's frame."""

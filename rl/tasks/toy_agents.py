@@ -5,8 +5,11 @@ when its action repeats its cue (a random policy earns half). Agent ``i`` leaves
 (terminates) after ``lifetimes[i]`` steps; the episode ends when every agent has left, or is
 cut at ``max_cycles`` (the agents still in it truncated). It tests multi-agent machinery
 (agents that finish early, truncation, the global state, a per-agent expert: the cue, as
-``info["expert_action"]``) and learns in seconds. The module is importable in worker processes
-(no torch).
+``info["expert_action"]``) and learns in seconds. With ``choices``, agents of different kinds:
+agent ``i`` draws its cue among ``choices[i]`` values, sees it one-hot (``choices[i] + 1``
+values with the steps left) and acts in ``Discrete(choices[i])``; it is named
+``choose<n>_<i>``, so that ``groups: prefix`` groups the agents by kind. The module is
+importable in worker processes (no torch).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class CueAgents(ParallelEnv):  # type: ignore[misc]
     Args:
         lifetimes: Steps each agent stays in the episode (one per agent).
         max_cycles: Steps after which the episode is cut (None: never).
+        choices: Cue values of each agent (None: 2 each, seen as the value itself).
         render_mode: ``rgb_array`` for frames (one coloured cell per agent).
     """
 
@@ -40,14 +44,22 @@ class CueAgents(ParallelEnv):  # type: ignore[misc]
         self,
         lifetimes: Sequence[int] = (2, 4, 6),
         max_cycles: int | None = None,
+        choices: Sequence[int] | None = None,
         render_mode: str | None = None,
     ) -> None:
         if not lifetimes or min(lifetimes) < 1:
             raise ValueError(f"lifetimes must be >= 1 steps each, got {list(lifetimes)}")
+        if choices is not None and (len(choices) != len(lifetimes) or min(choices) < 2):
+            raise ValueError(f"choices must be >= 2 for each agent, got {list(choices)}")
         self.lifetimes = [int(x) for x in lifetimes]
         self.max_cycles = max_cycles
         self.render_mode = render_mode
-        self.possible_agents = [f"agent_{i}" for i in range(len(self.lifetimes))]
+        self.choices = None if choices is None else [int(n) for n in choices]
+        self.possible_agents = (
+            [f"agent_{i}" for i in range(len(self.lifetimes))]
+            if self.choices is None
+            else [f"choose{n}_{i}" for i, n in enumerate(self.choices)]
+        )
         self.agents: list[str] = []
         self._obs_space = gym.spaces.Box(0.0, 1.0, (2,), dtype=np.float32)
         self._act_space = gym.spaces.Discrete(2)
@@ -56,22 +68,36 @@ class CueAgents(ParallelEnv):  # type: ignore[misc]
         self._cues = np.zeros(len(self.lifetimes), dtype=np.int64)
         self._t = 0
 
+    def _n(self, agent: str) -> int | None:
+        return None if self.choices is None else self.choices[self.possible_agents.index(agent)]
+
     def observation_space(self, agent: str) -> gym.Space:
-        """Each agent's: ``[cue, steps left / 10]``."""
-        return self._obs_space
+        """``[cue, steps left / 10]`` (with ``choices``: the cue one-hot, then steps left)."""
+        n = self._n(agent)
+        return self._obs_space if n is None else gym.spaces.Box(0.0, 1.0, (n + 1,), np.float32)
 
     def action_space(self, agent: str) -> gym.Space:
-        """Each agent's: ``Discrete(2)``."""
-        return self._act_space
+        """``Discrete(2)`` (with ``choices``: ``Discrete(choices[i])``)."""
+        n = self._n(agent)
+        return self._act_space if n is None else gym.spaces.Discrete(n)
+
+    def _observe(self, i: int) -> np.ndarray:
+        if self.choices is None:
+            return np.array([self._cues[i], self._left(i)], dtype=np.float32)
+        out = np.zeros(self.choices[i] + 1, dtype=np.float32)
+        out[self._cues[i]], out[-1] = 1.0, self._left(i)
+        return out
+
+    def _draw(self) -> np.ndarray:
+        high = 2 if self.choices is None else np.array(self.choices)
+        return self._rng.integers(0, high, len(self.lifetimes))
 
     def _left(self, i: int) -> float:
         return min(max(self.lifetimes[i] - self._t, 0) / 10.0, 1.0)
 
     def _observations(self) -> dict[str, np.ndarray]:
         return {
-            a: np.array([self._cues[i], self._left(i)], dtype=np.float32)
-            for i, a in enumerate(self.possible_agents)
-            if a in self.agents
+            a: self._observe(i) for i, a in enumerate(self.possible_agents) if a in self.agents
         }
 
     def state(self) -> np.ndarray:
@@ -87,7 +113,7 @@ class CueAgents(ParallelEnv):  # type: ignore[misc]
             self._rng = np.random.default_rng(seed)
         self.agents = list(self.possible_agents)
         self._t = 0
-        self._cues = self._rng.integers(0, 2, len(self.lifetimes))
+        self._cues = self._draw()
         return self._observations(), self._infos(self.agents)
 
     def step(self, actions: dict[str, Any]) -> tuple[dict[str, Any], ...]:
@@ -105,11 +131,9 @@ class CueAgents(ParallelEnv):  # type: ignore[misc]
         }
         cut = self.max_cycles is not None and self._t >= self.max_cycles
         truncations = {a: cut and not terminations[a] for a in terminations}
-        self._cues = self._rng.integers(0, 2, len(self.lifetimes))
+        self._cues = self._draw()
         obs = {
-            a: np.array([self._cues[i], self._left(i)], dtype=np.float32)
-            for i, a in enumerate(self.possible_agents)
-            if a in terminations
+            a: self._observe(i) for i, a in enumerate(self.possible_agents) if a in terminations
         }
         infos = self._infos(list(terminations))
         self.agents = [a for a in self.agents if not (terminations[a] or truncations[a])]

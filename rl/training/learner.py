@@ -25,9 +25,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from tensordict import TensorDict
 
 from rl.collection.base import Rollout
-from rl.distributed.reduce import advantage_stats, average_gradients
+from rl.distributed.reduce import advantage_stats, average_gradients, weighted_moments
 from rl.distributed.setup import DistContext
 from rl.losses.auxiliary import loss_modules
 from rl.models.policy import Policy, PolicyOutput
@@ -221,6 +222,7 @@ class Learner:
             gamma=settings.gamma,  # type: ignore[arg-type]
         )
         tracker.add_scalars(dict(scalars))
+        tracker.add_scalars(self._update_value_norms(storage.recorded()))
         if self.dist.enabled:
             # ALGO: per-rollout advantage normalisation with every worker's rollout (sum, sum of
             # squares and count all-reduced), independent of how the data is split over ranks.
@@ -252,6 +254,30 @@ class Learner:
                     )
                 )
         return tracker, time.perf_counter() - t0
+
+    def _update_value_norms(self, rollout: TensorDict) -> dict[str, float]:
+        """Fold the rollout's returns into the policy's value normalisation; what to log.
+
+        Each :class:`~rl.models.value_norm.ValueNorm` of the policy (``value_norms``) with the
+        returns of its rows that count (every rank's under DDP: one all-reduce each, the same
+        on every rank, so the statistics stay equal).
+        """
+        value_norms = getattr(self.model, "value_norms", None)
+        norms = [] if value_norms is None else value_norms(rollout["obs"])
+        active = rollout.get(AGENT_ACTIVE, None)  # several agents: those in play
+        logged: dict[str, float] = {}
+        for i, (norm, rows) in enumerate(norms):
+            weights = None if active is None else active.to(torch.float32)
+            if rows is not None:
+                rows = rows.to(torch.float32)
+                weights = rows if weights is None else weights * rows
+            total, total_sq, count = weighted_moments(rollout["returns"], weights)
+            if count > 0:
+                norm.update(total / count, total_sq / count)
+            mean, std = norm.stats()
+            name = "value_norm" if len(norms) == 1 else f"value_norm/{i}"
+            logged.update({f"{name}/mean": float(mean), f"{name}/std": float(std)})
+        return logged
 
     def update_off_policy(
         self,
