@@ -28,6 +28,7 @@ import pytest
 import torch
 from pipelines import ppo_pipeline
 from small import MODEL, SERIAL, SMALL
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rl.checkpoints import latest_checkpoint, load_checkpoint
 from rl.collection import CollectionSpec, RolloutRequest
@@ -111,10 +112,14 @@ def test_one_sync_worker_trains_bitwise_like_local_collection(
 
 
 def test_async_workers_collect_for_groups_of_agents(compose_cfg: Any, tmp_path: Path) -> None:
-    """Two asynchronous process workers, agents of two kinds: every agent's episodes counted."""
+    """Two asynchronous process workers, agents of two kinds: every agent's episodes counted,
+    and TensorBoard gets each agent's metrics as any metric."""
     async_workers = ["collector=process", "collector.num_workers=2", "collector.mode=async"]
-    cfg = compose_cfg([*SMOKE_GROUPS, *async_workers, "eval.num_episodes=4"])
+    cfg = compose_cfg([*SMOKE_GROUPS, *async_workers, "eval.num_episodes=4", "logger=tensorboard"])
     run.train(cfg)
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert {"eval/return/speaker_0", "eval/return/listener_0"} <= set(events.Tags()["scalars"])
     rows = [
         json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     ]

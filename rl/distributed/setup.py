@@ -164,7 +164,7 @@ def state_checksum(module: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, t in module.state_dict().items():
         h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
