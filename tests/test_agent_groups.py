@@ -238,3 +238,36 @@ def test_a_group_chosen_at_a_package_of_its_own_is_a_saved_choice() -> None:
     for bad in ("model@model/../x", "model@", "model@a..b", "model@a b", "m@a@b", "model@a;b"):
         with pytest.raises(UntrustedCheckpointError, match="is not a group and option name"):
             saved_choices({bad: "mlp"}, "ckpt")
+
+
+def test_box_actions_of_different_lengths_share_padded_rows() -> None:
+    """MPE's continuous speaker (3 values) and listener (5): each gets its own part of a row."""
+    pytest.importorskip("mpe2")
+    task = {
+        "_target_": "rl.tasks.pettingzoo.ParallelEnvAdapter",
+        "env": {"_target_": "mpe2.simple_speaker_listener_v4.parallel_env", "_partial_": True,
+                "continuous_actions": True},
+        "groups": "prefix",
+    }  # fmt: skip
+    layout = task_layout(task)
+    assert layout.action_space.shape == (5,)
+    assert [g.action_space.shape for g in layout.groups] == [(3,), (5,)]
+    env = build_env(task)
+    try:
+        env.reset(seed=0)
+        sent = {}
+        inner_step = env.env.step
+        env.env.step = lambda actions: sent.update(actions) or inner_step(actions)
+        env.step(np.arange(10, dtype=np.float32).reshape(2, 5) / 10)
+        assert sent["speaker_0"].tolist() == pytest.approx([0.0, 0.1, 0.2])
+        assert sent["listener_0"].tolist() == pytest.approx([0.5, 0.6, 0.7, 0.8, 0.9])
+    finally:
+        env.close()
+    torch.manual_seed(0)
+    model = grouped_policy({**GROUPED, "policy": MLP}, task)
+    obs = {k: torch.zeros(1, 2, *s.shape) for k, s in layout.observation_space.spaces.items()}
+    obs[AGENT_GROUP] = torch.tensor([[0, 1]])
+    out, _ = model(obs, torch.zeros(1, 2, dtype=torch.bool), model.initial_state(2))
+    actions = out.dist.sample()
+    assert actions.shape == (1, 2, 5) and (actions[0, 0, 3:] == 0).all()  # the speaker's padding
+    assert torch.isfinite(out.dist.log_prob(actions)).all()

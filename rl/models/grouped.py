@@ -8,12 +8,12 @@ one policy per group, each built for its group's own spaces (any policy, the def
 rows: a row is one agent, so a column of a time-major batch ``[T, N]`` is of one group
 throughout. Parameters are shared within a group, not across groups.
 
-``model=grouped`` configures it: ``policy`` is every group's policy (``model/mlp`` by default),
-``group_policies`` overrides its settings for a group by name (or gives a group a policy of its
-own, with a ``_target_``)::
+``model=grouped`` configures it: ``policy`` is every group's policy (``conf/model/mlp.yaml`` by
+default; ``model@model.policy=nav_cnn_gru`` picks another), ``group_policies`` overrides its
+settings for a group by name (or gives a group a policy of its own, with a ``_target_``)::
 
-    python train.py +experiment=mappo_mpe_tag \
-        model.group_policies='{adversary: {head_layers: [128, 128]}}'
+    python train.py +experiment=mappo_speaker_listener \
+        model.group_policies='{listener: {head_layers: [128, 128]}}'
 
 The groups' distributions are joined by :class:`GroupedDistribution` (each row's
 log-probability and entropy under its group's distribution); the values are each group's

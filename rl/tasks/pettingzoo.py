@@ -211,16 +211,24 @@ class ParallelEnvAdapter(gym.Env):
         if agent_index:
             spaces["agent_index"] = gym.spaces.MultiDiscrete([count] * count)
         self.observation_space = gym.spaces.Dict(spaces)
-        union = union_action_space(list(acts.values()))
-        self.action_space = stack_space(union, count)
-        # Each agent's action from its row: an int (Discrete), the group's part of a padded Box.
-        own_acts = [acts[list(members)[g]] for g in self._group_of]
-        self._discrete = [isinstance(a, gym.spaces.Discrete) for a in own_acts]
-        self._act_size = [
-            a.shape[0] if isinstance(a, gym.spaces.Box) and a != union else None for a in own_acts
-        ]
+        self._set_actions([acts[name] for name in members])
         self._zero_obs = {name: _zeros(space) for name, space in self._group_obs.items()}
+        self._members = [set(agents) for agents in members.values()]
+        self._leaf_paths = {name: _leaf_paths(space) for name, space in self._group_obs.items()}
+        self._group_list = self._group_of.tolist()
         self._returns = np.zeros(count)
+
+    def _set_actions(self, spaces: list[gym.Space]) -> None:
+        """The rows' action space from the groups' ``spaces``; how each agent reads its row."""
+        union = union_action_space(spaces)
+        self.action_space = stack_space(union, len(self.agents))
+        # Each agent's action from its row: an int (Discrete), the group's part of a padded Box.
+        own = [spaces[g] for g in self._group_of]
+        self._discrete = [isinstance(a, gym.spaces.Discrete) for a in own]
+        self._all_discrete = all(self._discrete)
+        self._act_size = [
+            a.shape[0] if isinstance(a, gym.spaces.Box) and a != union else None for a in own
+        ]
 
     def _own_obs_space(self, agent: int) -> gym.Space:
         """Agent ``agent``'s own observation space."""
@@ -240,13 +248,13 @@ class ParallelEnvAdapter(gym.Env):
         """The stacked observation of the agents in ``obs`` (zeros for the others)."""
         count = len(self.agents)
         stacked = {}
-        for g, name in enumerate(self._group_obs):
-            zeros = self._zero_obs[name]
+        if not self._grouped:
+            zeros = self._zero_obs[None]
+            stacked[None] = _stack([obs[a] if a in obs else zeros for a in self.agents])
+        for g, (name, zeros) in enumerate(self._zero_obs.items() if self._grouped else ()):
+            members = self._members[g]  # (its agents' rows; zeros in the others')
             stacked[name] = _stack(
-                [
-                    obs[a] if a in obs and self._group_of[i] == g else zeros
-                    for i, a in enumerate(self.agents)
-                ]
+                [obs[a] if a in members and a in obs else zeros for a in self.agents]
             )
         out: dict[str, Any] = {
             "obs": {str(k): v for k, v in stacked.items()} if self._grouped else stacked[None]
@@ -256,11 +264,11 @@ class ParallelEnvAdapter(gym.Env):
             out["state"] = np.broadcast_to(state, (count, *state.shape))
         elif self.global_state == "concat":
             # Every agent's own observation, flat, agent after agent.
-            own = [
-                np.concatenate(_leaves(stacked[name], space, count), axis=1)
-                for name, space in self._group_obs.items()
-            ]
-            flat = np.concatenate([own[self._group_of[i]][i] for i in range(count)])
+            own = [_flat_rows(stacked[n], self._leaf_paths[n], count) for n in self._group_obs]
+            if self._grouped:
+                flat = np.concatenate([own[g][i] for i, g in enumerate(self._group_list)])
+            else:
+                flat = own[0].reshape(-1)
             out["state"] = np.broadcast_to(flat, (count, len(flat)))
         if self._grouped:
             out[AGENT_GROUP] = self._group_of
@@ -304,7 +312,10 @@ class ParallelEnvAdapter(gym.Env):
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Step every agent still in the episode with its row of ``action``."""
         live = list(self.env.agents)
-        actions = {a: self._action(action, i) for i, a in enumerate(self.agents) if a in live}
+        if self._all_discrete:
+            actions = {a: int(action[i]) for i, a in enumerate(self.agents) if a in live}
+        else:
+            actions = {a: self._action(action, i) for i, a in enumerate(self.agents) if a in live}
         obs, rewards, terminations, truncations, infos = self.env.step(actions)
         count = len(self.agents)
         agent_rewards = np.zeros(count, np.float32)
@@ -386,14 +397,25 @@ def _flat_size(space: gym.Space) -> int:
     return int(np.prod(space.shape, dtype=np.int64))
 
 
-def _leaves(stacked: Any, space: gym.Space, count: int) -> list[np.ndarray]:
-    """Every entry of a stacked observation as ``[count, elements]`` float32.
-
-    In the order of one agent's ``space``, whatever order the environment's dicts come in.
-    """
+def _leaf_paths(space: gym.Space, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """The key paths of ``space``'s leaves, in its order (``Dict`` keys, ``Tuple`` indices)."""
     if isinstance(space, gym.spaces.Dict):
-        return [x for k, s in space.spaces.items() for x in _leaves(stacked[k], s, count)]
+        return [p for k, s in space.spaces.items() for p in _leaf_paths(s, (*path, k))]
     if isinstance(space, gym.spaces.Tuple):
-        pairs = zip(stacked, space.spaces, strict=True)
-        return [x for v, s in pairs for x in _leaves(v, s, count)]
-    return [np.asarray(stacked, dtype=np.float32).reshape(count, -1)]
+        return [p for i, s in enumerate(space.spaces) for p in _leaf_paths(s, (*path, i))]
+    return [path]
+
+
+def _flat_rows(stacked: Any, paths: list[tuple[Any, ...]], count: int) -> np.ndarray:
+    """A stacked observation's leaves at ``paths``, flat and side by side: ``[count, values]``.
+
+    In the order of one agent's space (its :func:`_leaf_paths`), whatever order the
+    environment's dicts come in; float32.
+    """
+    leaves = []
+    for path in paths:
+        value = stacked
+        for key in path:
+            value = value[key]
+        leaves.append(np.asarray(value, dtype=np.float32).reshape(count, -1))
+    return np.concatenate(leaves, axis=1) if len(leaves) > 1 else leaves[0]
