@@ -299,15 +299,20 @@ def test_resume_accepts_safe_overrides_and_refuses_unsafe_ones(
             run.train(compose_cfg([*SMOKE, "logger=wandb", f"resume={run_dir}", override]))
         assert key in str(err.value)
     # Safe: a larger budget (the stage budget and schedule horizons follow), the same folder,
-    # the same wandb run; not-typed differences (no +debug=smoke) keep the saved values.
+    # the same wandb run; not-typed differences (no +debug=smoke) keep the saved values, but
+    # sizes are the command's (a run folder never chooses them): ppo_nav's 16 environments
+    # are refused, naming what to type to resume the run as it ran.
     other = tmp_path / "other"
-    cfg = compose_cfg(
-        ["+experiment=ppo_nav", "logger=wandb", f"resume={run_dir}", "total_env_steps=384"]
-    )
+    resume = ["+experiment=ppo_nav", "logger=wandb", f"resume={run_dir}", "total_env_steps=384"]
+    cfg = compose_cfg(resume)
+    with pytest.raises(ConfigError, match=r"\(sampler\.num_envs=4\).*\n.*the run used 4, "):
+        plan_start(cfg, to_plain(cfg))
+    cfg = compose_cfg([*resume, "sampler.num_envs=4"])
     start = plan_start(cfg, to_plain(cfg))
     start.close()
     assert start.wandb_run_id == saved["wandb_run_id"]  # the sink continues it (test_wandb)
-    assert start.config["sampler"]["num_envs"] == 4  # saved value, not ppo_nav's 16
+    assert start.config["sampler"]["num_envs"] == 4  # typed again
+    assert start.config["eval"]["num_episodes"] == 200  # the command's (ppo_nav's), not 4
     caplog.clear()
     with caplog.at_level(logging.INFO):
         run.train(

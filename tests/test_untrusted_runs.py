@@ -10,10 +10,9 @@ module the user's config does not name was imported.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
-import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,10 +20,19 @@ from typing import Any
 
 import pytest
 import torch
+from crafted import (
+    MARKERS,
+    SMOKE,
+    copy_run,
+    crafted,
+    entries,
+    file_hashes,
+    make_sentinel,
+    resign,
+)
 
 from rl.checkpoints import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.checkpoints.errors import UntrustedCheckpointError
-from rl.checkpoints.files import parse_checkpoint_name
 from rl.checkpoints.saved_config import MAX_NODES, config_data
 from rl.collection.normalization import Normalizer, NormalizeSettings
 from rl.engine import run
@@ -35,44 +43,6 @@ from rl.utils.files import UnsafePathError
 from rl.utils.finite import NonFiniteError
 
 ROOT = Path(__file__).resolve().parent.parent
-SMOKE = ["+experiment=ppo_nav", "+debug=smoke", "task=nav_small", "eval.num_episodes=0"]
-# Modules no test imports: a config that gets one imported has run code it chose.
-MARKERS = ("this", "antigravity", "smtpd", "xmlrpc.server")
-
-
-def _copy(run_dir: Path, tmp_path: Path, name: str = "crafted") -> Path:
-    folder = tmp_path / name
-    shutil.copytree(run_dir, folder)
-    return folder
-
-
-def _resign(path: Path, state: dict[str, Any]) -> None:
-    stage, step = parse_checkpoint_name(path)  # type: ignore[misc]
-    save_checkpoint(path.parent.parent, state, stage, step)
-
-
-def _crafted(run_dir: Path, tmp_path: Path, name: str = "crafted") -> tuple[Path, Path, dict]:
-    """A copy of the run: ``(folder, its newest checkpoint, that checkpoint's state)``."""
-    folder = _copy(run_dir, tmp_path, name)
-    path = latest_checkpoint(folder)
-    return folder, path, torch.load(path, weights_only=True)
-
-
-def _hashes(folder: Path) -> dict[str, str]:
-    """Every file of ``folder`` (links not followed) with its SHA-256."""
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and not p.is_symlink()
-    }
-
-
-def _sentinel(tmp_path: Path) -> Path:
-    folder = tmp_path / "sentinel"
-    folder.mkdir()
-    for name in ("victim.txt", "victim.csv", "victim.png", "victim.log", "victim.jsonl"):
-        (folder / name).write_text(f"precious {name}\n")
-    return folder
 
 
 def _write_payload(target: Path) -> dict[str, Any]:
@@ -81,28 +51,6 @@ def _write_payload(target: Path) -> dict[str, Any]:
         "self": {"_target_": "pathlib.Path", "_args_": [str(target)]},
         "data": "written",
     }
-
-
-def _entries(folder: Path, compose_cfg: Any, out: Path) -> list[tuple[str, Any]]:
-    """The three ways in: evaluate (a file and a run), resume, InferenceAgent."""
-    ckpt = latest_checkpoint(folder)
-    evaluate = ["num_episodes=1", "num_envs=1", "plot=false", "progress_bar=false"]
-    return [
-        (
-            "evaluate ckpt",
-            lambda: run.evaluate(
-                compose_cfg([f"ckpt={ckpt}", *evaluate, f"output_dir={out}"], "evaluate")
-            ),
-        ),  # fmt: skip
-        (
-            "evaluate run_dir",
-            lambda: run.evaluate(
-                compose_cfg([f"run_dir={folder}", *evaluate, f"output_dir={out}"], "evaluate")
-            ),
-        ),  # fmt: skip
-        ("resume", lambda: run.train(compose_cfg([*SMOKE, f"resume={folder}"]))),
-        ("InferenceAgent", lambda: InferenceAgent.from_checkpoint(ckpt)),
-    ]
 
 
 # ------------------------------------------------------------ critical 1: interpolations
@@ -116,14 +64,14 @@ def test_interpolations_in_a_saved_config_are_never_resolved(
         "${oc.create:{_target_: pathlib.Path.write_text, self: {_target_: pathlib.Path, "
         f"_args_: ['{created}']}}, data: written}}}}"
     )
-    folder, path, state = _crafted(smoke_run, tmp_path)
+    folder, path, state = crafted(smoke_run, tmp_path)
     node = state["config"]
     *parents, leaf = where.split(".")
     for key in parents:
         node = node[key]
     node[leaf] = ("\\" if escaped else "") + value
-    _resign(path, state)
-    for name, enter in _entries(folder, compose_cfg, tmp_path / "eval"):
+    resign(path, state)
+    for name, enter in entries(folder, compose_cfg, tmp_path / "eval"):
         with pytest.raises(CheckpointError, match="interpolation") as info:
             enter()
         assert where in str(info.value), name
@@ -174,12 +122,12 @@ def test_a_run_folder_config_yaml_is_data_too(
 def test_the_project_s_own_callables_and_gymnasium_ids_are_not_for_a_file_to_choose(
     smoke_run: Path, tmp_path: Path, compose_cfg: Any, task: dict[str, Any]
 ) -> None:
-    folder, path, state = _crafted(smoke_run, tmp_path)
+    folder, path, state = crafted(smoke_run, tmp_path)
     state["config"]["task"] = {**state["config"]["task"], **task}
-    _resign(path, state)
+    resign(path, state)
     environ = dict(os.environ)
     cwd = Path.cwd()
-    for name, enter in _entries(folder, compose_cfg, tmp_path / "eval"):
+    for name, enter in entries(folder, compose_cfg, tmp_path / "eval"):
         with pytest.raises(UntrustedCheckpointError, match="task") as info:
             enter()
         assert "does not name" in str(info.value), name
@@ -192,11 +140,11 @@ def test_a_gym_task_s_wrappers_and_env_id_come_from_the_tree(
     smoke_run: Path, tmp_path: Path, compose_cfg: Any
 ) -> None:
     """A saved ``task=gym`` run: its env id and wrappers are the tree's, or trusted."""
-    folder, path, state = _crafted(smoke_run, tmp_path)
+    folder, path, state = crafted(smoke_run, tmp_path)
     state["choices"]["task"] = "gym"
     state["config"]["task"] = {"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1",
                                "wrappers": ["this.Wrapper"]}  # fmt: skip
-    _resign(path, state)
+    resign(path, state)
     with pytest.raises(UntrustedCheckpointError, match=r"task\.wrappers\.0"):
         InferenceAgent.from_checkpoint(path)
     assert "this" not in sys.modules
@@ -217,9 +165,9 @@ _LINKED = {
 def test_links_in_a_copied_run_folder_are_never_written_through(
     smoke_run: Path, tmp_path: Path, compose_cfg: Any, lock_linked: bool
 ) -> None:
-    sentinel = _sentinel(tmp_path)
-    before = _hashes(sentinel)
-    folder = _copy(smoke_run, tmp_path)
+    sentinel = make_sentinel(tmp_path)
+    before = file_hashes(sentinel)
+    folder = copy_run(smoke_run, tmp_path)
     links = {**_LINKED, **({".lock": "victim.txt"} if lock_linked else {})}
     for name, victim in links.items():
         (folder / name).unlink(missing_ok=True)
@@ -236,7 +184,7 @@ def test_links_in_a_copied_run_folder_are_never_written_through(
             assert str(folder) in str(e)
         except Exception as e:  # noqa: BLE001  (a ConfigError for metrics.jsonl's link)
             assert "symbolic link" in str(e), e
-        assert _hashes(sentinel) == before
+        assert file_hashes(sentinel) == before
     if not lock_linked:  # evaluate ran: its summaries replaced the links, not the victims
         assert (folder / "eval_summary.csv").is_file()
         assert not (folder / "eval_summary.csv").is_symlink()
@@ -246,12 +194,12 @@ def test_links_in_a_copied_run_folder_are_never_written_through(
 def test_configs_of_shared_references_loops_and_aliases_are_refused_at_once(
     smoke_run: Path, tmp_path: Path, compose_cfg: Any
 ) -> None:
-    folder, path, state = _crafted(smoke_run, tmp_path)
+    folder, path, state = crafted(smoke_run, tmp_path)
     shared: list[Any] = ["leaf"]
     for _ in range(12):  # 8**12 paths from 12 lists: the file is a few KB
         shared = [shared] * 8
     state["config"]["task"]["extra"] = shared
-    _resign(path, state)
+    resign(path, state)
     with pytest.raises(CheckpointError, match=f"more than {MAX_NODES:,} nodes"):
         load_checkpoint(path)
     loop: list[Any] = []
@@ -280,13 +228,13 @@ def test_a_crafted_training_state_is_a_named_error(
         (lambda s: s.pop("pipeline"), "'pipeline' entry is missing"),
         (lambda s: s.__setitem__("rng", {"python": [1, 2], "numpy": "x"}), "does not fit"),
     ]:
-        folder, path, state = _crafted(smoke_run, tmp_path, f"crafted{id(damage)}")
+        folder, path, state = crafted(smoke_run, tmp_path, f"crafted{id(damage)}")
         damage(state)
-        _resign(path, state)
+        resign(path, state)
         with pytest.raises(CheckpointError, match=match):
             run.train(compose_cfg([*SMOKE, f"resume={folder}", "total_env_steps=384"]))
     state["format_version"] = 99  # from newer code: refused by name (a run folder skips it)
-    _resign(path, state)
+    resign(path, state)
     with pytest.raises(CheckpointError, match="checkpoint format 99; this code reads formats 2"):
         load_checkpoint(path)
 
@@ -335,8 +283,8 @@ def test_the_cli_reports_a_full_disk_as_its_message_alone(tmp_path: Path) -> Non
 
 
 # --------------------------------------------------------------------------- the fuzz test
-def _fuzz_payloads(rng: random.Random, sentinel: Path) -> Any:
-    """One crafted value: a call, a dispatcher, an interpolation, nested ``_args_``."""
+def _fuzz_call(rng: random.Random, sentinel: Path) -> Any:
+    """Code: a call, a dispatcher, an interpolation, nested ``_args_``."""
     victim = str(sentinel / rng.choice(["victim.txt", "victim.csv", "new.txt"]))
     calls = [
         _write_payload(Path(victim)),
@@ -368,44 +316,209 @@ def _fuzz_payloads(rng: random.Random, sentinel: Path) -> Any:
     return {"nested": {"deeper": call}}
 
 
+_GYM_TASK = {"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1", "env_kwargs": {},
+             "wrappers": [], "observations": []}  # fmt: skip
+
+
+def _choose(group: str, options: list[str], chance: float = 0.5) -> Any:
+    """A case's preparation: switch the run's ``group`` choice to one of ``options``."""
+
+    def prepare(rng: random.Random, state: dict[str, Any]) -> None:
+        if rng.random() < chance:
+            state["choices"][group] = rng.choice(options)
+            if state["choices"].get("task") == "gym":
+                state["config"]["task"] = dict(_GYM_TASK)
+
+    return prepare
+
+
+def _fuzz_families(port: int) -> dict[str, tuple[list[str], Any, Any]]:
+    """Vector families (issues 34 and 52): where each is put, a payload maker
+    ``(rng, sentinel, state)``, and a preparation of the case (the run's group choices, so
+    that the user's tree reads the place)."""
+    marker = lambda rng: f"{rng.choice(MARKERS)}.X"  # noqa: E731
+
+    def expert_data(rng: random.Random, sentinel: Path, state: dict[str, Any]) -> Any:
+        return {"_target_": "rl.pipeline.OffPolicyPipelineComponent", "loss_names": ["ppo"],
+                "data_iterator": {"_target_": "rl.storage.ExpertTrajectoryIterator",
+                                  "path": str(sentinel / "new.npz"),
+                                  "generate": {"task": state["config"]["task"],
+                                               "num_episodes": 2, "seed": 0}}}  # fmt: skip
+
+    return {
+        "code": (
+            [
+                "task",
+                "task._target_",
+                "task.extra",
+                "model",
+                "model.extra",
+                "pipeline",
+                "pipeline.named_losses.ppo",
+                "pipeline.optimizer",
+                "logger.sinks.jsonl",
+                "logger.sinks.extra",
+                "collector",
+                "sampler",
+                "exp_name",
+                "task.observations",
+                "task.wrappers",
+                "eval",
+                "normalize",
+            ],
+            lambda rng, sentinel, _: _fuzz_call(rng, sentinel),
+            _choose("model", ["mlp", "nav3d_cnn_gru"], 0.3),
+        ),  # fmt: skip
+        "kinds": (  # a mapping or a string where the tree has a list or a mapping
+            [
+                "task.wrappers",
+                "task.observations",
+                "callbacks",
+                "tags",
+                "pipeline.stages",
+                "task",
+                "model",
+                "logger.sinks",
+                "task.wrappers",
+                "task.wrappers",
+            ],
+            lambda rng, *_: rng.choice(
+                [{marker(rng): 1}, {marker(rng): 1}, marker(rng), [{marker(rng): [1]}]]
+            ),
+            _choose("task", ["gym"]),
+        ),  # fmt: skip
+        "addresses": (
+            [
+                "collector.address",
+                "collector.allow_unauthenticated",
+                "task.host",
+                "task.url",
+                "model.endpoint",
+                "task.port",
+            ],
+            lambda rng, *_: rng.choice(
+                [
+                    f"ray://127.0.0.1:{port}",
+                    f"127.0.0.1:{port}",
+                    port,
+                    True,
+                    f"http://127.0.0.1:{port}/",
+                ]
+            ),
+            _choose("logger", ["wandb"]),
+        ),  # fmt: skip
+        "paths": (
+            [
+                "pipeline.stages.0.offpolicy_component",
+                "logger.sinks.jsonl.filename",
+                "output_dir",
+                "logger.sinks.tensorboard",
+                "pipeline.stages.0.offpolicy_component",
+            ],
+            lambda rng, sentinel, state: rng.choice(
+                [
+                    expert_data(rng, sentinel, state),
+                    expert_data(rng, sentinel, state),
+                    str(sentinel / "victim.jsonl"),
+                    "../../sentinel/victim.jsonl",
+                    {
+                        "_target_": "rl.loggers.TensorBoardSink",
+                        "_partial_": True,
+                        "subdir": str(sentinel),
+                    },
+                ]
+            ),
+            lambda rng, state: (
+                _choose("pipeline", ["bc_offline_ppo"], 1)(rng, state),
+                _choose("logger", ["tensorboard"])(rng, state),
+            ),
+        ),  # fmt: skip
+        "amplification": (
+            ["task.extra", "model.extra", "tags"],
+            lambda rng, *_: ["x" * 60_000] * rng.choice([20, 200]),
+            _choose("task", ["nav"], 0),
+        ),  # fmt: skip
+        "sizes": (
+            [
+                "eval.num_envs",
+                "eval.num_episodes",
+                "valid.num_envs",
+                "valid.num_episodes",
+                "sampler.num_envs",
+                "torch_threads",
+                "valid.torch_threads",
+                "valid.enabled",
+            ],
+            lambda rng, *_: rng.choice([10**6, 4096, 10**9, True]),
+            _choose("sampler", ["multiprocess"]),
+        ),  # fmt: skip
+        "links": ([], None, _choose("task", ["nav"], 0)),  # (links to files and folders)
+    }
+
+
+# Connections the process opens while a fuzz case runs (an audit hook: nothing is patched).
+_CONNECTS: list[Any] = []
+
+
+def _record_connects(event: str, args: tuple[Any, ...]) -> None:
+    if event == "socket.connect":
+        _CONNECTS.append(args[1])
+
+
 @pytest.mark.timeout(600)
 def test_fuzz_crafted_checkpoints_and_folders_change_nothing_outside(
     smoke_run: Path, tmp_path: Path, compose_cfg: Any
 ) -> None:
-    rng = random.Random(34)
-    sentinel = _sentinel(tmp_path)
-    before, environ = _hashes(sentinel), dict(os.environ)
-    places = ["task", "task._target_", "task.extra", "model", "model.extra", "pipeline",
-              "pipeline.named_losses.ppo", "pipeline.optimizer", "logger.sinks.jsonl",
-              "logger.sinks.extra", "collector", "sampler", "exp_name", "task.observations",
-              "task.wrappers", "eval", "normalize"]  # fmt: skip
+    rng = random.Random(52)
+    sentinel = make_sentinel(tmp_path)
+    (sentinel / "folder").mkdir()
+    before, environ = file_hashes(sentinel), dict(os.environ)
+    server = socket.create_server(("127.0.0.1", 0))  # where a crafted address points
+    port = server.getsockname()[1]
+    server.setblocking(False)
+    sys.addaudithook(_record_connects)  # (stays: it only appends to a list)
+    families = _fuzz_families(port)
     tried = 0
-    for i in range(24):
-        folder, path, state = _crafted(smoke_run, tmp_path, f"fuzz{i}")
-        for _ in range(rng.randrange(1, 4)):
+    for i in range(28):
+        folder, path, state = crafted(smoke_run, tmp_path, f"fuzz{i}")
+        family = sorted(families)[i % len(families)]  # (each family in 4 cases)
+        places, make, prepare = families[family]
+        prepare(rng, state)
+        for _ in range(rng.randrange(1, 4) if places else 0):
             node, *rest = rng.choice(places).split(".")
             parent, key = state["config"], node
             for part in rest:
-                parent = parent.setdefault(key, {}) if isinstance(parent.get(key), dict) else {}
+                child = parent.get(key) if isinstance(parent, dict) else None
+                if isinstance(child, list) and part.isdigit() and int(part) < len(child):
+                    parent, key = child, int(part)
+                    continue
+                parent = parent.setdefault(key, {}) if isinstance(child, dict) else {}
                 key = part
-            parent[key] = _fuzz_payloads(rng, sentinel)
-        if rng.random() < 0.3:
-            state["choices"][rng.choice(["task", "model"])] = rng.choice(["gym", "nav3d", "mlp"])
-        _resign(path, state)
-        if rng.random() < 0.5:  # and links into the sentinel where the run writes
+            parent[key] = make(rng, sentinel, state)
+        resign(path, state)
+        if family == "links":  # into the sentinel, where the run writes files and folders
             for name in rng.sample(sorted(_LINKED), 3):
                 (folder / name).unlink(missing_ok=True)
                 (folder / name).symlink_to(sentinel / _LINKED[name])
-        for _name, enter in _entries(folder, compose_cfg, tmp_path / f"eval{i}"):
+            for name in rng.sample(["videos", "wandb", "tensorboard"], 2):
+                (folder / name).symlink_to(sentinel / "folder", target_is_directory=True)
+        del _CONNECTS[:]
+        ways = entries(folder, compose_cfg, tmp_path / f"eval{i}", ("total_env_steps=320",))
+        for _name, enter in ways:
             tried += 1
             try:
                 enter()
             except Exception:  # noqa: BLE001, S112  (refusals are expected; effects are not)
                 pass
-            assert _hashes(sentinel) == before, f"case {i}: {_name}"
-            assert dict(os.environ) == environ, f"case {i}: {_name}"
-            assert not [m for m in MARKERS if m in sys.modules], f"case {i}: {_name}"
-    assert tried == 96
+            what = f"case {i} ({family}): {_name}"
+            assert file_hashes(sentinel) == before, what
+            assert dict(os.environ) == environ, what
+            assert not [m for m in MARKERS if m in sys.modules], what
+            assert not [a for a in _CONNECTS if str(port) in str(a)], what
+    with pytest.raises(BlockingIOError):
+        server.accept()  # nobody connected
+    server.close()
+    assert tried == 112
 
 
 @pytest.mark.parametrize(
@@ -432,9 +545,9 @@ def test_out_of_range_settings_are_refused_before_anything_starts(
 def test_garbage_normaliser_statistics_are_named_as_such(
     smoke_run: Path, tmp_path: Path, compose_cfg: Any
 ) -> None:
-    folder, path, state = _crafted(smoke_run, tmp_path)
+    folder, path, state = crafted(smoke_run, tmp_path)
     state["normalizer"] = {"settings": {"observations": True}, "obs": "garbage", "return": 3}
-    _resign(path, state)
+    resign(path, state)
     with pytest.raises(CheckpointError, match="normalisation statistics are malformed"):
         InferenceAgent.from_checkpoint(path)
     cfg = compose_cfg([f"ckpt={path}", "num_episodes=1", f"output_dir={tmp_path / 'e'}"],

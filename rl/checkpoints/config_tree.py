@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -142,9 +142,12 @@ class ConfigTree:
                 GlobalHydra.instance().initialize(outer)
 
     def compose(
-        self, choices: Mapping[str, str] | None, where: str
+        self, choices: Mapping[str, str] | None, where: str, overrides: Sequence[str] = ()
     ) -> tuple[dict[str, Any], dict[str, str]]:
         """The tree's config (interpolations kept) with ``choices``, and the choices it used.
+
+        ``overrides`` (typed by the user now) are composed after the choices; one that does
+        not apply to the run's config (a key its groups lack) is left out.
 
         Raises:
             CheckpointError: A choice names an option the tree does not have.
@@ -172,12 +175,27 @@ class ConfigTree:
                     replaced.append(f"{group}={option}")
                 else:
                     appended.append(f"+{group}={option}")
-            cfg = compose(self.config_name, [*appended, *replaced], return_hydra_config=True)
+            chosen = [*appended, *replaced]
+            try:
+                cfg = compose(self.config_name, [*chosen, *overrides], return_hydra_config=True)
+            except Exception:  # noqa: BLE001  (an override the run's groups cannot take)
+                fitting = [o for o in overrides if _composes(self.config_name, [*chosen, o])]
+                cfg = compose(self.config_name, [*chosen, *fitting], return_hydra_config=True)
             used = run_choices(cfg) or {}
             raw = OmegaConf.to_container(cfg, resolve=False)
         assert isinstance(raw, dict)
         raw.pop("hydra", None)
         return {str(k): v for k, v in raw.items()}, used
+
+
+def _composes(config_name: str, overrides: list[str]) -> bool:
+    from hydra import compose
+
+    try:
+        compose(config_name, overrides)
+    except Exception:  # noqa: BLE001  (Hydra's errors of every kind: it does not compose)
+        return False
+    return True
 
 
 __all__ = ["ConfigTree", "ordered_choices", "run_choices", "saved_choices"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,6 +23,16 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from rl.checkpoints.config_tree import run_choices
+from rl.checkpoints.invocation import (
+    INVOCATION_GROUPS,
+    INVOCATION_KEYS,
+    RUN_SHAPE,
+    drop_generation,
+    invocation_only,
+    invocation_paths,
+    value_at,
+)
 from rl.checkpoints.saved_config import RebuiltConfig
 from rl.utils.config import ConfigError
 
@@ -48,9 +59,6 @@ SAFE_RESUME_KEYS = (
     "valid",
     "video_interval",
 )
-# Keys that describe the invocation, not the run: never compared.
-# ``trusted_targets`` is the user's to give each time: never taken from a checkpoint.
-_INVOCATION_KEYS = ("output_dir", "resume", "init_from", "trusted_targets")
 
 
 def unresolved_config(cfg: DictConfig | Mapping[str, Any], plain: Mapping[str, Any]) -> dict:
@@ -77,13 +85,38 @@ def unresolved_config(cfg: DictConfig | Mapping[str, Any], plain: Mapping[str, A
     return fix(raw, dict(plain))  # type: ignore[no-any-return]
 
 
+def _typed(cfg: DictConfig | Mapping[str, Any]) -> list[str] | None:
+    """The overrides typed on the command line, as typed (None if unknown)."""
+    if isinstance(cfg, DictConfig) and "hydra" in cfg:
+        return list(cfg.hydra.overrides.task)
+    if HydraConfig.initialized():
+        return list(HydraConfig.get().overrides.task)
+    return None
+
+
+def typed_overrides(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
+    """What a saved run's config is rebuilt with beside its own choices, on ``resume=``.
+
+    The overrides of keys typed now (``task.wrappers=[my.Wrapper]``: what they name is the
+    user's to name), and this command's choice of the groups a saved run never chooses
+    (``logger=...``, typed or not). Group choices, ``hydra.*`` and the invocation's own keys
+    are left out.
+    """
+    choices = run_choices(cfg) or {}
+    out = [f"{g}={o}" for g, o in choices.items() if g in INVOCATION_GROUPS]
+    for item in _typed(cfg) or ():
+        key = item.split("=", 1)[0].lstrip("~+")
+        name = key.split("@", 1)[0]
+        if name in choices or "@" in key or "/" in name or name.startswith("hydra"):
+            continue  # (a config group choice)
+        if name.split(".")[0] not in INVOCATION_KEYS:
+            out.append(item)
+    return out
+
+
 def typed_override_keys(cfg: DictConfig | Mapping[str, Any]) -> list[str] | None:
     """Config keys named by the overrides typed on the command line (None if unknown)."""
-    overrides: list[str] | None = None
-    if isinstance(cfg, DictConfig) and "hydra" in cfg:
-        overrides = list(cfg.hydra.overrides.task)
-    elif HydraConfig.initialized():
-        overrides = list(HydraConfig.get().overrides.task)
+    overrides = _typed(cfg)
     if overrides is None:
         return None
     keys = []
@@ -113,15 +146,22 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """``{dotted_path: (old, new)}`` for every leaf that differs (absent: ``<missing>``)."""
-    a = {k: v for k, v in _flatten(dict(old)).items() if k.split(".")[0] not in _INVOCATION_KEYS}
-    b = {k: v for k, v in _flatten(dict(new)).items() if k.split(".")[0] not in _INVOCATION_KEYS}
+    """``{dotted_path: (old, new)}`` for every leaf that differs (absent: ``<missing>``).
+
+    The command's own keys (:mod:`rl.checkpoints.invocation`) are not compared.
+    """
+    a = {k: v for k, v in _flatten(dict(old)).items() if _compared(k)}
+    b = {k: v for k, v in _flatten(dict(new)).items() if _compared(k)}
     out = {}
     for key in sorted(set(a) | set(b)):
         va, vb = a.get(key, _MISSING), b.get(key, _MISSING)
         if va is _MISSING or vb is _MISSING or va != vb or type(va) is not type(vb):
             out[key] = (va, vb)
     return out
+
+
+def _compared(path: str) -> bool:
+    return path.split(".")[0] not in INVOCATION_KEYS and invocation_only(path) is None
 
 
 def is_safe_resume_key(path: str) -> bool:
@@ -229,6 +269,7 @@ def resume_config(
     merged = copy.deepcopy(saved)
     for key, (_, value) in {**added, **typed}.items():
         _set_path(merged, key, value)
+    _take_invocation_values(merged, new_unresolved)
     if added:
         log.info(
             "resume: the saved run predates %s; using today's: %s",
@@ -241,6 +282,8 @@ def resume_config(
     merged["trusted_targets"] = new_unresolved.get("trusted_targets") or []
     resolved = OmegaConf.to_container(OmegaConf.create(merged), resolve=True)
     assert isinstance(resolved, dict)
+    _check_run_shape(saved_run.withheld, resolved)
+    drop_generation(resolved)
     derived = {
         k: v
         for k, v in config_diff(saved_resolved, resolved).items()
@@ -268,3 +311,50 @@ def resume_config(
             ", ".join(untyped),
         )
     return resolved
+
+
+def _take_invocation_values(merged: dict[str, Any], invocation: Mapping[str, Any]) -> None:
+    """Set the command's own values (addresses, loggers, paths, sizes) from ``invocation``.
+
+    Where the run's config has no such key in a ``_target_`` node (another collector than the
+    command's), it stays without.
+    """
+    for path in invocation_paths(invocation):
+        parent_path, _, leaf = path.rpartition(".")
+        parent = value_at(merged, parent_path) if parent_path else merged
+        if isinstance(parent, dict) and (leaf in parent or "_target_" not in parent):
+            parent[leaf] = copy.deepcopy(value_at(invocation, path))
+
+
+def _check_run_shape(withheld: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:
+    """Refuse a resume whose sizes differ from the run's (a file never chooses them).
+
+    Raises:
+        ConfigError: A size that shapes the run (:data:`~rl.checkpoints.invocation.RUN_SHAPE`)
+            is not what the run used; the message says what to type.
+    """
+    other = {
+        key: (withheld[key], value_at(resolved, key, _MISSING))
+        for key in RUN_SHAPE
+        if key in withheld and value_at(resolved, key, _MISSING) != withheld[key]
+    }
+    if other:
+        raise ConfigError(
+            "resume: a run folder never chooses sizes, and this command gives other ones than "
+            "the run used; type the run's values to resume it as it ran ("
+            + " ".join(f"{k}={json.dumps(v)}" for k, (v, _) in other.items())
+            + "):"
+            + "".join(
+                f"\n  {k}: the run used {v!r}, this command gives {_show(now)}"
+                for k, (v, now) in other.items()
+            )
+        )
+    changed = [
+        k for k, v in withheld.items() if not k.startswith("logger") and value_at(resolved, k) != v
+    ]
+    if changed:
+        log.info(
+            "resume: this command's values are used for addresses, loggers, paths and sizes "
+            "(a run folder never chooses them); they differ from the saved run's at %s",
+            ", ".join(sorted(changed)),
+        )

@@ -5,13 +5,17 @@ A checkpoint (or a copied run folder) may come from anywhere, and evaluation, ``
 carries. Nothing in that config is ever turned into code:
 
 1. **Loaded as data** (:func:`config_data`): dicts with string keys, lists and scalars only,
-   at most :data:`MAX_NODES` nodes (counted as a tree, so shared references cannot multiply
-   them) and :data:`MAX_DEPTH` levels, no loops, and no string holding an interpolation
-   (``${...}``): nothing of the file is ever resolved.
+   at most :data:`MAX_NODES` nodes and :data:`MAX_CHARS` characters (both counted as a tree,
+   so shared references cannot multiply them) and :data:`MAX_DEPTH` levels, no loops, and no
+   string holding an interpolation (``${...}``): nothing of the file is ever resolved.
 2. **Rebuilt on the user's config tree** (:func:`rebuild_config`): the checkpoint records which
    options of each config group the run used (``task=nav3d_small``, ``+experiment=ppo_nav``);
    the config is composed again from the user's installed ``conf/`` with those choices, and
-   the saved plain values are laid over it. Every ``_target_`` (and every other ``_*_`` key
+   the saved plain values are laid over it. Each saved value must be of the kind the tree has
+   at its place (a mapping, a list, a string, a number, a boolean; None anywhere), and values
+   that are the command's to give (addresses, loggers, paths, sizes:
+   :mod:`rl.checkpoints.invocation`) are never laid over. Every ``_target_`` (and every other
+   ``_*_`` key
    Hydra honours), every wrapper named by a dotted path and every gymnasium id of the
    ``module:Env`` form in the result must be the one the user's config names at that place.
    Otherwise the checkpoint is refused
@@ -36,20 +40,26 @@ from omegaconf import OmegaConf
 
 from rl.checkpoints.config_tree import ConfigTree, run_choices, saved_choices
 from rl.checkpoints.errors import CheckpointError, UntrustedCheckpointError
+from rl.checkpoints.invocation import (
+    INVOCATION_GROUPS,
+    INVOCATION_KEYS,
+    invocation_only,
+    withhold,
+)
 from rl.checkpoints.migrations import migrate
 from rl.checkpoints.trust import Refusal, judge_env_id, judge_target, trust_rules
 
-# Bounds of a saved config: far above any real config (the largest experiment has ~600 nodes).
+# Bounds of a saved config: far above any real config (the largest experiment has ~600 nodes
+# and ~4,000 characters).
 MAX_NODES = 100_000
 MAX_DEPTH = 48
 MAX_STRING = 65_536
+MAX_CHARS = 2**20  # characters of every string and key, counted as a tree
 # Keys Hydra's ``instantiate`` honours (``_target_``, ``_args_``, ``_partial_``, ...).
 _META_RE = re.compile(r"^_[a-z]+_$")
 # Keys whose strings name code: wrappers as dotted paths, gymnasium ids (``module:Env``).
 _WRAPPER_KEYS = ("wrappers",)
 _ENV_ID_KEYS = ("env_id", "id")
-# Values of this invocation, never rebuilt from a file.
-_INVOCATION_KEYS = ("output_dir", "resume", "init_from", "trusted_targets")
 
 
 def _key(parent: str, child: object) -> str:
@@ -62,16 +72,27 @@ def config_data(node: Any, where: str) -> Any:
     Data is dicts with string keys, lists (tuples become lists) and ``str``, ``int``,
     ``float``, ``bool`` and ``None``; anything else is an :class:`UntrustedCheckpointError` (a
     crafted file, never skipped as damaged). The copy is bounded: at most :data:`MAX_NODES` nodes
-    counted as a tree (a 1 KB file of shared references ``x = [x, x]`` is refused at once, not
-    expanded), :data:`MAX_DEPTH` levels, no node inside itself, strings of at most
+    and :data:`MAX_CHARS` characters counted as a tree (a 1 KB file of shared references
+    ``x = [x, x]``, or a few hundred KB of one long string shared by every node, is refused at
+    once, not expanded), :data:`MAX_DEPTH` levels, no node inside itself, strings of at most
     :data:`MAX_STRING` characters without ``${`` (a saved config is never resolved).
 
     Args:
         node: What the file holds (e.g. a checkpoint's ``config``).
         where: The file (and entry), for messages.
     """
-    count = 0
+    count = chars = 0
     on_path: set[int] = set()
+
+    def text(value: str, key: str) -> str:
+        nonlocal chars
+        chars += len(value)
+        if chars > MAX_CHARS:
+            raise UntrustedCheckpointError(
+                f"{where}: the saved config's strings and keys add up to more than "
+                f"{MAX_CHARS:,} characters (counted as a tree, at {key or '<root>'}); refused"
+            )
+        return value
 
     def copy(value: Any, key: str, depth: int) -> Any:
         nonlocal count
@@ -99,7 +120,7 @@ def config_data(node: Any, where: str) -> Any:
                     f"{where}: {key or '<root>'} holds an interpolation ({value[:80]!r}); a "
                     "saved config is data and is never resolved"
                 )
-            return value
+            return text(value, key)
         if kind not in (dict, list, tuple):
             raise UntrustedCheckpointError(
                 f"{where}: {key or '<root>'} is a {kind.__name__}, not config data"
@@ -116,7 +137,7 @@ def config_data(node: Any, where: str) -> Any:
                             f"{where}: a key of {key or '<root>'} is a {type(k).__name__} "
                             f"({k!r}), not a string"
                         )
-                    out[k] = copy(v, _key(key, k), depth + 1)
+                    out[text(k, key)] = copy(v, _key(key, k), depth + 1)
                 return out
             return [copy(v, _key(key, i), depth + 1) for i, v in enumerate(value)]
         finally:
@@ -125,21 +146,58 @@ def config_data(node: Any, where: str) -> Any:
     return copy(node, "", 0)
 
 
+def _kind(value: Any) -> str | None:
+    """The kind of a config value, as :func:`_overlay` compares them (None: None)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {str: "a string", dict: "a mapping", list: "a list"}.get(type(value), "data")
+
+
+def _check_kind(tree: Any, saved: Any, key: str, where: str) -> None:
+    """Refuse a saved value of another kind than the tree's at its place (None fits anywhere).
+
+    The judge (:func:`_refusals`) and the code that uses a config read each value as the kind
+    the tree gives it: a mapping saved where the tree has a list of wrappers would be iterated
+    as one. A list of another length than the tree's holds elements of the tree's elements'
+    kind, where those share one.
+    """
+    ours, theirs = _kind(tree), _kind(saved)
+    if ours is not None and theirs is not None and ours != theirs:
+        raise UntrustedCheckpointError(
+            f"{where}: {key or '<root>'} is {theirs} ({json.dumps(saved)[:80]}) where your "
+            f"config tree has {ours}; a saved value must be of the kind your tree has at its "
+            "place (a run trained with such an override is resumed by typing it again)"
+        )
+    if isinstance(tree, list) and isinstance(saved, list) and len(tree) != len(saved):
+        model = next((v for v in tree if v is not None), None)
+        if model is not None and len({_kind(v) for v in tree} - {None}) == 1:
+            for i, value in enumerate(saved):
+                _check_kind(model, value, _key(key, i), where)
+
+
 def _overlay(raw: Any, tree: Any, saved: Any, key: str, where: str) -> Any:
     """``raw`` (the user's config there, unresolved) with the saved value laid over it.
 
-    ``tree`` is ``raw`` resolved. A leaf equal to the saved value keeps the user's node (an
+    ``tree`` is ``raw`` resolved. A saved value of another kind than the tree's is refused
+    (:func:`_check_kind`). A leaf equal to the saved value keeps the user's node (an
     interpolation stays one); another saved value replaces it (its type is checked where the
     config is verified, against the callables' annotations and the settings' fields). Inside
     a ``_target_`` node, keys the saved config lacks are dropped (the run used the callable's
-    default); settings the saved config lacks take the tree's value.
+    default), but for the command's own (:func:`~rl.checkpoints.invocation.invocation_only`:
+    withheld from ``saved``, they keep the tree's value); settings the saved config lacks take
+    the tree's value.
     """
+    _check_kind(tree, saved, key, where)
     if isinstance(raw, dict) and isinstance(saved, dict) and isinstance(tree, dict):
         out = {}
         for k, v in raw.items():
             if k in saved:
                 out[k] = _overlay(v, tree.get(k), saved[k], _key(key, k), where)
-            elif "_target_" not in raw or _META_RE.match(k):
+            elif "_target_" not in raw or _META_RE.match(k) or invocation_only(_key(key, k)):
                 out[k] = v
         out.update({k: v for k, v in saved.items() if k not in raw})
         return out
@@ -196,7 +254,11 @@ def _refusals(node: Any, tree: Any, key: str, rules: Sequence[Any]) -> Iterator[
                 yield Refusal(_key(key, k), json.dumps(v)[:200], why)
         for k in _WRAPPER_KEYS:
             ours = mine.get(k) if isinstance(mine.get(k), list) else []
-            for i, w in enumerate(node.get(k) or () if isinstance(node.get(k), list) else ()):
+            wrappers = node.get(k)
+            if wrappers is not None and not isinstance(wrappers, list):
+                yield Refusal(_key(key, k), json.dumps(wrappers)[:200], "not a list of wrappers")
+                continue
+            for i, w in enumerate(wrappers or ()):
                 if isinstance(w, str) and w not in ours:
                     reason = judge_target(w, rules) if rules else "not in your config tree"
                     if reason is not None:
@@ -232,11 +294,15 @@ class RebuiltConfig:
         config: Resolved, ready to build from.
         unresolved: The same with the tree's interpolations kept (``${total_env_steps}``).
         choices: The config group choices it was composed with.
+        withheld: The saved values that are the command's to give
+            (:func:`~rl.checkpoints.invocation.invocation_only`), by dotted path: ``config``
+            holds the tree's there instead.
     """
 
     config: dict[str, Any]
     unresolved: dict[str, Any]
     choices: dict[str, str]
+    withheld: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def rebuild_config(
@@ -247,25 +313,36 @@ def rebuild_config(
     trusted_targets: Sequence[str] = (),
     tree: ConfigTree | None = None,
     built: Sequence[str] | None = None,
+    overrides: Sequence[str] = (),
 ) -> RebuiltConfig:
     """Rebuild a saved run's config on the user's config tree (see the module's docstring).
 
     Args:
         saved: The saved resolved config, as data (:func:`config_data`).
-        choices: The config group choices saved with it (None: the tree's defaults).
+        choices: The config group choices saved with it (None: the tree's defaults). The
+            choice of a group that is the command's to make (``logger``) is left out.
         where: The file, for messages.
         trusted_targets: The user's patterns of callables a saved config may name where their
             config tree names another (``my_package.*``).
         tree: The user's config tree (default: the running app's, else the project's).
         built: The sections that will be built (evaluation: ``task`` and ``model``); only
             they are judged (None: every section, as for ``resume=``). The others are data.
+        overrides: Overrides typed by the user now (``task.wrappers=[my.Wrapper]``,
+            ``logger=wandb``), composed into the tree: what they name is the user's to name.
 
     Raises:
-        UntrustedCheckpointError: The saved config names code the tree does not name there.
-        CheckpointError: A choice the tree lacks, or a value of another kind than the tree's.
+        UntrustedCheckpointError: The saved config names code the tree does not name there,
+            or holds a value of another kind than the tree's.
+        CheckpointError: A choice the tree lacks.
     """
     saved, choices = migrate(saved, choices)  # an earlier version's layout, brought to today's
-    raw, used = (tree or ConfigTree()).compose(choices, where)
+    if choices is not None:
+        choices = {
+            g: o for g, o in choices.items() if g.partition("@")[0] not in INVOCATION_GROUPS
+        }
+    raw, used = (tree or ConfigTree()).compose(choices, where, overrides)
+    # The command's own values (addresses, loggers, paths, sizes) stay the tree's.
+    data, withheld = withhold({k: v for k, v in saved.items() if k not in INVOCATION_KEYS})
     # This invocation's keys, not the tree's (``output_dir: ${hydra:runtime.output_dir}``).
     output_dir = saved.get("output_dir")
     raw.update(
@@ -274,31 +351,34 @@ def rebuild_config(
         init_from=None,
         trusted_targets=list(trusted_targets),
     )
-    _fix_app_interpolations(raw, saved)
+    _fix_app_interpolations(raw, data)
     resolved_tree = _resolve(raw, where)
-    data = {k: v for k, v in saved.items() if k not in _INVOCATION_KEYS}
     merged = _overlay(raw, resolved_tree, data, "", where)
     merged = _pin(merged, _resolve(merged, where), data)
     config = _resolve(merged, where)
     rules = trust_rules(trusted_targets) if trusted_targets else ()
     judged = config if built is None else {k: config[k] for k in built if k in config}
+    for section in built or ():
+        if not isinstance(config.get(section), dict):
+            raise UntrustedCheckpointError(f"{where}: its saved {section!r} is not a mapping")
     refused = list(_refusals(judged, resolved_tree, "", rules))
     if refused:
-        first = refused[0].target.strip('"').rpartition(".")[0] or refused[0].target
         raise UntrustedCheckpointError(
             f"{where}: its saved config names code that your config tree does not name there "
             f"(rebuilt with {', '.join(f'{g}={o}' for g, o in sorted(used.items()))}):\n  "
             + "\n  ".join(map(str, refused))
-            + "\nIf you trust this checkpoint, allow its callables explicitly, e.g. "
-            f"trusted_targets='[{first}.*]' (see docs/concepts/checkpoints.md)"
+            + "\nOnly if you know where this checkpoint comes from and that it is your own task "
+            "or model, allow your package's callables by a pattern you type yourself, e.g. "
+            "trusted_targets='[my_package.*]' (see docs/concepts/checkpoints.md)"
         )
-    return RebuiltConfig(config, merged, used)
+    return RebuiltConfig(config, merged, used, withheld)
 
 
 def _fix_app_interpolations(raw: dict[str, Any], saved: Mapping[str, Any]) -> None:
     """Replace the tree's ``${hydra:...}`` / ``${now:...}`` by the saved values there.
 
-    Those resolve only inside a Hydra app; a place the saved config lacks becomes None.
+    Those resolve only inside a Hydra app; a place the saved config lacks (the command's own
+    values, withheld from it) becomes None.
     """
 
     def fix(node: Any, old: Any) -> Any:
@@ -316,6 +396,7 @@ def _fix_app_interpolations(raw: dict[str, Any], saved: Mapping[str, Any]) -> No
 
 
 __all__ = [
+    "MAX_CHARS",
     "MAX_DEPTH",
     "MAX_NODES",
     "ConfigTree",

@@ -36,48 +36,75 @@ log = logging.getLogger(__name__)
 EXPERT_NAME = "expert.eval.json"
 
 
+# The most of an ``expert.eval.json`` read (a real one is ~250 bytes an episode).
+_MAX_EXPERT_BYTES = 64 * 2**20
+
+
 def load_expert_reference(folder: Path, settings: Mapping[str, Any]) -> dict[str, float] | None:
-    """Mean metrics of ``folder/expert.eval.json`` if it ran on the same episode list."""
+    """Mean metrics of ``folder/expert.eval.json`` if it ran on the same episode list.
+
+    The file is a run folder's, so untrusted: a regular file (not a link, not a FIFO) of at most
+    :data:`_MAX_EXPERT_BYTES`; one that is not a reference of numbers is ignored with a warning.
+    """
     path = folder / EXPERT_NAME
-    if not path.is_file():
+    raw = read_regular_file(path, _MAX_EXPERT_BYTES + 1)
+    if raw is None:
         return None
     try:
-        data = json.loads(path.read_text())
+        if len(raw) > _MAX_EXPERT_BYTES:
+            raise ValueError(f"larger than {_MAX_EXPERT_BYTES:,} bytes")
+        data = json.loads(raw)
         seeds = [e["episode_seed"] for e in data["episodes"]]
-    except (ValueError, KeyError, TypeError):
-        log.warning("ignoring unreadable expert reference %s", path)
+        metrics = {str(k): float(v) for k, v in data["metrics"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        log.warning("ignoring unreadable expert reference %s (%s)", path, type(e).__name__)
         return None
     if seeds != episode_seed_list(int(settings["num_episodes"]), int(settings["episode_seed"])):
         return None
-    return {k: float(v) for k, v in data["metrics"].items()}
+    return metrics
 
 
 # The most of a run folder's config.yaml / .hydra/hydra.yaml read (a real one is a few KB).
 _MAX_CONFIG_BYTES = 4 * 2**20
+# The most overrides read from a ``.hydra/hydra.yaml`` (a command line has a few dozen).
+_MAX_OVERRIDES = 1_000
 
 
 def _folder_yaml(path: Path) -> Any:
-    """A run folder's YAML file as bounded data (None: missing, a link, not a regular file)."""
+    """A run folder's YAML file as parsed, unchecked (None: missing, a link, not a regular file).
+
+    Bounded in size, and parsed with ``yaml.safe_load`` (aliases are shared, never copied);
+    what is used of it goes through :func:`~rl.checkpoints.saved_config.config_data`.
+    """
     raw = read_regular_file(path, _MAX_CONFIG_BYTES + 1)
     if raw is None:
         return None
     if len(raw) > _MAX_CONFIG_BYTES:
         raise CheckpointError(f"{path}: larger than {_MAX_CONFIG_BYTES:,} bytes; refused")
     try:
-        return config_data(yaml.safe_load(raw), str(path))
+        return yaml.safe_load(raw)
     except yaml.YAMLError as e:
         raise CheckpointError(f"{path}: not YAML: {str(e).splitlines()[0]}") from e
+    except RecursionError as e:
+        raise CheckpointError(f"{path}: nested too deeply to be a config; refused") from e
 
 
-def _hydra_choices(hydra: Any) -> Any:
-    """The ordered config group choices of a ``.hydra/hydra.yaml``'s ``hydra`` node (data)."""
+def _hydra_choices(path: Path) -> Any:
+    """The ordered config group choices of a run's ``.hydra/hydra.yaml`` (None: none).
+
+    Only ``hydra.runtime.choices`` and the keys of ``hydra.overrides.task`` are read, as
+    data: the rest of Hydra's file (its own interpolations included) is never used.
+    """
+    hydra = _folder_yaml(path)
+    hydra = hydra.get("hydra") if isinstance(hydra, dict) else None
     if not isinstance(hydra, dict):
         return None
     runtime, overrides = hydra.get("runtime"), hydra.get("overrides")
-    return ordered_choices(
-        runtime.get("choices") if isinstance(runtime, dict) else None,
-        overrides.get("task") if isinstance(overrides, dict) else None,
-    )
+    choices = runtime.get("choices") if isinstance(runtime, dict) else None
+    typed = overrides.get("task") if isinstance(overrides, dict) else None
+    typed = typed[:_MAX_OVERRIDES] if isinstance(typed, list) else []
+    keys = [o.split("=", 1)[0] for o in typed if isinstance(o, str)]
+    return ordered_choices(config_data(choices, str(path)), config_data(keys, str(path)))
 
 
 def _task_of_run(run_dir: Path, trusted_targets: Sequence[str]) -> dict[str, Any]:
@@ -93,14 +120,13 @@ def _task_of_run(run_dir: Path, trusted_targets: Sequence[str]) -> dict[str, Any
         config, choices, where = state["config"], state["choices"], str(found[-1])
     else:
         config = _folder_yaml(run_dir / "config.yaml")
+        config = None if config is None else config_data(config, str(run_dir / "config.yaml"))
         if not isinstance(config, dict):
             raise CheckpointError(
                 f"{run_dir}: no checkpoint and no config.yaml to take a task from"
             )
         where = str(run_dir / "config.yaml")
-        hydra = _folder_yaml(run_dir / ".hydra" / "hydra.yaml")
-        hydra = hydra.get("hydra") if isinstance(hydra, dict) else None
-        choices = saved_choices(_hydra_choices(hydra), where)
+        choices = saved_choices(_hydra_choices(run_dir / ".hydra" / "hydra.yaml"), where)
     rebuilt = rebuild_config(
         config, choices, where, trusted_targets=trusted_targets, built=("task",)
     )
@@ -125,8 +151,8 @@ def evaluate_expert_reference(
         NoExpertError: If the task has no expert.
     """
     folder: Path | None = None
-    if cfg.run_dir:
-        folder = Path(cfg.run_dir)
+    if cfg.run_dir:  # (resolved: the user may reach it through a link; nothing below it is)
+        folder = Path(cfg.run_dir).expanduser().resolve()
     elif cfg.ckpt:
         folder = find_checkpoints(ckpt=cfg.ckpt)[0].run_dir
     if task:
@@ -140,7 +166,7 @@ def evaluate_expert_reference(
         )
     task = with_split(task, cfg.split)
     if folder is None:
-        folder = Path(cfg.output_dir)
+        folder = Path(cfg.output_dir).resolve()
     with RunLock(folder, "evaluation"):
         return _evaluate_expert_into(cfg, task, folder)
 

@@ -37,8 +37,8 @@ def training_curve(metrics_file: Path) -> list[dict[str, float]]:
     """The plotted metrics of a run's training episodes: ``{"step", "success", ...}`` per log.
 
     Reads ``metrics.jsonl`` (one record per log point), a regular file only and at most
-    :data:`MAX_METRICS_BYTES` of it; a missing file, a link, a FIFO or a line that is not JSON
-    (a run killed mid-write) gives what could be read.
+    :data:`MAX_METRICS_BYTES` of it; a missing file, a link, a FIFO or a line that is not a
+    JSON record of numbers (a run killed mid-write, a crafted file) gives what could be read.
     """
     rows = []
     raw = read_regular_file(Path(metrics_file), MAX_METRICS_BYTES)
@@ -47,12 +47,14 @@ def training_curve(metrics_file: Path) -> list[dict[str, float]]:
     for line in raw.decode("utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # (nested beyond Python's stack)
+            continue
+        if not isinstance(record, dict):
             continue
         row = {
             key: record[name] for key, name in TRAINING_KEYS.items() if _finite(record.get(name))
         }
-        if row and "env_step" in record:
+        if row and _finite(record.get("env_step")):
             rows.append({"step": float(record["env_step"]), **row})
     return rows
 
@@ -112,9 +114,13 @@ def plot_checkpoint_metrics(
         fig.suptitle(title, fontsize="medium")
     image = io.BytesIO()
     fig.savefig(image, format="png", dpi=100)
-    write_atomic(path, image.getvalue())  # (a link under the name is replaced, not followed)
+    # (a link under the name is replaced, not followed; a full disk is named)
+    write_atomic(path, image.getvalue(), what="evaluation plot")
     return path
 
 
 def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and math.isfinite(float(value))
+    try:
+        return isinstance(value, int | float) and math.isfinite(float(value))
+    except OverflowError:  # (an integer beyond a float's range)
+        return False

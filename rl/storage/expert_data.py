@@ -22,6 +22,7 @@ from tensordict import TensorDict
 from rl.sampling.runner import ExpertActor, run_steps
 from rl.sampling.serial import SerialSampler
 from rl.tasks.fields import EXPERT_ACTIONS
+from rl.utils.config import MAX_EPISODES, Check, ConfigError
 from rl.utils.files import write_atomic
 
 
@@ -62,7 +63,14 @@ def generate_expert_trajectories(
 
     Returns:
         ``path``.
+
+    Raises:
+        ConfigError: ``num_episodes`` is not in ``[1, MAX_EPISODES]`` (checked first).
     """
+    if not isinstance(num_episodes, int) or isinstance(num_episodes, bool):
+        raise ConfigError(f"generate.num_episodes: expected an int, got {num_episodes!r}")
+    if (problem := Check(ge=1, le=MAX_EPISODES).problem(num_episodes)) is not None:
+        raise ConfigError(f"generate.num_episodes: {problem}")
     steps: dict[str, list[np.ndarray]] = {}
     actions: list[int] = []
     starts: list[bool] = [True]  # whether each recorded step starts an episode
@@ -99,7 +107,8 @@ class ExpertTrajectoryIterator:
         seed: Seed of the window sampler.
         generate: If the file is missing, generate it with these arguments of
             :func:`generate_expert_trajectories` (``task``, ``num_episodes``, ``seed``); None
-            makes a missing file an error.
+            makes a missing file an error (a resumed run always has None: it never generates
+            data, :mod:`rl.checkpoints.invocation`).
     """
 
     def __init__(
@@ -116,7 +125,10 @@ class ExpertTrajectoryIterator:
             if generate is None:
                 raise FileNotFoundError(
                     f"expert trajectories {file} not found; create them with "
-                    "`python -m rl.storage.expert_data` or set `generate`"
+                    f"`python -m rl.storage.expert_data --out {file}`, or set `generate` (a "
+                    "resumed run never generates data; its path is the command's: type the "
+                    "path the run was trained with, "
+                    "pipeline.stages.N.offpolicy_component.data_iterator.path=FILE)"
                 )
             generate_expert_trajectories(**generate, path=file)
         with np.load(file) as data:

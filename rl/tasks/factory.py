@@ -39,6 +39,10 @@ def build_env(task: Mapping[str, Any], **kwargs: Any) -> gym.Env:
         TypeError: The target did not build a ``gymnasium.Env``.
     """
     transforms = task.get("observations") or ()
+    if not isinstance(transforms, (list, tuple)):
+        raise TypeError(
+            f"task.observations: expected a list of transforms, got a {type(transforms).__name__}"
+        )
     env = hydra.utils.instantiate(
         {k: v for k, v in task.items() if k not in FRAMEWORK_KEYS}, **kwargs
     )

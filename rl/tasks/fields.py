@@ -103,7 +103,10 @@ def step_fields_of(task: Mapping[str, Any], env: gym.Env, name: str) -> dict[str
             the task and the field.
     """
     declared: dict[str, Any] = dict(getattr(env.unwrapped, "step_fields", None) or {})
-    declared.update(task.get("step_fields") or {})
+    own = task.get("step_fields") or {}
+    if not isinstance(own, Mapping):
+        raise ValueError(f"task {name!r}: step_fields is a {type(own).__name__}, not a mapping")
+    declared.update(own)
     fields: dict[str, StepField] = {}
     for key, spec in declared.items():
         where = f"task {name!r}: step field {key!r}"

@@ -23,10 +23,27 @@ def resolve_wrapper(path: str) -> Callable[[gym.Env], gym.Env]:
     return wrapper  # type: ignore[no-any-return]
 
 
+def _wrapper_list(wrappers: Any) -> Sequence[Any]:
+    """``wrappers`` if it is a list of them (None: none), else a ``TypeError``.
+
+    A mapping or a string is never iterated as wrappers: its keys or characters would be
+    imported as dotted paths.
+    """
+    if wrappers is None:
+        return ()
+    if isinstance(wrappers, Sequence) and not isinstance(wrappers, (str, bytes)):
+        return wrappers
+    raise TypeError(f"task.wrappers: expected a list of wrappers, got a {type(wrappers).__name__}")
+
+
 def wrapper_errors(task: Mapping[str, Any]) -> list[str]:
     """Problems of a task config's ``wrappers`` (dotted paths that do not resolve, other types)."""
     errors = []
-    for i, wrap in enumerate(task.get("wrappers") or ()):
+    try:
+        wrappers = _wrapper_list(task.get("wrappers"))
+    except TypeError as e:
+        return [str(e)]
+    for i, wrap in enumerate(wrappers):
         where = f"task.wrappers.{i}"
         if isinstance(wrap, str):
             try:
@@ -64,6 +81,7 @@ def make_gym_env(
     Returns:
         The wrapped environment.
     """
+    wrappers = _wrapper_list(wrappers)  # (before anything is built)
     kwargs = dict(env_kwargs or {})
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
@@ -71,6 +89,6 @@ def make_gym_env(
         env = gym.make(env_id, **kwargs)
     except gym.error.Error as e:
         raise ValueError(f"task.env_id={env_id!r}: {e}") from e
-    for wrap in wrappers or ():
+    for wrap in wrappers:
         env = (resolve_wrapper(wrap) if isinstance(wrap, str) else wrap)(env)
     return env
