@@ -28,6 +28,7 @@ import hashlib
 import io
 import os
 import re
+import stat
 import zipfile
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -36,7 +37,7 @@ import torch
 
 from rl.checkpoints.errors import CheckpointError, UntrustedCheckpointError  # noqa: F401
 from rl.checkpoints.saved_config import config_data, saved_choices
-from rl.utils.files import TMP_SUFFIX, write_atomic
+from rl.utils.files import TMP_SUFFIX, read_regular_file, run_subdir, write_atomic
 from rl.utils.finite import NonFiniteError, nonfinite_tensors
 
 CHECKPOINT_DIR = "checkpoints"
@@ -193,6 +194,7 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps:
         )
     buffer = io.BytesIO()
     torch.save(state, buffer)
+    path = run_subdir(run_dir, CHECKPOINT_DIR) / path.name  # (a linked checkpoints/: refused)
     try:
         write_atomic(path, lambda f: f.write(with_digest(buffer.getvalue())))
     except OSError as e:
@@ -221,8 +223,13 @@ def _intact(run_dir: Path) -> str:
 
 
 def remove_stale_temp_files(run_dir: str | Path) -> list[Path]:
-    """Delete temporary files left by writes that were killed (call only when nothing writes)."""
-    folder = Path(run_dir) / CHECKPOINT_DIR
+    """Delete temporary files left by writes that were killed (call only when nothing writes).
+
+    Raises:
+        UnsafePathError: The run's ``checkpoints`` is a link (another run's files, perhaps in
+            use) or not a folder.
+    """
+    folder = run_subdir(run_dir, CHECKPOINT_DIR, create=False)
     if not folder.is_dir():
         return []
     stale = [p for p in folder.glob(".*" + TMP_SUFFIX) if p.is_file()]
@@ -232,8 +239,13 @@ def remove_stale_temp_files(run_dir: str | Path) -> list[Path]:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Checkpoints of a run in step order: regular files under checkpoint names (not links)."""
-    folder = Path(run_dir) / CHECKPOINT_DIR
+    """Checkpoints of a run in step order: regular files under checkpoint names (not links).
+
+    Raises:
+        UnsafePathError: The run's ``checkpoints`` is a link (a copied run pointing at another
+            run's files: never listed) or not a folder.
+    """
+    folder = run_subdir(run_dir, CHECKPOINT_DIR, create=False)
     if not folder.is_dir():
         return []
     found = [
@@ -256,10 +268,9 @@ def _pointed_name(pointer: Path) -> str | None:
     ``../../elsewhere/foreign.pt`` (or links elsewhere) never sends evaluation or resume out of
     the run.
     """
-    if pointer.is_symlink() or not pointer.is_file():
+    raw = read_regular_file(pointer, _MAX_POINTER_BYTES + 1)  # (a folder, a FIFO: None)
+    if raw is None:
         return None
-    with pointer.open("rb") as f:
-        raw = f.read(_MAX_POINTER_BYTES + 1)
     name = raw.decode("utf-8", errors="replace").strip()
     if len(raw) > _MAX_POINTER_BYTES or Path(name).name != name:
         return None
@@ -269,10 +280,14 @@ def _pointed_name(pointer: Path) -> str | None:
 def latest_checkpoint(run_dir: str | Path) -> Path:
     """The newest checkpoint of a run (via ``latest``, else the last in step order).
 
-    ``latest`` counts only when it names a regular file beside it (not a link); otherwise the
-    newest checkpoint in step order is taken.
+    ``latest`` counts only when it is a regular file naming a regular file beside it (not a
+    link); otherwise the newest checkpoint in step order is taken.
+
+    Raises:
+        CheckpointError: The run has no checkpoint.
+        UnsafePathError: The run's ``checkpoints`` is a link or not a folder.
     """
-    folder = Path(run_dir) / CHECKPOINT_DIR
+    folder = run_subdir(run_dir, CHECKPOINT_DIR, create=False)
     name = _pointed_name(folder / LATEST)
     if name is not None:
         candidate = folder / name
@@ -287,15 +302,60 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
 def checkpoint_file(path: str | Path) -> Path:
     """The checkpoint file ``path`` names.
 
-    A file is itself; a run's ``checkpoints/latest`` pointer (what ``evaluate.py ckpt=`` also
-    takes) names the run's newest checkpoint, and so does a run folder.
+    A file is itself (:func:`checked_file_path`: in a run's ``checkpoints/``, below the
+    resolved run folder); a run's ``checkpoints/latest`` pointer (what ``evaluate.py ckpt=``
+    also takes) names the run's newest checkpoint (a ``latest`` that is not a regular file is
+    ignored, as :func:`latest_checkpoint` ignores it), and so does a run folder.
+
+    Raises:
+        UnsafePathError: The run's ``checkpoints`` is a link or not a folder.
     """
-    path = Path(path)
-    if path.name == LATEST and path.is_file():
+    path = Path(path).expanduser()
+    in_run = path.parent.name == CHECKPOINT_DIR
+    if path.name == LATEST and (path.is_file() or (in_run and os.path.lexists(path))):
         return latest_checkpoint(path.parent.parent)
     if path.is_dir() and (path / CHECKPOINT_DIR).is_dir():
         return latest_checkpoint(path)
-    return path
+    return checked_file_path(path)
+
+
+def checked_file_path(path: str | Path) -> Path:
+    """``path``, a file a user named (``ckpt=``, ``export_path=``), with its folders checked.
+
+    A file in a folder named ``checkpoints`` lies in a run: the run folder is resolved (the
+    user may reach it through a link) and its ``checkpoints`` must be a real folder
+    (:func:`~rl.utils.files.run_subdir`), so a copied run whose ``checkpoints`` links to
+    another run's is refused by name, never read or written beside. Any other file's folder is
+    resolved. The file's own name is kept (a link the user names is theirs to follow).
+
+    Raises:
+        UnsafePathError: The run's ``checkpoints`` is a link or not a folder.
+    """
+    path = Path(path).expanduser()
+    if path.parent.name == CHECKPOINT_DIR:
+        return run_subdir(path.parent.parent, CHECKPOINT_DIR, create=False) / path.name
+    return path.parent.resolve() / path.name
+
+
+def _open_regular(path: Path) -> BinaryIO:
+    """``path`` opened to read if it is a regular file; never blocks on a FIFO.
+
+    Raises:
+        CheckpointError: It is missing, or not a regular file (a folder, a FIFO, a device).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} does not exist") from None
+    except OSError as e:
+        raise CheckpointError(f"cannot open checkpoint {path}: {e.strerror or e}") from e
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CheckpointError(
+            f"checkpoint {path} is not a regular file (a folder, a FIFO or a device)"
+        )
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -314,9 +374,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         map_location: Where the tensors go.
     """
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    with path.open("rb") as f:
+    with _open_regular(path) as f:
         problem = archive_problem(f)
         if problem is not None:
             raise CheckpointError(f"cannot read checkpoint {path}: {problem}")

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from rl.utils.files import open_nofollow
+from rl.utils.files import open_nofollow, read_regular_file
 
 LOCK_NAME = ".lock"
 
@@ -39,13 +39,14 @@ class RunLock:
     """The exclusive lock of a run folder, held from :meth:`acquire` to :meth:`release`.
 
     Args:
-        run_dir: The run folder (created if missing).
+        run_dir: The run folder (created if missing); resolved, so that the folder is locked
+            whichever link it was reached through.
         purpose: What this process does there (``training``, ``evaluation``), for the
             message a later taker is refused with.
     """
 
     def __init__(self, run_dir: str | Path, purpose: str = "training") -> None:
-        self.run_dir = Path(run_dir)
+        self.run_dir = Path(run_dir).resolve()
         self.path = self.run_dir / LOCK_NAME
         self.purpose = purpose
         self._fd: int | None = None
@@ -90,10 +91,8 @@ class RunLock:
 
     def holder(self) -> str:
         """Who holds (or last held) the lock, as written in the lock file."""
-        try:
-            return self.path.read_text(errors="replace").strip()
-        except OSError:
-            return ""
+        record = read_regular_file(self.path, 4096)  # (never a link or a FIFO)
+        return "" if record is None else record.decode(errors="replace").strip()
 
     def release(self) -> None:
         """Release the lock (idempotent)."""

@@ -10,7 +10,6 @@ returns a :class:`StartPlan`.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import logging
 import time
 from collections.abc import Mapping
@@ -32,7 +31,7 @@ from rl.checkpoints.lock import RunLock
 from rl.checkpoints.resume_config import resume_config, typed_override_keys, unresolved_config
 from rl.checkpoints.saved_config import rebuild_config, run_choices
 from rl.utils.config import ConfigError
-from rl.utils.files import NoFollowFileHandler, UnsafePathError
+from rl.utils.files import NoFollowFileHandler, check_file_target, run_subdir
 
 if TYPE_CHECKING:  # (importing the models imports tensordict: loading a checkpoint need not)
     from rl.models.policy import Policy
@@ -213,9 +212,9 @@ def _resume_plan(
     """The plan of ``resume=``, once the run folder is locked."""
     _check_training_state(state, path)
     # The run's own train.log gets this invocation's log too (Hydra's goes to a new folder);
-    # a link under its name (a copied folder) is refused, never written through.
-    if (run_dir / "train.log").is_symlink():
-        raise UnsafePathError(errno.ELOOP, f"{run_dir / 'train.log'} is a symbolic link; refused")
+    # a link, a folder or a FIFO under its name (a copied folder) is refused by name, never
+    # written through.
+    check_file_target(run_dir / "train.log")
     handler = NoFollowFileHandler(run_dir / "train.log", encoding="utf-8", delay=True)
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
     logging.getLogger().addHandler(handler)
@@ -245,12 +244,15 @@ def _move_later_checkpoints_aside(run_dir: Path, path: Path) -> None:
     """Move the checkpoints after ``path`` aside (resuming from an older one branches the run).
 
     Step order then stays the run's history, and ``resume=RUN_DIR`` finds the right one.
+
+    Raises:
+        UnsafePathError: ``checkpoints/superseded_<time>`` is a link or not a folder.
     """
     newer = [p for p in list_checkpoints(run_dir) if p.name > path.name]
     if not newer:
         return
-    aside = run_dir / CHECKPOINT_DIR / f"superseded_{time.strftime('%Y%m%d-%H%M%S')}"
-    aside.mkdir(exist_ok=True)
+    # (a link under the name, planted in a copied run, would move the files out of the run)
+    aside = run_subdir(run_dir, CHECKPOINT_DIR, f"superseded_{time.strftime('%Y%m%d-%H%M%S')}")
     for p in newer:
         for f in (p, *p.parent.glob(f"{p.stem}.eval*.json")):  # its evaluations too
             if f.exists():

@@ -210,7 +210,7 @@ def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dic
         run = RunSettings.from_config(cfg)
         stack.enter_context(deterministic_mode(run.deterministic))  # before any CUDA work
         main = ctx is None or ctx.is_main
-        output_dir = Path(run.output_dir)
+        output_dir = Path(run.output_dir).resolve()  # (typed through a link, perhaps: once)
         # A task whose spaces no policy can take is a refused config: found before the run
         # folder is written (SpaceError is a ConfigError).
         layout = task_layout(cfg["task"])

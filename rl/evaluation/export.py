@@ -49,13 +49,13 @@ from tensordict import TensorDict
 from tensordict.utils import NestedKey
 from torch import nn
 
-from rl.checkpoints.files import checkpoint_file
+from rl.checkpoints.files import checked_file_path, checkpoint_file
 from rl.evaluation.inference import InferenceAgent
 from rl.evaluation.selection import is_glob
 from rl.evaluation.settings import EvaluateSettings
 from rl.models.policy import Policy, first_step
 from rl.utils.config import ConfigError
-from rl.utils.files import write_atomic
+from rl.utils.files import write_atomic, write_atomic_by_name
 
 __all__ = [
     "EXPORT_FORMATS",
@@ -209,12 +209,20 @@ def export_policy(
             agent's own deterministic actions (0: no check).
         seed: Seed of the sampled observations.
 
+    Every file is written atomically (a temporary file with a random name in the same folder,
+    renamed over the name: a link there is replaced, never written through); in a run's
+    ``checkpoints/``, that folder is checked first
+    (:func:`~rl.checkpoints.files.checked_file_path`).
+
     Raises:
         ExportError: The policy could not be exported, or the file acts otherwise.
+        OSError: A file cannot be written (a full disk: the message names it); no temporary
+            file is left behind.
+        UnsafePathError: The folder written into is a link (or a run's linked ``checkpoints``).
     """
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"export: expected one of {', '.join(EXPORT_FORMATS)}, got {fmt!r}")
-    path = Path(path)
+    path = checked_file_path(path)
     if agent.action_space is None:
         raise ExportError("export needs the environment's action space (the agent has none)")
     # A CPU copy: the agent keeps its model where it runs (the check below acts with it).
@@ -241,11 +249,12 @@ def export_policy(
         {"name": n, "dtype": str(x.dtype).removeprefix("torch."), "shape": ["N", *x.shape[1:]]}
         for n, x in zip(output_names, outputs_example, strict=True)
     ]
-    path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "onnx":
         _write_onnx(program, path, names, output_names)
     else:
-        torch.export.save(program, str(path))
+        archive = io.BytesIO()
+        torch.export.save(program, archive)
+        write_atomic(path, archive.getvalue(), what="export")
     description = path.with_name(path.name + ".json")
     write_atomic(
         description,
@@ -260,6 +269,7 @@ def export_policy(
             },
             indent=1,
         ),
+        what="export description",
     )
     checked = 0
     if check_observations:
@@ -295,9 +305,10 @@ def _write_onnx(program: Any, path: Path, names: list[str], output_names: list[s
     except ImportError as e:  # onnxscript, onnx: installed with the project
         raise ExportError(f"export=onnx needs the onnx and onnxscript packages: {e}") from e
     assert onnx_program is not None
-    tmp = path.with_name(f".{path.name}.tmp")
-    onnx_program.save(str(tmp), external_data=False)
-    tmp.replace(path)
+    # (by name, to a fresh temporary file with a random name: never through a link)
+    write_atomic_by_name(
+        path, lambda tmp: onnx_program.save(str(tmp), external_data=False), what="export"
+    )
 
 
 def load_exported(path: str | Path, fmt: ExportFormat) -> Any:

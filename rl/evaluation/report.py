@@ -36,12 +36,13 @@ def eval_json_path(checkpoint: Path, settings: Mapping[str, Any]) -> Path:
 
 def write_eval_json(path: Path, result: EvalResult, settings: Mapping[str, Any]) -> None:
     """Write the settings, mean metrics and per-episode records as JSON."""
-    write_atomic(  # (a link under the name is replaced, not followed)
+    write_atomic(  # (a link under the name is replaced, not followed; a full disk is named)
         path,
         json.dumps(
             {"settings": dict(settings), "metrics": result.metrics, "episodes": result.episodes},
             indent=1,
         ),
+        what="evaluation result",
     )
 
 

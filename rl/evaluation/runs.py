@@ -165,8 +165,8 @@ def write_summary(
     )
     own, latest = summary_stems(settings)
     for stem in (own, latest):  # (a link under a name is replaced, not followed)
-        write_atomic(folder / f"{stem}.csv", table.getvalue())
-        write_atomic(folder / f"{stem}.json", data)
+        write_atomic(folder / f"{stem}.csv", table.getvalue(), what="evaluation summary")
+        write_atomic(folder / f"{stem}.json", data, what="evaluation summary")
     return folder / f"{own}.csv", folder / f"{own}.json"
 
 
@@ -282,7 +282,7 @@ def _evaluate_selected(
                 training=training_curve(run_dir / "metrics.jsonl"),
             )
             if png is not None:
-                write_atomic(run_dir / f"{latest}.png", png.read_bytes())
+                write_atomic(run_dir / f"{latest}.png", png.read_bytes(), what="evaluation plot")
                 print(f"wrote {png} (and {latest}.png)")
     return logged
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rl.checkpoints.files import (
     CHECKPOINT_DIR,
+    LATEST,
     CheckpointError,
+    checked_file_path,
     checkpoint_file,
     list_checkpoints,
     load_checkpoint,
@@ -29,8 +32,14 @@ _GLOB_CHARS = frozenset("*?[")
 
 
 def is_glob(value: Any) -> bool:
-    """Whether ``value`` (a ``ckpt=`` value) is a glob of files rather than one file."""
-    return bool(value) and bool(_GLOB_CHARS & set(str(value)))
+    """Whether ``value`` (a ``ckpt=`` value) is a glob of files rather than one file.
+
+    A path that exists is taken literally, glob characters and all (``run[1]/ckpt.pt``): it
+    never matches other files.
+    """
+    if not value or not _GLOB_CHARS & set(str(value)):
+        return False
+    return not os.path.lexists(os.path.expanduser(str(value)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,11 +96,15 @@ def find_checkpoints(
         run_dir: A run folder: every checkpoint in its ``checkpoints/``.
 
     Returns:
-        The checkpoints grouped by run folder, each run in step order (stage breaks ties).
+        The checkpoints grouped by run folder, each run in step order (stage breaks ties);
+        their paths lie below the resolved run folders, whose ``checkpoints`` were checked
+        (:func:`~rl.checkpoints.files.checked_file_path`).
 
     Raises:
         ConfigError: If neither or both are given.
         CheckpointError: If nothing matches, or a file needed for ordering is unreadable.
+        UnsafePathError: A run's ``checkpoints`` is a link (another run's files: never
+            evaluated in its place) or not a folder.
     """
     if bool(ckpt) == bool(run_dir):
         raise ConfigError(
@@ -105,7 +118,7 @@ def find_checkpoints(
             raise CheckpointError(f"no checkpoint in {Path(run_dir) / CHECKPOINT_DIR}")
     elif is_glob(ckpt):
         paths = [
-            Path(p)
+            checked_file_path(p)
             for p in glob.glob(str(ckpt), recursive=True)
             if Path(p).is_file() and Path(p).suffix in CHECKPOINT_SUFFIXES
         ]
@@ -114,14 +127,16 @@ def find_checkpoints(
                 f"no checkpoint file ({'/'.join(CHECKPOINT_SUFFIXES)}) matches ckpt={ckpt!r}"
             )
     else:
-        path = Path(str(ckpt))
-        if path.is_dir():
+        path = Path(str(ckpt)).expanduser()
+        pointer = path.name == LATEST and path.parent.name == CHECKPOINT_DIR  # (any kind: ignored)
+        if path.is_dir() and not pointer:
             raise ConfigError(
                 f"ckpt={ckpt!r} is a folder; for every checkpoint of a run use run_dir="
             )
         path = checkpoint_file(path)  # (the run's latest pointer: its newest checkpoint)
-        if not path.is_file():
-            raise CheckpointError(f"checkpoint {path} does not exist")
+        if not path.is_file():  # (a FIFO is never opened: it could block)
+            problem = "is not a regular file" if os.path.lexists(path) else "does not exist"
+            raise CheckpointError(f"checkpoint {path} {problem}")
         paths = [path]
     refs = [checkpoint_ref(p) for p in paths]
     return sorted(refs, key=lambda r: (str(r.run_dir), r.step, r.stage, r.path.name))

@@ -271,7 +271,11 @@ class BackgroundValidation(Callback):
             self.logger.log(step, payload)
             self.last_metrics = dict(payload)
             self._unobserved.append(dict(payload))
-            write_atomic(result_path(Path(path)), json.dumps({"step": step, "metrics": payload}))
+            write_atomic(
+                result_path(Path(path)),
+                json.dumps({"step": step, "metrics": payload}),
+                what="validation result",  # (a full disk: named)
+            )
         else:
             self.failed.append(path)
             log.error("validation of %s (step %d) failed:\n%s", path, step, payload)

@@ -6,9 +6,10 @@ minigrid renders RGB frames) playing environment 0's seed, runs the current poli
 whole episode through the one step loop (:func:`~rl.sampling.runner.run_steps`; recurrent state
 handled, actions sampled from the callback's own generator so training's random streams are
 untouched), and writes ``<run>/videos/step_<N>.mp4`` (imageio + ffmpeg; an animated GIF via
-Pillow when ffmpeg is missing), with a caption under every frame (step, action, reward, return;
-the episode's metrics on the last frame: :func:`caption_frame`). The logger's ``log_video``
-hands it to the sinks that show videos (wandb).
+Pillow when ffmpeg is missing; atomically, never through a link), with a caption under every
+frame (step, action, reward, return; the episode's metrics on the last frame:
+:func:`caption_frame`). The logger's ``log_video`` hands it to the sinks that show videos
+(wandb).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from rl.sampling.runner import run_steps
 from rl.sampling.serial import SerialSampler
 from rl.training.callbacks import Callback, RolloutInfo
 from rl.training.trainer import OnPolicyTrainer
+from rl.utils.files import run_subdir, write_atomic, write_atomic_by_name
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,10 @@ def _action_text(action: np.ndarray) -> str:
 def write_video(frames: Sequence[np.ndarray], path: Path, fps: int = 8) -> Path:
     """Write RGB frames as an MP4 (imageio-ffmpeg), else as a GIF next to it (Pillow).
 
+    Both are written atomically (:mod:`rl.utils.files`): to a temporary file with a random name
+    in the same folder, renamed over ``path``: a link under the name (a copied run folder) is
+    replaced, never written through; a full disk is an :class:`OSError` naming the file.
+
     Args:
         frames: ``[H, W, 3]`` uint8 frames.
         path: Target path with a ``.mp4`` suffix.
@@ -80,26 +86,40 @@ def write_video(frames: Sequence[np.ndarray], path: Path, fps: int = 8) -> Path:
 
     Returns:
         The path written (``.gif`` suffix when ffmpeg was not available).
+
+    Raises:
+        UnsafePathError: ``path``'s folder is a link, or ``path`` is a folder.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     padded = [_pad_frame(np.asarray(f, dtype=np.uint8)) for f in frames]
     try:
         import imageio.v2 as imageio
         import imageio_ffmpeg  # noqa: F401  (the ffmpeg binary the mp4 writer needs)
-
-        with imageio.get_writer(path, fps=fps, codec="libx264", macro_block_size=16) as writer:
-            for frame in padded:
-                writer.append_data(frame)
-        return path
     except ImportError:
         from PIL import Image
 
         gif = path.with_suffix(".gif")
         images = [Image.fromarray(f) for f in padded]
-        images[0].save(
-            gif, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0
+        write_atomic(
+            gif,
+            lambda f: images[0].save(
+                f,
+                format="GIF",
+                save_all=True,
+                append_images=images[1:],
+                duration=int(1000 / fps),
+                loop=0,
+            ),
+            what="probe video",
         )
         return gif
+
+    def write_mp4(tmp: Path) -> None:
+        with imageio.get_writer(tmp, fps=fps, codec="libx264", macro_block_size=16) as writer:
+            for frame in padded:
+                writer.append_data(frame)
+
+    write_atomic_by_name(path, write_mp4, what="probe video")
+    return path
 
 
 def rendering_sampler(task: Mapping[str, Any], seed: int) -> Sampler:
@@ -253,7 +273,8 @@ class ProbeVideo(Callback):
         if interval < 1:
             raise ValueError(f"video_interval must be >= 1, got {interval}")
         self.task = dict(task)
-        self.folder = Path(output_dir) / "videos"
+        self.output_dir = Path(output_dir)
+        self.folder = self.output_dir / "videos"
         self.interval = interval
         self.seed = seed
         self.device = torch.device(device)
@@ -275,7 +296,12 @@ class ProbeVideo(Callback):
         logger: MetricsLogger | None = None,
         normalizer: Normalizer | None = None,
     ) -> Path:
-        """Record one episode with ``model`` now and save it as ``videos/step_<step>``."""
+        """Record one episode with ``model`` now and save it as ``videos/step_<step>``.
+
+        Raises:
+            UnsafePathError: The run's ``videos`` is a link or not a folder (checked first).
+        """
+        folder = run_subdir(self.output_dir, "videos")  # (a linked videos/: refused)
         if self._sampler is None:
             self._sampler = rendering_sampler(self.task, self.seed)
         generator = torch.Generator(device=self.device).manual_seed(self.seed)
@@ -288,7 +314,7 @@ class ProbeVideo(Callback):
             normalizer=normalizer,
             captions=True,
         )
-        path = write_video(frames, self.folder / f"step_{step:012d}.mp4", fps=self.fps)
+        path = write_video(frames, folder / f"step_{step:012d}.mp4", fps=self.fps)
         self.videos.append(path)
         log.info(
             "probe video %s (%d frames, return %.2f)", path.name, len(frames), metrics["return"]

@@ -6,9 +6,10 @@ import json
 import math
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 from rl.loggers.base import MetricsSink, RunContext
-from rl.utils.files import describe_write_error, open_append
+from rl.utils.files import describe_write_error, open_append, run_subdir
 
 
 class JsonlSink(MetricsSink):
@@ -20,9 +21,10 @@ class JsonlSink(MetricsSink):
     """
 
     def __init__(self, *, context: RunContext, filename: str = "metrics.jsonl") -> None:
-        self.path = context.path(filename, "JsonlSink filename")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open_append(self.path)  # (a link under the name is refused)
+        path = context.path(filename, "JsonlSink filename")
+        # (its folder's components checked: a link there is refused, never written through)
+        self.path = run_subdir(context.output_dir, *Path(filename).parent.parts) / path.name
+        self._file = open_append(self.path)  # (a link, a folder, a FIFO under the name: refused)
         self._t0 = time.time()
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:

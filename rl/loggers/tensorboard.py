@@ -22,6 +22,7 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 
 from rl.loggers.base import MetricsSink, RunContext
+from rl.utils.files import run_subdir
 
 
 def gif_bytes(frames: list[np.ndarray], fps: int = 8) -> bytes:
@@ -40,14 +41,16 @@ class TensorBoardSink(MetricsSink):
     Args:
         context: The run (filled in by the engine).
         subdir: Folder of the event files inside the run folder (relative; a ConfigError
-            otherwise).
+            otherwise; a link there is an UnsafePathError).
         flush_secs: How often the writer flushes to disk.
     """
 
     def __init__(
         self, *, context: RunContext, subdir: str = "tensorboard", flush_secs: int = 30
     ) -> None:
-        self.log_dir = context.path(subdir, "TensorBoardSink subdir")
+        context.path(subdir, "TensorBoardSink subdir")  # (relative, inside the run: checked)
+        # each folder below the run's checked: a link there is refused, never written through
+        self.log_dir = run_subdir(context.output_dir, subdir)
         self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=flush_secs)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rl.loggers.base import MetricsSink, RunContext
+from rl.utils.files import run_subdir
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,9 @@ class WandbSink(MetricsSink):
         job_type: wandb job type.
         log_checkpoint: Upload the final checkpoint (and its ``.eval.json``) as a ``model``
             artifact named ``model-<run id>``.
+
+    Raises:
+        UnsafePathError: The run's ``wandb`` is a link or not a folder.
     """
 
     def __init__(
@@ -129,6 +133,9 @@ class WandbSink(MetricsSink):
                 tags.append("sweep")
         if group is None and run_id is None:  # a resumed run keeps the group it has
             group = f"{context.exp_name}__sweep_{sweep[0]}" if sweep else context.exp_name
+        # wandb writes into <run>/wandb/: a link there (a copied run folder) is refused, never
+        # written through (a disabled run writes nothing: the folder is not created for it).
+        run_subdir(context.output_dir, "wandb", create=mode != "disabled")
         self.run = wandb.init(
             project=project,
             entity=entity,

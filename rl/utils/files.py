@@ -1,18 +1,23 @@
 """Files a run reads and writes in its folder, which may have been copied from anywhere.
 
 A run folder is untrusted input: a copied one may hold links where the run writes
-(``config.yaml -> ~/.bashrc``) or a FIFO where it reads. Every file a run writes goes through
-this module:
+(``config.yaml -> ~/.bashrc``, ``checkpoints -> ../other_run/checkpoints``) or a FIFO where it
+reads. Every file a run writes goes through this module:
 
-- :func:`write_atomic`: a temporary file in the same folder, fsynced and renamed over the name;
-  the rename replaces a link, never what it points to, and a crash leaves the old file or the
-  new one, never half of one;
+- :func:`run_subdir`: a folder inside the run (``checkpoints/``, ``videos/``, ``wandb/``), each
+  component below the run folder checked: a link or a file there is refused
+  (:class:`UnsafePathError`), never followed; the run folder itself is resolved once (the user
+  may reach it through a link);
+- :func:`write_atomic` / :func:`write_atomic_by_name`: a temporary file with a random name in
+  the same folder, fsynced and renamed over the name; the rename replaces a link, never what it
+  points to, and a crash leaves the old file or the new one, never half of one; a folder that is
+  a link, or a folder under the file's name, is refused;
 - :func:`open_append` / :class:`NoFollowFileHandler`: appends (logs, ``metrics.jsonl``) opened
   with ``O_NOFOLLOW``: a link under the name is refused (:class:`UnsafePathError`);
 - :func:`read_regular_file`: reads a bounded regular file, not a link, without blocking.
 
 A full disk is an :class:`OSError` whose message names the file and says the disk is full
-(:func:`describe_write_error`).
+(:func:`describe_write_error`; ``what=`` of the atomic writers).
 """
 
 from __future__ import annotations
@@ -32,7 +37,60 @@ TMP_SUFFIX = ".tmp"
 
 
 class UnsafePathError(OSError):
-    """A path of the run folder is a link (or not a regular file) where the run writes."""
+    """A path of a run folder is a link, or not a regular file or folder, where the run works."""
+
+
+_LINKED_FOLDER = "a run never reads or writes through a linked folder"
+
+
+def run_subdir(run_dir: str | Path, *parts: str, create: bool = True) -> Path:
+    """The folder ``run_dir/parts...`` of a run, checked component by component.
+
+    ``run_dir`` (what the user typed, perhaps through a link: ``/var -> /private/var``) is
+    resolved once; each component below it is looked at with ``lstat``: a symbolic link (a
+    copied run whose ``checkpoints`` links to another run's) or a non-folder is refused, a
+    missing one is created (``create``, the run folder too) or left missing.
+
+    Args:
+        run_dir: The run folder.
+        parts: Folder names below it (``"checkpoints"``, ``"logs/tb"``: relative, no ``..``).
+        create: Create missing components (False: return the path, missing or not, for
+            reading).
+
+    Returns:
+        The folder (absolute, below the resolved run folder).
+
+    Raises:
+        UnsafePathError: A component is a link or not a folder (the message names it).
+        ValueError: A part is absolute or climbs out with ``..``.
+    """
+    path = Path(run_dir).resolve()
+    names = [name for part in parts for name in Path(part).parts]
+    if any(name in ("..", "/") or Path(name).is_absolute() for name in names):
+        raise ValueError(f"run_subdir: {'/'.join(parts)!r} is not a folder inside the run")
+    if create:
+        path.mkdir(parents=True, exist_ok=True)  # (the run folder: the caller's, unchecked)
+    for i, name in enumerate(names):
+        path = path / name
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            if not create:
+                return path.joinpath(*names[i + 1 :])
+            try:
+                os.mkdir(path)
+                continue
+            except FileExistsError:  # made meanwhile: judged below like any other
+                mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):
+            raise UnsafePathError(
+                errno.ELOOP, f"{path} is a symbolic link; {_LINKED_FOLDER} (a copied run folder?)"
+            )
+        if not stat.S_ISDIR(mode):
+            raise UnsafePathError(
+                errno.ENOTDIR, f"{path} is not a folder; the run keeps a folder under that name"
+            )
+    return path
 
 
 def describe_write_error(path: str | Path, e: OSError, what: str = "") -> str:
@@ -50,42 +108,167 @@ def is_run_folder_write_error(e: BaseException) -> bool:
     )
 
 
-def write_atomic(path: str | Path, write: Callable[[IO[bytes]], Any] | bytes | str) -> None:
+def _check_target(path: Path) -> None:
+    """Refuse to write ``path`` when its folder is a link or ``path`` is a folder; make its folder.
+
+    Only the file's own folder is looked at: the folders above it are the caller's (checked
+    with :func:`run_subdir` where they lie in a run).
+    """
+    try:
+        folder_is_link = stat.S_ISLNK(os.lstat(path.parent).st_mode)
+    except FileNotFoundError:
+        folder_is_link = False
+    if folder_is_link:
+        raise UnsafePathError(
+            errno.ELOOP, f"{path.parent} is a symbolic link; {_LINKED_FOLDER} ({path.name})"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        is_folder = stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return
+    if is_folder:
+        raise UnsafePathError(
+            errno.EISDIR, f"{path} is a folder where the run writes a file; refused"
+        )
+
+
+def _replace(tmp: str | Path, path: Path) -> None:
+    """Rename the written temporary file ``tmp`` over ``path`` and fsync the folder."""
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _named(path: Path, e: OSError, what: str | None) -> OSError:
+    """``e`` as it is raised by the atomic writers (named when ``what`` is given)."""
+    if what is None or isinstance(e, UnsafePathError):
+        return e
+    return OSError(e.errno, describe_write_error(path, e, what))
+
+
+def write_atomic(
+    path: str | Path,
+    write: Callable[[IO[bytes]], Any] | bytes | str,
+    *,
+    what: str | None = None,
+) -> None:
     """Write ``path`` via a temporary file in the same folder: write, fsync, rename, fsync dir.
 
     ``write`` is the content (bytes or text) or a function writing to the binary file. A crash
     (even ``kill -9``) at any moment leaves either the old file or the complete new one under
-    ``path``, plus at worst a stray hidden ``.<name>.*.tmp`` file. A link under ``path`` is
-    replaced by the file, never followed.
+    ``path``, plus at worst a stray hidden ``.<name>.*.tmp`` file (a random name, created with
+    ``O_EXCL | O_NOFOLLOW``). A link under ``path`` is replaced by the file, never followed; a
+    failed write removes the temporary file.
+
+    Args:
+        path: The file.
+        write: Its content, or a function writing it to the open binary file.
+        what: What the file is (``"evaluation summary"``): an :class:`OSError` (a full disk)
+            is raised again with a message naming the file (:func:`describe_write_error`;
+            None: as raised).
+
+    Raises:
+        UnsafePathError: ``path``'s folder is a symbolic link, or ``path`` is a folder.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(write, str):
         write = write.encode("utf-8")
     data = write
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
     try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "wb") as f:
-            if isinstance(data, bytes):
-                f.write(data)
-            else:
-                data(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
+        _check_target(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
         try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+            os.fchmod(fd, FILE_MODE)
+            with os.fdopen(fd, "wb") as f:
+                if isinstance(data, bytes):
+                    f.write(data)
+                else:
+                    data(f)
+                f.flush()
+                os.fsync(f.fileno())
+            _replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as e:
+        named = _named(path, e, what)
+        if named is e:
+            raise
+        raise named from e
+
+
+def write_atomic_by_name(
+    path: str | Path, write: Callable[[Path], Any], *, what: str | None = None
+) -> None:
+    """:func:`write_atomic` for a writer that opens its file by name (ffmpeg, an exporter).
+
+    ``write(tmp)`` fills a fresh temporary file beside ``path`` (a random name ending in
+    ``path``'s suffix, ``.<name>.<random>.tmp.mp4``, created with ``O_EXCL | O_NOFOLLOW``; a
+    writer that picks its format by the name's ending picks the right one). It must still be a
+    regular file afterwards; it is then fsynced and renamed over ``path``. On any error it is
+    removed.
+
+    Args:
+        path: The file.
+        write: Writes the file whose name it is given.
+        what: As for :func:`write_atomic`.
+
+    Raises:
+        UnsafePathError: ``path``'s folder is a symbolic link, or ``path`` is a folder.
+    """
+    path = Path(path)
+    try:
+        _check_target(path)
+        fd, tmp = tempfile.mkstemp(
+            dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX + path.suffix
+        )
+        try:
+            os.fchmod(fd, FILE_MODE)
+            os.close(fd)
+            write(Path(tmp))
+            fd = open_nofollow(tmp, os.O_RDONLY)  # (still a regular file, not a link)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            _replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as e:
+        named = _named(path, e, what)
+        if named is e:
+            raise
+        raise named from e
+
+
+def check_file_target(path: str | Path) -> None:
+    """Raise unless ``path`` is missing or a regular file (before a handler opens it later).
+
+    Raises:
+        UnsafePathError: ``path`` is a link, a folder, a FIFO or a device (named).
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(mode):
+        raise UnsafePathError(
+            errno.ELOOP, f"{path} is a symbolic link; a run never writes through one"
+        )
+    if not stat.S_ISREG(mode):
+        kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+        raise UnsafePathError(errno.EINVAL, f"{path} is {kind} where the run writes a file")
 
 
 def open_nofollow(path: str | Path, flags: int, mode: int = FILE_MODE) -> int:
-    """``os.open`` that refuses a link (or a FIFO, a device) under ``path``; a file descriptor.
+    """``os.open`` refusing a link (a folder, a FIFO, a device) under ``path``; a descriptor.
+
+    It never blocks on a FIFO.
 
     Raises:
         UnsafePathError: ``path`` is a link or not a regular file.
@@ -97,6 +280,12 @@ def open_nofollow(path: str | Path, flags: int, mode: int = FILE_MODE) -> int:
             raise UnsafePathError(
                 errno.ELOOP, f"{path} is a symbolic link; a run never writes through one"
             ) from e
+        if e.errno == errno.EISDIR:
+            raise UnsafePathError(
+                errno.EISDIR, f"{path} is a folder where the run keeps a file"
+            ) from e
+        if e.errno == errno.ENXIO:  # (a FIFO without a reader, opened to write)
+            raise UnsafePathError(errno.ENXIO, f"{path} is not a regular file") from e
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -136,10 +325,13 @@ __all__ = [
     "NoFollowFileHandler",
     "TMP_SUFFIX",
     "UnsafePathError",
+    "check_file_target",
     "describe_write_error",
     "is_run_folder_write_error",
     "open_append",
     "open_nofollow",
     "read_regular_file",
+    "run_subdir",
     "write_atomic",
+    "write_atomic_by_name",
 ]
