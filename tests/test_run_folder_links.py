@@ -202,6 +202,7 @@ def test_a_checkpoints_folder_linked_to_another_run_is_refused_everywhere(
     out = f"output_dir={tmp_path / 'e'}"
     entries = {
         "resume": lambda: run.train(compose_cfg([*SMOKE, f"resume={copied}"])),
+        "resume a file": lambda: run.train(compose_cfg([*SMOKE, f"resume={linked / NEWEST}"])),
         "evaluate run_dir": lambda: run.evaluate(
             compose_cfg([f"run_dir={copied}", *EVALUATE, out], "evaluate")
         ),

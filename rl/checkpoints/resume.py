@@ -22,13 +22,19 @@ from rl.checkpoints.files import (
     CHECKPOINT_DIR,
     CheckpointError,
     UntrustedCheckpointError,
+    checked_file_path,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     remove_stale_temp_files,
 )
 from rl.checkpoints.lock import RunLock
-from rl.checkpoints.resume_config import resume_config, typed_override_keys, unresolved_config
+from rl.checkpoints.resume_config import (
+    resume_config,
+    typed_override_keys,
+    typed_overrides,
+    unresolved_config,
+)
 from rl.checkpoints.saved_config import rebuild_config, run_choices
 from rl.utils.config import ConfigError
 from rl.utils.files import NoFollowFileHandler, check_file_target, run_subdir
@@ -42,19 +48,23 @@ log = logging.getLogger(__name__)
 def resume_run_dir(path: str | Path) -> Path:
     """The run folder ``resume=PATH`` continues (a run folder, or ``<run>/checkpoints/<file>``).
 
+    A checkpoint's run folder is resolved, and its ``checkpoints`` must be a real folder (not
+    a link to another run's: :func:`~rl.checkpoints.files.checked_file_path`).
+
     Raises:
         CheckpointError: ``PATH`` is neither.
+        UnsafePathError: The run's ``checkpoints`` is a link.
     """
-    path = Path(path).expanduser().resolve()
+    path = Path(path).expanduser()
     if path.is_file():
         if path.parent.name != CHECKPOINT_DIR:
             raise CheckpointError(
                 f"resume={path}: a checkpoint must lie in <run>/{CHECKPOINT_DIR}"
             )
-        return path.parent.parent
+        return checked_file_path(path).parent.parent
     if not path.is_dir():
         raise CheckpointError(f"resume={path}: no such run folder or checkpoint")
-    return path
+    return path.resolve()
 
 
 def resolve_resume_path(path: str | Path) -> tuple[Path, Path, dict[str, Any]]:
@@ -69,9 +79,11 @@ def resolve_resume_path(path: str | Path) -> tuple[Path, Path, dict[str, Any]]:
         path: A run folder or a checkpoint file.
     """
     run_dir = resume_run_dir(path)
-    path = Path(path).expanduser().resolve()
+    path = Path(path).expanduser()
     if path.is_file():
+        path = checked_file_path(path)
         return run_dir, path, load_checkpoint(path)
+    path = run_dir
     candidates = list(reversed(list_checkpoints(path)))
     if not candidates:
         latest_checkpoint(path)  # raises the usual "no checkpoint in ..." error
@@ -221,7 +233,11 @@ def _resume_plan(
     try:
         # The saved config is data: rebuilt on the user's config tree with the run's choices.
         saved = rebuild_config(
-            state["config"], state["choices"], str(path), trusted_targets=trusted
+            state["config"],
+            state["choices"],
+            str(path),
+            trusted_targets=trusted,
+            overrides=typed_overrides(cfg),
         )
         config = resume_config(saved, unresolved, typed_override_keys(cfg), run_dir)
     except BaseException:
