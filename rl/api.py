@@ -90,6 +90,8 @@ def train(
 ) -> Run:
     """Train as ``python train.py OVERRIDES...`` does; the run's folder and final metrics.
 
+    The folder is the one trained in: with ``resume=RUN`` the resumed run's.
+
     Args:
         *overrides: Hydra overrides, e.g. ``"+experiment=ppo_nav"``, ``"seed=2"``.
         cfg: Instead of overrides: a config from :func:`compose`, edited in Python.
@@ -112,6 +114,10 @@ def train(
             cfg.hydra.runtime.output_dir = str(Path(cfg.hydra.run.dir).resolve())
         HydraConfig.instance().set_config(cfg)
     metrics = rl.engine.run.train(cfg)
+    if cfg.get("resume"):  # trained in the resumed run's folder, not in the one composed now
+        from rl.checkpoints.resume import resume_run_dir
+
+        return Run(resume_run_dir(cfg.resume), metrics)
     return Run(Path(cfg.output_dir), metrics)
 
 

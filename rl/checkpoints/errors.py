@@ -8,7 +8,11 @@ class CheckpointError(RuntimeError):
 
 
 class UntrustedCheckpointError(CheckpointError):
-    """A checkpoint's saved config names code the user's config tree does not (never skipped)."""
+    """A checkpoint holds what this code never writes (never skipped for an older one).
+
+    Its saved config names code the user's config tree does not, or its weights or statistics
+    hold NaN or infinity.
+    """
 
 
 __all__ = ["CheckpointError", "UntrustedCheckpointError"]

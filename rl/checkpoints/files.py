@@ -17,7 +17,8 @@ Loading treats the file as untrusted input, in this order:
 2. ``torch.load(weights_only=True)``: a checkpoint that needs arbitrary unpickling is refused;
 3. the config saved in it is data (:func:`~rl.checkpoints.saved_config.config_data`: bounded,
    no interpolation); what is built from it is rebuilt on the user's own config tree
-   (:func:`~rl.checkpoints.saved_config.rebuild_config`), never from the file's ``_target_``\ s.
+   (:func:`~rl.checkpoints.saved_config.rebuild_config`), never from the file's ``_target_``\ s;
+4. its weights, optimizer state and normalisation statistics are finite.
 
 Every refusal is a :class:`CheckpointError` naming the file.
 """
@@ -35,7 +36,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from rl.checkpoints.errors import CheckpointError, UntrustedCheckpointError  # noqa: F401
+from rl.checkpoints.errors import CheckpointError, UntrustedCheckpointError
 from rl.checkpoints.saved_config import config_data, saved_choices
 from rl.utils.files import TMP_SUFFIX, read_regular_file, run_subdir, write_atomic
 from rl.utils.finite import NonFiniteError, nonfinite_tensors
@@ -182,15 +183,10 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps:
     """
     run_dir = Path(run_dir)
     path = run_dir / CHECKPOINT_DIR / checkpoint_name(stage, env_steps)
-    bad = nonfinite_tensors(state.get("model"), "model")
-    bad += nonfinite_tensors(state.get("losses"), "losses")
-    bad += nonfinite_tensors(state.get("optimizer"), "optimizer")
-    bad += nonfinite_tensors(state.get("normalizer"), "normalizer")
+    bad = _nonfinite_entries(state)
     if bad:
-        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
         raise NonFiniteError(
-            f"checkpoint {path} not written: non-finite values in {', '.join(bad[:5])}{more}; "
-            + _intact(run_dir)
+            f"checkpoint {path} not written: non-finite values in {bad}; " + _intact(run_dir)
         )
     buffer = io.BytesIO()
     torch.save(state, buffer)
@@ -212,6 +208,18 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps:
             "without it"
         ) from e
     return path
+
+
+# The entries of a checkpoint whose tensors must be finite: checked when it is saved and when
+# it is loaded (one reduction per tensor).
+_FINITE_ENTRIES = ("model", "losses", "optimizer", "normalizer")
+
+
+def _nonfinite_entries(state: dict[str, Any]) -> str:
+    """The tensors of ``state``'s weights and statistics holding NaN or infinity ("": none)."""
+    bad = [name for key in _FINITE_ENTRIES for name in nonfinite_tensors(state.get(key), key)]
+    more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+    return f"{', '.join(bad[:5])}{more}"
 
 
 def _intact(run_dir: Path) -> str:
@@ -367,7 +375,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     (:func:`~rl.checkpoints.saved_config.config_data`) and its ``choices`` config group and
     option names. Nothing is built from the config here: evaluation and ``resume=`` rebuild it
     on the user's config tree (:func:`~rl.checkpoints.saved_config.rebuild_config`). An older
-    checkpoint's ``config_unresolved`` (interpolations kept) is dropped unread.
+    checkpoint's ``config_unresolved`` (interpolations kept) is dropped unread. Weights,
+    optimizer state and normalisation statistics must be finite (as :func:`save_checkpoint`
+    writes them): NaN or infinity there is an :class:`UntrustedCheckpointError` naming the
+    tensors, so evaluation, ``InferenceAgent``, ``resume=`` and ``init_from=`` all refuse it
+    before anything acts on it (and ``resume=RUN`` never falls back to an older checkpoint).
 
     Args:
         path: The checkpoint file.
@@ -401,4 +413,10 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     state.pop("config_unresolved", None)  # (older checkpoints) never read: it would be resolved
     state["config"] = config_data(state["config"], str(path))
     state["choices"] = saved_choices(state.get("choices"), str(path))
+    bad = _nonfinite_entries(state)
+    if bad:  # never written by this code (save_checkpoint refuses them): damaged or crafted
+        raise UntrustedCheckpointError(
+            f"{path}: non-finite values (NaN or infinity) in {bad}; this code never writes "
+            "such a checkpoint (a crafted or damaged file): refused"
+        )
     return state

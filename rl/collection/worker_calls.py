@@ -76,6 +76,7 @@ class WorkerCalls:
         self.pids: list[int] = list(self.actors.pids)
         self.num_workers = len(kwargs)
         self.acks: list[tuple[int, Any]] = []  # (worker, call) checked with its next results
+        self.unread: list[list[Any]] = [[] for _ in kwargs]  # each worker's calls, in order
         self.longest = 1  # the longest rollout asked for (steps): the watchdog's scale
         self.hung = False  # a worker did not answer in time (close does not wait long)
 
@@ -104,12 +105,14 @@ class WorkerCalls:
 
     # ------------------------------------------------------------------ calls
     def call(self, worker: int, method: str, *args: Any) -> Any:
-        """``method(*args)`` on ``worker``; its handle."""
-        return self.actors.call(worker, method, *args)
+        """``method(*args)`` on ``worker``; its handle (its result read with :meth:`get`)."""
+        ref = self.actors.call(worker, method, *args)
+        self.unread[worker].append(ref)
+        return ref
 
     def call_all(self, method: str, *args: Any) -> list[Any]:
         """``method(*args)`` on every worker."""
-        return [self.actors.call(i, method, *args) for i in range(self.num_workers)]
+        return [self.call(i, method, *args) for i in range(self.num_workers)]
 
     def on_all(self, method: str, *args: Any, what: str, budget: float | None = None) -> list[Any]:
         """``method(*args)`` on every worker, waited for: their results (see :meth:`gather`)."""
@@ -117,22 +120,59 @@ class WorkerCalls:
 
     def ack(self, worker: int, method: str, *args: Any) -> None:
         """``method(*args)`` on ``worker``, its outcome checked with the worker's next results."""
-        self.acks.append((worker, self.actors.call(worker, method, *args)))
+        self.acks.append((worker, self.call(worker, method, *args)))
 
     def share(self, value: Any) -> Any:
         """``value`` shared once for every worker (Ray's object store)."""
         return self.actors.share(value)
 
     def get(self, handle: Any, worker: int) -> Any:
-        """A finished call's result (its worker's error, named, if it raised)."""
-        return self.actors.get(handle, worker)
+        """A finished call's result (its worker's error, named, if it raised).
+
+        If it raised, the error raised is the worker's first: a worker runs its calls in
+        order, and one failure explains the calls after it (a rollout asked ahead whose
+        environment returned NaN closes the worker's sampler, and the checkpoint's
+        ``state_dict`` asked next then finds "the sampler is closed"), so the first failed call
+        among the unread ones before ``handle`` is the one raised.
+        """
+        try:
+            return self.actors.get(handle, worker)
+        except CollectionWorkerError as e:
+            raise self._first_failure(worker, handle) or e from None
+        finally:
+            self._read(worker, handle)
+
+    def _read(self, worker: int, handle: Any) -> None:
+        unread = self.unread[worker]
+        for i, ref in enumerate(unread):
+            if ref is handle:
+                del unread[i]
+                return
+
+    def _first_failure(self, worker: int, handle: Any) -> CollectionWorkerError | None:
+        """The failure of ``worker``'s first failed call before ``handle`` (None: none failed).
+
+        Those calls have finished (they ran before ``handle``'s), so nothing is waited for.
+        """
+        unread = self.unread[worker]
+        earlier = next((unread[:i] for i, ref in enumerate(unread) if ref is handle), [])
+        for ref in earlier:
+            if not self.actors.wait([ref], 1, 0)[0]:
+                continue  # (a control call served alongside, still running)
+            try:
+                self.actors.get(ref, worker)
+            except CollectionWorkerError as e:
+                return e
+            finally:
+                self._read(worker, ref)
+        return None
 
     def check_acks(self, worker: int) -> None:
         """The outcomes of ``worker``'s calls not yet checked (raises a failure among them)."""
         mine = [ref for w, ref in self.acks if w == worker]
         self.acks = [(w, ref) for w, ref in self.acks if w != worker]
         for ref in mine:
-            self.actors.get(ref, worker)
+            self.get(ref, worker)
 
     # ------------------------------------------------------------------ waits
     def wait(
@@ -208,7 +248,7 @@ class WorkerCalls:
 
         def done(ref: Any) -> None:
             i = position[ref]
-            results[i] = self.actors.get(ref, calls[i][0])
+            results[i] = self.get(ref, calls[i][0])
 
         seconds = self.budget() if budget is None else budget
         self.wait(calls, len(calls), seconds, what, done)

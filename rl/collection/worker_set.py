@@ -38,7 +38,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 
@@ -53,6 +53,7 @@ from rl.collection.worker_config import DEFAULT_TIMEOUT_S, check_collector, work
 from rl.distributed.setup import DistContext
 from rl.models.policy import Policy
 from rl.tasks.factory import with_split
+from rl.utils.config import MAX_WORKERS, Check
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class CollectionWorkerSet:
         model: Policy,
         device: torch.device | str = "cpu",
         dist: DistContext | None = None,
-        num_workers: int = 2,
+        num_workers: Annotated[int, Check(ge=1, le=MAX_WORKERS)] = 2,
         mode: str = "sync",
         rollouts_per_update: int | None = None,
         backend: str = "ray",

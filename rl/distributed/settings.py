@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from rl.utils.config import Check, load_section, section_errors
+from rl.utils.config import MAX_WORKERS, Check, load_section, section_errors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,7 +25,7 @@ class DistributedSettings:
     """
 
     enabled: bool
-    workers: Annotated[int | None, Check(ge=1)]
+    workers: Annotated[int | None, Check(ge=1, le=MAX_WORKERS)]
     backend: Annotated[str, Check(choices=("auto", "gloo", "nccl", "mpi"))]
     device: str | None
     timeout_s: Annotated[float, Check(gt=0)]

@@ -20,7 +20,7 @@ from typing import Any
 import hydra.utils
 import torch
 import yaml
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rl.checkpoints.config_tree import run_choices
 from rl.checkpoints.files import CheckpointError, load_checkpoint
@@ -73,6 +73,7 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
         ConfigError: The config cannot run (every problem listed).
         TrainingStopped: SIGTERM / SIGUSR1 / Ctrl-C stopped training after a checkpoint.
     """
+    record = hydra_record(cfg)  # (as composed, before anything below changes it)
     if isinstance(cfg, DictConfig):  # total_env_steps=1e6: a whole number, for every interpolation
         integral_fields_to_int(cfg, RunSettings)
     plain = to_plain(cfg)
@@ -82,13 +83,13 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
     dist = DistributedSettings.from_config(plain["distributed"])
     if not dist.enabled:
         start = plan_start(cfg, plain)
-        return _train(start, checked=start.config is plain)
+        return _train(start, checked=start.config is plain, record=record)
 
     planned: list[StartPlan] = []  # rank 0 holds its plan (the run folder's lock) to the end
 
     def make_plan() -> dict[str, Any]:
         planned.append(_verified_plan(cfg, plain))
-        return _plan_payload(planned[0])
+        return {**_plan_payload(planned[0]), "hydra_record": record}
 
     if dist.workers is None or launched_by_torchrun():
         try:
@@ -99,8 +100,9 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
     else:
         start = _verified_plan(cfg, plain)
         try:  # this process waits for the workers with the run's log file attached
+            payload = {**_plan_payload(start), "hydra_record": record}
             outcome = spawn_workers(
-                dist.workers, dist, start.config["device"], _plan_payload(start), _train_worker
+                dist.workers, dist, start.config["device"], payload, _train_worker
             )
         finally:
             start.close()
@@ -108,6 +110,48 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
         checkpoint = outcome["checkpoint"]
         raise TrainingStopped(outcome["stopped"], None if checkpoint is None else Path(checkpoint))
     return outcome["metrics"]  # type: ignore[no-any-return]
+
+
+# Hydra's record of an invocation, in <run>/.hydra/ (what hydra.core.utils.run_job writes).
+HYDRA_RECORD_DIR = ".hydra"
+
+
+def hydra_record(cfg: DictConfig | dict[str, Any]) -> dict[str, str] | None:
+    """The files Hydra would write to ``<run>/.hydra/`` for this invocation, by name.
+
+    ``config.yaml`` (the composed config, unresolved), ``hydra.yaml`` (Hydra's node) and
+    ``overrides.yaml`` (the overrides typed), with the content Hydra's ``run_job`` writes.
+    conf/hydra/default.yaml turns Hydra's own writing off (``hydra.output_subdir: null``):
+    Hydra writes them before the run takes its folder's lock, so a second run given the same
+    ``hydra.run.dir`` would rewrite a live run's record. The trainer writes them itself once it
+    holds the lock (:func:`_write_hydra_record`).
+
+    None where there is nothing to write: not composed by Hydra (a plain dict, no Hydra
+    config), or Hydra writes them itself (a tree whose ``hydra.output_subdir`` is set).
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    if not isinstance(cfg, DictConfig) or not HydraConfig.initialized():
+        return None
+    hydra = HydraConfig.instance().cfg
+    if OmegaConf.select(hydra, "hydra.output_subdir", default=None) is not None:
+        return None
+    task = cfg
+    if "hydra" in cfg:  # composed with return_hydra_config (the API, tests)
+        task = cfg.copy()
+        with open_dict(task):
+            task.pop("hydra")
+    return {
+        "config.yaml": OmegaConf.to_yaml(task),
+        "hydra.yaml": OmegaConf.to_yaml(hydra),
+        "overrides.yaml": OmegaConf.to_yaml(hydra.hydra.overrides.task),
+    }
+
+
+def _write_hydra_record(output_dir: Path, record: dict[str, str] | None) -> None:
+    """Write Hydra's record of this invocation into a new run's folder (its lock held)."""
+    for name, text in (record or {}).items():
+        write_atomic(output_dir / HYDRA_RECORD_DIR / name, text)
 
 
 def _warn_without_experiment(cfg: DictConfig | dict[str, Any], plain: dict[str, Any]) -> None:
@@ -161,7 +205,7 @@ def _train_worker(payload: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
         init_state=None if init_from is None else load_checkpoint(init_from),
     )
     try:
-        return {"metrics": _train(start, ctx)}
+        return {"metrics": _train(start, ctx, record=payload.get("hydra_record"))}
     except TrainingStopped as e:
         return {
             "stopped": e.reason,
@@ -170,18 +214,23 @@ def _train_worker(payload: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
 
 
 def _train(
-    start: StartPlan, ctx: DistContext | None = None, *, checked: bool = True
+    start: StartPlan,
+    ctx: DistContext | None = None,
+    *,
+    checked: bool = True,
+    record: dict[str, str] | None = None,
 ) -> dict[str, float]:
     """Train from a start plan; ``ctx``: this distributed worker (None: one process).
 
     ``checked``: the plan's config was checked (:func:`verify_train_cfg`) in this process or by
-    the launcher (False: a resumed run's rebuilt config, checked here).
+    the launcher (False: a resumed run's rebuilt config, checked here). ``record``: Hydra's
+    record of the invocation (:func:`hydra_record`), written into a new run's folder.
 
     A fatal error is logged to ``train.log`` here, while a resumed run's own log file is still
     attached (:func:`rl.utils.logs.log_fatal`).
     """
     try:
-        return _train_body(start, ctx, checked)
+        return _train_body(start, ctx, checked, record)
     except (TrainingStopped, KeyboardInterrupt):
         raise
     except ConfigError as e:
@@ -197,7 +246,9 @@ def _train(
         start.close()
 
 
-def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dict[str, float]:
+def _train_body(
+    start: StartPlan, ctx: DistContext | None, checked: bool, record: dict[str, str] | None
+) -> dict[str, float]:
     """:func:`_train`'s work: build the parts from the plan's config, train, close them all."""
     with contextlib.ExitStack() as stack:
         # Signals stop the run cleanly from here on (a checkpoint at the first rollout
@@ -251,6 +302,8 @@ def _train_body(start: StartPlan, ctx: DistContext | None, checked: bool) -> dic
         stack.callback(collector.close)
         if main:  # (once the collector took its settings: a refused one leaves no run folder)
             write_atomic(output_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+            if start.resume_state is None:  # (a resumed run keeps its first invocation's)
+                _write_hydra_record(output_dir, record)
         stack.enter_context(stop_on_signals(stop))  # again: Ray installs its own handlers
         logger = MetricsLogger([])
         if main:  # distributed: only rank 0 logs, evaluates, validates and records videos

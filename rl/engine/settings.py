@@ -159,5 +159,5 @@ def verify_train_cfg(cfg: Mapping[str, Any]) -> None:
     errors += pipeline_errors(
         cfg["pipeline"], num_envs=num_envs, total_env_steps=cfg["total_env_steps"]
     )
-    if errors:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+    if errors:  # (once each: the optimizer's lr is checked by its annotation and by name)
+        raise ConfigError("invalid config:\n  " + "\n  ".join(dict.fromkeys(errors)))

@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated, Any
 
+from rl.sampling.base import MAX_NUM_ENVS
 from rl.tasks.splits import SPLITS
-from rl.utils.config import Check, load_section, section_errors
+from rl.utils.config import MAX_EPISODES, MAX_WORKERS, Check, load_section, section_errors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,10 +27,10 @@ class EvalSettings:
         split: The task's episode split evaluated (``test``; None: the task's own).
     """
 
-    num_episodes: Annotated[int, Check(ge=0)]
+    num_episodes: Annotated[int, Check(ge=0, le=MAX_EPISODES)]
     interval: Annotated[int, Check(ge=0)]
     episode_seed: int
-    num_envs: Annotated[int, Check(ge=1)]
+    num_envs: Annotated[int, Check(ge=1, le=MAX_NUM_ENVS)]
     deterministic: bool
     action_seed: int
     split: Annotated[str | None, Check(choices=SPLITS)]
@@ -52,13 +53,13 @@ class ValidSettings:
     """
 
     enabled: bool
-    num_episodes: Annotated[int, Check(ge=1)]
+    num_episodes: Annotated[int, Check(ge=1, le=MAX_EPISODES)]
     episode_seed: int
-    num_envs: Annotated[int, Check(ge=1)]
+    num_envs: Annotated[int, Check(ge=1, le=MAX_NUM_ENVS)]
     deterministic: bool
     action_seed: int
     mp_start_method: Annotated[str, Check(choices=("forkserver", "spawn"))]
-    torch_threads: Annotated[int, Check(ge=1)]
+    torch_threads: Annotated[int, Check(ge=1, le=MAX_WORKERS)]
     split: Annotated[str | None, Check(choices=SPLITS)]
 
 
@@ -120,13 +121,13 @@ class EvaluateSettings:
     run_dir: str | None
     every_steps: Annotated[int, Check(ge=0)]
     test_expert: bool
-    num_episodes: Annotated[int, Check(ge=1)]
+    num_episodes: Annotated[int, Check(ge=1, le=MAX_EPISODES)]
     episode_seed: int
-    num_envs: Annotated[int, Check(ge=1)]
+    num_envs: Annotated[int, Check(ge=1, le=MAX_NUM_ENVS)]
     deterministic: bool | None
     action_seed: int
     device: str
-    torch_threads: Annotated[int | str | None, Check(ge=1, words=("auto",))]
+    torch_threads: Annotated[int | str | None, Check(ge=1, le=MAX_WORKERS, words=("auto",))]
     progress_bar: bool | None
     plot: bool
     export: Annotated[str | None, Check(choices=("onnx", "pt2"))]

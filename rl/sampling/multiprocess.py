@@ -50,7 +50,7 @@ from rl.tasks.agents import num_agents
 from rl.tasks.factory import build_env, dict_space, env_name
 from rl.tasks.fields import step_fields_of
 from rl.tasks.spaces import action_array_spec, check_action_space
-from rl.utils.config import Check
+from rl.utils.config import MAX_WORKERS, Check
 from rl.utils.misc import evenly_distribute_count_into_bins
 from rl.utils.processes import process_context, resolve_start_method
 
@@ -136,7 +136,7 @@ class MultiprocessSampler(Sampler):
         self,
         *,
         task: Mapping[str, Any],
-        num_processes: Annotated[int, Check(ge=1, le=MAX_NUM_ENVS)] = 2,
+        num_processes: Annotated[int, Check(ge=1, le=MAX_WORKERS)] = 2,
         envs_per_process: Annotated[int, Check(ge=1, le=MAX_NUM_ENVS)] = 8,
         num_envs: Annotated[int | None, Check(ge=1, le=MAX_NUM_ENVS)] = None,
         seed: int | None = 0,

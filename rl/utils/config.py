@@ -7,7 +7,9 @@ wrong type for a simple annotation (int, float, bool, str, optionals of them).
 :func:`section_errors` checks a plain config section (``eval``, ``valid``, ``distributed``, the
 run's own keys) against the frozen dataclass that is its typed view: unknown and missing keys,
 types, and the ranges and choices declared with :class:`Check`. Such dataclasses carry no
-defaults: the defaults live in ``conf/`` only.
+defaults: the defaults live in ``conf/`` only. In both, a float must be finite
+(:func:`value_problems`), and counts have upper bounds (:data:`MAX_WORKERS`,
+:data:`MAX_EPISODES`, ``rl.sampling.base.MAX_NUM_ENVS``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -200,8 +203,7 @@ def _check_target_node(node: Mapping[str, Any], path: str, runtime: set[str]) ->
                 f"got {type(node[key]).__name__} {node[key]!r}"
             )
             continue
-        problems = [c.problem(node[key]) for c in checks]
-        errors += [f"{where}.{key}: {p}" for p in problems if p is not None]
+        errors += [f"{where}.{key}: {p}" for p in value_problems(node[key], checks)]
     if not node.get("_partial_", False):
         missing = [
             n
@@ -273,6 +275,13 @@ def to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ settings sections
+# Upper bounds of counts (``Check(le=...)``): far above real use (runs use 1 to 64 processes
+# or workers and at most a few thousand evaluation episodes), far below what exhausts memory or
+# runs for days before anything is written. Environments: rl.sampling.base.MAX_NUM_ENVS.
+MAX_WORKERS = 1024  # processes of one kind: sampler workers, collection workers, DDP workers
+MAX_EPISODES = 10**6  # episodes of one list: evaluation, validation, expert trajectories
+
+
 @dataclasses.dataclass(frozen=True)
 class Check:
     """What a settings field's value must satisfy: ``Annotated[int, Check(ge=1)]``.
@@ -284,6 +293,8 @@ class Check:
         choices: The value must be one of these.
         words: Strings a bounded number may also be (``Check(ge=1, words=("auto",))``); any
             other string for a bounded field is an error.
+        inf: The value may be ``inf`` or ``-inf`` (still within the bounds). Without it a
+            float must be finite; NaN never passes.
     """
 
     ge: float | None = None
@@ -291,11 +302,16 @@ class Check:
     le: float | None = None
     choices: tuple[Any, ...] | None = None
     words: tuple[str, ...] = ()
+    inf: bool = False
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` fails this check (None: it passes or is not a plain value)."""
         if value is None or isinstance(value, bool) or not isinstance(value, int | float | str):
             return None
+        if isinstance(value, float) and not (
+            math.isfinite(value) or (self.inf and not math.isnan(value))
+        ):
+            return f"must be a finite number, got {value!r}"
         bounded = any(b is not None for b in (self.ge, self.gt, self.le))
         if isinstance(value, str) and value in self.words:
             return None
@@ -314,6 +330,25 @@ class Check:
             if bound is not None and not ok(value, bound):
                 return f"must be {text} {bound}, got {value!r}"
         return None
+
+
+def value_problems(value: Any, checks: list[Check]) -> list[str]:
+    """Why a setting's ``value`` fails its ``checks`` (empty: it passes).
+
+    One rule for every checked setting, annotated with a :class:`Check` or not: a float (or a
+    float in a list of them: loss weights) must be finite, unless a check allows ``inf``
+    (``Check(inf=True)``). A learning rate, clip range or coefficient of ``inf`` or ``nan``
+    would otherwise be taken and poison training steps later, unnamed.
+    """
+    finite = Check(inf=any(c.inf for c in checks))
+    problems = [p for c in checks or [finite] if (p := c.problem(value)) is not None]
+    if isinstance(value, list | tuple):
+        problems += [
+            f"item {i} {p}"
+            for i, item in enumerate(value)
+            if (p := finite.problem(item)) is not None
+        ]
+    return list(dict.fromkeys(problems))
 
 
 def _accepts_mapping(hint: Any) -> bool:
@@ -360,7 +395,7 @@ def section_errors(cls: type, section: Any, where: str) -> list[str]:
         ):
             errors.append(f"{prefix}{name}: expected {_hint_name(hint)}, got {value!r}")
             continue
-        errors += [f"{prefix}{name}: {p}" for c in checks if (p := c.problem(value)) is not None]
+        errors += [f"{prefix}{name}: {p}" for p in value_problems(value, checks)]
     return errors
 
 
