@@ -479,9 +479,9 @@ def test_fuzz_crafted_checkpoints_and_folders_change_nothing_outside(
     sys.addaudithook(_record_connects)  # (stays: it only appends to a list)
     families = _fuzz_families(port)
     tried = 0
-    for i in range(28):
+    for i in range(21):
         folder, path, state = crafted(smoke_run, tmp_path, f"fuzz{i}")
-        family = sorted(families)[i % len(families)]  # (each family in 4 cases)
+        family = sorted(families)[i % len(families)]  # (each family in 3 cases)
         places, make, prepare = families[family]
         prepare(rng, state)
         for _ in range(rng.randrange(1, 4) if places else 0):
@@ -503,7 +503,9 @@ def test_fuzz_crafted_checkpoints_and_folders_change_nothing_outside(
             for name in rng.sample(["videos", "wandb", "tensorboard"], 2):
                 (folder / name).symlink_to(sentinel / "folder", target_is_directory=True)
         del _CONNECTS[:]
-        ways = entries(folder, compose_cfg, tmp_path / f"eval{i}", ("total_env_steps=320",))
+        # (where the run writes or sizes matter, the resume goes on for one more rollout)
+        more = ("total_env_steps=320",) if family in ("links", "sizes") else ()
+        ways = entries(folder, compose_cfg, tmp_path / f"eval{i}", more)
         for _name, enter in ways:
             tried += 1
             try:
@@ -518,7 +520,7 @@ def test_fuzz_crafted_checkpoints_and_folders_change_nothing_outside(
     with pytest.raises(BlockingIOError):
         server.accept()  # nobody connected
     server.close()
-    assert tried == 112
+    assert tried == 84
 
 
 @pytest.mark.parametrize(
