@@ -8,6 +8,7 @@ the four ways a shared file is used (evaluate a file, evaluate a run, resume, In
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -46,19 +47,28 @@ def crafted(run_dir: Path, tmp_path: Path, name: str = "crafted") -> tuple[Path,
 
 
 def file_hashes(folder: Path) -> dict[str, str]:
-    """Every file of ``folder`` (links not followed) with its SHA-256."""
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and not p.is_symlink()
-    }
+    """Every entry of ``folder`` (links not followed): a file's SHA-256, a link's target, or
+    what else it is (a folder, a FIFO)."""
+    found = {}
+    for p in sorted(folder.rglob("*")):
+        key = str(p.relative_to(folder))
+        if p.is_symlink():
+            found[key] = f"-> {os.readlink(p)}"
+        elif p.is_file():
+            found[key] = hashlib.sha256(p.read_bytes()).hexdigest()
+        else:
+            found[key] = "folder" if p.is_dir() else "other"
+    return found
 
 
-def make_sentinel(tmp_path: Path) -> Path:
+VICTIMS = ("victim.txt", "victim.csv", "victim.png", "victim.log", "victim.jsonl")
+
+
+def make_sentinel(tmp_path: Path, names: tuple[str, ...] = VICTIMS) -> Path:
     """A folder of precious files outside every run: it must never change."""
     folder = tmp_path / "sentinel"
     folder.mkdir()
-    for name in ("victim.txt", "victim.csv", "victim.png", "victim.log", "victim.jsonl"):
+    for name in names:
         (folder / name).write_text(f"precious {name}\n")
     return folder
 

@@ -13,7 +13,6 @@ characters in a ``ckpt=`` path.
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import shutil
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from crafted import SMOKE, copy_run, file_hashes, make_sentinel
 
 from rl.checkpoints import CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint
 from rl.checkpoints.files import checkpoint_file, remove_stale_temp_files
@@ -37,37 +37,17 @@ from rl.loggers.tensorboard import TensorBoardSink
 from rl.utils.config import to_plain
 from rl.utils.files import UnsafePathError, write_atomic
 
-SMOKE = ["+experiment=ppo_nav", "+debug=smoke", "task=nav_small", "eval.num_episodes=0"]
 EVALUATE = ["num_episodes=1", "num_envs=1", "plot=false", "progress_bar=false"]
 FIRST, NEWEST = "ckpt_stage00_step000000000128.pt", "ckpt_stage00_step000000000256.pt"
 
 
 def _copy(run_dir: Path, tmp_path: Path, name: str = "copied") -> Path:
-    folder = tmp_path / name
-    shutil.copytree(run_dir, folder)
-    return folder
-
-
-def _hashes(folder: Path) -> dict[str, str]:
-    """Every entry of ``folder`` (links not followed): a file's SHA-256, a link's target."""
-    found = {}
-    for p in sorted(folder.rglob("*")):
-        key = str(p.relative_to(folder))
-        if p.is_symlink():
-            found[key] = f"-> {os.readlink(p)}"
-        elif p.is_file():
-            found[key] = hashlib.sha256(p.read_bytes()).hexdigest()
-        else:
-            found[key] = "folder"
-    return found
+    return copy_run(run_dir, tmp_path, name)
 
 
 def _sentinel(tmp_path: Path) -> Path:
-    folder = tmp_path / "sentinel"
-    folder.mkdir()
-    for name in ("victim.txt", "victim.png", "victim.mp4", "victim.onnx", "victim.json"):
-        (folder / name).write_text(f"precious {name}\n")
-    return folder
+    names = ("victim.txt", "victim.png", "victim.mp4", "victim.onnx", "victim.json")
+    return make_sentinel(tmp_path, names)
 
 
 def _temporary_files(folder: Path) -> list[str]:
@@ -105,7 +85,7 @@ def test_a_probe_video_replaces_a_link_under_its_name_never_writes_through_it(
 ) -> None:
     """``videos/step_*.mp4`` (or the GIF fallback's name) linked out of a copied run."""
     sentinel = _sentinel(tmp_path)
-    before = _hashes(sentinel)
+    before = file_hashes(sentinel)
     folder = _copy(smoke_run, tmp_path)
     (folder / "videos").mkdir()
     name = f"step_{256:012d}.{kind}"
@@ -119,7 +99,7 @@ def test_a_probe_video_replaces_a_link_under_its_name_never_writes_through_it(
         video.close()
     assert written == folder / "videos" / name
     assert written.is_file() and not written.is_symlink() and written.stat().st_size > 100
-    assert _hashes(sentinel) == before
+    assert file_hashes(sentinel) == before
     assert _temporary_files(folder) == []
 
 
@@ -127,7 +107,7 @@ def test_a_probe_video_replaces_a_link_under_its_name_never_writes_through_it(
 def test_export_replaces_links_never_writes_through_them(smoke_run: Path, tmp_path: Path) -> None:
     """The old fixed temporary name, the ``.onnx``/``.pt2`` and their ``.json``: all links."""
     sentinel = _sentinel(tmp_path)
-    before = _hashes(sentinel)
+    before = file_hashes(sentinel)
     folder = _copy(smoke_run, tmp_path)
     checkpoints = folder / "checkpoints"
     stem = Path(NEWEST).stem
@@ -145,7 +125,7 @@ def test_export_replaces_links_never_writes_through_them(smoke_run: Path, tmp_pa
         assert info.path == checkpoints / f"{stem}.{fmt}"
         for written in (info.path, info.description):
             assert written.is_file() and not written.is_symlink()
-    assert _hashes(sentinel) == before
+    assert file_hashes(sentinel) == before
     assert (checkpoints / f".{stem}.onnx.tmp").is_symlink()  # (not ours: left as it was)
     assert _temporary_files(folder) == []
 
@@ -167,7 +147,7 @@ def test_a_full_disk_during_export_or_evaluation_is_named_and_leaves_no_temporar
 ) -> None:
     folder = _copy(smoke_run, tmp_path)
     checkpoints = folder / "checkpoints"
-    before = _hashes(folder)
+    before = file_hashes(folder)
     evaluate = compose_cfg([f"run_dir={folder}", *EVALUATE, f"output_dir={tmp_path}"], "evaluate")
     _full_disk(monkeypatch)
     with pytest.raises(OSError, match="the disk is full") as info:
@@ -178,7 +158,7 @@ def test_a_full_disk_during_export_or_evaluation_is_named_and_leaves_no_temporar
     assert str(checkpoints / Path(FIRST).stem) in str(info.value)  # its evaluation result
     monkeypatch.undo()
     assert _temporary_files(folder) == []
-    assert {k: v for k, v in _hashes(folder).items() if k != ".lock"} == {
+    assert {k: v for k, v in file_hashes(folder).items() if k != ".lock"} == {
         k: v for k, v in before.items() if k != ".lock"
     }
 
@@ -223,13 +203,13 @@ def test_a_checkpoints_folder_linked_to_another_run_is_refused_everywhere(
         "remove_stale_temp_files": lambda: remove_stale_temp_files(copied),
     }
     with RunLock(other):  # the other run trains meanwhile
-        before = _hashes(other)
+        before = file_hashes(other)
         for name, enter in entries.items():
             with pytest.raises(UnsafePathError) as info:
                 enter()
             _refused(info.value, linked)
             assert "linked folder" in str(info.value), name
-            assert _hashes(other) == before, name
+            assert file_hashes(other) == before, name
     assert in_flight.read_bytes() == b"half a checkpoint"
 
 
@@ -261,7 +241,7 @@ def test_linked_videos_wandb_tensorboard_and_superseded_folders_are_refused(
     from rl.loggers.wandb import WandbSink
 
     sentinel = _sentinel(tmp_path)
-    before = _hashes(sentinel)
+    before = file_hashes(sentinel)
     folder = _copy(smoke_run, tmp_path)
     for name in ("videos", "wandb"):
         (folder / name).symlink_to(sentinel)
@@ -272,7 +252,7 @@ def test_linked_videos_wandb_tensorboard_and_superseded_folders_are_refused(
     for t in range(-2, 120):
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now + t))
         (folder / "checkpoints" / f"superseded_{stamp}").symlink_to(sentinel)
-    checkpoints = _hashes(folder / "checkpoints")
+    checkpoints = file_hashes(folder / "checkpoints")
 
     video = _probe_video(folder, compose_cfg)
     with pytest.raises(UnsafePathError) as info:
@@ -288,15 +268,15 @@ def test_linked_videos_wandb_tensorboard_and_superseded_folders_are_refused(
     with pytest.raises(UnsafePathError) as info:
         run.train(compose_cfg([*SMOKE, f"resume={folder / 'checkpoints' / FIRST}"]))
     assert "superseded_" in str(info.value) and "linked folder" in str(info.value)
-    assert _hashes(sentinel) == before
-    assert _hashes(folder / "checkpoints") == checkpoints  # the newer checkpoint stayed
+    assert file_hashes(sentinel) == before
+    assert file_hashes(folder / "checkpoints") == checkpoints  # the newer checkpoint stayed
 
 
 def test_write_atomic_refuses_a_linked_folder_and_a_folder_under_its_name(
     tmp_path: Path,
 ) -> None:
     sentinel = _sentinel(tmp_path)
-    before = _hashes(sentinel)
+    before = file_hashes(sentinel)
     run_dir = tmp_path / "run"
     (run_dir / "a").mkdir(parents=True)
     (run_dir / "a" / "linked").symlink_to(sentinel)
@@ -307,7 +287,7 @@ def test_write_atomic_refuses_a_linked_folder_and_a_folder_under_its_name(
     with pytest.raises(UnsafePathError, match="is a folder") as info:
         write_atomic(run_dir / "summary.csv", "written")
     _refused(info.value, run_dir / "summary.csv")
-    assert _hashes(sentinel) == before and _temporary_files(run_dir) == []
+    assert file_hashes(sentinel) == before and _temporary_files(run_dir) == []
     # run_subdir: made where missing, refused where a link or a file, checked below the run
     from rl.utils.files import run_subdir
 

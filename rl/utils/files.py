@@ -22,12 +22,13 @@ A full disk is an :class:`OSError` whose message names the file and says the dis
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -150,6 +151,18 @@ def _named(path: Path, e: OSError, what: str | None) -> OSError:
     return OSError(e.errno, describe_write_error(path, e, what))
 
 
+@contextlib.contextmanager
+def _write_errors_named(path: Path, what: str | None) -> Iterator[None]:
+    """An :class:`OSError` in the block raised again naming ``path`` (with ``what``)."""
+    try:
+        yield
+    except OSError as e:
+        named = _named(path, e, what)
+        if named is e:
+            raise
+        raise named from e
+
+
 def write_atomic(
     path: str | Path,
     write: Callable[[IO[bytes]], Any] | bytes | str,
@@ -178,7 +191,7 @@ def write_atomic(
     if isinstance(write, str):
         write = write.encode("utf-8")
     data = write
-    try:
+    with _write_errors_named(path, what):
         _check_target(path)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
         try:
@@ -194,11 +207,6 @@ def write_atomic(
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-    except OSError as e:
-        named = _named(path, e, what)
-        if named is e:
-            raise
-        raise named from e
 
 
 def write_atomic_by_name(
@@ -221,7 +229,7 @@ def write_atomic_by_name(
         UnsafePathError: ``path``'s folder is a symbolic link, or ``path`` is a folder.
     """
     path = Path(path)
-    try:
+    with _write_errors_named(path, what):
         _check_target(path)
         fd, tmp = tempfile.mkstemp(
             dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX + path.suffix
@@ -239,11 +247,6 @@ def write_atomic_by_name(
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-    except OSError as e:
-        named = _named(path, e, what)
-        if named is e:
-            raise
-        raise named from e
 
 
 def check_file_target(path: str | Path) -> None:
