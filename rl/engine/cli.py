@@ -6,7 +6,8 @@ behind, and Hydra would print the error under a traceback. :func:`config_errors_
 a refused config of a single run into its message alone on stderr and exit status 1, and removes
 the folder when it holds nothing but Hydra's files. :func:`discard_hydra_folder` does the same
 cleaning for a command whose results live elsewhere (``evaluate.py`` writes next to the
-checkpoints).
+checkpoints). Hydra's own record of a run (``.hydra/``) is written by the trainer once it holds
+the run folder's lock (:func:`hydra_record`, :func:`write_hydra_record`), not by Hydra before.
 """
 
 from __future__ import annotations
@@ -17,12 +18,57 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rl.checkpoints.files import CheckpointError
 from rl.checkpoints.lock import LOCK_NAME, RunFolderLockedError, RunLock
 from rl.engine.sweeps import in_multirun
 from rl.utils.config import ConfigError
-from rl.utils.files import is_run_folder_write_error
+from rl.utils.files import is_run_folder_write_error, write_atomic
+
+# Hydra's record of an invocation, in <run>/.hydra/ (what hydra.core.utils.run_job writes).
+HYDRA_RECORD_DIR = ".hydra"
+
+
+def hydra_record(cfg: DictConfig | dict[str, Any]) -> dict[str, str] | None:
+    """The files Hydra would write to ``<run>/.hydra/`` for this invocation, by name.
+
+    ``config.yaml`` (the composed config, unresolved), ``hydra.yaml`` (Hydra's node) and
+    ``overrides.yaml`` (the overrides typed), with the content Hydra's ``run_job`` writes.
+    conf/hydra/default.yaml turns Hydra's own writing off (``hydra.output_subdir: null``):
+    Hydra writes them before the run takes its folder's lock, so a second run given the same
+    ``hydra.run.dir`` would rewrite a live run's record. The trainer writes them itself once it
+    holds the lock (:func:`write_hydra_record`).
+
+    None where there is nothing to write: not composed by Hydra (a plain dict, no Hydra
+    config), or Hydra writes them itself (a tree whose ``hydra.output_subdir`` is set).
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    if not isinstance(cfg, DictConfig) or not HydraConfig.initialized():
+        return None
+    hydra = HydraConfig.instance().cfg
+    if OmegaConf.select(hydra, "hydra.output_subdir", default=None) is not None:
+        return None
+    task = cfg
+    if "hydra" in cfg:  # composed with return_hydra_config (the API, tests)
+        task = cfg.copy()
+        with open_dict(task):
+            task.pop("hydra")
+    return {
+        "config.yaml": OmegaConf.to_yaml(task),
+        "hydra.yaml": OmegaConf.to_yaml(hydra),
+        "overrides.yaml": OmegaConf.to_yaml(hydra.hydra.overrides.task),
+    }
+
+
+def write_hydra_record(output_dir: Path, record: dict[str, str] | None) -> None:
+    """Write Hydra's record of this invocation into a new run's folder (its lock held)."""
+    for name, text in (record or {}).items():
+        write_atomic(output_dir / HYDRA_RECORD_DIR / name, text)
+
 
 # What a command's folder holds before its run writes anything: Hydra's own files and the run
 # lock's file (released by the time the folder is judged).

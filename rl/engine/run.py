@@ -20,7 +20,7 @@ from typing import Any
 import hydra.utils
 import torch
 import yaml
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig
 
 from rl.checkpoints.config_tree import run_choices
 from rl.checkpoints.files import CheckpointError, load_checkpoint
@@ -29,6 +29,7 @@ from rl.collection.base import CollectionSpec, Collector
 from rl.distributed.launch import launched_by_torchrun, run_torchrun_worker, spawn_workers
 from rl.distributed.settings import DistributedSettings
 from rl.distributed.setup import DistContext, synchronize_model
+from rl.engine.cli import hydra_record, write_hydra_record
 from rl.engine.settings import RunSettings, verify_train_cfg
 from rl.evaluation.runs import evaluate_from_config
 from rl.evaluation.settings import eval_settings, valid_settings
@@ -112,48 +113,6 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
     return outcome["metrics"]  # type: ignore[no-any-return]
 
 
-# Hydra's record of an invocation, in <run>/.hydra/ (what hydra.core.utils.run_job writes).
-HYDRA_RECORD_DIR = ".hydra"
-
-
-def hydra_record(cfg: DictConfig | dict[str, Any]) -> dict[str, str] | None:
-    """The files Hydra would write to ``<run>/.hydra/`` for this invocation, by name.
-
-    ``config.yaml`` (the composed config, unresolved), ``hydra.yaml`` (Hydra's node) and
-    ``overrides.yaml`` (the overrides typed), with the content Hydra's ``run_job`` writes.
-    conf/hydra/default.yaml turns Hydra's own writing off (``hydra.output_subdir: null``):
-    Hydra writes them before the run takes its folder's lock, so a second run given the same
-    ``hydra.run.dir`` would rewrite a live run's record. The trainer writes them itself once it
-    holds the lock (:func:`_write_hydra_record`).
-
-    None where there is nothing to write: not composed by Hydra (a plain dict, no Hydra
-    config), or Hydra writes them itself (a tree whose ``hydra.output_subdir`` is set).
-    """
-    from hydra.core.hydra_config import HydraConfig
-
-    if not isinstance(cfg, DictConfig) or not HydraConfig.initialized():
-        return None
-    hydra = HydraConfig.instance().cfg
-    if OmegaConf.select(hydra, "hydra.output_subdir", default=None) is not None:
-        return None
-    task = cfg
-    if "hydra" in cfg:  # composed with return_hydra_config (the API, tests)
-        task = cfg.copy()
-        with open_dict(task):
-            task.pop("hydra")
-    return {
-        "config.yaml": OmegaConf.to_yaml(task),
-        "hydra.yaml": OmegaConf.to_yaml(hydra),
-        "overrides.yaml": OmegaConf.to_yaml(hydra.hydra.overrides.task),
-    }
-
-
-def _write_hydra_record(output_dir: Path, record: dict[str, str] | None) -> None:
-    """Write Hydra's record of this invocation into a new run's folder (its lock held)."""
-    for name, text in (record or {}).items():
-        write_atomic(output_dir / HYDRA_RECORD_DIR / name, text)
-
-
 def _warn_without_experiment(cfg: DictConfig | dict[str, Any], plain: dict[str, Any]) -> None:
     """A warning when a new run was composed by Hydra without ``+experiment=``."""
     choices = run_choices(cfg)
@@ -224,7 +183,8 @@ def _train(
 
     ``checked``: the plan's config was checked (:func:`verify_train_cfg`) in this process or by
     the launcher (False: a resumed run's rebuilt config, checked here). ``record``: Hydra's
-    record of the invocation (:func:`hydra_record`), written into a new run's folder.
+    record of the invocation (:func:`~rl.engine.cli.hydra_record`), written into a new run's
+    folder.
 
     A fatal error is logged to ``train.log`` here, while a resumed run's own log file is still
     attached (:func:`rl.utils.logs.log_fatal`).
@@ -303,7 +263,7 @@ def _train_body(
         if main:  # (once the collector took its settings: a refused one leaves no run folder)
             write_atomic(output_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
             if start.resume_state is None:  # (a resumed run keeps its first invocation's)
-                _write_hydra_record(output_dir, record)
+                write_hydra_record(output_dir, record)
         stack.enter_context(stop_on_signals(stop))  # again: Ray installs its own handlers
         logger = MetricsLogger([])
         if main:  # distributed: only rank 0 logs, evaluates, validates and records videos
