@@ -57,9 +57,7 @@ _INVOCATION_ONLY: tuple[tuple[str, str], ...] = (
     ("torch_threads", "a resource size"),
 )
 # Keys named like a network endpoint, wherever they are (a task's simulator server included).
-_ADDRESS_NAMES = frozenset(
-    {"address", "host", "hostname", "port", "url", "uri", "endpoint", "allow_unauthenticated"}
-)
+_ADDRESS_NAMES = frozenset({"address", "host", "hostname", "port", "url", "uri", "endpoint"})
 # Of those, the sizes that shape a run: a resumed run with other values would be another run.
 RUN_SHAPE = (
     "sampler.num_envs",
@@ -78,12 +76,10 @@ def invocation_only(path: str) -> str | None:
     if not path:
         return None
     parts = path.split(".")
+    if parts[-1] == "allow_unauthenticated":
+        return "an authentication switch"
     if parts[-1] in _ADDRESS_NAMES:
-        return (
-            "a network address"
-            if parts[-1] != "allow_unauthenticated"
-            else ("an authentication switch")
-        )
+        return "a network address"
     prefixes = [".".join(parts[: i + 1]) for i in range(len(parts))]
     for pattern, why in _INVOCATION_ONLY:
         if any(fnmatch.fnmatchcase(p, pattern) for p in prefixes):
