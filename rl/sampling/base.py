@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -13,6 +13,7 @@ import torch
 from tensordict import TensorDict
 
 from rl.tasks.fields import StepField
+from rl.utils.misc import evenly_distribute_count_into_bins
 
 
 @dataclasses.dataclass
@@ -94,6 +95,24 @@ def finished_episodes(step: TensorDict) -> list[EpisodeRecord]:
     They ride with the step itself, not with a copy or an index of it (``step[mask]``).
     """
     return getattr(step, "_episodes", [])
+
+
+def split_episode_seeds(episode_seeds: Sequence[int], num_envs: int) -> list[list[int]]:
+    """Contiguous shares of the evaluation episodes, one per environment (every sampler's split).
+
+    Args:
+        episode_seeds: The evaluation episodes' seeds (at least one).
+        num_envs: Environments wanted; capped at the number of episodes.
+
+    Returns:
+        ``min(num_envs, len(episode_seeds))`` shares, larger first.
+    """
+    if len(episode_seeds) == 0:
+        raise ValueError("evaluation needs at least one episode")
+    num_envs = min(num_envs, len(episode_seeds))
+    counts = evenly_distribute_count_into_bins(len(episode_seeds), num_envs)
+    bounds = np.cumsum([0, *counts])
+    return [[int(s) for s in episode_seeds[bounds[i] : bounds[i + 1]]] for i in range(num_envs)]
 
 
 # The most environments one sampler runs: far above any experiment (16 to 256), far below what

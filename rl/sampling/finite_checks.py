@@ -4,7 +4,8 @@ A NaN or infinite reward or floating-point observation would poison the update, 
 run with a :class:`~rl.utils.finite.NonFiniteError` naming the environment, the step of its
 episode and the field. :class:`FiniteChecks` is the part of
 :class:`~rl.sampling.SerialSampler` that checks (a multiprocess sampler's workers run that
-sampler, so every sampler checks the same way).
+sampler, so every sampler checks the same way); :class:`~rl.sampling.BatchedSampler` reduces
+its tensors where they live and names what it finds with the same words.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 from rl.utils.finite import NonFiniteError
 
-__all__ = ["FiniteChecks", "all_finite", "is_float"]
+__all__ = ["FiniteChecks", "all_finite", "first_nonfinite_row", "is_float"]
 
 
 def all_finite(values: np.ndarray) -> bool:
@@ -27,6 +29,16 @@ def all_finite(values: np.ndarray) -> bool:
     then the element-wise check decides.
     """
     return math.isfinite(values.sum()) or bool(np.isfinite(values).all())
+
+
+def first_nonfinite_row(values: torch.Tensor) -> int | None:
+    """The first row of ``values`` (``[K, ...]``, any device) holding a NaN or infinity.
+
+    The slow path, after a sum came out non-finite: an overflow of finite values does too.
+    """
+    bad = ~torch.isfinite(values.reshape(len(values), -1)).all(1)
+    rows = bad.nonzero()
+    return int(rows[0, 0]) if len(rows) else None
 
 
 def is_float(dtype: Any) -> bool:
@@ -71,11 +83,15 @@ class FiniteChecks:
             field = f"{what} {key!r}" if self._dict_obs else what
             self._nonfinite(envs[row], field, values[row], when(row))
 
+    def _start_seed(self, env: int) -> int | None:
+        """The seed environment ``env``'s episode started with (None: an unseeded reset)."""
+        return self._episode_start[env].get("seed")  # type: ignore[no-any-return]
+
     def _nonfinite(self, env: int, field: str, value: Any, when: str) -> None:
         self.current_env = self.env_offset + env  # named by a multiprocess worker's error too
         bad = np.asarray(value, dtype=np.float64).ravel()
         bad = bad[~np.isfinite(bad)]
-        seed = self._episode_start[env].get("seed")
+        seed = self._start_seed(env)
         raise NonFiniteError(
             f"environment {self.env_offset + env} returned a non-finite {field} "
             f"({bad[0] if bad.size else value}) at {when}"

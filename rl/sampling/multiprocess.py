@@ -42,7 +42,13 @@ import gymnasium as gym
 import numpy as np
 from tensordict import TensorDict
 
-from rl.sampling.base import MAX_NUM_ENVS, EpisodeRecord, Sampler, step_tensordict
+from rl.sampling.base import (
+    MAX_NUM_ENVS,
+    EpisodeRecord,
+    Sampler,
+    split_episode_seeds,
+    step_tensordict,
+)
 from rl.sampling.mp_worker import LOAD, NEW, RESET, SAVE, STEP
 from rl.sampling.shared_memory import SharedArrays, final_key, obs_key, sampler_array_specs
 from rl.sampling.worker_pool import SamplerWorkerError, WorkerPool
@@ -80,24 +86,6 @@ def _count_envs(num_processes: int, envs_per_process: int, num_envs: int | None)
     if num_envs < 1:
         raise ValueError(f"sampler.num_envs must be >= 1, got {num_envs}")
     return num_envs
-
-
-def _split_episode_seeds(episode_seeds: Sequence[int], num_envs: int) -> list[list[int]]:
-    """Contiguous shares of the evaluation episodes, one per environment, as SerialSampler's.
-
-    Args:
-        episode_seeds: The evaluation episodes' seeds (at least one).
-        num_envs: Environments wanted; capped at the number of episodes.
-
-    Returns:
-        ``min(num_envs, len(episode_seeds))`` shares, larger first.
-    """
-    if len(episode_seeds) == 0:
-        raise ValueError("evaluation needs at least one episode")
-    num_envs = min(num_envs, len(episode_seeds))
-    counts = evenly_distribute_count_into_bins(len(episode_seeds), num_envs)
-    bounds = np.cumsum([0, *counts])
-    return [[int(s) for s in episode_seeds[bounds[i] : bounds[i + 1]]] for i in range(num_envs)]
 
 
 # ---------------------------------------------------------------------------- sampler
@@ -152,7 +140,7 @@ class MultiprocessSampler(Sampler):
         self.eval_mode = episode_seeds is not None
         shares: list[list[int]] | None = None
         if episode_seeds is not None:
-            shares = _split_episode_seeds(episode_seeds, num_envs)
+            shares = split_episode_seeds(episode_seeds, num_envs)
             num_envs = len(shares)
         self.num_envs = num_envs
         self.num_processes = min(num_processes, num_envs)

@@ -15,10 +15,10 @@ import numpy as np
 from tensordict import TensorDict
 
 from rl.sampling.base import MAX_NUM_ENVS, EpisodeRecord, Sampler, step_tensordict
-from rl.sampling.env_state import np_random_state, reset_state, set_np_random_state
 from rl.sampling.finite_checks import FiniteChecks, is_float
 from rl.sampling.watchdog import DEFAULT_TIMEOUT_S, Watchdog
 from rl.tasks.agents import num_agents
+from rl.tasks.env_state import np_random_state, reset_state, set_np_random_state
 from rl.tasks.factory import build_env, env_name, episode_metrics
 from rl.tasks.fields import step_fields_of
 from rl.tasks.spaces import (

@@ -36,6 +36,7 @@ __all__ = [
     "EXPERT_ACTIONS",
     "RESERVED_FIELDS",
     "StepField",
+    "declared_step_fields",
     "expert_field",
     "step_fields_of",
 ]
@@ -102,13 +103,24 @@ def step_fields_of(task: Mapping[str, Any], env: gym.Env, name: str) -> dict[str
         ValueError: A field named as a framework field, or a malformed declaration, naming
             the task and the field.
     """
-    declared: dict[str, Any] = dict(getattr(env.unwrapped, "step_fields", None) or {})
+    return declared_step_fields(task, getattr(env.unwrapped, "step_fields", None), name)
+
+
+def declared_step_fields(
+    task: Mapping[str, Any], declared: Mapping[str, Any] | None, name: str
+) -> dict[str, StepField]:
+    """The step fields of ``task``: ``declared`` (an environment class's), then its config's.
+
+    :func:`step_fields_of` for a declaration read elsewhere than from one environment (the
+    environments of a ``gymnasium.vector.VectorEnv``, :mod:`rl.tasks.gym_vector`).
+    """
+    specs: dict[str, Any] = dict(declared or {})
     own = task.get("step_fields") or {}
     if not isinstance(own, Mapping):
         raise ValueError(f"task {name!r}: step_fields is a {type(own).__name__}, not a mapping")
-    declared.update(own)
+    specs.update(own)
     fields: dict[str, StepField] = {}
-    for key, spec in declared.items():
+    for key, spec in specs.items():
         where = f"task {name!r}: step field {key!r}"
         if key in RESERVED_FIELDS:
             raise ValueError(f"{where} is a name the framework uses; choose another")
