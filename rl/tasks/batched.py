@@ -60,7 +60,8 @@ class BatchedEnv(abc.ABC):
                 environment's own random stream (an unseeded ``gymnasium`` reset).
 
         Returns:
-            Batch ``[N]``: ``obs`` (by key) and the task's step fields.
+            Batch ``[N]``: ``obs`` (by key) and the task's step fields (a
+            :attr:`~rl.tasks.fields.StepField.transition` field: its ``missing`` value).
         """
 
     @abc.abstractmethod
@@ -77,13 +78,17 @@ class BatchedEnv(abc.ABC):
 
         Returns:
             Batch ``[N]``, as :func:`rl.sampling.base.step_tensordict` describes a step:
-            ``obs`` (the next episode's first where one ended), ``rewards`` (float32),
-            ``terminated`` and ``truncated`` (bool, never both), ``final_obs`` (the last
-            observation of each episode that was truncated, zeros in other rows), the task's
-            step fields (with the returned observations), and ``episode``: the task's metrics
-            of the episodes that ended (float32 by name, e.g. ``success``, ``spl``; rows
-            where neither ended hold nothing meaningful). Returns and lengths are the
-            sampler's to count.
+            ``obs`` (the next episode's first where one ended), ``rewards`` (float32; or
+            float64, which the sampler sums into returns before it casts them: an adapter
+            over Python environments keeps their own values), ``terminated`` and
+            ``truncated`` (bool, never both), ``final_obs`` (the last observation of each
+            episode that was truncated, zeros in other rows; it may be left out of a step
+            where none was), the task's step fields (with the returned observations; a
+            :attr:`~rl.tasks.fields.StepField.transition` field: the step's own), and
+            ``episode``: the task's metrics of the episodes that ended (floats by name, e.g.
+            ``success``, ``spl``; NaN where an ended episode has no such metric; rows where
+            none ended hold nothing meaningful; it may be left out of a step where none
+            ended). Returns and lengths are the sampler's to count.
         """
 
     def state_dict(self) -> dict[str, Any]:
