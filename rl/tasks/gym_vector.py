@@ -182,8 +182,13 @@ class TaskEnv(gym.Wrapper):
         self._actions = []
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
-        """Step, recording the action; typed fields, and the episode's metrics at its end."""
-        self._actions.append(np.asarray(action).tolist())
+        """Step, recording the action; typed fields, and the episode's metrics at its end.
+
+        A discrete action reaches the environment as a Python ``int``, as the serial sampler
+        hands it over (gymnasium's checks of a NumPy integer cost more than the step).
+        """
+        action = int(action) if self._discrete else action
+        self._actions.append(action if self._discrete else np.asarray(action).tolist())
         obs, reward, terminated, truncated, info = self.env.step(action)
         out = typed_info(info, self.fields, self.name)
         if terminated or truncated:
@@ -223,9 +228,9 @@ class TaskEnv(gym.Wrapper):
         return obs, typed_info(info, self.fields, self.name)
 
     def _action(self, action: Any) -> Any:
-        """An action as the vector environment hands it over, from what was recorded."""
+        """An action as :meth:`step` hands it over, from what was recorded."""
         dtype = getattr(self.action_space, "dtype", None)
-        return np.int64(action) if self._discrete else np.asarray(action, dtype=dtype)
+        return int(action) if self._discrete else np.asarray(action, dtype=dtype)
 
 
 def _task_env(
