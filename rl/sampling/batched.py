@@ -295,7 +295,7 @@ class BatchedSampler(FiniteChecks, Sampler):
         flags = [_finite(obs.get(k)) for k in self._float_keys]
         if flags and not all(torch.stack(flags).tolist()):
             self._raise_obs(obs, range(self.num_envs), lambda row: when)
-        data = {"obs": obs, **{k: out.get(k) for k in self.step_fields}}
+        data: dict[Any, Any] = {"obs": obs, **{k: out.get(k) for k in self.step_fields}}
         return TensorDict._new_unsafe(data, batch_size=torch.Size([self.num_envs]))
 
     def step(self, actions: np.ndarray | torch.Tensor) -> TensorDict:
@@ -339,7 +339,7 @@ class BatchedSampler(FiniteChecks, Sampler):
         ended_any, truncated_any, *finite = torch.stack(checks).tolist()
         if not all(finite):
             self._raise_step(rewards, obs, finite, ended)
-        data: dict[str, Any] = {"obs": obs, **fields}
+        data: dict[Any, Any] = {"obs": obs, **fields}
         data.update(rewards=rewards, terminated=terminated, truncated=truncated)
         paused = torch.zeros(n, dtype=torch.bool, device=self.device)
         episodes: list[EpisodeRecord] = []
@@ -482,7 +482,7 @@ class BatchedSampler(FiniteChecks, Sampler):
         else:
             for key, space in self.observation_space.spaces.items():
                 value = obs.get(key, None)
-                want = (n, *space.shape), _torch_dtype(space.dtype)
+                want = (n, *(space.shape or ())), _torch_dtype(space.dtype)
                 if value is None or (tuple(value.shape), value.dtype) != want:
                     got = None if value is None else (tuple(value.shape), value.dtype)
                     problems.append(f"obs {key!r}: expected {want}, got {got}")

@@ -168,7 +168,7 @@ class BatchedCorridor(BatchedEnv):
             {"state": state, "cell": self.cell}, batch_size=torch.Size([self.num_envs])
         )
 
-    def _observed(self) -> dict[str, Any]:
+    def _observed(self) -> dict[Any, Any]:
         """The observations and the fields that come with them."""
         return {
             "obs": self._obs(),
@@ -199,10 +199,13 @@ class BatchedCorridor(BatchedEnv):
         done = terminated | truncated
         last = self._obs()
         final = last.apply(lambda v: torch.where(_rows(truncated, v), v, torch.zeros_like(v)))
-        episode = {"success": terminated.to(torch.float32), "start": self.start.to(torch.float32)}
+        episode: dict[Any, Any] = {
+            "success": terminated.to(torch.float32),
+            "start": self.start.to(torch.float32),
+        }
         self._start_episodes(done, next_seeds)
         n = torch.Size([self.num_envs])
-        data = {
+        data: dict[Any, Any] = {
             **self._observed(),
             "moved": moved,
             "rewards": rewards,

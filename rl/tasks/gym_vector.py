@@ -375,7 +375,7 @@ class GymVectorEnv(BatchedEnv):
     # ------------------------------------------------------------ interface
     def reset(self, seeds: Sequence[int | None]) -> TensorDict:
         """Reset every environment, each with its seed (None: its own random stream)."""
-        obs, infos = self.env.reset(seed=list(seeds))
+        obs, infos = self.env.reset(seed=list(seeds))  # type: ignore[arg-type]  # one each
         flat = self._obs(obs)
         fields = self._read_fields([(infos, None)], None)
         return _tensordict({"obs": flat, **fields}, self.num_envs)
@@ -423,7 +423,7 @@ class GymVectorEnv(BatchedEnv):
                 ``state_dict()``.
         """
         if self._typed:
-            return {"episodes": list(self.env.call("episode"))}
+            return {"episodes": list(self.env.call("episode"))}  # type: ignore[attr-defined]
         own = getattr(self.env, "state_dict", None)
         if own is None:
             raise NotImplementedError(
@@ -435,7 +435,7 @@ class GymVectorEnv(BatchedEnv):
     def load_state_dict(self, state: dict[str, Any]) -> TensorDict:
         """Replay the saved episodes; what the saved environments were about to act on."""
         if self._typed:
-            results = self.env.call("restore", list(state["episodes"]))
+            results = self.env.call("restore", list(state["episodes"]))  # type: ignore[attr-defined]
             rows = [self._flatten(obs) for obs, _ in results]
             flat = {
                 k: np.array([r[k] for r in rows], dtype=space.dtype)
@@ -461,7 +461,7 @@ class GymVectorEnv(BatchedEnv):
 
     def render(self, index: int = 0) -> Any:
         """Environment ``index``'s frame (built with ``render_mode``), else None."""
-        frames = self.env.call("render")
+        frames = self.env.call("render")  # type: ignore[attr-defined]
         return None if frames is None else frames[index]
 
     def close(self) -> None:
@@ -507,7 +507,10 @@ class GymVectorEnv(BatchedEnv):
             (None if next_seeds is None else next_seeds[i]) if row else None
             for i, row in enumerate(rows.tolist())
         ]
-        obs, reset_infos = self.env.reset(seed=seeds, options={"reset_mask": rows})
+        obs, reset_infos = self.env.reset(
+            seed=seeds,  # type: ignore[arg-type]  # one each (a list)
+            options={"reset_mask": rows},
+        )
         for k, v in self._flatten(obs).items():
             flat[k][rows] = np.asarray(v)[rows]
         return [(infos, ~rows), (reset_infos, rows)]
@@ -553,7 +556,7 @@ def _declared_fields(vector: VectorEnv) -> Mapping[str, Any] | None:
     if own is not None:
         return own  # type: ignore[no-any-return]
     try:
-        return vector.get_attr("step_fields")[0]  # type: ignore[no-any-return]
+        return vector.get_attr("step_fields")[0]  # type: ignore[attr-defined, no-any-return]
     except Exception:  # noqa: BLE001  (environments without the attribute declare none)
         return None
 
@@ -594,7 +597,7 @@ def _read_into(
 
 def _tensordict(data: Mapping[str, Any], n: int) -> TensorDict:
     """NumPy arrays (nested by mapping) as one ``TensorDict`` of batch ``[n]`` (no copy)."""
-    out: dict[str, Any] = {}
+    out: dict[Any, Any] = {}
     for key, value in data.items():
         out[key] = (
             _tensordict(value, n)
