@@ -53,7 +53,8 @@ from rl.collection.worker_config import DEFAULT_TIMEOUT_S, check_collector, work
 from rl.distributed.setup import DistContext
 from rl.models.policy import Policy
 from rl.tasks.factory import with_split
-from rl.utils.config import MAX_WORKERS, Check
+from rl.utils.config import MAX_WORKERS, Check, ConfigError
+from rl.utils.threads import auto_count
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,9 @@ class CollectionWorkerSet:
         model: The learner's policy (its weights are sent to the workers).
         device: The learner's device (the assembled rollout lives there).
         dist: This learner's place among DDP ranks (each its own workers; None: one learner).
-        num_workers: Remote collection workers (of this rank).
+        num_workers: Remote collection workers (of this rank); ``auto``: one a core this
+            process may use, less the learner's, at most one a given environment (on this
+            machine: a private Ray instance or child processes).
         mode: ``sync`` or ``async`` (see the module docstring).
         rollouts_per_update: Async: worker rollouts per update, first come first served
             (None: every worker's, the barrier). Fewer than ``num_workers`` needs the
@@ -99,7 +102,7 @@ class CollectionWorkerSet:
         model: Policy,
         device: torch.device | str = "cpu",
         dist: DistContext | None = None,
-        num_workers: Annotated[int, Check(ge=1, le=MAX_WORKERS)] = 2,
+        num_workers: Annotated[int | str, Check(ge=1, le=MAX_WORKERS, words=("auto",))] = 2,
         mode: str = "sync",
         rollouts_per_update: int | None = None,
         backend: str = "ray",
@@ -115,6 +118,14 @@ class CollectionWorkerSet:
         evaluate_on_workers: bool = True,
         allow_unauthenticated: bool = False,
     ) -> None:
+        # auto: one worker a core this process may use, less the learner's (a cluster's size
+        # is not this machine's: give a number there)
+        if num_workers == "auto" and address is not None:
+            raise ConfigError(
+                "collector.num_workers: auto counts this machine's cores; joining a cluster "
+                f"(collector.address={address}) needs a number"
+            )
+        num_workers = auto_count(num_workers, spec.num_envs, "collector.num_workers")
         per_update = num_workers if rollouts_per_update is None else rollouts_per_update
         check_collector(
             num_workers, mode, backend, fraction_samples, min_rollout_frac, max_policy_lag, spec,

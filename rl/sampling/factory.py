@@ -9,13 +9,19 @@ import hydra.utils
 
 from rl.sampling.agents import agent_rows
 from rl.sampling.base import Sampler
+from rl.utils.threads import auto_count
 
 
 def sampler_num_envs(config: Mapping[str, Any]) -> int:
-    """Total environments a sampler config asks for (``num_envs``, else processes x envs)."""
+    """Total environments a sampler config asks for.
+
+    ``num_envs``, else processes x environments each (``num_processes: auto`` counted as on
+    this machine).
+    """
     if config.get("num_envs") is not None:
         return int(config["num_envs"])
-    return int(config.get("num_processes", 1)) * int(config.get("envs_per_process", 1))
+    processes = auto_count(config.get("num_processes", 1), None, "sampler.num_processes")
+    return processes * int(config.get("envs_per_process", 1))
 
 
 def build_sampler(

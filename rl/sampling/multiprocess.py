@@ -59,6 +59,7 @@ from rl.tasks.spaces import action_array_spec, check_action_space
 from rl.utils.config import MAX_WORKERS, Check
 from rl.utils.misc import evenly_distribute_count_into_bins
 from rl.utils.processes import process_context, resolve_start_method
+from rl.utils.threads import auto_count
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "MultiprocessSampler",
     "SamplerWorkerError",
+    "sampler_processes",
 ]
 
 # Seconds a worker may take to reply to one step (or reset, or save) before it counts as hung.
@@ -76,7 +78,10 @@ DEFAULT_TIMEOUT_S = 60.0
 
 
 def _count_envs(num_processes: int, envs_per_process: int, num_envs: int | None) -> int:
-    """Total environments: ``num_envs``, else ``num_processes * envs_per_process`` (validated)."""
+    """Total environments: ``num_envs``, else ``num_processes * envs_per_process`` (validated).
+
+    ``num_processes`` is a number here (``auto`` resolved by :func:`sampler_processes`).
+    """
     if num_processes < 1:
         raise ValueError(f"sampler.num_processes must be >= 1, got {num_processes}")
     if num_envs is None:
@@ -86,6 +91,15 @@ def _count_envs(num_processes: int, envs_per_process: int, num_envs: int | None)
     if num_envs < 1:
         raise ValueError(f"sampler.num_envs must be >= 1, got {num_envs}")
     return num_envs
+
+
+def sampler_processes(num_processes: int | str, num_envs: int | None) -> int:
+    """``sampler.num_processes`` as a number.
+
+    ``auto`` is the cores this process may use less one (the learner's), at most one a given
+    environment (:func:`rl.utils.threads.auto_count`).
+    """
+    return auto_count(num_processes, num_envs, "sampler.num_processes")
 
 
 # ---------------------------------------------------------------------------- sampler
@@ -124,7 +138,7 @@ class MultiprocessSampler(Sampler):
         self,
         *,
         task: Mapping[str, Any],
-        num_processes: Annotated[int, Check(ge=1, le=MAX_WORKERS)] = 2,
+        num_processes: Annotated[int | str, Check(ge=1, le=MAX_WORKERS, words=("auto",))] = 2,
         envs_per_process: Annotated[int, Check(ge=1, le=MAX_NUM_ENVS)] = 8,
         num_envs: Annotated[int | None, Check(ge=1, le=MAX_NUM_ENVS)] = None,
         seed: int | None = 0,
@@ -136,6 +150,7 @@ class MultiprocessSampler(Sampler):
         start_timeout: Annotated[float, Check(gt=0)] = 300.0,
     ) -> None:
         self._pool: WorkerPool | None = None
+        num_processes = sampler_processes(num_processes, num_envs)
         num_envs = _count_envs(num_processes, envs_per_process, num_envs)
         self.eval_mode = episode_seeds is not None
         shares: list[list[int]] | None = None

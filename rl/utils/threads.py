@@ -1,4 +1,8 @@
-"""How many threads torch uses in each process of a run (the ``torch_threads`` settings).
+"""How many threads torch uses in each process of a run, and how many processes run.
+
+``auto`` process counts (``collector.num_workers``, ``sampler.num_processes``) are the cores
+this process may use, less one for the learner's own process (:func:`auto_count`): on 2 cores
+one worker beside the learner, on 16 cores 15. The ``torch_threads`` settings:
 
 ``torch_threads: auto`` (the default of ``train.yaml`` and ``evaluate.yaml``) is one thread per
 process on the CPU: the framework's networks are small, so a second intra-op thread barely
@@ -24,6 +28,25 @@ def available_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         return max(1, os.cpu_count() or 1)
+
+
+def auto_count(setting: int | str, cap: int | None = None, what: str = "count") -> int:
+    """A process count setting as a number: ``auto`` is :func:`available_cores` less one.
+
+    Args:
+        setting: An integer or ``auto``.
+        cap: The most it may be (e.g. the environments to share; None: no cap).
+        what: The setting's name, for the error.
+
+    Raises:
+        ValueError: ``setting`` is another string.
+    """
+    if setting == AUTO:
+        count = max(1, available_cores() - 1)
+        return count if cap is None else max(1, min(count, cap))
+    if isinstance(setting, str):
+        raise ValueError(f"{what}: expected an integer or auto, got {setting!r}")
+    return int(setting)
 
 
 def torch_thread_count(

@@ -1,0 +1,66 @@
+"""``auto`` process counts: the cores this process may use, less the learner's (issue 49)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from rl.engine import run
+from rl.sampling import MultiprocessSampler
+from rl.sampling.factory import sampler_num_envs
+from rl.utils.config import ConfigError
+from rl.utils.threads import auto_count
+
+SMOKE = ["+experiment=ppo_nav", "+debug=smoke", "task=nav_small", "eval.num_episodes=0"]
+
+
+@pytest.fixture
+def cores() -> Iterator[Any]:
+    """Sets this process's CPU affinity to the first ``n`` cores it may use (restored after)."""
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    allowed = os.sched_getaffinity(0)
+
+    def restrict(n: int) -> None:
+        os.sched_setaffinity(0, sorted(allowed)[:n])
+
+    yield restrict
+    os.sched_setaffinity(0, allowed)
+
+
+def test_auto_is_the_cores_this_process_may_use_less_the_learner_s(cores: Any) -> None:
+    usable = len(os.sched_getaffinity(0))
+    assert auto_count("auto") == max(1, usable - 1)
+    assert auto_count("auto", cap=1) == 1  # (one environment: one worker)
+    assert auto_count(3) == 3
+    cores(1)
+    assert auto_count("auto") == 1  # never none
+    assert sampler_num_envs({"num_processes": "auto", "envs_per_process": 8}) == 8
+    with pytest.raises(ValueError, match="collector.num_workers: expected an integer or auto"):
+        auto_count("many", what="collector.num_workers")
+
+
+def test_an_auto_multiprocess_sampler_starts_one_process_a_core(cores: Any) -> None:
+    task = {"_target_": "rl.tasks.PointNavEnv", "size": 7, "rooms_per_side": 1}
+    usable = len(os.sched_getaffinity(0))
+    with MultiprocessSampler(task=task, num_envs=8, num_processes="auto") as sampler:
+        assert sampler.num_processes == max(1, min(8, usable - 1))
+        assert sampler.reset()["obs", "image"].shape[0] == 8
+
+
+@pytest.mark.parametrize(
+    "overrides, problem",
+    [
+        (["collector=process", "collector.num_workers=many"], "collector.num_workers"),
+        (["sampler=multiprocess", "sampler.num_processes=many"], "sampler.num_processes"),
+        (["collector=ray", "collector.num_workers=auto", "collector.address=auto"], "a number"),
+    ],
+)
+def test_counts_other_than_numbers_and_auto_are_refused_by_name(
+    compose_cfg: Any, overrides: list[str], problem: str
+) -> None:
+    with pytest.raises((ConfigError, ValueError), match=problem):
+        run.train(compose_cfg([*SMOKE, *overrides]))
