@@ -48,6 +48,21 @@ def policy_step(
     return step.actions, state
 
 
+def actions_for(step: Mapping[str, Any], actions: torch.Tensor) -> np.ndarray | torch.Tensor:
+    """``actions`` as the sampler that returned ``step`` takes them.
+
+    A sampler whose steps live on the actions' accelerator (a batched environment on the GPU)
+    takes the tensor where it is: nothing goes to the host. Every sampler takes NumPy
+    (a CPU tensor's is a view, not a copy).
+    """
+    if actions.device.type != "cpu":
+        first = next(iter(step["obs"].values()), None)
+        if isinstance(first, torch.Tensor) and first.device == actions.device:
+            return actions
+        actions = actions.cpu()
+    return actions.numpy()
+
+
 class PolicyActor:
     """A policy acting for ``num_envs`` environments, its state and episode starts carried.
 
@@ -75,8 +90,11 @@ class PolicyActor:
         self.state = model.initial_state(num_envs, self.device)
         self.starts = torch.ones(num_envs, dtype=torch.bool, device=self.device)
 
-    def act(self, step: Mapping[str, Any]) -> np.ndarray:
-        """Actions ``[N, ...]`` (NumPy) for ``step["obs"]``, ``[N, ...]`` arrays or tensors."""
+    def act(self, step: Mapping[str, Any]) -> np.ndarray | torch.Tensor:
+        """Actions ``[N, ...]`` for ``step["obs"]`` (``[N, ...]`` arrays or tensors).
+
+        As the sampler takes them (:func:`actions_for`).
+        """
         obs = {k: torch.as_tensor(v).to(self.device) for k, v in step["obs"].items()}
         actions, self.state = policy_step(
             self.model, obs, self.starts, self.state,
@@ -84,7 +102,7 @@ class PolicyActor:
             normalizer=self.normalizer,
         )  # fmt: skip
         self.starts = torch.zeros_like(self.starts)
-        return actions.cpu().numpy()  # type: ignore[no-any-return]
+        return actions_for(step, actions)
 
     def advance(self, result: Mapping[str, Any], keep: torch.Tensor | None = None) -> None:
         """Episode starts where ``result`` ended one; environments not in ``keep`` dropped."""

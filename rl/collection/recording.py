@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from rl.collection.acting import actions_for
 from rl.collection.base import Preemption, RolloutRequest
 from rl.collection.normalization import Normalizer
 from rl.collection.teacher_forcing import check_field_names, teacher_force
@@ -110,7 +111,7 @@ class RolloutRecorder:
         return obs if self.normalizer is None else self.normalizer.observations(obs)
 
     # ----------------------------------------------------------------- acting
-    def act(self, step: TensorDict) -> np.ndarray:
+    def act(self, step: TensorDict) -> np.ndarray | torch.Tensor:
         """The policy's actions for the observations of the last step (teacher-forced maybe)."""
         t0 = time.perf_counter()
         if self.normalizer is not None:
@@ -136,7 +137,7 @@ class RolloutRecorder:
         }
         self._acted = time.perf_counter()
         self.inference_seconds += self._acted - t0
-        return actions.cpu().numpy()  # type: ignore[no-any-return]
+        return actions_for(step, actions)
 
     def advance(self, result: TensorDict, keep: torch.Tensor | None) -> None:
         """Nothing: :meth:`record` carried everything on (training environments never pause)."""
