@@ -77,6 +77,8 @@ class PointNavEnv(MiniGridEnv):
 
     # the shortest-path expert, recorded as the rollout field expert_actions
     step_fields: ClassVar[dict[str, StepField]] = {EXPERT_ACTIONS: expert_field()}
+    # the same task as a batched environment in torch (rl.tasks.batched)
+    batched_env: ClassVar[str] = "rl.tasks.nav_batched.BatchedPointNav"
 
     def __init__(
         self,

@@ -4,9 +4,13 @@ Owns the direction vectors and cell encodings, the wall-padded per-episode encod
 see-behind arrays that views are gathered from, the view cell -> world cell index tables per
 direction, and minigrid's occlusion (:func:`process_vis`). Together they reproduce
 ``MiniGridEnv.gen_obs()["image"]`` bit for bit without minigrid's per-cell Python objects.
+:func:`process_vis_row` is the same occlusion one view row at a time on bit masks, which the
+batched environment (:mod:`rl.tasks.nav_batched`) turns into a lookup table.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 from minigrid.core.constants import OBJECT_TO_IDX
@@ -15,9 +19,12 @@ from minigrid.core.world_object import Goal, Wall
 __all__ = [
     "DIR_VEC",
     "EMPTY_ENCODING",
+    "GOAL_ENCODING",
+    "WALL_ENCODING",
     "episode_arrays",
     "layout_templates",
     "process_vis",
+    "process_vis_row",
     "view_indices",
     "visibility_mask",
 ]
@@ -25,8 +32,8 @@ __all__ = [
 # Direction index -> (dx, dy), as minigrid's DIR_TO_VEC: 0 right (+x), 1 down (+y), 2 left, 3 up.
 DIR_VEC: tuple[tuple[int, int], ...] = ((1, 0), (0, 1), (-1, 0), (0, -1))
 EMPTY_ENCODING = (OBJECT_TO_IDX["empty"], 0, 0)
-_WALL_ENCODING = Wall().encode()
-_GOAL_ENCODING = Goal().encode()
+WALL_ENCODING: tuple[int, int, int] = Wall().encode()
+GOAL_ENCODING: tuple[int, int, int] = Goal().encode()
 
 
 def view_indices(n: int, pad: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -69,7 +76,7 @@ def layout_templates(interior: np.ndarray, pad: int) -> tuple[np.ndarray, np.nda
     """
     w, h = interior.shape
     enc = np.empty((w + 2 * pad, h + 2 * pad, 3), dtype=np.uint8)
-    enc[...] = _WALL_ENCODING
+    enc[...] = WALL_ENCODING
     enc[pad : pad + w, pad : pad + h][interior] = EMPTY_ENCODING
     see_behind = np.zeros((w + 2 * pad, h + 2 * pad), dtype=bool)
     see_behind[pad : pad + w, pad : pad + h] = interior
@@ -103,7 +110,7 @@ def episode_arrays(
         enc[x + pad, y + pad] = EMPTY_ENCODING
         see_behind[x + pad, y + pad] = True
     gx, gy = goal_pos
-    enc[gx + pad, gy + pad] = _GOAL_ENCODING
+    enc[gx + pad, gy + pad] = GOAL_ENCODING
     return enc, see_behind
 
 
@@ -135,6 +142,35 @@ def process_vis(see_behind: list[list[bool]], n: int) -> list[list[bool]]:
                 mask[i - 1][j - 1] = True
                 mask[i][j - 1] = True
     return mask
+
+
+def process_vis_row(mask: Any, see_behind: Any, n: int) -> tuple[Any, Any]:
+    """:func:`process_vis` on one view row ``j``, on bit masks (bit ``i``: view cell ``(i, j)``).
+
+    Processing row ``j`` only sets cells of rows ``j`` and ``j - 1``, and row ``j - 1`` is set
+    by nothing else, so a view's visibility is this function applied row after row from the
+    agent's (``mask = 1 << (n // 2)``), each row starting from the previous row's ``below``.
+
+    Args:
+        mask: The row's visible cells before its own passes (integers, any array type with
+            bit operators: NumPy or torch).
+        see_behind: The row's see-behind cells.
+        n: The view size.
+
+    Returns:
+        ``(mask, below)``: the row's visible cells, and the cells of the next row (``j - 1``)
+        it makes visible (meaningless for ``j = 0``).
+    """
+    below = mask & 0
+    for i in range(n - 1):
+        c = (mask >> i) & (see_behind >> i) & 1
+        mask = mask | (c << (i + 1))
+        below = below | (c << (i + 1)) | (c << i)
+    for i in range(n - 1, 0, -1):
+        c = (mask >> i) & (see_behind >> i) & 1
+        mask = mask | (c << (i - 1))
+        below = below | (c << (i - 1)) | (c << i)
+    return mask, below
 
 
 def visibility_mask(see_behind: np.ndarray, n: int) -> np.ndarray:
