@@ -153,7 +153,9 @@ def summarise_episodes(
             f"evaluation finished {len(records)} episodes, expected {len(episode_seeds)}"
         )
     episodes = [records[s] for s in episode_seeds]
-    keys = [k for k in episodes[0] if k != "episode_seed"]
+    # Every metric any episode has (a metric of some episodes only, e.g. an Atari game's score
+    # where a game ended in a life's episode, is the mean over those that have it).
+    keys = list(dict.fromkeys(k for e in episodes for k in e if k != "episode_seed"))
     metrics = {}
     for k in keys:
         values = [float(e[k]) for e in episodes if k in e and not math.isnan(float(e[k]))]
