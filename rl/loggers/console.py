@@ -17,11 +17,13 @@ _SUMMARY_KEYS = (
     ("charts/spl", "spl", "{:.3f}"),
     ("charts/episodic_return", "return", "{:.2f}"),
     ("charts/episodic_length", "len", "{:.1f}"),
+    ("charts/game_return", "game", "{:.1f}"),  # an Atari game's score (task=atari)
     ("charts/SPS", "fps", "{:.0f}"),
     ("charts/learning_rate", "lr", "{:.2e}"),
     ("eval/success", "eval success", "{:.3f}"),
     ("eval/spl", "eval spl", "{:.3f}"),
     ("eval/episodic_return", "eval return", "{:.2f}"),
+    ("eval/game_return", "eval game", "{:.1f}"),
 )
 
 
