@@ -256,6 +256,26 @@ TABLES: dict[str, list[str]] = {
         r"^seed \| exit\s+wall s\s+stop s \|\s+env steps \| success\s+SPL \| evaluate.py s$",
         rf"^\s+1 \|\s+(?:0|143)\s+{NUM}\s+(?:-|{NUM}) \|\s+{NUM} \|\s+{NUM}\s+{NUM} \|\s+{NUM}$",
     ],
+    "atari_fps": [
+        r"^Atari throughput, ALE/Breakout-v5, 8 environments; machine: ",
+        r"^\(a\) raw environment steps/s \(agent steps, 4 frames each\), random actions, ",
+        *_rows(
+            "per-env form, serial sampler",
+            "batched twin, batched sampler",
+            "ale-py AtariVectorEnv alone",
+            value=f"{NUM} steps/s",
+        ),
+        # n/a: no reference environment for CleanRL's script (--smoke never makes one)
+        *_rows("envpool 1.2.5 alone (CleanRL's)", value=f"{_FIG} steps/s"),
+        rf"^  channels-last copy of a step's frames: {NUM} us \({NUM}% of a twin step\)$",
+        r"^\(b\) training FPS, 512 env steps each \(8 envs x 16 steps, 4 epochs x 4 minibatches",
+        *_rows("ours +experiment=ppo_atari (sampler=batched)", value=rf"{NUM} FPS   wall {NUM} s"),
+        *_rows(
+            "CleanRL ppo_atari_envpool.py (envpool 1.2.5)",
+            value=rf"{_FIG} FPS   wall {_FIG} s",
+        ),
+        rf"^  ours / CleanRL: (?:{NUM}x|n/a)$",
+    ],
 }
 
 
