@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 SUMMARY_NAME = "eval_summary"
 # Columns of the printed summary, in this order, when present.
-TABLE_METRICS = ("success", "spl", "return", "length", "final_distance")
+TABLE_METRICS = ("success", "spl", "return", "length", "final_distance", "game_return")
 
 
 # ----------------------------------------------------------------- evaluation
