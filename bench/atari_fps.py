@@ -46,6 +46,7 @@ import sysconfig
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -67,6 +68,7 @@ def raw_fps(kind: str, game: str, seconds: float) -> float:
 
     task = {"_target_": "rl.tasks.atari.make_atari_env", "game": game}
     actions = np.random.default_rng(0).integers(0, 4, size=(4096, NUM_ENVS))
+    env: Any
     if kind == "ale":
         from ale_py.vector_env import AtariVectorEnv
 
@@ -280,9 +282,10 @@ def main() -> None:
     )
 
     print("(a) raw environment steps/s (agent steps, 4 frames each), random actions, no policy")
+    twin = raw_fps("batched", args.game, args.raw_seconds)
     raw = {
         "per-env form, serial sampler": raw_fps("serial", args.game, args.raw_seconds),
-        "batched twin, batched sampler": raw_fps("batched", args.game, args.raw_seconds),
+        "batched twin, batched sampler": twin,
         "ale-py AtariVectorEnv alone": raw_fps("ale", args.game, args.raw_seconds),
         "envpool 1.2.5 alone (CleanRL's)": (
             envpool_raw_fps(python, args.game, args.raw_seconds) if python else None
@@ -291,7 +294,7 @@ def main() -> None:
     for name, value in raw.items():
         print(f"  {name:<48} {_fig(value, 'steps/s')}")
     copy_us = channels_last_us()
-    twin_step_us = 1e6 * NUM_ENVS / raw["batched twin, batched sampler"]
+    twin_step_us = 1e6 * NUM_ENVS / twin
     print(
         f"  channels-last copy of a step's frames: {copy_us:,.0f} us "
         f"({copy_us / twin_step_us:.1%} of a twin step)"

@@ -396,7 +396,7 @@ def make_atari_env(
     """
     del num_threads  # (the batched twin's)
     base = gym.make(
-        dataclasses.replace(gym.spec(gym_id(game)), entry_point=AtariGame),
+        dataclasses.replace(gym.spec(gym_id(game)), entry_point="rl.tasks.atari:AtariGame"),
         frameskip=1,
         repeat_action_probability=repeat_action_probability,
         full_action_space=full_action_space,
@@ -506,7 +506,7 @@ class AtariGames(VectorEnv):
             self.single_observation_space, num_envs
         )
         self.spec = gym.spec(gym_id(game))
-        self._obs = np.zeros(self.observation_space.shape, np.uint8)
+        self._obs = np.zeros((num_envs, screen_size, screen_size, depth), np.uint8)
         self._score = np.zeros(num_envs)
         self._lives = np.zeros(num_envs, dtype=np.int64)
         self._game_over = np.ones(num_envs, dtype=bool)  # needs a new game at its reset
@@ -582,7 +582,7 @@ class AtariGames(VectorEnv):
     def close_extras(self, **kwargs: Any) -> None:
         """Stop ale-py's threads."""
         self.games.close()
-        self.games.ale = None  # (its destructor joins the threads)
+        self.games.ale = None  # type: ignore[assignment]  # (its destructor joins the threads)
 
 
 def _seed_list(seed: int | Sequence[int | None] | None, n: int) -> list[int | None]:
