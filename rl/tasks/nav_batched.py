@@ -77,6 +77,10 @@ _FAR16 = 1 << 14
 _MAX_TABLE_VIEW = 11
 # Door-layout split tables up to this many layouts; more: the split is computed per draw.
 _MAX_SPLIT_TABLE = 1 << 24
+# A success's SPL tabled for up to this many (shortest path length, cells moved).
+_MAX_SPL_TABLE = 1 << 20
+# Door layouts x doors**2 up to this many: door-to-door distances tabled per layout.
+_MAX_DOOR_PAIRS = 1 << 22
 # Raw outputs kept ahead per environment (at least twice the look-ahead window).
 _MIN_ROW = 128
 # The low bit of every byte of an int64.
@@ -135,6 +139,7 @@ class _Streams:
         self.used_skip = False  # a 64-bit draw happened (skip may be nonzero)
         self.wraps = _wrapping_products(device)
         self._ar = torch.arange(window, device=device)
+        self.tabled: tuple[int, Callable[[torch.Tensor], torch.Tensor] | None] | None = None
 
     # ------------------------------------------------------------------ seeding
     def seed(self, envs: list[int], seeds: list[int | None]) -> None:
@@ -154,24 +159,85 @@ class _Streams:
         self.raw[envs] = torch.from_numpy(rows).to(self.device)
         halves = rows.view(np.uint32).astype(np.int64)  # little-endian: low, high, ...
         self.halves[envs] = torch.from_numpy(halves).to(self.device)
+        self._table(envs)
 
     def _ensure(self, envs: torch.Tensor, ahead: int) -> None:
         """Refill the rows of ``envs`` with fewer than ``ahead`` unread outputs."""
         first = self.pos[envs] >> 1  # the waiting half's output, or the next one
         if self.used_skip:
-            low = first + self.skip[envs] > self.row - ahead - 1
-        else:
-            low = first > self.row - ahead - 1
-        if not bool(low.any()):
-            return
-        ids = envs[low]
+            first = first + self.skip[envs]
+        low = first > self.row - ahead - 1
+        if bool(low.any()):
+            self._refill(envs[low])
+
+    def _refill(self, ids: torch.Tensor) -> None:
+        """Rows ``ids`` keep their unread outputs, moved to the front, then fresh ones."""
         rows = self.raw[ids].cpu().numpy()
-        for k, (i, c) in enumerate(zip(ids.tolist(), first[low].tolist(), strict=True)):
+        first = (self.pos[ids] >> 1).tolist()
+        for k, (i, c) in enumerate(zip(ids.tolist(), first, strict=True)):
             keep = self.row - c
             rows[k, :keep] = rows[k, c:].copy()
             rows[k, keep:] = self.bitgens[i].random_raw(c).view(np.int64)  # type: ignore[union-attr]
-        self._write(ids, rows)
         self.pos[ids] &= 1
+        self._write(ids, rows)
+
+    # ------------------------------------------------------- the episode's draw
+    def table_draw(
+        self, bound: int, accept: Callable[[torch.Tensor], torch.Tensor] | None
+    ) -> None:
+        """Table ``integers(bound)`` (until ``accept``) at every half of every row.
+
+        Then :meth:`draw_tabled` is that draw in two lookups: each row's values (the draw
+        ending at each half) and, at each half, the next half where a draw ends (accepted).
+        Rows are tabled again whenever they are written.
+        """
+        self.tabled = (bound, accept)
+        halves = 2 * self.row
+        self.values = torch.zeros_like(self.halves)
+        self.next_end = torch.full(
+            (len(self.bitgens), halves + 1), halves, dtype=torch.int64, device=self.device
+        )
+        self._halves_index = torch.arange(halves, device=self.device)
+        self._table(torch.arange(len(self.bitgens), device=self.device))
+
+    def _table(self, envs: torch.Tensor) -> None:
+        if self.tabled is None:
+            return
+        bound, accept = self.tabled
+        value, ok = self._lemire(self.halves.index_select(0, envs), bound)
+        if accept is not None:
+            ok &= accept(value)
+        halves = 2 * self.row
+        end = torch.where(ok, self._halves_index, halves)
+        self.values[envs] = value
+        self.next_end[envs, :halves] = end.flip(1).cummin(1).values.flip(1)
+
+    def draw_tabled(self, envs: torch.Tensor) -> torch.Tensor:
+        """:meth:`draw32` of the tabled bound and acceptance, for each of ``envs``."""
+        halves = 2 * self.row
+        end = self.next_end.view(-1).index_select(0, envs * (halves + 1) + self.pos[envs])
+        if bool((end == halves).any()):  # rows without a draw ahead: refill (all half-read)
+            low = torch.cat((envs[end == halves], (self.pos > halves // 2).nonzero()[:, 0]))
+            self._refill(low.unique())
+            end = self.next_end.view(-1).index_select(0, envs * (halves + 1) + self.pos[envs])
+            if bool((end == halves).any()):  # not one in a whole row: draw by windows
+                bound, accept = self.tabled  # type: ignore[misc]
+                return self.draw32(envs, bound, accept)
+        self.pos[envs] = end + 1
+        return self.values.view(-1).index_select(0, envs * halves + end)
+
+    def _lemire(self, u: torch.Tensor, bound: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Lemire's value and acceptance of 32-bit halves ``u`` for ``bound`` (<= 2**32)."""
+        if isinstance(bound, int) and bound == _TWO32:
+            return u, torch.ones_like(u, dtype=torch.bool)
+        threshold = (_TWO32 - bound) % bound
+        if self.wraps:  # u * b < 2**64: its bits are the wrapped int64 product's
+            m = u * bound
+            return (m >> 32) & _M32, (m & _M32) >= threshold
+        lo = (u & 0xFFFF) * bound  # in 16-bit pieces
+        hi = (u >> 16) * bound
+        value = (hi + (lo >> 16)) >> 16
+        return value, ((lo + ((hi & 0xFFFF) << 16)) & _M32) >= threshold
 
     # -------------------------------------------------------------------- draws
     def draw32(
@@ -197,7 +263,6 @@ class _Streams:
         const = isinstance(bound, int)
         if const and bound == 1:  # NumPy draws nothing for a range of one value
             return torch.zeros(count, dtype=torch.int64, device=self.device)
-        threshold = (_TWO32 - bound) % bound
         width, span = self.window, 2 * self.row
         halves = self.halves.view(-1)
         out: torch.Tensor | None = None
@@ -211,27 +276,14 @@ class _Streams:
                 later = (pos & 1).bool()[:, None] & (self._ar > 0)
                 index = index + torch.where(later, 2 * self.skip[e][:, None], 0)
             u = _at(halves, index)
-            b = bound if const or todo is None else bound[todo]
-            t = threshold if const or todo is None else threshold[todo]
-            if not const:
-                b, t = b[:, None], t[:, None]  # type: ignore[index]
-            if const and bound == _TWO32:
-                value, ok = u, torch.ones_like(u, dtype=torch.bool)
-            elif self.wraps:  # u * b < 2**64: its bits are the wrapped int64 product's
-                m = u * b
-                value = (m >> 32) & _M32
-                ok = (m & _M32) >= t
-            else:  # in 16-bit pieces
-                lo = (u & 0xFFFF) * b
-                hi = (u >> 16) * b
-                value = (hi + (lo >> 16)) >> 16
-                ok = ((lo + ((hi & 0xFFFF) << 16)) & _M32) >= t
+            b = bound if const else (bound if todo is None else bound[todo])[:, None]  # type: ignore[index]
+            value, ok = self._lemire(u, b)
             if accept is not None:
                 ok &= accept(value)
             found, j = ok.max(1)  # the first accepted
             used = torch.where(found, j + 1, width)
             if not const:  # a range of one value draws nothing
-                single = b.squeeze(1) == 1  # type: ignore[union-attr]
+                single = b[:, 0] == 1  # type: ignore[index]
                 used = torch.where(single, 0, used)
                 found = found | single
             if self.used_skip:
@@ -487,27 +539,27 @@ class BatchedPointNav(BatchedEnv):
             return torch.as_tensor(np.asarray(values), dtype=dtype, device=dev)
 
         self._tensor = tensor
-        # ---- positions: x * size + y for the agent, the goal and distances; the cells' codes
-        # are padded with walls around the grid, at (x + pad) * side + y + pad, for the views
-        grid = size * size
+        # ---- positions: (x + pad) * side + y + pad, in grids padded with walls all around to
+        # hold any view of an agent inside (the cells' codes, distances, moves, goal offsets)
         self._pad = pad = max(1, n - 2)
         self._side = side = size + 2 * pad
-        if n_envs * side * side >= 1 << 31:
+        cells = side * side
+        if n_envs * cells >= 1 << 31:
             raise ValueError(f"num_envs={n_envs} is too many for {size}x{size} grids")
-        gx, gy = np.divmod(np.arange(grid), size)
-        self._code_pos = tensor((gx + pad) * side + gy + pad)
+        px, py = np.divmod(np.arange(cells), side)
+        px, py = px - pad, py - pad  # grid coordinates (outside: the padding)
         # goal offsets (ox, oy) as ox * (2 size - 1) + oy, by differences of these
-        self._pos_key = tensor(gx * (2 * size - 1) + gy)
+        self._pos_key = tensor(px * (2 * size - 1) + py)
         self._goal_center = (size - 1) * (2 * size - 1) + size - 1
-        self._rooms_and_doors(layout)
+        self._rooms_and_doors(layout, px, py)
         self._views()
 
         # ---- moves, goal vectors, rewards
         self._turn = tensor([-1, 1, 0, 0])
-        forward = [fx * size + fy for fx, fy in DIR_VEC]
+        forward = [fx * side + fy for fx, fy in DIR_VEC]
         self._forward = tensor(forward)
-        # the cells the expert looks at: ahead, and ahead after a left turn
-        self._expert_cells = tensor([[forward[d], forward[(d - 1) % 4]] for d in range(4)])
+        # the cell the expert looks at besides the cell ahead: ahead after a left turn
+        self._left_forward = tensor([forward[(d - 1) % 4] for d in range(4)])
         span = 2 * size - 1
         goals = np.zeros((span * span, 4, 3), dtype=np.float32)
         for ox in range(-(size - 1), size):
@@ -521,7 +573,19 @@ class BatchedPointNav(BatchedEnv):
         # rewards by distance before - after + 1 (as PointNavEnv.step sums them), a success's
         scale, penalty = float(distance_reward_scale), float(step_penalty)
         self._rewards = tensor([scale * change - penalty for change in (-1, 0, 1)], torch.float32)
-        self._success_reward = float(np.float32(scale * 0 - penalty + float(success_bonus)))
+        self._success_reward = tensor(scale * 0 - penalty + float(success_bonus), torch.float32)
+        self._zero, self._one = tensor(0.0, torch.float64), tensor(1.0, torch.float64)
+        self._zero32 = tensor(0.0, torch.float32)
+        self._action = {a: tensor(int(a)) for a in Actions}
+        # a success's SPL by shortest path length * (max_steps + 1) + cells moved (as
+        # PointNavEnv computes it, in double precision), where that table is small
+        self._spl: torch.Tensor | None = None
+        if layout.n_free * (max_steps + 1) <= _MAX_SPL_TABLE:
+            length = np.arange(layout.n_free, dtype=np.float64)[:, None]
+            moved = np.arange(max_steps + 1, dtype=np.float64)[None, :]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                spl = np.where(length == 0, 1.0, length / np.maximum(moved, length))
+            self._spl = tensor(spl.reshape(-1), torch.float32)
 
         # ---- episode draws (RoomLayout.draw's packed integers) and the split
         self._chunks = layout.draw_chunks
@@ -553,96 +617,123 @@ class BatchedPointNav(BatchedEnv):
         self._split_empty = self._split_table is not None and not bool(self._split_table.any())
         window = 16 if split is None else (32 if split == "train" else 128)
         self._streams = _Streams(n_envs, dev, window)
+        if len(self._chunks) == 1 and self._chunks[0][0] <= _TWO32:  # one 32-bit draw
+            self._streams.table_draw(self._chunks[0][0], self._packed_in_split(0))
 
-        # ---- per-environment state: the agent and counters (int64, _STATE_COLUMNS) and what
-        # its episode's distances are computed from (int32, _episode_columns)
-        self._code_rowbase = torch.arange(n_envs, device=dev) * side * side
-        self._state = torch.zeros((n_envs, _STATE_COLUMNS), dtype=torch.int64, device=dev)
-        self._state[:, _GOAL] = self._cell_grid[0]  # an interior cell (see _set_codes)
-        self._episode = torch.zeros((n_envs, 3 * nd + 2), dtype=torch.int32, device=dev)
+        # ---- per-environment state, a row per field and a column per environment (so that
+        # every operation runs along the environments): the agent and counters (int64,
+        # _STATE_COLUMNS rows), what its episode's distances are made of (int32, see
+        # _episode_rows), and the cells' codes (a row per environment)
+        self._rowbase = torch.arange(n_envs, device=dev) * cells
+        self._state = torch.zeros((_STATE_COLUMNS, n_envs), dtype=torch.int64, device=dev)
+        self._state[_GOAL] = self._cell_pos[0]  # an interior cell (see _set_codes)
+        self._episode = torch.zeros((3 * nd + 3, n_envs), dtype=torch.int32, device=dev)
         self._codes = self._code_template.repeat(n_envs, 1)
 
-    def _rooms_and_doors(self, layout: RoomLayout) -> None:
-        """The room structure as tables, by position (RoomLayout's, for distances and codes).
+    def _rooms_and_doors(self, layout: RoomLayout, px: np.ndarray, py: np.ndarray) -> None:
+        """The room structure as tables by position (RoomLayout's, for distances and codes).
 
-        The distance from cell ``p`` to the goal is the minimum of the goal's row of
-        ``_goal_rows`` at ``p`` (the Manhattan distance in the goal's room) and, per door, its
-        row of ``_door_rows`` at ``p`` (the Manhattan distance from the cells of the door's
-        rooms, 0 on the door) plus the door's distance to the goal: what
-        :meth:`RoomLayout.distance_field` computes. Walls are ``-far`` in those rows (then -1:
-        the door slots' other cells in their door's rows, the walls that are never doors in
-        the goal rows), other cells ``far``. The doors' distances are a Bellman-Ford over the
-        doors from ``_goal_doors`` (the goal room's doors) along ``_door_edges``, each indexed
-        by the doors' offsets.
+        The distance from cell ``p`` to the goal is the minimum over the rows of
+        ``_distance_rows`` of an episode, at ``p``, plus that row's addend: the goal's row (the
+        Manhattan distance within the goal's room; addend 0) and each door's row at its offset
+        (the Manhattan distance from the cells of the door's rooms, 0 on the door; addend: the
+        door's distance to the goal): what :meth:`RoomLayout.distance_field` computes. Walls are
+        ``-far`` (then -1): in the goal rows the cells never free, in a door's rows the other
+        cells of its slot; other cells are ``far``. The doors' distances are a Bellman-Ford over
+        the doors from ``_goal_doors`` (the goal room's doors) along ``_door_edges``, each
+        indexed by the doors' offsets.
         """
         tensor = self._tensor
-        size, pad, side = self.size, self._pad, self._side
-        grid = size * size
+        size, side = self.size, self._side
+        cells = side * side
         slots = layout.door_slots
         nd = self._n_doors = len(slots)
         n_cells = self._n_cells = len(layout.cell_x)
         n_free = self._n_free = layout.n_free
         small = n_free < _FAR16 // 2  # distances and tables fit int16
-        self._dtype = torch.int16 if small else torch.int32
         far = _FAR16 if small else _FAR32
         self._longest = longest = max([s[4] for s in slots], default=1)
-        gx, gy = np.divmod(np.arange(grid), size)
-        room = np.full(grid, -1, dtype=np.int64)
-        room[layout.cell_flat] = [layout.room_of_flat[f] for f in layout.cell_flat]
-        slot_of = np.full(grid, -1, dtype=np.int64)
-        door_xy = np.zeros((nd, longest, 2), dtype=np.int64)
+        inside = (px >= 0) & (px < size) & (py >= 0) & (py < size)
+        grid_index = np.where(inside, px * size + py, 0)
+        room = np.where(inside, np.asarray(layout.room_of_flat)[grid_index], -1)
+        slot_of = np.full(cells, -1, dtype=np.int64)
+        door_pos = np.zeros((nd, longest), dtype=np.int64)
+        pad = self._pad
         for d, (x0, y0, ax, ay, length) in enumerate(slots):
             for v in range(length):
-                door_xy[d, v] = (x0 + ax * v, y0 + ay * v)
-                slot_of[(x0 + ax * v) * size + y0 + ay * v] = d
+                door_pos[d, v] = (x0 + ax * v + pad) * side + y0 + ay * v + pad
+                slot_of[door_pos[d, v]] = d
         wall = (room < 0) & (slot_of < 0)  # never free
-        cell_grid = np.asarray(layout.cell_flat, dtype=np.int64)
-        self._cell_grid = tensor(cell_grid)
-        slot = np.asarray([s[:4] for s in slots], dtype=np.int64).reshape(nd, 4)
-        self._slot_x0, self._slot_y0 = tensor(slot[:, 0]), tensor(slot[:, 1])
-        self._slot_ax, self._slot_ay = tensor(slot[:, 2]), tensor(slot[:, 3])
-        self._slot_grid0 = tensor(slot[:, 0] * size + slot[:, 1])
-        self._slot_grid_step = tensor(slot[:, 2] * size + slot[:, 3])
-        self._door_offset = tensor(np.arange(nd) * longest)  # door d's first offset row
-        self._door_row0 = self._door_offset * grid  # ... its start in the flat door rows
+        cell_pos = (layout.cell_x_np + pad) * side + layout.cell_y_np + pad
+        self._cell_pos = tensor(cell_pos)
+        self._slot_pos0 = tensor(door_pos[:, 0])
+        step = [(ax * side + ay) for _, _, ax, ay, _ in slots]
+        self._slot_step = tensor(step).reshape(nd)
+        self._slot_x0 = tensor([s[0] for s in slots]).reshape(nd)
+        self._slot_y0 = tensor([s[1] for s in slots]).reshape(nd)
+        self._slot_ax = tensor([s[2] for s in slots]).reshape(nd)
+        self._slot_ay = tensor([s[3] for s in slots]).reshape(nd)
 
-        goal_rows = np.full((n_free, grid), far, dtype=np.int64)
-        cell_room = room[cell_grid]
+        def manhattan(at: np.ndarray) -> np.ndarray:
+            return np.abs(px[None, :] - px[at][:, None]) + np.abs(py[None, :] - py[at][:, None])
+
+        cell_room = room[cell_pos]
+        goal_rows = np.full((n_free, cells), far, dtype=np.int64)
         same = room[None, :] == cell_room[:, None]
-        manhattan = np.abs(gx[None, :] - gx[cell_grid][:, None]) + np.abs(
-            gy[None, :] - gy[cell_grid][:, None]
-        )
-        goal_rows[:n_cells] = np.where(same, manhattan, far)
+        goal_rows[:n_cells] = np.where(same, manhattan(cell_pos), far)
         goal_rows[:, wall] = -far
-        door_rows = np.full((max(nd, 1) * longest, grid), far, dtype=np.int64)
+        door_rows = np.full((nd, longest, cells), far, dtype=np.int64)
         goal_doors = np.full((n_free, max(nd, 1), longest), _FAR32, dtype=np.int64)
         edges = np.full((max(nd, 1), max(nd, 1), longest, longest), _FAR32, dtype=np.int64)
         for d in range(nd):
             rooms = [r for r, doors in enumerate(layout.room_doors) if d in doors]
             near, in_room = np.isin(room, rooms), np.isin(cell_room, rooms)
-            for v in range(slots[d][4]):
-                x, y = door_xy[d, v]
-                row = door_rows[d * longest + v]
-                row[near] = (np.abs(gx - x) + np.abs(gy - y))[near]
-                row[slot_of == d] = -far
-                row[x * size + y] = 0
-                # an interior goal's distance to the doors of its room
-                to_door = np.abs(gx[cell_grid] - x) + np.abs(gy[cell_grid] - y)
-                goal_doors[:n_cells][in_room, d, v] = to_door[in_room]
-                for e in layout.door_adj[d]:
-                    for w in range(slots[e][4]):
-                        ex, ey = door_xy[e, w]
-                        edges[d, e, v, w] = abs(x - ex) + abs(y - ey)
+            length = slots[d][4]
+            to_cells = manhattan(door_pos[d, :length])  # [offset, cell]
+            door_rows[d, :length] = np.where(near[None, :], to_cells, far)
+            door_rows[d, :length, slot_of == d] = -far
+            door_rows[d, np.arange(length), door_pos[d, :length]] = 0
+            # an interior goal's distance to the doors of its room
+            goal_doors[:n_cells, d, :length] = np.where(
+                in_room[:, None], to_cells[:, cell_pos].T, _FAR32
+            )
             goal_doors[n_cells + d, d, :] = 0  # the goal is door d
-        self._goal_rows = tensor(goal_rows.reshape(-1), self._dtype)
-        self._door_rows = tensor(door_rows.reshape(-1), self._dtype)
+            for e in layout.door_adj[d]:
+                between = to_cells[:, door_pos[e, : slots[e][4]]]
+                edges[d, e, :length, : slots[e][4]] = between
+        dtype = torch.int16 if small else torch.int32
+        self._distance_rows = tensor(
+            np.concatenate((goal_rows, door_rows.reshape(nd * longest, cells))).reshape(-1), dtype
+        )
+        # each door's first row in _distance_rows, as an index of its first value
+        self._door_row0 = tensor((n_free + np.arange(nd) * longest) * cells)
+        self._door_offset = tensor(np.arange(nd) * longest)
         self._goal_doors = tensor(goal_doors.reshape(-1), torch.int32)
         self._door_edges = tensor(edges.reshape(-1), torch.int32)
         pairs = (np.arange(nd)[:, None] * nd + np.arange(nd)[None, :]) * longest * longest
-        self._edge_base = tensor(pairs)
-        codes = np.full(side * side, _WALL_CODE, dtype=np.uint8)
-        codes[(gx[cell_grid] + pad) * side + gy[cell_grid] + pad] = _EMPTY_CODE
+        self._edge_base = tensor(pairs)[:, :, None]  # [from, to, 1]
+        # With few door layouts, every layout's door-to-door distances (Floyd-Warshall), by
+        # the layout's number (offsets in mixed radix): then no Bellman-Ford per reset.
+        lengths = [s[4] for s in slots]
+        n_layouts = math.prod(lengths)
+        self._door_pairs: torch.Tensor | None = None
+        if nd and n_layouts * nd * nd <= _MAX_DOOR_PAIRS:
+            radix = np.cumprod([1, *lengths[:-1]])
+            layouts = (np.arange(n_layouts)[:, None] // radix) % lengths  # [layouts, doors]
+            a = np.arange(nd)
+            pair = edges[a[:, None], a[None, :], layouts[:, :, None], layouts[:, None, :]]
+            pair[:, a, a] = 0
+            for k in range(nd):
+                pair = np.minimum(pair, pair[:, :, k : k + 1] + pair[:, k : k + 1, :])
+            # by ((door, from door), layout): a column per environment is looked up flat
+            pair = pair.transpose(2, 1, 0).reshape(nd * nd, n_layouts)
+            self._door_pairs = tensor(pair.reshape(-1), torch.int32)
+            self._pair_base = tensor(np.arange(nd * nd) * n_layouts)
+            self._layout_radix = tensor(radix)
+        codes = np.full(cells, _WALL_CODE, dtype=np.uint8)
+        codes[cell_pos] = _EMPTY_CODE
         self._code_template = tensor(codes, torch.uint8)
+        self._free_template = self._code_template == _EMPTY_CODE  # the rooms' cells
 
     def _views(self) -> None:
         """The view's tables: cell offsets per direction, occlusion, and image rows."""
@@ -656,8 +747,8 @@ class BatchedPointNav(BatchedEnv):
         for d in range(4):
             view[d, :, :n] = view_x[d] * side + view_y[d]
         self._view = tensor(view.reshape(4, -1), torch.int32)
-        self._bit_shift = tensor(list(range(n)))
-        self._byte_shift = tensor([8 * j for j in range(n)])
+        self._bit_shift = tensor(list(range(n)))[:, None]
+        self._byte_shift = tensor([8 * j for j in range(n)])[:, None]
         # process_vis_row as tables, by (incoming mask << n) | see-behind: the next row's
         # incoming mask (shifted by n, to index with), and the row's visible cells
         self._vis_start = (1 << (n // 2)) << n
@@ -667,14 +758,19 @@ class BatchedPointNav(BatchedEnv):
             mask, below = process_vis_row(index >> n, index & ((1 << n) - 1), n)
             self._vis_next = tensor(below << n)
             self._vis_mask = tensor(mask)
+            self._vis_first = tensor(self._vis_start + np.arange(1 << n))  # the agent's row
         # a cell's encoding by its code's class (unseen, empty, wall, goal), and, for views of
         # one word per row, a view row's encodings by its cells' classes (2 bits each)
         encodings = np.asarray([(0, 0, 0), EMPTY_ENCODING, WALL_ENCODING, GOAL_ENCODING])
         self._encodings = tensor(encodings, torch.uint8)
-        if width == 8:
+        if width == 8:  # and a second table for the agent's row: its own cell shown empty
             keys = np.arange(4**n)
             classes = (keys[:, None] >> (2 * np.arange(n))) & 3
-            self._row_images = tensor(encodings[classes].reshape(4**n, 3 * n), torch.uint8)
+            agent_row = classes.copy()
+            agent_row[:, n - 1] = 1
+            images = encodings[np.concatenate((classes, agent_row))].reshape(2 * 4**n, 3 * n)
+            self._row_images = tensor(images, torch.uint8)
+            self._row_offset = tensor([4**n if i == n // 2 else 0 for i in range(n)])[:, None]
 
     # ====================================================================== API
     def reset(self, seeds: Sequence[int | None]) -> TensorDict:
@@ -701,31 +797,34 @@ class BatchedPointNav(BatchedEnv):
         if next_seeds is not None and len(next_seeds) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} next seeds, got {len(next_seeds)}")
 
-        pos, d, goal, steps, moved, start_dist, dist, ahead_dist = self._state.unbind(1)
+        pos, d, goal, steps, moved, start_dist, dist, ahead_dist = self._state
         move = (a == Actions.FORWARD) & (ahead_dist >= 0)
-        pos = torch.where(move, pos + _at(self._forward, d), pos)
+        pos = torch.where(move, pos + self._forward.index_select(0, d), pos)
         new_dist = torch.where(move, ahead_dist, dist)
         stop = a == Actions.STOP
         success = stop & (dist == 0)
         steps = steps + 1
         moved = moved + move
         truncated = (steps >= self.max_steps) & ~stop
-        rewards = torch.where(
-            success, self._success_reward, _at(self._rewards, dist - new_dist + 1)
-        )
-        length = start_dist.double()
-        spl = torch.where(success, length / torch.maximum(moved.double(), length), 0.0)
-        spl = torch.where(success & (start_dist == 0), 1.0, spl)
+        rewards = self._rewards.index_select(0, dist - new_dist + 1)
+        rewards = torch.where(success, self._success_reward, rewards)
+        if self._spl is not None:
+            spl = self._spl.index_select(0, start_dist * (self.max_steps + 1) + moved)
+            spl = torch.where(success, spl, self._zero32)
+        else:
+            length = start_dist.double()
+            spl = torch.where(success, length / torch.maximum(moved.double(), length), self._zero)
+            spl = torch.where(success & (start_dist == 0), self._one, spl).float()
         episode = self._td(
             {
                 "success": success.float(),
-                "spl": spl.float(),
+                "spl": spl,
                 "final_distance": new_dist.float(),
                 "shortest_path_length": start_dist.float(),
             }
         )
-        d = (d + _at(self._turn, a)) & 3
-        self._state = torch.stack((pos, d, goal, steps, moved, start_dist, new_dist, dist), 1)
+        d = (d + self._turn.index_select(0, a)) & 3
+        self._state = torch.stack((pos, d, goal, steps, moved, start_dist, new_dist, dist))
 
         image_shape = (self.num_envs, *self.observation_space["image"].shape)
         final = {
@@ -780,16 +879,15 @@ class BatchedPointNav(BatchedEnv):
                 f"state of a PointNav configured {state['config']}, this is {self.config}"
             )
         saved = state["state"].to(self.device, torch.int64)
-        nd = self._n_doors
-        door_v = state["episode"][:, :nd].to(self.device, torch.int64)
-        goal_index = state["episode"][:, nd].to(self.device, torch.int64)
-        goal = self._free_cells(goal_index, self._door_cells(door_v))
-        if not torch.equal(goal, saved[:, _GOAL]):
+        door_v, goal_index = self._layout_of(state["episode"].to(self.device))
+        goal = self._free_cells(goal_index[None, :], self._doors(door_v))[0]
+        if not torch.equal(goal, saved[_GOAL]):
             raise ValueError("inconsistent state: the goals are not the episodes' goals")
         self._streams.load_state_dict(state["streams"])
-        envs = torch.arange(self.num_envs, device=self.device)
         self._codes = self._code_template.repeat(self.num_envs, 1)
-        self._set_codes(envs, door_v, goal)
+        self._episode.zero_()  # the codes to undo: no doors (offset 0 is a wall), no goal
+        self._state[_GOAL] = self._cell_pos[0]
+        self._set_codes(torch.arange(self.num_envs, device=self.device), door_v, goal)
         self._episode = self._episode_rows(goal_index, door_v)
         self._state = saved.clone()
         self._started = True
@@ -802,14 +900,19 @@ class BatchedPointNav(BatchedEnv):
         if self._twin is None:
             self._twin = PointNavEnv(**self.config, render_mode=self.render_mode)
         twin = self._twin
-        size, nd = self.size, self._n_doors
-        door_v = self._episode[index : index + 1, :nd].long()
-        goal_index = self._episode[index : index + 1, nd].long()
-        door_x = (self._slot_x0 + self._slot_ax * door_v)[0].tolist()
-        door_y = (self._slot_y0 + self._slot_ay * door_v)[0].tolist()
-        pos, d, goal, steps = self._state[index, [_POS, _DIR, _GOAL, _STEPS]].tolist()
-        dist = self._fields(goal_index, door_v)[0].view(size, size).cpu().numpy().astype(np.int64)
-        twin.place(door_x, door_y, divmod(goal, size), dist, divmod(pos, size), d)
+        size, pad, side = self.size, self._pad, self._side
+        episode = self._episode[:, index : index + 1]
+        door_v, _ = self._layout_of(episode)
+        door_x = (self._slot_x0 + self._slot_ax * door_v[:, 0]).tolist()
+        door_y = (self._slot_y0 + self._slot_ay * door_v[:, 0]).tolist()
+        pos, d, goal, steps = self._state[[_POS, _DIR, _GOAL, _STEPS], index].tolist()
+        field = self._fields(episode)[:, 0].view(side, side)
+        dist = field[pad : pad + size, pad : pad + size].cpu().numpy().astype(np.int64)
+
+        def xy(position: int) -> tuple[int, int]:
+            return position // side - pad, position % side - pad
+
+        twin.place(door_x, door_y, xy(goal), dist, xy(pos), d)
         twin.step_count = steps
         return twin.render()
 
@@ -840,73 +943,79 @@ class BatchedPointNav(BatchedEnv):
         index the table of its encodings.
         """
         n, width = self.agent_view_size, self._width
-        state = self._state if rows is None else _at(self._state, rows)
-        rowbase = self._code_rowbase if rows is None else _at(self._code_rowbase, rows)
-        pos, d, goal = state[:, _POS], state[:, _DIR], state[:, _GOAL]
+        state = self._state if rows is None else self._state[:, rows]
+        rowbase = self._rowbase if rows is None else self._rowbase.index_select(0, rows)
+        pos, d, goal = state[_POS], state[_DIR], state[_GOAL]
         count = pos.numel()
-        where = (rowbase + _at(self._code_pos, pos)).int()[:, None] + _at(self._view, d)
-        cells = _at(self._codes.view(-1), where.view(-1)).view(count, n, width)  # [B, i, j]
-        see = cells >> 7  # 0/1 bytes
+        where = (rowbase + pos).int()[:, None] + self._view.index_select(0, d)
+        cells = self._codes.view(-1).index_select(0, where.view(-1))
         if width == 8:
-            packed = (see.view(torch.int64).view(count, n) << self._bit_shift).sum(1)
-            see_rows = packed.view(torch.uint8).view(count, 8).long().t()  # [j, B]
-        else:
-            see_rows = (see.long() << self._bit_shift[:, None]).sum(1).t()
-        visible = self._visible_rows(see_rows)  # [B, j]: bit i
-        if width == 8:
-            words = (visible << self._byte_shift).sum(1)  # byte j: row j's visible cells
-            classes = cells.view(torch.int64).view(count, n) & (
-                ((words[:, None] >> self._bit_shift) & _LOW_BITS) * 3
-            )
-            classes[:, n // 2] &= ~(2 << (8 * (n - 1)))  # the agent's cell: empty, not goal
+            words = cells.view(torch.int64).view(count, n).t().contiguous()  # [i, B]
+            see = (words >> 7) & _LOW_BITS  # byte j: see-behind of view cell (i, j)
+            packed = (see << self._bit_shift).sum(0)  # byte j: process_vis's row j
+            see_rows = packed.view(torch.uint8).view(count, 8).t().long()  # [j, B]
+            visible = self._visible_rows(see_rows)  # [j, B]: bit i
+            shown = (visible << self._byte_shift).sum(0)  # byte j: row j's visible cells
+            classes = words & (((shown >> self._bit_shift) & _LOW_BITS) * 3)  # [i, B]
             keys = (classes | (classes >> 6)) & 0x000F000F000F000F  # class j at bits 2j
             keys = (keys | (keys >> 12)) & 0x000000FF000000FF
             keys = (keys | (keys >> 24)) & 0xFFFF
-            image = _at(self._row_images, keys).view(count, n, n, 3)
-        else:
-            shown = (visible[:, None, :] >> self._bit_shift[:, None]) & 1  # [B, i, j]
-            classes = (cells[:, :, :n] & 3).long() * shown
+            keys = (keys + self._row_offset).t().contiguous().view(-1)
+            image = self._row_images.index_select(0, keys).view(count, n, n, 3)
+        else:  # rows of several words: the same, cell by cell
+            cells = cells.view(count, n, width)[:, :, :n]
+            see = (cells >> 7).long().permute(2, 1, 0)  # [j, i, B]
+            visible = self._visible_rows((see << self._bit_shift).sum(1))  # [j, B]: bit i
+            shown = (visible[None, :, :] >> self._bit_shift[:, :, None]) & 1  # [i, j, B]
+            classes = (cells & 3).long() * shown.permute(2, 0, 1)
             classes[:, n // 2, n - 1] = 1  # the agent's cell: empty, not goal
-            image = _at(self._encodings, classes)
-        key = _at(self._pos_key, goal) - _at(self._pos_key, pos) + self._goal_center
-        goal_vec = _at(self._goal_table, key * 4 + d)
+            image = self._encodings.index_select(0, classes.view(-1)).view(count, n, n, 3)
+        key = self._pos_key.index_select(0, goal) - self._pos_key.index_select(0, pos)
+        goal_vec = self._goal_table.index_select(0, (key + self._goal_center) * 4 + d)
         return image, goal_vec
 
     def _visible_rows(self, see_rows: torch.Tensor) -> torch.Tensor:
-        """process_vis row by row (``see_rows[j]``: row ``j``'s see-behind bits); ``[B, j]``."""
+        """process_vis row by row (``see_rows[j]``: row ``j``'s see-behind bits); ``[j, B]``."""
         n = self.agent_view_size
         if self._vis_next is not None:
             index = [see_rows[0]] * n
-            index[n - 1] = see_rows[n - 1] | self._vis_start
+            index[n - 1] = self._vis_first.index_select(0, see_rows[n - 1])
             for j in range(n - 2, -1, -1):
-                index[j] = _at(self._vis_next, index[j + 1]) | see_rows[j]
-            return _at(self._vis_mask, torch.stack(index, 1))
+                index[j] = self._vis_next.index_select(0, index[j + 1]) | see_rows[j]
+            return self._vis_mask.index_select(0, torch.cat(index)).view(n, -1)
         rows: list[torch.Tensor] = [see_rows[0]] * n
         incoming = torch.full_like(see_rows[0], 1 << (n // 2), dtype=torch.int64)
         for j in range(n - 1, -1, -1):
             rows[j], incoming = process_vis_row(incoming, see_rows[j].long(), n)
-        return torch.stack(rows, 1)
+        return torch.stack(rows)
 
     def _expert(self) -> torch.Tensor:
-        """PointNavEnv.expert_action of every environment; caches the distance ahead."""
-        pos, d, dist = self._state[:, _POS], self._state[:, _DIR], self._state[:, _DIST]
-        near = self._distances(self._episode, pos[:, None] + _at(self._expert_cells, d))
-        self._state[:, _AHEAD] = near[:, 0]
+        """PointNavEnv.expert_action of every environment; keeps the distance ahead."""
+        pos, d, dist = self._state[_POS], self._state[_DIR], self._state[_DIST]
+        ahead = pos + self._forward.index_select(0, d)
+        left = pos + self._left_forward.index_select(0, d)
+        near = self._distances(self._episode, torch.stack((ahead, left)))
+        self._state[_AHEAD] = near[0]
         target = dist - 1
-        turn = torch.where(near[:, 1] == target, int(Actions.LEFT), int(Actions.RIGHT))
-        act = torch.where(near[:, 0] == target, int(Actions.FORWARD), turn)
-        return torch.where(dist == 0, int(Actions.STOP), act)
+        act = self._action
+        turn = torch.where(near[1] == target, act[Actions.LEFT], act[Actions.RIGHT])
+        turn = torch.where(near[0] == target, act[Actions.FORWARD], turn)
+        return torch.where(dist == 0, act[Actions.STOP], turn)
 
     def _distances(self, episode: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
-        """Distances to the goal of ``cells`` ``[B, k]`` (-1 on walls) in these episodes."""
-        nd = self._n_doors
-        where = cells.int()
-        dist = _at(self._goal_rows, episode[:, nd + 1, None] + where)
-        if nd:
-            door_rows = episode[:, None, nd + 2 : 2 * nd + 2] + where[:, :, None]
-            via = _at(self._door_rows, door_rows) + episode[:, None, 2 * nd + 2 :]
-            dist = torch.minimum(dist, via.amin(2))
-        return dist.clamp_min(-1).long()
+        """Distances to the goal (int32; -1 on walls) of ``cells`` ``[k, B]`` in these episodes.
+
+        The minimum over the episodes' distance rows of the row at the cell plus its addend.
+        """
+        rows = self._n_doors + 1
+        where = episode[None, :rows] + cells.int()[:, None, :]  # [k, rows, B]
+        via = self._distance_rows.index_select(0, where.view(-1)).view(where.shape)
+        return (via + episode[None, rows : 2 * rows]).amin(1).clamp_min_(-1)
+
+    def _fields(self, episode: torch.Tensor) -> torch.Tensor:
+        """Whole distance fields ``[side * side, B]`` of these episodes (padding: -1)."""
+        cells = torch.arange(self._side**2, device=self.device)[:, None]
+        return self._distances(episode, cells.expand(-1, episode.shape[1]))
 
     # ------------------------------------------------------------------ resets
     def _in_split(self, door_v: torch.Tensor) -> torch.Tensor:
@@ -928,7 +1037,7 @@ class BatchedPointNav(BatchedEnv):
         return lambda value: self._in_split((value[..., None] // div[:nd]) % radix[:nd])
 
     def _draw_values(self, envs: torch.Tensor) -> torch.Tensor:
-        """Each environment's episode draw (RoomLayout.draw, in its split): ``[B, values]``."""
+        """Each environment's episode draw (RoomLayout.draw, in its split): ``[values, B]``."""
         if self._split_empty:
             raise ValueError(
                 f"split {self.split!r}: no episode of it in {MAX_SPLIT_DRAWS} draws; the task "
@@ -938,22 +1047,25 @@ class BatchedPointNav(BatchedEnv):
         streams = self._streams
         if len(self._chunks) == 1:
             bound, _ = self._chunks[0]
-            packed = streams.draw(envs, bound, self._packed_in_split(0))
+            if streams.tabled is not None:
+                packed = streams.draw_tabled(envs)
+            else:
+                packed = streams.draw(envs, bound, self._packed_in_split(0))
             div, radix = self._decode[0]
-            return (packed[:, None] // div) % radix
+            return (packed[None, :] // div[:, None]) % radix[:, None]
         # several packed integers per draw: whole draws until one's layout is in the split
-        out = torch.zeros((envs.numel(), self._n_values), dtype=torch.int64, device=self.device)
+        out = torch.zeros((self._n_values, envs.numel()), dtype=torch.int64, device=self.device)
         todo = torch.arange(envs.numel(), device=self.device)
         for _ in range(MAX_SPLIT_DRAWS):
             e = envs[todo]
             parts = []
             for (bound, _), (div, radix) in zip(self._chunks, self._decode, strict=True):
-                parts.append((streams.draw(e, bound)[:, None] // div) % radix)
-            values = torch.cat(parts, 1)
-            out[todo] = values
+                parts.append((streams.draw(e, bound)[None, :] // div[:, None]) % radix[:, None])
+            values = torch.cat(parts)
+            out[:, todo] = values
             if self.split is None:
                 return out
-            ok = self._in_split(values[:, : self._n_doors])
+            ok = self._in_split(values[: self._n_doors].t())
             if bool(ok.all()):
                 return out
             todo = todo[~ok]
@@ -962,61 +1074,65 @@ class BatchedPointNav(BatchedEnv):
             f"too few layouts to split"
         )
 
-    def _door_cells(self, door_v: torch.Tensor) -> torch.Tensor:
-        """The doors' positions ``[B, doors]``."""
-        return self._slot_grid0 + self._slot_grid_step * door_v
+    def _doors(self, door_v: torch.Tensor) -> torch.Tensor:
+        """The doors' positions ``[D, B]``."""
+        return self._slot_pos0[:, None] + self._slot_step[:, None] * door_v
 
     def _free_cells(self, index: torch.Tensor, doors: torch.Tensor) -> torch.Tensor:
-        """Positions of free cells ``index`` (RoomLayout.free_cell: rooms' cells, then doors)."""
-        interior = _at(self._cell_grid, index.clamp(max=self._n_cells - 1))
+        """Positions of free cells ``index`` ``[k, B]`` (RoomLayout.free_cell's order)."""
+        inside = index.clamp(max=self._n_cells - 1).view(-1)
+        interior = self._cell_pos.index_select(0, inside).view(index.shape)
         if not self._n_doors:
             return interior
-        door = (index - self._n_cells).clamp(0, self._n_doors - 1)
-        return torch.where(
-            index < self._n_cells, interior, doors.gather(1, door[:, None]).squeeze(1)
-        )
+        door = doors.gather(0, (index - self._n_cells).clamp(0, self._n_doors - 1))
+        return torch.where(index < self._n_cells, interior, door)
 
     def _episode_rows(self, goal_index: torch.Tensor, door_v: torch.Tensor) -> torch.Tensor:
-        """Rows of ``_episode`` (int32, D doors): what the episode's distances are made of.
+        """Columns of ``_episode`` (int32; D doors) of these episodes: what distances are made of.
 
-        The doors' offsets (D columns), the goal's free-cell index, the start of its row of
-        ``_goal_rows``, the starts of the doors' rows of ``_door_rows`` (D), the doors'
-        distances to the goal (D).
+        Rows: the first index of the goal's and the doors' distance rows (R = D + 1), their
+        addends (0, then the doors' distances to the goal: R), the doors' offsets (D), the
+        goal's free-cell index.
         """
-        nd, grid = self._n_doors, self.size * self.size
-        columns = [door_v, goal_index[:, None], goal_index[:, None] * grid]
-        if nd:
-            columns.append(self._door_row0 + door_v * grid)
-            rows = goal_index[:, None] * (nd * self._longest) + self._door_offset + door_v
-            door_dist = _at(self._goal_doors, rows)
-            weights = _at(
-                self._door_edges,
-                self._edge_base + door_v[:, :, None] * self._longest + door_v[:, None, :],
-            )
+        nd, cells = self._n_doors, self._side**2
+        goal_index = goal_index[None, :]
+        zero = torch.zeros_like(goal_index)
+        if not nd:
+            return torch.cat((goal_index * cells, zero, goal_index)).int()
+        # the goal room's doors' distances (far for the others), then along the doors
+        rows = goal_index * (nd * self._longest) + (self._door_offset[:, None] + door_v)
+        door_dist = self._goal_doors.index_select(0, rows.view(-1)).view(rows.shape)
+        if self._door_pairs is not None:
+            layout = (door_v * self._layout_radix[:, None]).sum(0)
+            pairs = self._pair_base[:, None] + layout[None, :]
+            pairs = self._door_pairs.index_select(0, pairs.view(-1)).view(nd, nd, -1)
+            door_dist = (door_dist[None, :, :] + pairs).amin(1)
+        else:
+            edges = self._edge_base + door_v[:, None, :] * self._longest + door_v[None, :, :]
+            weights = self._door_edges.index_select(0, edges.view(-1)).view(edges.shape)
             for _ in range(nd - 1):  # Bellman-Ford: shortest paths have at most nd - 1 edges
-                door_dist = torch.minimum(door_dist, (door_dist[:, :, None] + weights).amin(1))
-            columns.append(door_dist)
-        return torch.cat([c.int() for c in columns], 1)
+                door_dist = torch.minimum(door_dist, (door_dist[:, None, :] + weights).amin(0))
+        bases = (goal_index * cells, self._door_row0[:, None] + door_v * cells)
+        return torch.cat((*bases, zero, door_dist, door_v, goal_index)).int()
 
-    def _fields(self, goal_index: torch.Tensor, door_v: torch.Tensor) -> torch.Tensor:
-        """Whole distance fields ``[B, size * size]`` (RoomLayout.distance_field's)."""
-        grid = self.size * self.size
-        cells = torch.arange(grid, device=self.device).expand(goal_index.numel(), -1)
-        return self._distances(self._episode_rows(goal_index, door_v), cells)
+    def _layout_of(self, episode: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The doors' offsets ``[D, B]`` and the goal's free-cell index ``[B]`` (int64)."""
+        nd = self._n_doors
+        return episode[2 * nd + 2 : 3 * nd + 2].long(), episode[3 * nd + 2].long()
 
     def _set_codes(self, envs: torch.Tensor, door_v: torch.Tensor, goal: torch.Tensor) -> None:
         """Codes of ``envs``' new episodes: the previous doors and goal undone, the new set."""
-        base = _at(self._code_rowbase, envs)
+        base = self._rowbase.index_select(0, envs)
         flat = self._codes.view(-1)
-        old_goal = _at(self._code_pos, _at(self._state, envs)[:, _GOAL])
-        flat[base + old_goal] = _EMPTY_CODE  # the goal was in a room or a door
-        if self._n_doors:
-            old_v = _at(self._episode, envs)[:, : self._n_doors].long()
-            old_doors = _at(self._code_pos, self._door_cells(old_v))
-            flat[(base[:, None] + old_doors).view(-1)] = _WALL_CODE
-            doors = _at(self._code_pos, self._door_cells(door_v))
-            flat[(base[:, None] + doors).view(-1)] = _EMPTY_CODE
-        flat[base + _at(self._code_pos, goal)] = _GOAL_CODE
+        flat[base + self._state[_GOAL].index_select(0, envs)] = _EMPTY_CODE  # a room or door
+        nd = self._n_doors
+        if nd:
+            rows = (2 * nd + 2 + torch.arange(nd, device=self.device)) * self.num_envs
+            old_v = self._episode.view(-1).index_select(0, (rows[:, None] + envs).view(-1))
+            old = self._doors(old_v.view(nd, -1).long())
+            flat[(base + old).view(-1)] = _WALL_CODE
+            flat[(base + self._doors(door_v)).view(-1)] = _EMPTY_CODE
+        flat[base + goal] = _GOAL_CODE
 
     def _start(self, envs: torch.Tensor, seeds: list[int | None] | None) -> None:
         """New episodes in ``envs`` (distinct): PointNavEnv.reset(seed=...) of each."""
@@ -1034,56 +1150,79 @@ class BatchedPointNav(BatchedEnv):
         if fresh:
             streams.seed([i for i, _ in fresh], [s for _, s in fresh])
         nd = self._n_doors
-        values = self._draw_values(envs)
-        door_v = values[:, :nd]
-        goal_index, direction, start_index = values[:, nd], values[:, nd + 1], values[:, nd + 2]
-        doors = self._door_cells(door_v)
-        start = self._free_cells(start_index, doors)
+        values = self._draw_values(envs)  # [values, B]
+        door_v, goal_index, direction = values[:nd], values[nd], values[nd + 1]
+        doors = self._doors(door_v)
+        goal_start = self._free_cells(values[nd : nd + 3 : 2], doors)  # [2, B]
         episode = self._episode_rows(goal_index, door_v)
-        start_dist = self._distances(episode, start[:, None]).squeeze(1)
+        start_dist = self._distances(episode, goal_start[1:])[0]
         if self.min_start_distance > 0:
-            far_enough = start_dist >= self.min_start_distance
-            if not bool(far_enough.all()):
-                todo = far_enough.logical_not().nonzero().squeeze(1)
-                self._other_starts(envs, todo, goal_index, start, door_v)
-                episode[todo] = self._episode_rows(goal_index[todo], door_v[todo])
-                start_dist[todo] = self._distances(episode[todo], start[todo, None]).squeeze(1)
-        goal = self._free_cells(goal_index, doors)
+            near = start_dist < self.min_start_distance
+            if bool(near.any()):
+                todo = near.nonzero().squeeze(1)
+                if self.min_start_distance == 1:  # the start drawn on the goal
+                    self._start_off_goal(envs, todo, goal_start, doors)
+                else:
+                    self._other_starts(envs, todo, goal_index, goal_start, door_v)
+                    episode[:, todo] = self._episode_rows(goal_index[todo], door_v[:, todo])
+                start_dist[todo] = self._distances(episode[:, todo], goal_start[1:, todo])[0]
+        goal, start = goal_start
         self._set_codes(envs, door_v, goal)
+        start_dist = start_dist.long()
         zeros = torch.zeros_like(start)
-        self._state[envs] = torch.stack(
-            (start, direction, goal, zeros, zeros, start_dist, start_dist, zeros), 1
-        )
-        self._episode[envs] = episode
+        rows = (start, direction, goal, zeros, zeros, start_dist, start_dist, zeros)
+        self._state.index_copy_(1, envs, torch.stack(rows))
+        self._episode.index_copy_(1, envs, episode)
+
+    def _start_off_goal(
+        self,
+        envs: torch.Tensor,
+        todo: torch.Tensor,
+        goal_start: torch.Tensor,
+        doors: torch.Tensor,
+    ) -> None:
+        """:meth:`_other_starts` for ``min_start_distance=1``: the goal stays.
+
+        The cells far enough are the free cells but the goal: ``n_free - 1`` of them.
+        """
+        k = self._streams.draw32(envs[todo], self._n_free - 1)
+        free = self._free_template.expand(todo.numel(), -1).clone()
+        if self._n_doors:
+            free.scatter_(1, doors[:, todo].t(), True)
+        free.scatter_(1, goal_start[0, todo][:, None], False)
+        ranks = free.cumsum(1)  # in x-major order, as flatnonzero
+        goal_start[1, todo] = torch.searchsorted(ranks, (k + 1)[:, None])[:, 0]
 
     def _other_starts(
         self,
         envs: torch.Tensor,
         todo: torch.Tensor,
         goal_index: torch.Tensor,
-        start: torch.Tensor,
+        goal_start: torch.Tensor,
         door_v: torch.Tensor,
     ) -> None:
         """A start among the cells far enough, or a new goal (PointNavEnv._gen_grid's loop).
 
         For the positions ``todo`` of ``envs`` whose pre-drawn start is too close; updates
-        ``goal_index`` and ``start`` in place.
+        ``goal_index`` and ``goal_start`` (goal and start positions) in place.
         """
         for attempt in range(1, 101):
-            field = self._fields(goal_index[todo], door_v[todo])
-            candidates = field >= self.min_start_distance
+            field = self._fields(self._episode_rows(goal_index[todo], door_v[:, todo])).t()
+            candidates = field >= self.min_start_distance  # in x-major order, as flatnonzero
             count = candidates.sum(1)
             some = count > 0
             if bool(some.any()):
                 k = self._streams.draw32(envs[todo[some]], count[some])
                 ranks = candidates[some].cumsum(1)
-                start[todo[some]] = torch.searchsorted(ranks, (k + 1)[:, None]).squeeze(1)
+                goal_start[1, todo[some]] = torch.searchsorted(ranks, (k + 1)[:, None])[:, 0]
             todo = todo[~some]
             if not todo.numel():
                 return
             if attempt == 100:
                 break
             goal_index[todo] = self._streams.draw32(envs[todo], self._n_free)
+            doors = self._doors(door_v[:, todo])
+            goal_start[0, todo] = self._free_cells(goal_index[None, todo], doors)[0]
         raise RuntimeError(
             f"no start cell at geodesic distance >= {self.min_start_distance} from the goal "
             f"after 100 goal draws; lower min_start_distance"
