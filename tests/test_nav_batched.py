@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from gymnasium.utils import seeding
 
 from rl.tasks import PointNavEnv
-from rl.tasks.nav_batched import BatchedPointNav, _doors_in_split
+from rl.tasks.nav_batched import BatchedPointNav, _doors_in_split, _Streams
 from rl.tasks.nav_layout import RoomLayout
 from rl.tasks.nav_view import process_vis, process_vis_row
 from rl.tasks.splits import _BUCKETS
@@ -189,6 +190,21 @@ def test_16_bit_products_give_the_same_draws() -> None:
     actions = torch.from_numpy(np.random.default_rng(0).integers(0, 4, (30, 8)))
     for a in actions:
         assert torch.equal(wrapping.step(a)["obs", "image"], pieces.step(a)["obs", "image"])
+
+
+def test_streams_draw_as_numpy_with_a_half_waiting_across_many_64_bit_draws() -> None:
+    """A 32-bit draw leaves a half waiting; 64-bit draws go on past a whole row (a refill
+    drops the outputs they took, keeps the waiting one), then 32-bit draws take it."""
+    seeds = [3, 4, 5]
+    streams = _Streams(3, torch.device("cpu"), 16)
+    streams.seed([0, 1, 2], seeds)
+    refs = [seeding.np_random(s)[0] for s in seeds]
+    plan = [(7, 1), (3 << 40, 140), (1000, 3), (5 << 33, 20), (9, 150)]
+    for bound, times in plan:
+        draw = streams.draw32 if bound <= 1 << 32 else streams.draw64
+        for _ in range(times):
+            want = [int(r.integers(bound)) for r in refs]
+            assert draw(torch.arange(3), bound).tolist() == want, bound
 
 
 @pytest.mark.parametrize("n", [3, 5, 7, 9])

@@ -139,7 +139,8 @@ class _Streams:
         self.used_skip = False  # a 64-bit draw happened (skip may be nonzero)
         self.wraps = _wrapping_products(device)
         self._ar = torch.arange(window, device=device)
-        self.tabled: tuple[int, Callable[[torch.Tensor], torch.Tensor] | None] | None = None
+        # draws tabled by table_draw: name -> (bound, acceptance, values, ends)
+        self.tabled: dict[str, tuple[Any, ...]] = {}
 
     # ------------------------------------------------------------------ seeding
     def seed(self, envs: list[int], seeds: list[int | None]) -> None:
@@ -171,19 +172,26 @@ class _Streams:
             self._refill(envs[low])
 
     def _refill(self, ids: torch.Tensor) -> None:
-        """Rows ``ids`` keep their unread outputs, moved to the front, then fresh ones."""
+        """Rows ``ids`` keep their unread outputs, moved to the front, then fresh ones.
+
+        A waiting half's output is kept; the outputs 64-bit draws took after it are dropped.
+        """
         rows = self.raw[ids].cpu().numpy()
-        first = (self.pos[ids] >> 1).tolist()
-        for k, (i, c) in enumerate(zip(ids.tolist(), first, strict=True)):
-            keep = self.row - c
-            rows[k, :keep] = rows[k, c:].copy()
-            rows[k, keep:] = self.bitgens[i].random_raw(c).view(np.int64)  # type: ignore[union-attr]
+        pos, skip = self.pos[ids].tolist(), self.skip[ids].tolist()
+        for k, i in enumerate(ids.tolist()):
+            c = pos[k] >> 1  # the waiting half's output, or the next one
+            kept = rows[k, c:]
+            if pos[k] & 1 and skip[k]:
+                kept = np.concatenate((kept[:1], kept[1 + skip[k] :]))
+            fresh = self.bitgens[i].random_raw(self.row - len(kept))  # type: ignore[union-attr]
+            rows[k] = np.concatenate((kept, fresh.view(np.int64)))
         self.pos[ids] &= 1
+        self.skip[ids] = 0
         self._write(ids, rows)
 
     # ------------------------------------------------------- the episode's draw
     def table_draw(
-        self, bound: int, accept: Callable[[torch.Tensor], torch.Tensor] | None
+        self, name: str, bound: int, accept: Callable[[torch.Tensor], torch.Tensor] | None
     ) -> None:
         """Table ``integers(bound)`` (until ``accept``) at every half of every row.
 
@@ -191,40 +199,36 @@ class _Streams:
         ending at each half) and, at each half, the next half where a draw ends (accepted).
         Rows are tabled again whenever they are written.
         """
-        self.tabled = (bound, accept)
-        halves = 2 * self.row
-        self.values = torch.zeros_like(self.halves)
-        self.next_end = torch.full(
-            (len(self.bitgens), halves + 1), halves, dtype=torch.int64, device=self.device
-        )
+        halves, n = 2 * self.row, len(self.bitgens)
+        values = torch.zeros_like(self.halves)
+        ends = torch.full((n, halves + 1), halves, dtype=torch.int64, device=self.device)
+        self.tabled[name] = (bound, accept, values, ends)
         self._halves_index = torch.arange(halves, device=self.device)
-        self._table(torch.arange(len(self.bitgens), device=self.device))
+        self._table(torch.arange(n, device=self.device))
 
     def _table(self, envs: torch.Tensor) -> None:
-        if self.tabled is None:
-            return
-        bound, accept = self.tabled
-        value, ok = self._lemire(self.halves.index_select(0, envs), bound)
-        if accept is not None:
-            ok &= accept(value)
         halves = 2 * self.row
-        end = torch.where(ok, self._halves_index, halves)
-        self.values[envs] = value
-        self.next_end[envs, :halves] = end.flip(1).cummin(1).values.flip(1)
+        for bound, accept, values, ends in self.tabled.values():
+            value, ok = self._lemire(self.halves.index_select(0, envs), bound)
+            if accept is not None:
+                ok &= accept(value)
+            end = torch.where(ok, self._halves_index, halves)
+            values[envs] = value
+            ends[envs, :halves] = end.flip(1).cummin(1).values.flip(1)
 
-    def draw_tabled(self, envs: torch.Tensor) -> torch.Tensor:
-        """:meth:`draw32` of the tabled bound and acceptance, for each of ``envs``."""
+    def draw_tabled(self, name: str, envs: torch.Tensor) -> torch.Tensor:
+        """:meth:`draw32` of a tabled bound and acceptance, for each of ``envs``."""
+        bound, accept, values, ends = self.tabled[name]
         halves = 2 * self.row
-        end = self.next_end.view(-1).index_select(0, envs * (halves + 1) + self.pos[envs])
+        end = ends.view(-1).index_select(0, envs * (halves + 1) + self.pos[envs])
         if bool((end == halves).any()):  # rows without a draw ahead: refill (all half-read)
             low = torch.cat((envs[end == halves], (self.pos > halves // 2).nonzero()[:, 0]))
             self._refill(low.unique())
-            end = self.next_end.view(-1).index_select(0, envs * (halves + 1) + self.pos[envs])
+            end = ends.view(-1).index_select(0, envs * (halves + 1) + self.pos[envs])
             if bool((end == halves).any()):  # not one in a whole row: draw by windows
-                bound, accept = self.tabled  # type: ignore[misc]
                 return self.draw32(envs, bound, accept)
         self.pos[envs] = end + 1
-        return self.values.view(-1).index_select(0, envs * halves + end)
+        return values.view(-1).index_select(0, envs * halves + end)
 
     def _lemire(self, u: torch.Tensor, bound: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Lemire's value and acceptance of 32-bit halves ``u`` for ``bound`` (<= 2**32)."""
@@ -618,7 +622,9 @@ class BatchedPointNav(BatchedEnv):
         window = 16 if split is None else (32 if split == "train" else 128)
         self._streams = _Streams(n_envs, dev, window)
         if len(self._chunks) == 1 and self._chunks[0][0] <= _TWO32:  # one 32-bit draw
-            self._streams.table_draw(self._chunks[0][0], self._packed_in_split(0))
+            self._streams.table_draw("episode", self._chunks[0][0], self._packed_in_split(0))
+            if min_start_distance == 1:  # a start other than the goal (see _start_off_goal)
+                self._streams.table_draw("start", layout.n_free - 1, None)
 
         # ---- per-environment state, a row per field and a column per environment (so that
         # every operation runs along the environments): the agent and counters (int64,
@@ -628,6 +634,8 @@ class BatchedPointNav(BatchedEnv):
         self._state = torch.zeros((_STATE_COLUMNS, n_envs), dtype=torch.int64, device=dev)
         self._state[_GOAL] = self._cell_pos[0]  # an interior cell (see _set_codes)
         self._episode = torch.zeros((3 * nd + 3, n_envs), dtype=torch.int32, device=dev)
+        # where the doors' offsets are in _episode's flat view, for each environment's column
+        self._door_v_rows = (torch.arange(2 * nd + 2, 3 * nd + 2, device=dev) * n_envs)[:, None]
         self._codes = self._code_template.repeat(n_envs, 1)
 
     def _rooms_and_doors(self, layout: RoomLayout, px: np.ndarray, py: np.ndarray) -> None:
@@ -1047,8 +1055,8 @@ class BatchedPointNav(BatchedEnv):
         streams = self._streams
         if len(self._chunks) == 1:
             bound, _ = self._chunks[0]
-            if streams.tabled is not None:
-                packed = streams.draw_tabled(envs)
+            if "episode" in streams.tabled:
+                packed = streams.draw_tabled("episode", envs)
             else:
                 packed = streams.draw(envs, bound, self._packed_in_split(0))
             div, radix = self._decode[0]
@@ -1121,16 +1129,20 @@ class BatchedPointNav(BatchedEnv):
         return episode[2 * nd + 2 : 3 * nd + 2].long(), episode[3 * nd + 2].long()
 
     def _set_codes(self, envs: torch.Tensor, door_v: torch.Tensor, goal: torch.Tensor) -> None:
-        """Codes of ``envs``' new episodes: the previous doors and goal undone, the new set."""
+        """Codes of ``envs``' new episodes: the previous doors and goal undone, the new set.
+
+        Undone: their cells take the template's codes (a door's slot is a wall, a goal's cell
+        a room's or a wall), in one write (a goal on a door writes the same code twice).
+        """
         base = self._rowbase.index_select(0, envs)
         flat = self._codes.view(-1)
-        flat[base + self._state[_GOAL].index_select(0, envs)] = _EMPTY_CODE  # a room or door
+        old = self._state[_GOAL].index_select(0, envs)[None, :]
         nd = self._n_doors
         if nd:
-            rows = (2 * nd + 2 + torch.arange(nd, device=self.device)) * self.num_envs
-            old_v = self._episode.view(-1).index_select(0, (rows[:, None] + envs).view(-1))
-            old = self._doors(old_v.view(nd, -1).long())
-            flat[(base + old).view(-1)] = _WALL_CODE
+            old_v = self._episode.view(-1).index_select(0, (self._door_v_rows + envs).view(-1))
+            old = torch.cat((old, self._doors(old_v.view(nd, -1))))
+        flat[(base + old).view(-1)] = self._code_template.index_select(0, old.view(-1))
+        if nd:
             flat[(base + self._doors(door_v)).view(-1)] = _EMPTY_CODE
         flat[base + goal] = _GOAL_CODE
 
@@ -1185,7 +1197,11 @@ class BatchedPointNav(BatchedEnv):
 
         The cells far enough are the free cells but the goal: ``n_free - 1`` of them.
         """
-        k = self._streams.draw32(envs[todo], self._n_free - 1)
+        streams = self._streams
+        if "start" in streams.tabled:
+            k = streams.draw_tabled("start", envs[todo])
+        else:
+            k = streams.draw32(envs[todo], self._n_free - 1)
         free = self._free_template.expand(todo.numel(), -1).clone()
         if self._n_doors:
             free.scatter_(1, doors[:, todo].t(), True)
