@@ -97,13 +97,15 @@ def _step_for(
 class RawStepper:
     """A collection-worker stand-in: a serial sampler of its own environments, random actions."""
 
-    def __init__(self, task: dict[str, Any], num_envs: int, env_offset: int) -> None:
+    def __init__(
+        self, task: dict[str, Any], num_envs: int, env_offset: int, total_envs: int = NUM_ENVS
+    ) -> None:
         from rl.sampling import SerialSampler
 
         torch.set_num_threads(1)
         self.num_envs = num_envs
         self.sampler = SerialSampler(
-            task=task, num_envs=num_envs, seed=0, env_offset=env_offset, total_envs=NUM_ENVS
+            task=task, num_envs=num_envs, seed=0, env_offset=env_offset, total_envs=total_envs
         )
 
     def pid(self) -> int:
@@ -145,12 +147,28 @@ def raw_in_process(kind: str, seconds: float, actions: str = "walk") -> float:
     return steps / elapsed
 
 
-def raw_workers(backend: str, seconds: float, workers: int = 2, actions: str = "walk") -> float:
-    """Steps/s of ``workers`` actors stepping at once: their steps / the wall time of all."""
+def raw_workers(
+    backend: str,
+    seconds: float,
+    workers: int = 2,
+    actions: str = "walk",
+    task: dict[str, Any] | None = None,
+    num_envs: int | None = None,
+) -> float:
+    """Steps/s of ``workers`` actors stepping at once: their steps / the wall time of all.
+
+    ``task`` and ``num_envs`` (split evenly over the workers): default this file's ``TASK`` and
+    ``NUM_ENVS`` (``bench/gpu_box.py`` passes an experiment's task and layout).
+    """
     from rl.collection.actors import ProcessActors, RayActors
 
-    per = NUM_ENVS // workers
-    kwargs = [{"task": TASK, "num_envs": per, "env_offset": i * per} for i in range(workers)]
+    total = NUM_ENVS if num_envs is None else num_envs
+    per = total // workers
+    task = TASK if task is None else task
+    kwargs = [
+        {"task": task, "num_envs": per, "env_offset": i * per, "total_envs": total}
+        for i in range(workers)
+    ]
     if backend == "ray":
         actors: Any = RayActors(
             RawStepper, kwargs, address=None, cpus_per_worker=1, start_timeout=300

@@ -20,7 +20,8 @@ is printed after the summary.
 +experiment=ppo_nav seed=S`` (no periodic evaluation), gets SIGTERM SECONDS after launch (the
 trainer saves a checkpoint at the next rollout boundary and exits with 143) unless it finished
 before, then ``python evaluate.py ckpt=<its last checkpoint>`` evaluates it with evaluate.py's
-defaults (200 episodes, test split, sampled actions); prints env steps reached, success, SPL.
+defaults (200 episodes, test split, sampled actions) and ``--evaluate-override KEY=VALUE``
+(e.g. ``num_envs=2``, ``device=cuda``); prints env steps reached, success, SPL.
 
 ``--smoke`` (either mode): one seed, tiny budgets (``+debug=smoke``'s 4 envs x 16-step rollouts
 and 4-episode evaluations, 256 env steps, an evaluation every 128; evaluate.py on 4 episodes),
@@ -31,7 +32,7 @@ one stage (``ppo_nav``'s budget follows ``total_env_steps``).
                                     [--max-wall SECONDS] [--override KEY=VALUE ...] [--out DIR]
                                     [--experiment NAME] [--thresholds 0.9 0.95] [--smoke]
     python bench/time_to_success.py --sigterm 60 [--seeds 1 2 3] [--override KEY=VALUE ...]
-                                    [--smoke]
+                                    [--evaluate-override KEY=VALUE ...] [--smoke]
 """
 
 from __future__ import annotations
@@ -334,6 +335,7 @@ def sigterm_check(seed: int, args: argparse.Namespace, base: Path) -> dict[str, 
         f"ckpt={checkpoint}",
         f"hydra.run.dir={base / f'evaluate_seed{seed}'}",
         *(SMOKE_EVALUATE if args.smoke else []),
+        *args.evaluate_override,
     ]
     eval_proc, eval_launched = launch(eval_cmd, eval_log)
     eval_proc.wait()
@@ -394,6 +396,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--override", action="append", default=[], metavar="KEY=VALUE", help="Hydra override"
+    )
+    parser.add_argument(
+        "--evaluate-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="evaluate.py override (--sigterm)",
     )
     parser.add_argument(
         "--sigterm", type=float, default=None, metavar="SECONDS", help="the SIGTERM check"
