@@ -18,6 +18,7 @@ from rl.collection.acting import NoExpertError, PolicyActor
 from rl.collection.base import CollectionSpec, Collector, Rollout, RolloutRequest
 from rl.collection.episodes import (
     EvalResult,
+    EvalSampler,
     episode_seed_list,
     evaluate_expert,
     evaluate_policy,
@@ -28,6 +29,7 @@ __all__ = [
     "CollectionSpec",
     "Collector",
     "EvalResult",
+    "EvalSampler",
     "InProcessCollector",
     "NoExpertError",
     "PolicyActor",

@@ -2,7 +2,9 @@
 
 :func:`evaluate_policy` runs a model, :func:`evaluate_expert` the task's expert, on the same
 episode list split the same way over environments; an environment that has run its share is
-paused (dropped from the batch, recurrent state included) until all are done.
+paused (dropped from the batch, recurrent state included) until all are done. They step the
+environments serially, or all at once through the batched sampler where the run trained with
+one (:class:`EvalSampler`, the one place that decides): the same episodes, the same results.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
@@ -20,9 +22,18 @@ from rl.collection.acting import PolicyActor
 from rl.collection.normalization import Normalizer
 from rl.models.policy import Policy
 from rl.sampling.base import finished_episodes
+from rl.sampling.batched import MODES
 from rl.sampling.convert import episode_metric_key
 from rl.sampling.factory import build_sampler
 from rl.sampling.runner import Actor, ExpertActor, run_steps
+from rl.sampling.watchdog import DEFAULT_TIMEOUT_S
+from rl.utils.config import Check, load_section
+
+# The run's sampler configs that evaluation follows: the batched sampler's public names (a
+# saved run's config is data: its ``_target_`` is compared, never imported).
+BATCHED_SAMPLERS = ("rl.sampling.BatchedSampler", "rl.sampling.batched.BatchedSampler")
+# What evaluation takes of a batched run's sampler config (its ``num_envs`` is evaluation's own).
+_TAKEN = ("device", "vectorization_mode", "mp_start_method", "timeout")
 
 
 @dataclasses.dataclass
@@ -45,6 +56,67 @@ class EvalResult:
         }
 
 
+@dataclasses.dataclass(frozen=True)
+class EvalSampler:
+    """How evaluation steps its environments: one by one (the default), or all at once.
+
+    :meth:`of_run` decides from the run's sampler config: a run that trained with
+    ``sampler=batched`` evaluates through the :class:`~rl.sampling.BatchedSampler` with its
+    settings (the environment count is evaluation's own), any other run through the
+    :class:`~rl.sampling.SerialSampler`. Both give the same episodes and per-episode results.
+
+    Attributes:
+        batched: Step the environments as one batch (``sampler=batched``); False: serially.
+        device: Where a task's own batched environment lives (``cpu``, ``cuda``, ``cuda:N``).
+        vectorization_mode: ``auto``, ``sync`` or ``async`` (``conf/sampler/batched.yaml``).
+        mp_start_method: The start method of ``async``'s worker processes.
+        timeout: Seconds one step of the batch may take (None: wait forever).
+    """
+
+    batched: bool = False
+    device: str = "cpu"
+    vectorization_mode: Annotated[str, Check(choices=MODES)] = "auto"
+    mp_start_method: Annotated[str, Check(choices=("forkserver", "spawn", "fork"))] = "forkserver"
+    timeout: Annotated[float | None, Check(gt=0)] = DEFAULT_TIMEOUT_S
+
+    @classmethod
+    def of_run(
+        cls, sampler: Mapping[str, Any] | None, *, device: str | None = None
+    ) -> EvalSampler:
+        """Evaluation's sampler for a run whose (plain) sampler config is ``sampler``.
+
+        Args:
+            sampler: The run's ``sampler`` section (None: serial).
+            device: Where the batched environment lives instead of the run's
+                ``sampler.device`` (``evaluate.py``: its own ``device``, where the model runs).
+
+        Raises:
+            ConfigError: A batched run's setting out of range (named ``sampler.<key>``).
+        """
+        if not isinstance(sampler, Mapping) or sampler.get("_target_") not in BATCHED_SAMPLERS:
+            return cls()
+        settings = dataclasses.asdict(cls(batched=True))
+        settings.update((k, sampler[k]) for k in _TAKEN if k in sampler)
+        if device is not None:
+            settings["device"] = str(device)
+        return load_section(cls, settings, "sampler")
+
+    def config(self) -> dict[str, Any] | None:
+        """The sampler config :func:`~rl.sampling.build_sampler` takes (None: serial)."""
+        if not self.batched:
+            return None
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if k != "batched"}
+        return {"_target_": BATCHED_SAMPLERS[0], "_partial_": True, **fields}
+
+    def describe(self) -> str:
+        """One line for logs: which sampler, and where."""
+        if not self.batched:
+            return "serial sampler"
+        return (
+            f"batched sampler (device={self.device}, vectorization_mode={self.vectorization_mode})"
+        )
+
+
 def episode_seed_list(num_episodes: int, first_seed: int) -> list[int]:
     """The fixed evaluation episode list: seeds ``first_seed .. first_seed + n - 1``."""
     return list(range(first_seed, first_seed + num_episodes))
@@ -61,6 +133,7 @@ def evaluate_policy(
     action_seed: int = 0,
     device: torch.device | str = "cpu",
     normalizer: Normalizer | None = None,
+    sampler: EvalSampler | None = None,
 ) -> EvalResult:
     """Run ``model`` on every episode of ``episode_seeds`` once.
 
@@ -77,6 +150,8 @@ def evaluate_policy(
         device: Where the model runs.
         normalizer: The training run's observation normalisation, applied frozen (None:
             observations as the environments return them).
+        sampler: How the environments are stepped (None: serially;
+            :meth:`EvalSampler.of_run` of the run's sampler config).
 
     Returns:
         Mean metrics and per-episode records.
@@ -91,7 +166,7 @@ def evaluate_policy(
             normalizer=normalizer,
         )  # fmt: skip
 
-    return run_episode_list(task, episode_seeds, num_envs, actor)
+    return run_episode_list(task, episode_seeds, num_envs, actor, sampler)
 
 
 def evaluate_expert(
@@ -99,6 +174,7 @@ def evaluate_expert(
     task: Mapping[str, Any],
     episode_seeds: Sequence[int],
     num_envs: int = 16,
+    sampler: EvalSampler | None = None,
 ) -> EvalResult:
     """Run the task's expert (``expert_actions``) on every episode of ``episode_seeds``.
 
@@ -109,6 +185,7 @@ def evaluate_expert(
         task: Plain task config (``_target_`` + arguments).
         episode_seeds: Seeds of the episodes to run.
         num_envs: Environments stepped together (capped at the number of episodes).
+        sampler: How the environments are stepped (None: serially).
 
     Returns:
         Mean metrics and per-episode records.
@@ -117,7 +194,7 @@ def evaluate_expert(
         NoExpertError: If the task gives no expert action at some step.
     """
     expert = ExpertActor(str(task.get("_target_")))
-    return run_episode_list(task, episode_seeds, num_envs, lambda _: expert)
+    return run_episode_list(task, episode_seeds, num_envs, lambda _: expert, sampler)
 
 
 def run_episode_list(
@@ -125,14 +202,19 @@ def run_episode_list(
     episode_seeds: Sequence[int],
     num_envs: int,
     make_actor: Callable[[int], Actor],
+    sampler: EvalSampler | None = None,
 ) -> EvalResult:
     """The one loop over a fixed episode list: ``make_actor(N)`` acts for the environments.
 
     Each environment runs a contiguous share of the list; one that has run its share is paused
-    (the actor drops it) until all are done, so every episode counts exactly once.
+    (the actor drops it) until all are done, so every episode counts exactly once. ``sampler``
+    says how the environments are stepped (None: serially).
     """
     records: dict[int, dict[str, Any]] = {}
-    with build_sampler(None, task=task, num_envs=num_envs, episode_seeds=episode_seeds) as sampler:
+    config = None if sampler is None else sampler.config()
+    with build_sampler(
+        config, task=task, num_envs=num_envs, episode_seeds=episode_seeds
+    ) as environments:
 
         def count(t: int, step: TensorDict, result: TensorDict) -> bool:
             for ep in finished_episodes(result):
@@ -140,7 +222,7 @@ def run_episode_list(
                 records[ep.episode_seed] = {"episode_seed": ep.episode_seed, **ep.metrics}
             return False
 
-        run_steps(sampler, make_actor(sampler.num_envs), sampler.reset(), count)
+        run_steps(environments, make_actor(environments.num_envs), environments.reset(), count)
     return summarise_episodes(records, episode_seeds)
 
 

@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDict
 
 from rl.collection.base import CollectionSpec, Preemption, Rollout, RolloutRequest
-from rl.collection.episodes import EvalResult, evaluate_policy
+from rl.collection.episodes import EvalResult, EvalSampler, evaluate_policy
 from rl.collection.normalization import Normalizer
 from rl.collection.recording import Carry, RolloutRecorder, obs_on
 from rl.distributed.preemption import RolloutPreemption
@@ -57,6 +57,8 @@ class InProcessCollector:
             whose learner merges them (:meth:`take_normalizer_moments`).
         allocate: The storage's allocator (:class:`~rl.storage.RolloutStorage`; a process
             collection worker's puts it in shared memory).
+        eval_sampler: How :meth:`evaluate` steps its environments (None: serially; the run's
+            :meth:`EvalSampler.of_run <rl.collection.episodes.EvalSampler.of_run>`).
     """
 
     supports_distributed: ClassVar[bool] = True
@@ -73,8 +75,10 @@ class InProcessCollector:
         normalizer: Normalizer | None = None,
         update_normalizer: bool = True,
         allocate: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
+        eval_sampler: EvalSampler | None = None,
     ) -> None:
         self.model = model
+        self.eval_sampler = eval_sampler
         self.allocate = allocate
         self.normalizer = normalizer
         self.update_normalizer = update_normalizer
@@ -117,6 +121,7 @@ class InProcessCollector:
             dist=dist,
             task=spec.task,
             normalizer=spec.build_normalizer(sampler.observation_space),
+            eval_sampler=EvalSampler.of_run(spec.sampler),
         )
 
     @property
@@ -231,6 +236,7 @@ class InProcessCollector:
             action_seed=action_seed,
             device=self.device,
             normalizer=self.normalizer,
+            sampler=self.eval_sampler,
         )
 
     def take_normalizer_moments(self) -> dict[str, Any] | None:

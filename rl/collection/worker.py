@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from rl.collection.base import CollectionSpec, RolloutRequest
-from rl.collection.episodes import evaluate_policy
+from rl.collection.episodes import EvalSampler, evaluate_policy
 from rl.collection.local import InProcessCollector
 from rl.collection.shared_rows import SharedBuffers
 from rl.collection.transport import ShippedRollout, ship
@@ -296,6 +296,7 @@ class CollectionWorker:
             deterministic=deterministic,
             action_seed=action_seed,
             normalizer=self.normalizer,
+            sampler=EvalSampler.of_run(self.spec.sampler),
         )
         return result.episodes
 

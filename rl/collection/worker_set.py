@@ -45,7 +45,7 @@ import torch
 from rl.collection.actors import CollectionWorkerError
 from rl.collection.async_collection import AsyncCollection, as_sent
 from rl.collection.base import CollectionSpec, Rollout, RolloutRequest
-from rl.collection.episodes import EvalResult, evaluate_policy
+from rl.collection.episodes import EvalResult, EvalSampler, evaluate_policy
 from rl.collection.transport import RolloutAssembler
 from rl.collection.worker import ALGORITHM_PARAMETERS, CollectionWorker
 from rl.collection.worker_calls import START_TIMEOUT_S, WorkerCalls
@@ -395,6 +395,7 @@ class CollectionWorkerSet:
                 action_seed=action_seed,
                 device=self.device,
                 normalizer=self.normalizer,
+                sampler=EvalSampler.of_run(self.spec.sampler),
             )
         self._send_weights(range(self.num_workers))
         return self.calls.evaluate(episode_seeds, num_envs, deterministic, action_seed, split)

@@ -26,6 +26,7 @@ from rl.checkpoints.config_tree import run_choices
 from rl.checkpoints.files import CheckpointError, load_checkpoint
 from rl.checkpoints.resume import StartPlan, plan_start
 from rl.collection.base import CollectionSpec, Collector
+from rl.collection.episodes import EvalSampler
 from rl.distributed.launch import launched_by_torchrun, run_torchrun_worker, spawn_workers
 from rl.distributed.settings import DistributedSettings
 from rl.distributed.setup import DistContext, synchronize_model
@@ -396,6 +397,7 @@ def _callbacks(
             logger=logger,
             device=device,
             layout=layout,
+            sampler=EvalSampler.of_run(cfg["sampler"]),
         )
         stack.callback(background.close)
         callbacks.append(background)

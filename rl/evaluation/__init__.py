@@ -12,6 +12,7 @@ use without the framework (ONNX, ``torch.export``).
 from rl.collection.acting import NoExpertError
 from rl.collection.episodes import (
     EvalResult,
+    EvalSampler,
     episode_seed_list,
     evaluate_expert,
     evaluate_policy,
@@ -26,6 +27,7 @@ from rl.evaluation.video import ProbeVideo
 __all__ = [
     "BackgroundValidation",
     "EvalResult",
+    "EvalSampler",
     "EvalSettings",
     "ExportError",
     "InferenceAgent",

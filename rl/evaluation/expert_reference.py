@@ -21,7 +21,7 @@ from rl.checkpoints.config_tree import ordered_choices, saved_choices
 from rl.checkpoints.files import CheckpointError, list_checkpoints, load_checkpoint
 from rl.checkpoints.lock import RunLock
 from rl.checkpoints.saved_config import config_data, rebuild_config
-from rl.collection.episodes import episode_seed_list, evaluate_expert
+from rl.collection.episodes import EvalSampler, episode_seed_list, evaluate_expert
 from rl.evaluation.report import format_table, write_eval_json
 from rl.evaluation.selection import find_checkpoints
 from rl.evaluation.settings import EvaluateSettings
@@ -107,8 +107,8 @@ def _hydra_choices(path: Path) -> Any:
     return ordered_choices(config_data(choices, str(path)), config_data(keys, str(path)))
 
 
-def _task_of_run(run_dir: Path, trusted_targets: Sequence[str]) -> dict[str, Any]:
-    """The task a run trained on, rebuilt on the user's config tree.
+def _task_of_run(run_dir: Path, trusted_targets: Sequence[str]) -> tuple[dict[str, Any], Any]:
+    """The task a run trained on, rebuilt on the user's config tree, and its sampler config.
 
     From its newest checkpoint, else (no checkpoint yet) from its ``config.yaml`` with the
     choices of Hydra's ``.hydra/hydra.yaml`` beside it. Both are untrusted input (a run folder
@@ -129,8 +129,8 @@ def _task_of_run(run_dir: Path, trusted_targets: Sequence[str]) -> dict[str, Any
         choices = saved_choices(_hydra_choices(run_dir / ".hydra" / "hydra.yaml"), where)
     rebuilt = rebuild_config(
         config, choices, where, trusted_targets=trusted_targets, built=("task",)
-    )
-    return dict(rebuilt.config["task"])
+    )  # (the sampler config is read as data: EvalSampler.of_run builds nothing it names)
+    return dict(rebuilt.config["task"]), rebuilt.config.get("sampler")
 
 
 def evaluate_expert_reference(
@@ -155,10 +155,12 @@ def evaluate_expert_reference(
         folder = Path(cfg.run_dir).expanduser().resolve()
     elif cfg.ckpt:
         folder = find_checkpoints(ckpt=cfg.ckpt)[0].run_dir
+    sampler = EvalSampler()  # (a task=NAME of no run: serially)
     if task:
         task = dict(task)
     elif folder is not None:
-        task = _task_of_run(folder, cfg.trusted_targets)
+        task, run_sampler = _task_of_run(folder, cfg.trusted_targets)
+        sampler = EvalSampler.of_run(run_sampler, device=cfg.device)
     else:
         raise ConfigError(
             "test_expert=true needs a task: run_dir=RUN_FOLDER, ckpt=FILE or task=NAME "
@@ -168,15 +170,17 @@ def evaluate_expert_reference(
     if folder is None:
         folder = Path(cfg.output_dir).resolve()
     with RunLock(folder, "evaluation"):
-        return _evaluate_expert_into(cfg, task, folder)
+        return _evaluate_expert_into(cfg, task, folder, sampler)
 
 
 def _evaluate_expert_into(
-    cfg: EvaluateSettings, task: dict[str, Any], folder: Path
+    cfg: EvaluateSettings, task: dict[str, Any], folder: Path, sampler: EvalSampler
 ) -> dict[str, float]:
     """Run the expert on the evaluation episodes; write ``folder/expert.eval.json``."""
     episode_seeds = episode_seed_list(cfg.num_episodes, cfg.episode_seed)
-    result = evaluate_expert(task=task, episode_seeds=episode_seeds, num_envs=cfg.num_envs)
+    result = evaluate_expert(
+        task=task, episode_seeds=episode_seeds, num_envs=cfg.num_envs, sampler=sampler
+    )
     out = folder / EXPERT_NAME
     settings = {
         "num_episodes": cfg.num_episodes,

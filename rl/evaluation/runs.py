@@ -33,7 +33,7 @@ from rl.checkpoints.files import (
 )
 from rl.checkpoints.lock import RunLock
 from rl.checkpoints.saved_config import rebuild_config
-from rl.collection.episodes import EvalResult, episode_seed_list, evaluate_policy
+from rl.collection.episodes import EvalResult, EvalSampler, episode_seed_list, evaluate_policy
 from rl.collection.normalization import Normalizer
 from rl.evaluation.expert_reference import evaluate_expert_reference, load_expert_reference
 from rl.evaluation.export import export_from_settings
@@ -187,7 +187,7 @@ def evaluate_checkpoints(cfg: EvaluateSettings) -> dict[str, float]:
         )
     models = _ModelCache(torch.device(cfg.device), cfg.trusted_targets)
     for ref in selected:  # every one readable, its config rebuilt, before anything is done
-        models.config(ref)
+        eval_sampler(ref, models.config(ref), cfg.device)
     if cfg.deterministic is None:  # as the runs evaluated while they trained
         cfg = dataclasses.replace(cfg, deterministic=_as_trained(selected, models))
     with contextlib.ExitStack() as stack:
@@ -195,6 +195,22 @@ def evaluate_checkpoints(cfg: EvaluateSettings) -> dict[str, float]:
         for folder in sorted({ref.run_dir for ref in selected}):
             stack.enter_context(RunLock(folder, "evaluation"))
         return _evaluate_selected(cfg, refs, selected, models)
+
+
+def eval_sampler(ref: CheckpointRef, train_cfg: Mapping[str, Any], device: str) -> EvalSampler:
+    """How a checkpoint's evaluation steps its environments: as its run's sampler says.
+
+    A run trained with ``sampler=batched`` evaluates through the batched sampler with its
+    settings, its environments where the models run (``device``: a run trained with its
+    environments on a GPU evaluates on a machine without one); any other serially.
+
+    Raises:
+        ConfigError: The saved sampler settings are out of range (the checkpoint named).
+    """
+    try:
+        return EvalSampler.of_run(train_cfg.get("sampler"), device=device)
+    except ConfigError as e:
+        raise ConfigError(f"{ref.path}: {e}") from e
 
 
 def _as_trained(selected: Sequence[CheckpointRef], models: _ModelCache) -> bool:
@@ -241,6 +257,10 @@ def _evaluate_selected(
     for ref in bar:
         bar.set_postfix_str(ref.path.name, refresh=True)
         model, train_cfg, normalizer = models.load(ref)
+        sampler = eval_sampler(ref, train_cfg, cfg.device)
+        if ref.run_dir not in rows_by_run:  # (its first checkpoint)
+            log.info("%s: %d environments through the %s", ref.run_dir,
+                     min(cfg.num_envs, cfg.num_episodes), sampler.describe())  # fmt: skip
         result = evaluate_policy(
             model=model,
             task=with_split(train_cfg["task"], cfg.split),
@@ -250,6 +270,7 @@ def _evaluate_selected(
             action_seed=cfg.action_seed,
             device=device,
             normalizer=normalizer,
+            sampler=sampler,
         )
         write_eval_json(
             eval_json_path(ref.path, settings),

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from rl.checkpoints.files import list_checkpoints, load_checkpoint, parse_checkpoint_name
-from rl.collection.episodes import episode_seed_list, evaluate_policy
+from rl.collection.episodes import EvalSampler, episode_seed_list, evaluate_policy
 from rl.evaluation.inference import load_trained_policy
 from rl.evaluation.settings import ValidSettings
 from rl.loggers.base import MetricsLogger
@@ -70,10 +70,12 @@ def _validation_main(
     settings: dict[str, Any],
     device: str,
     layout: TaskLayout | None,
+    sampler: EvalSampler | None = None,
 ) -> None:
     """Body of the validation process: evaluate each requested checkpoint, in order.
 
-    ``layout``: the task's, read by the run (None: read here, building one environment).
+    ``layout``: the task's, read by the run (None: read here, building one environment);
+    ``sampler``: how the environments are stepped (None: serially).
     """
     try:
         torch.set_num_threads(int(settings["torch_threads"]))
@@ -105,6 +107,7 @@ def _validation_main(
                     action_seed=int(settings["action_seed"]),
                     device=device,
                     normalizer=normalizer,
+                    sampler=sampler,
                 )
                 metrics = result.as_logged("valid")
                 metrics["valid/seconds"] = time.perf_counter() - t0
@@ -129,6 +132,9 @@ class BackgroundValidation(Callback):
         model: Plain (resolved) model config.
         logger: The run's logger; ``valid/*`` is logged at each checkpoint's env step.
         device: Where the validation model runs.
+        layout: The task's spaces and agents, read by the run (None: read in the process).
+        sampler: How the validation environments are stepped (None: serially; the run's
+            :meth:`EvalSampler.of_run <rl.collection.episodes.EvalSampler.of_run>`).
     """
 
     def __init__(
@@ -140,8 +146,10 @@ class BackgroundValidation(Callback):
         logger: MetricsLogger,
         device: torch.device | str = "cpu",
         layout: TaskLayout | None = None,
+        sampler: EvalSampler | None = None,
     ) -> None:
         self.settings = settings
+        self.sampler = sampler or EvalSampler()
         self.logger = logger
         task = with_split(task, settings.split)  # the validation episodes
         self._args = (
@@ -150,6 +158,7 @@ class BackgroundValidation(Callback):
             dataclasses.asdict(settings),
             str(device),
             layout,
+            self.sampler,
         )
         self.submitted: list[tuple[str, int]] = []
         self.completed: list[tuple[str, int]] = []
@@ -171,10 +180,11 @@ class BackgroundValidation(Callback):
         )
         self._process.start()
         log.info(
-            "validation process %d: %d episodes (seeds from %d) per checkpoint",
+            "validation process %d: %d episodes (seeds from %d) per checkpoint, %s",
             self._process.pid,
             self.settings.num_episodes,
             self.settings.episode_seed,
+            self.sampler.describe(),
         )
 
     @property

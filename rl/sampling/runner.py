@@ -109,7 +109,7 @@ class ExpertActor:
                 f'task {self.task!r} gave no expert action (info["expert_action"]) at a step; '
                 "running the expert needs one at every step"
             )
-        return np.asarray(expert)
+        return np.asarray(expert.cpu())  # (a batched environment's may be on an accelerator)
 
     def advance(self, result: Mapping[str, Any], keep: torch.Tensor | None = None) -> None:
         """Nothing to carry."""
