@@ -58,7 +58,6 @@ from rl.tasks.nav_view import (
     GOAL_ENCODING,
     WALL_ENCODING,
     process_vis_row,
-    view_indices,
 )
 from rl.tasks.splits import _BUCKETS, MAX_SPLIT_DRAWS, SPLITS
 from rl.utils.config import Check
@@ -85,12 +84,22 @@ _MAX_DOOR_PAIRS = 1 << 22
 _MIN_ROW = 128
 # The low bit of every byte of an int64.
 _LOW_BITS = 0x0101010101010101
-# The columns of the per-environment state: the agent's position (x * size + y) and direction,
-# the goal's position, steps taken, cells moved, the start's, the current distance and the
-# distance of the cell ahead (-1: a wall).
-_POS, _DIR, _GOAL, _STEPS, _MOVED, _START_DIST, _DIST, _AHEAD = range(8)
-_STATE_COLUMNS = 8
-
+# The rows of the per-environment state: the agent's place (direction * cells + position: a
+# row of _pos_table), the goal's position and its term of the goal vector's index, steps taken,
+# cells moved, the start's distance and its row of the SPL table, the current distance.
+_PD, _GOAL, _GOAL_TERM, _STEPS, _MOVED, _START_DIST, _SPL_ROW, _DIST = range(8)
+_STATE_ROWS = 8
+# The columns of _pos_table, by place: the first view row's first byte in the environment's
+# codes, the places after a left and a right turn and after a step forward, the positions of
+# the cell ahead and of the cell ahead after a left turn (the expert's), the place's term of
+# the goal vector's index.
+_START, _LEFT_PD, _RIGHT_PD, _AHEAD_PD, _AHEAD_POS, _LEFT_POS, _GOAL_KEY = range(7)
+# The state_dict's rows (its format): position, direction, goal, steps, moved, start distance,
+# distance, distance of the cell ahead.
+_SAVED_ROWS = 8
+# Door layouts x free cells up to this many: each layout's free cells tabled (positions by
+# free-cell index and in position order), and a reset's episode read from per-layout tables.
+_MAX_FREE_TABLE = 1 << 22
 
 # A cell's one-byte code: its class (the row of the encodings: 0 unseen, 1 empty, 2 wall,
 # 3 goal) in the low bits, and in the top bit whether one sees behind it (not a wall).
@@ -446,8 +455,9 @@ class BatchedPointNav(BatchedEnv):
     reset with ``seeds[i]`` and, after each episode, reset with ``next_seeds[i]`` (or unseeded):
     the same episodes, observations (``image`` uint8 ``(view, view, 3)``, ``goal`` float32
     ``(3,)``), rewards, flags, ``expert_actions`` and ``episode`` metrics (``success``,
-    ``spl``, ``final_distance``, ``shortest_path_length``). ``final_obs`` is in every step
-    (zeros where no episode was truncated). See the module's docstring for how.
+    ``spl``, ``final_distance``, ``shortest_path_length``). ``final_obs`` is in a step where an
+    episode was truncated (zeros in the other rows), absent from the others. See the module's
+    docstring for how.
 
     Attributes:
         num_envs: How many environments.
@@ -547,23 +557,20 @@ class BatchedPointNav(BatchedEnv):
         # hold any view of an agent inside (the cells' codes, distances, moves, goal offsets)
         self._pad = pad = max(1, n - 2)
         self._side = side = size + 2 * pad
-        cells = side * side
-        if n_envs * cells >= 1 << 31:
+        self._cells = cells = side * side
+        if n_envs * 4 * cells >= 1 << 31:
             raise ValueError(f"num_envs={n_envs} is too many for {size}x{size} grids")
         px, py = np.divmod(np.arange(cells), side)
         px, py = px - pad, py - pad  # grid coordinates (outside: the padding)
         # goal offsets (ox, oy) as ox * (2 size - 1) + oy, by differences of these
-        self._pos_key = tensor(px * (2 * size - 1) + py)
+        pos_key = px * (2 * size - 1) + py
+        self._pos_key = tensor(pos_key)
         self._goal_center = (size - 1) * (2 * size - 1) + size - 1
         self._rooms_and_doors(layout, px, py)
         self._views()
+        self._places(pos_key)
 
-        # ---- moves, goal vectors, rewards
-        self._turn = tensor([-1, 1, 0, 0])
-        forward = [fx * side + fy for fx, fy in DIR_VEC]
-        self._forward = tensor(forward)
-        # the cell the expert looks at besides the cell ahead: ahead after a left turn
-        self._left_forward = tensor([forward[(d - 1) % 4] for d in range(4)])
+        # ---- goal vectors, rewards
         span = 2 * size - 1
         goals = np.zeros((span * span, 4, 3), dtype=np.float32)
         for ox in range(-(size - 1), size):
@@ -574,10 +581,13 @@ class BatchedPointNav(BatchedEnv):
                         dtype=np.float32,
                     )
         self._goal_table = tensor(goals.reshape(-1, 3), torch.float32)
-        # rewards by distance before - after + 1 (as PointNavEnv.step sums them), a success's
+        # rewards by index: distance before - after + 1 (as PointNavEnv.step sums them), then
+        # a success's
         scale, penalty = float(distance_reward_scale), float(step_penalty)
-        self._rewards = tensor([scale * change - penalty for change in (-1, 0, 1)], torch.float32)
-        self._success_reward = tensor(scale * 0 - penalty + float(success_bonus), torch.float32)
+        rewards = [scale * change - penalty for change in (-1, 0, 1)]
+        self._rewards = tensor(
+            [*rewards, scale * 0 - penalty + float(success_bonus)], torch.float32
+        )
         self._zero, self._one = tensor(0.0, torch.float64), tensor(1.0, torch.float64)
         self._zero32 = tensor(0.0, torch.float32)
         self._action = {a: tensor(int(a)) for a in Actions}
@@ -625,18 +635,25 @@ class BatchedPointNav(BatchedEnv):
             self._streams.table_draw("episode", self._chunks[0][0], self._packed_in_split(0))
             if min_start_distance == 1:  # a start other than the goal (see _start_off_goal)
                 self._streams.table_draw("start", layout.n_free - 1, None)
+        self._layout_tables(layout)
 
         # ---- per-environment state, a row per field and a column per environment (so that
         # every operation runs along the environments): the agent and counters (int64,
-        # _STATE_COLUMNS rows), what its episode's distances are made of (int32, see
-        # _episode_rows), and the cells' codes (a row per environment)
-        self._rowbase = torch.arange(n_envs, device=dev) * cells
-        self._state = torch.zeros((_STATE_COLUMNS, n_envs), dtype=torch.int64, device=dev)
-        self._state[_GOAL] = self._cell_pos[0]  # an interior cell (see _set_codes)
-        self._episode = torch.zeros((3 * nd + 3, n_envs), dtype=torch.int32, device=dev)
-        # where the doors' offsets are in _episode's flat view, for each environment's column
-        self._door_v_rows = (torch.arange(2 * nd + 2, 3 * nd + 2, device=dev) * n_envs)[:, None]
-        self._codes = self._code_template.repeat(n_envs, 1)
+        # _STATE_ROWS rows); what its episode's distances are made of (int32, see
+        # _episode_rows, then the doors' and the goal's positions); the cells' codes (a block
+        # of four oriented copies per environment, see _places); each action's outcome
+        # (_expert)
+        self._env_base = torch.arange(n_envs, device=dev) * (4 * cells)
+        self._state = torch.zeros((_STATE_ROWS, n_envs), dtype=torch.int64, device=dev)
+        self._episode = torch.zeros((4 * nd + 4, n_envs), dtype=torch.int32, device=dev)
+        self._codes = torch.cat(
+            (self._code_copies.repeat(n_envs), torch.zeros(8, dtype=torch.uint8, device=dev))
+        )
+        # every 8 bytes from each byte (a view row's cells read as one int64 word)
+        self._windows = self._codes.unfold(0, 8, 1)
+        self._next = torch.zeros((12, n_envs), dtype=torch.int64, device=dev)
+        self._next_rows = tensor([0, 4, 8])[:, None]
+        self._ones = torch.ones(n_envs, dtype=torch.int64, device=dev)
 
     def _rooms_and_doors(self, layout: RoomLayout, px: np.ndarray, py: np.ndarray) -> None:
         """The room structure as tables by position (RoomLayout's, for distances and codes).
@@ -725,6 +742,7 @@ class BatchedPointNav(BatchedEnv):
         lengths = [s[4] for s in slots]
         n_layouts = math.prod(lengths)
         self._door_pairs: torch.Tensor | None = None
+        self._pairs_np: np.ndarray | None = None
         if nd and n_layouts * nd * nd <= _MAX_DOOR_PAIRS:
             radix = np.cumprod([1, *lengths[:-1]])
             layouts = (np.arange(n_layouts)[:, None] // radix) % lengths  # [layouts, doors]
@@ -733,6 +751,7 @@ class BatchedPointNav(BatchedEnv):
             pair[:, a, a] = 0
             for k in range(nd):
                 pair = np.minimum(pair, pair[:, :, k : k + 1] + pair[:, k : k + 1, :])
+            self._pairs_np = pair  # [layout, door, door] (see _layout_tables)
             # by ((door, from door), layout): a column per environment is looked up flat
             pair = pair.transpose(2, 1, 0).reshape(nd * nd, n_layouts)
             self._door_pairs = tensor(pair.reshape(-1), torch.int32)
@@ -741,20 +760,19 @@ class BatchedPointNav(BatchedEnv):
         codes = np.full(cells, _WALL_CODE, dtype=np.uint8)
         codes[cell_pos] = _EMPTY_CODE
         self._code_template = tensor(codes, torch.uint8)
+        self._goal_code = tensor([_GOAL_CODE] * 4, torch.uint8)  # (one per copy)
+        self._empty_code = tensor([_EMPTY_CODE] * 4, torch.uint8)
         self._free_template = self._code_template == _EMPTY_CODE  # the rooms' cells
 
     def _views(self) -> None:
-        """The view's tables: cell offsets per direction, occlusion, and image rows."""
+        """The view's tables: cell offsets, occlusion, and image rows."""
         tensor = self._tensor
-        n, pad, side = self.agent_view_size, self._pad, self._side
-        # view cell (i, j) at i * width + j, rows j padded to whole 8-byte words (the padding
-        # reads the padded grid's first cell, a wall, and is never visible)
-        self._width = width = 8 * ((n + 7) // 8)
-        view_x, view_y = view_indices(n, 0)
-        view = np.full((4, n, width), -(pad * side + pad), dtype=np.int64)  # cell 0
-        for d in range(4):
-            view[d, :, :n] = view_x[d] * side + view_y[d]
-        self._view = tensor(view.reshape(4, -1), torch.int32)
+        n, side = self.agent_view_size, self._side
+        # view cell (i, j) is byte side * i + j from the view's first in its oriented copy
+        # (see _places): a row of up to 8 cells is one int64 word
+        self._width = 8 if n <= 8 else n
+        self._row_step = tensor(side * np.arange(n))[:, None]
+        self._cell_step = tensor(side * np.arange(n)[:, None] + np.arange(n))[:, :, None]
         self._bit_shift = tensor(list(range(n)))[:, None]
         self._byte_shift = tensor([8 * j for j in range(n)])[:, None]
         # process_vis_row as tables, by (incoming mask << n) | see-behind: the next row's
@@ -771,7 +789,7 @@ class BatchedPointNav(BatchedEnv):
         # one word per row, a view row's encodings by its cells' classes (2 bits each)
         encodings = np.asarray([(0, 0, 0), EMPTY_ENCODING, WALL_ENCODING, GOAL_ENCODING])
         self._encodings = tensor(encodings, torch.uint8)
-        if width == 8:  # and a second table for the agent's row: its own cell shown empty
+        if self._width == 8:  # and a second table for the agent's row: its own cell shown empty
             keys = np.arange(4**n)
             classes = (keys[:, None] >> (2 * np.arange(n))) & 3
             agent_row = classes.copy()
@@ -779,6 +797,93 @@ class BatchedPointNav(BatchedEnv):
             images = encodings[np.concatenate((classes, agent_row))].reshape(2 * 4**n, 3 * n)
             self._row_images = tensor(images, torch.uint8)
             self._row_offset = tensor([4**n if i == n // 2 else 0 for i in range(n)])[:, None]
+
+    def _places(self, pos_key: np.ndarray) -> None:
+        """The agent's places (direction * cells + position) and the codes' oriented copies.
+
+        Each environment's codes are four copies of its grid, one per direction, each turned so
+        that the view of an agent facing that direction is ``n`` runs of ``n`` bytes, a row
+        ``side`` bytes after the previous one: view cell ``(i, j)`` (``j`` away from the agent,
+        ``i`` across) at byte ``side * i + j`` from the view's first. ``_copies[p]``: where
+        position ``p`` is in each copy. ``_pos_table`` has, by place, what a step and a view
+        need of it (the columns ``_START`` ... ``_GOAL_KEY``).
+        """
+        tensor = self._tensor
+        n, side, cells = self.agent_view_size, self._side, self._cells
+        p = np.arange(cells)
+        x, y = np.divmod(p, side)  # padded coordinates
+        forward = [fx * side + fy for fx, fy in DIR_VEC]
+        copies = np.zeros((cells, 4), dtype=np.int64)
+        table = np.zeros((4, cells, 7), dtype=np.int64)
+        for d, (fx, fy) in enumerate(DIR_VEC):
+            rx, ry = -fy, fx  # across the view (i); a step j is a step back along (fx, fy)
+            across = rx * x + ry * y + (side - 1 if rx + ry < 0 else 0)
+            back = -(fx * x + fy * y) + (side - 1 if fx + fy > 0 else 0)
+            copies[:, d] = d * cells + across * side + back
+            first = copies[:, d] - side * (n // 2) - (n - 1)  # view cell (0, 0)
+            table[d, :, _START] = np.maximum(first, 0)  # (< 0: never an agent's)
+            table[d, :, _LEFT_PD] = (d - 1) % 4 * cells + p
+            table[d, :, _RIGHT_PD] = (d + 1) % 4 * cells + p
+            ahead = np.clip(p + forward[d], 0, cells - 1)
+            table[d, :, _AHEAD_PD] = d * cells + ahead
+            table[d, :, _AHEAD_POS] = ahead
+            table[d, :, _LEFT_POS] = np.clip(p + forward[(d - 1) % 4], 0, cells - 1)
+            table[d, :, _GOAL_KEY] = pos_key * 4 - d
+        self._copies = tensor(copies)
+        self._pos_table = tensor(table.reshape(4 * cells, 7))
+        template = np.zeros(4 * cells, dtype=np.uint8)
+        template[copies] = self._code_template.cpu().numpy()[:, None]
+        self._code_copies = tensor(template, torch.uint8)
+
+    def _layout_tables(self, layout: RoomLayout) -> None:
+        """Per door layout, what a reset reads (where the draw is one tabled integer).
+
+        ``_layout_table[L]``: the doors' first distance-row indices, a zero (the goal's
+        addend), the doors' offsets along the slots, their positions, their offsets in
+        ``_goal_doors``, and the door-to-door distances; ``_free_pos[L * n_free + k]``: free
+        cell ``k``'s position (RoomLayout.free_cell's order); ``_sorted_pos``: the same in
+        position order.
+        """
+        nd, n_free = self._n_doors, self._n_free
+        lengths = self._door_lengths
+        n_layouts = math.prod(lengths)
+        self._tabled = (
+            "episode" in self._streams.tabled
+            and nd > 0
+            and self._pairs_np is not None
+            and self.min_start_distance <= 1
+            and n_layouts * n_free <= _MAX_FREE_TABLE
+        )
+        if not self._tabled:
+            return
+        assert self._pairs_np is not None
+        tensor, cells, side = self._tensor, self._cells, self._side
+        radix = np.cumprod([1, *lengths[:-1]])
+        door_v = (np.arange(n_layouts)[:, None] // radix) % lengths  # [layouts, doors]
+        d = np.arange(nd)
+        door_pos = np.array(
+            [(x0 + self._pad) * side + y0 + self._pad for x0, y0, *_ in layout.door_slots]
+        )
+        door_pos = (
+            door_pos + np.array([ax * side + ay for _, _, ax, ay, _ in layout.door_slots]) * door_v
+        )
+        columns = (
+            (self._n_free + d * self._longest) * cells + door_v * cells,  # door rows
+            np.zeros((n_layouts, 1), dtype=np.int64),  # the goal row's addend
+            door_v,
+            door_pos,
+            d * self._longest + door_v,  # in _goal_doors
+            self._pairs_np.reshape(n_layouts, nd * nd),  # [from door, to door]
+        )
+        self._layout_table = tensor(np.concatenate(columns, 1), torch.int32)
+        interior = np.broadcast_to(self._cell_pos.cpu().numpy(), (n_layouts, self._n_cells))
+        free = np.concatenate((interior, door_pos), 1)  # [layouts, n_free]
+        self._free_pos = tensor(free.reshape(-1), torch.int32)
+        self._sorted_pos = tensor(np.sort(free, 1).reshape(-1), torch.int32)
+        # the tabled draw's values: layout, goal index, direction, start index
+        self._unpack_div = tensor([1, n_layouts, n_layouts * n_free, n_layouts * n_free * 4])
+        self._unpack_div = self._unpack_div[:, None]
+        self._unpack_radix = tensor([n_layouts, n_free, 4, n_free])[:, None]
 
     # ====================================================================== API
     def reset(self, seeds: Sequence[int | None]) -> TensorDict:
@@ -805,70 +910,85 @@ class BatchedPointNav(BatchedEnv):
         if next_seeds is not None and len(next_seeds) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} next seeds, got {len(next_seeds)}")
 
-        pos, d, goal, steps, moved, start_dist, dist, ahead_dist = self._state
-        move = (a == Actions.FORWARD) & (ahead_dist >= 0)
-        pos = torch.where(move, pos + self._forward.index_select(0, d), pos)
-        new_dist = torch.where(move, ahead_dist, dist)
+        # the action's outcome (see _expert): place, distance, reward index
+        pd, new_dist, r = self._next.gather(0, a[None, :] + self._next_rows)
+        state = self._state
+        steps = state[_STEPS] + 1
+        moved = state[_MOVED] + (new_dist != state[_DIST])
         stop = a == Actions.STOP
-        success = stop & (dist == 0)
-        steps = steps + 1
-        moved = moved + move
-        truncated = (steps >= self.max_steps) & ~stop
-        rewards = self._rewards.index_select(0, dist - new_dist + 1)
-        rewards = torch.where(success, self._success_reward, rewards)
+        success = r == 3
+        truncated = (steps >= self.max_steps) > stop  # and not stopped
+        rewards = self._rewards.index_select(0, r)
+        start_dist = state[_START_DIST]
         if self._spl is not None:
-            spl = self._spl.index_select(0, start_dist * (self.max_steps + 1) + moved)
+            spl = self._spl.index_select(0, state[_SPL_ROW] + moved)
             spl = torch.where(success, spl, self._zero32)
         else:
             length = start_dist.double()
             spl = torch.where(success, length / torch.maximum(moved.double(), length), self._zero)
             spl = torch.where(success & (start_dist == 0), self._one, spl).float()
-        episode = self._td(
-            {
-                "success": success.float(),
-                "spl": spl,
-                "final_distance": new_dist.float(),
-                "shortest_path_length": start_dist.float(),
-            }
-        )
-        d = (d + self._turn.index_select(0, a)) & 3
-        self._state = torch.stack((pos, d, goal, steps, moved, start_dist, new_dist, dist))
-
-        image_shape = (self.num_envs, *self.observation_space["image"].shape)
-        final = {
-            "image": torch.zeros(image_shape, dtype=torch.uint8, device=self.device),
-            "goal": torch.zeros((self.num_envs, 3), dtype=torch.float32, device=self.device),
+        metrics = {
+            "success": success.float(),
+            "spl": spl,
+            "final_distance": new_dist.float(),
+            "shortest_path_length": start_dist.float(),
         }
+        rows = (pd, state[_GOAL], state[_GOAL_TERM], steps, moved, start_dist, state[_SPL_ROW])
+        self._state = torch.stack((*rows, new_dist))
+
+        final = None
         ended = (stop | truncated).nonzero().squeeze(1)
         if ended.numel():
             cut = truncated.nonzero().squeeze(1)
             if cut.numel():
-                final["image"][cut], final["goal"][cut] = self._observe(cut)
+                image_shape = (self.num_envs, *self.observation_space["image"].shape)
+                final = {
+                    "image": torch.zeros(image_shape, dtype=torch.uint8, device=self.device),
+                    "goal": torch.zeros(
+                        (self.num_envs, 3), dtype=torch.float32, device=self.device
+                    ),
+                }
+                places = self._pos_table.index_select(0, pd.index_select(0, cut)).t()
+                final["image"][cut], final["goal"][cut] = self._observe(places, cut)
             seeds = None
             if next_seeds is not None:
                 seeds = [next_seeds[i] for i in ended.tolist()]
             self._start(ended, seeds)
-        out = self._first()
-        out.update(
-            {
-                "rewards": rewards,
-                "terminated": stop,
-                "truncated": truncated,
-                "final_obs": self._td(final),
-                EPISODE_KEY: episode,
-            }
-        )
-        return out
+        image, goal, expert = self._look()
+        out = {
+            "obs": self._td({"image": image, "goal": goal}),
+            EXPERT_ACTIONS: expert,
+            "rewards": rewards,
+            "terminated": stop,
+            "truncated": truncated,
+        }
+        if final is not None:
+            out["final_obs"] = self._td(final)
+        out[EPISODE_KEY] = self._td(metrics)
+        return self._td(out)
 
     def state_dict(self) -> dict[str, Any]:
         """The episodes in flight and every environment's random stream, exactly."""
         if not self._started:
             raise RuntimeError("state_dict() before reset()")
+        state = self._state
+        place = state[_PD]
+        ahead = self._pos_table.index_select(0, place).t()[_AHEAD_POS : _AHEAD_POS + 1]
+        rows = (
+            place % self._cells,
+            place // self._cells,
+            state[_GOAL],
+            state[_STEPS],
+            state[_MOVED],
+            state[_START_DIST],
+            state[_DIST],
+            self._distances(self._episode, ahead)[0].long(),
+        )
         return {
             "num_envs": self.num_envs,
             "config": dict(self.config),
-            "state": self._state.cpu(),
-            "episode": self._episode.cpu(),
+            "state": torch.stack(rows).cpu(),
+            "episode": self._episode[: 3 * self._n_doors + 3].cpu(),
             "streams": self._streams.state_dict(),
         }
 
@@ -887,17 +1007,21 @@ class BatchedPointNav(BatchedEnv):
                 f"state of a PointNav configured {state['config']}, this is {self.config}"
             )
         saved = state["state"].to(self.device, torch.int64)
-        door_v, goal_index = self._layout_of(state["episode"].to(self.device))
-        goal = self._free_cells(goal_index[None, :], self._doors(door_v))[0]
-        if not torch.equal(goal, saved[_GOAL]):
+        episode = state["episode"].to(self.device, torch.int32)
+        door_v, goal_index = self._layout_of(episode)
+        doors = self._doors(door_v)
+        goal = self._free_cells(goal_index[None, :], doors)[0]
+        if saved.shape != (_SAVED_ROWS, self.num_envs) or not torch.equal(goal, saved[2]):
             raise ValueError("inconsistent state: the goals are not the episodes' goals")
         self._streams.load_state_dict(state["streams"])
-        self._codes = self._code_template.repeat(self.num_envs, 1)
-        self._episode.zero_()  # the codes to undo: no doors (offset 0 is a wall), no goal
-        self._state[_GOAL] = self._cell_pos[0]
-        self._set_codes(torch.arange(self.num_envs, device=self.device), door_v, goal)
-        self._episode = self._episode_rows(goal_index, door_v)
-        self._state = saved.clone()
+        everyone = torch.arange(self.num_envs, device=self.device)
+        # the template's codes, then the episodes' doors and goals (first "undone": the same)
+        self._codes[:-8].view(self.num_envs, -1).copy_(self._code_copies)
+        self._episode = torch.cat((episode, doors.int(), goal[None, :].int()))
+        self._set_codes(everyone, self._episode[3 * self._n_doors + 3 :])
+        pos, direction, _, steps, moved, start_dist, dist, _ = saved
+        self._state = self._state_rows(direction * self._cells + pos, goal, start_dist)
+        self._state[_STEPS], self._state[_MOVED], self._state[_DIST] = steps, moved, dist
         self._started = True
         return self._first()
 
@@ -913,7 +1037,8 @@ class BatchedPointNav(BatchedEnv):
         door_v, _ = self._layout_of(episode)
         door_x = (self._slot_x0 + self._slot_ax * door_v[:, 0]).tolist()
         door_y = (self._slot_y0 + self._slot_ay * door_v[:, 0]).tolist()
-        pos, d, goal, steps = self._state[[_POS, _DIR, _GOAL, _STEPS], index].tolist()
+        place, goal, steps = self._state[[_PD, _GOAL, _STEPS], index].tolist()
+        pos, d = place % self._cells, place // self._cells
         field = self._fields(episode)[:, 0].view(side, side)
         dist = field[pad : pad + size, pad : pad + size].cpu().numpy().astype(np.int64)
 
@@ -936,60 +1061,69 @@ class BatchedPointNav(BatchedEnv):
 
     def _first(self) -> TensorDict:
         """Observations and expert actions of the current state (what a reset returns)."""
-        image, goal = self._observe()
-        return self._td(
-            {"obs": self._td({"image": image, "goal": goal}), EXPERT_ACTIONS: self._expert()}
-        )
+        image, goal, expert = self._look()
+        return self._td({"obs": self._td({"image": image, "goal": goal}), EXPERT_ACTIONS: expert})
 
-    def _observe(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _look(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every environment's ``image``, ``goal`` and expert action (and actions' outcomes)."""
+        places = self._pos_table.index_select(0, self._state[_PD]).t()  # [columns, B]
+        image, goal = self._observe(places)
+        return image, goal, self._expert(places)
+
+    def _observe(
+        self, places: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``image`` and ``goal`` of every environment (or of environments ``rows``).
 
-        The view's cells' codes in one gather, as one int64 word per view row ``i`` (cells
-        ``j``, a byte each). Shifting row ``i``'s 0/1 see-behind bytes by ``i`` and summing
-        puts process_vis's row ``j`` in byte ``j``; process_vis's row tables give the visible
+        ``places``: their rows of ``_pos_table`` (``[columns, B]``). The view's rows of cells'
+        codes are read as one int64 word each (byte ``j``: cell ``(i, j)``, see
+        :meth:`_places`). Shifting row ``i``'s 0/1 see-behind bytes by ``i`` and summing puts
+        process_vis's row ``j`` in byte ``j``; process_vis's row tables give the visible
         cells, spread back to bytes the same way; a row's visible cells' classes (2 bits each)
         index the table of its encodings.
         """
-        n, width = self.agent_view_size, self._width
-        state = self._state if rows is None else self._state[:, rows]
-        rowbase = self._rowbase if rows is None else self._rowbase.index_select(0, rows)
-        pos, d, goal = state[_POS], state[_DIR], state[_GOAL]
-        count = pos.numel()
-        where = (rowbase + pos).int()[:, None] + self._view.index_select(0, d)
-        cells = self._codes.view(-1).index_select(0, where.view(-1))
-        if width == 8:
-            words = cells.view(torch.int64).view(count, n).t().contiguous()  # [i, B]
+        n = self.agent_view_size
+        base = self._env_base if rows is None else self._env_base.index_select(0, rows)
+        goal_term = self._state[_GOAL_TERM]
+        goal_term = goal_term if rows is None else goal_term.index_select(0, rows)
+        count = base.numel()
+        first = base + places[_START]
+        if self._width == 8:
+            where = first + self._row_step  # [i, B]
+            words = self._windows.index_select(0, where.view(-1)).view(torch.int64)
+            words = words.view(n, count)  # [i, B]: byte j, cell (i, j)
             see = (words >> 7) & _LOW_BITS  # byte j: see-behind of view cell (i, j)
             packed = (see << self._bit_shift).sum(0)  # byte j: process_vis's row j
-            see_rows = packed.view(torch.uint8).view(count, 8).t().long()  # [j, B]
-            visible = self._visible_rows(see_rows)  # [j, B]: bit i
+            visible = self._visible_rows((packed >> self._byte_shift) & 0xFF)  # [j, B]: bit i
             shown = (visible << self._byte_shift).sum(0)  # byte j: row j's visible cells
             classes = words & (((shown >> self._bit_shift) & _LOW_BITS) * 3)  # [i, B]
             keys = (classes | (classes >> 6)) & 0x000F000F000F000F  # class j at bits 2j
             keys = (keys | (keys >> 12)) & 0x000000FF000000FF
-            keys = (keys | (keys >> 24)) & 0xFFFF
-            keys = (keys + self._row_offset).t().contiguous().view(-1)
+            keys = ((keys | (keys >> 24)) & 0xFFFF) + self._row_offset
+            keys = keys.t().contiguous().view(-1)
             image = self._row_images.index_select(0, keys).view(count, n, n, 3)
         else:  # rows of several words: the same, cell by cell
-            cells = cells.view(count, n, width)[:, :, :n]
-            see = (cells >> 7).long().permute(2, 1, 0)  # [j, i, B]
-            visible = self._visible_rows((see << self._bit_shift).sum(1))  # [j, B]: bit i
-            shown = (visible[None, :, :] >> self._bit_shift[:, :, None]) & 1  # [i, j, B]
-            classes = (cells & 3).long() * shown.permute(2, 0, 1)
-            classes[:, n // 2, n - 1] = 1  # the agent's cell: empty, not goal
-            image = self._encodings.index_select(0, classes.view(-1)).view(count, n, n, 3)
-        key = self._pos_key.index_select(0, goal) - self._pos_key.index_select(0, pos)
-        goal_vec = self._goal_table.index_select(0, (key + self._goal_center) * 4 + d)
+            where = first + self._cell_step
+            cells = self._codes.index_select(0, where.view(-1)).view(n, n, count)  # [i, j, B]
+            see = (cells >> 7).long()
+            visible = self._visible_rows((see << self._bit_shift[:, :, None]).sum(0))
+            shown = (visible >> self._bit_shift[:, :, None]) & 1  # [i, j, B]
+            classes = (cells & 3).long() * shown
+            classes[n // 2, n - 1] = 1  # the agent's cell: empty, not goal
+            keys = classes.permute(2, 0, 1).reshape(-1)
+            image = self._encodings.index_select(0, keys).view(count, n, n, 3)
+        goal_vec = self._goal_table.index_select(0, goal_term - places[_GOAL_KEY])
         return image, goal_vec
 
     def _visible_rows(self, see_rows: torch.Tensor) -> torch.Tensor:
         """process_vis row by row (``see_rows[j]``: row ``j``'s see-behind bits); ``[j, B]``."""
         n = self.agent_view_size
         if self._vis_next is not None:
-            index = [see_rows[0]] * n
-            index[n - 1] = self._vis_first.index_select(0, see_rows[n - 1])
+            see = see_rows.unbind(0)
+            index = [see[0]] * n
+            index[n - 1] = self._vis_first.index_select(0, see[n - 1])
             for j in range(n - 2, -1, -1):
-                index[j] = self._vis_next.index_select(0, index[j + 1]) | see_rows[j]
+                index[j] = self._vis_next.index_select(0, index[j + 1]) | see[j]
             return self._vis_mask.index_select(0, torch.cat(index)).view(n, -1)
         rows: list[torch.Tensor] = [see_rows[0]] * n
         incoming = torch.full_like(see_rows[0], 1 << (n // 2), dtype=torch.int64)
@@ -997,18 +1131,41 @@ class BatchedPointNav(BatchedEnv):
             rows[j], incoming = process_vis_row(incoming, see_rows[j].long(), n)
         return torch.stack(rows)
 
-    def _expert(self) -> torch.Tensor:
-        """PointNavEnv.expert_action of every environment; keeps the distance ahead."""
-        pos, d, dist = self._state[_POS], self._state[_DIR], self._state[_DIST]
-        ahead = pos + self._forward.index_select(0, d)
-        left = pos + self._left_forward.index_select(0, d)
-        near = self._distances(self._episode, torch.stack((ahead, left)))
-        self._state[_AHEAD] = near[0]
-        target = dist - 1
+    def _expert(self, places: torch.Tensor) -> torch.Tensor:
+        """PointNavEnv.expert_action of every environment; sets each action's outcome.
+
+        ``_next[a + 4 k]``: after action ``a``, the place (k = 0), the distance (1) and the
+        reward's index in ``_rewards`` (2; 3: a success), for :meth:`step` to read at once.
+        """
+        state = self._state
+        place, dist = state[_PD], state[_DIST]
+        near = self._distances(self._episode, places[_AHEAD_POS : _LEFT_POS + 1])  # [2, B]
+        ahead = near[0]
+        free = ahead >= 0
+        forward_dist = torch.where(free, ahead, dist)
+        at_goal = dist == 0
+        one = self._ones
+        self._next = torch.stack(
+            (
+                places[_LEFT_PD],
+                places[_RIGHT_PD],
+                torch.where(free, places[_AHEAD_PD], place),
+                place,
+                dist,
+                dist,
+                forward_dist,
+                dist,
+                one,
+                one,
+                dist - forward_dist + 1,
+                torch.where(at_goal, 3, 1),
+            )
+        )
+        hit = near == dist - 1  # (ahead, left)
         act = self._action
-        turn = torch.where(near[1] == target, act[Actions.LEFT], act[Actions.RIGHT])
-        turn = torch.where(near[0] == target, act[Actions.FORWARD], turn)
-        return torch.where(dist == 0, act[Actions.STOP], turn)
+        turn = torch.where(hit[1], act[Actions.LEFT], act[Actions.RIGHT])
+        turn = torch.where(hit[0], act[Actions.FORWARD], turn)
+        return torch.where(at_goal, act[Actions.STOP], turn)
 
     def _distances(self, episode: torch.Tensor, cells: torch.Tensor) -> torch.Tensor:
         """Distances to the goal (int32; -1 on walls) of ``cells`` ``[k, B]`` in these episodes.
@@ -1016,13 +1173,13 @@ class BatchedPointNav(BatchedEnv):
         The minimum over the episodes' distance rows of the row at the cell plus its addend.
         """
         rows = self._n_doors + 1
-        where = episode[None, :rows] + cells.int()[:, None, :]  # [k, rows, B]
-        via = self._distance_rows.index_select(0, where.view(-1)).view(where.shape)
+        where = episode[None, :rows] + cells[:, None, :]  # [k, rows, B]
+        via = self._distance_rows.index_select(0, where.reshape(-1)).view(where.shape)
         return (via + episode[None, rows : 2 * rows]).amin(1).clamp_min_(-1)
 
     def _fields(self, episode: torch.Tensor) -> torch.Tensor:
         """Whole distance fields ``[side * side, B]`` of these episodes (padding: -1)."""
-        cells = torch.arange(self._side**2, device=self.device)[:, None]
+        cells = torch.arange(self._cells, device=self.device)[:, None]
         return self._distances(episode, cells.expand(-1, episode.shape[1]))
 
     # ------------------------------------------------------------------ resets
@@ -1096,13 +1253,13 @@ class BatchedPointNav(BatchedEnv):
         return torch.where(index < self._n_cells, interior, door)
 
     def _episode_rows(self, goal_index: torch.Tensor, door_v: torch.Tensor) -> torch.Tensor:
-        """Columns of ``_episode`` (int32; D doors) of these episodes: what distances are made of.
+        """What distances are made of, in these episodes (int32 ``[3 D + 3, B]``; D doors).
 
         Rows: the first index of the goal's and the doors' distance rows (R = D + 1), their
         addends (0, then the doors' distances to the goal: R), the doors' offsets (D), the
-        goal's free-cell index.
+        goal's free-cell index. (``_episode``'s columns, before the doors' positions.)
         """
-        nd, cells = self._n_doors, self._side**2
+        nd, cells = self._n_doors, self._cells
         goal_index = goal_index[None, :]
         zero = torch.zeros_like(goal_index)
         if not nd:
@@ -1128,23 +1285,33 @@ class BatchedPointNav(BatchedEnv):
         nd = self._n_doors
         return episode[2 * nd + 2 : 3 * nd + 2].long(), episode[3 * nd + 2].long()
 
-    def _set_codes(self, envs: torch.Tensor, door_v: torch.Tensor, goal: torch.Tensor) -> None:
-        """Codes of ``envs``' new episodes: the previous doors and goal undone, the new set.
+    def _set_codes(self, envs: torch.Tensor, cells: torch.Tensor) -> None:
+        """Codes of ``envs``' new episodes (in every copy of the grid).
 
-        Undone: their cells take the template's codes (a door's slot is a wall, a goal's cell
-        a room's or a wall), in one write (a goal on a door writes the same code twice).
+        ``cells``: the doors' positions and the goal's (``[D + 1, B]``, the last rows of the
+        episodes' ``_episode`` columns). First the previous doors and goal undone: their cells
+        take the template's codes (a door's slot is a wall, a goal's cell a room's or a wall);
+        then the new ones set (a goal on a door: its code written twice).
         """
-        base = self._rowbase.index_select(0, envs)
-        flat = self._codes.view(-1)
-        old = self._state[_GOAL].index_select(0, envs)[None, :]
         nd = self._n_doors
-        if nd:
-            old_v = self._episode.view(-1).index_select(0, (self._door_v_rows + envs).view(-1))
-            old = torch.cat((old, self._doors(old_v.view(nd, -1))))
-        flat[(base + old).view(-1)] = self._code_template.index_select(0, old.view(-1))
-        if nd:
-            flat[(base + self._doors(door_v)).view(-1)] = _EMPTY_CODE
-        flat[base + goal] = _GOAL_CODE
+        cells = torch.cat((self._episode[3 * nd + 3 :].index_select(1, envs), cells))
+        copies = self._copies.index_select(0, cells.view(-1)).view(*cells.shape, 4)
+        where = (self._env_base.index_select(0, envs)[None, :, None] + copies).view(2, -1)
+        flat = self._codes
+        flat.scatter_(0, where[0], self._code_copies.index_select(0, copies[: nd + 1].view(-1)))
+        new = cells[nd + 1 :]
+        goal = (new == new[nd])[:, :, None]
+        flat.scatter_(0, where[1], torch.where(goal, self._goal_code, self._empty_code).view(-1))
+
+    def _state_rows(
+        self, place: torch.Tensor, goal: torch.Tensor, start_dist: torch.Tensor
+    ) -> torch.Tensor:
+        """``_state``'s rows of new episodes (int64 ``[_STATE_ROWS, B]``)."""
+        goal_term = (self._pos_key.index_select(0, goal) + self._goal_center) * 4
+        zeros = torch.zeros_like(place)
+        spl_row = start_dist * (self.max_steps + 1)
+        rows = (place, goal, goal_term, zeros, zeros, start_dist, spl_row, start_dist)
+        return torch.stack(rows)
 
     def _start(self, envs: torch.Tensor, seeds: list[int | None] | None) -> None:
         """New episodes in ``envs`` (distinct): PointNavEnv.reset(seed=...) of each."""
@@ -1161,14 +1328,76 @@ class BatchedPointNav(BatchedEnv):
             fresh = []
         if fresh:
             streams.seed([i for i, _ in fresh], [s for _, s in fresh])
+        if self._tabled:
+            goal, start, direction, episode = self._tabled_episodes(envs)
+        else:
+            goal, start, direction, episode = self._drawn_episodes(envs)
+        start_dist = self._distances(episode, start[None, :])[0].long()
+        self._set_codes(envs, episode[3 * self._n_doors + 3 :])
+        self._state.index_copy_(
+            1, envs, self._state_rows(direction * self._cells + start, goal, start_dist)
+        )
+        self._episode.index_copy_(1, envs, episode)
+
+    def _tabled_episodes(
+        self, envs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Goals, starts, directions and ``_episode`` rows of ``envs``' new episodes.
+
+        The draw is one tabled integer (layout, goal, direction, start), the rest per-layout
+        tables (:meth:`_layout_tables`). A start drawn on the goal (``min_start_distance=1``)
+        is redrawn among the other free cells, in position order (as _start_off_goal).
+        """
+        streams = self._streams
+        nd, n_free = self._n_doors, self._n_free
+        if self._split_empty:
+            self._draw_values(envs)  # raises
+        values = streams.draw_tabled("episode", envs)[None, :] // self._unpack_div
+        values = values % self._unpack_radix
+        layout, goal_index, direction, start_index = values
+        per_layout = self._layout_table.index_select(0, layout)  # [B, columns]
+        row = layout * n_free
+        cells = self._free_pos.index_select(0, (row + values[1::2]).view(-1)).view(2, -1)
+        goal, start = cells.long()
+        if self.min_start_distance == 1:
+            redraw = (start_index == goal_index).nonzero().squeeze(1)
+            if redraw.numel():
+                k = streams.draw_tabled("start", envs[redraw])
+                row = row[redraw]
+                after = self._sorted_pos.index_select(0, row + k) >= goal[redraw]
+                start[redraw] = self._sorted_pos.index_select(0, row + k + after).long()
+        # the goal room's doors' distances (far for the others), then through the doors
+        rows = (goal_index * (nd * self._longest))[:, None] + per_layout[
+            :, 3 * nd + 1 : 4 * nd + 1
+        ]
+        door_dist = self._goal_doors.index_select(0, rows.view(-1)).view(-1, nd, 1)
+        pairs = per_layout[:, 4 * nd + 1 :].view(-1, nd, nd)  # [B, from, to]
+        door_dist = (door_dist + pairs).amin(1).t()  # [to, B]
+        columns = per_layout.t()
+        goal_index = goal_index.int()
+        episode = (
+            (goal_index * self._cells)[None, :],
+            columns[: nd + 1],  # the doors' rows, the goal's addend
+            door_dist,
+            columns[nd + 1 : 2 * nd + 1],  # the doors' offsets
+            goal_index[None, :],
+            columns[2 * nd + 1 : 3 * nd + 1],  # the doors' positions
+            cells[:1],
+        )
+        return goal, start, direction, torch.cat(episode)
+
+    def _drawn_episodes(
+        self, envs: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`_tabled_episodes` for any layout: draws decoded, distances computed."""
         nd = self._n_doors
         values = self._draw_values(envs)  # [values, B]
         door_v, goal_index, direction = values[:nd], values[nd], values[nd + 1]
         doors = self._doors(door_v)
         goal_start = self._free_cells(values[nd : nd + 3 : 2], doors)  # [2, B]
-        episode = self._episode_rows(goal_index, door_v)
-        start_dist = self._distances(episode, goal_start[1:])[0]
+        rows = self._episode_rows(goal_index, door_v)
         if self.min_start_distance > 0:
+            start_dist = self._distances(rows, goal_start[1:])[0]
             near = start_dist < self.min_start_distance
             if bool(near.any()):
                 todo = near.nonzero().squeeze(1)
@@ -1176,15 +1405,9 @@ class BatchedPointNav(BatchedEnv):
                     self._start_off_goal(envs, todo, goal_start, doors)
                 else:
                     self._other_starts(envs, todo, goal_index, goal_start, door_v)
-                    episode[:, todo] = self._episode_rows(goal_index[todo], door_v[:, todo])
-                start_dist[todo] = self._distances(episode[:, todo], goal_start[1:, todo])[0]
-        goal, start = goal_start
-        self._set_codes(envs, door_v, goal)
-        start_dist = start_dist.long()
-        zeros = torch.zeros_like(start)
-        rows = (start, direction, goal, zeros, zeros, start_dist, start_dist, zeros)
-        self._state.index_copy_(1, envs, torch.stack(rows))
-        self._episode.index_copy_(1, envs, episode)
+                    rows[:, todo] = self._episode_rows(goal_index[todo], door_v[:, todo])
+        episode = torch.cat((rows, doors.int(), goal_start[:1].int()))
+        return goal_start[0], goal_start[1], direction, episode
 
     def _start_off_goal(
         self,
