@@ -34,6 +34,7 @@ RUN_TIMEOUT = 300  # seconds per run (alone, the longest takes under a minute he
 PARALLEL = 2  # runs at a time on two cores (they wait for Ray and worker processes to start)
 LONGEST_FIRST = [
     "published",
+    "gpu_box",
     "nav3d_fps",
     "collector_fps",
     "learning_comparison",
@@ -275,6 +276,39 @@ TABLES: dict[str, list[str]] = {
             value=rf"{_FIG} FPS   wall {_FIG} s",
         ),
         rf"^  ours / CleanRL: (?:{NUM}x|n/a)$",
+    ],
+    # --smoke: the CPU dry run; the table as read back from its table.md, then the folder.
+    "gpu_box": [
+        r"^# GPU box benchmark: CPU dry run",
+        r"^device: \S",
+        r"^cores: \d+ \(\d+ this process may use\); CPU: ",
+        r"^torch \S+ \(CUDA \S+\), Python 3\.\d+",
+        r"^\| row \| measure \| value \| target \| verdict \| notes \|$",
+        *(
+            rf"^\| {re.escape(row)}[^|]* \| {re.escape(measure)}[^|]* \| {value} \| [^|]+ \| "
+            r"(?:dry run)? \| [^|]* \|$"
+            for row, measure, value in [
+                ("ppo_nav, batched task and learner on CUDA", "training steps/s", NUM),
+                (
+                    "ppo_nav, batched task and learner on CUDA",
+                    "held-out success",
+                    rf"{NUM} \(SPL {NUM}\)",
+                ),
+                ("ppo_nav, batched task and learner on CPU", "training steps/s", NUM),
+                ("CUDA learner / CPU learner", "training steps/s ratio", f"{NUM}x"),
+                ("nav3d raw limit: ", "env steps/s", NUM),
+                ("dagger_ppo_nav3d_depth nav3d_small", "training steps/s", NUM),
+                ("dagger_ppo_nav3d_depth nav3d_small", "share of the raw limit", f"{NUM}%"),
+                (
+                    "dagger_ppo_nav3d_depth nav3d_small",
+                    "held-out success",
+                    rf"{NUM} \(SPL {NUM}\)",
+                ),
+                ("whole benchmark", "wall time", f"{NUM} s"),
+            ]
+        ),
+        r"^files in \S+: nav3d nav3d\.log nav3d_raw\.log ppo_nav_cpu ppo_nav_cpu\.log "
+        r"ppo_nav_cuda ppo_nav_cuda\.log results\.json table\.md$",
     ],
 }
 
