@@ -7,9 +7,10 @@ after every row, so a run cut short still leaves what it measured):
    sampler.device=cuda device=cuda``, 2,048 environments x 32-step rollouts, 4 minibatches):
    ``bench/time_to_success.py --sigterm 30`` launches ``train.py`` as a user would, sends SIGTERM
    30 s after launch (start-up included; the trainer saves a checkpoint at the next rollout
-   boundary), then ``evaluate.py`` scores that checkpoint on 200 episodes of the held-out test
-   layouts. Figures: training steps/s (env steps over wall time from the run's first metrics
-   record to its last: start-up and the first rollout left out) and the held-out success.
+   boundary), then ``evaluate.py device=cuda`` scores that checkpoint on 200 episodes of the
+   held-out test layouts. Figures: training steps/s (env steps over wall time from the run's
+   first metrics record to its last: start-up and the first rollout left out) and the held-out
+   success.
    Targets: at least 200,000 steps/s; success 0.95.
 2. The same run with the task and the learner on the CPU (``sampler.device=cpu device=cpu``,
    the same settings, ``torch_threads`` = every core in both rows): the CUDA learner's speed-up
@@ -19,7 +20,8 @@ after every row, so a run cut short still leaves what it measured):
    expert's actions, no policy, no learner.
 4. ``dagger_ppo_nav3d_depth task=nav3d_small collector.num_workers=auto`` (one process worker a
    core less the learner's, ``rl/utils/threads.py``; ``--envs-per-worker`` environments each),
-   learner on CUDA, SIGTERM 120 s after launch, then ``evaluate.py`` on 200 held-out episodes.
+   learner on CUDA, SIGTERM 120 s after launch, then ``evaluate.py device=cuda`` on 200
+   held-out episodes.
    Targets: training steps/s at least 80% of row 3's raw limit; success 0.9.
 
 ``<out>`` (``--out``; default ``outputs/bench/gpu_box/<time>``) holds ``table.md`` (machine:
@@ -93,7 +95,9 @@ GPU_BOX = Budget(
     ),
     nav3d=(),
     tts=(),
-    evaluate=(),  # its defaults: 200 episodes of the test split, sampled actions
+    # Its defaults (200 episodes of the test split, sampled actions), the policy on the GPU (as
+    # ../shared/gpu-kit's recipe ran it).
+    evaluate=("device=cuda",),
     torch_threads=None,
 )
 # Seconds here are backstops: the tiny runs end by themselves (exit 0) well before.
