@@ -93,7 +93,10 @@ GPU_BOX = Budget(
         "pipeline.num_mini_batch=4",
         "total_env_steps=8000000",  # the learning rate decays to 0 there (~30 s at 250k/s)
     ),
-    nav3d=(),
+    # 15 workers x 4 envs x 32 steps = 1,920 env steps an update, near the experiment's 16 x 128
+    # (with which it reached 0.9 at 460-510k env steps, docs/tasks/nav3d.md): as many updates
+    # per env step; its own 128 steps would make them 3.75x fewer.
+    nav3d=("pipeline.num_steps=32",),
     tts=(),
     # Its defaults (200 episodes of the test split, sampled actions), the policy on the GPU (as
     # ../shared/gpu-kit's recipe ran it).
