@@ -12,7 +12,7 @@ expert in the same place of the same loop (:func:`~rl.collection.episodes.evalua
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -48,18 +48,23 @@ def policy_step(
     return step.actions, state
 
 
-def actions_for(step: Mapping[str, Any], actions: torch.Tensor) -> np.ndarray | torch.Tensor:
+def actions_for(
+    step: Mapping[str, Any],
+    actions: torch.Tensor,
+    to_host: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> np.ndarray | torch.Tensor:
     """``actions`` as the sampler that returned ``step`` takes them.
 
     A sampler whose steps live on the actions' accelerator (a batched environment on the GPU)
     takes the tensor where it is: nothing goes to the host. Every sampler takes NumPy
-    (a CPU tensor's is a view, not a copy).
+    (a CPU tensor's is a view, not a copy); ``to_host`` brings accelerator actions to the host
+    (None: ``Tensor.cpu``; collection's pinned copy, :class:`~rl.utils.staging.PinnedTransfers`).
     """
     if actions.device.type != "cpu":
         first = next(iter(step["obs"].values()), None)
         if isinstance(first, torch.Tensor) and first.device == actions.device:
             return actions
-        actions = actions.cpu()
+        actions = actions.cpu() if to_host is None else to_host(actions)
     return actions.numpy()
 
 

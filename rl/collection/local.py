@@ -8,13 +8,23 @@ observation, and records everything in its :class:`~rl.storage.RolloutStorage`: 
 outputs and extras, the step's rewards and flags, and the task's own step fields
 (:mod:`rl.tasks.fields`) beside the action taken on the observation they came with. Under DDP with
 ``distributed.sync_frac`` set, a straggler ends its rollout early once enough workers are done
-(:class:`~rl.distributed.RolloutPreemption`). What one rollout hands the next (observations,
-the task's fields, episode starts, recurrent state) stays here and is saved with the sampler's
-episodes in flight, so a resumed run continues exactly.
+(:class:`~rl.distributed.RolloutPreemption`).
+
+The policy acts where ``inference_device`` says (the learner's device by default). On a CUDA
+device each step's tensors arrive in one pinned, non-blocking copy and the actions leave in
+one (:class:`~rl.utils.staging.PinnedTransfers`). Elsewhere than the learner (a CPU copy
+beside a CUDA learner), the copy takes the learner's weights before every rollout (so every
+rollout is collected by the current policy, as on-policy learning needs), records the rollout
+where it acts, and hands it to the learner on the learner's device.
+
+What one rollout hands the next (observations, the task's fields, episode starts, recurrent
+state) stays here and is saved with the sampler's episodes in flight, so a resumed run
+continues exactly.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +45,8 @@ from rl.sampling.factory import build_sampler
 from rl.sampling.runner import run_steps
 from rl.storage.rollout import RolloutStorage
 from rl.tasks.factory import with_split
+from rl.utils.config import ConfigError
+from rl.utils.staging import pinned_transfers
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +57,13 @@ class InProcessCollector:
     Args:
         model: The policy (the learner's own module: always the current weights).
         sampler: The training environments.
-        device: Where the model and the rollout storage live.
+        device: Where the model lives and the rollouts are handed to the learner.
+        inference_device: Where the policy acts and the rollout is recorded (None:
+            ``device``). Another device acts with a copy of ``model`` there, whose weights
+            are copied from ``model`` before every rollout.
+        actor: That copy, given (None: made here where ``inference_device`` differs from
+            ``device``); it acts on ``inference_device`` and takes ``model``'s weights before
+            every rollout all the same.
         dist: This worker's place among distributed workers (straggler preemption through the
             process group's store when ``dist.sync_frac`` is set; None: one process).
         preemption: Another rule that may end a rollout early (e.g. a collection worker's
@@ -76,6 +94,8 @@ class InProcessCollector:
         update_normalizer: bool = True,
         allocate: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
         eval_sampler: EvalSampler | None = None,
+        inference_device: torch.device | str | None = None,
+        actor: Policy | None = None,
     ) -> None:
         self.model = model
         self.eval_sampler = eval_sampler
@@ -86,7 +106,16 @@ class InProcessCollector:
         self.task = None if task is None else dict(task)
         self.sampler = sampler
         self.device = torch.device(device)
+        self.inference_device = (
+            self.device if inference_device is None else torch.device(inference_device)
+        )
+        self.actor = actor if actor is not None else self._acting_copy(model)
+        if self.actor is not model and allocate is None and self.inference_device.type == "cpu":
+            self.allocate = _pinned_zeros if self.device.type == "cuda" else None
+        # One copy each way a step on CUDA (pinned staging); None elsewhere.
+        self.transfers = pinned_transfers(self.inference_device)
         self.storage: RolloutStorage | None = None
+        self._handed: RolloutStorage | None = None  # the learner's copy of an actor's rollout
         self._carry: Carry | None = None
         self.preemption = preemption
         if preemption is None and dist is not None and dist.enabled and dist.sync_frac is not None:
@@ -105,8 +134,22 @@ class InProcessCollector:
         model: Policy,
         device: torch.device | str = "cpu",
         dist: DistContext | None = None,
+        inference_device: str = "auto",
     ) -> InProcessCollector:
-        """The collector of ``conf/collector/local.yaml``: its sampler built from ``spec``."""
+        """The collector of ``conf/collector/local.yaml``: its sampler built from ``spec``.
+
+        Args:
+            spec: What to collect from (the sampler is built from it here).
+            model: The learner's policy.
+            device: The learner's device.
+            dist: This worker's place among distributed workers (None: one process).
+            inference_device: ``auto`` (the learner's ``device``), ``cpu``, ``cuda`` (the
+                learner's GPU if it has one, else the current one) or ``cuda:N``.
+
+        Raises:
+            ConfigError: ``inference_device`` is none of those, or asks for CUDA without it.
+        """
+        acting = resolve_inference_device(inference_device, torch.device(device))
         sampler = build_sampler(
             spec.sampler,
             task=spec.task,
@@ -122,7 +165,15 @@ class InProcessCollector:
             task=spec.task,
             normalizer=spec.build_normalizer(sampler.observation_space),
             eval_sampler=EvalSampler.of_run(spec.sampler),
+            inference_device=acting,
         )
+
+    def _acting_copy(self, model: Policy) -> Policy:
+        """``model`` where the inference device is the learner's, else a copy of it there."""
+        if self.inference_device == self.device:
+            return model
+        actor = copy.deepcopy(model).to(self.inference_device)  # type: ignore[attr-defined]
+        return actor.requires_grad_(False)  # type: ignore[no-any-return]
 
     @property
     def num_envs(self) -> int:
@@ -136,7 +187,7 @@ class InProcessCollector:
             self.storage = RolloutStorage(
                 num_steps=num_steps,
                 num_envs=self.num_envs,
-                device=self.device,
+                device=self.inference_device,
                 allocate=self.allocate,
             )
         return self.storage
@@ -145,8 +196,8 @@ class InProcessCollector:
         n = self.num_envs
         return Carry(
             step=first,
-            episode_starts=torch.ones(n, dtype=torch.bool, device=self.device),
-            state=self.model.initial_state(n, self.device),
+            episode_starts=torch.ones(n, dtype=torch.bool, device=self.inference_device),
+            state=self.actor.initial_state(n, self.inference_device),
             returns=self._fresh_returns(),
         )
 
@@ -155,30 +206,44 @@ class InProcessCollector:
             return None
         return torch.zeros(self.num_envs, dtype=torch.float64)
 
+    def collect(self, request: RolloutRequest) -> Rollout:
+        """Fill the storage with ``request.num_steps`` steps of every environment."""
+        self._sync_actor()
+        return self._collect(request)
+
+    @torch.no_grad()
+    def _sync_actor(self) -> None:
+        """ALGO (on-policy): an acting copy takes the learner's current weights and buffers."""
+        if self.actor is self.model:
+            return
+        source = self.model.state_dict()  # type: ignore[attr-defined]
+        for key, value in self.actor.state_dict().items():  # type: ignore[attr-defined]
+            value.copy_(source[key])
+
     # Inference mode, not just no_grad: no version counters or view tracking on collection's
     # many small tensors (5-7% of an MLP rollout). What it makes are inference tensors; the
     # storage and the carried state are copied into or used only under it or no_grad.
     @torch.inference_mode()
-    def collect(self, request: RolloutRequest) -> Rollout:
-        """Fill the storage with ``request.num_steps`` steps of every environment."""
+    def _collect(self, request: RolloutRequest) -> Rollout:
         if self._carry is None:
             self._carry = self._fresh_carry(self.sampler.reset())
         storage = self._storage_for(request.num_steps)
-        self.model.eval()
+        self.actor.eval()  # type: ignore[attr-defined]
         storage.reset(request.num_steps)
         if self.preemption is not None:
             self.preemption.start(self._rollout_index)
         self._rollout_index += 1
         recorder = RolloutRecorder(
-            model=self.model,
+            model=self.actor,
             storage=storage,
             request=request,
             carry=self._carry,
             field_names=[k for k, f in self.sampler.step_fields.items() if not f.transition],
             transition_names=[k for k, f in self.sampler.step_fields.items() if f.transition],
-            device=self.device,
+            device=self.inference_device,
             normalizer=self.normalizer,
             preemption=self.preemption,
+            transfers=self.transfers,
         )
         last = run_steps(
             self.sampler, recorder, self._carry.step, recorder.record, request.num_steps
@@ -188,19 +253,35 @@ class InProcessCollector:
                 self.preemption.finished()
             recorder.stats.add_scalars({self.preemption.metric: storage.step / request.num_steps})
         self._carry = recorder.carry(last)
-        next_value = recorder.bootstrap_value()
+        next_value = recorder.bootstrap_value().to(self.device)
         if self.normalizer is not None and self.update_normalizer:
             self.normalizer.commit(distributed=self._distributed)  # the next rollout's statistics
+        storage = self._hand_over(storage)
         return Rollout(storage=storage, next_value=next_value, **recorder.summary())
+
+    def _hand_over(self, storage: RolloutStorage) -> RolloutStorage:
+        """``storage`` as the learner takes it: on its device (one copy an entry, or none)."""
+        if self.actor is self.model:
+            return storage
+        handed = self._handed
+        if handed is None or handed.capacity != storage.capacity:
+            handed = self._handed = RolloutStorage(
+                num_steps=storage.capacity, num_envs=self.num_envs, device=self.device
+            )
+        handed.reset(storage.num_steps)
+        handed.write_envs(slice(0, self.num_envs), storage.rows())
+        handed.step, handed.states_recorded = storage.step, storage.states_recorded
+        return handed
 
     def replace_policy(self, model: Policy) -> None:
         """Collect with ``model`` from now on; its recurrent state starts anew (as at a reset)."""
         self.model = model
-        self.storage = None  # its fields may differ (the recurrent state's)
+        self.actor = self._acting_copy(model)
+        self.storage = self._handed = None  # its fields may differ (the recurrent state's)
         if self._carry is not None:
             self._carry = dataclasses.replace(
                 self._carry,
-                state=model.initial_state(self.num_envs, self.device),
+                state=self.actor.initial_state(self.num_envs, self.inference_device),
                 episode_starts=torch.ones_like(self._carry.episode_starts),
             )
 
@@ -259,7 +340,7 @@ class InProcessCollector:
             rollout = {
                 "episode_starts": self._carry.episode_starts,
                 "state": self._carry.state.to_dict(),
-                "obs": obs_on(self._carry.step, self.device),
+                "obs": obs_on(self._carry.step, self.inference_device),
                 "returns": self._carry.returns,
             }
         normalizer = None if self.normalizer is None else self.normalizer.state_dict()
@@ -289,10 +370,10 @@ class InProcessCollector:
         except NotImplementedError as e:
             log.warning("%s: starting fresh episodes instead", e)
             return
-        obs = obs_on(first, self.device)
+        obs = obs_on(first, self.inference_device)
         saved = rollout["obs"]
         if set(saved) != set(obs) or not all(
-            torch.equal(obs[k], saved[k].to(self.device)) for k in obs
+            torch.equal(obs[k], saved[k].to(self.inference_device)) for k in obs
         ):
             log.warning(
                 "the restored environments' observations differ from the saved ones (is the "
@@ -300,7 +381,7 @@ class InProcessCollector:
             )
         self._carry = Carry(
             step=first,
-            episode_starts=rollout["episode_starts"].to(self.device),
+            episode_starts=rollout["episode_starts"].to(self.inference_device),
             state=self._saved_state(rollout),
             returns=rollout.get("returns", self._fresh_returns()),
         )
@@ -311,11 +392,11 @@ class InProcessCollector:
         Checkpoint format 2 saved a GRU's state as ``hidden`` ``[L, N, H]`` (a dummy
         ``[1, N, 1]`` for memoryless policies); format 3 saves the policy's state as a dict.
         """
-        fresh = self.model.initial_state(self.num_envs, self.device)
+        fresh = self.actor.initial_state(self.num_envs, self.inference_device)
         if "state" in rollout:
             saved = TensorDict(rollout["state"], batch_size=fresh.batch_size)
-            return saved.to(self.device)
-        hidden = rollout["hidden"].to(self.device)
+            return saved.to(self.inference_device)
+        hidden = rollout["hidden"].to(self.inference_device)
         if set(fresh.keys()) == {"h"}:
             return TensorDict({"h": hidden.transpose(0, 1)}, batch_size=fresh.batch_size)
         return fresh  # a memoryless policy's dummy state
@@ -323,3 +404,36 @@ class InProcessCollector:
     def close(self) -> None:
         """Close the sampler."""
         self.sampler.close()
+
+
+def _pinned_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed page-locked CPU tensor: a CPU actor's rollout, copied to a CUDA learner."""
+    return torch.zeros(shape, dtype=dtype).pin_memory()
+
+
+def resolve_inference_device(value: str, device: torch.device) -> torch.device:
+    """Where the policy acts for ``collector.inference_device=value``, the learner on ``device``.
+
+    ``auto``: ``device`` itself (a batched environment on it never leaves it; CPU environments
+    beside a CUDA learner too: ``cpu`` is the alternative to measure, ``bench/device_path.py``).
+    ``cuda`` on a CUDA learner is its GPU.
+
+    Raises:
+        ConfigError: Naming ``collector.inference_device``: not ``auto``, ``cpu``, ``cuda`` or
+            ``cuda:N``, or CUDA asked for where there is none.
+    """
+    text = str(value)
+    if text == "auto":
+        return device
+    kind, _, index = text.partition(":")
+    if text != "cpu" and not (kind == "cuda" and (not index or index.isdigit())):
+        raise ConfigError(
+            f"collector.inference_device: expected auto, cpu, cuda or cuda:N, got {value!r}"
+        )
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"collector.inference_device: {value!r} requested but CUDA is not available"
+        )
+    if text == "cuda" and device.type == "cuda":
+        return device
+    return torch.device(text)

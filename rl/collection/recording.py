@@ -8,6 +8,10 @@ request asks for it) and, after the sampler's step, records everything in the
 rewards (scaled by reward normalisation) and flags, the value of a truncated episode's final
 observation (bootstrapped), the next observation and the recurrent state before it. What one
 rollout hands the next is a :class:`Carry`.
+
+What it reads of a sampler's step reaches the device in one copy a step, and the actions come
+back in one (:class:`~rl.utils.staging.PinnedTransfers`, given for a CUDA device); on the CPU
+the step's tensors are used as they are.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from rl.models.policy import Policy
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.sampling.base import EpisodeRecord, finished_episodes
 from rl.storage.rollout import RolloutStorage
+from rl.utils.staging import PinnedTransfers
 
 __all__ = ["Carry", "RolloutRecorder", "obs_on"]
 
@@ -43,8 +48,9 @@ class Carry:
     returns: torch.Tensor | None = None  # [N] float64 discounted returns (reward scaling)
 
 
-def _on(value: torch.Tensor, device: torch.device) -> torch.Tensor:
-    return value if device.type == "cpu" else value.to(device)
+# The key of the truncated positions among the tensors moved with a step (beside its str keys
+# and the ("obs" | "final_obs", key) pairs).
+_TRUNCATED_AT = ("truncated_at",)
 
 
 def obs_on(step: TensorDict, device: torch.device, key: str = "obs") -> dict[str, torch.Tensor]:
@@ -70,6 +76,8 @@ class RolloutRecorder:
         device: Where the model and the storage live.
         normalizer: Observation and reward normalisation (None: none).
         preemption: A rule that may end the rollout early (None: none).
+        transfers: The host <-> device staging of a CUDA ``device`` (None: each tensor moved
+            by itself, or, on the CPU, not at all).
     """
 
     def __init__(
@@ -84,15 +92,19 @@ class RolloutRecorder:
         transition_names: list[str] | None = None,
         normalizer: Normalizer | None = None,
         preemption: Preemption | None = None,
+        transfers: PinnedTransfers | None = None,
     ) -> None:
         self.model, self.storage, self.request = model, storage, request
         self.field_names, self.device = field_names, device
         self.transition_names = list(transition_names or [])
         self.normalizer, self.preemption = normalizer, preemption
+        self.transfers = transfers
         self.state, self.starts, self.returns = carry.state, carry.episode_starts, carry.returns
-        self.obs = obs_on(carry.step, device)
+        self.obs_keys = list(carry.step.get("obs").keys())
+        moved = self._arrived(carry.step, after_step=False)
+        self.obs = {k: moved["obs", k] for k in self.obs_keys}
         self.policy_obs = self._policy_obs(self.obs)
-        self.task_fields = self._fields(carry.step)
+        self.task_fields = {k: moved[k] for k in self.field_names}
         storage.set_first(self.policy_obs, self.starts, self.state)
         self.stats = ScalarMeanTracker()
         self.episodes: list[EpisodeRecord] = []
@@ -100,11 +112,29 @@ class RolloutRecorder:
         self._recording: dict[str, torch.Tensor] = {}
         self._acted = 0.0  # when the last action was handed to the sampler
 
-    def _fields(self, step: TensorDict) -> dict[str, torch.Tensor]:
-        """The task's step fields of a sampler's step, on the device."""
-        if self.device.type == "cpu":
-            return {k: step.get(k) for k in self.field_names}
-        return {k: step.get(k).to(self.device) for k in self.field_names}
+    def _arrived(self, step: TensorDict, *, after_step: bool) -> dict[Any, torch.Tensor]:
+        """What the recorder reads of a sampler's ``step``, on the device.
+
+        ``("obs", key)`` for each observation entry and the task's step fields; ``after_step``,
+        also ``rewards``, ``terminated``, ``truncated`` and the transition fields and, where
+        episodes were truncated, their positions (``_TRUNCATED_AT``) and final observations
+        (``("final_obs", key)``, those rows only). One copy on CUDA (``transfers``); on the CPU
+        the step's own tensors (no copy).
+        """
+        tensors: dict[Any, torch.Tensor] = {("obs", k): v for k, v in step.get("obs").items()}
+        tensors.update((k, step.get(k)) for k in self.field_names)
+        if after_step:
+            for key in ("rewards", "terminated", "truncated", *self.transition_names):
+                tensors[key] = step.get(key)
+            if "final_obs" in step.keys():
+                at = step.get("truncated").nonzero().squeeze(1)
+                tensors[_TRUNCATED_AT] = at
+                tensors.update((("final_obs", k), v[at]) for k, v in step.get("final_obs").items())
+        if self.device.type == "cpu":  # (a step on an accelerator: a CPU actor's own copies)
+            return {k: v if v.device.type == "cpu" else v.cpu() for k, v in tensors.items()}
+        if self.transfers is not None:
+            return self.transfers.to_device(tensors)
+        return {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
 
     def _policy_obs(self, obs: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
         """What the policy sees of ``obs``: normalised when the normalizer says so."""
@@ -135,9 +165,12 @@ class RolloutRecorder:
             **self.task_fields,  # what the task reported with the observation acted on
             **out.extras,  # fields the policy declares for its own losses
         }
+        host = actions_for(
+            step, actions, to_host=None if self.transfers is None else self.transfers.to_host
+        )
         self._acted = time.perf_counter()
         self.inference_seconds += self._acted - t0
-        return actions_for(step, actions)
+        return host
 
     def advance(self, result: TensorDict, keep: torch.Tensor | None) -> None:
         """Nothing: :meth:`record` carried everything on (training environments never pause)."""
@@ -148,23 +181,23 @@ class RolloutRecorder:
         t2 = time.perf_counter()
         self.env_seconds += t2 - self._acted
         fields = self._recording
-        next_obs = obs_on(result, self.device)
+        moved = self._arrived(result, after_step=True)
+        next_obs = {k: moved["obs", k] for k in self.obs_keys}
         next_policy_obs = self._policy_obs(next_obs)
-        fields["truncation_values"] = self._truncation_values(result)
-        terminated = _on(result.get("terminated"), self.device)
-        truncated = _on(result.get("truncated"), self.device)
-        rewards = _on(result.get("rewards"), self.device)
+        fields["truncation_values"] = self._truncation_values(moved, result.batch_size[0])
+        terminated, truncated = moved["terminated"], moved["truncated"]
+        rewards = moved["rewards"]
         starts = terminated | truncated
         if self.returns is not None and self.normalizer is not None:  # ALGO: VecNormalize's
             rewards, self.returns = self.normalizer.rewards(rewards, self.returns, starts)
         fields.update(rewards=rewards, terminated=terminated, truncated=truncated)
         for key in self.transition_names:  # a value of this step, like its reward
-            fields[key] = _on(result.get(key), self.device)
+            fields[key] = moved[key]
         # The state after the step is the one before the next observation: truncated-BPTT
         # chunks start from it.
         self.storage.insert(fields, next_policy_obs, self.state)
         self.obs, self.policy_obs, self.starts = next_obs, next_policy_obs, starts
-        self.task_fields = self._fields(result)
+        self.task_fields = {k: moved[k] for k in self.field_names}
         self.episodes.extend(finished_episodes(result))
         self.inference_seconds += time.perf_counter() - t2
         # HARNESS: enough workers are done: a straggler ends its rollout here
@@ -172,14 +205,18 @@ class RolloutRecorder:
             t + 1, self.request.num_steps
         )
 
-    def _truncation_values(self, result: TensorDict) -> torch.Tensor:
-        """ALGO: values of the final observations of truncated episodes (bootstrapped)."""
-        values = torch.zeros(result.batch_size[0], device=self.device)
-        if "final_obs" not in result.keys():
+    def _truncation_values(self, moved: Mapping[Any, torch.Tensor], n: int) -> torch.Tensor:
+        """ALGO: values of the final observations of truncated episodes (bootstrapped).
+
+        ``moved``: the step as :meth:`_arrived` gives it; ``n``: its environments.
+        """
+        values = torch.zeros(n, device=self.device)
+        idx = moved.get(_TRUNCATED_AT)
+        if idx is None:
             return values
-        idx = result.get("truncated").nonzero().squeeze(1).to(self.device)
-        final = obs_on(result, self.device, "final_obs")
-        final = self._policy_obs({k: v[idx] for k, v in final.items()})
+        final = self._policy_obs(
+            {k[1]: v for k, v in moved.items() if isinstance(k, tuple) and k[0] == "final_obs"}
+        )
         out, _ = self.model(
             {k: v.unsqueeze(0) for k, v in final.items()},
             torch.zeros(1, len(idx), dtype=torch.bool, device=self.device),
