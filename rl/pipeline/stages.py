@@ -236,6 +236,11 @@ class TrainingPipeline:
         on_nonfinite: What a NaN or infinite loss or gradient norm does: ``error`` stops the
             run naming the loss term (the default), ``skip`` drops that optimisation step
             (counted as ``losses/nonfinite_skipped``, with a warning).
+        compile: Run the policy's forward in the on-policy update through ``torch.compile``
+            (the learner's :func:`~rl.training.learner.compiled_forward`: ``mode="default"``
+            on the CPU, ``"reduce-overhead"``, CUDA graphs, on CUDA). The first update pays
+            the compile time, and a new minibatch shape (a stage's shortened last rollout)
+            compiles again. False: eager.
         **settings: Every :class:`TrainingSettings` field (``advance_scene_rollout_period``
             may be left out): the stages' defaults.
 
@@ -253,6 +258,7 @@ class TrainingPipeline:
         lr_scheduler: Callable[..., torch.optim.lr_scheduler.LRScheduler] | None = None,
         total_env_steps: Annotated[int | None, Check(gt=0)] = None,
         on_nonfinite: Annotated[str, Check(choices=NONFINITE_POLICIES)] = "error",
+        compile: bool = False,
         **settings: Any,
     ) -> None:
         missing = [
@@ -286,6 +292,8 @@ class TrainingPipeline:
         errors += _checked(
             Check(choices=NONFINITE_POLICIES), on_nonfinite, "pipeline.on_nonfinite"
         )
+        if not isinstance(compile, bool):
+            errors.append(f"pipeline.compile: expected true or false, got {compile!r}")
         if total_env_steps is None and any(s.max_stage_steps is None for s in self.stages):
             errors.append(
                 "pipeline.stages: a stage leaves max_stage_steps unset (the rest of "
@@ -297,6 +305,7 @@ class TrainingPipeline:
                 given = sum(s.max_stage_steps for s in self.stages if s.max_stage_steps)
                 stage.max_stage_steps = int(total_env_steps) - given  # type: ignore[arg-type]
         self.on_nonfinite = on_nonfinite
+        self.compile = compile
         self.optimizer_builder = optimizer
         self.lr_scheduler_builder = lr_scheduler
         self.defaults = TrainingSettings(**settings)
