@@ -13,11 +13,14 @@ environment limit (16 environments stepped serially with random actions, no poli
 worker process (``collector=process``) that collects while the learner updates, on the second
 core (policy lag 1; networks and settings unchanged).
 
+``--compile``: every row of ours with ``pipeline.compile=true`` (``torch.compile`` of the update's
+forward; the compile time of the first update falls in the warm-up quarter, outside the FPS).
+
 ``--smoke``: every row with tiny budgets (512 env steps in 16-step rollouts, 0.5 s of raw
 stepping), to check that the benchmark runs (``tests/test_bench.py``), not to measure.
 
     python bench/train_fps.py [--steps 40960] [--raw-seconds 4] [--skip-sb3] [--skip-async]
-                              [--smoke]
+                              [--compile] [--smoke]
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ FLAT_GRU = [
     "model.head_layers=[]",
     "pipeline.recurrence=0",
 ]
+# Overrides of every row of ours (--compile: pipeline.compile=true).
+OURS_OVERRIDES: list[str] = []
 
 
 def ours(
@@ -86,6 +91,7 @@ def ours(
                 "logger.sinks.console.progress_bar=false",
                 "logger.sinks.console.summary_every=0",
                 f"output_dir={tmp}",
+                *OURS_OVERRIDES,
                 *(extra_overrides or []),
             ],
         )
@@ -298,12 +304,17 @@ def main() -> None:
         action="store_true",
         help="skip the rows with an asynchronous collection worker (collector=process)",
     )
+    parser.add_argument(
+        "--compile", action="store_true", help="pipeline.compile=true in every row of ours"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny budgets: check it runs")
     args = parser.parse_args()
     if args.smoke:  # its defaults; flags given explicitly still win
         parser.set_defaults(**SMOKE)
         args = parser.parse_args()
         use_smoke_rollouts()
+    if args.compile:
+        OURS_OVERRIDES.append("pipeline.compile=true")
     torch.set_num_threads(1)
     raw = raw_limit(args.raw_seconds)
     names = {
@@ -333,7 +344,7 @@ def main() -> None:
     print(
         f"\ntraining FPS on rl/PointNav-v0, {args.steps:,} env steps each "
         f"({NUM_ENVS} envs x {NUM_STEPS} steps, {EPOCHS} epochs x {MINIBATCHES} minibatches, "
-        "1 torch thread)"
+        f"1 torch thread{', compiled update' if args.compile else ''})"
     )
     print(f"  {'raw environment limit (serial, random actions)':<48} {raw:>8,.0f} steps/s")
     for key, value in fps.items():
