@@ -1,4 +1,5 @@
-"""``bench/gpu_box.py``: what it decides before running anything (skips, flags, budgets).
+"""``bench/gpu_box.py``: what it decides before running a row (skips, flags, budgets), and a
+run without CUDA (every row skipped with the reason, a table all the same, exit 1).
 
 The whole CPU dry run end to end is ``tests/test_bench.py``'s ``gpu_box`` run (``--smoke``, the
 dry run in a temporary folder): it checks every row of the table as read back from
@@ -9,10 +10,13 @@ box's own run (``bash bench/gpu_kit/run.sh`` in a device call) cannot run here.
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu_box.py"
@@ -61,3 +65,24 @@ def test_budgets_flags_override_the_mode() -> None:
     assert box.nav3d_seconds == gpu_box.GPU_BOX.nav3d_seconds == 120
     dry = gpu_box.budget_of(gpu_box.parse_args([]), dry=True)
     assert dry == gpu_box.CPU_DRY_RUN and dry.tts == ("--smoke",)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA this is the real benchmark")
+def test_without_cuda_every_row_is_skipped_and_the_run_fails(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr  # nothing measured
+    table = (tmp_path / "table.md").read_text()
+    rows = [
+        ln.split(" | ") for ln in table.splitlines() if ln.startswith("| ") and "---" not in ln
+    ]
+    assert len(rows) == 7  # the header, five skipped rows, the whole benchmark's
+    assert all(r[2] == "skipped" and r[4].startswith("skipped: ") for r in rows[1:6]), table
+    assert rows[6][4] == "nothing measured"
+    assert json.loads((tmp_path / "results.json").read_text())["dry_run"] is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "table.md"]
