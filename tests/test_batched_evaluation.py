@@ -22,7 +22,7 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -158,9 +158,16 @@ def test_only_a_batched_run_evaluates_batched_and_its_settings_are_checked() -> 
         EvalSampler.of_run({**run, "timeout": -1})
 
 
+class Run(NamedTuple):
+    folder: Path
+    cfg: dict[str, Any]
+    validation_log: list[str]  # what rl.evaluation.validation logged while it trained
+
+
 @pytest.fixture(scope="module")
-def batched_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """A tiny ppo_nav run trained with sampler=batched; its final evaluation on 5 episodes."""
+def batched_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """A tiny ppo_nav run trained with sampler=batched, its checkpoints validated (3 episodes)
+    and its final policy evaluated (5 episodes)."""
     from hydra import compose, initialize
     from hydra.core.global_hydra import GlobalHydra
 
@@ -173,18 +180,28 @@ def batched_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[st
                 overrides=["+experiment=ppo_nav", "+debug=smoke", "task=nav_small",
                            "sampler=batched", f"output_dir={out}", "total_env_steps=128",
                            "pipeline.stages.0.max_stage_steps=128", "eval.num_episodes=5",
-                           "eval.num_envs=2"],
+                           "eval.num_envs=2", "valid.enabled=true", "valid.num_episodes=3",
+                           "valid.num_envs=2"],
             )  # fmt: skip
     finally:
         GlobalHydra.instance().clear()
-    train(cfg)
-    return out, plain(cfg)
+    messages: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("rl.evaluation.validation")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        train(cfg)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return Run(out, plain(cfg), messages)
 
 
-def test_training_collector_evaluates_through_the_batched_sampler(
-    batched_run: tuple[Path, dict[str, Any]],
-) -> None:
-    _, cfg = batched_run
+def test_training_collector_evaluates_through_the_batched_sampler(batched_run: Run) -> None:
+    cfg = batched_run.cfg
     from rl.collection.base import CollectionSpec
 
     spec = CollectionSpec(**{k: cfg[k] for k in ("task", "sampler", "model", "normalize")},
@@ -197,9 +214,9 @@ def test_training_collector_evaluates_through_the_batched_sampler(
 
 
 def test_evaluate_py_on_a_batched_run_uses_the_batched_sampler(
-    batched_run: tuple[Path, dict[str, Any]], tmp_path: Path, caplog: pytest.LogCaptureFixture
+    batched_run: Run, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    run, cfg = batched_run
+    run, cfg, _ = batched_run
     final = sorted((run / "checkpoints").glob("ckpt_*.pt"))[-1]
     overrides = {"ckpt": str(final), "num_episodes": 5, "num_envs": 2, "progress_bar": False,
                  "plot": False, "output_dir": str(tmp_path)}  # fmt: skip
@@ -233,3 +250,27 @@ def test_evaluate_py_on_a_batched_run_uses_the_batched_sampler(
     )  # fmt: skip
     assert_same_results(EvalResult(written["metrics"], written["episodes"]), serial,
                         exact_return=False)  # fmt: skip
+
+
+def test_validation_of_a_batched_run_uses_the_batched_sampler(batched_run: Run) -> None:
+    """Each checkpoint validated through the batched sampler, with the serial sampler's means."""
+    run, cfg, messages = batched_run
+    assert any("per checkpoint, batched sampler (device=cpu" in m for m in messages), messages
+    valid = cfg["valid"]
+    checkpoints = sorted((run / "checkpoints").glob("ckpt_*.pt"))
+    assert checkpoints
+    for checkpoint in checkpoints:
+        metrics = json.loads(checkpoint.with_suffix(".valid.json").read_text())["metrics"]
+        model, normalizer = load_trained_policy(
+            load_checkpoint(checkpoint), checkpoint, task_layout(cfg["task"]).spaces,
+            model_config=cfg["model"],
+        )  # fmt: skip
+        serial = evaluate_policy(
+            model=model, task=with_split(cfg["task"], valid["split"]),
+            episode_seeds=episode_seed_list(3, valid["episode_seed"]), num_envs=2,
+            deterministic=valid["deterministic"], action_seed=valid["action_seed"],
+            normalizer=normalizer,
+        ).as_logged("valid")  # fmt: skip
+        returns = serial.pop("valid/episodic_return"), metrics.pop("valid/episodic_return")
+        assert returns[1] == pytest.approx(returns[0], rel=0, abs=RETURN_ATOL_PER_STEP * 50)
+        assert {k: v for k, v in metrics.items() if k in serial} == serial
