@@ -13,6 +13,11 @@ environment limit (16 environments stepped serially with random actions, no poli
 worker process (``collector=process``) that collects while the learner updates, on the second
 core (policy lag 1; networks and settings unchanged).
 
+The "batched" rows run ``ppo_nav``'s default since the batched task: all environments in one
+torch step (``sampler=batched``, the task's ``BatchedPointNav``), 64 envs x 32 steps (the same
+2,048 samples an update, epochs and minibatches), the same networks; the rows above keep
+16 serial environments x 128 steps (``sampler=serial``), ``ppo_nav``'s default before.
+
 ``--compile``: every row of ours with ``pipeline.compile=true`` (``torch.compile`` of the update's
 forward; the compile time of the first update falls in the warm-up quarter, outside the FPS).
 
@@ -39,6 +44,9 @@ from omegaconf import DictConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_ENVS, NUM_STEPS, EPOCHS, MINIBATCHES = 16, 128, 4, 4
+# The batched rows: ppo_nav's default layout (sampler=batched, 64 envs x 32 steps).
+BATCHED_ENVS, BATCHED_STEPS = 64, 32
+SMOKE_BATCHED_ENVS = 16  # --smoke: 16 batched envs x 16 steps
 SMOKE_NUM_STEPS = 16  # --smoke: rollouts of 16 steps (ours and SB3's alike)
 # --smoke's defaults: two such rollouts per row, half a second of raw stepping.
 SMOKE = {"steps": NUM_ENVS * SMOKE_NUM_STEPS * 2, "raw_seconds": 0.5}
@@ -63,20 +71,31 @@ def ours(
     extra_overrides: list[str] | None = None,
     return_record: bool = False,
     experiment: str = "ppo_nav",
+    batched: bool = False,
 ) -> Any:
     """Training FPS of ``experiment`` with ``model`` (and the last metrics record if asked).
 
-    ``ppo_nav`` runs with this file's shared settings (envs, rollout, epochs, minibatches);
+    ``ppo_nav`` runs with this file's shared settings (epochs, minibatches, and envs and
+    rollout: 16 serial environments x 128 steps, or with ``batched`` the batched task's 64 x 32);
     another experiment keeps its own, and ``model=None`` keeps the experiment's model.
     """
     import rl.engine.run
 
     shared = [
-        f"sampler.num_envs={NUM_ENVS}",
-        f"pipeline.num_steps={NUM_STEPS}",
         f"pipeline.update_repeats={EPOCHS}",
         f"pipeline.num_mini_batch={MINIBATCHES}",
     ]
+    extra = list(extra_overrides or [])
+    if batched:
+        shared += [
+            "sampler=batched",
+            f"sampler.num_envs={BATCHED_ENVS}",
+            f"pipeline.num_steps={BATCHED_STEPS}",
+        ]
+    else:
+        shared += [f"sampler.num_envs={NUM_ENVS}", f"pipeline.num_steps={NUM_STEPS}"]
+        if not any(o.startswith("sampler=") for o in extra):  # serial unless a row picks one
+            shared.append("sampler=serial")
     with tempfile.TemporaryDirectory() as tmp:
         cfg = compose_run(
             experiment,
@@ -92,7 +111,7 @@ def ours(
                 "logger.sinks.console.summary_every=0",
                 f"output_dir={tmp}",
                 *OURS_OVERRIDES,
-                *(extra_overrides or []),
+                *extra,
             ],
         )
         rl.engine.run.train(cfg)
@@ -106,8 +125,9 @@ def ours(
 
 def use_smoke_rollouts() -> None:
     """``--smoke``: every row of this file (ours and SB3's) collects 16-step rollouts."""
-    global NUM_STEPS
+    global NUM_STEPS, BATCHED_ENVS, BATCHED_STEPS
     NUM_STEPS = SMOKE_NUM_STEPS
+    BATCHED_ENVS, BATCHED_STEPS = SMOKE_BATCHED_ENVS, SMOKE_NUM_STEPS
     SB3_SETTINGS.update(n_steps=NUM_STEPS, batch_size=NUM_STEPS * NUM_ENVS // MINIBATCHES)
 
 
@@ -319,6 +339,8 @@ def main() -> None:
     raw = raw_limit(args.raw_seconds)
     names = {
         "gru": "ours ppo_nav, CNN + GRU policy (nav_cnn_gru)",
+        "gru_batched": "ours ppo_nav default, batched task, CNN + GRU",
+        "mlp_batched": "ours ppo_nav, batched task, MLP",
         "cnn": "ours ppo_nav, memoryless CNN (nav_cnn)",
         "mlp": "ours ppo_nav, memoryless MLP (mlp)",
         "flat_gru": "ours ppo_nav, flattened -> GRU 128",
@@ -332,6 +354,8 @@ def main() -> None:
         "cnn": ours("nav_cnn", args.steps),
         "mlp": ours("mlp", args.steps),
         "flat_gru": ours("nav_cnn_gru", args.steps, FLAT_GRU),
+        "gru_batched": ours("nav_cnn_gru", args.steps, batched=True),
+        "mlp_batched": ours("mlp", args.steps, batched=True),
     }
     if not args.skip_async:
         # The second core: one collection worker process steps the environments with a policy
@@ -346,12 +370,18 @@ def main() -> None:
         f"({NUM_ENVS} envs x {NUM_STEPS} steps, {EPOCHS} epochs x {MINIBATCHES} minibatches, "
         f"1 torch thread{', compiled update' if args.compile else ''})"
     )
+    print(
+        f"  (batched rows: sampler=batched, {BATCHED_ENVS} envs x {BATCHED_STEPS} steps, the same "
+        "epochs and minibatches)"
+    )
     print(f"  {'raw environment limit (serial, random actions)':<48} {raw:>8,.0f} steps/s")
     for key, value in fps.items():
         print(f"  {names[key]:<48} {value:>8,.0f} FPS")
+    print("ratios")
+    print(f"  ours batched GRU / ours serial GRU: {fps['gru_batched'] / fps['gru']:.2f}x")
     if not args.skip_sb3:
-        print("ratios")
         print(f"  ours MLP / SB3 PPO:                {fps['mlp'] / fps['sb3']:.2f}x")
+        print(f"  ours batched MLP / SB3 PPO:        {fps['mlp_batched'] / fps['sb3']:.2f}x")
         print(f"  ours flattened-GRU / RecurrentPPO: {fps['flat_gru'] / fps['sb3_rec']:.2f}x")
         if not args.skip_async:
             mlp_ratio = fps["mlp_async"] / fps["sb3"]

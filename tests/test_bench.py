@@ -81,6 +81,8 @@ _OURS_TRAIN_FPS = [
     "ours ppo_nav, memoryless CNN (nav_cnn)",
     "ours ppo_nav, memoryless MLP (mlp)",
     "ours ppo_nav, flattened -> GRU 128",
+    "ours ppo_nav default, batched task, CNN + GRU",
+    "ours ppo_nav, batched task, MLP",
     "ours MLP, async worker (collector=process)",
     "ours flattened -> GRU 128, async worker",
     "stable-baselines3 PPO, MLP, DummyVecEnv",
@@ -103,7 +105,9 @@ TABLES: dict[str, list[str]] = {
         *_rows("raw environment limit (serial, random actions)", value=f"{NUM} steps/s"),
         *_rows(*_OURS_TRAIN_FPS, value=f"{NUM} FPS"),
         "^ratios$",
+        rf"^  ours batched GRU / ours serial GRU: {NUM}x$",
         rf"^  ours MLP / SB3 PPO:\s+{NUM}x$",
+        rf"^  ours batched MLP / SB3 PPO:\s+{NUM}x$",
         rf"^  ours flattened-GRU async / RecurrentPPO: {NUM}x$",
     ],
     "multiagent_fps": [

@@ -145,7 +145,7 @@ def test_verify_accepts_ppo_nav(compose_cfg, resolve_cfg) -> None:
         ),
         pytest.param(["pipeline.num_mini_batch=1000"], ["num_mini_batch"], id="minibatch-split"),
         pytest.param(
-            ["pipeline.recurrence=48"], ["pipeline.recurrence", "divide"], id="bptt-chunks"
+            ["pipeline.recurrence=24"], ["pipeline.recurrence", "divide"], id="bptt-chunks"
         ),
         pytest.param(["pipeline.recurrence=-1"], ["pipeline.recurrence"], id="bptt-range"),
         pytest.param(["+model.foo=1"], ["model.foo"], id="unknown-model-key"),
@@ -155,7 +155,7 @@ def test_verify_names_the_offending_key(
     compose_cfg, resolve_cfg, overrides: list[str], expected: list[str]
 ) -> None:
     plain = resolve_cfg(compose_cfg(["+experiment=ppo_nav", *overrides]))
-    assert plain["sampler"]["num_envs"] == 16
+    assert plain["sampler"]["num_envs"] == 64  # ppo_nav composed
     with pytest.raises(ConfigError) as info:
         verify_train_cfg(plain)
     for fragment in expected:
