@@ -100,7 +100,10 @@ class RolloutRecorder:
         self.normalizer, self.preemption = normalizer, preemption
         self.transfers = transfers
         self.state, self.starts, self.returns = carry.state, carry.episode_starts, carry.returns
-        self.obs_keys = list(carry.step.get("obs").keys())
+        first_obs = carry.step.get("obs")
+        self.obs_keys = list(first_obs.keys())
+        # (a sampler's steps stay where they are: a batched environment's may be on a GPU)
+        self._host_steps = first_obs.get(self.obs_keys[0]).device.type == "cpu"
         moved = self._arrived(carry.step, after_step=False)
         self.obs = {k: moved["obs", k] for k in self.obs_keys}
         self.policy_obs = self._policy_obs(self.obs)
@@ -130,8 +133,10 @@ class RolloutRecorder:
                 at = step.get("truncated").nonzero().squeeze(1)
                 tensors[_TRUNCATED_AT] = at
                 tensors.update((("final_obs", k), v[at]) for k, v in step.get("final_obs").items())
-        if self.device.type == "cpu":  # (a step on an accelerator: a CPU actor's own copies)
-            return {k: v if v.device.type == "cpu" else v.cpu() for k, v in tensors.items()}
+        if self.device.type == "cpu":
+            if self._host_steps:
+                return tensors
+            return {k: v.cpu() for k, v in tensors.items()}  # (steps on an accelerator)
         if self.transfers is not None:
             return self.transfers.to_device(tensors)
         return {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
