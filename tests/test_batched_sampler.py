@@ -244,8 +244,8 @@ def test_evaluation_mode_cannot_be_saved() -> None:
 
 @pytest.mark.parametrize(
     ("task", "kwargs"),
-    [(NAV, {"vectorization_mode": "sync"}), (CORRIDOR, {})],
-    ids=["nav-sync", "torch"],
+    [(NAV, {"vectorization_mode": "sync"}), (NAV, {}), (CORRIDOR, {})],
+    ids=["nav-sync", "nav-torch", "torch"],  # nav-torch: BatchedPointNav, ppo_nav's default
 )
 def test_an_interrupted_and_resumed_run_is_bitwise_equal_to_uninterrupted(
     task: dict, kwargs: dict, tmp_path: Path

@@ -300,7 +300,7 @@ def test_resume_accepts_safe_overrides_and_refuses_unsafe_ones(
         assert key in str(err.value)
     # Safe: a larger budget (the stage budget and schedule horizons follow), the same folder,
     # the same wandb run; not-typed differences (no +debug=smoke) keep the saved values, but
-    # sizes are the command's (a run folder never chooses them): ppo_nav's 16 environments
+    # sizes are the command's (a run folder never chooses them): ppo_nav's 64 environments
     # are refused, naming what to type to resume the run as it ran.
     other = tmp_path / "other"
     resume = ["+experiment=ppo_nav", "logger=wandb", f"resume={run_dir}", "total_env_steps=384"]
