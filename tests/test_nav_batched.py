@@ -20,6 +20,7 @@ import torch
 from gymnasium.utils import seeding
 
 from rl.tasks import PointNavEnv
+from rl.tasks.nav import Actions
 from rl.tasks.nav_batched import BatchedPointNav, _doors_in_split, _Streams
 from rl.tasks.nav_layout import RoomLayout
 from rl.tasks.nav_view import process_vis, process_vis_row
@@ -106,6 +107,7 @@ def run(
     seed: int = 0,
     evaluation: bool = False,
     resume_at: int | None = None,
+    records: bool = True,
 ) -> Reference:
     """Step BatchedPointNav and the reference side by side, comparing every step."""
     rng = np.random.default_rng(seed)
@@ -113,6 +115,7 @@ def run(
     ref = Reference(config, seeds)
     phase = ref.envs[0].max_steps + 10  # long enough to truncate an episode
     env = BatchedPointNav(**config, num_envs=num_envs)
+    env._recorded &= records  # (False: each reset's draws as when that table is too large)
     assert_first_equal(env.reset(seeds), ref)
     for t in range(steps):
         if t == resume_at:  # a fresh environment restored from the saved episodes goes on
@@ -166,9 +169,32 @@ def test_other_layouts_and_views(config: dict[str, Any]) -> None:
     run(config, 4 if config["size"] > 20 else 6, 40 if config["size"] > 20 else 90, seed=1)
 
 
+@pytest.mark.parametrize(
+    "config", [{"max_steps": 40}, {"split": "test", "max_steps": 40}], ids=["nav", "split-test"]
+)
+def test_resets_without_tabled_episodes(config: dict[str, Any]) -> None:
+    """Resets that draw and build each episode (more environments than _record tables)."""
+    run(config, 8, 120, seed=4, records=False)
+
+
 @pytest.mark.parametrize("config", [{}, NAV_SMALL], ids=["nav", "nav_small"])
 def test_evaluation_next_seeds(config: dict[str, Any]) -> None:
     run(config, 12, 120, seed=2, evaluation=True)
+
+
+@pytest.mark.parametrize(
+    "config", [{}, {"size": 9, "split": "test"}], ids=["nav", "9x9-split-test"]
+)
+def test_an_episode_every_step(config: dict[str, Any]) -> None:
+    """STOP on every step: each environment draws an episode a step, through many stream rows
+    (their tabled draws and episodes read past, refilled, tabled again)."""
+    seeds = [11, 12, 13]
+    ref = Reference(config, seeds)
+    env = BatchedPointNav(**config, num_envs=len(seeds))
+    assert_first_equal(env.reset(seeds), ref)
+    stop = np.full(len(seeds), int(Actions.STOP))
+    for t in range(300):
+        assert_step_equal(env.step(torch.from_numpy(stop)), ref.step(stop, None), ref, t)
 
 
 @pytest.mark.parametrize(

@@ -84,10 +84,14 @@ _MAX_DOOR_PAIRS = 1 << 22
 _MIN_ROW = 128
 # The low bit of every byte of an int64.
 _LOW_BITS = 0x0101010101010101
+# A view row's classes (2 bits in each of up to 7 bytes) times this, modulo 2**64, have 14 top
+# bits that differ for every row (found by a random search, as chess engines' magic bitboards):
+# the row's index in the table of row images.
+_ROW_MAGIC = 9224498005497888768 - (1 << 64)  # (as an int64)
 # The rows of the per-environment state: the agent's place (direction * cells + position: a
 # row of _pos_table), the goal's position and its term of the goal vector's index, steps taken,
 # cells moved, the start's distance and its row of the SPL table, the current distance.
-_PD, _GOAL, _GOAL_TERM, _STEPS, _MOVED, _START_DIST, _SPL_ROW, _DIST = range(8)
+_PD, _GOAL, _GOAL_TERM, _START_DIST, _SPL_ROW, _DIST, _STEPS, _MOVED = range(8)
 _STATE_ROWS = 8
 # The columns of _pos_table, by place: the first view row's first byte in the environment's
 # codes, the places after a left and a right turn and after a step forward, the positions of
@@ -100,6 +104,8 @@ _SAVED_ROWS = 8
 # Door layouts x free cells up to this many: each layout's free cells tabled (positions by
 # free-cell index and in position order), and a reset's episode read from per-layout tables.
 _MAX_FREE_TABLE = 1 << 22
+# Every stream position's episode tabled (see _record) up to this many int32 values.
+_MAX_RECORDS = 1 << 24
 
 # A cell's one-byte code: its class (the row of the encodings: 0 unseen, 1 empty, 2 wall,
 # 3 goal) in the low bits, and in the top bit whether one sees behind it (not a wall).
@@ -150,6 +156,10 @@ class _Streams:
         self._ar = torch.arange(window, device=device)
         # draws tabled by table_draw: name -> (bound, acceptance, values, ends)
         self.tabled: dict[str, tuple[Any, ...]] = {}
+        # each row's first index in the flat view of a [num_envs, 2 row + 1] table
+        self.row_base = torch.arange(num_envs, device=device) * (2 * self.row + 1)
+        # called with the rows tabled again (after table_draw's tables)
+        self.on_table: Callable[[torch.Tensor], None] | None = None
 
     # ------------------------------------------------------------------ seeding
     def seed(self, envs: list[int], seeds: list[int | None]) -> None:
@@ -224,6 +234,12 @@ class _Streams:
             end = torch.where(ok, self._halves_index, halves)
             values[envs] = value
             ends[envs, :halves] = end.flip(1).cummin(1).values.flip(1)
+        if self.on_table is not None:
+            self.on_table(envs)
+
+    def refill_low(self, envs: torch.Tensor, half: int) -> None:
+        """Refill the rows of ``envs`` and every row read past ``half``."""
+        self._refill(torch.cat((envs, (self.pos > half).nonzero()[:, 0])).unique())
 
     def draw_tabled(self, name: str, envs: torch.Tensor) -> torch.Tensor:
         """:meth:`draw32` of a tabled bound and acceptance, for each of ``envs``."""
@@ -231,8 +247,7 @@ class _Streams:
         halves = 2 * self.row
         end = ends.view(-1).index_select(0, envs * (halves + 1) + self.pos[envs])
         if bool((end == halves).any()):  # rows without a draw ahead: refill (all half-read)
-            low = torch.cat((envs[end == halves], (self.pos > halves // 2).nonzero()[:, 0]))
-            self._refill(low.unique())
+            self.refill_low(envs[end == halves], halves // 2)
             end = ends.view(-1).index_select(0, envs * (halves + 1) + self.pos[envs])
             if bool((end == halves).any()):  # not one in a whole row: draw by windows
                 return self.draw32(envs, bound, accept)
@@ -639,13 +654,13 @@ class BatchedPointNav(BatchedEnv):
 
         # ---- per-environment state, a row per field and a column per environment (so that
         # every operation runs along the environments): the agent and counters (int64,
-        # _STATE_ROWS rows); what its episode's distances are made of (int32, see
-        # _episode_rows, then the doors' and the goal's positions); the cells' codes (a block
-        # of four oriented copies per environment, see _places); each action's outcome
-        # (_expert)
+        # _STATE_ROWS rows); what its episode's distances are made of (int32: _episode_rows'
+        # distance rows and addends, then the doors' and the goal's positions); the cells'
+        # codes (a block of four oriented copies per environment, see _places); each action's
+        # outcome (_expert)
         self._env_base = torch.arange(n_envs, device=dev) * (4 * cells)
         self._state = torch.zeros((_STATE_ROWS, n_envs), dtype=torch.int64, device=dev)
-        self._episode = torch.zeros((4 * nd + 4, n_envs), dtype=torch.int32, device=dev)
+        self._episode = torch.zeros((3 * nd + 3, n_envs), dtype=torch.int32, device=dev)
         self._codes = torch.cat(
             (self._code_copies.repeat(n_envs), torch.zeros(8, dtype=torch.uint8, device=dev))
         )
@@ -760,8 +775,11 @@ class BatchedPointNav(BatchedEnv):
         codes = np.full(cells, _WALL_CODE, dtype=np.uint8)
         codes[cell_pos] = _EMPTY_CODE
         self._code_template = tensor(codes, torch.uint8)
-        self._goal_code = tensor([_GOAL_CODE] * 4, torch.uint8)  # (one per copy)
-        self._empty_code = tensor([_EMPTY_CODE] * 4, torch.uint8)
+        # each free cell's index (RoomLayout.free_cell's order: interior cells, then doors)
+        free_index = np.zeros(cells, dtype=np.int64)
+        free_index[cell_pos] = np.arange(n_cells)
+        free_index[slot_of >= 0] = n_cells + slot_of[slot_of >= 0]
+        self._free_index = tensor(free_index)
         self._free_template = self._code_template == _EMPTY_CODE  # the rooms' cells
 
     def _views(self) -> None:
@@ -790,13 +808,18 @@ class BatchedPointNav(BatchedEnv):
         encodings = np.asarray([(0, 0, 0), EMPTY_ENCODING, WALL_ENCODING, GOAL_ENCODING])
         self._encodings = tensor(encodings, torch.uint8)
         if self._width == 8:  # and a second table for the agent's row: its own cell shown empty
-            keys = np.arange(4**n)
-            classes = (keys[:, None] >> (2 * np.arange(n))) & 3
+            classes = (np.arange(4**n)[:, None] >> (2 * np.arange(n))) & 3  # every view row's
+            words = (classes.astype(np.uint64) << (8 * np.arange(n, dtype=np.uint64))).sum(1)
+            with np.errstate(over="ignore"):
+                keys = (words * np.uint64(_ROW_MAGIC % (1 << 64))) >> np.uint64(50)
+            assert np.unique(keys).size == keys.size  # (_ROW_MAGIC's property)
             agent_row = classes.copy()
             agent_row[:, n - 1] = 1
-            images = encodings[np.concatenate((classes, agent_row))].reshape(2 * 4**n, 3 * n)
-            self._row_images = tensor(images, torch.uint8)
-            self._row_offset = tensor([4**n if i == n // 2 else 0 for i in range(n)])[:, None]
+            images = np.zeros((2, 1 << 14, 3 * n), dtype=np.uint8)
+            images[0, keys] = encodings[classes].reshape(-1, 3 * n)
+            images[1, keys] = encodings[agent_row].reshape(-1, 3 * n)
+            self._row_images = tensor(images.reshape(2 << 14, 3 * n), torch.uint8)
+            self._row_offset = tensor([1 << 14 if i == n // 2 else 0 for i in range(n)])[:, None]
 
     def _places(self, pos_key: np.ndarray) -> None:
         """The agent's places (direction * cells + position) and the codes' oriented copies.
@@ -830,7 +853,8 @@ class BatchedPointNav(BatchedEnv):
             table[d, :, _LEFT_POS] = np.clip(p + forward[(d - 1) % 4], 0, cells - 1)
             table[d, :, _GOAL_KEY] = pos_key * 4 - d
         self._copies = tensor(copies)
-        self._pos_table = tensor(table.reshape(4 * cells, 7))
+        # by column: a gather of a place's column is contiguous along the environments
+        self._pos_table = tensor(table.reshape(4 * cells, 7).T)
         template = np.zeros(4 * cells, dtype=np.uint8)
         template[copies] = self._code_template.cpu().numpy()[:, None]
         self._code_copies = tensor(template, torch.uint8)
@@ -838,15 +862,18 @@ class BatchedPointNav(BatchedEnv):
     def _layout_tables(self, layout: RoomLayout) -> None:
         """Per door layout, what a reset reads (where the draw is one tabled integer).
 
-        ``_layout_table[L]``: the doors' first distance-row indices, a zero (the goal's
-        addend), the doors' offsets along the slots, their positions, their offsets in
-        ``_goal_doors``, and the door-to-door distances; ``_free_pos[L * n_free + k]``: free
+        And, where that table is small enough, each stream position's episode (:meth:`_record`).
+
+        ``_layout_table[:, L]``: the doors' first distance-row indices, a zero (the goal's
+        addend), the doors' positions, their offsets in ``_goal_doors``, and the door-to-door
+        distances; ``_free_pos[L * n_free + k]``: free
         cell ``k``'s position (RoomLayout.free_cell's order); ``_sorted_pos``: the same in
         position order.
         """
         nd, n_free = self._n_doors, self._n_free
         lengths = self._door_lengths
         n_layouts = math.prod(lengths)
+        self._recorded = False
         self._tabled = (
             "episode" in self._streams.tabled
             and nd > 0
@@ -870,12 +897,11 @@ class BatchedPointNav(BatchedEnv):
         columns = (
             (self._n_free + d * self._longest) * cells + door_v * cells,  # door rows
             np.zeros((n_layouts, 1), dtype=np.int64),  # the goal row's addend
-            door_v,
             door_pos,
             d * self._longest + door_v,  # in _goal_doors
             self._pairs_np.reshape(n_layouts, nd * nd),  # [from door, to door]
         )
-        self._layout_table = tensor(np.concatenate(columns, 1), torch.int32)
+        self._layout_table = tensor(np.concatenate(columns, 1).T, torch.int32)  # [column, L]
         interior = np.broadcast_to(self._cell_pos.cpu().numpy(), (n_layouts, self._n_cells))
         free = np.concatenate((interior, door_pos), 1)  # [layouts, n_free]
         self._free_pos = tensor(free.reshape(-1), torch.int32)
@@ -884,6 +910,20 @@ class BatchedPointNav(BatchedEnv):
         self._unpack_div = tensor([1, n_layouts, n_layouts * n_free, n_layouts * n_free * 4])
         self._unpack_div = self._unpack_div[:, None]
         self._unpack_radix = tensor([n_layouts, n_free, 4, n_free])[:, None]
+        # every stream position's episode, where that table is small enough
+        streams, n_envs = self._streams, self.num_envs
+        known = streams.row  # the first halves of each row
+        width = 1 + _STATE_ROWS + 3 * nd + 3
+        self._recorded = n_envs * (known + 1) * width <= _MAX_RECORDS
+        if self._recorded:
+            self._records = torch.zeros((n_envs * (known + 1), width), dtype=torch.int32)
+            self._records = self._records.to(self.device)
+            self._records[:, 0] = -1  # no episode (the last of each row's: always)
+            self._record_at = torch.zeros_like(streams.tabled["episode"][3])
+            self._record_base = torch.arange(n_envs, device=self.device) * (known + 1)
+            self._next_half = torch.arange(1, known + 1, device=self.device)
+            streams.on_table = self._record
+            self._record(torch.arange(n_envs, device=self.device))
 
     # ====================================================================== API
     def reset(self, seeds: Sequence[int | None]) -> TensorDict:
@@ -933,8 +973,8 @@ class BatchedPointNav(BatchedEnv):
             "final_distance": new_dist.float(),
             "shortest_path_length": start_dist.float(),
         }
-        rows = (pd, state[_GOAL], state[_GOAL_TERM], steps, moved, start_dist, state[_SPL_ROW])
-        self._state = torch.stack((*rows, new_dist))
+        rows = (pd, state[_GOAL], state[_GOAL_TERM], start_dist, state[_SPL_ROW], new_dist)
+        self._state = torch.stack((*rows, steps, moved))
 
         final = None
         ended = (stop | truncated).nonzero().squeeze(1)
@@ -948,7 +988,7 @@ class BatchedPointNav(BatchedEnv):
                         (self.num_envs, 3), dtype=torch.float32, device=self.device
                     ),
                 }
-                places = self._pos_table.index_select(0, pd.index_select(0, cut)).t()
+                places = self._places_of(pd.index_select(0, cut))
                 final["image"][cut], final["goal"][cut] = self._observe(places, cut)
             seeds = None
             if next_seeds is not None:
@@ -973,7 +1013,7 @@ class BatchedPointNav(BatchedEnv):
             raise RuntimeError("state_dict() before reset()")
         state = self._state
         place = state[_PD]
-        ahead = self._pos_table.index_select(0, place).t()[_AHEAD_POS : _AHEAD_POS + 1]
+        ahead = self._places_of(place)[_AHEAD_POS : _AHEAD_POS + 1]
         rows = (
             place % self._cells,
             place // self._cells,
@@ -988,7 +1028,7 @@ class BatchedPointNav(BatchedEnv):
             "num_envs": self.num_envs,
             "config": dict(self.config),
             "state": torch.stack(rows).cpu(),
-            "episode": self._episode[: 3 * self._n_doors + 3].cpu(),
+            "episode": self._saved_episode().cpu(),
             "streams": self._streams.state_dict(),
         }
 
@@ -1008,7 +1048,9 @@ class BatchedPointNav(BatchedEnv):
             )
         saved = state["state"].to(self.device, torch.int64)
         episode = state["episode"].to(self.device, torch.int32)
-        door_v, goal_index = self._layout_of(episode)
+        nd = self._n_doors
+        door_v, goal_index = episode[2 * nd + 2 :].long().split((nd, 1))
+        goal_index = goal_index[0]
         doors = self._doors(door_v)
         goal = self._free_cells(goal_index[None, :], doors)[0]
         if saved.shape != (_SAVED_ROWS, self.num_envs) or not torch.equal(goal, saved[2]):
@@ -1017,13 +1059,19 @@ class BatchedPointNav(BatchedEnv):
         everyone = torch.arange(self.num_envs, device=self.device)
         # the template's codes, then the episodes' doors and goals (first "undone": the same)
         self._codes[:-8].view(self.num_envs, -1).copy_(self._code_copies)
-        self._episode = torch.cat((episode, doors.int(), goal[None, :].int()))
-        self._set_codes(everyone, self._episode[3 * self._n_doors + 3 :])
+        self._episode = torch.cat((episode[: 2 * nd + 2], doors.int(), goal[None, :].int()))
+        self._set_codes(everyone, self._episode[2 * nd + 2 :])
         pos, direction, _, steps, moved, start_dist, dist, _ = saved
         self._state = self._state_rows(direction * self._cells + pos, goal, start_dist)
         self._state[_STEPS], self._state[_MOVED], self._state[_DIST] = steps, moved, dist
         self._started = True
         return self._first()
+
+    def _saved_episode(self) -> torch.Tensor:
+        """``_episode`` as :meth:`state_dict` saves it (:meth:`_episode_rows`' rows)."""
+        door_v, goal_index = self._layout_of(self._episode)
+        rows = (self._episode[: 2 * self._n_doors + 2], door_v.int(), goal_index[None, :].int())
+        return torch.cat(rows)
 
     def render(self, index: int = 0) -> Any:
         """An RGB frame of environment ``index`` (a PointNavEnv placed in its episode)."""
@@ -1066,9 +1114,13 @@ class BatchedPointNav(BatchedEnv):
 
     def _look(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every environment's ``image``, ``goal`` and expert action (and actions' outcomes)."""
-        places = self._pos_table.index_select(0, self._state[_PD]).t()  # [columns, B]
+        places = self._places_of(self._state[_PD])
         image, goal = self._observe(places)
         return image, goal, self._expert(places)
+
+    def _places_of(self, place: torch.Tensor) -> torch.Tensor:
+        """``_pos_table``'s columns of these places ``[B]``: ``[columns, B]``."""
+        return self._pos_table.gather(1, place.expand(self._pos_table.shape[0], -1))
 
     def _observe(
         self, places: torch.Tensor, rows: torch.Tensor | None = None
@@ -1097,9 +1149,7 @@ class BatchedPointNav(BatchedEnv):
             visible = self._visible_rows((packed >> self._byte_shift) & 0xFF)  # [j, B]: bit i
             shown = (visible << self._byte_shift).sum(0)  # byte j: row j's visible cells
             classes = words & (((shown >> self._bit_shift) & _LOW_BITS) * 3)  # [i, B]
-            keys = (classes | (classes >> 6)) & 0x000F000F000F000F  # class j at bits 2j
-            keys = (keys | (keys >> 12)) & 0x000000FF000000FF
-            keys = ((keys | (keys >> 24)) & 0xFFFF) + self._row_offset
+            keys = (((classes * _ROW_MAGIC) >> 50) & 0x3FFF) + self._row_offset
             keys = keys.t().contiguous().view(-1)
             image = self._row_images.index_select(0, keys).view(count, n, n, 3)
         else:  # rows of several words: the same, cell by cell
@@ -1257,7 +1307,8 @@ class BatchedPointNav(BatchedEnv):
 
         Rows: the first index of the goal's and the doors' distance rows (R = D + 1), their
         addends (0, then the doors' distances to the goal: R), the doors' offsets (D), the
-        goal's free-cell index. (``_episode``'s columns, before the doors' positions.)
+        goal's free-cell index (:meth:`state_dict`'s ``episode``; ``_episode`` has the first
+        2 R rows, then the doors' and the goal's positions).
         """
         nd, cells = self._n_doors, self._cells
         goal_index = goal_index[None, :]
@@ -1281,27 +1332,30 @@ class BatchedPointNav(BatchedEnv):
         return torch.cat((*bases, zero, door_dist, door_v, goal_index)).int()
 
     def _layout_of(self, episode: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The doors' offsets ``[D, B]`` and the goal's free-cell index ``[B]`` (int64)."""
+        """The doors' offsets ``[D, B]`` and goals' free-cell indices ``[B]`` of ``_episode``."""
         nd = self._n_doors
-        return episode[2 * nd + 2 : 3 * nd + 2].long(), episode[3 * nd + 2].long()
+        doors, goal = episode[2 * nd + 2 :].long().split((nd, 1))
+        door_v = (doors - self._slot_pos0[:, None]) // self._slot_step[:, None].clamp(min=1)
+        return door_v, self._free_index.index_select(0, goal[0])
 
     def _set_codes(self, envs: torch.Tensor, cells: torch.Tensor) -> None:
         """Codes of ``envs``' new episodes (in every copy of the grid).
 
         ``cells``: the doors' positions and the goal's (``[D + 1, B]``, the last rows of the
-        episodes' ``_episode`` columns). First the previous doors and goal undone: their cells
-        take the template's codes (a door's slot is a wall, a goal's cell a room's or a wall);
-        then the new ones set (a goal on a door: its code written twice).
+        episodes' ``_episode`` columns). In order: the previous goal's cell empty, the
+        previous doors' walls (a goal on a door: a wall again), the new doors' cells empty,
+        the new goal's cell the goal.
         """
         nd = self._n_doors
-        cells = torch.cat((self._episode[3 * nd + 3 :].index_select(1, envs), cells))
+        cells = torch.cat((self._episode[2 * nd + 2 :].index_select(1, envs), cells))
         copies = self._copies.index_select(0, cells.view(-1)).view(*cells.shape, 4)
-        where = (self._env_base.index_select(0, envs)[None, :, None] + copies).view(2, -1)
-        flat = self._codes
-        flat.scatter_(0, where[0], self._code_copies.index_select(0, copies[: nd + 1].view(-1)))
-        new = cells[nd + 1 :]
-        goal = (new == new[nd])[:, :, None]
-        flat.scatter_(0, where[1], torch.where(goal, self._goal_code, self._empty_code).view(-1))
+        where = self._env_base.index_select(0, envs)[None, :, None] + copies
+        fill = self._codes.index_fill_
+        old_doors, old_goal, doors, goal = where.split((nd, 1, nd, 1))
+        fill(0, old_goal.view(-1), _EMPTY_CODE)
+        fill(0, old_doors.reshape(-1), _WALL_CODE)
+        fill(0, doors.reshape(-1), _EMPTY_CODE)
+        fill(0, goal.reshape(-1), _GOAL_CODE)
 
     def _state_rows(
         self, place: torch.Tensor, goal: torch.Tensor, start_dist: torch.Tensor
@@ -1310,7 +1364,7 @@ class BatchedPointNav(BatchedEnv):
         goal_term = (self._pos_key.index_select(0, goal) + self._goal_center) * 4
         zeros = torch.zeros_like(place)
         spl_row = start_dist * (self.max_steps + 1)
-        rows = (place, goal, goal_term, zeros, zeros, start_dist, spl_row, start_dist)
+        rows = (place, goal, goal_term, start_dist, spl_row, start_dist, zeros, zeros)
         return torch.stack(rows)
 
     def _start(self, envs: torch.Tensor, seeds: list[int | None] | None) -> None:
@@ -1328,67 +1382,135 @@ class BatchedPointNav(BatchedEnv):
             fresh = []
         if fresh:
             streams.seed([i for i, _ in fresh], [s for _, s in fresh])
+        if self._recorded and self._recorded_episodes(envs):
+            return
         if self._tabled:
-            goal, start, direction, episode = self._tabled_episodes(envs)
+            state, episode = self._tabled_episodes(envs)
         else:
-            goal, start, direction, episode = self._drawn_episodes(envs)
-        start_dist = self._distances(episode, start[None, :])[0].long()
-        self._set_codes(envs, episode[3 * self._n_doors + 3 :])
-        self._state.index_copy_(
-            1, envs, self._state_rows(direction * self._cells + start, goal, start_dist)
-        )
+            state, episode = self._drawn_episodes(envs)
+        self._begin(envs, state, episode)
+
+    def _begin(self, envs: torch.Tensor, state: torch.Tensor, episode: torch.Tensor) -> None:
+        """Start these episodes: ``_state`` rows (int64) and ``_episode`` rows (int32)."""
+        self._set_codes(envs, episode[2 * self._n_doors + 2 :])
+        self._state.index_copy_(1, envs, state)
         self._episode.index_copy_(1, envs, episode)
 
-    def _tabled_episodes(
-        self, envs: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Goals, starts, directions and ``_episode`` rows of ``envs``' new episodes.
+    def _recorded_episodes(self, envs: torch.Tensor) -> bool:
+        """Start ``envs``' episodes from the tables of :meth:`_record` (False: not all there).
 
-        The draw is one tabled integer (layout, goal, direction, start), the rest per-layout
-        tables (:meth:`_layout_tables`). A start drawn on the goal (``min_start_distance=1``)
-        is redrawn among the other free cells, in position order (as _start_off_goal).
+        An environment whose next draw has no record (past the tabled halves, or a start's
+        redraw past its row) has its row refilled, with every row read past a quarter.
         """
         streams = self._streams
-        nd, n_free = self._n_doors, self._n_free
+        for attempt in range(2):
+            at = streams.row_base.index_select(0, envs) + streams.pos.index_select(0, envs)
+            at = self._record_at.view(-1).index_select(0, at)
+            record = self._records.index_select(0, at).t()  # [columns, B]
+            head = record[: 1 + _STATE_ROWS].long()  # the next position, the state's rows
+            missing = head[0] < 0
+            if not bool(missing.any()):
+                streams.pos.index_copy_(0, envs, head[0])
+                self._begin(envs, head[1:], record[1 + _STATE_ROWS :])
+                return True
+            if not attempt:
+                streams.refill_low(envs[missing], streams.row // 2)
+        return False
+
+    def _record(self, envs: torch.Tensor) -> None:
+        """Table the episode a draw ending at each of the first halves of rows ``envs`` starts.
+
+        ``_records`` holds, by row and half, the stream position after the episode's draws
+        (-1: a start's redraw past the row), ``_state``'s and ``_episode``'s rows; the row's
+        last record has none. ``_record_at`` has, by row and position, the record of the next
+        draw (the row's last where that draw ends past the tabled halves).
+        """
+        streams = self._streams
+        known, halves = streams.row, 2 * streams.row
+        _, _, values, ends = streams.tabled["episode"]
+        rows = envs.numel()
+        packed = values.index_select(0, envs)[:, :known].reshape(1, -1)
+        layout, goal_index, direction, start_index = (
+            packed // self._unpack_div % self._unpack_radix
+        )
+        after = self._next_half.expand(rows, -1)
+        redraw = k = None
+        if self.min_start_distance == 1:  # the start's draw from the next half
+            _, _, start_values, start_ends = streams.tabled["start"]
+            end = start_ends.index_select(0, envs)[:, 1 : known + 1]
+            k = start_values.index_select(0, envs).gather(1, end.clamp(max=halves - 1))
+            redraw = start_index == goal_index
+            more = torch.where(end < halves, end + 1, -1)
+            after, k = torch.where(redraw.view(rows, -1), more, after), k.view(-1)
+        state, episode = self._new_episodes(layout, goal_index, direction, start_index, redraw, k)
+        table = torch.cat((after.reshape(1, -1), state, episode)).int()
+        width = table.shape[0]
+        records = self._records.view(-1, known + 1, width)
+        records[envs, :known] = table.view(width, rows, known).permute(1, 2, 0)
+        base = self._record_base.index_select(0, envs)[:, None]
+        self._record_at[envs] = base + ends.index_select(0, envs).clamp(max=known)
+
+    def _tabled_episodes(self, envs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_state`` and ``_episode`` rows of ``envs``' new episodes, drawn (one tabled draw).
+
+        A start drawn on the goal (``min_start_distance=1``) is redrawn (as _start_off_goal).
+        """
+        streams = self._streams
         if self._split_empty:
             self._draw_values(envs)  # raises
         values = streams.draw_tabled("episode", envs)[None, :] // self._unpack_div
-        values = values % self._unpack_radix
-        layout, goal_index, direction, start_index = values
-        per_layout = self._layout_table.index_select(0, layout)  # [B, columns]
-        row = layout * n_free
-        cells = self._free_pos.index_select(0, (row + values[1::2]).view(-1)).view(2, -1)
-        goal, start = cells.long()
+        layout, goal_index, direction, start_index = values % self._unpack_radix
+        redraw = k = None
         if self.min_start_distance == 1:
-            redraw = (start_index == goal_index).nonzero().squeeze(1)
-            if redraw.numel():
-                k = streams.draw_tabled("start", envs[redraw])
-                row = row[redraw]
-                after = self._sorted_pos.index_select(0, row + k) >= goal[redraw]
-                start[redraw] = self._sorted_pos.index_select(0, row + k + after).long()
+            redraw = start_index == goal_index
+            todo = redraw.nonzero().squeeze(1)
+            k = torch.zeros_like(start_index)
+            if todo.numel():
+                k[todo] = streams.draw_tabled("start", envs[todo])
+        return self._new_episodes(layout, goal_index, direction, start_index, redraw, k)
+
+    def _new_episodes(
+        self,
+        layout: torch.Tensor,
+        goal_index: torch.Tensor,
+        direction: torch.Tensor,
+        start_index: torch.Tensor,
+        redraw: torch.Tensor | None,
+        k: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_state`` and ``_episode`` rows of episodes of these draws (per-layout tables).
+
+        ``redraw``: where the start drawn is the goal, redrawn as the ``k``-th of the other
+        free cells in position order (as _start_off_goal).
+        """
+        nd, n_free = self._n_doors, self._n_free
+        table = self._layout_table
+        columns = table.gather(1, layout.expand(table.shape[0], -1))  # [columns, B]
+        row = layout * n_free
+        index = torch.stack((goal_index, start_index))
+        cells = self._free_pos.index_select(0, (row + index).view(-1)).view(2, -1)
+        goal, start = cells.long()
+        if redraw is not None and k is not None:
+            sorted_pos = self._sorted_pos
+            after = sorted_pos.index_select(0, row + k) >= goal
+            start = torch.where(redraw, sorted_pos.index_select(0, row + k + after), start)
         # the goal room's doors' distances (far for the others), then through the doors
-        rows = (goal_index * (nd * self._longest))[:, None] + per_layout[
-            :, 3 * nd + 1 : 4 * nd + 1
-        ]
-        door_dist = self._goal_doors.index_select(0, rows.view(-1)).view(-1, nd, 1)
-        pairs = per_layout[:, 4 * nd + 1 :].view(-1, nd, nd)  # [B, from, to]
-        door_dist = (door_dist + pairs).amin(1).t()  # [to, B]
-        columns = per_layout.t()
-        goal_index = goal_index.int()
+        rows = goal_index * (nd * self._longest) + columns[2 * nd + 1 : 3 * nd + 1]
+        door_dist = self._goal_doors.index_select(0, rows.view(-1)).view(nd, 1, -1)
+        pairs = columns[3 * nd + 1 :].view(nd, nd, -1)  # [from, to, B]
+        door_dist = (door_dist + pairs).amin(0)  # [to, B]
         episode = (
-            (goal_index * self._cells)[None, :],
+            (goal_index * self._cells).int()[None, :],
             columns[: nd + 1],  # the doors' rows, the goal's addend
             door_dist,
-            columns[nd + 1 : 2 * nd + 1],  # the doors' offsets
-            goal_index[None, :],
-            columns[2 * nd + 1 : 3 * nd + 1],  # the doors' positions
-            cells[:1],
+            columns[nd + 1 : 2 * nd + 1],  # the doors' positions
+            cells[:1],  # the goal's
         )
-        return goal, start, direction, torch.cat(episode)
+        episode = torch.cat(episode)
+        start_dist = self._distances(episode, start[None, :])[0].long()
+        return self._state_rows(direction * self._cells + start, goal, start_dist), episode
 
-    def _drawn_episodes(
-        self, envs: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _drawn_episodes(self, envs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`_tabled_episodes` for any layout: draws decoded, distances computed."""
         nd = self._n_doors
         values = self._draw_values(envs)  # [values, B]
@@ -1406,8 +1528,10 @@ class BatchedPointNav(BatchedEnv):
                 else:
                     self._other_starts(envs, todo, goal_index, goal_start, door_v)
                     rows[:, todo] = self._episode_rows(goal_index[todo], door_v[:, todo])
-        episode = torch.cat((rows, doors.int(), goal_start[:1].int()))
-        return goal_start[0], goal_start[1], direction, episode
+        episode = torch.cat((rows[: 2 * nd + 2], doors.int(), goal_start[:1].int()))
+        goal, start = goal_start
+        start_dist = self._distances(episode, start[None, :])[0].long()
+        return self._state_rows(direction * self._cells + start, goal, start_dist), episode
 
     def _start_off_goal(
         self,
