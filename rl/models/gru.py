@@ -89,6 +89,10 @@ class _GRULayer(torch.autograd.Function):
         return d_gi, dh, None, d_w_hh, d_b_hh
 
 
+# Eager under torch.compile (pipeline.compile): which steps reset is data (a list read from
+# the tensor), and compiled it would be one graph per reset pattern, recompiled minibatch after
+# minibatch up to dynamo's limit. The layers around it are compiled.
+@torch.compiler.disable
 def gru_sequence(
     rnn: nn.GRU, x: torch.Tensor, episode_starts: torch.Tensor, hidden: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

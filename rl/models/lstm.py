@@ -13,6 +13,10 @@ import torch
 from torch import nn
 
 
+# Eager under torch.compile (pipeline.compile): which steps reset is data (a list read from
+# the tensor), and compiled it would be one graph per reset pattern, recompiled minibatch after
+# minibatch up to dynamo's limit. The layers around it are compiled.
+@torch.compiler.disable
 def lstm_sequence(
     lstm: nn.LSTM,
     x: torch.Tensor,
