@@ -38,6 +38,7 @@ OVERRIDES = [
     "eval.num_episodes=0",
     # What ppo_nav was then (its defaults changed since; the resumed run uses its saved config).
     "model.image_encoding=embed",
+    "sampler=serial",
     "pipeline.recurrence=0",
     "pipeline.optimizer.lr=5e-4",
 ]
