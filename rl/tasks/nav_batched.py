@@ -58,6 +58,7 @@ from rl.tasks.nav_view import (
     GOAL_ENCODING,
     WALL_ENCODING,
     process_vis_row,
+    view_indices,
 )
 from rl.tasks.splits import _BUCKETS, MAX_SPLIT_DRAWS, SPLITS
 from rl.utils.config import Check
@@ -89,10 +90,11 @@ _LOW_BITS = 0x0101010101010101
 # the row's index in the table of row images.
 _ROW_MAGIC = 9224498005497888768 - (1 << 64)  # (as an int64)
 # The rows of the per-environment state: the agent's place (direction * cells + position: a
-# row of _pos_table), the goal's position and its term of the goal vector's index, steps taken,
-# cells moved, the start's distance and its row of the SPL table, the current distance.
-_PD, _GOAL, _GOAL_TERM, _START_DIST, _SPL_ROW, _DIST, _STEPS, _MOVED = range(8)
-_STATE_ROWS = 8
+# column of _pos_table), the goal's position and its term of the goal vector's index, the
+# start's distance and its row of the SPL table, the first of its cells' codes (its layout's,
+# or its own), the current distance, steps taken, cells moved.
+_PD, _GOAL, _GOAL_TERM, _START_DIST, _SPL_ROW, _CODES, _DIST, _STEPS, _MOVED = range(9)
+_STATE_ROWS = 9
 # The columns of _pos_table, by place: the first view row's first byte in the environment's
 # codes, the places after a left and a right turn and after a step forward, the positions of
 # the cell ahead and of the cell ahead after a left turn (the expert's), the place's term of
@@ -106,6 +108,9 @@ _SAVED_ROWS = 8
 _MAX_FREE_TABLE = 1 << 22
 # Every stream position's episode tabled (see _record) up to this many int32 values.
 _MAX_RECORDS = 1 << 24
+# Every door layout's cells' codes (shared by the environments in it) up to this many bytes;
+# more: each environment has its own, its doors written at each reset.
+_MAX_SHARED_CODES = 1 << 26
 
 # A cell's one-byte code: its class (the row of the encodings: 0 unseen, 1 empty, 2 wall,
 # 3 goal) in the low bits, and in the top bit whether one sees behind it (not a wall).
@@ -562,7 +567,7 @@ class BatchedPointNav(BatchedEnv):
         self._twin: PointNavEnv | None = None
         self._started = False
         self._batch = torch.Size([n_envs])
-        layout = RoomLayout(size, rooms_per_side)
+        layout = self._layout = RoomLayout(size, rooms_per_side)
 
         def tensor(values: Any, dtype: torch.dtype = torch.int64) -> torch.Tensor:
             return torch.as_tensor(np.asarray(values), dtype=dtype, device=dev)
@@ -596,6 +601,20 @@ class BatchedPointNav(BatchedEnv):
                         dtype=np.float32,
                     )
         self._goal_table = tensor(goals.reshape(-1, 3), torch.float32)
+        # the goal's class bit in the view (the codes have none), by the same index: in view row
+        # i's word at byte j (rows of one word), or at cell (i, j) (larger views)
+        view_x, view_y = view_indices(n, 0)
+        one_word = self._width == 8
+        marks = np.zeros((span * span * 4, n if one_word else n * n), dtype=np.int64)
+        for d in range(4):
+            inside = (np.abs(view_x[d]) < size) & (np.abs(view_y[d]) < size)
+            at = ((view_x[d] + size - 1) * span + view_y[d] + size - 1) * 4 + d
+            for i, j in zip(*np.nonzero(inside), strict=True):
+                if one_word:
+                    marks[at[i, j], i] |= 2 << (8 * j)
+                else:
+                    marks[at[i, j], i * n + j] = 2
+        self._goal_words = tensor(marks.T, torch.int64 if one_word else torch.uint8)
         # rewards by index: distance before - after + 1 (as PointNavEnv.step sums them), then
         # a success's
         scale, penalty = float(distance_reward_scale), float(step_penalty)
@@ -650,22 +669,38 @@ class BatchedPointNav(BatchedEnv):
             self._streams.table_draw("episode", self._chunks[0][0], self._packed_in_split(0))
             if min_start_distance == 1:  # a start other than the goal (see _start_off_goal)
                 self._streams.table_draw("start", layout.n_free - 1, None)
-        self._layout_tables(layout)
+
+        # ---- the cells' codes: four oriented copies of a grid (see _places) per door layout
+        # (its doors open), or per environment (its doors written at each reset); the goal is
+        # not in them (see _goal_words), so that environments share their layout's
+        lengths = self._door_lengths
+        n_layouts = math.prod(lengths)
+        self._layout_radix_all = tensor(np.cumprod([1, *lengths[:-1]])[:nd]).reshape(nd, 1)
+        self._shared_codes = n_layouts * 4 * cells <= _MAX_SHARED_CODES
+        template = self._code_copies.cpu().numpy()
+        if self._shared_codes:
+            blocks = np.broadcast_to(template, (n_layouts, 4 * cells)).copy()
+            if nd:
+                radix = np.cumprod([1, *lengths[:-1]])
+                door_v = (np.arange(n_layouts)[:, None] // radix) % lengths
+                at = self._copies.cpu().numpy()[self._door_positions(door_v)]  # [L, D, 4]
+                blocks[np.arange(n_layouts)[:, None, None], at] = _EMPTY_CODE
+        else:
+            blocks = np.broadcast_to(template, (n_envs, 4 * cells))
+        codes = np.concatenate((blocks.reshape(-1), np.zeros(8, dtype=np.uint8)))
+        self._codes = tensor(codes, torch.uint8)
+        # every 8 bytes from each byte (a view row's cells read as one int64 word)
+        self._windows = self._codes.unfold(0, 8, 1)
+        self._env_base = torch.arange(n_envs, device=dev) * (4 * cells)
 
         # ---- per-environment state, a row per field and a column per environment (so that
         # every operation runs along the environments): the agent and counters (int64,
         # _STATE_ROWS rows); what its episode's distances are made of (int32: _episode_rows'
-        # distance rows and addends, then the doors' and the goal's positions); the cells'
-        # codes (a block of four oriented copies per environment, see _places); each action's
+        # distance rows and addends, then the doors' and the goal's positions); each action's
         # outcome (_expert)
-        self._env_base = torch.arange(n_envs, device=dev) * (4 * cells)
         self._state = torch.zeros((_STATE_ROWS, n_envs), dtype=torch.int64, device=dev)
         self._episode = torch.zeros((3 * nd + 3, n_envs), dtype=torch.int32, device=dev)
-        self._codes = torch.cat(
-            (self._code_copies.repeat(n_envs), torch.zeros(8, dtype=torch.uint8, device=dev))
-        )
-        # every 8 bytes from each byte (a view row's cells read as one int64 word)
-        self._windows = self._codes.unfold(0, 8, 1)
+        self._layout_tables(layout)
         self._next = torch.zeros((12, n_envs), dtype=torch.int64, device=dev)
         self._next_rows = tensor([0, 4, 8])[:, None]
         self._ones = torch.ones(n_envs, dtype=torch.int64, device=dev)
@@ -749,6 +784,7 @@ class BatchedPointNav(BatchedEnv):
         self._door_row0 = tensor((n_free + np.arange(nd) * longest) * cells)
         self._door_offset = tensor(np.arange(nd) * longest)
         self._goal_doors = tensor(goal_doors.reshape(-1), torch.int32)
+        self._goal_doors_np = goal_doors
         self._door_edges = tensor(edges.reshape(-1), torch.int32)
         pairs = (np.arange(nd)[:, None] * nd + np.arange(nd)[None, :]) * longest * longest
         self._edge_base = tensor(pairs)[:, :, None]  # [from, to, 1]
@@ -859,16 +895,22 @@ class BatchedPointNav(BatchedEnv):
         template[copies] = self._code_template.cpu().numpy()[:, None]
         self._code_copies = tensor(template, torch.uint8)
 
+    def _door_positions(self, door_v: np.ndarray) -> np.ndarray:
+        """The positions of doors at these offsets (``[..., D]``, NumPy)."""
+        slots = np.array(self._layout.door_slots, dtype=np.int64).reshape(-1, 5)
+        x0, y0, ax, ay = slots[:, 0], slots[:, 1], slots[:, 2], slots[:, 3]
+        pad, side = self._pad, self._side
+        return (x0 + pad) * side + y0 + pad + (ax * side + ay) * door_v
+
     def _layout_tables(self, layout: RoomLayout) -> None:
         """Per door layout, what a reset reads (where the draw is one tabled integer).
 
         And, where that table is small enough, each stream position's episode (:meth:`_record`).
 
         ``_layout_table[:, L]``: the doors' first distance-row indices, a zero (the goal's
-        addend), the doors' positions, their offsets in ``_goal_doors``, and the door-to-door
-        distances; ``_free_pos[L * n_free + k]``: free
-        cell ``k``'s position (RoomLayout.free_cell's order); ``_sorted_pos``: the same in
-        position order.
+        addend), the doors' positions; ``_free_pos[L * n_free + k]``: free cell ``k``'s
+        position (RoomLayout.free_cell's order); ``_sorted_pos``: the same in position order;
+        ``_door_dist[L * n_free + goal]``: the doors' distances to the goal.
         """
         nd, n_free = self._n_doors, self._n_free
         lengths = self._door_lengths
@@ -884,43 +926,39 @@ class BatchedPointNav(BatchedEnv):
         if not self._tabled:
             return
         assert self._pairs_np is not None
-        tensor, cells, side = self._tensor, self._cells, self._side
+        tensor, cells = self._tensor, self._cells
         radix = np.cumprod([1, *lengths[:-1]])
         door_v = (np.arange(n_layouts)[:, None] // radix) % lengths  # [layouts, doors]
         d = np.arange(nd)
-        door_pos = np.array(
-            [(x0 + self._pad) * side + y0 + self._pad for x0, y0, *_ in layout.door_slots]
-        )
-        door_pos = (
-            door_pos + np.array([ax * side + ay for _, _, ax, ay, _ in layout.door_slots]) * door_v
-        )
+        door_pos = self._door_positions(door_v)
         columns = (
             (self._n_free + d * self._longest) * cells + door_v * cells,  # door rows
             np.zeros((n_layouts, 1), dtype=np.int64),  # the goal row's addend
             door_pos,
-            d * self._longest + door_v,  # in _goal_doors
-            self._pairs_np.reshape(n_layouts, nd * nd),  # [from door, to door]
         )
         self._layout_table = tensor(np.concatenate(columns, 1).T, torch.int32)  # [column, L]
         interior = np.broadcast_to(self._cell_pos.cpu().numpy(), (n_layouts, self._n_cells))
         free = np.concatenate((interior, door_pos), 1)  # [layouts, n_free]
         self._free_pos = tensor(free.reshape(-1), torch.int32)
         self._sorted_pos = tensor(np.sort(free, 1).reshape(-1), torch.int32)
-        # the tabled draw's values: layout, goal index, direction, start index
-        self._unpack_div = tensor([1, n_layouts, n_layouts * n_free, n_layouts * n_free * 4])
-        self._unpack_div = self._unpack_div[:, None]
-        self._unpack_radix = tensor([n_layouts, n_free, 4, n_free])[:, None]
+        # the doors' distances to the goal by (layout, goal): through the goal room's doors
+        far = np.full((n_layouts, n_free, nd), 1 << 40, dtype=np.int64)
+        for e in range(nd):
+            to_e = self._goal_doors_np[:, e, :][:, door_v[:, e]].T  # [layouts, goals]
+            far = np.minimum(far, to_e[:, :, None] + self._pairs_np[:, e, None, :])
+        self._door_dist = tensor(far.reshape(-1, nd), torch.int32)  # [L * n_free + goal, door]
+        self._pos_key32 = self._pos_key.int()
         # every stream position's episode, where that table is small enough
         streams, n_envs = self._streams, self.num_envs
         known = streams.row  # the first halves of each row
         width = 1 + _STATE_ROWS + 3 * nd + 3
         self._recorded = n_envs * (known + 1) * width <= _MAX_RECORDS
         if self._recorded:
-            self._records = torch.zeros((n_envs * (known + 1), width), dtype=torch.int32)
-            self._records = self._records.to(self.device)
-            self._records[:, 0] = -1  # no episode (the last of each row's: always)
+            records = torch.zeros((n_envs * known + 1, width), dtype=torch.int32)
+            records[-1, 0] = -1  # the last: no episode
+            self._records = records.to(self.device)  # (a row each: one read per reset)
             self._record_at = torch.zeros_like(streams.tabled["episode"][3])
-            self._record_base = torch.arange(n_envs, device=self.device) * (known + 1)
+            self._record_base = torch.arange(n_envs, device=self.device) * known
             self._next_half = torch.arange(1, known + 1, device=self.device)
             streams.on_table = self._record
             self._record(torch.arange(n_envs, device=self.device))
@@ -973,8 +1011,8 @@ class BatchedPointNav(BatchedEnv):
             "final_distance": new_dist.float(),
             "shortest_path_length": start_dist.float(),
         }
-        rows = (pd, state[_GOAL], state[_GOAL_TERM], start_dist, state[_SPL_ROW], new_dist)
-        self._state = torch.stack((*rows, steps, moved))
+        rows = (pd, state[_GOAL], state[_GOAL_TERM], start_dist, state[_SPL_ROW], state[_CODES])
+        self._state = torch.stack((*rows, new_dist, steps, moved))
 
         final = None
         ended = (stop | truncated).nonzero().squeeze(1)
@@ -1057,12 +1095,14 @@ class BatchedPointNav(BatchedEnv):
             raise ValueError("inconsistent state: the goals are not the episodes' goals")
         self._streams.load_state_dict(state["streams"])
         everyone = torch.arange(self.num_envs, device=self.device)
-        # the template's codes, then the episodes' doors and goals (first "undone": the same)
-        self._codes[:-8].view(self.num_envs, -1).copy_(self._code_copies)
+        if not self._shared_codes:  # the template's, then the episodes' doors (first "closed")
+            self._codes[:-8].view(self.num_envs, -1).copy_(self._code_copies)
         self._episode = torch.cat((episode[: 2 * nd + 2], doors.int(), goal[None, :].int()))
-        self._set_codes(everyone, self._episode[2 * nd + 2 :])
+        self._set_doors(everyone, doors)
+        layout = (door_v * self._layout_radix_all).sum(0)
         pos, direction, _, steps, moved, start_dist, dist, _ = saved
-        self._state = self._state_rows(direction * self._cells + pos, goal, start_dist)
+        codes = self._codes_of(everyone, layout)
+        self._state = self._state_rows(direction * self._cells + pos, goal, start_dist, codes)
         self._state[_STEPS], self._state[_MOVED], self._state[_DIST] = steps, moved, dist
         self._started = True
         return self._first()
@@ -1135,11 +1175,11 @@ class BatchedPointNav(BatchedEnv):
         index the table of its encodings.
         """
         n = self.agent_view_size
-        base = self._env_base if rows is None else self._env_base.index_select(0, rows)
-        goal_term = self._state[_GOAL_TERM]
-        goal_term = goal_term if rows is None else goal_term.index_select(0, rows)
-        count = base.numel()
-        first = base + places[_START]
+        state = self._state if rows is None else self._state.index_select(1, rows)
+        count = state.shape[1]
+        first = state[_CODES] + places[_START]
+        goal_at = state[_GOAL_TERM] - places[_GOAL_KEY]  # (goal - agent, direction)
+        goal = self._goal_words.gather(1, goal_at.expand(self._goal_words.shape[0], -1))
         if self._width == 8:
             where = first + self._row_step  # [i, B]
             words = self._windows.index_select(0, where.view(-1)).view(torch.int64)
@@ -1148,7 +1188,8 @@ class BatchedPointNav(BatchedEnv):
             packed = (see << self._bit_shift).sum(0)  # byte j: process_vis's row j
             visible = self._visible_rows((packed >> self._byte_shift) & 0xFF)  # [j, B]: bit i
             shown = (visible << self._byte_shift).sum(0)  # byte j: row j's visible cells
-            classes = words & (((shown >> self._bit_shift) & _LOW_BITS) * 3)  # [i, B]
+            mask = ((shown >> self._bit_shift) & _LOW_BITS) * 3
+            classes = (words | goal) & mask  # [i, B]: the visible cells' classes, 2 bits each
             keys = (((classes * _ROW_MAGIC) >> 50) & 0x3FFF) + self._row_offset
             keys = keys.t().contiguous().view(-1)
             image = self._row_images.index_select(0, keys).view(count, n, n, 3)
@@ -1158,12 +1199,11 @@ class BatchedPointNav(BatchedEnv):
             see = (cells >> 7).long()
             visible = self._visible_rows((see << self._bit_shift[:, :, None]).sum(0))
             shown = (visible >> self._bit_shift[:, :, None]) & 1  # [i, j, B]
-            classes = (cells & 3).long() * shown
+            classes = ((cells | goal.view(n, n, -1)) & 3).long() * shown
             classes[n // 2, n - 1] = 1  # the agent's cell: empty, not goal
             keys = classes.permute(2, 0, 1).reshape(-1)
             image = self._encodings.index_select(0, keys).view(count, n, n, 3)
-        goal_vec = self._goal_table.index_select(0, goal_term - places[_GOAL_KEY])
-        return image, goal_vec
+        return image, self._goal_table.index_select(0, goal_at)
 
     def _visible_rows(self, see_rows: torch.Tensor) -> torch.Tensor:
         """process_vis row by row (``see_rows[j]``: row ``j``'s see-behind bits); ``[j, B]``."""
@@ -1195,7 +1235,7 @@ class BatchedPointNav(BatchedEnv):
         forward_dist = torch.where(free, ahead, dist)
         at_goal = dist == 0
         one = self._ones
-        self._next = torch.stack(
+        torch.stack(
             (
                 places[_LEFT_PD],
                 places[_RIGHT_PD],
@@ -1209,7 +1249,8 @@ class BatchedPointNav(BatchedEnv):
                 one,
                 dist - forward_dist + 1,
                 torch.where(at_goal, 3, 1),
-            )
+            ),
+            out=self._next,  # (read by the next step only)
         )
         hit = near == dist - 1  # (ahead, left)
         act = self._action
@@ -1338,34 +1379,40 @@ class BatchedPointNav(BatchedEnv):
         door_v = (doors - self._slot_pos0[:, None]) // self._slot_step[:, None].clamp(min=1)
         return door_v, self._free_index.index_select(0, goal[0])
 
-    def _set_codes(self, envs: torch.Tensor, cells: torch.Tensor) -> None:
-        """Codes of ``envs``' new episodes (in every copy of the grid).
+    def _set_doors(self, envs: torch.Tensor, doors: torch.Tensor) -> None:
+        """Codes of ``envs``' new doors (``[D, B]``) where each environment has its own.
 
-        ``cells``: the doors' positions and the goal's (``[D + 1, B]``, the last rows of the
-        episodes' ``_episode`` columns). In order: the previous goal's cell empty, the
-        previous doors' walls (a goal on a door: a wall again), the new doors' cells empty,
-        the new goal's cell the goal.
+        Their previous doors closed (walls), the new ones open (empty), in every copy.
         """
+        if self._shared_codes or not self._n_doors:
+            return
         nd = self._n_doors
-        cells = torch.cat((self._episode[2 * nd + 2 :].index_select(1, envs), cells))
+        cells = torch.cat((self._episode[2 * nd + 2 : 3 * nd + 2].index_select(1, envs), doors))
         copies = self._copies.index_select(0, cells.view(-1)).view(*cells.shape, 4)
         where = self._env_base.index_select(0, envs)[None, :, None] + copies
-        fill = self._codes.index_fill_
-        old_doors, old_goal, doors, goal = where.split((nd, 1, nd, 1))
-        fill(0, old_goal.view(-1), _EMPTY_CODE)
-        fill(0, old_doors.reshape(-1), _WALL_CODE)
-        fill(0, doors.reshape(-1), _EMPTY_CODE)
-        fill(0, goal.reshape(-1), _GOAL_CODE)
+        old, new = where.split((nd, nd))
+        self._codes.index_fill_(0, old.reshape(-1), _WALL_CODE)
+        self._codes.index_fill_(0, new.reshape(-1), _EMPTY_CODE)
 
     def _state_rows(
-        self, place: torch.Tensor, goal: torch.Tensor, start_dist: torch.Tensor
+        self,
+        place: torch.Tensor,
+        goal: torch.Tensor,
+        start_dist: torch.Tensor,
+        codes: torch.Tensor,
     ) -> torch.Tensor:
         """``_state``'s rows of new episodes (int64 ``[_STATE_ROWS, B]``)."""
         goal_term = (self._pos_key.index_select(0, goal) + self._goal_center) * 4
         zeros = torch.zeros_like(place)
         spl_row = start_dist * (self.max_steps + 1)
-        rows = (place, goal, goal_term, start_dist, spl_row, start_dist, zeros, zeros)
+        rows = (place, goal, goal_term, start_dist, spl_row, codes, start_dist, zeros, zeros)
         return torch.stack(rows)
+
+    def _codes_of(self, envs: torch.Tensor, layout: torch.Tensor) -> torch.Tensor:
+        """The first of the cells' codes of ``envs`` in these door layouts (``[B]``)."""
+        if self._shared_codes:
+            return layout * (4 * self._cells)
+        return self._env_base.index_select(0, envs)
 
     def _start(self, envs: torch.Tensor, seeds: list[int | None] | None) -> None:
         """New episodes in ``envs`` (distinct): PointNavEnv.reset(seed=...) of each."""
@@ -1392,7 +1439,8 @@ class BatchedPointNav(BatchedEnv):
 
     def _begin(self, envs: torch.Tensor, state: torch.Tensor, episode: torch.Tensor) -> None:
         """Start these episodes: ``_state`` rows (int64) and ``_episode`` rows (int32)."""
-        self._set_codes(envs, episode[2 * self._n_doors + 2 :])
+        if not self._shared_codes:
+            self._set_doors(envs, episode[2 * self._n_doors + 2 : 3 * self._n_doors + 2])
         self._state.index_copy_(1, envs, state)
         self._episode.index_copy_(1, envs, episode)
 
@@ -1400,7 +1448,7 @@ class BatchedPointNav(BatchedEnv):
         """Start ``envs``' episodes from the tables of :meth:`_record` (False: not all there).
 
         An environment whose next draw has no record (past the tabled halves, or a start's
-        redraw past its row) has its row refilled, with every row read past a quarter.
+        redraw past its row) has its row refilled, with every row read past 3/8 of it.
         """
         streams = self._streams
         for attempt in range(2):
@@ -1414,41 +1462,54 @@ class BatchedPointNav(BatchedEnv):
                 self._begin(envs, head[1:], record[1 + _STATE_ROWS :])
                 return True
             if not attempt:
-                streams.refill_low(envs[missing], streams.row // 2)
+                streams.refill_low(envs[missing], streams.row * 3 // 4)
         return False
 
     def _record(self, envs: torch.Tensor) -> None:
         """Table the episode a draw ending at each of the first halves of rows ``envs`` starts.
 
         ``_records`` holds, by row and half, the stream position after the episode's draws
-        (-1: a start's redraw past the row), ``_state``'s and ``_episode``'s rows; the row's
-        last record has none. ``_record_at`` has, by row and position, the record of the next
-        draw (the row's last where that draw ends past the tabled halves).
+        (-1: a start's redraw past the row), ``_state``'s and ``_episode``'s rows; its last
+        row has none. ``_record_at`` has, by row and position, the record of the next draw
+        (the last where that draw ends past the tabled halves).
         """
         streams = self._streams
         known, halves = streams.row, 2 * streams.row
         _, _, values, ends = streams.tabled["episode"]
         rows = envs.numel()
-        packed = values.index_select(0, envs)[:, :known].reshape(1, -1)
-        layout, goal_index, direction, start_index = (
-            packed // self._unpack_div % self._unpack_radix
-        )
-        after = self._next_half.expand(rows, -1)
-        redraw = k = None
+        draws = self._unpack(values.index_select(0, envs)[:, :known].reshape(-1))
+        after = self._next_half.repeat(rows)
+        redrawn = None
         if self.min_start_distance == 1:  # the start's draw from the next half
-            _, _, start_values, start_ends = streams.tabled["start"]
-            end = start_ends.index_select(0, envs)[:, 1 : known + 1]
-            k = start_values.index_select(0, envs).gather(1, end.clamp(max=halves - 1))
-            redraw = start_index == goal_index
-            more = torch.where(end < halves, end + 1, -1)
-            after, k = torch.where(redraw.view(rows, -1), more, after), k.view(-1)
-        state, episode = self._new_episodes(layout, goal_index, direction, start_index, redraw, k)
-        table = torch.cat((after.reshape(1, -1), state, episode)).int()
+            todo = (draws[3] == draws[1]).nonzero().squeeze(1)
+            if todo.numel():
+                _, _, start_values, start_ends = streams.tabled["start"]
+                env, half = envs.index_select(0, todo // known), todo % known
+                end = start_ends[env, half + 1]
+                k = start_values[env, end.clamp(max=halves - 1)]
+                after[todo] = torch.where(end < halves, end + 1, -1)
+                redrawn = todo, k
+        owners = envs[:, None].expand(-1, known).reshape(-1)
+        table = torch.cat((after[None, :].int(), self._new_episodes(owners, *draws, redrawn)))
         width = table.shape[0]
-        records = self._records.view(-1, known + 1, width)
-        records[envs, :known] = table.view(width, rows, known).permute(1, 2, 0)
-        base = self._record_base.index_select(0, envs)[:, None]
-        self._record_at[envs] = base + ends.index_select(0, envs).clamp(max=known)
+        records = self._records[:-1].view(-1, known, width)
+        records.index_copy_(0, envs, table.t().reshape(rows, known, width))
+        end = ends.index_select(0, envs)
+        at = self._record_base.index_select(0, envs)[:, None] + end
+        self._record_at[envs] = torch.where(end < known, at, self._records.shape[0] - 1)
+
+    def _unpack(
+        self, packed: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A tabled draw's door layout, goal index, direction and start index."""
+        n_layouts, n_free = math.prod(self._door_lengths), self._n_free
+        if n_layouts & (n_layouts - 1):
+            layout, rest = packed % n_layouts, packed // n_layouts
+        else:
+            layout, rest = packed & (n_layouts - 1), packed >> (n_layouts.bit_length() - 1)
+        goal_index, rest = rest % n_free, rest // n_free
+        values = torch.stack((layout, goal_index, rest & 3, rest >> 2)).int()
+        return values[0], values[1], values[2], values[3]
 
     def _tabled_episodes(self, envs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``_state`` and ``_episode`` rows of ``envs``' new episodes, drawn (one tabled draw).
@@ -1458,57 +1519,61 @@ class BatchedPointNav(BatchedEnv):
         streams = self._streams
         if self._split_empty:
             self._draw_values(envs)  # raises
-        values = streams.draw_tabled("episode", envs)[None, :] // self._unpack_div
-        layout, goal_index, direction, start_index = values % self._unpack_radix
-        redraw = k = None
+        draws = self._unpack(streams.draw_tabled("episode", envs))
+        redrawn = None
         if self.min_start_distance == 1:
-            redraw = start_index == goal_index
-            todo = redraw.nonzero().squeeze(1)
-            k = torch.zeros_like(start_index)
+            todo = (draws[3] == draws[1]).nonzero().squeeze(1)
             if todo.numel():
-                k[todo] = streams.draw_tabled("start", envs[todo])
-        return self._new_episodes(layout, goal_index, direction, start_index, redraw, k)
+                redrawn = todo, streams.draw_tabled("start", envs[todo])
+        block = self._new_episodes(envs, *draws, redrawn)
+        return block[:_STATE_ROWS].long(), block[_STATE_ROWS:]
 
     def _new_episodes(
         self,
+        envs: torch.Tensor,
         layout: torch.Tensor,
         goal_index: torch.Tensor,
         direction: torch.Tensor,
         start_index: torch.Tensor,
-        redraw: torch.Tensor | None,
-        k: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``_state`` and ``_episode`` rows of episodes of these draws (per-layout tables).
+        redrawn: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:
+        """``_state``'s and ``_episode``'s rows of episodes of these draws (int32).
 
-        ``redraw``: where the start drawn is the goal, redrawn as the ``k``-th of the other
-        free cells in position order (as _start_off_goal).
+        From per-layout tables. ``envs``: the environment of each; ``redrawn``: where the start
+        drawn is the goal, and ``k``: the start is the ``k``-th of the other free cells in
+        position order (as _start_off_goal).
         """
-        nd, n_free = self._n_doors, self._n_free
+        nd, n_free, cells = self._n_doors, self._n_free, self._cells
         table = self._layout_table
-        columns = table.gather(1, layout.expand(table.shape[0], -1))  # [columns, B]
+        columns = table.gather(1, layout.expand(table.shape[0], -1))  # [column, B]
         row = layout * n_free
-        index = torch.stack((goal_index, start_index))
-        cells = self._free_pos.index_select(0, (row + index).view(-1)).view(2, -1)
-        goal, start = cells.long()
-        if redraw is not None and k is not None:
+        index = torch.stack((row + goal_index, row + start_index))
+        goal, start = self._free_pos.index_select(0, index.view(-1)).view(2, -1)
+        if redrawn is not None:
+            todo, k = redrawn
+            at = row.index_select(0, todo) + k
             sorted_pos = self._sorted_pos
-            after = sorted_pos.index_select(0, row + k) >= goal
-            start = torch.where(redraw, sorted_pos.index_select(0, row + k + after), start)
-        # the goal room's doors' distances (far for the others), then through the doors
-        rows = goal_index * (nd * self._longest) + columns[2 * nd + 1 : 3 * nd + 1]
-        door_dist = self._goal_doors.index_select(0, rows.view(-1)).view(nd, 1, -1)
-        pairs = columns[3 * nd + 1 :].view(nd, nd, -1)  # [from, to, B]
-        door_dist = (door_dist + pairs).amin(0)  # [to, B]
-        episode = (
-            (goal_index * self._cells).int()[None, :],
-            columns[: nd + 1],  # the doors' rows, the goal's addend
-            door_dist,
-            columns[nd + 1 : 2 * nd + 1],  # the doors' positions
-            cells[:1],  # the goal's
+            at = at + (sorted_pos.index_select(0, at) >= goal.index_select(0, todo))
+            start = start.index_put((todo,), sorted_pos.index_select(0, at))
+        door_dist = self._door_dist.index_select(0, index[0]).t()
+        # the goal's and the doors' distance rows, their addends (0, the doors' distances)
+        rows = torch.cat(((goal_index * cells)[None, :], columns[: nd + 1], door_dist))
+        start_dist = self._distances(rows, start[None, :])[0]
+        goal_term = (self._pos_key32.index_select(0, goal) + self._goal_center) * 4
+        codes = self._codes_of(envs, layout).int()
+        zero = torch.zeros_like(codes)
+        block = (
+            direction * cells + start,
+            goal,
+            goal_term,
+            start_dist,
+            start_dist * (self.max_steps + 1),
+            codes,
+            start_dist,
+            zero,
+            zero,
         )
-        episode = torch.cat(episode)
-        start_dist = self._distances(episode, start[None, :])[0].long()
-        return self._state_rows(direction * self._cells + start, goal, start_dist), episode
+        return torch.cat((torch.stack(block), rows, columns[nd + 1 :], goal[None, :]))
 
     def _drawn_episodes(self, envs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`_tabled_episodes` for any layout: draws decoded, distances computed."""
@@ -1531,7 +1596,9 @@ class BatchedPointNav(BatchedEnv):
         episode = torch.cat((rows[: 2 * nd + 2], doors.int(), goal_start[:1].int()))
         goal, start = goal_start
         start_dist = self._distances(episode, start[None, :])[0].long()
-        return self._state_rows(direction * self._cells + start, goal, start_dist), episode
+        codes = self._codes_of(envs, (door_v * self._layout_radix_all).sum(0))
+        state = self._state_rows(direction * self._cells + start, goal, start_dist, codes)
+        return state, episode
 
     def _start_off_goal(
         self,
