@@ -112,9 +112,10 @@ _MAX_RECORDS = 1 << 24
 # more: each environment has its own, its doors written at each reset.
 _MAX_SHARED_CODES = 1 << 26
 
-# A cell's one-byte code: its class (the row of the encodings: 0 unseen, 1 empty, 2 wall,
-# 3 goal) in the low bits, and in the top bit whether one sees behind it (not a wall).
-_EMPTY_CODE, _WALL_CODE, _GOAL_CODE = 0x81, 0x02, 0x83
+# A cell's one-byte code: its class, the row of the encodings (0 unseen, 1 empty, 2 wall,
+# 3 goal: the goal is added to views, see _goal_words); its low bit is whether one sees behind
+# the cell (not a wall).
+_EMPTY_CODE, _WALL_CODE = 1, 2
 
 
 def _at(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -829,6 +830,7 @@ class BatchedPointNav(BatchedEnv):
         self._cell_step = tensor(side * np.arange(n)[:, None] + np.arange(n))[:, :, None]
         self._bit_shift = tensor(list(range(n)))[:, None]
         self._byte_shift = tensor([8 * j for j in range(n)])[:, None]
+        self._see_bits = tensor([_LOW_BITS << i for i in range(min(n, 7))])[:, None]
         # process_vis_row as tables, by (incoming mask << n) | see-behind: the next row's
         # incoming mask (shifted by n, to index with), and the row's visible cells
         self._vis_start = (1 << (n // 2)) << n
@@ -849,13 +851,16 @@ class BatchedPointNav(BatchedEnv):
             with np.errstate(over="ignore"):
                 keys = (words * np.uint64(_ROW_MAGIC % (1 << 64))) >> np.uint64(50)
             assert np.unique(keys).size == keys.size  # (_ROW_MAGIC's property)
+            # an int64's arithmetic >> 50 is keys - 2**14 where keys >= 2**13: by that + 2**13
+            keys = (keys.astype(np.int64) + (1 << 13)) % (1 << 14)
             agent_row = classes.copy()
             agent_row[:, n - 1] = 1
             images = np.zeros((2, 1 << 14, 3 * n), dtype=np.uint8)
             images[0, keys] = encodings[classes].reshape(-1, 3 * n)
             images[1, keys] = encodings[agent_row].reshape(-1, 3 * n)
             self._row_images = tensor(images.reshape(2 << 14, 3 * n), torch.uint8)
-            self._row_offset = tensor([1 << 14 if i == n // 2 else 0 for i in range(n)])[:, None]
+            offset = [(1 << 13) + (1 << 14 if i == n // 2 else 0) for i in range(n)]
+            self._row_offset = tensor(offset)[:, None]
 
     def _places(self, pos_key: np.ndarray) -> None:
         """The agent's places (direction * cells + position) and the codes' oriented copies.
@@ -982,14 +987,17 @@ class BatchedPointNav(BatchedEnv):
         if a.shape != self._batch:
             raise ValueError(f"expected actions of shape ({self.num_envs},), got {tuple(a.shape)}")
         a = a.long()
-        if bool((a & ~3).any()):
-            bad = a[(a & ~3) != 0][0].item()
-            raise ValueError(f"unknown action {bad!r}; expected 0..{len(Actions) - 1}")
+        if a.device.type != "cpu" and bool((a & ~3).any()):
+            self._unknown_action(a)
         if next_seeds is not None and len(next_seeds) != self.num_envs:
             raise ValueError(f"expected {self.num_envs} next seeds, got {len(next_seeds)}")
 
         # the action's outcome (see _expert): place, distance, reward index
-        pd, new_dist, r = self._next.gather(0, a[None, :] + self._next_rows)
+        try:  # (an action out of 0..3 reads past _next: on the CPU, gather raises)
+            pd, new_dist, r = self._next.gather(0, a[None, :] + self._next_rows)
+        except RuntimeError:
+            self._unknown_action(a)
+            raise
         state = self._state
         steps = state[_STEPS] + 1
         moved = state[_MOVED] + (new_dist != state[_DIST])
@@ -1044,6 +1052,12 @@ class BatchedPointNav(BatchedEnv):
             out["final_obs"] = self._td(final)
         out[EPISODE_KEY] = self._td(metrics)
         return self._td(out)
+
+    @staticmethod
+    def _unknown_action(a: torch.Tensor) -> None:
+        bad = a[(a & ~3) != 0]
+        if bad.numel():
+            raise ValueError(f"unknown action {bad[0].item()!r}; expected 0..{len(Actions) - 1}")
 
     def state_dict(self) -> dict[str, Any]:
         """The episodes in flight and every environment's random stream, exactly."""
@@ -1184,19 +1198,19 @@ class BatchedPointNav(BatchedEnv):
             where = first + self._row_step  # [i, B]
             words = self._windows.index_select(0, where.view(-1)).view(torch.int64)
             words = words.view(n, count)  # [i, B]: byte j, cell (i, j)
-            see = (words >> 7) & _LOW_BITS  # byte j: see-behind of view cell (i, j)
-            packed = (see << self._bit_shift).sum(0)  # byte j: process_vis's row j
+            # byte j, bit i: the see-behind (low bit) of view cell (i, j): process_vis's row j
+            packed = ((words << self._bit_shift) & self._see_bits).sum(0)
             visible = self._visible_rows((packed >> self._byte_shift) & 0xFF)  # [j, B]: bit i
             shown = (visible << self._byte_shift).sum(0)  # byte j: row j's visible cells
             mask = ((shown >> self._bit_shift) & _LOW_BITS) * 3
             classes = (words | goal) & mask  # [i, B]: the visible cells' classes, 2 bits each
-            keys = (((classes * _ROW_MAGIC) >> 50) & 0x3FFF) + self._row_offset
+            keys = ((classes * _ROW_MAGIC) >> 50) + self._row_offset  # (see _views)
             keys = keys.t().contiguous().view(-1)
             image = self._row_images.index_select(0, keys).view(count, n, n, 3)
         else:  # rows of several words: the same, cell by cell
             where = first + self._cell_step
             cells = self._codes.index_select(0, where.view(-1)).view(n, n, count)  # [i, j, B]
-            see = (cells >> 7).long()
+            see = (cells & 1).long()
             visible = self._visible_rows((see << self._bit_shift[:, :, None]).sum(0))
             shown = (visible >> self._bit_shift[:, :, None]) & 1  # [i, j, B]
             classes = ((cells | goal.view(n, n, -1)) & 3).long() * shown
