@@ -83,12 +83,6 @@ _MAX_SPL_TABLE = 1 << 20
 _MAX_DOOR_PAIRS = 1 << 22
 # Raw outputs kept ahead per environment (at least twice the look-ahead window).
 _MIN_ROW = 128
-# The low bit of every byte of an int64.
-_LOW_BITS = 0x0101010101010101
-# A view row's classes (2 bits in each of up to 7 bytes) times this, modulo 2**64, have 14 top
-# bits that differ for every row (found by a random search, as chess engines' magic bitboards):
-# the row's index in the table of row images.
-_ROW_MAGIC = 9224498005497888768 - (1 << 64)  # (as an int64)
 # The rows of the per-environment state: the agent's place (direction * cells + position: a
 # column of _pos_table), the goal's position and its term of the goal vector's index, the
 # start's distance and its row of the SPL table, the first of its cells' codes (its layout's,
@@ -112,9 +106,9 @@ _MAX_RECORDS = 1 << 24
 # more: each environment has its own, its doors written at each reset.
 _MAX_SHARED_CODES = 1 << 26
 
-# A cell's one-byte code: its class, the row of the encodings (0 unseen, 1 empty, 2 wall,
-# 3 goal: the goal is added to views, see _goal_words); its low bit is whether one sees behind
-# the cell (not a wall).
+# A cell's class, the row of the encodings (0 unseen, 1 empty, 2 wall, 3 goal); the grids of
+# the views hold a bit a cell, whether one sees behind it (not a wall: empty), the goal added to
+# views (see _goal_words).
 _EMPTY_CODE, _WALL_CODE = 1, 2
 
 
@@ -602,17 +596,19 @@ class BatchedPointNav(BatchedEnv):
                         dtype=np.float32,
                     )
         self._goal_table = tensor(goals.reshape(-1, 3), torch.float32)
-        # the goal's class bit in the view (the codes have none), by the same index: in view row
-        # i's word at byte j (rows of one word), or at cell (i, j) (larger views)
+        # the goal in the view (the grids have none), by the same index: its column in view
+        # row i's key (rows of up to 7 cells), or its class bit at cell (i, j) (larger views)
         view_x, view_y = view_indices(n, 0)
         one_word = self._width == 8
         marks = np.zeros((span * span * 4, n if one_word else n * n), dtype=np.int64)
+        if one_word:  # (and the agent's row's flag, see _views)
+            marks[:, n // 2] = 1 << (2 * n + 3)
         for d in range(4):
             inside = (np.abs(view_x[d]) < size) & (np.abs(view_y[d]) < size)
             at = ((view_x[d] + size - 1) * span + view_y[d] + size - 1) * 4 + d
             for i, j in zip(*np.nonzero(inside), strict=True):
-                if one_word:
-                    marks[at[i, j], i] |= 2 << (8 * j)
+                if one_word:  # the goal's column + 1, in its row's key
+                    marks[at[i, j], i] |= (j + 1) << (2 * n)
                 else:
                     marks[at[i, j], i * n + j] = 2
         self._goal_words = tensor(marks.T, torch.int64 if one_word else torch.uint8)
@@ -671,28 +667,31 @@ class BatchedPointNav(BatchedEnv):
             if min_start_distance == 1:  # a start other than the goal (see _start_off_goal)
                 self._streams.table_draw("start", layout.n_free - 1, None)
 
-        # ---- the cells' codes: four oriented copies of a grid (see _places) per door layout
-        # (its doors open), or per environment (its doors written at each reset); the goal is
-        # not in them (see _goal_words), so that environments share their layout's
+        # ---- the grids of the views: four oriented copies of a grid (see _places), a bit a
+        # cell, per door layout (its doors open), or per environment (its doors written at
+        # each reset); the goal is not in them (see _goal_words), so that environments share
+        # their layout's
         lengths = self._door_lengths
         n_layouts = math.prod(lengths)
         self._layout_radix_all = tensor(np.cumprod([1, *lengths[:-1]])[:nd]).reshape(nd, 1)
-        self._shared_codes = n_layouts * 4 * cells <= _MAX_SHARED_CODES
-        template = self._code_copies.cpu().numpy()
-        if self._shared_codes:
-            blocks = np.broadcast_to(template, (n_layouts, 4 * cells)).copy()
-            if nd:
-                radix = np.cumprod([1, *lengths[:-1]])
-                door_v = (np.arange(n_layouts)[:, None] // radix) % lengths
-                at = self._copies.cpu().numpy()[self._door_positions(door_v)]  # [L, D, 4]
-                blocks[np.arange(n_layouts)[:, None, None], at] = _EMPTY_CODE
-        else:
-            blocks = np.broadcast_to(template, (n_envs, 4 * cells))
-        codes = np.concatenate((blocks.reshape(-1), np.zeros(8, dtype=np.uint8)))
-        self._codes = tensor(codes, torch.uint8)
-        # every 8 bytes from each byte (a view row's cells read as one int64 word)
+        self._block = block = 8 * ((4 * cells + 7) // 8)  # bits a layout's (or environment's)
+        self._shared_codes = n_layouts * block // 8 <= _MAX_SHARED_CODES
+        bits = np.zeros((n_layouts if self._shared_codes else n_envs, block), dtype=np.uint8)
+        bits[:, : 4 * cells] = self._code_copies
+        if self._shared_codes and nd:
+            radix = np.cumprod([1, *lengths[:-1]])
+            door_v = (np.arange(n_layouts)[:, None] // radix) % lengths
+            at = self._copies.cpu().numpy()[self._door_positions(door_v)]  # [L, D, 4]
+            bits[np.arange(n_layouts)[:, None, None], at] = 1
+        if not self._shared_codes:  # (a byte a bit, for the doors' writes)
+            self._bits = tensor(bits.reshape(-1), torch.uint8)
+            self._byte_bit = tensor(np.arange(8))  # (bit k of a byte: weight 2**k)
+            self._byte_bits = tensor(1 << np.arange(8), torch.uint8)
+        codes = np.packbits(bits.reshape(-1), bitorder="little")
+        self._codes = tensor(np.concatenate((codes, np.zeros(8, dtype=np.uint8))), torch.uint8)
+        # every 8 bytes from each byte (a view row's bits read from one int64 word)
         self._windows = self._codes.unfold(0, 8, 1)
-        self._env_base = torch.arange(n_envs, device=dev) * (4 * cells)
+        self._env_base = torch.arange(n_envs, device=dev) * block
 
         # ---- per-environment state, a row per field and a column per environment (so that
         # every operation runs along the environments): the agent and counters (int64,
@@ -823,14 +822,13 @@ class BatchedPointNav(BatchedEnv):
         """The view's tables: cell offsets, occlusion, and image rows."""
         tensor = self._tensor
         n, side = self.agent_view_size, self._side
-        # view cell (i, j) is byte side * i + j from the view's first in its oriented copy
-        # (see _places): a row of up to 8 cells is one int64 word
-        self._width = 8 if n <= 8 else n
+        # view cell (i, j) is bit side * i + j from the view's first in its oriented copy
+        # (see _places): a view row of up to 7 cells is read from one int64 word
+        self._width = 8 if n <= 7 else n
         self._row_step = tensor(side * np.arange(n))[:, None]
         self._cell_step = tensor(side * np.arange(n)[:, None] + np.arange(n))[:, :, None]
         self._bit_shift = tensor(list(range(n)))[:, None]
         self._byte_shift = tensor([8 * j for j in range(n)])[:, None]
-        self._see_bits = tensor([_LOW_BITS << i for i in range(min(n, 7))])[:, None]
         # process_vis_row as tables, by (incoming mask << n) | see-behind: the next row's
         # incoming mask (shifted by n, to index with), and the row's visible cells
         self._vis_start = (1 << (n // 2)) << n
@@ -841,34 +839,38 @@ class BatchedPointNav(BatchedEnv):
             self._vis_next = tensor(below << n)
             self._vis_mask = tensor(mask)
             self._vis_first = tensor(self._vis_start + np.arange(1 << n))  # the agent's row
-        # a cell's encoding by its code's class (unseen, empty, wall, goal), and, for views of
-        # one word per row, a view row's encodings by its cells' classes (2 bits each)
+        # a cell's encoding by its class (unseen, empty, wall, goal)
         encodings = np.asarray([(0, 0, 0), EMPTY_ENCODING, WALL_ENCODING, GOAL_ENCODING])
         self._encodings = tensor(encodings, torch.uint8)
-        if self._width == 8:  # and a second table for the agent's row: its own cell shown empty
-            classes = (np.arange(4**n)[:, None] >> (2 * np.arange(n))) & 3  # every view row's
-            words = (classes.astype(np.uint64) << (8 * np.arange(n, dtype=np.uint64))).sum(1)
-            with np.errstate(over="ignore"):
-                keys = (words * np.uint64(_ROW_MAGIC % (1 << 64))) >> np.uint64(50)
-            assert np.unique(keys).size == keys.size  # (_ROW_MAGIC's property)
-            # an int64's arithmetic >> 50 is keys - 2**14 where keys >= 2**13: by that + 2**13
-            keys = (keys.astype(np.int64) + (1 << 13)) % (1 << 14)
-            agent_row = classes.copy()
-            agent_row[:, n - 1] = 1
-            images = np.zeros((2, 1 << 14, 3 * n), dtype=np.uint8)
-            images[0, keys] = encodings[classes].reshape(-1, 3 * n)
-            images[1, keys] = encodings[agent_row].reshape(-1, 3 * n)
-            self._row_images = tensor(images.reshape(2 << 14, 3 * n), torch.uint8)
-            offset = [(1 << 13) + (1 << 14 if i == n // 2 else 0) for i in range(n)]
-            self._row_offset = tensor(offset)[:, None]
+        if self._width != 8:
+            return
+        # For views of rows of up to 7 cells: bit rows transposed (bit j of a row of index
+        # k * 2**n + row to bit 8 j + k: summed over k, byte j holds bit k of each row); and the
+        # encodings of a view row by its see-behind bits, visible cells (n bits each), the
+        # goal's column + 1 (3 bits) and whether it is the agent's (its own cell shown empty)
+        rows = np.arange(1 << n)
+        spread = ((rows[:, None] >> np.arange(n)) & 1) << (8 * np.arange(n))
+        self._spread = tensor((spread.sum(1)[None, :] << np.arange(n)[:, None]).reshape(-1))
+        self._spread_base = tensor(np.arange(n) << n)[:, None]
+        self._row_mask = (1 << n) - 1
+        key = np.arange(1 << (2 * n + 4))
+        j = np.arange(n)
+        see = (key[:, None] >> j) & 1
+        visible = (key[:, None] >> (n + j)) & 1
+        goal = ((key >> (2 * n)) & 7)[:, None] == j + 1
+        classes = np.where(goal, 3, 2 - see)  # goal, empty or wall
+        classes[:, n - 1] = np.where(key >> (2 * n + 3), 1, classes[:, n - 1])  # the agent
+        images = encodings[classes * visible].reshape(len(key), 3 * n)
+        self._row_images = tensor(images, torch.uint8)
 
     def _places(self, pos_key: np.ndarray) -> None:
         """The agent's places (direction * cells + position) and the codes' oriented copies.
 
-        Each environment's codes are four copies of its grid, one per direction, each turned so
-        that the view of an agent facing that direction is ``n`` runs of ``n`` bytes, a row
-        ``side`` bytes after the previous one: view cell ``(i, j)`` (``j`` away from the agent,
-        ``i`` across) at byte ``side * i + j`` from the view's first. ``_copies[p]``: where
+        A layout's (or an environment's) grids are four copies of its grid, a bit a cell, one
+        per direction, each turned so that the view of an agent facing that direction is ``n``
+        runs of ``n`` bits, a row ``side`` bits after the previous one: view cell ``(i, j)``
+        (``j`` away from the agent, ``i`` across) at bit ``side * i + j`` from the view's
+        first. ``_copies[p]``: where
         position ``p`` is in each copy. ``_pos_table`` has, by place, what a step and a view
         need of it (the columns ``_START`` ... ``_GOAL_KEY``).
         """
@@ -897,8 +899,8 @@ class BatchedPointNav(BatchedEnv):
         # by column: a gather of a place's column is contiguous along the environments
         self._pos_table = tensor(table.reshape(4 * cells, 7).T)
         template = np.zeros(4 * cells, dtype=np.uint8)
-        template[copies] = self._code_template.cpu().numpy()[:, None]
-        self._code_copies = tensor(template, torch.uint8)
+        template[copies] = (self._code_template.cpu().numpy() == _EMPTY_CODE)[:, None]
+        self._code_copies = template  # the see-behind bits of the four copies, a byte each
 
     def _door_positions(self, door_v: np.ndarray) -> np.ndarray:
         """The positions of doors at these offsets (``[..., D]``, NumPy)."""
@@ -1110,7 +1112,11 @@ class BatchedPointNav(BatchedEnv):
         self._streams.load_state_dict(state["streams"])
         everyone = torch.arange(self.num_envs, device=self.device)
         if not self._shared_codes:  # the template's, then the episodes' doors (first "closed")
-            self._codes[:-8].view(self.num_envs, -1).copy_(self._code_copies)
+            template = torch.from_numpy(self._code_copies).to(self.device)
+            self._bits.view(self.num_envs, -1)[:, : 4 * self._cells] = template
+            codes = self._codes[:-8].view(self.num_envs, -1)
+            packed = np.packbits(self._code_copies, bitorder="little")
+            codes[:, : len(packed)] = torch.from_numpy(packed).to(self.device)
         self._episode = torch.cat((episode[: 2 * nd + 2], doors.int(), goal[None, :].int()))
         self._set_doors(everyone, doors)
         layout = (door_v * self._layout_radix_all).sum(0)
@@ -1181,12 +1187,11 @@ class BatchedPointNav(BatchedEnv):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``image`` and ``goal`` of every environment (or of environments ``rows``).
 
-        ``places``: their rows of ``_pos_table`` (``[columns, B]``). The view's rows of cells'
-        codes are read as one int64 word each (byte ``j``: cell ``(i, j)``, see
-        :meth:`_places`). Shifting row ``i``'s 0/1 see-behind bytes by ``i`` and summing puts
-        process_vis's row ``j`` in byte ``j``; process_vis's row tables give the visible
-        cells, spread back to bytes the same way; a row's visible cells' classes (2 bits each)
-        index the table of its encodings.
+        ``places``: their columns of ``_pos_table`` (``[columns, B]``). A view row's see-behind
+        bits are read from one int64 word (bit ``j``: cell ``(i, j)``, see :meth:`_places`);
+        spread to bytes (a table) and summed, process_vis's row ``j`` is byte ``j``;
+        process_vis's row tables give the visible cells, spread back the same way; a row's
+        see-behind and visible bits and the goal's column index the table of its encodings.
         """
         n = self.agent_view_size
         state = self._state if rows is None else self._state.index_select(1, rows)
@@ -1195,25 +1200,24 @@ class BatchedPointNav(BatchedEnv):
         goal_at = state[_GOAL_TERM] - places[_GOAL_KEY]  # (goal - agent, direction)
         goal = self._goal_words.gather(1, goal_at.expand(self._goal_words.shape[0], -1))
         if self._width == 8:
-            where = first + self._row_step  # [i, B]
-            words = self._windows.index_select(0, where.view(-1)).view(torch.int64)
-            words = words.view(n, count)  # [i, B]: byte j, cell (i, j)
-            # byte j, bit i: the see-behind (low bit) of view cell (i, j): process_vis's row j
-            packed = ((words << self._bit_shift) & self._see_bits).sum(0)
+            where = first + self._row_step  # [i, B]: view row i's first bit
+            words = self._windows.index_select(0, (where >> 3).view(-1)).view(torch.int64)
+            see = (words.view(n, count) >> (where & 7)) & self._row_mask  # [i, B]: bit j
+            spread = self._spread.index_select(0, (see + self._spread_base).view(-1))
+            packed = spread.view(n, count).sum(0)  # byte j, bit i: cell (i, j)'s see-behind
             visible = self._visible_rows((packed >> self._byte_shift) & 0xFF)  # [j, B]: bit i
-            shown = (visible << self._byte_shift).sum(0)  # byte j: row j's visible cells
-            mask = ((shown >> self._bit_shift) & _LOW_BITS) * 3
-            classes = (words | goal) & mask  # [i, B]: the visible cells' classes, 2 bits each
-            keys = ((classes * _ROW_MAGIC) >> 50) + self._row_offset  # (see _views)
-            keys = keys.t().contiguous().view(-1)
+            spread = self._spread.index_select(0, (visible + self._spread_base).view(-1))
+            shown = spread.view(n, count).sum(0) << n  # byte i, bits n + j: cell (i, j) shown
+            keys = see | goal | ((shown >> self._byte_shift) & (self._row_mask << n))
+            keys = keys.t().contiguous().view(-1)  # (see _views for the keys' fields)
             image = self._row_images.index_select(0, keys).view(count, n, n, 3)
-        else:  # rows of several words: the same, cell by cell
+        else:  # views of more than 7 cells: the same, cell by cell
             where = first + self._cell_step
-            cells = self._codes.index_select(0, where.view(-1)).view(n, n, count)  # [i, j, B]
-            see = (cells & 1).long()
+            cells = self._codes.index_select(0, (where >> 3).view(-1)).view(n, n, count)
+            see = (cells >> (where & 7)) & 1  # [i, j, B]
             visible = self._visible_rows((see << self._bit_shift[:, :, None]).sum(0))
             shown = (visible >> self._bit_shift[:, :, None]) & 1  # [i, j, B]
-            classes = ((cells | goal.view(n, n, -1)) & 3).long() * shown
+            classes = ((2 - see) | goal.view(n, n, -1)) * shown  # (a goal on an empty cell)
             classes[n // 2, n - 1] = 1  # the agent's cell: empty, not goal
             keys = classes.permute(2, 0, 1).reshape(-1)
             image = self._encodings.index_select(0, keys).view(count, n, n, 3)
@@ -1394,9 +1398,10 @@ class BatchedPointNav(BatchedEnv):
         return door_v, self._free_index.index_select(0, goal[0])
 
     def _set_doors(self, envs: torch.Tensor, doors: torch.Tensor) -> None:
-        """Codes of ``envs``' new doors (``[D, B]``) where each environment has its own.
+        """The grids of ``envs``' new doors (``[D, B]``) where each environment has its own.
 
-        Their previous doors closed (walls), the new ones open (empty), in every copy.
+        Their previous doors closed (walls), the new ones open (empty), in every copy: in
+        ``_bits`` (a byte a bit), then the bytes of ``_codes`` they are in packed again.
         """
         if self._shared_codes or not self._n_doors:
             return
@@ -1405,8 +1410,12 @@ class BatchedPointNav(BatchedEnv):
         copies = self._copies.index_select(0, cells.view(-1)).view(*cells.shape, 4)
         where = self._env_base.index_select(0, envs)[None, :, None] + copies
         old, new = where.split((nd, nd))
-        self._codes.index_fill_(0, old.reshape(-1), _WALL_CODE)
-        self._codes.index_fill_(0, new.reshape(-1), _EMPTY_CODE)
+        self._bits.index_fill_(0, old.reshape(-1), 0)
+        self._bits.index_fill_(0, new.reshape(-1), 1)
+        touched = (where >> 3).view(-1)
+        bits = self._bits.index_select(0, ((touched << 3)[:, None] + self._byte_bit).view(-1))
+        packed = (bits.view(-1, 8) * self._byte_bits).sum(1, dtype=torch.uint8)
+        self._codes.index_copy_(0, touched, packed)
 
     def _state_rows(
         self,
@@ -1423,9 +1432,9 @@ class BatchedPointNav(BatchedEnv):
         return torch.stack(rows)
 
     def _codes_of(self, envs: torch.Tensor, layout: torch.Tensor) -> torch.Tensor:
-        """The first of the cells' codes of ``envs`` in these door layouts (``[B]``)."""
+        """The first bit of the view grids of ``envs`` in these door layouts (``[B]``)."""
         if self._shared_codes:
-            return layout * (4 * self._cells)
+            return layout * self._block
         return self._env_base.index_select(0, envs)
 
     def _start(self, envs: torch.Tensor, seeds: list[int | None] | None) -> None:
@@ -1504,7 +1513,7 @@ class BatchedPointNav(BatchedEnv):
                 after[todo] = torch.where(end < halves, end + 1, -1)
                 redrawn = todo, k
         owners = envs[:, None].expand(-1, known).reshape(-1)
-        table = torch.cat((after[None, :].int(), self._new_episodes(owners, *draws, redrawn)))
+        table = torch.stack((after.int(), *self._new_episodes(owners, *draws, redrawn)))
         width = table.shape[0]
         records = self._records[:-1].view(-1, known, width)
         records.index_copy_(0, envs, table.t().reshape(rows, known, width))
@@ -1539,7 +1548,7 @@ class BatchedPointNav(BatchedEnv):
             todo = (draws[3] == draws[1]).nonzero().squeeze(1)
             if todo.numel():
                 redrawn = todo, streams.draw_tabled("start", envs[todo])
-        block = self._new_episodes(envs, *draws, redrawn)
+        block = torch.stack(self._new_episodes(envs, *draws, redrawn))
         return block[:_STATE_ROWS].long(), block[_STATE_ROWS:]
 
     def _new_episodes(
@@ -1550,8 +1559,8 @@ class BatchedPointNav(BatchedEnv):
         direction: torch.Tensor,
         start_index: torch.Tensor,
         redrawn: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> torch.Tensor:
-        """``_state``'s and ``_episode``'s rows of episodes of these draws (int32).
+    ) -> list[torch.Tensor]:
+        """``_state``'s and ``_episode``'s rows of episodes of these draws (int32 ``[B]``).
 
         From per-layout tables. ``envs``: the environment of each; ``redrawn``: where the start
         drawn is the goal, and ``k``: the start is the ``k``-th of the other free cells in
@@ -1576,7 +1585,7 @@ class BatchedPointNav(BatchedEnv):
         goal_term = (self._pos_key32.index_select(0, goal) + self._goal_center) * 4
         codes = self._codes_of(envs, layout).int()
         zero = torch.zeros_like(codes)
-        block = (
+        state = [
             direction * cells + start,
             goal,
             goal_term,
@@ -1586,8 +1595,8 @@ class BatchedPointNav(BatchedEnv):
             start_dist,
             zero,
             zero,
-        )
-        return torch.cat((torch.stack(block), rows, columns[nd + 1 :], goal[None, :]))
+        ]
+        return [*state, *rows.unbind(0), *columns[nd + 1 :].unbind(0), goal]
 
     def _drawn_episodes(self, envs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`_tabled_episodes` for any layout: draws decoded, distances computed."""
