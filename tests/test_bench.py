@@ -261,6 +261,17 @@ TABLES: dict[str, list[str]] = {
         r"^seed \| exit\s+wall s\s+stop s \|\s+env steps \| success\s+SPL \| evaluate.py s$",
         rf"^\s+1 \|\s+(?:0|143)\s+{NUM}\s+(?:-|{NUM}) \|\s+{NUM} \|\s+{NUM}\s+{NUM} \|\s+{NUM}$",
     ],
+    "nav_batched_fps": [
+        r"^raw environment steps/s, PointNav 19x19 \(conf/task/nav.yaml\), uniformly random "
+        r"actions, no policy, 1 torch thread\(s\), \d+ CPUs, 0.3 s a row$",
+        *_rows(
+            "serial sampler, 16 PointNavEnv",
+            "BatchedPointNav, 16 envs",
+            "BatchedPointNav, 64 envs",
+            value=rf"{NUM} steps/s\s+{NUM} ms/step\s+{NUM}x",
+        ),
+        rf"^  BatchedPointNav 64 envs / serial sampler: {NUM}x$",
+    ],
     "atari_fps": [
         r"^Atari throughput, ALE/Breakout-v5, 8 environments; machine: ",
         r"^\(a\) raw environment steps/s \(agent steps, 4 frames each\), random actions, ",
