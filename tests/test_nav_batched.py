@@ -236,6 +236,30 @@ def test_streams_draw_as_numpy_with_a_half_waiting_across_many_64_bit_draws() ->
             assert draw(torch.arange(3), bound).tolist() == want, bound
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "config",
+    [{}, {"size": 13, "rooms_per_side": 3, "min_start_distance": 13}, {"agent_view_size": 9}],
+    ids=["nav", "3x3-64bit", "view-9"],
+)
+def test_on_cuda_every_step_equals_the_cpu_s(config: dict[str, Any]) -> None:
+    seeds = list(range(8))
+    cpu = BatchedPointNav(**config, num_envs=8)
+    cuda = BatchedPointNav(**config, num_envs=8, device="cuda")
+
+    def same(want: Any, got: Any) -> None:
+        keys = sorted(want.keys(include_nested=True, leaves_only=True), key=str)
+        assert keys == sorted(got.keys(include_nested=True, leaves_only=True), key=str)
+        for key in keys:
+            assert got[key].is_cuda and torch.equal(want[key], got[key].cpu()), key
+
+    same(cpu.reset(seeds), cuda.reset(seeds))
+    for a in torch.from_numpy(np.random.default_rng(0).integers(0, 4, (300, 8))):
+        same(cpu.step(a), cuda.step(a.cuda()))
+    with pytest.raises(ValueError, match="unknown action 4"):
+        cuda.step(torch.full((8,), 4, device="cuda"))
+
+
 @pytest.mark.parametrize("n", [3, 5, 7, 9])
 def test_row_by_row_occlusion_is_process_vis(n: int) -> None:
     rng = np.random.default_rng(n)
