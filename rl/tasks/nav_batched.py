@@ -1530,8 +1530,10 @@ class BatchedPointNav(BatchedEnv):
             layout, rest = packed % n_layouts, packed // n_layouts
         else:
             layout, rest = packed & (n_layouts - 1), packed >> (n_layouts.bit_length() - 1)
-        goal_index, rest = rest % n_free, rest // n_free
-        values = torch.stack((layout, goal_index, rest & 3, rest >> 2)).int()
+        # rest // n_free in double precision (exact: rest < 2**53), faster than int64 division
+        quotient = torch.floor(rest.double() / n_free).long()
+        goal_index = rest - quotient * n_free
+        values = torch.stack((layout, goal_index, quotient & 3, quotient >> 2)).int()
         return values[0], values[1], values[2], values[3]
 
     def _tabled_episodes(self, envs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
