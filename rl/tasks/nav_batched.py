@@ -7,31 +7,40 @@ metrics, bit for bit, auto-resets included (an unseeded reset goes on with the e
 own ``np_random``, as ``gymnasium``'s ``env.reset(seed=None)`` does).
 
 Precomputed once per configuration, as tensors on the device: the room tables of
-:class:`~rl.tasks.nav_layout.RoomLayout` (door slots, interior cells, per-cell door tables of the
-distance field), the view's cell offsets per direction, minigrid's occlusion one view row at a
-time as a lookup table (:func:`~rl.tasks.nav_view.process_vis_row` over every pair of incoming
-row mask and see-behind row: 16,384 entries for a 7x7 view), the goal vector of every
-(offset to the goal, direction), the six possible rewards, and, for a split, whether each door
-layout belongs to it.
+:class:`~rl.tasks.nav_layout.RoomLayout` (door slots, interior cells, per-door rows of the
+distance field), the grids the views are read from (a bit a cell, whether one sees behind it,
+in four copies turned so that each direction's view rows are runs of bits; one set per door
+layout, shared by the environments in it), the agent's places (direction and position: where
+its view starts, where a turn or a step forward leads, the cells the expert looks at),
+minigrid's occlusion one view row at a time as a lookup table
+(:func:`~rl.tasks.nav_view.process_vis_row` over every pair of incoming row mask and
+see-behind row: 16,384 entries for a 7x7 view), a view row's encodings by its see-behind and
+visible cells and the goal's column, the goal vector and the goal's place in the view by
+(offset to the goal, direction), the rewards, and, for a split, whether each door layout
+belongs to it. For the default layouts, per door layout and goal: the doors' distances to the
+goal and the free cells' positions.
 
-Per environment and episode: the geodesic distance field in a wall-padded grid (``-1`` off free
-cells). It is the whole map: a cell is a wall, the goal (0) or empty, and its see-behind is
-"not a wall", so views, moves, rewards and the expert all read it. Per step, over all
-environments at once: the move (one gather), reward and flags, episode metrics, then the
-observation (one gather of the view's cells, seven row lookups for the occlusion, one lookup of
-the encodings) and the expert action (two gathers). No per-environment Python.
+Per environment and episode: the first index and the addend of each distance row (the goal's
+room, each door), so the distance of any cell is a minimum over a few lookups. Per step, over
+all environments at once: the action's outcome (its place, distance and reward index, set
+with the previous step's expert action), flags and episode metrics, then the observation (a
+word read per view row, seven row lookups for the occlusion, a lookup of each row's encodings)
+and the expert action and outcomes of the next actions (the distances of two cells). No
+per-environment Python.
 
 Resets: every environment whose episode ended in a step starts its next one in the same call,
 all together. A PointNavEnv draws an episode with a few ``np_random.integers(bound)`` calls
 (see ``PointNavEnv._gen_grid``); here each environment's PCG64 bit generator fills a row of raw
-outputs ahead (refilled in Python when a row runs low, about once per hundred episodes), and
+outputs ahead (refilled in Python when a row runs low, every hundred or so episodes), and
 NumPy's bounded-integer arithmetic (Lemire's rejection on 32-bit halves of the outputs, the
 other half kept for the next draw, or on whole outputs above ``2**32``) runs on those rows in
-torch for all resetting environments at once: a window of the next outputs each, the first one
-accepted (by the rejection and, for a split, by the layout's split). The distance fields of the
-new episodes come from the room structure in a batch (a Bellman-Ford over the doors, then the
-minimum over each cell's room doors), as :meth:`RoomLayout.distance_field` computes them one by
-one. Only seeded resets (``reset``, evaluation's ``next_seeds``) build a bit generator in Python.
+torch: for the default layouts (one 32-bit draw an episode), the draw at every half of every
+row is tabled when the row is written, and so is the episode it starts (its state and distance
+rows, a start drawn on the goal redrawn): a reset is then one lookup per environment. Other
+layouts draw a window of the next outputs of each resetting environment, the first one accepted
+(by the rejection and, for a split, by the layout's split), and compute the doors' distances
+by a Bellman-Ford over the doors, as :meth:`RoomLayout.distance_field` does. Only seeded resets
+(``reset``, evaluation's ``next_seeds``) build a bit generator in Python.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import numpy as np
 import torch
@@ -85,12 +94,12 @@ _MAX_DOOR_PAIRS = 1 << 22
 _MIN_ROW = 128
 # The rows of the per-environment state: the agent's place (direction * cells + position: a
 # column of _pos_table), the goal's position and its term of the goal vector's index, the
-# start's distance and its row of the SPL table, the first of its cells' codes (its layout's,
-# or its own), the current distance, steps taken, cells moved.
+# start's distance and its row of the SPL table, the first bit of its view grids (its
+# layout's, or its own), the current distance, steps taken, cells moved.
 _PD, _GOAL, _GOAL_TERM, _START_DIST, _SPL_ROW, _CODES, _DIST, _STEPS, _MOVED = range(9)
 _STATE_ROWS = 9
-# The columns of _pos_table, by place: the first view row's first byte in the environment's
-# codes, the places after a left and a right turn and after a step forward, the positions of
+# The columns of _pos_table, by place: the view's first bit in its grids (see _places), the
+# places after a left and a right turn and after a step forward, the positions of
 # the cell ahead and of the cell ahead after a left turn (the expert's), the place's term of
 # the goal vector's index.
 _START, _LEFT_PD, _RIGHT_PD, _AHEAD_PD, _AHEAD_POS, _LEFT_POS, _GOAL_KEY = range(7)
@@ -102,7 +111,7 @@ _SAVED_ROWS = 8
 _MAX_FREE_TABLE = 1 << 22
 # Every stream position's episode tabled (see _record) up to this many int32 values.
 _MAX_RECORDS = 1 << 24
-# Every door layout's cells' codes (shared by the environments in it) up to this many bytes;
+# Every door layout's view grids (shared by the environments in it) up to this many bytes;
 # more: each environment has its own, its doors written at each reset.
 _MAX_SHARED_CODES = 1 << 26
 
@@ -167,8 +176,8 @@ class _Streams:
         rows = []
         for i, seed in zip(envs, seeds, strict=True):
             rng, _ = seeding.np_random(int(seed) if isinstance(seed, np.integer) else seed)
-            bitgen = rng.bit_generator
-            self.bitgens[i] = bitgen  # type: ignore[assignment]
+            bitgen = cast("np.random.PCG64", rng.bit_generator)
+            self.bitgens[i] = bitgen
             rows.append(bitgen.random_raw(self.row).view(np.int64))
         self._write(torch.tensor(envs, device=self.device), np.stack(rows))
         self.pos[torch.tensor(envs, device=self.device)] = 0
@@ -325,7 +334,7 @@ class _Streams:
             else:
                 out[todo] = picked
             if bool(found.all()):
-                return out if const else torch.where(bound == 1, 0, out)
+                return out if isinstance(bound, int) else torch.where(bound == 1, 0, out)
             todo = found.logical_not().nonzero().squeeze(1) if todo is None else todo[~found]
 
     def draw64(
@@ -569,7 +578,7 @@ class BatchedPointNav(BatchedEnv):
 
         self._tensor = tensor
         # ---- positions: (x + pad) * side + y + pad, in grids padded with walls all around to
-        # hold any view of an agent inside (the cells' codes, distances, moves, goal offsets)
+        # hold any view of an agent inside (the view grids, distances, moves, goal offsets)
         self._pad = pad = max(1, n - 2)
         self._side = side = size + 2 * pad
         self._cells = cells = side * side
@@ -652,8 +661,8 @@ class BatchedPointNav(BatchedEnv):
                 self._split_table = tensor(_one_room_split_table(size, split), torch.bool)
             elif n_layouts <= _MAX_SPLIT_TABLE and len(self._chunks) == 1:
                 codes = torch.arange(n_layouts)
-                div = torch.tensor(np.cumprod([1, *self._door_lengths[:-1]]).tolist())
-                door_v = (codes[:, None] // div) % torch.tensor(self._door_lengths)
+                places = torch.tensor(np.cumprod([1, *self._door_lengths[:-1]]).tolist())
+                door_v = (codes[:, None] // places) % torch.tensor(self._door_lengths)
                 buckets = torch.tensor([b == split for b in _BUCKETS])
                 table = _doors_in_split(door_v, self._door_lengths, buckets)
                 self._split_table = table.to(dev)
@@ -680,15 +689,15 @@ class BatchedPointNav(BatchedEnv):
         bits[:, : 4 * cells] = self._code_copies
         if self._shared_codes and nd:
             radix = np.cumprod([1, *lengths[:-1]])
-            door_v = (np.arange(n_layouts)[:, None] // radix) % lengths
-            at = self._copies.cpu().numpy()[self._door_positions(door_v)]  # [L, D, 4]
+            offsets = (np.arange(n_layouts)[:, None] // radix) % lengths
+            at = self._copies.cpu().numpy()[self._door_positions(offsets)]  # [L, D, 4]
             bits[np.arange(n_layouts)[:, None, None], at] = 1
         if not self._shared_codes:  # (a byte a bit, for the doors' writes)
             self._bits = tensor(bits.reshape(-1), torch.uint8)
             self._byte_bit = tensor(np.arange(8))  # (bit k of a byte: weight 2**k)
             self._byte_bits = tensor(1 << np.arange(8), torch.uint8)
-        codes = np.packbits(bits.reshape(-1), bitorder="little")
-        self._codes = tensor(np.concatenate((codes, np.zeros(8, dtype=np.uint8))), torch.uint8)
+        packed = np.packbits(bits.reshape(-1), bitorder="little")
+        self._codes = tensor(np.concatenate((packed, np.zeros(8, dtype=np.uint8))), torch.uint8)
         # every 8 bytes from each byte (a view row's bits read from one int64 word)
         self._windows = self._codes.unfold(0, 8, 1)
         self._env_base = torch.arange(n_envs, device=dev) * block
@@ -864,7 +873,7 @@ class BatchedPointNav(BatchedEnv):
         self._row_images = tensor(images, torch.uint8)
 
     def _places(self, pos_key: np.ndarray) -> None:
-        """The agent's places (direction * cells + position) and the codes' oriented copies.
+        """The agent's places (direction * cells + position) and the grids' oriented copies.
 
         A layout's (or an environment's) grids are four copies of its grid, a bit a cell, one
         per direction, each turned so that the view of an agent facing that direction is ``n``
@@ -1029,7 +1038,8 @@ class BatchedPointNav(BatchedEnv):
         if ended.numel():
             cut = truncated.nonzero().squeeze(1)
             if cut.numel():
-                image_shape = (self.num_envs, *self.observation_space["image"].shape)
+                n = self.agent_view_size
+                image_shape = (self.num_envs, n, n, 3)
                 final = {
                     "image": torch.zeros(image_shape, dtype=torch.uint8, device=self.device),
                     "goal": torch.zeros(
@@ -1114,9 +1124,9 @@ class BatchedPointNav(BatchedEnv):
         if not self._shared_codes:  # the template's, then the episodes' doors (first "closed")
             template = torch.from_numpy(self._code_copies).to(self.device)
             self._bits.view(self.num_envs, -1)[:, : 4 * self._cells] = template
-            codes = self._codes[:-8].view(self.num_envs, -1)
+            grids = self._codes[:-8].view(self.num_envs, -1)
             packed = np.packbits(self._code_copies, bitorder="little")
-            codes[:, : len(packed)] = torch.from_numpy(packed).to(self.device)
+            grids[:, : len(packed)] = torch.from_numpy(packed).to(self.device)
         self._episode = torch.cat((episode[: 2 * nd + 2], doors.int(), goal[None, :].int()))
         self._set_doors(everyone, doors)
         layout = (door_v * self._layout_radix_all).sum(0)
@@ -1164,7 +1174,7 @@ class BatchedPointNav(BatchedEnv):
             self._twin = None
 
     # ============================================================== internals
-    def _td(self, entries: dict[str, Any]) -> TensorDict:
+    def _td(self, entries: dict[Any, Any]) -> TensorDict:
         return TensorDict._new_unsafe(entries, batch_size=self._batch, device=self.device)
 
     def _first(self) -> TensorDict:
