@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import functools
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -29,7 +30,7 @@ from rl.loggers import MetricsLogger
 from rl.losses import PPOLoss
 from rl.models import ActorCritic
 from rl.pipeline import PipelineStage, TrainingPipeline
-from rl.sampling import SerialSampler
+from rl.sampling import Sampler, SerialSampler
 from rl.training import Callback, OnPolicyTrainer, RolloutInfo
 from rl.utils.config import ConfigError
 from rl.utils.staging import PinnedTransfers, pinned_transfers
@@ -54,6 +55,11 @@ def step_like_tensors() -> dict[object, torch.Tensor]:
         "strided": torch.arange(12.0).reshape(3, 4).t(),
         "half": torch.randn(3, generator=g).to(torch.float16),
     }
+
+
+def weights(model: Any) -> dict[str, torch.Tensor]:
+    """A policy's ``state_dict`` (the trainer and collector hold it as a Policy)."""
+    return model.state_dict()  # type: ignore[no-any-return]
 
 
 def assert_bitwise(a: torch.Tensor, b: torch.Tensor) -> None:
@@ -101,7 +107,7 @@ def test_staging_back_to_the_host_keeps_a_result_for_the_next_call() -> None:
         PinnedTransfers("cpu", buffers=1)
 
 
-def make_model(sampler: SerialSampler, seed: int = 0) -> ActorCritic:
+def make_model(sampler: Sampler, seed: int = 0) -> ActorCritic:
     torch.manual_seed(seed)
     return ActorCritic(
         observation_space=sampler.observation_space,
@@ -175,21 +181,19 @@ def test_an_acting_copy_collects_the_same_rollouts_as_the_learners_policy(tmp_pa
     copied, copied_rollouts = train_with(True, tmp_path / "copy")
     assert copied.collector.actor is not copied.model  # type: ignore[attr-defined]
     assert len(own_rollouts.rows) == len(copied_rollouts.rows) == 4
-    for a, b in zip(own_rollouts.rows, copied_rollouts.rows, strict=True):
-        assert a.keys() == b.keys()
-        for key in a:
-            assert torch.equal(a[key], b[key]), key
+    for rows, other in zip(own_rollouts.rows, copied_rollouts.rows, strict=True):
+        assert rows.keys() == other.keys()
+        for key in rows:
+            assert torch.equal(rows[key], other[key]), key
     for (name, a), b in zip(
-        own.model.state_dict().items(), copied.model.state_dict().values(), strict=True
+        weights(own.model).items(), weights(copied.model).values(), strict=True
     ):
         assert torch.equal(a, b), name
     # The copy holds the weights of the last rollout's policy, not the learner's since.
     actor = copied.collector.actor  # type: ignore[attr-defined]
     assert any(
         not torch.equal(a, b)
-        for a, b in zip(
-            actor.state_dict().values(), copied.model.state_dict().values(), strict=True
-        )
+        for a, b in zip(weights(actor).values(), weights(copied.model).values(), strict=True)
     )
 
 
@@ -286,11 +290,11 @@ def test_a_compiled_update_matches_the_eager_one_to_float_tolerance(tmp_path: Pa
     compiled = updates(True, tmp_path / "compiled")
     assert compiled.learner._compiled and compiled.learner._compile_proven
     for (name, a), b in zip(
-        eager.model.state_dict().items(), compiled.model.state_dict().values(), strict=True
+        weights(eager.model).items(), weights(compiled.model).values(), strict=True
     ):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)
     # The model itself is not wrapped: its state_dict keys are the eager ones.
-    assert list(compiled.model.state_dict()) == list(eager.model.state_dict())
+    assert list(weights(compiled.model)) == list(weights(eager.model))
 
 
 # ---------------------------------------------------------------------------------- CUDA
@@ -328,17 +332,18 @@ def test_cuda_learner_with_a_cpu_actor_gets_its_rollouts_on_the_gpu() -> None:
             model=model, sampler=sampler, device=device, inference_device="cpu"
         )
         assert collector.transfers is None  # (acting on the CPU: nothing to stage per step)
-        assert next(collector.actor.parameters()).device.type == "cpu"
+        assert next(iter(weights(collector.actor).values())).device.type == "cpu"
         rollout = collector.collect(RolloutRequest(num_steps=8))
-        assert rollout.storage.device == device and rollout.next_value.device == device
+        assert rollout.storage.device.type == rollout.next_value.device.type == "cuda"
         assert collector.storage is not None and collector.storage["actions"].is_pinned()
+        handed = rollout.storage.rows()
         for key, value in collector.storage.rows().items(include_nested=True, leaves_only=True):
-            assert torch.equal(rollout.storage.rows()[key].cpu(), value), key
+            assert torch.equal(handed.get(key).cpu(), value), key  # type: ignore[arg-type]
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(1.0)
         collector.collect(RolloutRequest(num_steps=8))
         for a, b in zip(
-            model.state_dict().values(), collector.actor.state_dict().values(), strict=True
+            model.state_dict().values(), weights(collector.actor).values(), strict=True
         ):
             assert torch.equal(a.cpu(), b)
