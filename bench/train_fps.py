@@ -13,10 +13,12 @@ environment limit (16 environments stepped serially with random actions, no poli
 worker process (``collector=process``) that collects while the learner updates, on the second
 core (policy lag 1; networks and settings unchanged).
 
-The "batched" rows run ``ppo_nav``'s default since the batched task: all environments in one
-torch step (``sampler=batched``, the task's ``BatchedPointNav``), 64 envs x 32 steps (the same
-2,048 samples an update, epochs and minibatches), the same networks; the rows above keep
-16 serial environments x 128 steps (``sampler=serial``), ``ppo_nav``'s default before.
+The "batched" rows step the batched task: all environments in one torch step
+(``sampler=batched``, the task's ``BatchedPointNav``), the same networks, epochs and minibatches.
+``ppo_nav``'s default layout, 64 envs x 32 steps (the same 2,048 samples an update as the serial
+rows), and a wide one, 1,024 envs x 32 steps (32,768 samples an update: 4 minibatches of 8,192),
+each row run for at least 8 of its rollouts. The other rows keep 16 serial environments x 128
+steps (``sampler=serial``), ``ppo_nav``'s default before the batched task.
 
 ``--compile``: every row of ours with ``pipeline.compile=true`` (``torch.compile`` of the update's
 forward; the compile time of the first update falls in the warm-up quarter, outside the FPS).
@@ -44,9 +46,10 @@ from omegaconf import DictConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_ENVS, NUM_STEPS, EPOCHS, MINIBATCHES = 16, 128, 4, 4
-# The batched rows: ppo_nav's default layout (sampler=batched, 64 envs x 32 steps).
-BATCHED_ENVS, BATCHED_STEPS = 64, 32
-SMOKE_BATCHED_ENVS = 16  # --smoke: 16 batched envs x 16 steps
+# The batched rows (sampler=batched): ppo_nav's default layout and a wide one, (envs, steps).
+BATCHED = {"default": (64, 32), "wide": (1024, 32)}
+BATCHED_ROLLOUTS = 8  # a batched row runs for at least this many of its rollouts
+SMOKE_BATCHED = (16, 16)  # --smoke: every batched layout 16 envs x 16 steps
 SMOKE_NUM_STEPS = 16  # --smoke: rollouts of 16 steps (ours and SB3's alike)
 # --smoke's defaults: two such rollouts per row, half a second of raw stepping.
 SMOKE = {"steps": NUM_ENVS * SMOKE_NUM_STEPS * 2, "raw_seconds": 0.5}
@@ -71,12 +74,12 @@ def ours(
     extra_overrides: list[str] | None = None,
     return_record: bool = False,
     experiment: str = "ppo_nav",
-    batched: bool = False,
+    batched: str | None = None,
 ) -> Any:
     """Training FPS of ``experiment`` with ``model`` (and the last metrics record if asked).
 
     ``ppo_nav`` runs with this file's shared settings (epochs, minibatches, and envs and
-    rollout: 16 serial environments x 128 steps, or with ``batched`` the batched task's 64 x 32);
+    rollout: 16 serial environments x 128 steps, or ``BATCHED[batched]`` on the batched task);
     another experiment keeps its own, and ``model=None`` keeps the experiment's model.
     """
     import rl.engine.run
@@ -87,11 +90,9 @@ def ours(
     ]
     extra = list(extra_overrides or [])
     if batched:
-        shared += [
-            "sampler=batched",
-            f"sampler.num_envs={BATCHED_ENVS}",
-            f"pipeline.num_steps={BATCHED_STEPS}",
-        ]
+        envs, rollout = BATCHED[batched]
+        steps = max(steps, envs * rollout * BATCHED_ROLLOUTS)
+        shared += ["sampler=batched", f"sampler.num_envs={envs}", f"pipeline.num_steps={rollout}"]
     else:
         shared += [f"sampler.num_envs={NUM_ENVS}", f"pipeline.num_steps={NUM_STEPS}"]
         if not any(o.startswith("sampler=") for o in extra):  # serial unless a row picks one
@@ -125,9 +126,10 @@ def ours(
 
 def use_smoke_rollouts() -> None:
     """``--smoke``: every row of this file (ours and SB3's) collects 16-step rollouts."""
-    global NUM_STEPS, BATCHED_ENVS, BATCHED_STEPS
+    global NUM_STEPS, BATCHED_ROLLOUTS
     NUM_STEPS = SMOKE_NUM_STEPS
-    BATCHED_ENVS, BATCHED_STEPS = SMOKE_BATCHED_ENVS, SMOKE_NUM_STEPS
+    BATCHED.update(dict.fromkeys(BATCHED, SMOKE_BATCHED))
+    BATCHED_ROLLOUTS = 2
     SB3_SETTINGS.update(n_steps=NUM_STEPS, batch_size=NUM_STEPS * NUM_ENVS // MINIBATCHES)
 
 
@@ -339,8 +341,9 @@ def main() -> None:
     raw = raw_limit(args.raw_seconds)
     names = {
         "gru": "ours ppo_nav, CNN + GRU policy (nav_cnn_gru)",
-        "gru_batched": "ours ppo_nav default, batched task, CNN + GRU",
-        "mlp_batched": "ours ppo_nav, batched task, MLP",
+        "gru_batched": "ours ppo_nav default, batched, CNN + GRU",
+        "gru_wide": "ours batched wide, CNN + GRU",
+        "mlp_wide": "ours batched wide, MLP",
         "cnn": "ours ppo_nav, memoryless CNN (nav_cnn)",
         "mlp": "ours ppo_nav, memoryless MLP (mlp)",
         "flat_gru": "ours ppo_nav, flattened -> GRU 128",
@@ -354,8 +357,9 @@ def main() -> None:
         "cnn": ours("nav_cnn", args.steps),
         "mlp": ours("mlp", args.steps),
         "flat_gru": ours("nav_cnn_gru", args.steps, FLAT_GRU),
-        "gru_batched": ours("nav_cnn_gru", args.steps, batched=True),
-        "mlp_batched": ours("mlp", args.steps, batched=True),
+        "gru_batched": ours("nav_cnn_gru", args.steps, batched="default"),
+        "gru_wide": ours("nav_cnn_gru", args.steps, batched="wide"),
+        "mlp_wide": ours("mlp", args.steps, batched="wide"),
     }
     if not args.skip_async:
         # The second core: one collection worker process steps the environments with a policy
@@ -370,18 +374,17 @@ def main() -> None:
         f"({NUM_ENVS} envs x {NUM_STEPS} steps, {EPOCHS} epochs x {MINIBATCHES} minibatches, "
         f"1 torch thread{', compiled update' if args.compile else ''})"
     )
-    print(
-        f"  (batched rows: sampler=batched, {BATCHED_ENVS} envs x {BATCHED_STEPS} steps, the same "
-        "epochs and minibatches)"
-    )
+    layouts = ", ".join(f"{name} {e:,} envs x {t} steps" for name, (e, t) in BATCHED.items())
+    print(f"  (batched rows: sampler=batched, {layouts}; the same epochs and minibatches)")
     print(f"  {'raw environment limit (serial, random actions)':<48} {raw:>8,.0f} steps/s")
     for key, value in fps.items():
         print(f"  {names[key]:<48} {value:>8,.0f} FPS")
     print("ratios")
     print(f"  ours batched GRU / ours serial GRU: {fps['gru_batched'] / fps['gru']:.2f}x")
+    print(f"  ours batched wide GRU / serial GRU: {fps['gru_wide'] / fps['gru']:.2f}x")
     if not args.skip_sb3:
         print(f"  ours MLP / SB3 PPO:                {fps['mlp'] / fps['sb3']:.2f}x")
-        print(f"  ours batched MLP / SB3 PPO:        {fps['mlp_batched'] / fps['sb3']:.2f}x")
+        print(f"  ours batched wide MLP / SB3 PPO:   {fps['mlp_wide'] / fps['sb3']:.2f}x")
         print(f"  ours flattened-GRU / RecurrentPPO: {fps['flat_gru'] / fps['sb3_rec']:.2f}x")
         if not args.skip_async:
             mlp_ratio = fps["mlp_async"] / fps["sb3"]
