@@ -162,7 +162,7 @@ class _Streams:
         self.skip = torch.zeros(num_envs, dtype=torch.int64, device=device)
         self.used_skip = False  # a 64-bit draw happened (skip may be nonzero)
         self.wraps = _wrapping_products(device)
-        self._ar = torch.arange(window, device=device)
+        self._ar = self.window_index = torch.arange(window, device=device)
         # draws tabled by table_draw: name -> (bound, acceptance, values, ends)
         self.tabled: dict[str, tuple[Any, ...]] = {}
         # each row's first index in the flat view of a [num_envs, 2 row + 1] table
@@ -237,7 +237,7 @@ class _Streams:
     def _table(self, envs: torch.Tensor) -> None:
         halves = 2 * self.row
         for bound, accept, values, ends in self.tabled.values():
-            value, ok = self._lemire(self.halves.index_select(0, envs), bound)
+            value, ok = self.lemire(self.halves.index_select(0, envs), bound)
             if accept is not None:
                 ok &= accept(value)
             end = torch.where(ok, self._halves_index, halves)
@@ -263,7 +263,7 @@ class _Streams:
         self.pos[envs] = end + 1
         return values.view(-1).index_select(0, envs * halves + end)
 
-    def _lemire(self, u: torch.Tensor, bound: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def lemire(self, u: torch.Tensor, bound: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Lemire's value and acceptance of 32-bit halves ``u`` for ``bound`` (<= 2**32)."""
         if isinstance(bound, int) and bound == _TWO32:
             return u, torch.ones_like(u, dtype=torch.bool)
@@ -314,7 +314,7 @@ class _Streams:
                 index = index + torch.where(later, 2 * self.skip[e][:, None], 0)
             u = _at(halves, index)
             b = bound if const else (bound if todo is None else bound[todo])[:, None]  # type: ignore[index]
-            value, ok = self._lemire(u, b)
+            value, ok = self.lemire(u, b)
             if accept is not None:
                 ok &= accept(value)
             found, j = ok.max(1)  # the first accepted
@@ -620,7 +620,10 @@ class BatchedPointNav(BatchedEnv):
                     marks[at[i, j], i] |= (j + 1) << (2 * n)
                 else:
                     marks[at[i, j], i * n + j] = 2
-        self._goal_words = tensor(marks.T, torch.int64 if one_word else torch.uint8)
+        # (rows of up to 7 cells: a row of it per index, read as rows; larger: by column)
+        self._goal_words = tensor(
+            marks if one_word else marks.T, torch.int64 if one_word else torch.uint8
+        )
         # rewards by index: distance before - after + 1 (as PointNavEnv.step sums them), then
         # a success's
         scale, penalty = float(distance_reward_scale), float(step_penalty)
@@ -673,8 +676,6 @@ class BatchedPointNav(BatchedEnv):
         self._streams = _Streams(n_envs, dev, window)
         if len(self._chunks) == 1 and self._chunks[0][0] <= _TWO32:  # one 32-bit draw
             self._streams.table_draw("episode", self._chunks[0][0], self._packed_in_split(0))
-            if min_start_distance == 1:  # a start other than the goal (see _start_off_goal)
-                self._streams.table_draw("start", layout.n_free - 1, None)
 
         # ---- the grids of the views: four oriented copies of a grid (see _places), a bit a
         # cell, per door layout (its doors open), or per environment (its doors written at
@@ -861,6 +862,9 @@ class BatchedPointNav(BatchedEnv):
         spread = ((rows[:, None] >> np.arange(n)) & 1) << (8 * np.arange(n))
         self._spread = tensor((spread.sum(1)[None, :] << np.arange(n)[:, None]).reshape(-1))
         self._spread_base = tensor(np.arange(n) << n)[:, None]
+        self._spread_base_b = self._spread_base.view(-1)
+        self._row_step_b = self._row_step.view(-1)
+        self._byte_shift_b = self._byte_shift.view(-1)
         self._row_mask = (1 << n) - 1
         key = np.arange(1 << (2 * n + 4))
         j = np.arange(n)
@@ -1208,20 +1212,20 @@ class BatchedPointNav(BatchedEnv):
         count = state.shape[1]
         first = state[_CODES] + places[_START]
         goal_at = state[_GOAL_TERM] - places[_GOAL_KEY]  # (goal - agent, direction)
-        goal = self._goal_words.gather(1, goal_at.expand(self._goal_words.shape[0], -1))
-        if self._width == 8:
-            where = first + self._row_step  # [i, B]: view row i's first bit
+        if self._width == 8:  # (by environment, then view row: the image's order)
+            where = first[:, None] + self._row_step_b  # [B, i]: view row i's first bit
             words = self._windows.index_select(0, (where >> 3).view(-1)).view(torch.int64)
-            see = (words.view(n, count) >> (where & 7)) & self._row_mask  # [i, B]: bit j
-            spread = self._spread.index_select(0, (see + self._spread_base).view(-1))
-            packed = spread.view(n, count).sum(0)  # byte j, bit i: cell (i, j)'s see-behind
+            see = (words.view(count, n) >> (where & 7)) & self._row_mask  # [B, i]: bit j
+            spread = self._spread.index_select(0, (see + self._spread_base_b).view(-1))
+            packed = spread.view(count, n).sum(1)  # byte j, bit i: cell (i, j)'s see-behind
             visible = self._visible_rows((packed >> self._byte_shift) & 0xFF)  # [j, B]: bit i
             spread = self._spread.index_select(0, (visible + self._spread_base).view(-1))
-            shown = spread.view(n, count).sum(0) << n  # byte i, bits n + j: cell (i, j) shown
-            keys = see | goal | ((shown >> self._byte_shift) & (self._row_mask << n))
-            keys = keys.t().contiguous().view(-1)  # (see _views for the keys' fields)
-            image = self._row_images.index_select(0, keys).view(count, n, n, 3)
+            shown = (spread.view(n, count).sum(0) << n)[:, None]  # byte i, bits n + j: shown
+            goal = self._goal_words.index_select(0, goal_at)
+            keys = see | goal | ((shown >> self._byte_shift_b) & (self._row_mask << n))
+            image = self._row_images.index_select(0, keys.view(-1)).view(count, n, n, 3)
         else:  # views of more than 7 cells: the same, cell by cell
+            goal = self._goal_words.gather(1, goal_at.expand(self._goal_words.shape[0], -1))
             where = first + self._cell_step
             cells = self._codes.index_select(0, (where >> 3).view(-1)).view(n, n, count)
             see = (cells >> (where & 7)) & 1  # [i, j, B]
@@ -1501,35 +1505,35 @@ class BatchedPointNav(BatchedEnv):
     def _record(self, envs: torch.Tensor) -> None:
         """Table the episode a draw ending at each of the first halves of rows ``envs`` starts.
 
-        ``_records`` holds, by row and half, the stream position after the episode's draws
-        (-1: a start's redraw past the row), ``_state``'s and ``_episode``'s rows; its last
-        row has none. ``_record_at`` has, by row and position, the record of the next draw
-        (the last where that draw ends past the tabled halves).
+        ``_records`` holds, by row and half where a draw ends, the stream position after the
+        episode's draws (-1: a start's redraw past the row), ``_state``'s and ``_episode``'s
+        rows; its last row has none. ``_record_at`` has, by row and position, the record of
+        the next draw (the last where that draw ends past the tabled halves).
         """
         streams = self._streams
         known, halves = streams.row, 2 * streams.row
         _, _, values, ends = streams.tabled["episode"]
-        rows = envs.numel()
-        draws = self._unpack(values.index_select(0, envs)[:, :known].reshape(-1))
-        after = self._next_half.repeat(rows)
+        ends = ends.index_select(0, envs)
+        # the halves where a draw ends (accepted), as row * known + half
+        at = (ends[:, :known] == self._next_half - 1).view(-1).nonzero().squeeze(1)
+        half, owners = at % known, envs.index_select(0, at // known)
+        draws = self._unpack(values.index_select(0, envs)[:, :known].reshape(-1)[at])
+        after = half + 1
         redrawn = None
-        if self.min_start_distance == 1:  # the start's draw from the next half
+        if self.min_start_distance == 1:  # the start's draw, from the next half on
             todo = (draws[3] == draws[1]).nonzero().squeeze(1)
             if todo.numel():
-                _, _, start_values, start_ends = streams.tabled["start"]
-                env, half = envs.index_select(0, todo // known), todo % known
-                end = start_ends[env, half + 1]
-                k = start_values[env, end.clamp(max=halves - 1)]
-                after[todo] = torch.where(end < halves, end + 1, -1)
+                read = half[todo, None] + 1 + streams.window_index  # [redraws, window]
+                held = streams.halves[owners[todo, None], read.clamp(max=halves - 1)]
+                value, ok = streams.lemire(held, self._n_free - 1)
+                found, first = (ok & (read < halves)).max(1)
+                k = value.gather(1, first[:, None])[:, 0]
+                after[todo] = torch.where(found, read.gather(1, first[:, None])[:, 0] + 1, -1)
                 redrawn = todo, k
-        owners = envs[:, None].expand(-1, known).reshape(-1)
         table = torch.stack((after.int(), *self._new_episodes(owners, *draws, redrawn)))
-        width = table.shape[0]
-        records = self._records[:-1].view(-1, known, width)
-        records.index_copy_(0, envs, table.t().reshape(rows, known, width))
-        end = ends.index_select(0, envs)
-        at = self._record_base.index_select(0, envs)[:, None] + end
-        self._record_at[envs] = torch.where(end < known, at, self._records.shape[0] - 1)
+        self._records.index_copy_(0, owners * known + half, table.t().contiguous())
+        rows = self._record_base.index_select(0, envs)[:, None] + ends
+        self._record_at[envs] = torch.where(ends < known, rows, self._records.shape[0] - 1)
 
     def _unpack(
         self, packed: torch.Tensor
@@ -1559,7 +1563,7 @@ class BatchedPointNav(BatchedEnv):
         if self.min_start_distance == 1:
             todo = (draws[3] == draws[1]).nonzero().squeeze(1)
             if todo.numel():
-                redrawn = todo, streams.draw_tabled("start", envs[todo])
+                redrawn = todo, streams.draw32(envs[todo], self._n_free - 1)
         block = torch.stack(self._new_episodes(envs, *draws, redrawn))
         return block[:_STATE_ROWS].long(), block[_STATE_ROWS:]
 
@@ -1646,11 +1650,7 @@ class BatchedPointNav(BatchedEnv):
 
         The cells far enough are the free cells but the goal: ``n_free - 1`` of them.
         """
-        streams = self._streams
-        if "start" in streams.tabled:
-            k = streams.draw_tabled("start", envs[todo])
-        else:
-            k = streams.draw32(envs[todo], self._n_free - 1)
+        k = self._streams.draw32(envs[todo], self._n_free - 1)
         free = self._free_template.expand(todo.numel(), -1).clone()
         if self._n_doors:
             free.scatter_(1, doors[:, todo].t(), True)
