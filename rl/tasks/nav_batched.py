@@ -854,15 +854,15 @@ class BatchedPointNav(BatchedEnv):
         self._encodings = tensor(encodings, torch.uint8)
         if self._width != 8:
             return
-        # For views of rows of up to 7 cells: bit rows transposed (bit j of a row of index
-        # k * 2**n + row to bit 8 j + k: summed over k, byte j holds bit k of each row); and the
+        # For views of rows of up to 7 cells: bit rows transposed (bit j of row k to bit
+        # 8 j + k: summed over k, byte j holds bit k of each row; the visible cells' shifted
+        # by n more, for the keys); and the
         # encodings of a view row by its see-behind bits, visible cells (n bits each), the
         # goal's column + 1 (3 bits) and whether it is the agent's (its own cell shown empty)
         rows = np.arange(1 << n)
-        spread = ((rows[:, None] >> np.arange(n)) & 1) << (8 * np.arange(n))
-        self._spread = tensor((spread.sum(1)[None, :] << np.arange(n)[:, None]).reshape(-1))
-        self._spread_base = tensor(np.arange(n) << n)[:, None]
-        self._spread_base_b = self._spread_base.view(-1)
+        spread = (((rows[:, None] >> np.arange(n)) & 1) << (8 * np.arange(n))).sum(1)
+        self._spread_see = tensor(spread[:, None] << np.arange(n))  # [row, k]
+        self._spread_shown = tensor((spread[None, :] << np.arange(n)[:, None]) << n)  # [k, row]
         self._row_step_b = self._row_step.view(-1)
         self._byte_shift_b = self._byte_shift.view(-1)
         self._row_mask = (1 << n) - 1
@@ -1013,7 +1013,7 @@ class BatchedPointNav(BatchedEnv):
         except RuntimeError:
             self._unknown_action(a)
             raise
-        state = self._state
+        state = self._state.unbind(0)
         steps = state[_STEPS] + 1
         moved = state[_MOVED] + (new_dist != state[_DIST])
         stop = a == Actions.STOP
@@ -1051,7 +1051,8 @@ class BatchedPointNav(BatchedEnv):
                     ),
                 }
                 places = self._places_of(pd.index_select(0, cut))
-                final["image"][cut], final["goal"][cut] = self._observe(places, cut)
+                state = self._state.index_select(1, cut).unbind(0)
+                final["image"][cut], final["goal"][cut] = self._observe(state, places)
             seeds = None
             if next_seeds is not None:
                 seeds = [next_seeds[i] for i in ended.tolist()]
@@ -1188,18 +1189,19 @@ class BatchedPointNav(BatchedEnv):
 
     def _look(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every environment's ``image``, ``goal`` and expert action (and actions' outcomes)."""
-        places = self._places_of(self._state[_PD])
-        image, goal = self._observe(places)
-        return image, goal, self._expert(places)
+        state = self._state.unbind(0)
+        places = self._places_of(state[_PD])
+        image, goal = self._observe(state, places)
+        return image, goal, self._expert(state, places)
 
     def _places_of(self, place: torch.Tensor) -> torch.Tensor:
         """``_pos_table``'s columns of these places ``[B]``: ``[columns, B]``."""
         return self._pos_table.gather(1, place.expand(self._pos_table.shape[0], -1))
 
     def _observe(
-        self, places: torch.Tensor, rows: torch.Tensor | None = None
+        self, state: Sequence[torch.Tensor], places: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``image`` and ``goal`` of every environment (or of environments ``rows``).
+        """``image`` and ``goal`` of environments in these ``_state`` rows.
 
         ``places``: their columns of ``_pos_table`` (``[columns, B]``). A view row's see-behind
         bits are read from one int64 word (bit ``j``: cell ``(i, j)``, see :meth:`_places`);
@@ -1208,19 +1210,17 @@ class BatchedPointNav(BatchedEnv):
         see-behind and visible bits and the goal's column index the table of its encodings.
         """
         n = self.agent_view_size
-        state = self._state if rows is None else self._state.index_select(1, rows)
-        count = state.shape[1]
-        first = state[_CODES] + places[_START]
-        goal_at = state[_GOAL_TERM] - places[_GOAL_KEY]  # (goal - agent, direction)
+        count = places.shape[1]
+        start, goal_key = places[_START], places[_GOAL_KEY]
+        first = state[_CODES] + start
+        goal_at = state[_GOAL_TERM] - goal_key  # (goal - agent, direction)
         if self._width == 8:  # (by environment, then view row: the image's order)
             where = first[:, None] + self._row_step_b  # [B, i]: view row i's first bit
             words = self._windows.index_select(0, (where >> 3).view(-1)).view(torch.int64)
             see = (words.view(count, n) >> (where & 7)) & self._row_mask  # [B, i]: bit j
-            spread = self._spread.index_select(0, (see + self._spread_base_b).view(-1))
-            packed = spread.view(count, n).sum(1)  # byte j, bit i: cell (i, j)'s see-behind
+            packed = self._spread_see.gather(0, see).sum(1)  # byte j, bit i: (i, j) see-behind
             visible = self._visible_rows((packed >> self._byte_shift) & 0xFF)  # [j, B]: bit i
-            spread = self._spread.index_select(0, (visible + self._spread_base).view(-1))
-            shown = (spread.view(n, count).sum(0) << n)[:, None]  # byte i, bits n + j: shown
+            shown = self._spread_shown.gather(1, visible).sum(0)[:, None]  # byte i, bit n + j
             goal = self._goal_words.index_select(0, goal_at)
             keys = see | goal | ((shown >> self._byte_shift_b) & (self._row_mask << n))
             image = self._row_images.index_select(0, keys.view(-1)).view(count, n, n, 3)
@@ -1253,13 +1253,12 @@ class BatchedPointNav(BatchedEnv):
             rows[j], incoming = process_vis_row(incoming, see_rows[j].long(), n)
         return torch.stack(rows)
 
-    def _expert(self, places: torch.Tensor) -> torch.Tensor:
+    def _expert(self, state: Sequence[torch.Tensor], places: torch.Tensor) -> torch.Tensor:
         """PointNavEnv.expert_action of every environment; sets each action's outcome.
 
         ``_next[a + 4 k]``: after action ``a``, the place (k = 0), the distance (1) and the
         reward's index in ``_rewards`` (2; 3: a success), for :meth:`step` to read at once.
         """
-        state = self._state
         place, dist = state[_PD], state[_DIST]
         near = self._distances(self._episode, places[_AHEAD_POS : _LEFT_POS + 1])  # [2, B]
         ahead = near[0]
