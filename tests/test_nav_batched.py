@@ -108,6 +108,7 @@ def run(
     evaluation: bool = False,
     resume_at: int | None = None,
     records: bool = True,
+    views: bool = True,
 ) -> Reference:
     """Step BatchedPointNav and the reference side by side, comparing every step."""
     rng = np.random.default_rng(seed)
@@ -116,6 +117,8 @@ def run(
     phase = ref.envs[0].max_steps + 10  # long enough to truncate an episode
     env = BatchedPointNav(**config, num_envs=num_envs)
     env._recorded &= records  # (False: each reset's draws as when that table is too large)
+    if not views:  # views read from the grids, as where the table of views is too large
+        env._view_keys = None
     assert_first_equal(env.reset(seeds), ref)
     for t in range(steps):
         if t == resume_at:  # a fresh environment restored from the saved episodes goes on
@@ -175,6 +178,14 @@ def test_other_layouts_and_views(config: dict[str, Any]) -> None:
 def test_resets_without_tabled_episodes(config: dict[str, Any]) -> None:
     """Resets that draw and build each episode (more environments than _record tables)."""
     run(config, 8, 120, seed=4, records=False)
+
+
+@pytest.mark.parametrize(
+    "config", [{"max_steps": 40}, {**NAV_SMALL, "agent_view_size": 5}], ids=["nav", "9x9-view-5"]
+)
+def test_views_read_from_grids(config: dict[str, Any]) -> None:
+    """Views read from the layouts' bit grids (where the table of views would be too large)."""
+    run(config, 8, 120, seed=5, views=False)
 
 
 @pytest.mark.parametrize("config", [{}, NAV_SMALL], ids=["nav", "nav_small"])

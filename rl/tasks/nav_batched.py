@@ -101,8 +101,8 @@ _STATE_ROWS = 9
 # The columns of _pos_table, by place: the view's first bit in its grids (see _places), the
 # places after a left and a right turn and after a step forward, the positions of
 # the cell ahead and of the cell ahead after a left turn (the expert's), the place's term of
-# the goal vector's index.
-_START, _LEFT_PD, _RIGHT_PD, _AHEAD_PD, _AHEAD_POS, _LEFT_POS, _GOAL_KEY = range(7)
+# the goal vector's index, its first row in _view_at.
+_START, _LEFT_PD, _RIGHT_PD, _AHEAD_PD, _AHEAD_POS, _LEFT_POS, _GOAL_KEY, _DOORS_AT = range(8)
 # The state_dict's rows (its format): position, direction, goal, steps, moved, start distance,
 # distance, distance of the cell ahead.
 _SAVED_ROWS = 8
@@ -111,6 +111,9 @@ _SAVED_ROWS = 8
 _MAX_FREE_TABLE = 1 << 22
 # Every stream position's episode tabled (see _record) up to this many int32 values.
 _MAX_RECORDS = 1 << 24
+# Views tabled by (place, the doors open in view) up to this many such views; more: read
+# from grids (see _observe).
+_MAX_VIEWS = 1 << 19
 # Every door layout's view grids (shared by the environments in it) up to this many bytes;
 # more: each environment has its own, its doors written at each reset.
 _MAX_SHARED_CODES = 1 << 26
@@ -472,6 +475,65 @@ def _one_room_split_table(size: int, split: str) -> np.ndarray:
     )
 
 
+@functools.lru_cache(maxsize=8)
+def _tabled_views(size: int, rooms_per_side: int, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """:meth:`BatchedPointNav._view_table`'s tables (NumPy; None: more than ``_MAX_VIEWS``).
+
+    The grid's geometry as BatchedPointNav's (padding, positions, oriented views).
+    """
+    layout = RoomLayout(size, rooms_per_side)
+    pad = max(1, n - 2)
+    side = size + 2 * pad
+    cells = side * side
+    slots = layout.door_slots
+    nd = len(slots)
+    longest = max([slot[4] for slot in slots], default=1)
+    see = np.zeros(cells, dtype=np.int64)  # the rooms' cells (door slots: walls)
+    interior = (layout.cell_x_np + pad) * side + layout.cell_y_np + pad
+    see[interior] = 1
+    slot_of = np.full(cells, -1, dtype=np.int64)
+    offset_of = np.zeros(cells, dtype=np.int64)
+    reachable = list(interior)
+    for k, (x0, y0, ax, ay, length) in enumerate(slots):
+        at = (x0 + pad) * side + y0 + pad + (ax * side + ay) * np.arange(length)
+        slot_of[at], offset_of[at] = k, np.arange(length)
+        reachable += list(at)
+    view_x, view_y = view_indices(n, 0)
+    shift = 8 * np.arange(n)[:, None] + np.arange(n)  # view cell (i, j): bit 8 i + j
+    at_table = np.zeros((4 * cells, max(nd, 1), longest), dtype=np.int64)
+    words, total = [], 0
+    for d in range(4):
+        view = view_x[d] * side + view_y[d]  # [i, j]
+        for pos in reachable:
+            cell = pos + view
+            place_views = np.array([(see[cell] << shift).sum()])
+            weight = 1
+            for k in range(nd):
+                i, j = np.nonzero(slot_of[cell] == k)
+                if not len(i):
+                    continue
+                opened = np.concatenate(([0], 1 << (8 * i + j)))  # none, or that cell open
+                at_table[d * cells + pos, k, offset_of[cell[i, j]]] = (
+                    np.arange(1, len(i) + 1) * weight
+                )
+                place_views = (place_views[None, :] + opened[:, None]).reshape(-1)
+                weight *= len(opened)
+            at_table[d * cells + pos, 0] += total
+            words.append(place_views)
+            total += len(place_views)
+            if total > _MAX_VIEWS:
+                return None
+    row_mask = (1 << n) - 1
+    rows = (np.concatenate(words)[:, None] >> (8 * np.arange(n))) & row_mask  # [view, i]
+    incoming: Any = 1 << (n // 2)
+    visible = np.zeros_like(rows)
+    for c in range(n - 1, -1, -1):  # process_vis, row c: the view cells (i, c)
+        column = (((rows >> c) & 1) << np.arange(n)).sum(1)
+        mask, incoming = process_vis_row(incoming, column, n)
+        visible |= ((mask[:, None] >> np.arange(n)) & 1) << c
+    return rows | (visible << n), at_table.reshape(-1)
+
+
 class BatchedPointNav(BatchedEnv):
     """``num_envs`` :class:`~rl.tasks.nav.PointNavEnv` stepped at once in torch on ``device``.
 
@@ -620,9 +682,10 @@ class BatchedPointNav(BatchedEnv):
                     marks[at[i, j], i] |= (j + 1) << (2 * n)
                 else:
                     marks[at[i, j], i * n + j] = 2
+        self._view_table()
         # (rows of up to 7 cells: a row of it per index, read as rows; larger: by column)
         self._goal_words = tensor(
-            marks if one_word else marks.T, torch.int64 if one_word else torch.uint8
+            marks if one_word else marks.T, torch.int32 if one_word else torch.uint8
         )
         # rewards by index: distance before - after + 1 (as PointNavEnv.step sums them), then
         # a success's
@@ -706,7 +769,7 @@ class BatchedPointNav(BatchedEnv):
         # ---- per-environment state, a row per field and a column per environment (so that
         # every operation runs along the environments): the agent and counters (int64,
         # _STATE_ROWS rows); what its episode's distances are made of (int32: _episode_rows'
-        # distance rows and addends, then the doors' and the goal's positions); each action's
+        # distance rows and addends, the doors' offsets, the goal's position); each action's
         # outcome (_expert)
         self._state = torch.zeros((_STATE_ROWS, n_envs), dtype=torch.int64, device=dev)
         self._episode = torch.zeros((3 * nd + 3, n_envs), dtype=torch.int32, device=dev)
@@ -876,6 +939,29 @@ class BatchedPointNav(BatchedEnv):
         images = encodings[classes * visible].reshape(len(key), 3 * n)
         self._row_images = tensor(images, torch.uint8)
 
+    def _view_table(self) -> None:
+        """Views of rows of up to 7 cells tabled by place and the doors open in view.
+
+        A view's cells are walls or not by the template, but for the door slots' cells in
+        view: of each slot, the open one (its door) or none. ``_view_keys[c]``: the view rows'
+        keys (see-behind and visible bits, see :meth:`_views`) of view ``c``; a place's views
+        are numbered in mixed radix over the slots with cells in view, the door's state (0:
+        not in view, k: the k-th of the slot's cells in view) a digit, so that ``_view_at[
+        place's _DOORS_AT + slot * longest + door offset]`` summed over the slots is the view's
+        number. None where the views would be more than ``_MAX_VIEWS`` (see _tabled_views).
+        """
+        self._view_keys: torch.Tensor | None = None
+        if self._width != 8:
+            return
+        config = self.config
+        tables = _tabled_views(config["size"], config["rooms_per_side"], self.agent_view_size)
+        if tables is None:
+            return
+        keys, at = tables
+        self._view_keys = self._tensor(keys, torch.int32)
+        self._view_at = self._tensor(at, torch.int32)
+        self._door_rows = self._tensor(np.arange(max(self._n_doors, 1)) * self._longest)[:, None]
+
     def _places(self, pos_key: np.ndarray) -> None:
         """The agent's places (direction * cells + position) and the grids' oriented copies.
 
@@ -893,7 +979,7 @@ class BatchedPointNav(BatchedEnv):
         x, y = np.divmod(p, side)  # padded coordinates
         forward = [fx * side + fy for fx, fy in DIR_VEC]
         copies = np.zeros((cells, 4), dtype=np.int64)
-        table = np.zeros((4, cells, 7), dtype=np.int64)
+        table = np.zeros((4, cells, 8), dtype=np.int64)
         for d, (fx, fy) in enumerate(DIR_VEC):
             rx, ry = -fy, fx  # across the view (i); a step j is a step back along (fx, fy)
             across = rx * x + ry * y + (side - 1 if rx + ry < 0 else 0)
@@ -908,9 +994,10 @@ class BatchedPointNav(BatchedEnv):
             table[d, :, _AHEAD_POS] = ahead
             table[d, :, _LEFT_POS] = np.clip(p + forward[(d - 1) % 4], 0, cells - 1)
             table[d, :, _GOAL_KEY] = pos_key * 4 - d
+            table[d, :, _DOORS_AT] = (d * cells + p) * max(self._n_doors, 1) * self._longest
         self._copies = tensor(copies)
         # by column: a gather of a place's column is contiguous along the environments
-        self._pos_table = tensor(table.reshape(4 * cells, 7).T)
+        self._pos_table = tensor(table.reshape(4 * cells, 8).T)
         template = np.zeros(4 * cells, dtype=np.uint8)
         template[copies] = (self._code_template.cpu().numpy() == _EMPTY_CODE)[:, None]
         self._code_copies = template  # the see-behind bits of the four copies, a byte each
@@ -928,7 +1015,7 @@ class BatchedPointNav(BatchedEnv):
         And, where that table is small enough, each stream position's episode (:meth:`_record`).
 
         ``_layout_table[:, L]``: the doors' first distance-row indices, a zero (the goal's
-        addend), the doors' positions; ``_free_pos[L * n_free + k]``: free cell ``k``'s
+        addend), the doors' offsets; ``_free_pos[L * n_free + k]``: free cell ``k``'s
         position (RoomLayout.free_cell's order); ``_sorted_pos``: the same in position order;
         ``_door_dist[L * n_free + goal]``: the doors' distances to the goal.
         """
@@ -954,7 +1041,7 @@ class BatchedPointNav(BatchedEnv):
         columns = (
             (self._n_free + d * self._longest) * cells + door_v * cells,  # door rows
             np.zeros((n_layouts, 1), dtype=np.int64),  # the goal row's addend
-            door_pos,
+            door_v,
         )
         self._layout_table = tensor(np.concatenate(columns, 1).T, torch.int32)  # [column, L]
         interior = np.broadcast_to(self._cell_pos.cpu().numpy(), (n_layouts, self._n_cells))
@@ -1052,7 +1139,9 @@ class BatchedPointNav(BatchedEnv):
                 }
                 places = self._places_of(pd.index_select(0, cut))
                 state = self._state.index_select(1, cut).unbind(0)
-                final["image"][cut], final["goal"][cut] = self._observe(state, places)
+                nd = self._n_doors
+                doors = self._episode[2 * nd + 2 : 3 * nd + 2].index_select(1, cut)
+                final["image"][cut], final["goal"][cut] = self._observe(state, places, doors)
             seeds = None
             if next_seeds is not None:
                 seeds = [next_seeds[i] for i in ended.tolist()]
@@ -1132,8 +1221,8 @@ class BatchedPointNav(BatchedEnv):
             grids = self._codes[:-8].view(self.num_envs, -1)
             packed = np.packbits(self._code_copies, bitorder="little")
             grids[:, : len(packed)] = torch.from_numpy(packed).to(self.device)
-        self._episode = torch.cat((episode[: 2 * nd + 2], doors.int(), goal[None, :].int()))
-        self._set_doors(everyone, doors)
+        self._episode = torch.cat((episode[: 2 * nd + 2], door_v.int(), goal[None, :].int()))
+        self._set_doors(everyone, door_v)
         layout = (door_v * self._layout_radix_all).sum(0)
         pos, direction, _, steps, moved, start_dist, dist, _ = saved
         codes = self._codes_of(everyone, layout)
@@ -1191,7 +1280,8 @@ class BatchedPointNav(BatchedEnv):
         """Every environment's ``image``, ``goal`` and expert action (and actions' outcomes)."""
         state = self._state.unbind(0)
         places = self._places_of(state[_PD])
-        image, goal = self._observe(state, places)
+        nd = self._n_doors
+        image, goal = self._observe(state, places, self._episode[2 * nd + 2 : 3 * nd + 2])
         return image, goal, self._expert(state, places)
 
     def _places_of(self, place: torch.Tensor) -> torch.Tensor:
@@ -1199,9 +1289,9 @@ class BatchedPointNav(BatchedEnv):
         return self._pos_table.gather(1, place.expand(self._pos_table.shape[0], -1))
 
     def _observe(
-        self, state: Sequence[torch.Tensor], places: torch.Tensor
+        self, state: Sequence[torch.Tensor], places: torch.Tensor, doors: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``image`` and ``goal`` of environments in these ``_state`` rows.
+        """``image`` and ``goal`` of environments in these ``_state`` rows (doors' offsets).
 
         ``places``: their columns of ``_pos_table`` (``[columns, B]``). A view row's see-behind
         bits are read from one int64 word (bit ``j``: cell ``(i, j)``, see :meth:`_places`);
@@ -1214,7 +1304,16 @@ class BatchedPointNav(BatchedEnv):
         start, goal_key = places[_START], places[_GOAL_KEY]
         first = state[_CODES] + start
         goal_at = state[_GOAL_TERM] - goal_key  # (goal - agent, direction)
-        if self._width == 8:  # (by environment, then view row: the image's order)
+        if self._view_keys is not None:  # tabled views (by environment, then view row)
+            nd = self._n_doors
+            doors = doors if nd else torch.zeros_like(goal_at)[None, :]
+            at = places[_DOORS_AT] + self._door_rows + doors  # [slot, B]
+            view = self._view_at.index_select(0, at.view(-1)).view(-1, count).sum(0)
+            keys = self._view_keys.index_select(0, view) | self._goal_words.index_select(
+                0, goal_at
+            )
+            image = self._row_images.index_select(0, keys.view(-1)).view(count, n, n, 3)
+        elif self._width == 8:  # (by environment, then view row: the image's order)
             where = first[:, None] + self._row_step_b  # [B, i]: view row i's first bit
             words = self._windows.index_select(0, (where >> 3).view(-1)).view(torch.int64)
             see = (words.view(count, n) >> (where & 7)) & self._row_mask  # [B, i]: bit j
@@ -1379,8 +1478,8 @@ class BatchedPointNav(BatchedEnv):
 
         Rows: the first index of the goal's and the doors' distance rows (R = D + 1), their
         addends (0, then the doors' distances to the goal: R), the doors' offsets (D), the
-        goal's free-cell index (:meth:`state_dict`'s ``episode``; ``_episode`` has the first
-        2 R rows, then the doors' and the goal's positions).
+        goal's free-cell index (:meth:`state_dict`'s ``episode``; ``_episode`` has the goal's
+        position last).
         """
         nd, cells = self._n_doors, self._cells
         goal_index = goal_index[None, :]
@@ -1406,12 +1505,11 @@ class BatchedPointNav(BatchedEnv):
     def _layout_of(self, episode: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The doors' offsets ``[D, B]`` and goals' free-cell indices ``[B]`` of ``_episode``."""
         nd = self._n_doors
-        doors, goal = episode[2 * nd + 2 :].long().split((nd, 1))
-        door_v = (doors - self._slot_pos0[:, None]) // self._slot_step[:, None].clamp(min=1)
+        door_v, goal = episode[2 * nd + 2 :].long().split((nd, 1))
         return door_v, self._free_index.index_select(0, goal[0])
 
-    def _set_doors(self, envs: torch.Tensor, doors: torch.Tensor) -> None:
-        """The grids of ``envs``' new doors (``[D, B]``) where each environment has its own.
+    def _set_doors(self, envs: torch.Tensor, door_v: torch.Tensor) -> None:
+        """The grids of ``envs``' new doors (offsets ``[D, B]``) where each has its own grids.
 
         Their previous doors closed (walls), the new ones open (empty), in every copy: in
         ``_bits`` (a byte a bit), then the bytes of ``_codes`` they are in packed again.
@@ -1419,12 +1517,12 @@ class BatchedPointNav(BatchedEnv):
         if self._shared_codes or not self._n_doors:
             return
         nd = self._n_doors
-        cells = torch.cat((self._episode[2 * nd + 2 : 3 * nd + 2].index_select(1, envs), doors))
+        door_v = torch.cat((self._episode[2 * nd + 2 : 3 * nd + 2].index_select(1, envs), door_v))
+        cells = self._slot_pos0[:, None] + self._slot_step[:, None] * door_v.view(2, nd, -1)
         copies = self._copies.index_select(0, cells.view(-1)).view(*cells.shape, 4)
-        where = self._env_base.index_select(0, envs)[None, :, None] + copies
-        old, new = where.split((nd, nd))
-        self._bits.index_fill_(0, old.reshape(-1), 0)
-        self._bits.index_fill_(0, new.reshape(-1), 1)
+        where = self._env_base.index_select(0, envs)[None, None, :, None] + copies
+        self._bits.index_fill_(0, where[0].reshape(-1), 0)  # the previous doors
+        self._bits.index_fill_(0, where[1].reshape(-1), 1)
         touched = (where >> 3).view(-1)
         bits = self._bits.index_select(0, ((touched << 3)[:, None] + self._byte_bit).view(-1))
         packed = (bits.view(-1, 8) * self._byte_bits).sum(1, dtype=torch.uint8)
@@ -1631,7 +1729,7 @@ class BatchedPointNav(BatchedEnv):
                 else:
                     self._other_starts(envs, todo, goal_index, goal_start, door_v)
                     rows[:, todo] = self._episode_rows(goal_index[todo], door_v[:, todo])
-        episode = torch.cat((rows[: 2 * nd + 2], doors.int(), goal_start[:1].int()))
+        episode = torch.cat((rows[: 2 * nd + 2], door_v.int(), goal_start[:1].int()))
         goal, start = goal_start
         start_dist = self._distances(episode, start[None, :])[0].long()
         codes = self._codes_of(envs, (door_v * self._layout_radix_all).sum(0))
