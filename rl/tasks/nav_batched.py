@@ -475,6 +475,24 @@ def _one_room_split_table(size: int, split: str) -> np.ndarray:
     )
 
 
+# BatchedPointNav._layout_tables' NumPy tables by (size, rooms per side, view size).
+_LAYOUT_TABLES: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+
+@functools.lru_cache(maxsize=4)
+def _row_images(n: int) -> np.ndarray:
+    """A view row's encodings by its key (see BatchedPointNav._views): ``[2**(2n + 4), 3n]``."""
+    encodings = np.asarray([(0, 0, 0), EMPTY_ENCODING, WALL_ENCODING, GOAL_ENCODING])
+    key = np.arange(1 << (2 * n + 4))
+    j = np.arange(n)
+    see = (key[:, None] >> j) & 1
+    visible = (key[:, None] >> (n + j)) & 1
+    goal = ((key >> (2 * n)) & 7)[:, None] == j + 1
+    classes = np.where(goal, 3, 2 - see)  # goal, empty or wall
+    classes[:, n - 1] = np.where(key >> (2 * n + 3), 1, classes[:, n - 1])  # the agent
+    return encodings[classes * visible].reshape(len(key), 3 * n).astype(np.uint8)
+
+
 @functools.lru_cache(maxsize=8)
 def _tabled_views(size: int, rooms_per_side: int, n: int) -> tuple[np.ndarray, np.ndarray] | None:
     """:meth:`BatchedPointNav._view_table`'s tables (NumPy; None: more than ``_MAX_VIEWS``).
@@ -929,15 +947,7 @@ class BatchedPointNav(BatchedEnv):
         self._row_step_b = self._row_step.view(-1)
         self._byte_shift_b = self._byte_shift.view(-1)
         self._row_mask = (1 << n) - 1
-        key = np.arange(1 << (2 * n + 4))
-        j = np.arange(n)
-        see = (key[:, None] >> j) & 1
-        visible = (key[:, None] >> (n + j)) & 1
-        goal = ((key >> (2 * n)) & 7)[:, None] == j + 1
-        classes = np.where(goal, 3, 2 - see)  # goal, empty or wall
-        classes[:, n - 1] = np.where(key >> (2 * n + 3), 1, classes[:, n - 1])  # the agent
-        images = encodings[classes * visible].reshape(len(key), 3 * n)
-        self._row_images = tensor(images, torch.uint8)
+        self._row_images = tensor(_row_images(n), torch.uint8)
 
     def _view_table(self) -> None:
         """Views of rows of up to 7 cells tabled by place and the doors open in view.
@@ -1044,16 +1054,22 @@ class BatchedPointNav(BatchedEnv):
             door_v,
         )
         self._layout_table = tensor(np.concatenate(columns, 1).T, torch.int32)  # [column, L]
-        interior = np.broadcast_to(self._cell_pos.cpu().numpy(), (n_layouts, self._n_cells))
-        free = np.concatenate((interior, door_pos), 1)  # [layouts, n_free]
+        key = (self.size, self.config["rooms_per_side"], self.agent_view_size)
+        if key not in _LAYOUT_TABLES:  # (built once per configuration and process)
+            interior = np.broadcast_to(self._cell_pos.cpu().numpy(), (n_layouts, self._n_cells))
+            free = np.concatenate((interior, door_pos), 1)  # [layouts, n_free]
+            # the doors' distances to the goal by (layout, goal): through the goal room's doors
+            far = np.full((n_layouts, n_free, nd), 1 << 40, dtype=np.int64)
+            for e in range(nd):
+                to_e = self._goal_doors_np[:, e, :][:, door_v[:, e]].T  # [layouts, goals]
+                far = np.minimum(far, to_e[:, :, None] + self._pairs_np[:, e, None, :])
+            if len(_LAYOUT_TABLES) >= 4:
+                _LAYOUT_TABLES.pop(next(iter(_LAYOUT_TABLES)))
+            _LAYOUT_TABLES[key] = (free, np.sort(free, 1), far.reshape(-1, nd))
+        free, sorted_free, far = _LAYOUT_TABLES[key]
         self._free_pos = tensor(free.reshape(-1), torch.int32)
-        self._sorted_pos = tensor(np.sort(free, 1).reshape(-1), torch.int32)
-        # the doors' distances to the goal by (layout, goal): through the goal room's doors
-        far = np.full((n_layouts, n_free, nd), 1 << 40, dtype=np.int64)
-        for e in range(nd):
-            to_e = self._goal_doors_np[:, e, :][:, door_v[:, e]].T  # [layouts, goals]
-            far = np.minimum(far, to_e[:, :, None] + self._pairs_np[:, e, None, :])
-        self._door_dist = tensor(far.reshape(-1, nd), torch.int32)  # [L * n_free + goal, door]
+        self._sorted_pos = tensor(sorted_free.reshape(-1), torch.int32)
+        self._door_dist = tensor(far, torch.int32)  # [L * n_free + goal, door]
         self._pos_key32 = self._pos_key.int()
         # every stream position's episode, where that table is small enough
         streams, n_envs = self._streams, self.num_envs
