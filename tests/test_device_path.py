@@ -144,6 +144,35 @@ class Rollouts(Callback):
         )
 
 
+def small_ppo(
+    model: Any,
+    collector: InProcessCollector,
+    tmp_path: Path,
+    rollouts: int,
+    callbacks: list[Callback] | None = None,
+    **pipeline: Any,
+) -> OnPolicyTrainer:
+    """PPO on 4 environments x 8 steps, 2 minibatches x 2 epochs, for ``rollouts`` rollouts."""
+    return OnPolicyTrainer(
+        model=model,
+        pipeline=ppo_pipeline(
+            named_losses={"ppo": PPOLoss()},
+            stages=[PipelineStage(loss_names=["ppo"], max_stage_steps=4 * 8 * rollouts)],
+            num_steps=8,
+            num_mini_batch=2,
+            update_repeats=2,
+            metric_accumulate_interval=32,
+            save_interval=0,
+            **pipeline,
+        ),
+        collector=collector,
+        logger=MetricsLogger([]),
+        output_dir=tmp_path,
+        seed=0,
+        callbacks=callbacks or [],
+    )
+
+
 def train_with(actor_copy: bool, tmp_path: Path) -> tuple[OnPolicyTrainer, Rollouts]:
     sampler = SerialSampler(task=SMALL, num_envs=4, seed=3)
     model = make_model(sampler)
@@ -152,23 +181,7 @@ def train_with(actor_copy: bool, tmp_path: Path) -> tuple[OnPolicyTrainer, Rollo
     actor = copy.deepcopy(model).requires_grad_(False) if actor_copy else None
     collector = InProcessCollector(model=model, sampler=sampler, actor=actor)
     kept = Rollouts()
-    trainer = OnPolicyTrainer(
-        model=model,
-        pipeline=ppo_pipeline(
-            named_losses={"ppo": PPOLoss()},
-            stages=[PipelineStage(loss_names=["ppo"], max_stage_steps=4 * 8 * 4)],
-            num_steps=8,
-            num_mini_batch=2,
-            update_repeats=2,
-            metric_accumulate_interval=32,
-            save_interval=0,
-        ),
-        collector=collector,
-        logger=MetricsLogger([]),
-        output_dir=tmp_path,
-        seed=0,
-        callbacks=[kept],
-    )
+    trainer = small_ppo(model, collector, tmp_path, rollouts=4, callbacks=[kept])
     try:
         trainer.train()
     finally:
@@ -256,24 +269,8 @@ def updates(compile: bool, tmp_path: Path) -> OnPolicyTrainer:
         trunk_layers=[],
         head_layers=[16],
     )
-    trainer = OnPolicyTrainer(
-        model=model,
-        pipeline=ppo_pipeline(
-            named_losses={"ppo": PPOLoss()},
-            stages=[PipelineStage(loss_names=["ppo"], max_stage_steps=4 * 8 * 2)],
-            num_steps=8,
-            num_mini_batch=2,
-            update_repeats=2,
-            recurrence=1,
-            metric_accumulate_interval=32,
-            save_interval=0,
-            compile=compile,
-        ),
-        collector=InProcessCollector(model=model, sampler=sampler),
-        logger=MetricsLogger([]),
-        output_dir=tmp_path,
-        seed=0,
-    )
+    collector = InProcessCollector(model=model, sampler=sampler)
+    trainer = small_ppo(model, collector, tmp_path, rollouts=2, recurrence=1, compile=compile)
     try:
         trainer.train()
     finally:
