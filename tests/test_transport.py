@@ -14,8 +14,9 @@ import torch
 from small import MODEL, SERIAL, SMALL
 from tensordict import TensorDict
 
-from rl.collection import CollectionSpec, RolloutRequest, shared_rows
-from rl.collection.shared_rows import SharedBuffers
+from rl.collection import CollectionSpec, RolloutRequest
+from rl.utils import shared_memory
+from rl.utils.shared_memory import SharedBuffers
 from rl.collection.transport import CompressedRows
 from rl.collection.worker_set import CollectionWorkerSet
 from rl.models import build_policy
@@ -62,7 +63,7 @@ def test_a_process_workers_rollout_crosses_as_names_and_is_copied_before_reuse()
     finally:
         workers.close()
     assert not any(os.path.exists(f"/dev/shm/{name}") for name in blocks)  # unlinked
-    assert not blocks & set(shared_rows._MAPPED)  # and unmapped here
+    assert not blocks & set(shared_memory._MAPPED)  # and unmapped here
 
 
 def test_shared_buffers_name_their_rows_and_unlink_what_is_not_kept() -> None:
@@ -109,7 +110,7 @@ def test_compressed_rows_come_back_equal() -> None:
 def test_a_process_workers_pipe_sends_tensors_by_value() -> None:
     import multiprocessing as mp
 
-    from rl.collection.pipes import receive_from, send
+    from rl.utils.processes import receive_from, send
 
     sent = {
         "weights": torch.randn(3, 4),

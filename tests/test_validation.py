@@ -130,7 +130,7 @@ def test_falls_behind_loudly_and_skips_nothing(
     finally:
         validation.close()
     assert [step for step, _ in logger.records] == STEPS
-    assert not validation._process.is_alive()
+    assert validation._process is not None and not validation._process.processes[0].is_alive()
 
 
 def test_validation_process_stopped_when_training_fails(

@@ -10,7 +10,7 @@ or ``collector=ray``) are :mod:`rl.collection.worker` (one worker), :mod:`rl.col
 (its process or Ray actor), :mod:`rl.collection.worker_set` (the set a learner drives, with
 :mod:`~rl.collection.worker_calls`: its calls and watchdog, :mod:`~rl.collection.async_collection`:
 barrier-free collection, :mod:`~rl.collection.worker_config`: its settings,
-:mod:`~rl.collection.transport` and :mod:`~rl.collection.shared_rows`: how rollouts travel),
+:mod:`~rl.collection.transport` and :mod:`~rl.utils.shared_memory`: how rollouts travel),
 imported on demand.
 """
 

@@ -6,12 +6,8 @@ handles, ``get`` a result. Two implementations:
 
 - :class:`RayActors` (``backend: ray``): one Ray actor per worker, on this machine or a cluster;
 - :class:`ProcessActors` (``backend: process``): one child process per worker on this machine,
-  no Ray: the children fork from a ``forkserver`` that has imported the worker's modules
-  once, so a worker starts in the time it takes to build its environments. Calls
-  run in order in the child; ``stop_collecting`` (the straggler rule) is served at once by the
-  child's receiving thread, as Ray serves it in its own concurrency group. The children are
-  not daemonic (each may run a multiprocess sampler of its own) and never outlive the learner:
-  closed, ended at interpreter exit, and on Linux killed by the kernel with it.
+  no Ray, through the process runtime the multiprocess sampler and validation use too
+  (:class:`~rl.utils.processes.ChildProcesses`).
 
 A failed call or a dead worker is a :class:`CollectionWorkerError` naming the worker, its pid
 and the original traceback.
@@ -19,25 +15,14 @@ and the original traceback.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import logging
 import math
-import multiprocessing.util as mp_util
-import os
-import queue
 import re
 import signal
-import threading
-import time
-import traceback
 from collections.abc import Mapping, Sequence
-from multiprocessing.connection import Connection, wait
 from typing import Any, Protocol
 
-from rl.collection.pipes import receive_from, send
-from rl.sampling.mp_worker import die_with_parent
-from rl.utils.processes import end_processes, process_context
+from rl.utils.processes import Call, ChildFailed, ChildProcesses
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +31,11 @@ CONTROL_METHODS = frozenset({"stop_collecting"})
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours its error text
 
 
-class CollectionWorkerError(RuntimeError):
-    """A collection worker raised or died; the message names it and carries its traceback."""
+class CollectionWorkerError(ChildFailed):
+    """A collection worker raised, died or hung; the message names it (and its traceback)."""
+
+    def __init__(self, message: str, *, child: int = -1, **details: Any) -> None:
+        super().__init__(message, child=child, **details)
 
 
 class Actors(Protocol):
@@ -192,91 +180,18 @@ class RayActors:
 
 
 # ------------------------------------------------------------------------------ processes
-def _serve(conn: Connection, cls: type, kwargs: Mapping[str, Any], learner_pid: int) -> None:
-    """A worker process: build ``cls(**kwargs)``, then run the calls that arrive, in order.
-
-    Ctrl-C and SIGTERM sent to the whole process group are the learner's to handle (it stops
-    at a rollout boundary, saves, then closes its workers); the worker ends when told to, when
-    the learner's end of the pipe closes (after the call it is running; it closes ``obj``
-    first), or, on Linux, at once when the learner process ends, even killed with SIGKILL
-    (:func:`~rl.sampling.mp_worker.die_with_parent`; its own sampler workers then go too).
-    """
-    die_with_parent(learner_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    send_lock = threading.Lock()
-
-    def reply(call_id: int, ok: bool, value: Any) -> None:
-        with send_lock:
-            send(conn, (call_id, ok, value))
-
-    def failure() -> str:
-        return traceback.format_exc()
-
-    try:
-        obj = cls(**kwargs)
-    except BaseException:
-        reply(-1, False, failure())
-        return
-    reply(-1, True, os.getpid())
-    calls: queue.Queue[tuple[int, str, tuple[Any, ...]] | None] = queue.Queue()
-
-    def receive() -> None:  # control calls at once, the rest in order on the main thread
-        try:
-            while True:
-                call_id, method, args = receive_from(conn)
-                if method in CONTROL_METHODS:
-                    try:
-                        reply(call_id, True, getattr(obj, method)(*args))
-                    except BaseException:
-                        reply(call_id, False, failure())
-                else:
-                    calls.put((call_id, method, args))
-        except (EOFError, OSError):
-            calls.put(None)  # the learner is gone
-
-    threading.Thread(target=receive, daemon=True).start()
-    while (item := calls.get()) is not None:
-        call_id, method, args = item
-        try:
-            ok, value = True, getattr(obj, method)(*args)
-        except BaseException:
-            ok, value = False, failure()
-        try:
-            try:
-                reply(call_id, ok, value)
-            except OSError:
-                raise
-            except BaseException:  # e.g. a result that does not pickle
-                reply(call_id, False, failure())
-        except OSError:
-            break  # the learner is gone: nobody to reply to
-        if method == "close":
-            return
-    close = getattr(obj, "close", None)  # the learner went without closing this worker
-    if close is not None:
-        with contextlib.suppress(Exception):
-            close()
-
-
-class _Call:
-    """A handle on a call to a worker process."""
-
-    __slots__ = ("call_id", "worker")
-
-    def __init__(self, worker: int, call_id: int) -> None:
-        self.worker, self.call_id = worker, call_id
-
-
 class ProcessActors:
     """One child process per worker on this machine (``backend: process``).
 
-    The workers are not daemonic, so they may start processes of their own (a
-    ``sampler=multiprocess`` in each worker). None outlives this process: :meth:`close`
-    ends them, so does interpreter exit (a ``multiprocessing`` finalizer, run before the
-    interpreter waits for its non-daemonic children), and on Linux each worker kills itself
-    when this process ends in any other way, SIGKILL included (it watches this process, not the
-    fork server it was forked from: :func:`~rl.sampling.mp_worker.die_with_parent`).
+    The workers are children of the process runtime (:class:`~rl.utils.processes.ChildProcesses`,
+    the one the multiprocess sampler and validation use): forked from a ``forkserver`` that has
+    imported the worker's modules once, so a worker starts in the time it takes to build its
+    environments; calls run in order in the child, ``stop_collecting`` (the straggler rule,
+    :data:`CONTROL_METHODS`) is served at once by the child's receiving thread. The workers are
+    not daemonic, so they may start processes of their own (a ``sampler=multiprocess`` in each
+    worker), and they ignore SIGTERM (the learner's signal to save, then close them). None
+    outlives this process: :meth:`close` ends them, so does interpreter exit, and on Linux each
+    worker is killed with this process, SIGKILL included.
 
     Args:
         cls: The worker class (importable: the children are started with ``forkserver``,
@@ -295,132 +210,51 @@ class ProcessActors:
         owner: str = "",
     ) -> None:
         self.owner = owner
-        # Workers fork from a server that has imported the worker's modules once (torch among
-        # them): starting one costs a fork, not a fresh interpreter's imports.
-        context = process_context("forkserver", preload=["__main__", __name__, cls.__module__])
-        self._conns: list[Connection] = []
-        self._processes: list[Any] = []
-        self._results: list[dict[int, tuple[bool, Any]]] = []
-        self._ids = itertools.count()
-        self._finalizer = mp_util.Finalize(
-            self, _end_processes, args=(self._processes, self._conns), exitpriority=10
-        )
-        for i, kw in enumerate(kwargs):
-            parent, child = context.Pipe()
-            process = context.Process(
-                target=_serve,
-                args=(child, cls, kw, os.getpid()),
-                name=f"collection-worker-{i}",
+        try:
+            self._children = ChildProcesses(
+                cls,
+                kwargs,
+                name="collection-worker",
+                label=lambda i, pid: f"{owner}collection worker {i} (pid {pid})",
                 daemon=False,  # it may have children of its own (a multiprocess sampler)
+                start_timeout=start_timeout,
+                control=CONTROL_METHODS,
+                ignored_signals=(signal.SIGINT, signal.SIGTERM),
+                error=CollectionWorkerError,
+                timeout_key="collector.timeout",
             )
-            process.start()
-            child.close()
-            self._conns.append(parent)
-            self._processes.append(process)
-            self._results.append({})
-        self.pids: list[int] = [p.pid for p in self._processes]
-        starts = [_Call(i, -1) for i in range(len(kwargs))]
-        ready, late = self.wait(starts, len(starts), start_timeout)
-        if late:
-            self._terminate()
-            raise CollectionWorkerError(
-                f"{self.owner}collection workers {[c.worker for c in late]} did not start within "
-                f"{start_timeout:.0f} s"
-            )
-        for call in starts:
-            self.get(call, call.worker)
+        except CollectionWorkerError as e:
+            raise CollectionWorkerError(f"{owner}collection workers did not start: {e}") from None
+        self.pids: list[int] = list(self._children.pids)
 
-    def call(self, worker: int, method: str, *args: Any) -> _Call:
+    def call(self, worker: int, method: str, *args: Any) -> Call:
         """Send the call; its result is read by :meth:`wait` / :meth:`get`."""
-        call_id = next(self._ids)
-        try:
-            send(self._conns[worker], (call_id, method, args))
-        except (BrokenPipeError, OSError):
-            self._results[worker][call_id] = (False, self._death(worker))
-        return _Call(worker, call_id)
-
-    def _death(self, worker: int) -> str:
-        process = self._processes[worker]
-        process.join(timeout=1.0)
-        return f"the worker process exited (exit code {process.exitcode})"
-
-    def _receive(self, worker: int) -> None:
-        """Read one result of ``worker`` (its death is a result of every pending call)."""
-        try:
-            call_id, ok, value = receive_from(self._conns[worker])
-        except (EOFError, OSError):
-            self._results[worker][_DEAD] = (False, self._death(worker))
-            return
-        self._results[worker][call_id] = (ok, value)
-
-    def _done(self, call: _Call) -> bool:
-        results = self._results[call.worker]
-        return call.call_id in results or _DEAD in results
+        return self._children.call(worker, method, *args)
 
     def wait(
         self, handles: Sequence[Any], num_returns: int, timeout: float | None
     ) -> tuple[list[Any], list[Any]]:
         """Read results until ``num_returns`` of ``handles`` are done or ``timeout`` passed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            ready = [h for h in handles if self._done(h)]
-            if len(ready) >= num_returns:
-                return ready, [h for h in handles if not self._done(h)]
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return ready, [h for h in handles if not self._done(h)]
-            busy = {h.worker for h in handles if not self._done(h)}
-            for conn in wait([self._conns[w] for w in busy], timeout=left):
-                self._receive(self._conns.index(conn))  # type: ignore[arg-type]
+        return self._children.wait(handles, num_returns, timeout)
 
     def get(self, handle: Any, worker: int) -> Any:
         """The call's result, waiting for it; a failure is a :class:`CollectionWorkerError`."""
-        self.wait([handle], 1, None)
-        results = self._results[worker]
-        ok, value = results.pop(handle.call_id) if handle.call_id in results else results[_DEAD]
-        if ok:
-            return value
-        raise CollectionWorkerError(
-            f"{self.owner}collection worker {worker} (pid {self.pids[worker]}) failed:\n"
-            "in the worker:\n"
-            f"{value}"
-        )
+        try:
+            return self._children.result(handle)
+        except ChildFailed as e:
+            detail = e.traceback if e.traceback is not None else str(e)
+            raise CollectionWorkerError(
+                f"{self.owner}collection worker {worker} (pid {self.pids[worker]}) failed:\n"
+                f"in the worker:\n{detail}"
+            ) from None
 
     def share(self, value: Any) -> Any:
         """The value itself: each call pickles it through its worker's pipe."""
         return value
 
     def close(self, timeout: float) -> None:
-        """``close`` on every worker, then end the processes that did not exit.
-
-        A worker that did not close within ``timeout`` (busy, or hung) is killed at once.
-        """
-        try:
-            calls = [self.call(i, "close") for i in range(len(self._conns))]
-            _, late = self.wait(calls, len(calls), timeout)
-            for call in late:
-                self._processes[call.worker].kill()
-        finally:
-            self._terminate()
-
-    def _terminate(self) -> None:
-        self._finalizer()  # once: _end_processes empties the lists
-
-
-def _end_processes(processes: list[Any], conns: list[Connection], grace: float = 2.0) -> None:
-    """Close the pipes, give the processes ``grace`` seconds in all to exit, kill the rest.
-
-    An idle worker exits on its closed pipe; a busy or hung one is killed (it ignores SIGTERM,
-    see :func:`_serve`). Empties both lists.
-    """
-    for conn in conns:
-        conn.close()
-    end_processes(processes, grace, signals=("kill",), wait=2.0, release=False)
-    processes.clear()
-    conns.clear()
-
-
-_DEAD = -2  # key of a dead worker's result
+        """``close`` on every worker; those not done within ``timeout`` (busy, hung) are killed."""
+        self._children.close(grace=timeout)
 
 
 __all__ = ["Actors", "CollectionWorkerError", "ProcessActors", "RayActors"]

@@ -6,7 +6,7 @@ key, with no list of fields here), the value to bootstrap from, the finished epi
 statistics. The rows travel in one of three forms:
 
 - a worker that is a child process (``collector.backend=process``) keeps its storage in shared
-  memory and sends only the blocks' names (:class:`~rl.collection.shared_rows.SharedRows`): the
+  memory and sends only the blocks' names (:class:`~rl.utils.shared_memory.SharedRows`): the
   learner copies the rows from there into its own storage, with no pickling in between;
 - a Ray worker sends the ``TensorDict`` itself (Ray pickles its tensors);
 - with ``collector.compress`` each leaf's bytes are lz4-compressed (:class:`CompressedRows`,
@@ -33,7 +33,7 @@ from tensordict import TensorDict
 from tensordict.utils import NestedKey
 
 from rl.collection.base import Rollout
-from rl.collection.shared_rows import SharedBuffers, SharedRows, forget
+from rl.utils.shared_memory import SharedBuffers, SharedRows, forget
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.sampling.base import EpisodeRecord
 from rl.storage.rollout import RolloutStorage

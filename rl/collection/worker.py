@@ -45,7 +45,7 @@ import torch
 from rl.collection.base import CollectionSpec, RolloutRequest
 from rl.collection.episodes import EvalSampler, evaluate_policy
 from rl.collection.local import InProcessCollector
-from rl.collection.shared_rows import SharedBuffers
+from rl.utils.shared_memory import SharedBuffers
 from rl.collection.transport import ShippedRollout, ship
 from rl.models.factory import build_policy
 from rl.sampling.factory import build_sampler

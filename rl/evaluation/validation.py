@@ -2,8 +2,8 @@
 
 AllenAct's valid mode ran a separate process that looked for the newest checkpoint, and so
 skipped checkpoints silently whenever it fell behind. Here the trainer hands each saved
-checkpoint's *path* to one validation process (the ``on_checkpoint`` hook) through a FIFO
-queue; the process evaluates them in order, one by one, on the fixed validation episode list,
+checkpoint's *path* to one validation process (the ``on_checkpoint`` hook) as a call of its
+:class:`Validator`; the process runs the calls in order, one by one, on the fixed validation episode list,
 and sends the mean metrics back. The main process logs them as ``valid/*`` against each
 checkpoint's env step (results are polled on every rollout end and drained at the end of
 training, before the loggers close). Nothing is skipped: when a new checkpoint arrives while
@@ -12,10 +12,12 @@ next to its checkpoint (``<checkpoint>.valid.json``), so a run stopped with vali
 queues those checkpoints again when it resumes.
 
 The process starts with the first checkpoint and gets plain data only (the resolved task and
-model configs, then checkpoint paths); it starts with an explicit ``forkserver``/``spawn``
-context, runs with its own torch thread count, exits when it is told to, when its parent dies,
-or on Ctrl-C, and is terminated by :meth:`BackgroundValidation.close` on errors, so no process
-outlives the run.
+model configs, then checkpoint paths). It is a child of the process runtime
+(:class:`~rl.utils.processes.ChildProcesses`, the one the multiprocess sampler and process
+collection workers use): an explicit ``forkserver``/``spawn`` context, its own torch thread
+count, Ctrl-C left to the trainer, its death noticed at once, killed with its parent, ended by
+:meth:`BackgroundValidation.close` on errors, so no process outlives the run. A checkpoint whose
+validation raises is logged as an error and the next one is validated.
 """
 
 from __future__ import annotations
@@ -23,10 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import multiprocessing as mp
-import queue
 import time
-import traceback
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ from rl.tasks.factory import TaskLayout, task_layout, with_split
 from rl.training.callbacks import Callback, RolloutInfo
 from rl.training.trainer import OnPolicyTrainer
 from rl.utils.files import write_atomic
-from rl.utils.processes import end_processes, process_context
+from rl.utils.processes import Call, ChildFailed, ChildProcesses
 
 log = logging.getLogger(__name__)
 
@@ -62,60 +61,57 @@ def _checkpoint_step(path: Path, state: Mapping[str, Any] | None = None) -> int:
     return int((state or load_checkpoint(path)).get("pipeline", {}).get("total_steps", 0))
 
 
-def _validation_main(
-    requests: Any,
-    results: Any,
-    task: dict[str, Any],
-    model_cfg: dict[str, Any],
-    settings: dict[str, Any],
-    device: str,
-    layout: TaskLayout | None,
-    sampler: EvalSampler | None = None,
-) -> None:
-    """Body of the validation process: evaluate each requested checkpoint, in order.
+class Validator:
+    """What the validation process serves: a policy and the validation episodes, per checkpoint.
 
-    ``layout``: the task's, read by the run (None: read here, building one environment);
-    ``sampler``: how the environments are stepped (None: serially).
+    Args:
+        task: Plain (resolved) task config of the validation split.
+        model_cfg: Plain (resolved) model config.
+        settings: The ``valid`` section, as a dict.
+        device: Where the model runs.
+        layout: The task's spaces and agents, read by the run (None: read here, building one
+            environment).
+        sampler: How the environments are stepped (None: serially).
     """
-    try:
+
+    def __init__(
+        self,
+        *,
+        task: dict[str, Any],
+        model_cfg: dict[str, Any],
+        settings: dict[str, Any],
+        device: str,
+        layout: TaskLayout | None,
+        sampler: EvalSampler | None = None,
+    ) -> None:
         torch.set_num_threads(int(settings["torch_threads"]))
+        self.task, self.settings, self.device, self.sampler = task, settings, device, sampler
         layout = task_layout(task) if layout is None else layout
-        spaces = layout.spaces
-        model = build_policy(model_cfg, *spaces, groups=layout.groups).to(device)
-        seeds = episode_seed_list(int(settings["num_episodes"]), int(settings["episode_seed"]))
-        parent = mp.parent_process()
-        while True:
-            try:
-                item = requests.get(timeout=_POLL_SECONDS)
-            except queue.Empty:
-                if parent is not None and not parent.is_alive():
-                    return  # the trainer died without telling us: do not linger
-                continue
-            if item is None:
-                return
-            path, step = item
-            t0 = time.perf_counter()
-            try:
-                state = load_checkpoint(path, map_location=device)  # (weights only)
-                _, normalizer = load_trained_policy(state, path, spaces, model=model)
-                result = evaluate_policy(
-                    model=model,
-                    task=task,
-                    episode_seeds=seeds,
-                    num_envs=int(settings["num_envs"]),
-                    deterministic=bool(settings["deterministic"]),
-                    action_seed=int(settings["action_seed"]),
-                    device=device,
-                    normalizer=normalizer,
-                    sampler=sampler,
-                )
-                metrics = result.as_logged("valid")
-                metrics["valid/seconds"] = time.perf_counter() - t0
-                results.put(("ok", path, step, metrics))
-            except Exception:  # noqa: BLE001  (reported to the trainer, which logs it)
-                results.put(("error", path, step, traceback.format_exc()))
-    except KeyboardInterrupt:
-        return  # Ctrl-C reaches the whole process group; the trainer reports it
+        self.spaces = layout.spaces
+        self.model = build_policy(model_cfg, *self.spaces, groups=layout.groups).to(device)
+        self.seeds = episode_seed_list(
+            int(settings["num_episodes"]), int(settings["episode_seed"])
+        )
+
+    def validate(self, path: str) -> dict[str, float]:
+        """The ``valid/*`` metrics of the checkpoint at ``path`` (its weights only)."""
+        t0 = time.perf_counter()
+        state = load_checkpoint(path, map_location=self.device)  # (weights only)
+        _, normalizer = load_trained_policy(state, path, self.spaces, model=self.model)
+        result = evaluate_policy(
+            model=self.model,
+            task=self.task,
+            episode_seeds=self.seeds,
+            num_envs=int(self.settings["num_envs"]),
+            deterministic=bool(self.settings["deterministic"]),
+            action_seed=int(self.settings["action_seed"]),
+            device=self.device,
+            normalizer=normalizer,
+            sampler=self.sampler,
+        )
+        metrics = result.as_logged("valid")
+        metrics["valid/seconds"] = time.perf_counter() - t0
+        return metrics
 
 
 class BackgroundValidation(Callback):
@@ -152,36 +148,35 @@ class BackgroundValidation(Callback):
         self.sampler = sampler or EvalSampler()
         self.logger = logger
         task = with_split(task, settings.split)  # the validation episodes
-        self._args = (
-            task,
-            dict(model),
-            dataclasses.asdict(settings),
-            str(device),
-            layout,
-            self.sampler,
-        )
+        self._kwargs = {
+            "task": task,
+            "model_cfg": dict(model),
+            "settings": dataclasses.asdict(settings),
+            "device": str(device),
+            "layout": layout,
+            "sampler": self.sampler,
+        }
         self.submitted: list[tuple[str, int]] = []
         self.completed: list[tuple[str, int]] = []
         self.failed: list[str] = []
         self.last_metrics: dict[str, float] = {}
         self._unobserved: list[dict[str, float]] = []  # results the trainer has not seen yet
-        self._process: Any = None
+        self._process: ChildProcesses | None = None
+        self._calls: list[Call] = []  # in the order submitted; the done ones are dropped
         self._finished = False
 
     def _start(self) -> None:
-        ctx = process_context(self.settings.mp_start_method)
-        self._requests = ctx.Queue()
-        self._results = ctx.Queue()
-        self._process = ctx.Process(
-            target=_validation_main,
+        self._process = ChildProcesses(
+            Validator,
+            [self._kwargs],
             name="rl-validation",
-            args=(self._requests, self._results, *self._args),
-            daemon=True,
+            label=lambda _, pid: f"the validation process (pid {pid})",
+            start_method=self.settings.mp_start_method,
+            start_timeout=None,
         )
-        self._process.start()
         log.info(
             "validation process %d: %d episodes (seeds from %d) per checkpoint, %s",
-            self._process.pid,
+            self.pid,
             self.settings.num_episodes,
             self.settings.episode_seed,
             self.sampler.describe(),
@@ -195,7 +190,7 @@ class BackgroundValidation(Callback):
     @property
     def pid(self) -> int | None:
         """Process id of the validation process (None before the first checkpoint)."""
-        return None if self._process is None else self._process.pid
+        return None if self._process is None else self._process.pids[0]
 
     # ------------------------------------------------------------------ hooks
     def submit(self, path: Path) -> None:
@@ -206,8 +201,8 @@ class BackgroundValidation(Callback):
             self._start()
         path = Path(path)
         step = _checkpoint_step(path)
-        self._check_alive()
-        self._requests.put((str(path), step))
+        assert self._process is not None
+        self._calls.append(self._process.call(0, "validate", str(path)))
         self.submitted.append((str(path), step))
         if self.pending > 1:
             log.warning(
@@ -261,41 +256,41 @@ class BackgroundValidation(Callback):
         Returns:
             How many results were logged.
         """
+        if self._process is None:
+            return 0
         count = 0
-        while self.pending:
-            try:
-                if timeout is not None and count == 0:
-                    item = self._results.get(timeout=timeout)
-                else:
-                    item = self._results.get_nowait()
-            except queue.Empty:
+        while self._calls:
+            wait = timeout if timeout is not None and count == 0 else 0.0
+            if not self._process.wait(self._calls[:1], 1, wait)[0]:
                 break
-            self._handle(item)
+            self._handle(self._calls.pop(0))
             count += 1
         return count
 
-    def _handle(self, item: tuple[str, str, int, Any]) -> None:
-        status, path, step, payload = item
-        self.completed.append((path, step))
-        if status == "ok":
-            self.logger.log(step, payload)
-            self.last_metrics = dict(payload)
-            self._unobserved.append(dict(payload))
-            write_atomic(
-                result_path(Path(path)),
-                json.dumps({"step": step, "metrics": payload}),
-                what="validation result",  # (a full disk: named)
-            )
-        else:
+    def _handle(self, call: Call) -> None:
+        assert self._process is not None
+        path, step = self.submitted[len(self.completed)]
+        try:
+            metrics = self._process.result(call, what=f"validating {Path(path).name}")
+        except ChildFailed as e:
+            if e.traceback is None:  # the process died: nothing more will be validated
+                raise RuntimeError(
+                    f"{e} with {self.pending} checkpoint(s) pending; see the log above for "
+                    "its error"
+                ) from None
+            self.completed.append((path, step))
             self.failed.append(path)
-            log.error("validation of %s (step %d) failed:\n%s", path, step, payload)
-
-    def _check_alive(self) -> None:
-        if self._process is not None and not self._process.is_alive():
-            raise RuntimeError(
-                f"validation process exited (code {self._process.exitcode}) with "
-                f"{self.pending} checkpoint(s) pending; see the log above for its error"
-            )
+            log.error("validation of %s (step %d) failed:\n%s", path, step, e.traceback)
+            return
+        self.completed.append((path, step))
+        self.logger.log(step, metrics)
+        self.last_metrics = dict(metrics)
+        self._unobserved.append(dict(metrics))
+        write_atomic(
+            result_path(Path(path)),
+            json.dumps({"step": step, "metrics": metrics}),
+            what="validation result",  # (a full disk: named)
+        )
 
     def finish(self, timeout: float | None = None) -> None:
         """Wait for every pending checkpoint, log the results, and stop the process.
@@ -316,13 +311,10 @@ class BackgroundValidation(Callback):
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.pending:
             if not self.poll(timeout=_POLL_SECONDS):
-                self._check_alive()
                 if deadline is not None and time.monotonic() > deadline:
                     raise RuntimeError(
                         f"validation timed out with {self.pending} checkpoint(s) pending"
                     )
-        self._requests.put(None)
-        self._process.join(timeout=30)
         self._finished = True
         self.close()
 
@@ -331,11 +323,7 @@ class BackgroundValidation(Callback):
         self._finished = True
         if self._process is None:
             return
-        if self._process.is_alive():  # SIGTERM, 10 s to exit, then SIGKILL
-            end_processes([self._process], 0.0, wait=10.0, release=False)
-        for q in (self._requests, self._results):
-            q.cancel_join_thread()
-            q.close()
+        self._process.close(grace=10.0)  # then SIGTERM, then SIGKILL
         if self.pending:
             log.warning(
                 "validation stopped with %d checkpoint(s) not validated: %s",

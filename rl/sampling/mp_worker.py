@@ -1,147 +1,175 @@
-"""The worker process of the multiprocess sampler: its command protocol and process body.
+"""A multiprocess sampler's worker process: its block of environments and their shared rows.
 
-Each worker process runs :func:`worker_main`: a :class:`~rl.sampling.SerialSampler` over its
-contiguous block of environments that serves one-byte commands from the main process
-(:data:`RESET`, :data:`STEP`, ...) and writes its environments' results into their rows of the
-shared arrays (:mod:`rl.sampling.shared_memory`). Replies are pickled objects: ``None``, the
-finished episodes, a state dict, or ``("error", env_index, traceback)`` after which the worker
-exits. :func:`worker_main` is module-level so that ``forkserver``/``spawn`` children can import
-it. The main process's side is :mod:`rl.sampling.worker_pool`.
+Each worker process of a :class:`~rl.sampling.MultiprocessSampler` serves one
+:class:`SamplerWorker` through the process runtime (:class:`~rl.utils.processes.ChildProcesses`,
+the same one process collection workers and validation use): a
+:class:`~rl.sampling.SerialSampler` over its contiguous block of environments whose results go
+straight into its rows of the sampler's shared arrays. Nothing but the step's finished episodes
+comes back through the pipe.
 
-A worker never outlives the process that started it: it ends on its closed pipe when idle, and
-on Linux :func:`die_with_parent` kills it with its parent process even when busy (a parent
-killed with SIGKILL runs no cleanup). Collection-worker processes use the same guard, so a
-learner, its collection workers and their sampler workers go together.
+The shared arrays (:class:`~rl.utils.shared_memory.SharedArrays`) are named by the step
+``TensorDict``'s keys (:func:`~rl.sampling.base.step_tensordict`): observation key ``k`` is
+``obs/k`` (:func:`obs_key`), its final observation ``final_obs/k`` (:func:`final_key`), a task's
+step field its own name; :func:`step_key` turns a name back into the nested key.
+:func:`sampler_array_specs` plans them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import multiprocessing as mp
-import multiprocessing.connection as mpc
-import os
-import select
-import signal
-import sys
-import threading
-import traceback
+from collections.abc import Mapping
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 from tensordict import TensorDict
 
 from rl.sampling.base import EpisodeRecord, finished_episodes
 from rl.sampling.serial import SerialSampler
-from rl.sampling.shared_memory import SharedArrays, step_key
+from rl.tasks.fields import StepField
+from rl.tasks.spaces import action_array_spec
+from rl.utils.shared_memory import SharedArrays
 
-__all__ = ["CLOSE", "LOAD", "NEW", "RESET", "SAVE", "STEP", "die_with_parent", "worker_main"]
-
-# Commands (main -> worker), one byte each; replies are pickled objects.
-RESET, STEP, CLOSE, SAVE, LOAD, NEW = b"r", b"s", b"c", b"S", b"L", b"n"
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+__all__ = ["SamplerWorker", "final_key", "obs_key", "sampler_array_specs", "step_key"]
 
 
-def die_with_parent(parent_pid: int | None = None) -> None:
-    """Linux: this process is killed (SIGKILL) when its parent ends; elsewhere a no-op.
+def obs_key(key: str) -> str:
+    """The shared array holding observation ``key``."""
+    return f"obs/{key}"
 
-    A child whose parent was killed with SIGKILL, or is otherwise gone without cleaning up,
-    goes too, even while busy (a hung environment never reads its closed pipe). Call it first
-    thing in the child:
 
-    - the process that forked this one is its parent: ``prctl(PR_SET_PDEATHSIG)``, the kernel
-      kills this process when the thread that forked it exits (not inherited by its own
-      children: each sets its own);
-    - ``parent_pid`` is another process (a ``forkserver`` child: the fork server forked it for
-      ``parent_pid``), or one that ended before this call: a thread waits on a pidfd of it and
-      kills this process when it ends (zombie included). The fork server's own end does not
-      count: it shares its parent's process group, so a SIGTERM to the group (the learner's
-      signal to save and stop) ends it at once, and its children must live on until their
-      parent closes them. Without pidfds (Linux < 5.3) the fork server's end is the best
-      signal there is, and ``PR_SET_PDEATHSIG`` is set after all.
+def final_key(key: str) -> str:
+    """The shared array holding the final observation ``key`` of truncated episodes."""
+    return f"final_obs/{key}"
+
+
+def step_key(name: str) -> str | tuple[str, str]:
+    """The step ``TensorDict`` key of shared array ``name`` (``obs/k`` -> ``("obs", "k")``)."""
+    head, sep, tail = name.partition("/")
+    return (head, tail) if sep else name
+
+
+def sampler_array_specs(
+    observation_space: gym.spaces.Dict,
+    num_envs: int,
+    action_space: gym.Space | None = None,
+    step_fields: Mapping[str, StepField] | None = None,
+) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """The sampler's shared arrays, ``name -> (shape, dtype)``, for :meth:`SharedArrays.plan`.
 
     Args:
-        parent_pid: The process that started this one (None: the one that forked it).
+        observation_space: The environments' (dict) observation space.
+        num_envs: Rows of every array (one per environment).
+        action_space: The environments' action space (None: one int64 action per row).
+        step_fields: The task's step fields (:mod:`rl.tasks.fields`).
+
+    Returns:
+        An observation and a final-observation array per observation key, then the actions,
+        rewards, termination/truncation and paused flags, then an array per step field.
     """
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if parent_pid is None or parent_pid == os.getppid():
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if parent_pid is None or parent_pid == os.getppid():  # not ended in between
-            return
-    try:
-        pidfd = os.pidfd_open(parent_pid)
-    except ProcessLookupError:
-        os._exit(1)  # the parent is gone already
-    except (AttributeError, OSError):
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        return  # no pidfds (Linux < 5.3): the closed pipe still ends an idle worker
+    n = num_envs
+    action_shape: tuple[int, ...] = ()
+    action_dtype: Any = np.int64
+    if action_space is not None:
+        action_shape, action_dtype = action_array_spec(action_space)
+    specs: dict[str, tuple[tuple[int, ...], Any]] = {}
+    for key, space in observation_space.spaces.items():
+        shape = tuple(space.shape or ())
+        specs[obs_key(key)] = ((n, *shape), space.dtype)
+        specs[final_key(key)] = ((n, *shape), space.dtype)
+    specs.update(
+        actions=((n, *action_shape), action_dtype),
+        rewards=((n,), np.float32),
+        terminated=((n,), np.bool_),
+        truncated=((n,), np.bool_),
+        paused=((n,), np.bool_),
+    )
+    for key, field in (step_fields or {}).items():
+        specs[key] = ((n, *field.shape), field.dtype)
+    return specs
 
-    def watch() -> None:
-        select.select([pidfd], [], [])  # readable once the parent process has ended
-        os.kill(os.getpid(), signal.SIGKILL)
 
-    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+class SamplerWorker:
+    """The object a sampler worker process serves: its environments, writing their shared rows.
 
-
-def worker_main(
-    worker_index: int,
-    conn: mpc.Connection,
-    raw: Any,
-    layout: dict[str, tuple[int, tuple[int, ...], str]],
-    task: dict[str, Any],
-    row_offset: int,
-    env_offset: int,
-    num_envs: int,
-    total_envs: int,
-    seed: int | None,
-    episode_seeds: list[int] | None,
-) -> None:
-    """Worker process: a SerialSampler over global envs ``env_offset ..``, serving commands.
-
-    Its environments' results go to rows ``row_offset ..`` of the shared arrays. It replies
-    ``("ready", None, None)`` once its environments are built, or an error reply if building
-    them failed.
+    Args:
+        raw: The sampler's shared block (a ``RawArray`` of bytes).
+        layout: Its layout (:meth:`~rl.utils.shared_memory.SharedArrays.plan`).
+        task: Plain (resolved) task config.
+        row_offset: Shared-array row of this worker's first environment.
+        env_offset: Global index of its first environment.
+        num_envs: Its environments.
+        total_envs: Size of the global seed stream.
+        seed: The sampler's seed.
+        episode_seeds: Evaluation mode: this worker's share of the episode seeds.
     """
-    creator = mp.parent_process()  # the sampler's process (a forkserver child's parent differs)
-    die_with_parent(None if creator is None else creator.pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
-    sampler: SerialSampler | None = None
-    try:
-        try:
-            shared = SharedArrays(raw, layout)
-            sampler = SerialSampler(
-                task=task,
-                num_envs=num_envs,
-                seed=seed,
-                episode_seeds=episode_seeds,
-                env_offset=env_offset,
-                total_envs=total_envs,
-            )
-        except BaseException:
-            conn.send(("error", None, traceback.format_exc()))
-            return
-        conn.send(("ready", None, None))
-        _serve(conn, sampler, _WorkerRows(shared.arrays, row_offset))
-    finally:
-        if sampler is not None:
-            with contextlib.suppress(Exception):
-                sampler.close()
-        with contextlib.suppress(Exception):
-            conn.close()
+
+    def __init__(
+        self,
+        *,
+        raw: Any,
+        layout: dict[str, tuple[int, tuple[int, ...], str]],
+        task: dict[str, Any],
+        row_offset: int,
+        env_offset: int,
+        num_envs: int,
+        total_envs: int,
+        seed: int | None,
+        episode_seeds: list[int] | None,
+    ) -> None:
+        self.rows = _Rows(SharedArrays(raw, layout).arrays, row_offset)
+        self.sampler = SerialSampler(
+            task=task,
+            num_envs=num_envs,
+            seed=seed,
+            episode_seeds=episode_seeds,
+            env_offset=env_offset,
+            total_envs=total_envs,
+        )
+
+    def step(self) -> list[EpisodeRecord] | None:
+        """Step the active environments with their shared actions; write the results.
+
+        Returns:
+            The episodes that finished, or None if none did.
+        """
+        return self.rows.step(self.sampler)
+
+    def reset(self) -> None:
+        """Reset every environment; write the first observations."""
+        self.rows.restart(self.sampler.num_envs, self.sampler.reset())
+
+    def new_episodes(self) -> None:
+        """Cut every episode and start new ones; write the first observations."""
+        self.rows.restart(self.sampler.num_envs, self.sampler.new_episodes())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The episodes in flight of this block (:meth:`SerialSampler.state_dict`)."""
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore this block's episodes; write what the saved sampler was about to act on."""
+        self.rows.restart(self.sampler.num_envs, self.sampler.load_state_dict(state))
+
+    def failure_site(self) -> tuple[str | None, int | None]:
+        """The environment that was running when a call raised (global index)."""
+        env = self.sampler.current_env
+        return (None, None) if env is None else (f"environment {env}", env)
+
+    def close(self) -> None:
+        """Close the environments."""
+        self.sampler.close()
 
 
 def _is_final(key: str | tuple[str, str]) -> bool:
     return isinstance(key, tuple) and key[0] == "final_obs"
 
 
-class _WorkerRows:
+class _Rows:
     """One worker's writer into its rows (``row_offset ..``) of the shared arrays.
 
     Every shared array but the actions and the final observations holds the step
-    ``TensorDict`` entry of its name (:func:`~rl.sampling.shared_memory.step_key`), so a task's
-    own step fields are written like the observations, with no list of fields here.
+    ``TensorDict`` entry of its name (:func:`step_key`), so a task's own step fields are written
+    like the observations, with no list of fields here.
 
     Args:
         arrays: The shared arrays, by name.
@@ -159,11 +187,6 @@ class _WorkerRows:
         self.on_reset = [(a, key) for a, key in self.per_step if key not in flags]
 
     def step(self, sampler: SerialSampler) -> list[EpisodeRecord] | None:
-        """Step the active environments with their shared actions; write back the results.
-
-        Returns:
-            The episodes that finished, or None if none did.
-        """
         rows = np.asarray(sampler.active_indices, dtype=np.int64) + self.row_offset
         step = sampler.step(self.actions[rows])
         for buf, key in self.per_step:
@@ -180,36 +203,3 @@ class _WorkerRows:
         for buf, key in self.on_reset:
             buf[rows] = first.get(key).numpy()
         self.paused[rows] = False
-
-
-def _serve(conn: mpc.Connection, sampler: SerialSampler, rows: _WorkerRows) -> None:
-    """Serve commands until told to close, the main process goes, or a command fails.
-
-    A failing command sends ``("error", env_index, traceback)`` and ends the loop.
-    """
-    while True:
-        try:
-            cmd = conn.recv_bytes()
-        except (EOFError, OSError):
-            return  # the main process is gone
-        try:
-            if cmd == STEP:
-                conn.send(rows.step(sampler))
-            elif cmd in (RESET, NEW, LOAD):
-                if cmd == RESET:
-                    first = sampler.reset()
-                elif cmd == NEW:
-                    first = sampler.new_episodes()
-                else:
-                    first = sampler.load_state_dict(conn.recv())
-                rows.restart(sampler.num_envs, first)
-                conn.send(None)
-            elif cmd == SAVE:
-                conn.send(sampler.state_dict())
-            elif cmd == CLOSE:
-                return
-            else:
-                raise ValueError(f"unknown sampler command {cmd!r}")
-        except Exception:
-            conn.send(("error", sampler.current_env, traceback.format_exc()))
-            return

@@ -4,7 +4,7 @@ Modelled on AllenAct's ``VectorSampledTasks`` (worker processes each running sev
 ``max_sampler_processes_per_worker``) and PyTorchRL's collection workers, with Sample Factory's
 transport: every observation, reward, flag and action lives in one shared-memory block (numpy
 views over a ``multiprocessing.RawArray``), indexed by the global environment index, so only a
-one-byte command goes to each worker per step and a ``None`` (or the finished episodes) comes
+``step`` call goes to each worker per step and a ``None`` (or the finished episodes) comes
 back.
 
 Each worker runs a :class:`~rl.sampling.SerialSampler` over its contiguous block of
@@ -13,23 +13,22 @@ in the child), with the global seed stream (``env_offset``/``total_envs``) or it
 share of the evaluation episode list. The result is therefore bitwise what one
 ``SerialSampler`` over all environments returns, whatever the process layout (tested).
 
-Faults never hang: the main process waits on the pipes and the process sentinels together, so a
-worker that dies (killed, segfault, ``os._exit``) is noticed at once; an environment that raises
-sends its traceback. Both end every worker and raise :class:`SamplerWorkerError` naming the
-worker, the global environment index and the original traceback. An environment that hangs is
-caught by ``timeout`` (:data:`DEFAULT_TIMEOUT_S` seconds per step by default): a warning names
-the silent worker, its pid and its environments after half of it, and the timeout ends every
-worker with a ``SamplerWorkerError`` naming them. ``close()`` (also run by the garbage collector
-and at interpreter exit) stops every worker, escalating to SIGTERM and SIGKILL after short grace
-periods. Workers ignore SIGINT, so Ctrl-C reaches only the main process, whose ``finally``
-closes the sampler; on Linux they are killed with the process that started them
-(:func:`~rl.sampling.mp_worker.die_with_parent`), even one killed with SIGKILL.
+The workers are children of the process runtime (:class:`~rl.utils.processes.ChildProcesses`),
+started, called, watched and ended as process collection workers and validation are. Faults
+never hang: a worker that dies (killed, segfault, ``os._exit``) is noticed at once; an
+environment that raises sends its traceback. Both end every worker and raise
+:class:`SamplerWorkerError` naming the worker, the global environment index and the original
+traceback. An environment that hangs is caught by ``timeout`` (:data:`DEFAULT_TIMEOUT_S` seconds
+per step by default): a warning names the silent worker, its pid and its environments after half
+of it, and the timeout ends every worker with a ``SamplerWorkerError`` naming them. ``close()``
+(also run by the garbage collector and at interpreter exit) stops every worker, escalating to
+SIGTERM and SIGKILL after short grace periods. Workers ignore SIGINT, so Ctrl-C reaches only the
+main process, whose ``finally`` closes the sampler; on Linux they are killed with the process
+that started them (:func:`~rl.utils.processes.die_with_parent`), even one killed with SIGKILL.
 
 This module is the sampler itself: the environment layout over the workers, the shared arrays
-and the :class:`~rl.sampling.Sampler` interface. The worker process is
-:mod:`rl.sampling.mp_worker`, the main process's handling of the workers (starting, messaging,
-fault detection, stopping) :mod:`rl.sampling.worker_pool`, and the shared block's layout
-:mod:`rl.sampling.shared_memory`.
+and the :class:`~rl.sampling.Sampler` interface. What a worker process runs is
+:class:`~rl.sampling.mp_worker.SamplerWorker`.
 """
 
 from __future__ import annotations
@@ -49,16 +48,21 @@ from rl.sampling.base import (
     split_episode_seeds,
     step_tensordict,
 )
-from rl.sampling.mp_worker import LOAD, NEW, RESET, SAVE, STEP
-from rl.sampling.shared_memory import SharedArrays, final_key, obs_key, sampler_array_specs
-from rl.sampling.worker_pool import SamplerWorkerError, WorkerPool
+from rl.sampling.mp_worker import SamplerWorker, final_key, obs_key, sampler_array_specs
 from rl.tasks.agents import num_agents
 from rl.tasks.factory import build_env, dict_space, env_name
 from rl.tasks.fields import step_fields_of
 from rl.tasks.spaces import action_array_spec, check_action_space
 from rl.utils.config import MAX_WORKERS, Check
 from rl.utils.misc import evenly_distribute_count_into_bins
-from rl.utils.processes import process_context, resolve_start_method
+from rl.utils.processes import (
+    Call,
+    ChildFailed,
+    ChildProcesses,
+    process_context,
+    resolve_start_method,
+)
+from rl.utils.shared_memory import SharedArrays
 from rl.utils.threads import auto_count
 
 log = logging.getLogger(__name__)
@@ -100,6 +104,26 @@ def sampler_processes(num_processes: int | str, num_envs: int | None) -> int:
     environment (:func:`rl.utils.threads.auto_count`).
     """
     return auto_count(num_processes, num_envs, "sampler.num_processes")
+
+
+class SamplerWorkerError(ChildFailed):
+    """A sampler worker failed: an environment raised, or the process died or hung.
+
+    Attributes:
+        worker_index: Index of the worker process.
+        env_index: Global index of the environment that raised (None if unknown, e.g. a
+            worker that died).
+    """
+
+    @property
+    def worker_index(self) -> int:
+        """Index of the worker process."""
+        return self.child
+
+    @property
+    def env_index(self) -> int | None:
+        """Global index of the environment that raised (None if unknown)."""
+        return self.site_index
 
 
 # ---------------------------------------------------------------------------- sampler
@@ -149,7 +173,7 @@ class MultiprocessSampler(Sampler):
         timeout: Annotated[float | None, Check(gt=0)] = DEFAULT_TIMEOUT_S,
         start_timeout: Annotated[float, Check(gt=0)] = 300.0,
     ) -> None:
-        self._pool: WorkerPool | None = None
+        self._pool: ChildProcesses | None = None
         num_processes = sampler_processes(num_processes, num_envs)
         num_envs = _count_envs(num_processes, envs_per_process, num_envs)
         self.eval_mode = episode_seeds is not None
@@ -172,9 +196,7 @@ class MultiprocessSampler(Sampler):
         ]
         self._probe_spaces(task)
 
-        # Forked from a server that has already imported this module (and the main module):
-        # starting a worker costs a fork, not a fresh interpreter.
-        ctx = process_context(self.start_method, preload=["__main__", __name__])
+        ctx = process_context(self.start_method)
         layout, nbytes = SharedArrays.plan(
             sampler_array_specs(
                 self.observation_space, num_envs, self.action_space, self.step_fields
@@ -183,10 +205,10 @@ class MultiprocessSampler(Sampler):
         raw = ctx.RawArray("B", nbytes)
         self._shared = SharedArrays(raw, layout)
         self._obs_keys = list(self.observation_space.spaces)
-        self._start_workers(ctx, raw, layout, task, seed, shares, start_timeout)
+        self._start_workers(raw, layout, task, seed, shares, start_timeout)
         self._active = np.arange(num_envs, dtype=np.int64)
         self._all_active = True
-        self._stepping: list[int] | None = None
+        self._stepping: list[Call] | None = None
 
     def _probe_spaces(self, task: Mapping[str, Any]) -> None:
         """Set the spaces from one probe environment (the workers build their own)."""
@@ -207,7 +229,6 @@ class MultiprocessSampler(Sampler):
 
     def _start_workers(
         self,
-        ctx: Any,
         raw: Any,
         layout: dict[str, tuple[int, tuple[int, ...], str]],
         task: Mapping[str, Any],
@@ -217,29 +238,45 @@ class MultiprocessSampler(Sampler):
     ) -> None:
         """Start a worker process per block; wait until all have built their environments."""
         off = self.env_offset
-        self._pool = WorkerPool(ctx, [(off + lo, off + hi - 1) for lo, hi in self.worker_envs])
-        worker_args = [
-            (
-                raw,
-                layout,
-                dict(task),
-                lo,
-                off + lo,
-                hi - lo,
-                self.total_envs,
-                seed,
-                None if shares is None else [s for sh in shares[lo:hi] for s in sh],
-            )
+        kwargs = [
+            {
+                "raw": raw,
+                "layout": layout,
+                "task": dict(task),
+                "row_offset": lo,
+                "env_offset": off + lo,
+                "num_envs": hi - lo,
+                "total_envs": self.total_envs,
+                "seed": seed,
+                "episode_seeds": None
+                if shares is None
+                else [s for sh in shares[lo:hi] for s in sh],
+            }
             for lo, hi in self.worker_envs
         ]
-        self._pool.start(worker_args, start_timeout)
+        self._pool = ChildProcesses(
+            SamplerWorker,
+            kwargs,
+            name="rl-sampler",
+            label=self._label,
+            start_method=self.start_method,
+            start_timeout=start_timeout,
+            error=SamplerWorkerError,
+            timeout_key="sampler.timeout",
+        )
+
+    def _label(self, w: int, pid: int | None) -> str:
+        lo, hi = self.worker_envs[w]
+        lo, hi = self.env_offset + lo, self.env_offset + hi - 1
+        envs = f"environment {lo}" if lo == hi else f"environments {lo}..{hi}"
+        return f"sampler worker {w} (pid {pid}, {envs})"
 
     @property
     def worker_pids(self) -> list[int | None]:
         """Process ids of the workers."""
         return [] if self._pool is None else list(self._pool.pids)
 
-    def _open_pool(self) -> WorkerPool:
+    def _open_pool(self) -> ChildProcesses:
         """The worker pool, checking that the sampler is open (RuntimeError if closed)."""
         if self._pool is None or self._pool.closed:
             raise RuntimeError("the sampler is closed")
@@ -253,21 +290,19 @@ class MultiprocessSampler(Sampler):
 
     def reset(self) -> TensorDict:
         """Reset every environment (training: with its seed; evaluation: its first episode)."""
-        return self._reset_all(RESET)
+        return self._reset_all("reset")
 
     def new_episodes(self) -> TensorDict:
         """Cut every episode and start new ones (unseeded resets; training mode only)."""
         if self.eval_mode:
             raise RuntimeError("new_episodes() would skip evaluation episodes")
-        return self._reset_all(NEW)
+        return self._reset_all("new_episodes")
 
-    def _reset_all(self, cmd: bytes) -> TensorDict:
+    def _reset_all(self, method: str) -> TensorDict:
         pool = self._open_pool()
         if self._stepping is not None:
             self.step_wait()  # finish a step left in flight
-        workers = list(range(self.num_processes))
-        pool.broadcast(workers, cmd)
-        pool.gather(workers, self.timeout, "resetting")
+        pool.gather(pool.call_each(range(self.num_processes), method), self.timeout, "resetting")
         return self._restarted()
 
     def _restarted(self) -> TensorDict:
@@ -320,16 +355,15 @@ class MultiprocessSampler(Sampler):
                 for w, (lo, hi) in enumerate(self.worker_envs)
                 if np.any((self._active >= lo) & (self._active < hi))
             ]
-        pool.broadcast(workers, STEP)
-        self._stepping = workers
+        self._stepping = pool.call_each(workers, "step")
 
     def step_wait(self) -> TensorDict:
         """Wait for the step started by :meth:`step_async`; return its results."""
         pool = self._open_pool()
         if self._stepping is None:
             raise RuntimeError("step_wait called without step_async")
-        workers, self._stepping = self._stepping, None
-        replies = pool.gather(workers, self.timeout, "stepping")
+        calls, self._stepping = self._stepping, None
+        replies = pool.gather(calls, self.timeout, "stepping")
         arr = self._shared.arrays
         idx: slice | np.ndarray = slice(None) if self._all_active else self._active
         episodes: list[EpisodeRecord] = [ep for r in replies if r for ep in r]
@@ -368,9 +402,8 @@ class MultiprocessSampler(Sampler):
         pool = self._open_pool()
         if self.eval_mode:
             raise NotImplementedError("a MultiprocessSampler in evaluation mode cannot be saved")
-        workers = list(range(self.num_processes))
-        pool.broadcast(workers, SAVE)
-        blocks = pool.gather(workers, self.timeout, "saving its state")
+        calls = pool.call_each(range(self.num_processes), "state_dict")
+        blocks = pool.gather(calls, self.timeout, "saving its state")
         return {
             "num_envs": self.num_envs,
             "env_offset": self.env_offset,
@@ -399,15 +432,19 @@ class MultiprocessSampler(Sampler):
             )
         if self._stepping is not None:
             self.step_wait()
-        workers = list(range(self.num_processes))
-        for w, (lo, hi) in enumerate(self.worker_envs):
-            block = {
-                "num_envs": hi - lo,
-                "env_offset": self.env_offset + lo,
-                "episodes": state["episodes"][lo:hi],
-            }
-            pool.send(w, LOAD, block)
-        pool.gather(workers, self._restore_timeout, "restoring its state")
+        calls = [
+            pool.call(
+                w,
+                "load_state_dict",
+                {
+                    "num_envs": hi - lo,
+                    "env_offset": self.env_offset + lo,
+                    "episodes": state["episodes"][lo:hi],
+                },
+            )
+            for w, (lo, hi) in enumerate(self.worker_envs)
+        ]
+        pool.gather(calls, self._restore_timeout, "restoring its state")
         return self._restarted()
 
     def close(self) -> None:

@@ -77,7 +77,7 @@ class RolloutStorage:
         device: Where the entries live.
         allocate: ``allocate(shape, dtype)``: a zeroed CPU tensor for an entry (None:
             ``torch.zeros`` on ``device``); a process collection worker's allocates in shared
-            memory (:class:`~rl.collection.shared_rows.SharedBuffers`).
+            memory (:class:`~rl.utils.shared_memory.SharedBuffers`).
 
     Attributes:
         data: The ``TensorDict`` (see the module docstring); rows ``0..step`` are this rollout's.

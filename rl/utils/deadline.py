@@ -1,6 +1,6 @@
 """The rule of every hang watchdog here: a warning at half of a call's budget, then the end.
 
-Sampler workers (:class:`~rl.sampling.worker_pool.WorkerPool`), collection workers
+Child processes (:meth:`~rl.utils.processes.ChildProcesses.gather`), collection workers
 (:class:`~rl.collection.worker_calls.WorkerCalls`) and their rollouts in flight each wait on
 processes that may hang; a serial sampler's environments are watched from a thread
 (:class:`~rl.sampling.watchdog.Watchdog`). Each keeps a :class:`Deadline` per call and asks it

@@ -1,29 +1,86 @@
-"""Child processes of a run, started and ended one way (sampler, collection and validation).
+"""The one process runtime: every child process of a run started, called, watched and ended alike.
 
-Sampler workers, collection workers and the validation process are started from
-:func:`process_context`: a ``multiprocessing`` context of the asked start method
-(``forkserver`` falls back to ``spawn`` where it is missing), the modules a fork server imports
-once given up front. They are ended by :func:`end_processes`, which never hangs: the processes
-get a grace period to exit by themselves (their caller has asked them to), then each escalation
-signal in turn (SIGTERM, SIGKILL) with a short wait, and every one is reaped. DDP ranks are the
-exception: ``torch.multiprocessing.start_processes`` starts and ends them
-(:mod:`rl.distributed.launch`), as torchrun's are.
+Each child process the framework starts on this machine serves one object, built in the child
+from plain arguments: the multiprocess sampler's workers
+(:class:`~rl.sampling.mp_worker.SamplerWorker`), process collection workers
+(:class:`~rl.collection.worker.CollectionWorker`, ``collector.backend=process``) and the
+validation process (:class:`~rl.evaluation.validation.Validator`). :class:`ChildProcesses`
+starts one child per set of constructor arguments, calls the object's methods by name and
+gathers their results:
+
+- **Start.** From :func:`process_context` (``forkserver`` by default, its server having imported
+  the served class's module once, so a child costs a fork, not an interpreter's imports). Each
+  child builds its object and answers; one that fails to build sends its traceback.
+- **Calls.** ``(call id, method, args)`` goes down the child's pipe, ``(call id, ok, value)``
+  comes back, pickled with CPU tensors by value (:func:`send`). A child runs its calls in order;
+  ``control`` methods are served at once by a receiving thread (a collection worker's
+  ``stop_collecting``, as Ray serves it in a concurrency group of its own). Rows of data never
+  travel through the pipes: they are shared through :mod:`rl.utils.shared_memory`.
+- **Faults.** The parent waits on the pipes and the children's process file descriptors
+  (pidfds; the ``multiprocessing`` sentinels where there are none) together, so a child that
+  dies (killed, segfault, ``os._exit``) is noticed at once; a call that raises sends its
+  traceback and, if the object says (``failure_site()``), where it failed (a sampler worker
+  names the environment). :meth:`ChildProcesses.gather` adds the hang watchdog
+  (:class:`~rl.utils.deadline.Deadline`): a warning naming the silent children at half the
+  budget, a :class:`ChildFailed` at its end.
+- **End.** :meth:`ChildProcesses.close` calls each object's ``close``, then ends what is still
+  running with :func:`end_processes` (SIGTERM, SIGKILL, every child reaped); so do the garbage
+  collector and interpreter exit. A child never outlives its parent: on Linux
+  :func:`die_with_parent` has the kernel kill it with the parent, SIGKILL included, and a
+  sampler worker inside a collection worker goes with it.
+
+DDP ranks are the exception: torchrun or ``torch.multiprocessing.start_processes`` start and end
+them (:mod:`rl.distributed.launch`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import dataclasses
+import io
+import itertools
 import logging
 import multiprocessing as mp
+import multiprocessing.connection as mpc
+import multiprocessing.util as mp_util
+import os
+import pickle
+import queue
+import select
+import signal
+import sys
+import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+import traceback
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, NoReturn
 
-__all__ = ["end_processes", "process_context", "resolve_start_method"]
+import torch
+
+from rl.utils.deadline import Deadline
+
+__all__ = [
+    "Call",
+    "ChildFailed",
+    "ChildProcesses",
+    "die_with_parent",
+    "end_processes",
+    "exit_reason",
+    "process_context",
+    "receive_from",
+    "resolve_start_method",
+    "send",
+]
 
 log = logging.getLogger(__name__)
 
+_START = -1  # call id of a child's start (its object built)
+_DEAD = -2  # key of a dead child's result: the result of every call still pending
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
+
+# ------------------------------------------------------------------------- start methods
 def resolve_start_method(method: str | None, key: str = "mp_start_method") -> str:
     """The start method to use: ``method`` if available, else ``spawn`` (``forkserver`` first).
 
@@ -62,6 +119,581 @@ def process_context(method: str | None, preload: Sequence[str] = ()) -> Any:
     return context
 
 
+# ------------------------------------------------------------------------------- messages
+class _ByValue(pickle.Pickler):
+    """Pickles CPU tensors (of a NumPy dtype, outside autograd) by value, as NumPy arrays.
+
+    A pipe's own pickler (``ForkingPickler``, with torch's reductions) sends a CPU tensor as a
+    handle to shared memory: its storage moved there, then a file descriptor passed over a
+    socket, a round trip per tensor (about 7 ms per update for a small policy's weights), and
+    the receiver shares memory with the sender. By value it is well under a millisecond and the
+    receiver holds its own copy.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        if (
+            type(obj) is torch.Tensor
+            and obj.device.type == "cpu"
+            and not obj.requires_grad
+            and obj.dtype in _NUMPY_DTYPES
+        ):
+            return torch.from_numpy, (obj.numpy(),)
+        return NotImplemented
+
+
+_NUMPY_DTYPES = frozenset(
+    {
+        torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16,
+        torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
+    }
+)  # fmt: skip
+
+
+def send(conn: mpc.Connection, obj: Any) -> None:
+    """Send ``obj`` through a pipe, its CPU tensors by value (:class:`_ByValue`)."""
+    buffer = io.BytesIO()
+    _ByValue(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    conn.send_bytes(buffer.getbuffer())
+
+
+def receive_from(conn: mpc.Connection) -> Any:
+    """What :func:`send` sent."""
+    return pickle.loads(conn.recv_bytes())
+
+
+# --------------------------------------------------------------------------- the child
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """Linux: this process is killed (SIGKILL) when its parent ends; elsewhere a no-op.
+
+    A child whose parent was killed with SIGKILL, or is otherwise gone without cleaning up,
+    goes too, even while busy (a hung environment never reads its closed pipe). Call it first
+    thing in the child:
+
+    - the process that forked this one is its parent: ``prctl(PR_SET_PDEATHSIG)``, the kernel
+      kills this process when the thread that forked it exits (not inherited by its own
+      children: each sets its own);
+    - ``parent_pid`` is another process (a ``forkserver`` child: the fork server forked it for
+      ``parent_pid``), or one that ended before this call: a thread waits on a pidfd of it and
+      kills this process when it ends (zombie included). The fork server's own end does not
+      count: it shares its parent's process group, so a SIGTERM to the group (the learner's
+      signal to save and stop) ends it at once, and its children must live on until their
+      parent closes them. Without pidfds (Linux < 5.3) the fork server's end is the best
+      signal there is, and ``PR_SET_PDEATHSIG`` is set after all.
+
+    Args:
+        parent_pid: The process that started this one (None: the one that forked it).
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if parent_pid is None or parent_pid == os.getppid():
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if parent_pid is None or parent_pid == os.getppid():  # not ended in between
+            return
+    try:
+        pidfd = os.pidfd_open(parent_pid)
+    except ProcessLookupError:
+        os._exit(1)  # the parent is gone already
+    except (AttributeError, OSError):
+        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        return  # no pidfds (Linux < 5.3): the closed pipe still ends an idle child
+
+    def watch() -> None:
+        select.select([pidfd], [], [])  # readable once the parent process has ended
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Failure:
+    """What a call that raised sends back: its traceback and where it failed (if known)."""
+
+    traceback: str
+    site: str | None = None
+    site_index: int | None = None
+
+
+def _failure(obj: Any) -> _Failure:
+    """The exception being handled, with ``obj.failure_site()`` (``(words, index)``) if any."""
+    text = traceback.format_exc()
+    site = getattr(obj, "failure_site", None)
+    if site is not None:
+        with contextlib.suppress(Exception):
+            words, index = site()
+            return _Failure(text, words, index)
+    return _Failure(text)
+
+
+def serve(
+    conn: mpc.Connection,
+    factory: Callable[..., Any],
+    kwargs: Mapping[str, Any],
+    parent_pid: int,
+    control: frozenset[str],
+    ignored: tuple[int, ...],
+) -> None:
+    """A child process's body: build ``factory(**kwargs)``, then run the calls that arrive.
+
+    Calls run in order on this thread; ``control`` methods are run at once by the thread that
+    reads the pipe. A call that raises answers with a :class:`_Failure` and the child serves on
+    (its parent decides what a failure ends). The child ends after ``close`` (the object's,
+    if it has one), when its parent's end of the pipe closes (closing the object first), or, on
+    Linux, with its parent process (:func:`die_with_parent`). Signals in ``ignored`` (Ctrl-C,
+    and SIGTERM sent to the whole process group) are the parent's business.
+    """
+    die_with_parent(parent_pid)
+    for number in ignored:
+        signal.signal(number, signal.SIG_IGN)
+    send_lock = threading.Lock()
+
+    def reply(call_id: int, ok: bool, value: Any) -> None:
+        with send_lock:
+            send(conn, (call_id, ok, value))
+
+    try:
+        obj = factory(**kwargs)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            reply(_START, False, _failure(None))
+        return
+    closed = False
+    try:
+        reply(_START, True, os.getpid())
+        for call_id, method, args in _calls(conn, obj, control, reply):
+            try:
+                ok, value = True, _run(obj, method, args)
+            except BaseException:
+                ok, value = False, _failure(obj)
+            closed = method == "close"
+            try:
+                reply(call_id, ok, value)
+            except OSError:
+                raise
+            except BaseException:  # e.g. a result that does not pickle
+                reply(call_id, False, _failure(obj))
+            if closed:
+                return
+    except OSError:
+        pass  # the parent is gone: nobody to reply to
+    finally:
+        if not closed:  # the parent went without closing the object
+            with contextlib.suppress(Exception):
+                _run(obj, "close", ())
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+def _run(obj: Any, method: str, args: tuple[Any, ...]) -> Any:
+    if method == "close" and not hasattr(obj, "close"):
+        return None
+    return getattr(obj, method)(*args)
+
+
+def _calls(
+    conn: mpc.Connection,
+    obj: Any,
+    control: frozenset[str],
+    reply: Callable[[int, bool, Any], None],
+) -> Any:
+    """The calls to run in order: read here, or (with ``control`` methods) by a thread."""
+    if not control:
+        while True:
+            try:
+                yield receive_from(conn)
+            except (EOFError, OSError):
+                return  # the parent is gone
+    calls: queue.Queue[tuple[int, str, tuple[Any, ...]] | None] = queue.Queue()
+
+    def receive() -> None:
+        try:
+            while True:
+                call_id, method, args = receive_from(conn)
+                if method not in control:
+                    calls.put((call_id, method, args))
+                    continue
+                try:
+                    reply(call_id, True, _run(obj, method, args))
+                except OSError:
+                    raise
+                except BaseException:
+                    reply(call_id, False, _failure(obj))
+        except (EOFError, OSError):
+            calls.put(None)  # the parent is gone
+
+    threading.Thread(target=receive, name="control-calls", daemon=True).start()
+    while (item := calls.get()) is not None:
+        yield item
+
+
+# -------------------------------------------------------------------------- the parent
+class ChildFailed(RuntimeError):
+    """A child process failed: a call raised, the child died, or it did not answer in time.
+
+    Attributes:
+        child: Index of the child.
+        site: Where the call raised, in the served object's words (``environment 3``; None:
+            unknown, or the child died or hung).
+        site_index: The index that goes with ``site`` (a sampler worker's: the global
+            environment index).
+        traceback: The call's traceback in the child (None if the child died or hung).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        child: int,
+        site: str | None = None,
+        site_index: int | None = None,
+        traceback: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.child = child
+        self.site = site
+        self.site_index = site_index
+        self.traceback = traceback
+
+
+class Call:
+    """A handle on one call to a child (its result read with :meth:`ChildProcesses.result`)."""
+
+    __slots__ = ("call_id", "child")
+
+    def __init__(self, child: int, call_id: int) -> None:
+        self.child, self.call_id = child, call_id
+
+    def __repr__(self) -> str:
+        return f"Call(child={self.child}, call_id={self.call_id})"
+
+
+class ChildProcesses:
+    """Child processes, each serving one object built from its arguments (see the module).
+
+    Args:
+        factory: The served class (or function): importable by module and name, as the children
+            are started with ``forkserver`` (or ``spawn``) and import it.
+        kwargs: Its keyword arguments, one mapping per child (picklable).
+        name: The children's process names (``name-0``, ...) and, without ``label``, their
+            name in messages.
+        label: How messages name child ``i`` of process id ``pid``: ``label(i, pid)``
+            (default ``"{name} {i} (pid {pid})"``).
+        start_method: ``forkserver`` (``spawn`` where missing), ``spawn`` or ``fork``.
+        daemon: Daemonic children (ended with their parent by ``multiprocessing``; they may not
+            start children of their own).
+        start_timeout: Seconds the children may take to build their objects (None: no limit).
+        control: Methods served at once, beside the call in progress.
+        ignored_signals: Signals the children ignore (Ctrl-C by default; also SIGTERM for
+            children their parent ends after a rollout boundary).
+        error: The :class:`ChildFailed` subclass raised for this set's failures.
+        timeout_key: The setting that sets the watchdog's budget, for messages.
+    """
+
+    def __init__(
+        self,
+        factory: Callable[..., Any],
+        kwargs: Sequence[Mapping[str, Any]],
+        *,
+        name: str,
+        label: Callable[[int, int | None], str] | None = None,
+        start_method: str | None = "forkserver",
+        daemon: bool = True,
+        start_timeout: float | None = 300.0,
+        control: Collection[str] = (),
+        ignored_signals: Sequence[int] = (signal.SIGINT,),
+        error: type[ChildFailed] = ChildFailed,
+        timeout_key: str = "timeout",
+    ) -> None:
+        self.name = name
+        self._label = label
+        self._error = error
+        self.timeout_key = timeout_key
+        self.closed = False
+        self.processes: list[Any] = []
+        self._conns: list[mpc.Connection] = []
+        self._results: list[dict[int, tuple[bool, Any]]] = []
+        self._ids = itertools.count()
+        ignored = tuple(int(s) for s in ignored_signals)
+        # SIGTERM does nothing to a child that ignores it: SIGKILL is the only escalation
+        self._signals = ("kill",) if int(signal.SIGTERM) in ignored else ("terminate", "kill")
+        # Runs at garbage collection, at interpreter exit (before multiprocessing waits for
+        # non-daemonic children) and from close.
+        # A pidfd per child: readable once the child has ended. A ``forkserver`` child's own
+        # sentinel is a pipe from the fork server, which fires (exit code 255) when the server
+        # ends, child alive or not: a SIGTERM to the process group ends the server at once.
+        self._pidfds: list[int | None] = []
+        self._finalizer = mp_util.Finalize(
+            self,
+            _end_children,
+            args=(self.processes, self._conns, self._pidfds, self._signals),
+            exitpriority=10,
+        )
+        module = getattr(factory, "__module__", None)
+        preload = ["__main__", __name__, *([module] if module else [])]
+        context = process_context(start_method, preload=preload)
+        try:
+            for i, kw in enumerate(kwargs):
+                parent, child = context.Pipe(duplex=True)
+                process = context.Process(
+                    target=serve,
+                    args=(child, factory, dict(kw), os.getpid(), frozenset(control), ignored),
+                    name=f"{name}-{i}",
+                    daemon=daemon,
+                )
+                process.start()
+                child.close()
+                self.processes.append(process)
+                self._pidfds.append(_pidfd(process.pid))
+                self._conns.append(parent)
+                self._results.append({})
+            #: Process ids of the children, by index.
+            self.pids: list[int] = [p.pid for p in self.processes]
+            self.gather([Call(i, _START) for i in range(len(self.processes))], start_timeout,
+                        "starting")  # fmt: skip
+        except BaseException:
+            self.close(grace=0.0)
+            raise
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+    def label(self, child: int) -> str:
+        """How messages name ``child``."""
+        pid = self.processes[child].pid if child < len(self.processes) else None
+        if self._label is not None:
+            return self._label(child, pid)
+        return f"{self.name} {child} (pid {pid})"
+
+    # ------------------------------------------------------------------ calls
+    def call(self, child: int, method: str, *args: Any) -> Call:
+        """Send ``child`` the call ``method(*args)``; returns its handle at once."""
+        if self.closed:
+            raise RuntimeError(f"{self.name}: the child processes are closed")
+        call = Call(child, next(self._ids))
+        try:
+            send(self._conns[child], (call.call_id, method, args))
+        except (BrokenPipeError, OSError):
+            self._died(child)  # the call's result is the child's death
+        return call
+
+    def call_each(self, children: Sequence[int], method: str, *args: Any) -> list[Call]:
+        """The same call to each of ``children``."""
+        return [self.call(child, method, *args) for child in children]
+
+    def done(self, call: Call) -> bool:
+        """Whether ``call``'s result (or its child's death) has arrived."""
+        results = self._results[call.child]
+        return call.call_id in results or _DEAD in results
+
+    def wait(
+        self, calls: Sequence[Call], num_returns: int, timeout: float | None
+    ) -> tuple[list[Call], list[Call]]:
+        """``(done, not done)`` once ``num_returns`` of ``calls`` are done or ``timeout`` passed.
+
+        A child's death is noticed at once (its pidfd) and is the result of its pending calls.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            ready = [c for c in calls if self.done(c)]
+            left = None if deadline is None else deadline - time.monotonic()
+            if len(ready) >= num_returns or (left is not None and left <= 0):
+                return ready, [c for c in calls if not self.done(c)]
+            busy = {c.child for c in calls if not self.done(c)}
+            pipes = {self._conns[w]: w for w in busy}
+            sentinels = {self._sentinel(w): w for w in busy}
+            for obj in mpc.wait([*pipes, *sentinels], left):
+                if obj in pipes:
+                    self._receive(pipes[obj])  # type: ignore[index]
+                elif not self._readable(self._conns[sentinels[obj]]):  # type: ignore[index]
+                    self._died(sentinels[obj])  # type: ignore[index]
+
+    def result(self, call: Call, what: str = "answering") -> Any:
+        """The call's result, waiting for it; a failure raises this set's :class:`ChildFailed`.
+
+        Args:
+            call: The call's handle.
+            what: What the child was doing, for the message (``stepping``).
+        """
+        self.wait([call], 1, None)
+        results = self._results[call.child]
+        ok, value = results.pop(call.call_id) if call.call_id in results else results[_DEAD]
+        if ok:
+            return value
+        raise self._failed(call.child, value, what)
+
+    def gather(self, calls: Sequence[Call], timeout: float | None, what: str) -> list[Any]:
+        """The results of ``calls``, in order, under the hang watchdog; any failure ends all.
+
+        A live child silent for half of ``timeout`` is named in a warning (once); one silent
+        for all of it, one whose call raised and one that died are a :class:`ChildFailed`
+        (this set's ``error``), raised after every child is ended.
+
+        Args:
+            calls: The calls to wait for.
+            timeout: Seconds for all of them (None: as long as the children live).
+            what: What the children are doing, for messages (``stepping``).
+        """
+        deadline = Deadline(timeout)
+        waiting = list(calls)
+        while waiting:
+            now = time.monotonic()
+            if deadline.should_warn(now):
+                log.warning(
+                    "no reply for %.1f s while %s from %s; it counts as hung after %s s (%s)",
+                    deadline.elapsed(now), what, self._labels(waiting), timeout,
+                    self.timeout_key,
+                )  # fmt: skip
+            ready, waiting = self.wait(waiting, 1, deadline.seconds_left(now))
+            for call in ready:
+                ok, value = self._peek(call)
+                if not ok:
+                    self._fail(self._failed(call.child, value, what))
+            if waiting and not ready and deadline.expired():
+                self._fail(
+                    self._error(
+                        f"no reply within {timeout} s while {what} from "
+                        f"{self._labels(waiting)} (hung? {self.timeout_key})",
+                        child=waiting[0].child,
+                    )
+                )
+        return [self.result(call, what) for call in calls]
+
+    # ------------------------------------------------------------------ ending
+    def close(self, grace: float = 2.0) -> None:
+        """Close every child's object and end the children (idempotent; never hangs).
+
+        Each child is asked to ``close``; those still running after ``grace`` seconds in all
+        (busy, or hung) are sent SIGTERM (unless they ignore it), then SIGKILL.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        self._finalizer.cancel()
+        _end_children(self.processes, self._conns, self._pidfds, self._signals, grace)
+
+    def kill(self, child: int) -> None:
+        """End ``child`` at once (SIGKILL), e.g. one that did not answer in time."""
+        with contextlib.suppress(Exception):
+            self.processes[child].kill()
+
+    # ------------------------------------------------------------------ internals
+    def _labels(self, calls: Sequence[Call]) -> str:
+        return ", ".join(self.label(w) for w in sorted({c.child for c in calls}))
+
+    def _peek(self, call: Call) -> tuple[bool, Any]:
+        results = self._results[call.child]
+        return results[call.call_id] if call.call_id in results else results[_DEAD]
+
+    def _receive(self, child: int) -> None:
+        try:
+            call_id, ok, value = receive_from(self._conns[child])
+        except (EOFError, OSError):
+            self._died(child)
+            return
+        self._results[child][call_id] = (ok, value)
+
+    def _sentinel(self, child: int) -> Any:
+        pidfd = self._pidfds[child] if child < len(self._pidfds) else None  # (none once closed)
+        return self.processes[child].sentinel if pidfd is None else pidfd
+
+    def _died(self, child: int) -> None:
+        process = self.processes[child]
+        process.join(1.0)
+        self._results[child][_DEAD] = (False, exit_reason(process.exitcode))
+
+    @staticmethod
+    def _readable(conn: mpc.Connection) -> bool:
+        try:
+            return conn.poll()
+        except (EOFError, OSError):
+            return False
+
+    def _failed(self, child: int, value: Any, what: str) -> ChildFailed:
+        label = self.label(child)
+        if isinstance(value, _Failure):
+            if what == "starting":
+                head = f"{label}: failed while starting"
+            else:
+                head = f"{label}: {value.site or 'a call'} raised while {what}"
+            return self._error(
+                f"{head}; original traceback:\n{value.traceback.rstrip()}",
+                child=child,
+                site=value.site,
+                site_index=value.site_index,
+                traceback=value.traceback,
+            )
+        return self._error(f"{label} {value} while {what}", child=child)
+
+    def _fail(self, error: ChildFailed) -> NoReturn:
+        self.close()
+        raise error
+
+
+def _pidfd(pid: int | None) -> int | None:
+    """A file descriptor of process ``pid`` that is readable once it has ended (None: none)."""
+    if pid is None or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return None  # ended already, or no pidfds (Linux < 5.3): the sentinel is used
+
+
+def _ended(pidfd: int) -> bool:
+    return bool(select.select([pidfd], [], [], 0)[0])
+
+
+def _end_children(
+    processes: list[Any],
+    conns: list[mpc.Connection],
+    pidfds: list[int | None],
+    signals: Sequence[str],
+    grace: float = 2.0,
+) -> None:
+    """Ask each child to close, give them ``grace`` seconds in all, then ``signals``; reap all.
+
+    A child closes its object and exits on the ``close`` call, or on its closed pipe when idle.
+    Children with a pidfd are watched and signalled through it (a ``forkserver`` child is
+    still signalled after its fork server has ended); the others by :func:`end_processes`.
+    """
+    for conn in conns:
+        with contextlib.suppress(Exception):
+            send(conn, (-3, "close", ()))
+    watched = [(p, fd) for p, fd in zip(processes, pidfds, strict=True) if fd is not None]
+    end_processes(
+        [p for p, fd in zip(processes, pidfds, strict=True) if fd is None],
+        grace,
+        signals=signals,
+        wait=2.0,
+        release=False,
+    )
+    deadline = time.monotonic() + grace
+    for name in ("", *signals):
+        alive = [(p, fd) for p, fd in watched if not _ended(fd)]
+        for _, fd in alive if name else ():
+            with contextlib.suppress(OSError):
+                number = signal.SIGTERM if name == "terminate" else signal.SIGKILL
+                signal.pidfd_send_signal(fd, number)
+        if name:
+            deadline = time.monotonic() + 2.0
+        fds = [fd for _, fd in alive]
+        while fds and (left := deadline - time.monotonic()) > 0:
+            select.select(fds, [], [], left)
+            fds = [fd for fd in fds if not _ended(fd)]
+        if not fds:
+            break
+    for process, _ in watched:
+        with contextlib.suppress(Exception):
+            process.join(0.5)  # reaped (by us, or reported by the fork server)
+    for _, pidfd in watched:
+        with contextlib.suppress(OSError):
+            os.close(pidfd)
+    pidfds.clear()
+    for conn in conns:
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
 def end_processes(
     processes: Sequence[Any],
     grace: float,
@@ -85,13 +717,13 @@ def end_processes(
     deadline = time.monotonic() + grace
     for process in started:
         process.join(max(0.0, deadline - time.monotonic()))
-    for signal in signals:
+    for name in signals:
         alive = [p for p in started if p.exitcode is None]
         if not alive:
             break
         for process in alive:
             with contextlib.suppress(Exception):
-                getattr(process, signal)()
+                getattr(process, name)()
         deadline = time.monotonic() + wait
         for process in alive:
             process.join(max(0.0, deadline - time.monotonic()))
@@ -99,3 +731,16 @@ def end_processes(
         with contextlib.suppress(Exception):
             if process.exitcode is not None:
                 process.close()
+
+
+def exit_reason(exitcode: int | None) -> str:
+    """How a child ended, for messages (``died with SIGKILL``, ``exited with code 1``)."""
+    if exitcode is None:
+        return "is unresponsive"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"died with {name}"
+    return f"exited with code {exitcode}"

@@ -1,18 +1,23 @@
-"""A process collection worker's rollout storage in shared memory, read by the learner in place.
+"""Shared memory between the processes of a run: arrays laid out in one block, and named blocks.
 
-A collection worker that is a child process of the learner (``collector.backend=process``)
-allocates every buffer of its rollout storage in a named shared-memory block of its own
-(:class:`SharedBuffers`, ``multiprocessing.shared_memory``) and sends the learner a
-:class:`SharedRows`: the blocks' names, shapes and dtypes and how many rows the rollout has. The
-learner maps the blocks once (cached by name) and copies the rows straight into its own
-storage, so a rollout crosses the process boundary with no pickling of its data and no copy of
-its own. The worker writes its next rollout into the same blocks only after the learner took
-the last one (:mod:`rl.collection.async_collection` asks a worker again only after its rollout
-was assembled).
+Two ways rows of data cross a process boundary here without pickling (the process runtime,
+:mod:`rl.utils.processes`, carries only calls and small results):
 
-The worker owns the blocks: it unlinks them when its storage is replaced and when it closes
-(and the resource tracker it shares with the learner does at the end if it was killed). The
-learner only maps them and never unlinks them.
+- **Arrays in one block, made by the parent** (:class:`SharedArrays`): the multiprocess
+  sampler lays out every observation, reward, flag and action of its environments in one
+  ``multiprocessing.RawArray`` (:meth:`SharedArrays.plan`), passes it to its worker processes
+  when they start, and every process builds the same ``[N, ...]`` numpy views over it. Each
+  worker writes its environments' rows; the sampler reads them in place.
+- **Named blocks, made by a child** (:class:`SharedBuffers`, :class:`SharedRows`): a process
+  collection worker (``collector.backend=process``) allocates every buffer of its rollout
+  storage in a named block of its own (``multiprocessing.shared_memory``) and sends the learner
+  a :class:`SharedRows`: the blocks' names, shapes and dtypes and how many rows the rollout
+  has. The learner maps the blocks once (cached by name) and copies the rows straight into its
+  own storage. The worker writes its next rollout into the same blocks only after the learner
+  took the last one (:mod:`rl.collection.async_collection` asks a worker again only after its
+  rollout was assembled). The worker owns the blocks: it unlinks them when its storage is
+  replaced and when it closes (and the resource tracker it shares with the learner does at the
+  end if it was killed); the learner only maps them and never unlinks them.
 """
 
 from __future__ import annotations
@@ -20,16 +25,53 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+from collections.abc import Mapping
 from multiprocessing import shared_memory
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 from tensordict.utils import NestedKey
 
-__all__ = ["SharedBuffers", "SharedRows"]
+__all__ = ["SharedArrays", "SharedBuffers", "SharedRows", "forget"]
+
+_ALIGN = 64  # byte alignment of each array in a shared block
 
 
+# ---------------------------------------------------------------- arrays in one block
+class SharedArrays:
+    """Numpy arrays carved out of one shared byte block (same layout in every process).
+
+    Args:
+        raw: The shared block (a ``RawArray`` of bytes).
+        layout: ``name -> (offset, shape, dtype string)``.
+    """
+
+    def __init__(self, raw: Any, layout: Mapping[str, tuple[int, tuple[int, ...], str]]) -> None:
+        self.raw = raw
+        self.layout = dict(layout)
+        buffer = np.frombuffer(raw, dtype=np.uint8)
+        self.arrays: dict[str, np.ndarray] = {}
+        for name, (offset, shape, dtype) in self.layout.items():
+            dt = np.dtype(dtype)
+            size = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            self.arrays[name] = buffer[offset : offset + size].view(dt).reshape(shape)
+
+    @staticmethod
+    def plan(specs: Mapping[str, tuple[tuple[int, ...], Any]]) -> tuple[dict[str, Any], int]:
+        """Lay out ``name -> (shape, dtype)`` arrays; return the layout and the total bytes."""
+        layout: dict[str, tuple[int, tuple[int, ...], str]] = {}
+        offset = 0
+        for name, (shape, dtype) in specs.items():
+            dt = np.dtype(dtype)
+            layout[name] = (offset, tuple(int(s) for s in shape), dt.str)
+            size = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            offset += -(-size // _ALIGN) * _ALIGN
+        return layout, max(offset, _ALIGN)
+
+
+# ----------------------------------------------------------------------- named blocks
 @dataclasses.dataclass(frozen=True)
 class SharedRows:
     """Rows ``[length, n]`` of tensors in named shared memory (what the learner is sent).
