@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
+from rl.collection.actors import ProcessActors
 from rl.engine import run
 from rl.sampling import MultiprocessSampler
 from rl.sampling.factory import sampler_num_envs
 from rl.utils.config import ConfigError
-from rl.utils.threads import auto_count
+from rl.utils.threads import CORES_ENV, auto_count, available_cores
 
 SMOKE = ["+experiment=ppo_nav", "+debug=smoke", "task=nav_small", "eval.num_episodes=0"]
 
@@ -64,3 +65,31 @@ def test_counts_other_than_numbers_and_auto_are_refused_by_name(
 ) -> None:
     with pytest.raises((ConfigError, ValueError), match=problem):
         run.train(compose_cfg([*SMOKE, *overrides]))
+
+
+def test_learners_of_one_machine_share_its_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under DDP each local rank's ``auto`` is its share: 4 ranks on 64 cores, 15 workers each."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert auto_count("auto") == 63
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert available_cores() == 16 and auto_count("auto") == 15
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "128")  # more ranks than cores: still one each
+    assert available_cores() == 1 and auto_count("auto") == 1
+    monkeypatch.setenv(CORES_ENV, "6")  # a share set by the framework wins
+    assert available_cores() == 6 and auto_count("auto") == 5
+
+
+class CoreCounts:
+    """Served in a process collection worker: what ``auto`` means there."""
+
+    def counts(self) -> tuple[int, int]:
+        return available_cores(), auto_count("auto")
+
+
+def test_a_process_collection_worker_counts_one_core() -> None:
+    """A worker's ``auto`` (a multiprocess sampler inside it): one process, not one a core."""
+    actors = ProcessActors(CoreCounts, [{}], start_timeout=120)
+    try:
+        assert actors.get(actors.call(0, "counts"), 0) == (1, 1)
+    finally:
+        actors.close(timeout=5)

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 import signal
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from rl.utils.processes import Call, ChildFailed, ChildProcesses
+from rl.utils.threads import CORES_ENV
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +111,13 @@ class RayActors:
                 logging_level=logging.WARNING,
             )
 
+        share = str(max(1, math.floor(cpus_per_worker)))
+
         class RayWorker(cls):  # type: ignore[valid-type,misc]
+            def __init__(self, **kwargs: Any) -> None:
+                os.environ[CORES_ENV] = share  # its reserved CPUs (auto counts inside it)
+                super().__init__(**kwargs)
+
             @ray.method(concurrency_group="control")
             def stop_collecting(self, *args: Any) -> Any:
                 return super().stop_collecting(*args)
@@ -222,6 +230,7 @@ class ProcessActors:
                 ignored_signals=(signal.SIGINT, signal.SIGTERM),
                 error=CollectionWorkerError,
                 timeout_key="collector.timeout",
+                environment={CORES_ENV: "1"},  # a worker's share: its own core (auto counts)
             )
         except CollectionWorkerError as e:
             raise CollectionWorkerError(f"{owner}collection workers did not start: {e}") from None

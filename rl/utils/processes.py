@@ -232,8 +232,11 @@ def serve(
     parent_pid: int,
     control: frozenset[str],
     ignored: tuple[int, ...],
+    environment: Mapping[str, str] | None = None,
 ) -> None:
     """A child process's body: build ``factory(**kwargs)``, then run the calls that arrive.
+
+    ``environment`` is added to the child's ``os.environ`` first.
 
     Calls run in order on this thread; ``control`` methods are run at once by the thread that
     reads the pipe. A call that raises answers with a :class:`_Failure` and the child serves on
@@ -243,6 +246,7 @@ def serve(
     and SIGTERM sent to the whole process group) are the parent's business.
     """
     die_with_parent(parent_pid)
+    os.environ.update(environment or {})
     for number in ignored:
         signal.signal(number, signal.SIG_IGN)
     send_lock = threading.Lock()
@@ -387,6 +391,7 @@ class ChildProcesses:
             children their parent ends after a rollout boundary).
         error: The :class:`ChildFailed` subclass raised for this set's failures.
         timeout_key: The setting that sets the watchdog's budget, for messages.
+        environment: Variables added to each child's environment before it builds its object.
     """
 
     def __init__(
@@ -403,6 +408,7 @@ class ChildProcesses:
         ignored_signals: Sequence[int] = (signal.SIGINT,),
         error: type[ChildFailed] = ChildFailed,
         timeout_key: str = "timeout",
+        environment: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
         self._label = label
@@ -436,7 +442,15 @@ class ChildProcesses:
                 parent, child = context.Pipe(duplex=True)
                 process = context.Process(
                     target=serve,
-                    args=(child, factory, dict(kw), os.getpid(), frozenset(control), ignored),
+                    args=(
+                        child,
+                        factory,
+                        dict(kw),
+                        os.getpid(),
+                        frozenset(control),
+                        ignored,
+                        dict(environment or {}),
+                    ),  # fmt: skip
                     name=f"{name}-{i}",
                     daemon=daemon,
                 )

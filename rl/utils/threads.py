@@ -1,8 +1,13 @@
 """How many threads torch uses in each process of a run, and how many processes run.
 
-``auto`` process counts (``collector.num_workers``, ``sampler.num_processes``) are the cores
-this process may use, less one for the learner's own process (:func:`auto_count`): on 2 cores
-one worker beside the learner, on 16 cores 15. The ``torch_threads`` settings:
+``auto`` process counts (``collector.num_workers``, ``sampler.num_processes``) are this
+process's share of the cores, less one for the learner's own process (:func:`auto_count`): on 2
+cores one worker beside the learner, on 16 cores 15. The share (:func:`available_cores`) is the
+cores the process may run on (its CPU affinity), divided among the learners of the machine under
+DDP (``LOCAL_WORLD_SIZE``, set by torchrun and by ``distributed.nprocs``: 4 ranks on 64 cores
+take 16 each, so 15 workers each), and one core in a collection worker (``RL_CORES``, which
+the worker sets: a multiprocess sampler inside it with ``auto`` runs one process). The
+``torch_threads`` settings:
 
 ``torch_threads: auto`` (the default of ``train.yaml`` and ``evaluate.yaml``) is one thread per
 process on the CPU: the framework's networks are small, so a second intra-op thread barely
@@ -20,18 +25,32 @@ import os
 import torch
 
 AUTO = "auto"
+#: The environment variable that fixes this process's share of the cores (a collection worker
+#: sets it to 1 for itself and what it starts).
+CORES_ENV = "RL_CORES"
 
 
 def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity), at least 1."""
+    """The share of the cores this process may use, at least 1.
+
+    ``RL_CORES`` if set; else the cores the process may run on (its CPU affinity) divided by
+    the learners on this machine (``LOCAL_WORLD_SIZE`` under DDP).
+    """
+    share = os.environ.get(CORES_ENV)
+    if share:
+        return max(1, int(share))
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    learners = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return max(1, cores // learners)
 
 
 def auto_count(setting: int | str, cap: int | None = None, what: str = "count") -> int:
     """A process count setting as a number: ``auto`` is :func:`available_cores` less one.
+
+    The learner keeps one core; ``auto`` is never less than 1.
 
     Args:
         setting: An integer or ``auto``.
