@@ -422,12 +422,12 @@ class ChildProcesses:
         ignored = tuple(int(s) for s in ignored_signals)
         # SIGTERM does nothing to a child that ignores it: SIGKILL is the only escalation
         self._signals = ("kill",) if int(signal.SIGTERM) in ignored else ("terminate", "kill")
-        # Runs at garbage collection, at interpreter exit (before multiprocessing waits for
-        # non-daemonic children) and from close.
         # A pidfd per child: readable once the child has ended. A ``forkserver`` child's own
         # sentinel is a pipe from the fork server, which fires (exit code 255) when the server
         # ends, child alive or not: a SIGTERM to the process group ends the server at once.
         self._pidfds: list[int | None] = []
+        # Runs at garbage collection, at interpreter exit (before multiprocessing waits for
+        # non-daemonic children) and from close.
         self._finalizer = mp_util.Finalize(
             self,
             _end_children,
@@ -443,12 +443,7 @@ class ChildProcesses:
                 process = context.Process(
                     target=serve,
                     args=(
-                        child,
-                        factory,
-                        dict(kw),
-                        os.getpid(),
-                        frozenset(control),
-                        ignored,
+                        child, factory, dict(kw), os.getpid(), frozenset(control), ignored,
                         dict(environment or {}),
                     ),  # fmt: skip
                     name=f"{name}-{i}",
