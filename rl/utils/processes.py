@@ -437,15 +437,13 @@ class ChildProcesses:
         module = getattr(factory, "__module__", None)
         preload = ["__main__", __name__, *([module] if module else [])]
         context = process_context(start_method, preload=preload)
+        served, env = frozenset(control), dict(environment or {})
         try:
             for i, kw in enumerate(kwargs):
                 parent, child = context.Pipe(duplex=True)
                 process = context.Process(
                     target=serve,
-                    args=(
-                        child, factory, dict(kw), os.getpid(), frozenset(control), ignored,
-                        dict(environment or {}),
-                    ),  # fmt: skip
+                    args=(child, factory, dict(kw), os.getpid(), served, ignored, env),
                     name=f"{name}-{i}",
                     daemon=daemon,
                 )
