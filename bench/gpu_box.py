@@ -33,7 +33,9 @@ pyglet, the nav3d rows).
 
 ``--cpu-dry-run``: the same rows with tiny budgets on the CPU (``device=cpu`` everywhere, a few
 environments and rollouts each, ``+debug=smoke``'s 4-episode evaluations, half a second of raw
-stepping), to check the whole chain here, not to measure (verdicts read "dry run"). ``--smoke``
+stepping), to check the whole chain here, not to measure (verdicts read "dry run"). There the
+two ppo_nav rows would run one command (both on the CPU): it runs once, and row 2 reads row 1's
+run (its folder and log are ``ppo_nav_cuda``'s). ``--smoke``
 (``tests/test_bench.py``) is the dry run with its folder in a temporary directory unless
 ``--out`` is given. On the GPU box (no network) ``bench/gpu_kit/run.sh`` installs the offline
 kit and runs this file; the device call is
@@ -414,9 +416,13 @@ def nav_rows(bench: Bench, no_cuda: str | None) -> None:
             target = f">= {NAV_FPS:,}" if label == "CUDA" else "(the 2x reference)"
             bench.add(Row(name, "training steps/s", "skipped", target, no_cuda))
             continue
-        r = runs[key] = sigterm_run(
-            bench, key, "ppo_nav", budget.nav_seconds, nav_overrides(bench, device)
-        )
+        if dry and label == "CPU":
+            # In a dry run the CUDA row ran this very command on the CPU: its run serves both.
+            r = runs[key] = runs["ppo_nav_cuda"]
+        else:
+            r = runs[key] = sigterm_run(
+                bench, key, "ppo_nav", budget.nav_seconds, nav_overrides(bench, device)
+            )
         bench.results[key] = r
         if "error" in r:
             bench.add(Row(name, "training steps/s", "error", "", r["error"]))
@@ -449,7 +455,8 @@ def nav_rows(bench: Bench, no_cuda: str | None) -> None:
                     f"{fps:,.0f}",
                     "(the 2x reference)",
                     "",
-                    f"success {r['success']:.3f} at {budget.nav_seconds:g} s; {stop_note(r)}",
+                    f"success {r['success']:.3f} at {budget.nav_seconds:g} s; {stop_note(r)}"
+                    + ("; dry run: the row above's run (the same command)" if dry else ""),
                 )
             )
         bench.write()

@@ -8,6 +8,11 @@ without an entry in ``TABLES`` only has to print something) and leave no process
 private Ray instance, worker processes). The runs go ``PARALLEL`` at a time, the longest first:
 a module fixture starts them, and each test waits for its own; a run still going
 ``RUN_TIMEOUT`` seconds after it started is killed and fails (pytest-timeout is the backstop).
+
+A run whose subprocesses already run another script's mode checks that mode through their logs
+(``LOGS``: the run keeps its folder, ``--out``), instead of a run of its own: ``gpu_box``'s
+ppo_nav row is ``time_to_success.py --smoke --sigterm`` (train.py, then evaluate.py on its last
+checkpoint), so its log holds that mode's table.
 """
 
 from __future__ import annotations
@@ -41,7 +46,6 @@ LONGEST_FIRST = [
     "sampler_fps",
     "ddp_fps",
     "train_fps",
-    "time_to_success --sigterm 120",
 ]
 NUM = r"-?[\d,]+(?:\.\d+)?"  # a figure: 1,234 or 0.95 (its value is not checked)
 _FIG = rf"(?:{NUM}|n/a)"  # a figure, or n/a where nothing was measured
@@ -61,8 +65,6 @@ class SmokeRun:
 
 # More than one run for a script with more than one mode.
 MODES: dict[str, list[tuple[str, ...]]] = {
-    # The SIGTERM check and its evaluate.py run (the smoke run ends before 120 s: exit 0).
-    "time_to_success.py": [(), ("--sigterm", "120")],
     # The straggler comparison of barrier and barrier-free asynchronous collection.
     "collector_fps.py": [(), ("--slow-worker",)],
 }
@@ -257,12 +259,6 @@ TABLES: dict[str, list[str]] = {
         rf"^\s+1\s+128(?:\s+{NUM}){{4}}$",
         rf"^\s+1\s+256(?:\s+{NUM}){{4}}$",
     ],
-    "time_to_success --sigterm 120": [
-        r"^ppo_nav stopped by SIGTERM 120 s after launch, last checkpoint evaluated with "
-        r"evaluate.py defaults \(4 episodes, split test\)$",
-        r"^seed \| exit\s+wall s\s+stop s \|\s+env steps \| success\s+SPL \| evaluate.py s$",
-        rf"^\s+1 \|\s+(?:0|143)\s+{NUM}\s+(?:-|{NUM}) \|\s+{NUM} \|\s+{NUM}\s+{NUM} \|\s+{NUM}$",
-    ],
     "nav_batched_fps": [
         r"^raw environment steps/s, PointNav 19x19 \(conf/task/nav.yaml\), uniformly random "
         r"actions, no policy, 1 torch thread\(s\), \d+ CPUs, 0.3 s a row$",
@@ -324,9 +320,24 @@ TABLES: dict[str, list[str]] = {
                 ("whole benchmark", "wall time", f"{NUM} s"),
             ]
         ),
-        r"^files in \S+: nav3d nav3d\.log nav3d_raw\.log ppo_nav_cpu ppo_nav_cpu\.log "
-        r"ppo_nav_cuda ppo_nav_cuda\.log results\.json table\.md$",
+        # (the two ppo_nav rows are one run in a dry run: the same command on the CPU)
+        r"^files in \S+: nav3d nav3d\.log nav3d_raw\.log ppo_nav_cuda ppo_nav_cuda\.log "
+        r"results\.json table\.md$",
     ],
+}
+
+# time_to_success.py's SIGTERM mode and its evaluate.py run (the smoke run ends before the
+# signal: exit 0), as a run's log in its folder prints it.
+_SIGTERM_TABLE = [
+    rf"^ppo_nav stopped by SIGTERM {NUM} s after launch, last checkpoint evaluated with "
+    r"evaluate.py defaults \(4 episodes, split test\)$",
+    r"^seed \| exit\s+wall s\s+stop s \|\s+env steps \| success\s+SPL \| evaluate.py s$",
+    rf"^\s+1 \|\s+(?:0|143)\s+{NUM}\s+(?:-|{NUM}) \|\s+{NUM} \|\s+{NUM}\s+{NUM} \|\s+{NUM}$",
+]
+# Runs given ``--out <their folder>``, and what files there must print (patterns as TABLES').
+LOGS: dict[str, dict[str, list[str]]] = {
+    # time_to_success.py --smoke --sigterm (gpu_box's CPU dry run of its ppo_nav rows)
+    "gpu_box": {"ppo_nav_cuda.log": _SIGTERM_TABLE},
 }
 
 
@@ -386,6 +397,10 @@ class SmokeRunner:
     def result(self, run: SmokeRun) -> Finished:
         return self.futures[run].result()
 
+    def folder(self, run: SmokeRun) -> Path:
+        """Where a run of ``LOGS`` keeps its files (``--out``)."""
+        return self.out_dir / run.id.replace(" ", "_")
+
     def close(self) -> None:
         self.stopping.set()  # the runs still going are killed
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -402,8 +417,9 @@ class SmokeRunner:
         out, err = self.out_dir / f"{name}.out", self.out_dir / f"{name}.err"
         start = time.monotonic()
         with out.open("wb") as stdout, err.open("wb") as stderr:
+            folder = ["--out", str(self.folder(run))] if run.id in LOGS else []
             proc = subprocess.Popen(
-                [sys.executable, str(ROOT / "bench" / run.script), "--smoke", *run.args],
+                [sys.executable, str(ROOT / "bench" / run.script), "--smoke", *run.args, *folder],
                 cwd=ROOT,
                 env=env,
                 stdout=stdout,
@@ -458,7 +474,7 @@ def test_every_script_has_smoke_and_every_table_a_run() -> None:
     assert SCRIPTS, "no bench/*.py found"
     missing = [s.name for s in SCRIPTS if '"--smoke"' not in s.read_text()]
     assert not missing, f"bench scripts without a --smoke flag: {missing}"
-    assert set(TABLES) <= {r.id for r in RUNS}, "TABLES names a run that no longer exists"
+    assert set(TABLES) | set(LOGS) <= {r.id for r in RUNS}, "TABLES or LOGS names no run"
 
 
 @pytest.mark.slow
@@ -474,4 +490,8 @@ def test_smoke_run(run: SmokeRun, smoke_runs: SmokeRunner) -> None:
     assert done.stdout.strip(), f"{command} printed nothing"
     missing = [p for p in TABLES.get(run.id, []) if not re.search(p, done.stdout, re.MULTILINE)]
     assert not missing, f"{command}: no line matches {missing} in its output:\n{done.stdout}"
+    for name, patterns in LOGS.get(run.id, {}).items():
+        log = (smoke_runs.folder(run) / name).read_text(errors="replace")
+        missing = [p for p in patterns if not re.search(p, log, re.MULTILINE)]
+        assert not missing, f"{command}: no line of its {name} matches {missing}:\n{log}"
     assert not done.leftovers, f"{command} left processes running: {done.leftovers}"
