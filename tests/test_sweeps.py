@@ -1,5 +1,6 @@
-"""Hydra multiruns through the real CLI: basic and joblib launchers, Optuna, the SLURM preset,
-a failing job that does not stop the others, and the sweep objective's errors."""
+"""Hydra multiruns through the real CLI: basic and joblib launchers, Optuna, a failing job that
+does not stop the others, and the sweep objective's errors; the sweep folder layout and the
+SLURM preset as composed (the ``hydra`` node ``train.py ... --cfg hydra`` prints)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 from wandb_records import read_run
 
 from rl.engine.sweeps import ObjectiveError, check_objective, objective
@@ -58,10 +60,16 @@ def test_basic_multirun_two_seeds_two_folders_two_wandb_runs(tmp_path: Path) -> 
     assert [r.config["sweep_job"] for r in runs] == [0, 1]
 
 
-def test_default_sweep_dir_layout() -> None:
-    proc = cli("+experiment=ppo_nav", "--cfg", "hydra")
-    assert proc.returncode == 0, proc.stderr
-    hydra_cfg = yaml.safe_load(proc.stdout)["hydra"]
+def hydra_node(compose_cfg, *overrides: str) -> dict:
+    """The composed ``hydra`` node, unresolved (as ``train.py <overrides> --cfg hydra`` prints
+    it): composed in process, no subprocess start."""
+    node = OmegaConf.to_container(compose_cfg(list(overrides)).hydra, resolve=False)
+    assert isinstance(node, dict)
+    return node
+
+
+def test_default_sweep_dir_layout(compose_cfg) -> None:
+    hydra_cfg = hydra_node(compose_cfg, "+experiment=ppo_nav")
     assert hydra_cfg["sweep"]["dir"] == "outputs/${exp_name}/multirun/${now:%Y-%m-%d_%H-%M-%S}"
     assert hydra_cfg["sweep"]["subdir"] == "${hydra.job.num}"
     assert hydra_cfg["job"]["chdir"] is False
@@ -122,10 +130,8 @@ def test_optuna_sweep_two_trials_returns_the_objective(tmp_path: Path) -> None:
     assert result["best_value"] == max(finals)
 
 
-def test_slurm_launcher_preset_composes() -> None:
-    proc = cli("+experiment=ppo_nav", "hydra/launcher=slurm", "--cfg", "hydra")
-    assert proc.returncode == 0, proc.stderr
-    launcher = yaml.safe_load(proc.stdout)["hydra"]["launcher"]
+def test_slurm_launcher_preset_composes(compose_cfg) -> None:
+    launcher = hydra_node(compose_cfg, "+experiment=ppo_nav", "hydra/launcher=slurm")["launcher"]
     assert launcher["_target_"].endswith("submitit_launcher.SlurmLauncher")
     assert launcher["timeout_min"] > 0
     assert launcher["gpus_per_node"] == 1
