@@ -609,7 +609,7 @@ def test_evaluation_and_validation_use_their_splits(compose_cfg, resolve_cfg) ->
         ValidSettings(**plain["valid"]), task=plain["task"], model=plain["model"],
         logger=MetricsLogger([]),
     )  # fmt: skip
-    assert validation._args[0]["split"] == "valid"
+    assert validation.task["split"] == "valid"
     validation.close()
     cartpole = {"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1"}
     assert with_split(cartpole, "test") == cartpole  # tasks without splits stay as they are

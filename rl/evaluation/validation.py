@@ -147,9 +147,10 @@ class BackgroundValidation(Callback):
         self.settings = settings
         self.sampler = sampler or EvalSampler()
         self.logger = logger
-        task = with_split(task, settings.split)  # the validation episodes
+        #: The task config the process builds: the run's, on the validation split.
+        self.task = with_split(task, settings.split)
         self._kwargs = {
-            "task": task,
+            "task": self.task,
             "model_cfg": dict(model),
             "settings": dataclasses.asdict(settings),
             "device": str(device),
