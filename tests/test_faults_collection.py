@@ -243,3 +243,21 @@ def test_an_async_run_with_multiprocess_samplers_ends_at_its_budget(
     assert json.loads(lines[-1])["env_step"] == 200
     started = live_processes_of(processes_below(os.getpid()) - before)
     assert [p for p in started if not STDLIB_HELPER.search(" ".join(p.cmdline()))] == []
+
+
+def test_sigterm_to_the_process_group_mid_rollout_spares_a_multiprocess_sampler(
+    tmp_path: Path,
+) -> None:
+    """SLURM's SIGTERM reaches every process of the run, sampler workers included: they ignore
+    it, the trainer finishes the rollout it is in, saves, exits 143, and closes them. (Workers
+    that died of it failed the run mid-rollout: "sampler worker 1 ... exited while stepping".)
+    Rollouts of 4 x 512 steps: the signal lands inside one."""
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    overrides = ["sampler=multiprocess", "sampler.num_envs=4", "pipeline.num_steps=512"]
+    code, err, workers = sigterm_a_running_train(tmp_path / "run", overrides, env,
+                                                 whole_group=True)  # fmt: skip
+    assert workers, "the run started no sampler worker"
+    assert code == 143, err
+    assert "stopped by SIGTERM" in err and "SamplerWorkerError" not in err
+    assert latest_checkpoint(tmp_path / "run") is not None
+    assert wait_until_gone(workers) == []

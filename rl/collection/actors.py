@@ -19,7 +19,6 @@ import logging
 import math
 import os
 import re
-import signal
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -227,7 +226,6 @@ class ProcessActors:
                 daemon=False,  # it may have children of its own (a multiprocess sampler)
                 start_timeout=start_timeout,
                 control=CONTROL_METHODS,
-                ignored_signals=(signal.SIGINT, signal.SIGTERM),
                 error=CollectionWorkerError,
                 timeout_key="collector.timeout",
                 environment={CORES_ENV: "1"},  # a worker's share: its own core (auto counts)

@@ -324,7 +324,7 @@ class BackgroundValidation(Callback):
         self._finished = True
         if self._process is None:
             return
-        self._process.close(grace=10.0)  # then SIGTERM, then SIGKILL
+        self._process.close(grace=10.0)  # then SIGKILL
         if self.pending:
             log.warning(
                 "validation stopped with %d checkpoint(s) not validated: %s",

@@ -22,8 +22,9 @@ traceback. An environment that hangs is caught by ``timeout`` (:data:`DEFAULT_TI
 per step by default): a warning names the silent worker, its pid and its environments after half
 of it, and the timeout ends every worker with a ``SamplerWorkerError`` naming them. ``close()``
 (also run by the garbage collector and at interpreter exit) stops every worker, escalating to
-SIGTERM and SIGKILL after short grace periods. Workers ignore SIGINT, so Ctrl-C reaches only the
-main process, whose ``finally`` closes the sampler; on Linux they are killed with the process
+SIGKILL after a short grace period. Workers ignore SIGINT and SIGTERM, so Ctrl-C and a SIGTERM
+to the process group (SLURM's) reach only the main process, which finishes its rollout, saves
+and closes the sampler; on Linux they are killed with the process
 that started them (:func:`~rl.utils.processes.die_with_parent`), even one killed with SIGKILL.
 
 This module is the sampler itself: the environment layout over the workers, the shared arrays
@@ -448,6 +449,6 @@ class MultiprocessSampler(Sampler):
         return self._restarted()
 
     def close(self) -> None:
-        """Stop every worker (idempotent; never hangs: SIGTERM, then SIGKILL)."""
+        """Stop every worker (idempotent; never hangs: SIGKILL after a grace period)."""
         if self._pool is not None:
             self._pool.close()

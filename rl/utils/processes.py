@@ -387,8 +387,10 @@ class ChildProcesses:
             start children of their own).
         start_timeout: Seconds the children may take to build their objects (None: no limit).
         control: Methods served at once, beside the call in progress.
-        ignored_signals: Signals the children ignore (Ctrl-C by default; also SIGTERM for
-            children their parent ends after a rollout boundary).
+        ignored_signals: Signals the children ignore. By default Ctrl-C and SIGTERM: both reach
+            the whole process group (a terminal's Ctrl-C, SLURM's SIGTERM), and the parent
+            handles them (a trainer finishes its rollout, saves, then closes its children). A
+            child that ignores SIGTERM is ended with SIGKILL when it does not close in time.
         error: The :class:`ChildFailed` subclass raised for this set's failures.
         timeout_key: The setting that sets the watchdog's budget, for messages.
         environment: Variables added to each child's environment before it builds its object.
@@ -405,7 +407,7 @@ class ChildProcesses:
         daemon: bool = True,
         start_timeout: float | None = 300.0,
         control: Collection[str] = (),
-        ignored_signals: Sequence[int] = (signal.SIGINT,),
+        ignored_signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
         error: type[ChildFailed] = ChildFailed,
         timeout_key: str = "timeout",
         environment: Mapping[str, str] | None = None,
