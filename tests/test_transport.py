@@ -15,14 +15,14 @@ from small import MODEL, SERIAL, SMALL
 from tensordict import TensorDict
 
 from rl.collection import CollectionSpec, RolloutRequest
-from rl.utils import shared_memory
-from rl.utils.shared_memory import SharedBuffers
 from rl.collection.transport import CompressedRows
 from rl.collection.worker_set import CollectionWorkerSet
 from rl.models import build_policy
 from rl.storage import RolloutStorage
 from rl.tasks import task_spaces
+from rl.utils import shared_memory
 from rl.utils.seeding import set_seed
+from rl.utils.shared_memory import SharedBuffers
 
 
 def _no_state(n: int) -> TensorDict:

@@ -33,10 +33,10 @@ from tensordict import TensorDict
 from tensordict.utils import NestedKey
 
 from rl.collection.base import Rollout
-from rl.utils.shared_memory import SharedBuffers, SharedRows, forget
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.sampling.base import EpisodeRecord
 from rl.storage.rollout import RolloutStorage
+from rl.utils.shared_memory import SharedBuffers, SharedRows, forget
 
 __all__ = ["CompressedRows", "RolloutAssembler", "ShippedRollout", "ship"]
 

@@ -45,12 +45,12 @@ import torch
 from rl.collection.base import CollectionSpec, RolloutRequest
 from rl.collection.episodes import EvalSampler, evaluate_policy
 from rl.collection.local import InProcessCollector
-from rl.utils.shared_memory import SharedBuffers
 from rl.collection.transport import ShippedRollout, ship
 from rl.models.factory import build_policy
 from rl.sampling.factory import build_sampler
 from rl.tasks.factory import with_split
 from rl.utils.seeding import rng_state, set_rng_state, set_seed
+from rl.utils.shared_memory import SharedBuffers
 
 # Collection settings a learner may change at run time (`update_algorithm_parameter`).
 ALGORITHM_PARAMETERS = tuple(f.name for f in dataclasses.fields(RolloutRequest))

@@ -3,10 +3,10 @@
 AllenAct's valid mode ran a separate process that looked for the newest checkpoint, and so
 skipped checkpoints silently whenever it fell behind. Here the trainer hands each saved
 checkpoint's *path* to one validation process (the ``on_checkpoint`` hook) as a call of its
-:class:`Validator`; the process runs the calls in order, one by one, on the fixed validation episode list,
-and sends the mean metrics back. The main process logs them as ``valid/*`` against each
-checkpoint's env step (results are polled on every rollout end and drained at the end of
-training, before the loggers close). Nothing is skipped: when a new checkpoint arrives while
+:class:`Validator`; the process runs the calls in order, one by one, on the fixed validation
+episode list, and sends the mean metrics back. The main process logs them as ``valid/*``
+against each checkpoint's env step (results are polled on every rollout end and drained at the
+end of training, before the loggers close). Nothing is skipped: when a new checkpoint arrives while
 earlier ones are still waiting, a warning says how many are pending. Each result is also written
 next to its checkpoint (``<checkpoint>.valid.json``), so a run stopped with validations pending
 queues those checkpoints again when it resumes.
