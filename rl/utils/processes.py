@@ -463,9 +463,6 @@ class ChildProcesses:
             self.close(grace=0.0)
             raise
 
-    def __len__(self) -> int:
-        return len(self._results)
-
     def label(self, child: int) -> str:
         """How messages name ``child``."""
         pid = self.processes[child].pid if child < len(self.processes) else None
@@ -579,11 +576,6 @@ class ChildProcesses:
         self.closed = True
         self._finalizer.cancel()
         _end_children(self.processes, self._conns, self._pidfds, self._signals, grace)
-
-    def kill(self, child: int) -> None:
-        """End ``child`` at once (SIGKILL), e.g. one that did not answer in time."""
-        with contextlib.suppress(Exception):
-            self.processes[child].kill()
 
     # ------------------------------------------------------------------ internals
     def _labels(self, calls: Sequence[Call]) -> str:
