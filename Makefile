@@ -32,8 +32,10 @@ train: $(STAMP) ## Train the default experiment (ppo_nav); pass extra overrides 
 test: $(STAMP) ## Run the test suite (what CI runs)
 	$(BIN)/python -m pytest -q $(ARGS)
 
+# No --quiet: mkdocs stops counting warnings under it, and --strict then never fails
+# (tests/test_docs_gate.py builds a page with a broken anchor through this recipe).
 docs: $(STAMP) ## Build the documentation site into site/ (strict: a broken link or reference fails)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 docs-serve: $(STAMP) ## Serve the documentation site with live reload (http://127.0.0.1:8000)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
