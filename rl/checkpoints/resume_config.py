@@ -82,7 +82,7 @@ def unresolved_config(cfg: DictConfig | Mapping[str, Any], plain: Mapping[str, A
             return resolved
         return node
 
-    return fix(raw, dict(plain))  # type: ignore[no-any-return]
+    return fix(raw, dict(plain))
 
 
 def _typed(cfg: DictConfig | Mapping[str, Any]) -> list[str] | None:
@@ -224,7 +224,7 @@ def _set_path(node: dict[str, Any], path: str, value: Any) -> None:
         node = node[key]
     last: Any = int(parts[-1]) if isinstance(node, list) else parts[-1]
     if value is _MISSING:
-        node.pop(last, None)  # type: ignore[call-overload]
+        node.pop(last, None)
     else:
         node[last] = value
 

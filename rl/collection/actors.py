@@ -112,7 +112,7 @@ class RayActors:
 
         share = str(max(1, math.floor(cpus_per_worker)))
 
-        class RayWorker(cls):  # type: ignore[valid-type,misc]
+        class RayWorker(cls):
             def __init__(self, **kwargs: Any) -> None:
                 os.environ[CORES_ENV] = share  # its reserved CPUs (auto counts inside it)
                 super().__init__(**kwargs)

@@ -155,7 +155,7 @@ class AsyncCollection:
     def _result(self, worker: int, flight: InFlight) -> tuple[dict[str, Any], dict[str, Any]]:
         """A rollout in flight that is done, and the outcomes of the worker's calls before it."""
         if worker in self.ready:
-            return self.ready.pop(worker)  # type: ignore[no-any-return]
+            return self.ready.pop(worker)
         self.calls.check_acks(worker)
         result: tuple[dict[str, Any], dict[str, Any]] = self.calls.get(flight.ref, worker)
         return result

@@ -173,7 +173,7 @@ class InProcessCollector:
         if self.inference_device == self.device:
             return model
         actor = copy.deepcopy(model).to(self.inference_device)  # type: ignore[attr-defined]
-        return actor.requires_grad_(False)  # type: ignore[no-any-return]
+        return actor.requires_grad_(False)
 
     @property
     def num_envs(self) -> int:

@@ -234,7 +234,7 @@ class RolloutRecorder:
         """ALGO: the value the returns bootstrap from, by the policy that collected."""
         obs = {k: v.unsqueeze(0) for k, v in self.policy_obs.items()}
         out, _ = self.model(obs, self.starts.unsqueeze(0), self.state)
-        return out.values[0]  # type: ignore[no-any-return]
+        return out.values[0]
 
     def carry(self, step: TensorDict) -> Carry:
         """What the next rollout starts from (``step``: the sampler's last)."""

@@ -226,4 +226,4 @@ def spawn_workers(
         ) from None
     if results.empty():
         raise RuntimeError("distributed training: rank 0 exited without a result")
-    return results.get()  # type: ignore[no-any-return]
+    return results.get()

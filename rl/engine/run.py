@@ -111,7 +111,7 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
     if "stopped" in outcome:
         checkpoint = outcome["checkpoint"]
         raise TrainingStopped(outcome["stopped"], None if checkpoint is None else Path(checkpoint))
-    return outcome["metrics"]  # type: ignore[no-any-return]
+    return outcome["metrics"]
 
 
 def _warn_without_experiment(cfg: DictConfig | dict[str, Any], plain: dict[str, Any]) -> None:

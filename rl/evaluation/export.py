@@ -97,7 +97,7 @@ class ExportedPolicy(nn.Module):
         state_keys: Sequence[NestedKey],
     ) -> None:
         super().__init__()
-        self.model = model  # type: ignore[assignment]
+        self.model = model
         self.obs_keys = list(observation_space.spaces)
         self.state_keys = list(state_keys)
         transform = {} if normalizer is None else normalizer.observation_transform()
@@ -226,7 +226,7 @@ def export_policy(
     if agent.action_space is None:
         raise ExportError("export needs the environment's action space (the agent has none)")
     # A CPU copy: the agent keeps its model where it runs (the check below acts with it).
-    model = copy.deepcopy(agent.model).to("cpu").eval()  # type: ignore[attr-defined]
+    model = copy.deepcopy(agent.model).to("cpu").eval()
     state_keys = _state_keys(model.initial_state(1, "cpu"))
     wrapper = ExportedPolicy(
         model, agent.observation_space, agent.action_space, agent.normalizer, state_keys

@@ -61,7 +61,7 @@ def load_trained_policy(
     if model is None:
         if model_config is None:
             raise ValueError("load_trained_policy: give the model or its config")
-        model = build_policy(dict(model_config), *spaces, groups=groups).to(device)  # type: ignore[attr-defined]
+        model = build_policy(dict(model_config), *spaces, groups=groups).to(device)
     try:
         model.load_state_dict(state["model"])  # type: ignore[union-attr]
     except (KeyError, RuntimeError) as e:
@@ -73,7 +73,7 @@ def load_trained_policy(
         normalizer = Normalizer.from_state(spaces[0], state.get("normalizer"))
     except ValueError as e:
         raise CheckpointError(f"{where}: {e}") from e
-    return model, normalizer  # type: ignore[return-value]
+    return model, normalizer
 
 
 class InferenceAgent:

@@ -137,7 +137,7 @@ class AuxiliaryLoss(nn.Module, Loss):
                 "(rl.losses.bind_losses(pipeline.used_losses, policy, observation_space, "
                 "action_space); the engine does this)"
             )
-        return nn.Module.__call__(self, batch=batch, output=output, step_count=step_count)  # type: ignore[no-any-return]
+        return nn.Module.__call__(self, batch=batch, output=output, step_count=step_count)
 
 
 def same_episode(episode_starts: torch.Tensor, horizon: int) -> torch.Tensor:

@@ -182,7 +182,7 @@ class ActorCritic(PolicyBase):
         values = self.critic_out(self.critic(x))
         if self.value_norm is not None:  # learnt in normalised units
             values = self.value_norm.denormalize(values)
-        return values  # type: ignore[no-any-return]
+        return values
 
     def _build_encoders(self, observation_space: gym.spaces.Dict, cnn: dict[str, Any]) -> int:
         """One encoder (or encoding) per observation entry of :attr:`keys`; their feature size.
@@ -289,7 +289,7 @@ class ActorCritic(PolicyBase):
         h = state["h"].transpose(0, 1)  # [L, N, H]
         if self.rnn_kind == "lstm":
             c = state["c"].transpose(0, 1)
-            out, (h, c) = lstm_sequence(self.rnn, x, episode_starts, h, c)  # type: ignore[arg-type]
+            out, (h, c) = lstm_sequence(self.rnn, x, episode_starts, h, c)
             after = {"h": h.transpose(0, 1), "c": c.transpose(0, 1)}
         else:
             if x.shape[0] == 1:

@@ -108,7 +108,7 @@ class GroupedDistribution:
 
     def index(self, i: int) -> GroupedDistribution:
         """The distribution at step ``i`` of a time-major one."""
-        parts = [(c, d.index(i), fit) for c, d, fit in self.parts]  # type: ignore[attr-defined]
+        parts = [(c, d.index(i), fit) for c, d, fit in self.parts]
         return GroupedDistribution(parts, self.batch_shape[1:])
 
 
@@ -117,7 +117,7 @@ def _group_builder(policy: Callable[..., Any], override: Any, name: str) -> Call
     if override is None:
         return policy
     if callable(override):  # a policy of its own (a config with its _target_)
-        return override  # type: ignore[no-any-return]
+        return override
     if isinstance(override, Mapping):
         return functools.partial(policy, **dict(override))
     raise TypeError(

@@ -27,7 +27,7 @@ class _GRULayer(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         gi: torch.Tensor,
         h0: torch.Tensor,
@@ -61,7 +61,7 @@ class _GRULayer(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         h_prev, rz, n, gh_n, keep, w_hh = ctx.saved_tensors
         t_len, batch, hsize = n.shape
         r, z = rz[..., :hsize], rz[..., hsize:]

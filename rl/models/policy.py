@@ -151,4 +151,4 @@ def first_step(dist: ActionDistribution) -> ActionDistribution:
             f"{type(dist).__name__} has no index(): define act() on the policy, or give the "
             "distribution an index(i) method"
         )
-    return index(0)  # type: ignore[no-any-return]
+    return index(0)

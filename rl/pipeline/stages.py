@@ -119,7 +119,7 @@ def _settings_signature(cls: type, *, optional: bool) -> type:
         hint = _SETTING_HINTS[field.name]
         if optional:
             base, checks = split_hint(hint)
-            hint = Annotated[(base | None, *checks)] if checks else base | None  # type: ignore[misc]
+            hint = Annotated[(base | None, *checks)] if checks else base | None
         has_default = optional or field.default is not dataclasses.MISSING
         params.append(
             inspect.Parameter(
@@ -303,7 +303,7 @@ class TrainingPipeline:
         for stage in self.stages:  # the open budget (one at most) takes the rest
             if stage.max_stage_steps is None:
                 given = sum(s.max_stage_steps for s in self.stages if s.max_stage_steps)
-                stage.max_stage_steps = int(total_env_steps) - given  # type: ignore[arg-type]
+                stage.max_stage_steps = int(total_env_steps) - given
         self.on_nonfinite = on_nonfinite
         self.compile = compile
         self.optimizer_builder = optimizer

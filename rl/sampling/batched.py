@@ -373,7 +373,7 @@ class BatchedSampler(FiniteChecks, Sampler):
         metrics = out.get(EPISODE_KEY, None)
         names = [] if metrics is None else list(metrics.keys())
         columns = [positions, envs, self._returns[envs], self._lengths[envs]]
-        columns += [metrics.get(k)[envs] for k in names]  # type: ignore[union-attr]
+        columns += [metrics.get(k)[envs] for k in names]
         table = torch.stack([c.to(torch.float64) for c in columns], 1).tolist()
         records, pausing = [], []
         for pos, env, ret, length, *values in table:

@@ -85,7 +85,7 @@ class FiniteChecks:
 
     def _start_seed(self, env: int) -> int | None:
         """The seed environment ``env``'s episode started with (None: an unseeded reset)."""
-        return self._episode_start[env].get("seed")  # type: ignore[no-any-return]
+        return self._episode_start[env].get("seed")
 
     def _nonfinite(self, env: int, field: str, value: Any, when: str) -> None:
         self.current_env = self.env_offset + env  # named by a multiprocess worker's error too

@@ -52,14 +52,14 @@ def sequence_start_state(batch: TensorDict) -> TensorDict:
     state = batch.get("state", None)
     if state is None:
         return empty_state(batch.batch_size[1])
-    return state[0]  # type: ignore[no-any-return]
+    return state[0]
 
 
 def advantage_stats_of(batch: TensorDict) -> tuple[float, float] | None:
     """The rollout-wide ``(mean, std)`` of advantages a minibatch carries (None: none set)."""
     if ADVANTAGE_STATS not in batch.keys():
         return None
-    return batch.get_non_tensor(ADVANTAGE_STATS)  # type: ignore[no-any-return]
+    return batch.get_non_tensor(ADVANTAGE_STATS)
 
 
 def _state_leaves(state: TensorDict) -> Iterator[tuple[tuple[str, ...], torch.Tensor]]:

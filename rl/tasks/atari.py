@@ -146,7 +146,7 @@ class GameStatistics(gym.Wrapper):
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         """Start a game (its score from 0)."""
         self._score = 0.0
-        return self.env.reset(**kwargs)  # type: ignore[no-any-return]
+        return self.env.reset(**kwargs)
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
         """Step one frame; at the game's end its score and length in ``episode_metrics``."""
@@ -179,7 +179,7 @@ class AreaResize:
         y = sum(w.reshape(-1, 1, *extra) * x[i] for i, w in zip(index, weight, strict=True))
         index, weight = self._cols
         z = sum(w.reshape(1, -1, *extra) * y[:, i] for i, w in zip(index, weight, strict=True))
-        return np.rint(z).astype(np.uint8)  # type: ignore[union-attr]
+        return np.rint(z).astype(np.uint8)
 
 
 def _area_taps(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:

@@ -20,7 +20,7 @@ def resolve_wrapper(path: str) -> Callable[[gym.Env], gym.Env]:
     wrapper = hydra.utils.get_object(path)
     if not callable(wrapper):
         raise TypeError(f"{path!r} is not callable")
-    return wrapper  # type: ignore[no-any-return]
+    return wrapper
 
 
 def _wrapper_list(wrappers: Any) -> Sequence[Any]:

@@ -554,9 +554,9 @@ def _declared_fields(vector: VectorEnv) -> Mapping[str, Any] | None:
     """The step fields the environments of ``vector`` declare (their class's), if it says."""
     own = getattr(vector.unwrapped, "step_fields", None)
     if own is not None:
-        return own  # type: ignore[no-any-return]
+        return own
     try:
-        return vector.get_attr("step_fields")[0]  # type: ignore[attr-defined, no-any-return]
+        return vector.get_attr("step_fields")[0]  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001  (environments without the attribute declare none)
         return None
 

@@ -397,7 +397,7 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
 
     # ---------------------------------------------------------------- rendering
 
-    def render(self) -> np.ndarray | None:  # type: ignore[override]
+    def render(self) -> np.ndarray | None:
         """The camera (enlarged) next to a top-down map (``render_mode="rgb_array"``)."""
         if self.render_mode != "rgb_array" or self.grid is None:
             return None
@@ -423,5 +423,5 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
         world = getattr(self, "world", None)
         if world is not None:
             world.close()
-            self.world = None  # type: ignore[assignment]
+            self.world = None
         super().close()

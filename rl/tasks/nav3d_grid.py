@@ -172,7 +172,7 @@ class NavGrid:
         np.clip(cells, 0, self._max_cell, out=cells)
         gap = points[:, None, :] - (cells + 0.5) * res
         d = field[cells[..., 0], cells[..., 1]] + np.sqrt((gap * gap).sum(-1))
-        return d.min(axis=1)  # type: ignore[no-any-return]
+        return d.min(axis=1)
 
 
 def expert_action(

@@ -131,7 +131,7 @@ class SceneWorld(MiniWorldEnv):
         self._plan = plan
         self._start = (np.asarray(start, dtype=np.float64), float(heading))
         obs, _ = self.reset()
-        return obs  # type: ignore[no-any-return]
+        return obs
 
     def place(self, start: np.ndarray, heading: float) -> np.ndarray:
         """Move the agent to ``start (x, z)`` facing ``heading`` in the scene already built.
@@ -145,7 +145,7 @@ class SceneWorld(MiniWorldEnv):
         self.step_count = 0
         self.agent.pos = np.array([float(start[0]), 0.0, float(start[1])])
         self.agent.dir = float(heading)
-        return self.render_obs()  # type: ignore[no-any-return]
+        return self.render_obs()
 
     def _gen_world(self) -> None:
         plan = self._plan
@@ -192,7 +192,7 @@ class SceneWorld(MiniWorldEnv):
 
     def depth(self) -> np.ndarray:
         """Depth (metres) of the last camera image, ``[H, W, 1]`` float32."""
-        return self.obs_fb.get_depth_map(0.04, 100.0)  # type: ignore[no-any-return]
+        return self.obs_fb.get_depth_map(0.04, 100.0)
 
     # A display list of this scene's own (MiniWorld's envs all compile into list 1).
     def _render_static(self) -> None:
@@ -222,7 +222,7 @@ class SceneWorld(MiniWorldEnv):
                 ent.render()
         if render_agent:
             self.agent.render()
-        return frame_buffer.resolve()  # type: ignore[no-any-return]
+        return frame_buffer.resolve()
 
     def close(self) -> None:
         """Free the display list (the GL context lives as long as the process)."""

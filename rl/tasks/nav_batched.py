@@ -214,7 +214,7 @@ class _Streams:
             kept = rows[k, c:]
             if pos[k] & 1 and skip[k]:
                 kept = np.concatenate((kept[:1], kept[1 + skip[k] :]))
-            fresh = self.bitgens[i].random_raw(self.row - len(kept))  # type: ignore[union-attr]
+            fresh = self.bitgens[i].random_raw(self.row - len(kept))
             rows[k] = np.concatenate((kept, fresh.view(np.int64)))
         self.pos[ids] &= 1
         self.skip[ids] = 0

@@ -37,7 +37,7 @@ from rl.tasks.splits import draw_in_split
 __all__ = ["MultiPointNav"]
 
 
-class MultiPointNav(ParallelEnv):  # type: ignore[misc]
+class MultiPointNav(ParallelEnv):
     """Several PointNav agents in one layout (see the module docstring).
 
     Args:

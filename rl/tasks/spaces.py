@@ -107,7 +107,7 @@ class ObservationFlattener:
 
 
 def _identity(obs: Any) -> dict[str, Any]:
-    return obs  # type: ignore[no-any-return]
+    return obs
 
 
 def _wrap_leaf(obs: Any) -> dict[str, Any]:

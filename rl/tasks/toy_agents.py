@@ -26,7 +26,7 @@ from rl.tasks.fields import EXPERT_ACTIONS, StepField, expert_field
 __all__ = ["CueAgents"]
 
 
-class CueAgents(ParallelEnv):  # type: ignore[misc]
+class CueAgents(ParallelEnv):
     """Agents repeating their own cue, leaving after their own lifetimes.
 
     Args:

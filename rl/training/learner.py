@@ -244,12 +244,12 @@ class Learner:
         t0 = time.perf_counter()
         storage, model = rollout.storage, self.model
         tracker = ScalarMeanTracker()
-        estimator: AdvantageEstimator = settings.advantage  # type: ignore[assignment]
+        estimator: AdvantageEstimator = settings.advantage
         scalars = estimator(
             storage,
             model=model,
             next_value=rollout.next_value,
-            gamma=settings.gamma,  # type: ignore[arg-type]
+            gamma=settings.gamma,
         )
         tracker.add_scalars(dict(scalars))
         tracker.add_scalars(self._update_value_norms(storage.recorded()))
@@ -263,9 +263,9 @@ class Learner:
             )
             storage.advantage_stats = (mean, std)
         self._train_mode()
-        for _ in range(settings.update_repeats):  # type: ignore[arg-type]
+        for _ in range(settings.update_repeats):
             batches = storage.minibatches(
-                settings.num_mini_batch,  # type: ignore[arg-type]
+                settings.num_mini_batch,
                 self.shuffle_generator,
                 recurrence=settings.recurrence or 0,
             )
@@ -277,7 +277,7 @@ class Learner:
                         batch=batch,
                         output=output,
                         num_samples=batch.numel(),
-                        max_grad_norm=settings.max_grad_norm,  # type: ignore[arg-type]
+                        max_grad_norm=settings.max_grad_norm,
                         step_count=step_count,
                     )
                 )
@@ -358,7 +358,7 @@ class Learner:
                 batch=batch,
                 output=output,
                 num_samples=starts.numel(),
-                max_grad_norm=settings.max_grad_norm,  # type: ignore[arg-type]
+                max_grad_norm=settings.max_grad_norm,
                 step_count=step_count,
             )
             # The step's total and gradient norm, apart from the on-policy update's.

@@ -221,7 +221,7 @@ class OnPolicyTrainer:
         pipe = self.pipeline
         stage = pipe.stages[stage_index]
         steps_per_step = self.collector.num_envs * self.dist.world_size
-        num_steps: int = pipe.settings_for(stage_index).num_steps  # type: ignore[assignment]
+        num_steps: int = pipe.settings_for(stage_index).num_steps
         remaining = stage.max_stage_steps - stage_steps
         return RolloutRequest(
             num_steps=min(num_steps, math.ceil(remaining / steps_per_step)),

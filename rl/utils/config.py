@@ -75,7 +75,7 @@ def import_target(path: str) -> Callable[..., Any]:
         raise ImportError(f"{path!r} is not a dotted path")
     try:
         obj: Any = importlib.import_module(module_name)
-        return getattr(obj, attr)  # type: ignore[no-any-return]
+        return getattr(obj, attr)
     except (ImportError, AttributeError):
         # Nested attribute (e.g. a class attribute): walk from the longest importable module.
         parts = path.split(".")
@@ -86,12 +86,12 @@ def import_target(path: str) -> Callable[..., Any]:
                 continue
             for name in parts[i:]:
                 obj = getattr(obj, name)
-            return obj  # type: ignore[no-any-return]
+            return obj
         raise
 
 
 def _hints(target: Callable[..., Any]) -> dict[str, Any]:
-    fn = target.__init__ if inspect.isclass(target) else target  # type: ignore[misc]
+    fn = target.__init__ if inspect.isclass(target) else target
     try:
         return typing.get_type_hints(fn, include_extras=True)
     except Exception:  # noqa: BLE001  (unresolvable annotations: skip type checks)

@@ -509,9 +509,9 @@ class ChildProcesses:
             sentinels = {self._sentinel(w): w for w in busy}
             for obj in mpc.wait([*pipes, *sentinels], left):
                 if obj in pipes:
-                    self._receive(pipes[obj])  # type: ignore[index]
-                elif not self._readable(self._conns[sentinels[obj]]):  # type: ignore[index]
-                    self._died(sentinels[obj])  # type: ignore[index]
+                    self._receive(pipes[obj])
+                elif not self._readable(self._conns[sentinels[obj]]):
+                    self._died(sentinels[obj])
 
     def result(self, call: Call, what: str = "answering") -> Any:
         """The call's result, waiting for it; a failure raises this set's :class:`ChildFailed`.

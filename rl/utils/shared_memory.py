@@ -147,7 +147,7 @@ class SharedBuffers:
         tensor = _over(block, shape, dtype)
         tensor.zero_()
         self._blocks[tensor.data_ptr()] = block
-        return tensor  # type: ignore[no-any-return]
+        return tensor
 
     def rows(self, data: TensorDict, length: int) -> SharedRows:
         """The first ``length`` rows of ``data`` (a storage of this allocator's tensors)."""
