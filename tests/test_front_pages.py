@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 LINK = re.compile(r"\]\(([^)#\s]+\.md)(?:#[^)]*)?\)")
@@ -41,3 +43,25 @@ def test_readme_and_the_sites_front_page_list_every_page() -> None:
 
 def _read(path: Path) -> str:
     return path.read_text(encoding="utf-8")
+
+
+def test_the_config_groups_table_lists_every_option_in_conf() -> None:
+    """docs/concepts/configs.md's table of groups names exactly the YAML files of each group."""
+    text = _read(DOCS / "concepts" / "configs.md")
+    rows = [line for line in text.splitlines() if line.startswith("| `") and "/` |" in line]
+    assert rows
+    for row in rows:
+        group, options = (cell.strip() for cell in row.split(" | ")[:2])
+        group = group.strip("|` ").rstrip("/")
+        listed = set(re.findall(r"`([^`]+)`", re.sub(r"\([^()]*\)", "", options)))
+        on_disk = {p.stem for p in (ROOT / "conf" / group).glob("*.yaml")}
+        assert listed == on_disk, f"conf/{group}/: the table lists {sorted(listed)}"
+
+
+def test_the_top_level_keys_of_train_yaml_are_all_named() -> None:
+    """The sentence after the groups table names every top-level key of conf/train.yaml."""
+    text = _read(DOCS / "concepts" / "configs.md")
+    sentence = text.split("Top-level keys of `train.yaml`:", 1)[1].split("\n\n", 1)[0]
+    named = set(re.findall(r"`([a-z_]+)`", sentence))
+    keys = set(yaml.safe_load(_read(ROOT / "conf" / "train.yaml"))) - {"defaults"}
+    assert keys - named == set(), "keys of conf/train.yaml the docs do not name"
