@@ -172,7 +172,7 @@ class InProcessCollector:
         """``model`` where the inference device is the learner's, else a copy of it there."""
         if self.inference_device == self.device:
             return model
-        actor = copy.deepcopy(model).to(self.inference_device)  # type: ignore[attr-defined]
+        actor = copy.deepcopy(model).to(self.inference_device)
         return actor.requires_grad_(False)
 
     @property
@@ -216,8 +216,8 @@ class InProcessCollector:
         """ALGO (on-policy): an acting copy takes the learner's current weights and buffers."""
         if self.actor is self.model:
             return
-        source = self.model.state_dict()  # type: ignore[attr-defined]
-        for key, value in self.actor.state_dict().items():  # type: ignore[attr-defined]
+        source = self.model.state_dict()
+        for key, value in self.actor.state_dict().items():
             value.copy_(source[key])
 
     # Inference mode, not just no_grad: no version counters or view tracking on collection's
@@ -228,7 +228,7 @@ class InProcessCollector:
         if self._carry is None:
             self._carry = self._fresh_carry(self.sampler.reset())
         storage = self._storage_for(request.num_steps)
-        self.actor.eval()  # type: ignore[attr-defined]
+        self.actor.eval()
         storage.reset(request.num_steps)
         if self.preemption is not None:
             self.preemption.start(self._rollout_index)

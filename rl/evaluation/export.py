@@ -122,7 +122,7 @@ class ExportedPolicy(nn.Module):
             mean, inv_std = self.get_buffer(f"obs_mean_{i}"), self.get_buffer(f"obs_inv_std_{i}")
             obs[k] = ((obs[k] - mean) * inv_std).clamp(-self.clip, self.clip)
         state = _state_of(self.state_keys, inputs[n + 1 :], starts.shape[0])
-        output, after = self.model(  # type: ignore[operator]
+        output, after = self.model(
             {k: v.unsqueeze(0) for k, v in obs.items()}, starts.unsqueeze(0), state
         )
         action = first_step(output.dist).mode()

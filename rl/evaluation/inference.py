@@ -63,7 +63,7 @@ def load_trained_policy(
             raise ValueError("load_trained_policy: give the model or its config")
         model = build_policy(dict(model_config), *spaces, groups=groups).to(device)
     try:
-        model.load_state_dict(state["model"])  # type: ignore[union-attr]
+        model.load_state_dict(state["model"])
     except (KeyError, RuntimeError) as e:
         raise CheckpointError(
             f"{where}: its weights do not fit the model its config describes: "
@@ -104,7 +104,7 @@ class InferenceAgent:
         seed: int = 0,
     ) -> None:
         self.device = torch.device(device)
-        self.model = model.to(self.device).eval()  # type: ignore[attr-defined]
+        self.model = model.to(self.device).eval()
         self._flatten = ObservationFlattener(observation_space)
         self._dtypes = {k: s.dtype for k, s in self._flatten.space.spaces.items()}
         self.action_space = action_space

@@ -172,7 +172,7 @@ def probe_features(policy: Policy, observation_space: gym.spaces.Dict) -> dict[s
     Uses no global random generator (the sample comes from a generator of its own).
     """
     space = gym.spaces.Dict(dict(observation_space.spaces), seed=0)
-    device = next((p.device for p in policy.parameters()), torch.device("cpu"))  # type: ignore[attr-defined]
+    device = next((p.device for p in policy.parameters()), torch.device("cpu"))
     obs = {
         key: torch.as_tensor(np.asarray(value), device=device).reshape(1, 1, *space[key].shape)
         for key, value in space.sample().items()
@@ -201,7 +201,7 @@ def bind_losses(
     if not aux:
         return []
     features = probe_features(policy, observation_space)
-    device = next((p.device for p in policy.parameters()), torch.device("cpu"))  # type: ignore[attr-defined]
+    device = next((p.device for p in policy.parameters()), torch.device("cpu"))
     params: list[nn.Parameter] = []
     for name, loss in aux.items():
         try:

@@ -29,8 +29,8 @@ passes it ``observation_space`` and ``action_space``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import torch
 from tensordict import TensorDict
@@ -81,9 +81,16 @@ class PolicyStep:
     extras: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
+_P = TypeVar("_P", bound="Policy")
+
+
 @runtime_checkable
 class Policy(Protocol):
-    """What the framework calls on a model (see the module docstring)."""
+    """What the framework calls on a model (see the module docstring).
+
+    A policy is an ``nn.Module``: besides the methods below, the framework calls the module
+    methods listed last (calling the module runs :meth:`forward`).
+    """
 
     def initial_state(self, num_envs: int, device: torch.device | str = "cpu") -> TensorDict:
         """The state before any observation, batch size ``[num_envs]``."""
@@ -107,6 +114,46 @@ class Policy(Protocol):
         generator: torch.Generator | None = None,
     ) -> tuple[PolicyStep, TensorDict]:
         """One step for ``[N, ...]`` observations: the actions and the state after."""
+        ...
+
+    # What the framework uses of ``nn.Module``.
+    training: bool
+
+    def __call__(
+        self,
+        obs: Mapping[str, torch.Tensor],
+        episode_starts: torch.Tensor,
+        state: TensorDict,
+    ) -> tuple[PolicyOutput, TensorDict]:
+        """:meth:`forward`, through the module's hooks."""
+        ...
+
+    def train(self: _P, mode: bool = True) -> _P:
+        """Training mode (``mode``) or evaluation mode."""
+        ...
+
+    def eval(self: _P) -> _P:
+        """Evaluation mode."""
+        ...
+
+    def to(self: _P, device: torch.device | str) -> _P:
+        """Parameters and buffers moved to ``device``."""
+        ...
+
+    def requires_grad_(self: _P, requires_grad: bool = True) -> _P:
+        """Whether autograd records operations on the parameters."""
+        ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
+        """The trainable parameters."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Parameters and buffers by name (a checkpoint's ``model``)."""
+        ...
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
+        """Parameters and buffers from a :meth:`state_dict`."""
         ...
 
 

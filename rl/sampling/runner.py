@@ -35,8 +35,12 @@ class NoExpertError(ValueError):
 class Actor(Protocol):
     """What acts in the loop for the ``N`` environments of a sampler's step."""
 
-    def act(self, step: TensorDict) -> np.ndarray:
-        """Actions ``[N, ...]`` for a sampler's step of ``N`` (its ``obs`` and task fields)."""
+    def act(self, step: TensorDict) -> np.ndarray | torch.Tensor:
+        """Actions ``[N, ...]`` for a sampler's step of ``N`` (its ``obs`` and task fields).
+
+        NumPy, or a tensor on the device of the step's observations (a batched sampler's on
+        an accelerator takes it there: :func:`~rl.collection.acting.actions_for`).
+        """
         ...
 
     def advance(self, result: TensorDict, keep: torch.Tensor | None) -> None:
@@ -69,7 +73,8 @@ def run_steps(
     """
     t = 0
     while sampler.num_active and (max_steps is None or t < max_steps):
-        result = sampler.step(actor.act(step))
+        # A tensor only for a sampler whose steps are on its device (one that takes tensors).
+        result = sampler.step(actor.act(step))  # type: ignore[arg-type]
         stop = on_step is not None and on_step(t, step, result)
         # Some environments paused (evaluation) when fewer are active than were stepped.
         keep = None if sampler.num_active == len(result) else ~result.get("paused")

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from typing import Annotated, Protocol, runtime_checkable
 
 import torch
-from torch import nn
 
+from rl.models.policy import Policy
 from rl.storage.advantages import compute_discounted_returns, compute_gae, compute_vtrace
 from rl.storage.rollout import RolloutStorage, sequence_start_state
 from rl.utils.config import Check
@@ -38,7 +38,7 @@ class AdvantageEstimator(Protocol):
         self,
         storage: RolloutStorage,
         *,
-        model: nn.Module,
+        model: Policy,
         next_value: torch.Tensor,
         gamma: float,
     ) -> Mapping[str, float]:
@@ -83,7 +83,7 @@ class GAE:
         self,
         storage: RolloutStorage,
         *,
-        model: nn.Module,
+        model: Policy,
         next_value: torch.Tensor,
         gamma: float,
     ) -> Mapping[str, float]:
@@ -104,7 +104,7 @@ class DiscountedReturns:
         self,
         storage: RolloutStorage,
         *,
-        model: nn.Module,
+        model: Policy,
         next_value: torch.Tensor,
         gamma: float,
     ) -> Mapping[str, float]:
@@ -150,7 +150,7 @@ class VTrace:
         self,
         storage: RolloutStorage,
         *,
-        model: nn.Module,
+        model: Policy,
         next_value: torch.Tensor,
         gamma: float,
     ) -> Mapping[str, float]:

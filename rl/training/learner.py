@@ -101,7 +101,7 @@ class Learner:
                 "pipeline.used_losses, policy, observation_space, action_space) before "
                 "building the learner (the engine does)"
             )
-        params = list(model.parameters())  # type: ignore[attr-defined]
+        params = list(model.parameters())
         for module in self.loss_modules.values():
             params += list(module.parameters())
         self.optimizer = pipeline.optimizer_builder(params=params)
