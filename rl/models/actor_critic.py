@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -141,7 +141,10 @@ class ActorCritic(PolicyBase):
         self._state_shape = (rnn_layers, rnn_hidden_size)
         self.actor, a_feat = mlp(feat, head_layers, activation)
         if self.critic_keys:  # a centralised critic: its own network on its own entries
-            critic_in = sum(int(math.prod(observation_space[k].shape)) for k in self.critic_keys)
+            critic_in = sum(
+                int(math.prod(cast(gym.spaces.Box, observation_space[k]).shape))
+                for k in self.critic_keys  # Box entries (_check_critic_keys)
+            )
             self.critic, c_feat = mlp(critic_in, critic_layers, activation)
         else:
             self.critic, c_feat = mlp(feat, head_layers, activation)
@@ -163,7 +166,8 @@ class ActorCritic(PolicyBase):
                     f"model.critic_keys: {key!r} is not an observation entry of the task "
                     f"({sorted(space.spaces)})"
                 )
-            if not isinstance(space[key], gym.spaces.Box) or len(space[key].shape) > 2:
+            entry = space[key]
+            if not isinstance(entry, gym.spaces.Box) or len(entry.shape) > 2:
                 raise ValueError(
                     f"model.critic_keys: {key!r} is {space[key]}; a centralised critic reads "
                     "vector (Box) entries"

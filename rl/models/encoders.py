@@ -22,14 +22,15 @@ def init_layer(layer: nn.Module, gain: float = math.sqrt(2)) -> nn.Module:
     """``layer`` with orthogonal weights (``gain``) and zero biases (linear and conv layers)."""
     if isinstance(layer, (nn.Linear, nn.Conv2d)):
         nn.init.orthogonal_(layer.weight, gain)
-        nn.init.zeros_(layer.bias)
+        if layer.bias is not None:
+            nn.init.zeros_(layer.bias)
     return layer
 
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "elu": nn.ELU}
 
 
-def mlp(in_size: int, layers: Sequence[int], activation: str) -> tuple[nn.Module, int]:
+def mlp(in_size: int, layers: Sequence[int], activation: str) -> tuple[nn.Sequential, int]:
     """Linear layers of ``layers`` sizes, each followed by ``activation``; its output size."""
     modules: list[nn.Module] = []
     for size in layers:
@@ -44,6 +45,10 @@ class ImageEncoder(nn.Module):
     See :class:`~rl.models.ActorCritic` for ``image_encoding``; ``out_size`` is the feature
     size.
     """
+
+    # Buffers, registered in __init__ for the encodings that use them
+    onehot_offsets: torch.Tensor
+    offsets: torch.Tensor
 
     def __init__(
         self,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
 import torch
@@ -180,10 +180,14 @@ class GroupedPolicy(PolicyBase):
     def initial_state(self, num_envs: int, device: torch.device | str = "cpu") -> TensorDict:
         """Every group's policy's state for every row (each row uses its group's)."""
         return TensorDict(
-            {name: p.initial_state(num_envs, device) for name, p in self.policies.items()},
+            {name: self._policy(name).initial_state(num_envs, device) for name in self.policies},
             batch_size=[num_envs],
             device=torch.device(device),
         )
+
+    def _policy(self, name: str) -> Policy:
+        """Group ``name``'s policy (a module checked to be a :class:`Policy` when built)."""
+        return cast(Policy, self.policies[name])
 
     def _columns(self, obs: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
         """``(group, its columns)`` for each group with rows in ``obs`` (``[T, N]`` entries)."""
@@ -214,11 +218,11 @@ class GroupedPolicy(PolicyBase):
         parts = []
         after = state.clone()
         for name, cols in self._columns(obs):
-            sub = self.policies[name]
+            sub = self._policy(name)
             sub_state = (
                 state[name][cols]
                 if name in state.keys()
-                else sub.initial_state(len(cols), episode_starts.device)  # type: ignore[operator]
+                else sub.initial_state(len(cols), episode_starts.device)
             )
             out, sub_after = sub(
                 self._group_obs(name, obs, cols), episode_starts.index_select(1, cols), sub_state
@@ -239,7 +243,7 @@ class GroupedPolicy(PolicyBase):
         self, obs: Mapping[str, torch.Tensor]
     ) -> list[tuple[ValueNorm, torch.Tensor | None]]:
         """Each group's value normalisation, with the rows of its group (``[T, N]``)."""
-        out = []
+        out: list[tuple[ValueNorm, torch.Tensor | None]] = []
         for name, cols in self._columns(obs):
             value_norms = getattr(self.policies[name], "value_norms", None)
             if value_norms is None:

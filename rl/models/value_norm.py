@@ -31,6 +31,11 @@ class ValueNorm(nn.Module):
         min_var: Floor of the variance.
     """
 
+    # Buffers (registered in __init__)
+    running_mean: torch.Tensor
+    running_mean_sq: torch.Tensor
+    debiasing: torch.Tensor
+
     def __init__(self, beta: float = 0.99999, epsilon: float = 1e-5, min_var: float = 1e-2):
         super().__init__()
         if not 0.0 < beta < 1.0:
