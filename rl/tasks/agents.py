@@ -188,15 +188,17 @@ def union_action_space(spaces: Sequence[gym.Space]) -> gym.Space:
     first = spaces[0]
     if all(s == first for s in spaces):
         return first
-    if all(isinstance(s, gym.spaces.Discrete) and int(s.start) == 0 for s in spaces):
-        return gym.spaces.Discrete(max(int(s.n) for s in spaces))
-    if all(isinstance(s, gym.spaces.Box) and len(s.shape) == 1 for s in spaces):
-        size = max(s.shape[0] for s in spaces)
+    discrete = [s for s in spaces if isinstance(s, gym.spaces.Discrete)]
+    if len(discrete) == len(spaces) and all(int(s.start) == 0 for s in discrete):
+        return gym.spaces.Discrete(max(int(s.n) for s in discrete))
+    boxes = [s for s in spaces if isinstance(s, gym.spaces.Box)]
+    if len(boxes) == len(spaces) and all(len(s.shape) == 1 for s in boxes):
+        size = max(s.shape[0] for s in boxes)
         low, high = np.zeros(size, np.float64), np.zeros(size, np.float64)
-        for s in spaces:
+        for s in boxes:
             n = s.shape[0]
             low[:n], high[:n] = np.minimum(low[:n], s.low), np.maximum(high[:n], s.high)
-        dtype = np.result_type(*(s.dtype for s in spaces))
+        dtype = np.result_type(*(s.dtype for s in boxes))
         return gym.spaces.Box(low.astype(dtype), high.astype(dtype), dtype=dtype)
     raise ValueError(
         f"the agent groups' action spaces cannot share rows: {list(spaces)} (groups may differ "

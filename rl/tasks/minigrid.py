@@ -29,12 +29,15 @@ class MiniGridObservation(gym.Wrapper):
 
     def __init__(self, env: gym.Env) -> None:
         super().__init__(env)
-        image = env.observation_space["image"]
+        space = env.observation_space
+        assert isinstance(space, gym.spaces.Dict)  # minigrid's: image, direction, mission
+        image = space["image"]
+        assert isinstance(image, gym.spaces.Box)
         high = np.broadcast_to(np.asarray(CHANNEL_MAXIMA, np.uint8), image.shape).copy()
         self.observation_space = gym.spaces.Dict(
             {
                 "image": gym.spaces.Box(0, high, image.shape, np.uint8),
-                "direction": env.observation_space["direction"],
+                "direction": space["direction"],
             }
         )
 
@@ -50,7 +53,10 @@ class MiniGridObservation(gym.Wrapper):
         """Step; at an episode's end ``episode_metrics["success"]`` (a positive reward)."""
         obs, reward, terminated, truncated, info = self.env.step(action)
         if terminated or truncated:
-            info = {**info, "episode_metrics": {"success": float(terminated and reward > 0)}}
+            info = {
+                **info,
+                "episode_metrics": {"success": float(terminated and float(reward) > 0)},
+            }
         return self._observe(obs), reward, terminated, truncated, info
 
 

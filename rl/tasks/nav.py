@@ -79,6 +79,9 @@ class PointNavEnv(MiniGridEnv):
     step_fields: ClassVar[dict[str, StepField]] = {EXPERT_ACTIONS: expert_field()}
     # the same task as a batched environment in torch (rl.tasks.batched)
     batched_env: ClassVar[str] = "rl.tasks.nav_batched.BatchedPointNav"
+    observation_space: spaces.Dict
+    agent_pos: tuple[int, int]
+    _grid: Grid | None  # the `grid` property's (None: not built yet)
 
     def __init__(
         self,

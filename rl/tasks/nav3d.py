@@ -68,7 +68,7 @@ def _scene_world_class() -> type:
     return SceneWorld
 
 
-class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
+class PointNav3DEnv(gym.Env[dict[str, Any], np.int64]):
     """Point-goal navigation from pixels in procedurally generated interiors.
 
     Observations: ``{"rgb": uint8 [H, W, 3], "goal": float32 [3]}`` (and ``"depth"``: float32
@@ -316,7 +316,7 @@ class PointNav3DEnv(gym.Env[dict[str, np.ndarray], int]):
         distance = float(np.hypot(*offset))
         # The goal's angle in the world (MiniWorld: heading h faces (cos h, -sin h)).
         bearing = math.atan2(-offset[1], offset[0]) - self.world.heading()
-        obs = {
+        obs: dict[str, np.ndarray] = {
             "rgb": self._rgb,
             "goal": np.array([distance, math.cos(bearing), math.sin(bearing)], np.float32),
         }

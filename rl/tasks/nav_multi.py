@@ -23,7 +23,7 @@ expert does not plan around that.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import gymnasium as gym
 import numpy as np
@@ -117,7 +117,7 @@ class MultiPointNav(ParallelEnv):
         """``(forward, right, in play)`` of every other agent in agent ``i``'s frame."""
         env = self.envs[i]
         fx, fy = DIR_VEC[env.agent_dir]
-        out = np.zeros(self._obs_space["others"].shape, np.float32)
+        out = np.zeros(cast(gym.spaces.Box, self._obs_space["others"]).shape, np.float32)
         k = 0
         for j, other in enumerate(self.envs):
             if j == i:
@@ -212,7 +212,8 @@ class MultiPointNav(ParallelEnv):
                 self._success[i] = env._dist[env.agent_pos[0]][env.agent_pos[1]] == 0
         self._occupancy()
         cut = self._t >= self.max_steps
-        obs, rewards, terminations, truncations, infos = {}, {}, {}, {}, {}
+        obs, rewards, terminations, truncations = {}, {}, {}, {}
+        infos: dict[str, dict[str, Any]] = {}
         for i, (o, reward, terminated, *_) in results.items():
             agent = self.possible_agents[i]
             obs[agent] = self._observe(i, o)

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
 from PIL import Image
 
 
-def image_keys(space: gym.spaces.Dict, keys: Sequence[str] | None, transform: str) -> list[str]:
+def image_keys(space: gym.Space, keys: Sequence[str] | None, transform: str) -> list[str]:
     """The image entries (3-D ``Box``, ``H x W x C``) to transform: ``keys``, or all of them.
 
     Raises:
@@ -80,10 +80,12 @@ class ResizeImages(_DictObservationWrapper):
         if len(size) != 2 or min(size) < 1:
             raise ValueError(f"ResizeImages: size must be [height, width], got {list(size)}")
         self.size = (int(size[0]), int(size[1]))
-        self.keys = image_keys(env.observation_space, keys, "ResizeImages")
-        spaces = dict(env.observation_space.spaces)
+        space = env.observation_space
+        self.keys = image_keys(space, keys, "ResizeImages")
+        assert isinstance(space, gym.spaces.Dict)  # (image_keys raised otherwise)
+        spaces = dict(space.spaces)
         for key in self.keys:
-            old = spaces[key]
+            old = cast(gym.spaces.Box, spaces[key])  # an image entry (image_keys)
             shape = (*self.size, old.shape[2])
             low, high = np.min(old.low), np.max(old.high)
             spaces[key] = gym.spaces.Box(low, high, shape, old.dtype)
@@ -119,10 +121,12 @@ class StackFrames(_DictObservationWrapper):
         if frames < 1:
             raise ValueError(f"StackFrames: frames must be >= 1, got {frames}")
         self.frames = int(frames)
-        self.keys = image_keys(env.observation_space, keys, "StackFrames")
-        spaces = dict(env.observation_space.spaces)
+        space = env.observation_space
+        self.keys = image_keys(space, keys, "StackFrames")
+        assert isinstance(space, gym.spaces.Dict)  # (image_keys raised otherwise)
+        spaces = dict(space.spaces)
         for key in self.keys:
-            old = spaces[key]
+            old = cast(gym.spaces.Box, spaces[key])  # an image entry (image_keys)
             spaces[key] = gym.spaces.Box(
                 np.concatenate([np.broadcast_to(old.low, old.shape)] * self.frames, axis=2),
                 np.concatenate([np.broadcast_to(old.high, old.shape)] * self.frames, axis=2),

@@ -143,6 +143,7 @@ class ParallelEnvAdapter(gym.Env):
     """
 
     metadata = {"render_modes": ["rgb_array"]}
+    observation_space: gym.spaces.Dict
 
     def __init__(
         self,
@@ -247,7 +248,7 @@ class ParallelEnvAdapter(gym.Env):
     def _observation(self, obs: dict[str, Any]) -> dict[str, Any]:
         """The stacked observation of the agents in ``obs`` (zeros for the others)."""
         count = len(self.agents)
-        stacked = {}
+        stacked: dict[str | None, Any] = {}
         if not self._grouped:
             zeros = self._zero_obs[None]
             stacked[None] = _stack([obs[a] if a in obs else zeros for a in self.agents])
@@ -394,6 +395,7 @@ def _flat_size(space: gym.Space) -> int:
         return sum(_flat_size(s) for s in space.spaces.values())
     if isinstance(space, gym.spaces.Tuple):
         return sum(_flat_size(s) for s in space.spaces)
+    assert space.shape is not None, f"{space} has no shape"
     return int(np.prod(space.shape, dtype=np.int64))
 
 

@@ -168,6 +168,7 @@ def action_array_spec(space: gym.Space) -> tuple[tuple[int, ...], Any]:
         return (), np.int64
     if isinstance(space, gym.spaces.MultiDiscrete):
         return tuple(space.nvec.shape), np.int64
+    assert space.shape is not None  # a Box (check_action_space)
     return tuple(space.shape), np.float32
 
 
