@@ -271,7 +271,8 @@ def to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
             with open_dict(cfg):
                 cfg.pop("hydra")
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
-    return {k: v for k, v in cfg.items() if k != "hydra"}
+    entries: Mapping[str, Any] = cfg  # (not a DictConfig: mypy keeps it in the union)
+    return {k: v for k, v in entries.items() if k != "hydra"}
 
 
 # ------------------------------------------------------------------ settings sections

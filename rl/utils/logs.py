@@ -29,10 +29,10 @@ def log_fatal(
             itself, so only multirun jobs ask for this).
     """
     exc_info = (type(error), error, error.__traceback__)
-    full = logger.makeRecord(logger.name, logging.ERROR, __file__, 0, message, None, exc_info)
+    full = logger.makeRecord(logger.name, logging.ERROR, __file__, 0, message, (), exc_info)
     # Already in train.log with its traceback: the message alone there this time.
     in_files = bool(getattr(error, _LOGGED, False))
-    brief = logger.makeRecord(logger.name, logging.ERROR, __file__, 0, message, None, None)
+    brief = logger.makeRecord(logger.name, logging.ERROR, __file__, 0, message, (), None)
     for handler in logging.getLogger().handlers:
         is_file = isinstance(handler, logging.FileHandler)
         if is_file or console:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,6 +49,7 @@ def worker_seeds(nprocesses: int, initial_seed: int | None) -> list[int]:
 def rng_state() -> dict[str, object]:
     """Python, NumPy and torch global RNG states as plain objects (``weights_only``-safe)."""
     np_state = np.random.get_state()
+    assert isinstance(np_state, tuple)  # (legacy form: the global MT19937's)
     return {
         "python": random.getstate(),
         "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
@@ -55,13 +57,13 @@ def rng_state() -> dict[str, object]:
     }
 
 
-def set_rng_state(state: dict[str, object]) -> None:
+def set_rng_state(state: Mapping[str, Any]) -> None:
     """Restore states captured by :func:`rng_state`."""
     py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))  # type: ignore[index]
-    name, keys, *rest = state["numpy"]  # type: ignore[misc]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    name, keys, *rest = state["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
-    torch.set_rng_state(state["torch"])  # type: ignore[arg-type]
+    torch.set_rng_state(state["torch"])
 
 
 # cuBLAS needs a fixed workspace for deterministic results; set before its first use.
