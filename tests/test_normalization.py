@@ -7,6 +7,7 @@ reused by ``evaluate.py`` and ``InferenceAgent``, and DDP ranks holding the same
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from pipelines import ppo_pipeline
 from test_resume import StopAt
 
 from rl.checkpoints import latest_checkpoint, load_checkpoint
-from rl.collection import InProcessCollector
+from rl.collection import InProcessCollector, RolloutRequest
 from rl.collection.normalization import Normalizer, NormalizeSettings, RunningMeanStd
 from rl.engine import run
 from rl.evaluation import InferenceAgent
@@ -74,23 +75,90 @@ def test_rewards_are_scaled_by_the_std_of_the_discounted_return() -> None:
     norm = Normalizer(space, ON)
     returns = torch.zeros(2, dtype=torch.float64)
     done = torch.tensor([False, True])
-    scaled, returns = norm.rewards(torch.tensor([2.0, 4.0]), returns, done)
+    scaled, returns = norm.rewards(torch.tensor([2.0, 4.0]), returns, done, None)
     torch.testing.assert_close(scaled, torch.tensor([2.0, 4.0]), atol=1e-3, rtol=0)
     assert returns.tolist() == [2.0, 0.0]  # the ended episode's return restarts
-    scaled, returns = norm.rewards(torch.tensor([1.0, 1.0]), returns, torch.tensor([False, False]))
+    no = torch.tensor([False, False])
+    scaled, returns = norm.rewards(torch.tensor([1.0, 1.0]), returns, no, 0.5)  # 0.9 pinned
     assert returns.tolist() == [2.0 * 0.9 + 1.0, 1.0]
     norm.commit()
     seen = np.array([2.0, 4.0, 2.8, 1.0])  # the returns counted, before their resets
     std = np.sqrt(((seen - seen.mean()) ** 2).mean())
-    scaled, _ = norm.rewards(torch.tensor([1.0, 1.0]), returns, torch.tensor([False, False]))
+    scaled, _ = norm.rewards(torch.tensor([1.0, 1.0]), returns, no, None)
     torch.testing.assert_close(scaled, torch.full((2,), 1.0 / std), rtol=1e-3, atol=0)
+
+
+def test_the_stages_discount_scales_rewards_unless_normalize_names_one() -> None:
+    """normalize.gamma null: the return accumulates with the discount the rollout request
+    carries (the current stage's); a number pins it; neither is an error."""
+    space = gym.spaces.Dict({"x": gym.spaces.Box(-1, 1, (1,), np.float32)})
+    follow = Normalizer(space, dataclasses.replace(ON, gamma=None))
+    returns, no = torch.ones(1, dtype=torch.float64), torch.tensor([False])
+    assert follow.rewards(torch.ones(1), returns, no, 0.5)[1].item() == 1.5
+    assert Normalizer(space, ON).rewards(torch.ones(1), returns, no, 0.5)[1].item() == 1.9
+    with pytest.raises(ValueError, match="normalize.gamma"):
+        follow.rewards(torch.ones(1), returns, no, None)
+
+
+def _mlp(sampler: SerialSampler) -> ActorCritic:
+    return ActorCritic(observation_space=sampler.observation_space,
+                       action_space=sampler.action_space, cnn_channels=[], trunk_layers=[],
+                       rnn=None, head_layers=[16])  # fmt: skip
+
+
+def _return_stats(normalize_gamma: float | None, request_gamma: float) -> RunningMeanStd:
+    """The return statistics after one 16-step Pendulum rollout collected in process."""
+    with SerialSampler(task=PENDULUM, num_envs=4, seed=3) as sampler:
+        torch.manual_seed(0)
+        space = sampler.observation_space
+        model = _mlp(sampler)
+        settings = dataclasses.replace(ON, gamma=normalize_gamma)
+        collector = InProcessCollector(
+            model=model, sampler=sampler, normalizer=Normalizer(space, settings)
+        )
+        collector.collect(RolloutRequest(num_steps=16, gamma=request_gamma))
+        assert collector.normalizer is not None
+        return collector.normalizer.return_stats
+
+
+def test_a_rollout_requests_discount_reaches_reward_normalisation() -> None:
+    followed = _return_stats(None, 0.5)
+    pinned = _return_stats(0.5, 0.99)  # normalize.gamma wins over the request's
+    other = _return_stats(None, 0.99)
+    assert torch.equal(followed.var, pinned.var) and followed.count == pinned.count
+    assert not torch.equal(followed.var, other.var)
+
+
+def test_each_stage_asks_for_rollouts_with_its_own_discount(tmp_path: Path) -> None:
+    """A stage's gamma (a PipelineStage override) travels with its rollout requests."""
+    with SerialSampler(task=PENDULUM, num_envs=4, seed=3) as sampler:
+        space = sampler.observation_space
+        model = _mlp(sampler)
+        pipeline = ppo_pipeline(
+            named_losses={"ppo": PPOLoss()},
+            stages=[PipelineStage(loss_names=["ppo"], max_stage_steps=64),
+                    PipelineStage(loss_names=["ppo"], max_stage_steps=64, gamma=0.5)],
+            num_steps=16, gamma=0.9, save_interval=1_000,
+        )  # fmt: skip
+        normalizer = Normalizer(space, dataclasses.replace(ON, gamma=None))
+        collector = InProcessCollector(model=model, sampler=sampler, normalizer=normalizer)
+        seen: list[float | None] = []
+        collect = collector.collect
+
+        def recording(request: RolloutRequest) -> Any:
+            seen.append(request.gamma)
+            return collect(request)
+
+        collector.collect = recording  # type: ignore[method-assign]
+        OnPolicyTrainer(model=model, pipeline=pipeline, collector=collector,
+                        logger=MetricsLogger([]), output_dir=tmp_path, seed=0).train()  # fmt: skip
+    assert seen == [0.9, 0.5], seen
 
 
 def _trainer(tmp_path: Path, sampler: SerialSampler, callbacks=()) -> OnPolicyTrainer:
     torch.manual_seed(0)
     space = sampler.observation_space
-    model = ActorCritic(observation_space=space, action_space=sampler.action_space,
-                        cnn_channels=[], trunk_layers=[], rnn=None, head_layers=[16])  # fmt: skip
+    model = _mlp(sampler)
     pipeline = ppo_pipeline(
         named_losses={"ppo": PPOLoss(entropy_coef=0.0)},
         stages=[PipelineStage(loss_names=["ppo"], max_stage_steps=192)],

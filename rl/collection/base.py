@@ -98,6 +98,8 @@ class RolloutRequest:
             ``stage_steps + t * steps_per_step``.
         stage: Index of the pipeline stage the rollout is for (asynchronous collection drops
             data collected for another stage).
+        gamma: The stage's discount: reward normalisation accumulates its returns with it
+            (unless ``normalize.gamma`` names one). None: no stage (a worker's placeholder).
     """
 
     num_steps: int
@@ -105,6 +107,7 @@ class RolloutRequest:
     stage_steps: int = 0
     steps_per_step: int = 1
     stage: int = 0
+    gamma: float | None = None
 
     def teacher_forcing_probability(self, t: int) -> float:
         """The expert's probability at step ``t`` of the rollout (0 without teacher forcing)."""

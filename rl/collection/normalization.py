@@ -4,9 +4,9 @@ With ``normalize.observations`` the floating-point ``Box`` entries of the observ
 images stored as bytes, not discrete entries) reach the policy as ``(x - mean) / std``, clipped
 to ``[-clip, clip]``, from running statistics of what the environments returned. With
 ``normalize.rewards`` the rewards the update learns from are divided by the running standard
-deviation of the discounted return (each environment's return accumulated with ``gamma``,
-reset at episode ends), and clipped; episode returns are still logged as the environments gave
-them.
+deviation of the discounted return (each environment's return accumulated with the current
+stage's ``gamma``, or ``normalize.gamma`` where it names one, reset at episode ends), and
+clipped; episode returns are still logged as the environments gave them.
 
 The statistics are frozen during a rollout and updated after it with the rollout's moments
 (count, mean, variance of the raw values, merged with Chan et al.'s parallel rule), so the
@@ -44,14 +44,15 @@ class NormalizeSettings:
         observations: Normalise the float observation entries.
         rewards: Scale the rewards by the running std of the discounted return.
         clip: Clip normalised observations and scaled rewards to ``[-clip, clip]``.
-        gamma: Discount of the return whose std scales the rewards.
+        gamma: Discount of the return whose std scales the rewards; None: the current stage's
+            (``pipeline.gamma`` or a stage's own, sent with each rollout request).
         epsilon: Added to the variance before the square root.
     """
 
     observations: bool
     rewards: bool
     clip: Annotated[float, Check(gt=0)]
-    gamma: Annotated[float, Check(ge=0, le=1)]
+    gamma: Annotated[float | None, Check(ge=0, le=1)]
     epsilon: Annotated[float, Check(gt=0)]
 
 
@@ -200,18 +201,34 @@ class Normalizer:
             self._obs_moments[k].add(obs[k])
 
     def rewards(
-        self, rewards: torch.Tensor, returns: torch.Tensor, done: torch.Tensor
+        self,
+        rewards: torch.Tensor,
+        returns: torch.Tensor,
+        done: torch.Tensor,
+        stage_gamma: float | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Scale a step's rewards ``[N]``; move the discounted returns ``[N]`` (float64) on.
+
+        Args:
+            rewards: The step's rewards.
+            returns: Each environment's discounted return before the step.
+            done: Where an episode ended with the step.
+            stage_gamma: The current stage's discount, used unless ``settings.gamma`` names one.
 
         Returns:
             ``(the rewards to learn from, the returns after this step)``: each environment's
             return accumulates ``gamma * return + reward`` and is counted into this rollout's
             moments, then restarts at 0 where its episode ended (``done``).
+
+        Raises:
+            ValueError: Neither the settings nor the stage give a discount.
         """
         if not self.settings.rewards:
             return rewards, returns
-        returns = returns * self.settings.gamma + rewards.to(torch.float64)
+        gamma = self.settings.gamma if self.settings.gamma is not None else stage_gamma
+        if gamma is None:
+            raise ValueError("reward normalisation needs a discount: normalize.gamma or a stage's")
+        returns = returns * gamma + rewards.to(torch.float64)
         self._return_moments.add(returns)
         returns = torch.where(done.to(returns.device), torch.zeros_like(returns), returns)
         clip = self.settings.clip

@@ -194,7 +194,9 @@ class RolloutRecorder:
         rewards = moved["rewards"]
         starts = terminated | truncated
         if self.returns is not None and self.normalizer is not None:  # ALGO: VecNormalize's
-            rewards, self.returns = self.normalizer.rewards(rewards, self.returns, starts)
+            rewards, self.returns = self.normalizer.rewards(
+                rewards, self.returns, starts, self.request.gamma
+            )
         fields.update(rewards=rewards, terminated=terminated, truncated=truncated)
         for key in self.transition_names:  # a value of this step, like its reward
             fields[key] = moved[key]

@@ -221,14 +221,15 @@ class OnPolicyTrainer:
         pipe = self.pipeline
         stage = pipe.stages[stage_index]
         steps_per_step = self.collector.num_envs * self.dist.world_size
-        num_steps: int = pipe.settings_for(stage_index).num_steps
+        settings = pipe.settings_for(stage_index)
         remaining = stage.max_stage_steps - stage_steps
         return RolloutRequest(
-            num_steps=min(num_steps, math.ceil(remaining / steps_per_step)),
+            num_steps=min(settings.num_steps, math.ceil(remaining / steps_per_step)),
             teacher_forcing=stage.teacher_forcing,
             stage_steps=stage_steps,
             steps_per_step=steps_per_step,
             stage=stage_index,
+            gamma=settings.gamma,
         )
 
     def _after_rollout(self, steps_before: int, stage_index: int) -> None:
