@@ -74,7 +74,8 @@ def _advantage_settings(
     pipe = saved.get("pipeline")
     if not isinstance(pipe, dict):
         return saved, choices
-    stages = pipe.get("stages") if isinstance(pipe.get("stages"), list) else []
+    listed = pipe.get("stages")
+    stages = listed if isinstance(listed, list) else []
     nodes = [pipe, *(s for s in stages if isinstance(s, dict))]
     if not any(_is_old(node) for node in nodes):
         return saved, choices

@@ -18,7 +18,7 @@ import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
@@ -280,8 +280,9 @@ def resume_config(
     merged["resume"] = new_unresolved.get("resume")
     merged["init_from"] = None
     merged["trusted_targets"] = new_unresolved.get("trusted_targets") or []
-    resolved = OmegaConf.to_container(OmegaConf.create(merged), resolve=True)
-    assert isinstance(resolved, dict)
+    plain = OmegaConf.to_container(OmegaConf.create(merged), resolve=True)
+    assert isinstance(plain, dict)
+    resolved = cast("dict[str, Any]", plain)  # (a config's keys are strings)
     _check_run_shape(saved_run.withheld, resolved)
     drop_generation(resolved)
     derived = {

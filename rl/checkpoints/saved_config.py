@@ -154,7 +154,8 @@ def _kind(value: Any) -> str | None:
         return "a boolean"
     if isinstance(value, (int, float)):
         return "a number"
-    return {str: "a string", dict: "a mapping", list: "a list"}.get(type(value), "data")
+    kinds: dict[type, str] = {str: "a string", dict: "a mapping", list: "a list"}
+    return kinds.get(type(value), "data")
 
 
 def _check_kind(tree: Any, saved: Any, key: str, where: str) -> None:
@@ -253,7 +254,8 @@ def _refusals(node: Any, tree: Any, key: str, rules: Sequence[Any]) -> Iterator[
                 )
                 yield Refusal(_key(key, k), json.dumps(v)[:200], why)
         for k in _WRAPPER_KEYS:
-            ours = mine.get(k) if isinstance(mine.get(k), list) else []
+            listed = mine.get(k)
+            ours = listed if isinstance(listed, list) else []
             wrappers = node.get(k)
             if wrappers is not None and not isinstance(wrappers, list):
                 yield Refusal(_key(key, k), json.dumps(wrappers)[:200], "not a list of wrappers")
