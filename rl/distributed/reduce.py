@@ -120,8 +120,8 @@ def weighted_moments(
     if is_distributed():
         values = values.to(_reduce_device(a.device))
         dist.all_reduce(values, op=dist.ReduceOp.SUM)
-    total, total_sq, count = (float(v) for v in values.cpu())
-    return total, total_sq, count
+    total, total_sq, total_count = (float(v) for v in values.cpu())
+    return total, total_sq, total_count
 
 
 def advantage_stats(

@@ -18,7 +18,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
@@ -49,7 +49,8 @@ def hydra_record(cfg: DictConfig | dict[str, Any]) -> dict[str, str] | None:
 
     if not isinstance(cfg, DictConfig) or not HydraConfig.initialized():
         return None
-    hydra = HydraConfig.instance().cfg
+    # (set: the composed config's root, a DictConfig; Hydra annotates it as its HydraConf)
+    hydra = cast(DictConfig, HydraConfig.instance().cfg)
     if OmegaConf.select(hydra, "hydra.output_subdir", default=None) is not None:
         return None
     task = cfg

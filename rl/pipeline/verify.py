@@ -110,8 +110,9 @@ def _stage_errors(pipe: Mapping[str, Any], i: int, num_envs: int) -> list[str]:
         return stage[key] if stage.get(key) is not None else pipe.get(key)
 
     # Ranges of single settings come from the constructors' annotations (check_targets).
-    keys = ("num_steps", "recurrence", "num_mini_batch")
-    return errors + sequence_errors(where, *(setting(k) for k in keys), num_envs)
+    return errors + sequence_errors(
+        where, setting("num_steps"), setting("recurrence"), setting("num_mini_batch"), num_envs
+    )
 
 
 def pipeline_errors(

@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from tensordict import TensorDict
+from tensordict.utils import NestedKey
 
 from rl.tasks.fields import StepField
 from rl.utils.misc import evenly_distribute_count_into_bins
@@ -65,7 +66,7 @@ def step_tensordict(
     A reset's ``TensorDict`` holds ``obs`` and the task's fields only.
     """
     n = len(next(iter(obs.values())))
-    data: dict[str, Any] = {
+    data: dict[NestedKey, Any] = {
         "obs": TensorDict._new_unsafe(
             {k: torch.from_numpy(v) for k, v in obs.items()}, batch_size=torch.Size([n])
         )

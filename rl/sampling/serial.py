@@ -145,8 +145,8 @@ class SerialSampler(FiniteChecks, Sampler):
 
     def _fields(
         self,
-        infos: list[Mapping[str, Any]],
-        step_infos: list[Mapping[str, Any]] | None = None,
+        infos: Sequence[Mapping[str, Any]],
+        step_infos: Sequence[Mapping[str, Any]] | None = None,
     ) -> dict[str, np.ndarray]:
         """The task's step fields ``[N, ...]`` from each environment's ``info``.
 
@@ -399,7 +399,7 @@ class SerialSampler(FiniteChecks, Sampler):
             seed = episode["seed"]
             self._episode_start[i] = {"seed": seed, "np_random": episode["np_random"]}
             if "env_state" in episode:  # a task that keeps state across episodes
-                env.unwrapped.set_reset_state(episode["env_state"])
+                env.unwrapped.set_reset_state(episode["env_state"])  # type: ignore[attr-defined]
                 self._episode_start[i]["env_state"] = episode["env_state"]
             if seed is None and episode["np_random"] is not None:
                 set_np_random_state(env, episode["np_random"])
