@@ -24,7 +24,7 @@ import dataclasses
 import pickle
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import lz4.frame
 import numpy as np
@@ -142,7 +142,8 @@ def ship(
     t0 = time.perf_counter()
     storage = rollout.storage
     rows = storage.rows()
-    nbytes = sum(v.numel() * v.element_size() for v in rows.values(True, True))
+    leaves = cast("list[torch.Tensor]", list(rows.values(True, True)))  # (all tensors)
+    nbytes = sum(v.numel() * v.element_size() for v in leaves)
     shipped: TensorDict | SharedRows | CompressedRows = rows
     sent = nbytes
     if compress:

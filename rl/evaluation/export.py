@@ -150,7 +150,7 @@ def _state_keys(state: TensorDict) -> list[NestedKey]:
 
 
 def _key_name(key: NestedKey) -> str:
-    return key if isinstance(key, str) else ".".join(key)
+    return key if isinstance(key, str) else ".".join(map(str, key))
 
 
 def _state_of(keys: Sequence[NestedKey], values: Sequence[torch.Tensor], batch: Any) -> TensorDict:

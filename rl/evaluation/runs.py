@@ -241,6 +241,7 @@ def _evaluate_selected(
     models: _ModelCache,
 ) -> dict[str, float]:
     """Evaluate ``selected`` (of ``refs``, all found); write JSONs, summaries and plots."""
+    assert cfg.deterministic is not None  # (the caller resolved it: as the runs trained)
     device = torch.device(cfg.device)
     episode_seeds = episode_seed_list(cfg.num_episodes, cfg.episode_seed)
     settings = cfg.episode_list

@@ -114,7 +114,8 @@ def write_video(frames: Sequence[np.ndarray], path: Path, fps: int = 8) -> Path:
         return gif
 
     def write_mp4(tmp: Path) -> None:
-        with imageio.get_writer(tmp, fps=fps, codec="libx264", macro_block_size=16) as writer:
+        writer = imageio.get_writer(tmp, fps=fps, codec="libx264", macro_block_size=16)
+        with writer:  # (its __enter__ is typed as the base class, without append_data)
             for frame in padded:
                 writer.append_data(frame)
 
@@ -146,8 +147,10 @@ class _Remembering:
         self.last: np.ndarray = np.zeros(0)
 
     def act(self, step: Mapping[str, Any]) -> np.ndarray:
-        self.last = self.actor.act(step)
-        return self.last
+        actions = self.actor.act(step)
+        assert isinstance(actions, np.ndarray)  # (a serial sampler's: it takes NumPy actions)
+        self.last = actions
+        return actions
 
     def advance(self, result: Mapping[str, Any], keep: torch.Tensor | None = None) -> None:
         self.actor.advance(result, keep)

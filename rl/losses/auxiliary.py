@@ -174,7 +174,7 @@ def probe_features(policy: Policy, observation_space: gym.spaces.Dict) -> dict[s
     space = gym.spaces.Dict(dict(observation_space.spaces), seed=0)
     device = next((p.device for p in policy.parameters()), torch.device("cpu"))
     obs = {
-        key: torch.as_tensor(np.asarray(value), device=device).reshape(1, 1, *space[key].shape)
+        key: torch.as_tensor(np.asarray(value), device=device).reshape(1, 1, *np.shape(value))
         for key, value in space.sample().items()
     }
     starts = torch.ones(1, 1, dtype=torch.bool, device=device)

@@ -118,8 +118,8 @@ def normalized_advantages(batch: TensorDict) -> torch.Tensor:
     adv = batch["advantages"]
     stats = advantage_stats_of(batch)
     if stats is not None:
-        mean, std = stats
-        return (adv - mean) / (std + 1e-8)
+        rollout_mean, rollout_std = stats
+        return (adv - rollout_mean) / (rollout_std + 1e-8)
     weights = step_weights(batch)
     if weights is not None:
         count = weights.sum()

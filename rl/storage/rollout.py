@@ -32,7 +32,7 @@ environments by default, or chunks of ``recurrence`` steps (truncated BPTT, Samp
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from tensordict import TensorDict
@@ -62,10 +62,11 @@ def advantage_stats_of(batch: TensorDict) -> tuple[float, float] | None:
     return batch.get_non_tensor(ADVANTAGE_STATS)
 
 
-def _state_leaves(state: TensorDict) -> Iterator[tuple[tuple[str, ...], torch.Tensor]]:
+def _state_leaves(state: TensorDict) -> Iterator[tuple[NestedKey, torch.Tensor]]:
     """``(("state", *key), tensor)`` for every leaf of a policy state."""
     for k, v in state.items(include_nested=True, leaves_only=True):
-        yield ("state", *k) if isinstance(k, tuple) else ("state", k), v
+        # (a state's leaves are tensors)
+        yield ("state", *k) if isinstance(k, tuple) else ("state", k), cast(torch.Tensor, v)
 
 
 class RolloutStorage:
@@ -219,7 +220,7 @@ class RolloutStorage:
             if buf is None:
                 like = torch.empty((self.num_envs, *value.shape[2:]), dtype=value.dtype)
                 buf = self.buffer(key, like)
-            buf[: value.shape[0], envs].copy_(value)
+            buf[: value.shape[0], envs].copy_(cast(torch.Tensor, value))  # (a leaf: a tensor)
 
     def rows(self) -> TensorDict:
         """The rows ``0..step`` of this rollout (a view of :attr:`data`)."""
@@ -319,7 +320,7 @@ class RolloutStorage:
         ``TensorDict`` with two index tensors, for the many small minibatches of a
         memoryless policy (``recurrence: 1``).
         """
-        out: dict[str, Any] = {}
+        out: dict[NestedKey, Any] = {}
         for key, buf in self._buffers.items():
             value = buf.view(-1, *buf.shape[2:])[rows]
             if isinstance(key, str):
@@ -333,7 +334,7 @@ class RolloutStorage:
 
     def __repr__(self) -> str:
         fields: dict[str, Any] = {
-            "/".join(k) if isinstance(k, tuple) else k: (tuple(v.shape[2:]), v.dtype)
+            "/".join(map(str, k)) if isinstance(k, tuple) else k: (tuple(v.shape[2:]), v.dtype)
             for k, v in self._buffers.items()
         }
         return f"RolloutStorage(step={self.step}/{self.num_steps}, fields={fields})"
