@@ -62,7 +62,7 @@ class CollectionSpec:
         """The task's flat observation space and action space (``spaces``, else the task's)."""
         return self.spaces if self.spaces is not None else task_spaces(self.task)
 
-    def with_task(self, task: dict[str, Any]) -> CollectionSpec:
+    def with_task(self, task: Mapping[str, Any]) -> CollectionSpec:
         """The spec for another task (its spaces read again when needed; the same agents)."""
         return dataclasses.replace(self, task=dict(task), spaces=None)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -145,7 +145,10 @@ class Normalizer:
             if settings.observations
             else []
         )
-        shapes = {k: tuple(observation_space[k].shape) for k in self.obs_keys}
+        # (the keys are Box entries)
+        shapes = {
+            k: tuple(cast(gym.spaces.Box, observation_space[k]).shape) for k in self.obs_keys
+        }
         self.obs_stats = {k: RunningMeanStd(shapes[k]) for k in self.obs_keys}
         self.return_stats = RunningMeanStd(())
         self._obs_moments = {k: _Moments(shapes[k]) for k in self.obs_keys}

@@ -207,9 +207,8 @@ class CollectionWorker:
                 f"(known: {', '.join(STORAGE_PARAMETERS)})"
             )
         if self.normalizer is not None:
-            self.normalizer.settings = dataclasses.replace(
-                self.normalizer.settings, **{name: float(value)}
-            )
+            changes: dict[str, Any] = {name: float(value)}
+            self.normalizer.settings = dataclasses.replace(self.normalizer.settings, **changes)
 
     def replace_agent_component(self, name: str, config: Mapping[str, Any]) -> None:
         """Replace the worker's ``policy`` or ``environments`` (:data:`AGENT_COMPONENTS`).
