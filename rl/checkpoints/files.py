@@ -261,7 +261,13 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
         for p in folder.iterdir()
         if parse_checkpoint_name(p) is not None and not p.is_symlink() and p.is_file()
     ]
-    return sorted(found, key=lambda p: parse_checkpoint_name(p)[::-1])  # type: ignore[index]
+
+    def order(path: Path) -> tuple[int, ...]:
+        name = parse_checkpoint_name(path)
+        assert name is not None  # (found: checkpoint names only)
+        return name[::-1]
+
+    return sorted(found, key=order)
 
 
 # ``latest`` holds one checkpoint file name; anything longer is not a pointer this code wrote.
