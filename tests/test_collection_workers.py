@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 import pytest
 import torch
+from collectors import worker_settings
 from pipelines import ppo_pipeline
 from small import MODEL, SERIAL, SMALL
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -75,7 +76,10 @@ def make_set(
 ) -> tuple[CollectionWorkerSet, ActorCritic]:
     set_seed(spec.seed)
     model = build_policy(spec.model, *task_spaces(spec.task))
-    return CollectionWorkerSet(spec=spec, model=model, backend=backend, **settings), model
+    workers = CollectionWorkerSet(
+        spec=spec, model=model, **worker_settings(backend=backend, **settings)
+    )
+    return workers, model
 
 
 # ----------------------------------------------------------------- sync and async

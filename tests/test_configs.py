@@ -149,6 +149,31 @@ def test_verify_accepts_ppo_nav(compose_cfg, resolve_cfg) -> None:
         ),
         pytest.param(["pipeline.recurrence=-1"], ["pipeline.recurrence"], id="bptt-range"),
         pytest.param(["+model.foo=1"], ["model.foo"], id="unknown-model-key"),
+        # The collector's settings, before any worker starts: ranges from its annotations,
+        # the rules between them from its config_errors.
+        pytest.param(
+            ["collector=process", "collector.mode=sideways"], ["collector.mode"], id="worker-mode"
+        ),
+        pytest.param(
+            ["collector=ray", "collector.fraction_samples=1.5", "collector.max_policy_lag=-1"],
+            ["collector.fraction_samples", "collector.max_policy_lag"],
+            id="worker-ranges",
+        ),
+        pytest.param(
+            ["collector=process", "collector.num_workers=65"],
+            ["collector.num_workers=65 > sampler.num_envs=64"],
+            id="workers-over-envs",
+        ),
+        pytest.param(
+            ["collector=process", "collector.num_workers=3", "collector.rollouts_per_update=1"],
+            ["collector.rollouts_per_update=1 < num_workers=3", "num_envs=64"],
+            id="uneven-split",
+        ),
+        pytest.param(
+            ["collector=ray", "collector.num_workers=auto", "collector.address=auto"],
+            ["collector.num_workers: auto counts this machine's cores"],
+            id="auto-on-a-cluster",
+        ),
     ],
 )
 def test_verify_names_the_offending_key(

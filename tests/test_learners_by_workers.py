@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from collectors import worker_settings
 from pipelines import ppo_pipeline
 from small import MODEL, SERIAL, SMALL
 
@@ -47,7 +48,9 @@ def make_set(spec: CollectionSpec, **settings: Any) -> CollectionWorkerSet:
     set_seed(spec.seed)
     model = build_policy(spec.model, *task_spaces(spec.task))
     settings.setdefault("backend", "process")
-    return CollectionWorkerSet(spec=spec, model=model, compress=False, **settings)
+    return CollectionWorkerSet(
+        spec=spec, model=model, **worker_settings(compress=False, **settings)
+    )
 
 
 def lag_of(rollout: Any) -> tuple[float, float]:

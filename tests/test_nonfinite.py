@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from collectors import worker_settings
 from pipelines import ppo_pipeline
 from small import SMALL
 
@@ -79,8 +80,8 @@ def test_a_process_collection_worker_names_itself_and_the_environment() -> None:
         seed=0,
     )
     model = build_policy(spec.model, *task_spaces(spec.task))
-    workers = CollectionWorkerSet(spec=spec, model=model, backend="process", num_workers=2,
-                                  compress=False)  # fmt: skip
+    settings = worker_settings(backend="process", num_workers=2, compress=False)
+    workers = CollectionWorkerSet(spec=spec, model=model, **settings)
     try:
         with pytest.raises(CollectionWorkerError) as info:
             for _ in range(4):

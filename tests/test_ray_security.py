@@ -67,12 +67,14 @@ def is_loopback(ip: str) -> bool:
 # script lists every socket listening (TCP) or bound (UDP) in the driver and everything it
 # started, and tries each of their ports at the machine's network addresses.
 PRIVATE_COLLECTORS = """
-    import json, os, socket
+    import json, os, socket, sys
     import psutil
     from rl.collection import CollectionSpec, RolloutRequest
     from rl.collection.worker_set import CollectionWorkerSet
     from rl.models import build_policy
     from rl.tasks import task_spaces
+    sys.path.insert(0, "tests")
+    from collectors import worker_settings  # conf/collector/ray.yaml's settings
 
     task = {"_target_": "rl.tasks.debug.FaultyEnv", "max_steps": 10}
     sampler = {"_target_": "rl.sampling.SerialSampler", "_partial_": True, "num_envs": 2}
@@ -80,8 +82,7 @@ PRIVATE_COLLECTORS = """
              "trunk_layers": [16], "rnn": "gru", "rnn_hidden_size": 8}
     spec = CollectionSpec(task=task, sampler=sampler, model=model, seed=1)
     policy = build_policy(spec.model, *task_spaces(spec.task))
-    workers = CollectionWorkerSet(spec=spec, model=policy, backend="ray", address=None,
-                                  num_workers=2, cpus_per_worker=1)
+    workers = CollectionWorkerSet(spec=spec, model=policy, **worker_settings(backend="ray"))
     try:
         workers.collect(RolloutRequest(num_steps=4))  # every Ray process has started by now
         me = psutil.Process()

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 import torch
+from collectors import worker_settings
 from small import MODEL, SERIAL, SMALL
 from tensordict import TensorDict
 
@@ -33,7 +34,9 @@ def _process_set(**settings: Any) -> CollectionWorkerSet:
     spec = CollectionSpec(task=SMALL, sampler=SERIAL, model=MODEL, seed=1)
     set_seed(spec.seed)
     model = build_policy(spec.model, *task_spaces(spec.task))
-    return CollectionWorkerSet(spec=spec, model=model, backend="process", **settings)
+    return CollectionWorkerSet(
+        spec=spec, model=model, **worker_settings(backend="process", **settings)
+    )
 
 
 def _blocks(workers: CollectionWorkerSet) -> set[str]:

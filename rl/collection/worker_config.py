@@ -1,8 +1,11 @@
-"""The ``collector`` settings of collection workers: their choices, defaults and rules.
+"""The rules of the ``collector`` settings of collection workers, and the workers' shares.
 
-:func:`check_collector` names every problem of a
-:class:`~rl.collection.CollectionWorkerSet`'s settings at once, before any worker starts (a
-``ConfigError``); :func:`worker_kwargs` splits the environments over the workers.
+Each setting is declared once, typed and ranged, by :class:`~rl.collection.CollectionWorkerSet`'s
+signature (what the config check reads before anything is built); its value for a run comes
+from ``conf/collector/ray.yaml`` (``process.yaml`` changes a few), the one place of the defaults.
+The rules between settings live here once, over plain values: :func:`collector_errors` is applied
+by the config check (``rl.engine.settings.verify_train_cfg``) and by the constructor.
+:func:`worker_kwargs` splits the environments over the workers.
 """
 
 from __future__ import annotations
@@ -10,69 +13,59 @@ from __future__ import annotations
 from typing import Any
 
 from rl.collection.base import CollectionSpec
-from rl.utils.config import ConfigError
 from rl.utils.misc import evenly_distribute_count_into_bins
+from rl.utils.threads import AUTO, auto_count
 
-__all__ = ["BACKENDS", "DEFAULT_TIMEOUT_S", "MODES", "check_collector", "worker_kwargs"]
+__all__ = ["BACKENDS", "MODES", "collector_errors", "worker_kwargs"]
 
 MODES = ("sync", "async")
 BACKENDS = ("ray", "process")
-# The watchdog's default (collector.timeout): seconds a worker may take to answer a call, per
-# 128 steps of a rollout and per round of evaluation episodes (rl.collection.worker_calls).
-# Generous: a worker's rollout of the slowest shipped task (nav3d: ~2 ms a step, ~30 ms a
-# reset; 16 envs x 128 steps on one worker, policy included) takes about 5-10 s on 2 cores.
-DEFAULT_TIMEOUT_S = 120.0
 
 
-def check_collector(
-    num_workers: int,
+def collector_errors(
+    *,
+    num_workers: int | str,
+    num_envs: int,
     mode: str,
-    backend: str,
-    fraction_samples: float,
-    min_rollout_frac: float,
-    max_policy_lag: int,
-    spec: CollectionSpec,
-    timeout: float | None,
-    rollouts_per_update: int,
-) -> None:
-    """Problems of the ``collector`` settings, all at once (``ConfigError``)."""
+    rollouts_per_update: int | None,
+    address: str | None,
+) -> list[str]:
+    """The rules between the ``collector`` settings, one message each.
+
+    Single settings' types and ranges are :class:`~rl.collection.CollectionWorkerSet`'s
+    annotations (the config check reads them); these are the rules between settings and the
+    run's ``sampler.num_envs``. ``num_workers`` may be ``auto`` (resolved on this machine).
+    """
+    if num_workers == AUTO and address is not None:
+        return [
+            "collector.num_workers: auto counts this machine's cores; joining a cluster "
+            f"(collector.address={address}) needs a number"
+        ]
+    if num_workers == AUTO:
+        num_workers = auto_count(num_workers, num_envs, "collector.num_workers")
+    if not isinstance(num_workers, int) or num_workers < 1:
+        return []  # (its annotation names it)
     errors = []
-    if timeout is not None and not timeout > 0:
-        errors.append(f"collector.timeout: must be > 0 seconds or null (none), got {timeout}")
-    if num_workers < 1:
-        errors.append(f"collector.num_workers: must be >= 1, got {num_workers}")
-    elif spec.num_envs < num_workers:
+    if num_envs < num_workers:
         errors.append(
-            f"collector.num_workers={num_workers} > sampler.num_envs={spec.num_envs}: every "
+            f"collector.num_workers={num_workers} > sampler.num_envs={num_envs}: every "
             "worker needs at least one environment"
         )
-    if mode not in MODES:
-        errors.append(f"collector.mode: expected one of {', '.join(MODES)}, got {mode!r}")
-    if backend not in BACKENDS:
-        errors.append(f"collector.backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
-    if not 0.0 < fraction_samples <= 1.0:
-        errors.append(f"collector.fraction_samples: must be in (0, 1], got {fraction_samples}")
-    if not 0.0 <= min_rollout_frac <= 1.0:
-        errors.append(f"collector.min_rollout_frac: must be in [0, 1], got {min_rollout_frac}")
-    if max_policy_lag < 0:
-        errors.append(f"collector.max_policy_lag: must be >= 0, got {max_policy_lag}")
-    if not 1 <= rollouts_per_update <= max(1, num_workers):
+    per_update = num_workers if rollouts_per_update is None else rollouts_per_update
+    if not isinstance(per_update, int):
+        return errors
+    if per_update > num_workers:
         errors.append(
             f"collector.rollouts_per_update: must be in [1, num_workers={num_workers}] or null "
             f"(every worker's), got {rollouts_per_update}"
         )
-    elif (
-        mode == "async"
-        and rollouts_per_update < num_workers
-        and spec.num_envs % max(1, num_workers)
-    ):
+    elif mode == "async" and per_update < num_workers and num_envs % num_workers:
         errors.append(
-            f"collector.rollouts_per_update={rollouts_per_update} < num_workers={num_workers} "
-            f"needs the environments split evenly: sampler.num_envs={spec.num_envs} is not a "
+            f"collector.rollouts_per_update={per_update} < num_workers={num_workers} "
+            f"needs the environments split evenly: sampler.num_envs={num_envs} is not a "
             f"multiple of {num_workers}"
         )
-    if errors:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+    return errors
 
 
 def worker_kwargs(

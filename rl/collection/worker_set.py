@@ -49,12 +49,12 @@ from rl.collection.episodes import EvalResult, EvalSampler, evaluate_policy
 from rl.collection.transport import RolloutAssembler
 from rl.collection.worker import ALGORITHM_PARAMETERS, CollectionWorker
 from rl.collection.worker_calls import START_TIMEOUT_S, WorkerCalls
-from rl.collection.worker_config import DEFAULT_TIMEOUT_S, check_collector, worker_kwargs
+from rl.collection.worker_config import BACKENDS, MODES, collector_errors, worker_kwargs
 from rl.distributed.setup import DistContext
 from rl.models.policy import Policy
 from rl.tasks.factory import with_split
-from rl.utils.config import MAX_WORKERS, Check, ConfigError
-from rl.utils.threads import auto_count
+from rl.utils.config import MAX_WORKERS, Check, ConfigError, argument_errors
+from rl.utils.threads import AUTO, auto_count
 
 log = logging.getLogger(__name__)
 
@@ -95,42 +95,63 @@ class CollectionWorkerSet:
 
     supports_distributed: ClassVar[bool] = True
 
+    @staticmethod
+    def config_errors(section: Mapping[str, Any], num_envs: int) -> list[str]:
+        """The rules between the ``collector`` settings and ``sampler.num_envs``.
+
+        For the config check before anything is built (types and ranges: the annotations).
+        """
+        return collector_errors(
+            num_workers=section.get("num_workers", 1),
+            num_envs=num_envs,
+            mode=section.get("mode", ""),
+            rollouts_per_update=section.get("rollouts_per_update"),
+            address=section.get("address"),
+        )
+
+    # The settings have no defaults here: their values come from conf/collector/ray.yaml (the
+    # one place of the defaults; process.yaml changes a few), and these annotations are their
+    # types and ranges (what the config check reads before anything is built).
     def __init__(
         self,
         *,
         spec: CollectionSpec,
         model: Policy,
-        device: torch.device | str = "cpu",
+        device: torch.device | str,
         dist: DistContext | None = None,
-        num_workers: Annotated[int | str, Check(ge=1, le=MAX_WORKERS, words=("auto",))] = 2,
-        mode: str = "sync",
-        rollouts_per_update: int | None = None,
-        backend: str = "ray",
-        address: str | None = None,
-        cpus_per_worker: float = 1.0,
-        gpus_per_worker: float = 0.0,
-        memory_per_worker: int | None = None,
-        fraction_samples: float = 1.0,
-        min_rollout_frac: float = 0.25,
-        max_policy_lag: int = 1,
-        timeout: float | None = DEFAULT_TIMEOUT_S,
-        compress: bool = True,
-        evaluate_on_workers: bool = True,
-        allow_unauthenticated: bool = False,
+        num_workers: Annotated[int | str, Check(ge=1, le=MAX_WORKERS, words=(AUTO,))],
+        mode: Annotated[str, Check(choices=MODES)],
+        rollouts_per_update: Annotated[int | None, Check(ge=1, le=MAX_WORKERS)],
+        backend: Annotated[str, Check(choices=BACKENDS)],
+        address: str | None,
+        cpus_per_worker: Annotated[float, Check(gt=0)],
+        gpus_per_worker: Annotated[float, Check(ge=0)],
+        memory_per_worker: Annotated[int | None, Check(gt=0)],
+        fraction_samples: Annotated[float, Check(gt=0, le=1)],
+        min_rollout_frac: Annotated[float, Check(ge=0, le=1)],
+        max_policy_lag: Annotated[int, Check(ge=0)],
+        timeout: Annotated[float | None, Check(gt=0)],
+        compress: bool,
+        evaluate_on_workers: bool,
+        allow_unauthenticated: bool,
     ) -> None:
-        # auto: one worker a core this process may use, less the learner's (a cluster's size
-        # is not this machine's: give a number there)
-        if num_workers == "auto" and address is not None:
-            raise ConfigError(
-                "collector.num_workers: auto counts this machine's cores; joining a cluster "
-                f"(collector.address={address}) needs a number"
-            )
+        settings = {
+            "num_workers": num_workers, "mode": mode, "backend": backend,
+            "rollouts_per_update": rollouts_per_update, "fraction_samples": fraction_samples,
+            "min_rollout_frac": min_rollout_frac, "max_policy_lag": max_policy_lag,
+            "timeout": timeout, "cpus_per_worker": cpus_per_worker,
+            "gpus_per_worker": gpus_per_worker, "memory_per_worker": memory_per_worker,
+        }  # fmt: skip
+        errors = argument_errors(CollectionWorkerSet.__init__, settings, "collector")
+        errors += collector_errors(
+            num_workers=num_workers, num_envs=spec.num_envs, mode=mode,
+            rollouts_per_update=rollouts_per_update, address=address,
+        )  # fmt: skip
+        if errors:
+            raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+        # auto: one worker a core this process may use, less the learner's
         num_workers = auto_count(num_workers, spec.num_envs, "collector.num_workers")
         per_update = num_workers if rollouts_per_update is None else rollouts_per_update
-        check_collector(
-            num_workers, mode, backend, fraction_samples, min_rollout_frac, max_policy_lag, spec,
-            timeout, per_update,
-        )  # fmt: skip
         self.spec, self.model, self.device = spec, model, torch.device(device)
         self.dist = dist if dist is not None and dist.enabled else None
         # "rank 1 " under DDP: every message names the rank that owns the worker.

@@ -94,19 +94,25 @@ def _own_keys(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {k: cfg[k] for k in _RUN_KEYS if k in cfg}
 
 
-def _collector_errors(cfg: Mapping[str, Any]) -> list[str]:
-    """The collector must support DDP when ``distributed`` is on (its declared capability)."""
-    distributed = cfg["distributed"]
-    if not (isinstance(distributed, Mapping) and distributed.get("enabled") is True):
-        return []
+def _collector_errors(cfg: Mapping[str, Any], num_envs: int | None) -> list[str]:
+    """The collector's rules between its settings, and DDP support under ``distributed``.
+
+    The rules: its class's ``config_errors(section, num_envs)`` where it has one (``num_envs``:
+    one learner's environments); DDP: its declared capability.
+    """
     try:
         target = import_target(str(cfg["collector"].get("_target_")))
     except Exception:  # noqa: BLE001  (check_targets reports it)
         return []
     collector = getattr(target, "__self__", target)  # a classmethod's class
+    rules = getattr(collector, "config_errors", None)
+    errors = rules(cfg["collector"], num_envs) if callable(rules) and num_envs else []
+    distributed = cfg["distributed"]
+    if not (isinstance(distributed, Mapping) and distributed.get("enabled") is True):
+        return errors
     if getattr(collector, "supports_distributed", True):
-        return []
-    return [
+        return errors
+    return errors + [
         f"collector ({cfg['collector']['_target_']}) with distributed=ddp: this collector "
         "cannot run under DDP; use collector=local with DDP, or distributed=none"
     ]
@@ -144,11 +150,11 @@ def verify_train_cfg(cfg: Mapping[str, Any]) -> None:
     errors += distributed_errors(cfg["distributed"])
     if cfg["normalize"] is not None:
         errors += section_errors(NormalizeSettings, cfg["normalize"], "normalize")
-    errors += _collector_errors(cfg)
     try:
         num_envs: int | None = sampler_num_envs(cfg["sampler"])
     except (TypeError, ValueError):  # (a num_envs of null: named above)
         num_envs = None
+    errors += _collector_errors(cfg, num_envs)
     if num_envs is not None and num_envs < 1:
         errors.append(f"sampler: needs at least one environment, got {num_envs}")
     elif num_envs is not None and num_envs > MAX_NUM_ENVS:

@@ -363,6 +363,27 @@ def _hint_name(hint: Any) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
+def argument_errors(fn: Callable[..., Any], values: Mapping[str, Any], where: str) -> list[str]:
+    """Type and range problems of keyword ``values`` against ``fn``'s annotations.
+
+    The checks the config check applies to a ``_target_`` node's keys, for a constructor that
+    is called from Python as well (``where.key: ...``, one message each).
+    """
+    hints = _hints(fn)
+    errors = []
+    for key, value in values.items():
+        if key not in hints:
+            continue
+        hint, checks = split_hint(hints[key])
+        if not _type_ok(value, hint):
+            errors.append(
+                f"{where}.{key}: expected {_hint_name(hint)}, got {type(value).__name__} {value!r}"
+            )
+            continue
+        errors += [f"{where}.{key}: {p}" for p in value_problems(value, checks)]
+    return errors
+
+
 def section_errors(cls: type, section: Any, where: str) -> list[str]:
     """Problems of the config ``section`` read as the settings dataclass ``cls``.
 
