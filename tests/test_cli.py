@@ -50,6 +50,16 @@ def test_train_then_evaluate(tmp_path: Path) -> None:
     run_dir, proc = train(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "success" in proc.stderr  # the summary line
+    # Piped (not a terminal): the line carries the elapsed time and an ETA, and train.log has
+    # every summary line and the code's commit, which git.json records for the run.
+    summaries = [line for line in proc.stderr.splitlines() if line.startswith("step ")]
+    assert summaries and all(" | elapsed " in s and " | eta " in s for s in summaries)
+    train_log = (run_dir / "train.log").read_text(encoding="utf-8")
+    assert summaries[0].split(" | elapsed ")[0] in train_log
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    code = json.loads((run_dir / "git.json").read_text())
+    assert code["commit"] == head.stdout.strip() and isinstance(code["dirty"], bool)
+    assert f"code: git commit {code['commit']}" in train_log
     # The run folder: Hydra's config, the resolved config, checkpoints, metrics, evaluation.
     assert (run_dir / ".hydra" / "config.yaml").is_file()
     assert (run_dir / "config.yaml").is_file()

@@ -12,6 +12,7 @@ closes them all whatever happens. :func:`evaluate` hands ``evaluate.py``'s confi
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from pathlib import Path
@@ -56,6 +57,7 @@ from rl.utils.config import (
 )
 from rl.utils.files import write_atomic
 from rl.utils.logs import log_fatal
+from rl.utils.provenance import git_state
 from rl.utils.seeding import deterministic_mode, set_seed, worker_seeds
 from rl.utils.threads import set_torch_threads
 
@@ -265,6 +267,7 @@ def _train_body(
             write_atomic(output_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
             if start.resume_state is None:  # (a resumed run keeps its first invocation's)
                 write_hydra_record(output_dir, record)
+            _record_code(output_dir, first=start.resume_state is None)
         stack.enter_context(stop_on_signals(stop))  # again: Ray installs its own handlers
         logger = MetricsLogger([])
         if main:  # distributed: only rank 0 logs, evaluates, validates and records videos
@@ -442,3 +445,20 @@ def evaluate(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
         The last checkpoint's ``eval/*`` metrics (``expert/*`` with ``test_expert``).
     """
     return evaluate_from_config(to_plain(cfg))
+
+
+def _record_code(output_dir: Path, *, first: bool) -> None:
+    """Log this invocation's code: its git commit, and whether it had uncommitted changes.
+
+    A new run also writes ``git.json``; a resumed one keeps its first invocation's (as with
+    ``.hydra/``) and its log says which code each invocation ran.
+    """
+    state = git_state()
+    if not state:
+        log.info("code: not a git checkout (no commit to record)")
+        return
+    dirty = " with uncommitted changes" if state["git_dirty"] else ""
+    log.info("code: git commit %s%s", state["git_sha"], dirty)
+    if first:
+        code = {"commit": state["git_sha"], "dirty": state["git_dirty"]}
+        write_atomic(output_dir / "git.json", json.dumps(code) + "\n")

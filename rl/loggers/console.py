@@ -1,15 +1,29 @@
-"""Console output: a tqdm progress bar (env steps, FPS, stage, ETA) and periodic summaries."""
+"""Console output: a tqdm progress bar (env steps, FPS, stage, ETA) and periodic summaries.
+
+Each summary line also goes to the run folder's ``train.log`` (with a timestamp), so a detached
+run's log file holds its progress; without the bar (a piped or redirected console: SLURM, ``|
+tee``) the line carries the elapsed time and an ETA itself.
+"""
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from rl.loggers.base import MetricsSink, RunContext
+from rl.utils.files import NoFollowFileHandler, check_file_target
+
+# Summary lines into <run>/train.log only (not propagated: the console gets them from the sink).
+_FILE_LOG = logging.getLogger("rl.summary")
+_FILE_LOG.propagate = False
+_FILE_LOG.setLevel(logging.INFO)
+_FILE_FORMAT = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"  # Hydra's file format
 
 # Shown in the summary line, in this order, when present.
 _SUMMARY_KEYS = (
@@ -31,7 +45,10 @@ class ConsoleSink(MetricsSink):
     """Progress bar plus a one-line summary every ``summary_every`` log points.
 
     During teacher forcing the line says which fraction of the steps the expert took
-    (``teacher-forced 85%``): the success beside it is then largely the expert's.
+    (``teacher-forced 85%``): the success beside it is then largely the expert's. Without the
+    bar the line ends with the time since the sink started and an ETA (``elapsed 0:01:23 |
+    eta 0:04:56``: the budget left at the rate since this run's first progress report). Every
+    line is also appended to ``<run>/train.log``.
 
     Args:
         context: The run (filled in by the engine).
@@ -46,6 +63,14 @@ class ConsoleSink(MetricsSink):
     ) -> None:
         self.summary_every = summary_every
         self._count = 0
+        self._total = context.total_steps
+        self._started = time.monotonic()
+        self._first: tuple[int, float] | None = None  # (step, time) of the first progress
+        log_file = context.output_dir / "train.log"
+        check_file_target(log_file)
+        self._file = NoFollowFileHandler(log_file, encoding="utf-8", delay=True)
+        self._file.setFormatter(logging.Formatter(_FILE_FORMAT))
+        _FILE_LOG.addHandler(self._file)
         self._bar = tqdm(
             total=context.total_steps,
             unit="step",
@@ -59,6 +84,8 @@ class ConsoleSink(MetricsSink):
 
     def progress(self, step: int, status: Mapping[str, Any]) -> None:
         """Advance the bar to ``step`` and show ``status`` (e.g. stage, fps) beside it."""
+        if self._first is None:  # (a resumed run starts past 0)
+            self._first = (step, time.monotonic())
         self._bar.update(step - self._bar.n)
         self._bar.set_postfix(status, refresh=False)
 
@@ -77,8 +104,29 @@ class ConsoleSink(MetricsSink):
             value = metrics.get(key)
             if value is not None and not (isinstance(value, float) and math.isnan(value)):
                 parts.append(f"{label} {fmt.format(value)}")
-        self._bar.write(" | ".join(parts), file=sys.stderr)
+        line = " | ".join(parts)
+        _FILE_LOG.info(line)
+        if self._bar.disable:  # (the bar shows both itself)
+            line += " | " + self._times(step)
+        self._bar.write(line, file=sys.stderr)
+
+    def _times(self, step: int) -> str:
+        """``elapsed H:MM:SS | eta H:MM:SS`` (``eta ?`` before the rate is known)."""
+        now = time.monotonic()
+        elapsed = f"elapsed {_clock(now - self._started)}"
+        if self._first is None or step <= self._first[0] or now <= self._first[1]:
+            return f"{elapsed} | eta ?"
+        rate = (step - self._first[0]) / (now - self._first[1])
+        return f"{elapsed} | eta {_clock(max(0, self._total - step) / rate)}"
 
     def close(self) -> None:
-        """Close the bar."""
+        """Close the bar and the log file."""
         self._bar.close()
+        _FILE_LOG.removeHandler(self._file)
+        self._file.close()
+
+
+def _clock(seconds: float) -> str:
+    """``H:MM:SS``."""
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"

@@ -15,17 +15,15 @@ a ``seed=1,2,3`` sweep is one group on the dashboard. A resumed run (``id`` set)
 from __future__ import annotations
 
 import logging
-import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rl.loggers.base import MetricsSink, RunContext
 from rl.utils.files import run_subdir
+from rl.utils.provenance import git_state
 
 log = logging.getLogger(__name__)
-
-_REPO = Path(__file__).resolve().parents[2]
 
 
 def flatten_dict(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -38,26 +36,6 @@ def flatten_dict(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
-
-
-def git_state(repo: Path = _REPO) -> dict[str, Any]:
-    """``{"git_sha": ..., "git_dirty": ...}`` of the code's repository (empty outside one)."""
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10
-        )
-        status = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    if sha.returncode != 0 or status.returncode != 0:
-        return {}
-    return {"git_sha": sha.stdout.strip(), "git_dirty": bool(status.stdout.strip())}
 
 
 def sweep_of_current_job() -> tuple[str, int] | None:
