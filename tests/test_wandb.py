@@ -64,7 +64,7 @@ def test_offline_run_file_holds_config_sections_axis_summary_and_artifact(tmp_pa
     assert run.config["task_id"] == "PointNavEnv"
     assert run.config["seed"] == 1
     assert run.config["pipeline.num_steps"] == 16
-    assert run.config["pipeline.optimizer.lr"] == 1.0e-3
+    assert run.config["pipeline.optimizer.lr"] == 3.0e-3  # ppo_nav's
     assert run.config["eval.num_episodes"] == 4
     assert run.config["model.rnn_hidden_size"] == 128
     assert len(run.config["git_sha"]) == 40
