@@ -1,0 +1,107 @@
+"""``python -m rl.compare``: runs grouped by override, final and best metrics as mean ± std over
+seeds, curves with a band; on a real 2 x 2 multirun and on crafted run folders."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rl.evaluation.compare import find_runs, group_runs, main, read_run
+
+ROOT = Path(__file__).resolve().parents[1]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def write_run(folder: Path, overrides: list[str], points: list[dict]) -> Path:
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(p) + "\n" for p in points))
+    return folder
+
+
+@pytest.mark.slow
+def test_a_real_two_by_two_multirun_is_tabulated_and_plotted(tmp_path: Path, capsys) -> None:
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run(
+        [sys.executable, "train.py", "-m", "+experiment=ppo_nav", "+debug=smoke", "task=nav_small",
+         "seed=1,2", "pipeline.optimizer.lr=1e-3,3e-3", f"hydra.sweep.dir={sweep}"],
+        cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "4 runs in 2 groups" in out
+    rows = [line for line in out.splitlines() if line.startswith("| pipeline.optimizer.lr=")]
+    assert len(rows) == 2, out
+    assert all("| 2    | 1 2   |" in row and "±" in row for row in rows), rows
+    assert (sweep / "compare.png").read_bytes().startswith(PNG)
+    with (sweep / "compare.csv").open() as f:
+        table = list(csv.DictReader(f))
+    assert [row["runs"] for row in table] == ["2", "2"]
+    # The table's numbers are the runs' own: the mean of each group's final eval/success.
+    for row in table:
+        lr = row["group"].split("=")[1]
+        finals = []
+        for job in sweep.iterdir():
+            overrides = (job / ".hydra" / "overrides.yaml").read_text() if job.is_dir() else ""
+            if f"pipeline.optimizer.lr={lr}" in overrides:
+                records = [json.loads(x) for x in (job / "metrics.jsonl").read_text().splitlines()]
+                finals.append([r["eval/success"] for r in records if "eval/success" in r][-1])
+        assert float(row["eval/success final mean"]) == pytest.approx(statistics.fmean(finals))
+
+
+def test_groups_are_the_overrides_without_seed_and_without_what_all_share(tmp_path: Path) -> None:
+    shared = ["+experiment=ppo_nav"]
+    for i, (lr, seed, finals) in enumerate(
+        [("1e-3", 1, [0.2, 0.5]), ("1e-3", 2, [0.4, 0.7]), ("3e-3", 1, [0.9, 0.6]),
+         ("3e-3", 2, [0.3, 0.8])]
+    ):  # fmt: skip
+        points = [{"env_step": 100 * (k + 1), "eval/success": v} for k, v in enumerate(finals)]
+        write_run(tmp_path / str(i), [*shared, f"seed={seed}", f"lr={lr}"], points)
+    groups = group_runs([read_run(p) for p in find_runs([tmp_path])])
+    assert [(g.label, [r.seed for r in g.runs]) for g in groups] == [
+        ("lr=1e-3", ["1", "2"]),
+        ("lr=3e-3", ["1", "2"]),
+    ]
+    assert main([str(tmp_path), "--metrics", "eval/success"]) == 0
+    with (tmp_path / "compare.csv").open() as f:
+        table = {row["group"]: row for row in csv.DictReader(f)}
+    lr3 = table["lr=3e-3"]
+    assert float(lr3["eval/success final mean"]) == pytest.approx(0.7)  # 0.6, 0.8
+    assert float(lr3["eval/success final std"]) == pytest.approx(statistics.stdev([0.6, 0.8]))
+    assert float(lr3["eval/success best mean"]) == pytest.approx(0.85)  # 0.9, 0.8
+    assert (tmp_path / "compare.png").read_bytes().startswith(PNG)
+
+
+def test_run_folders_are_read_as_untrusted(tmp_path: Path) -> None:
+    """Links are not followed, non-numbers and broken lines are skipped, nothing is executed."""
+    run = write_run(tmp_path / "runs" / "0", ["seed=1", "!!python/object/apply:os.system [x]"], [])
+    (run / "metrics.jsonl").write_text(
+        '{"env_step": 1, "eval/success": 0.5}\n'
+        "not json\n"
+        '{"env_step": 2, "eval/success": "0.9", "flag": true, "nan": NaN}\n'
+        "[1, 2]\n"
+    )
+    (run / ".hydra" / "overrides.yaml").write_text("!!python/object/apply:os.system ['exit 3']")
+    outside = write_run(tmp_path / "outside", ["seed=9"], [{"env_step": 1, "eval/success": 1.0}])
+    (tmp_path / "runs" / "linked").symlink_to(outside, target_is_directory=True)
+    assert find_runs([tmp_path / "runs"]) == [run]
+    read = read_run(run)
+    assert read.overrides == []  # (an unsafe YAML tag is not loaded)
+    assert read.points == [{"env_step": 1.0, "eval/success": 0.5}, {"env_step": 2.0}]
+    assert read.final("eval/success") == 0.5
+
+
+def test_no_run_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    with pytest.raises(SystemExit):
+        main([str(tmp_path)])
+    assert "no run folder (one holding metrics.jsonl)" in capsys.readouterr().err
