@@ -6,23 +6,84 @@ step, under the same names as elsewhere, so TensorBoard groups them into the sam
 (``charts/``, ``losses/<loss>/``, ``eval/``, ``valid/``, ``time/``, ``pipeline/``,
 ``collection/``). Probe videos are written as animated GIF images under ``videos/probe`` (what
 ``SummaryWriter.add_video`` does, without its moviepy dependency).
+
+The HParams dashboard gets the run's hyperparameters (:data:`HPARAM_KEYS` and every key set on
+the command line, their resolved values) against its evaluation and training metrics
+(:data:`HPARAM_METRICS`, the same scalars), so the runs of a sweep can be compared by setting.
 """
 
 from __future__ import annotations
 
 import io
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import imageio.v2 as imageio
 import numpy as np
 from PIL import Image
 from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams
 
 from rl.loggers.base import MetricsSink, RunContext
 from rl.utils.files import run_subdir
+
+# Settings always shown in the HParams dashboard (where the run's config has them), beside the
+# ones given on the command line.
+HPARAM_KEYS = (
+    "seed",
+    "exp_name",
+    "total_env_steps",
+    "sampler.num_envs",
+    "pipeline.num_steps",
+    "pipeline.num_mini_batch",
+    "pipeline.update_repeats",
+    "pipeline.gamma",
+    "pipeline.optimizer.lr",
+)
+# The metrics the dashboard sets against them (scalars the run logs under these names).
+HPARAM_METRICS = (
+    "eval/success",
+    "eval/spl",
+    "eval/episodic_return",
+    "charts/success",
+    "charts/episodic_return",
+)
+
+
+def run_hparams(config: Mapping[str, Any], overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The run's hyperparameters by dotted key, with their values in the resolved ``config``.
+
+    The keys: :data:`HPARAM_KEYS` and those of ``overrides`` (``key=value`` command-line
+    overrides). Numbers, booleans and strings are kept as they are; anything else as its text.
+    """
+    keys = list(HPARAM_KEYS)
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if "=" in override and not key.startswith("hydra") and key not in keys:
+            keys.append(key)
+    found: dict[str, Any] = {}
+    for key in keys:
+        node: Any = config
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if node is None:
+            continue
+        ok = isinstance(node, bool | int | float | str)
+        found[key] = node if ok else str(node)
+    return found
+
+
+def _command_line_overrides() -> list[str]:
+    """The Hydra job's command-line overrides (none outside Hydra: the Python API)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    except Exception:  # noqa: BLE001  (the dashboard is extra: never fail a run over it)
+        return []
 
 
 def gif_bytes(frames: list[np.ndarray], fps: int = 8) -> bytes:
@@ -52,6 +113,12 @@ class TensorBoardSink(MetricsSink):
         # each folder below the run's checked: a link there is refused, never written through
         self.log_dir = run_subdir(context.output_dir, subdir)
         self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=flush_secs)
+        params = run_hparams(context.config, _command_line_overrides())
+        experiment, start, self._end = hparams(params, dict.fromkeys(HPARAM_METRICS, 0.0))
+        file_writer = self.writer.file_writer
+        assert file_writer is not None  # the writer opened its event file at construction
+        file_writer.add_summary(experiment)
+        file_writer.add_summary(start)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """One scalar per metric at env step ``step`` (NaNs are skipped)."""
@@ -75,5 +142,8 @@ class TensorBoardSink(MetricsSink):
         file_writer.add_summary(summary, step)
 
     def close(self) -> None:
-        """Flush and close the event file."""
+        """End the HParams session, flush and close the event file."""
+        file_writer = self.writer.file_writer
+        if file_writer is not None:
+            file_writer.add_summary(self._end)
         self.writer.close()
