@@ -29,7 +29,8 @@ same run of this script, for the ratios of return and training FPS on this machi
 Training FPS = env steps / wall time over the last three quarters of training (the first quarter
 is warm-up, as in ``bench/train_fps.py``), from each side's own records.
 
-Written to ``--out`` (default ``docs/results/``, what the docs' page shows): ``published.md``
+Written to ``--out`` (default ``docs/results/``, what the docs' page shows; with ``--only``,
+``<work>/only_<ENV>/``, so one row never overwrites the page): ``published.md``
 (the page: the table, the side-by-side table, the plots, the command), ``published.json`` (the
 same figures and every seed's) and ``published/<env>.png`` (our seeds' learning curves and the
 reference's figure as a line). Runs go under ``--work`` (default ``outputs/published/``); a run
@@ -636,10 +637,48 @@ def markdown(rows: list[dict], side: dict | None, args: argparse.Namespace, wall
             f"Ratios ours / SB3: return {_ratio(side['return_ratio'])}, "
             f"FPS {_ratio(side['fps_ratio'])}.",
         ]
+    lines += row_commands(rows)
     lines += ["", "## Learning curves", ""]
     for row in rows:
         lines.append(f"![{row['env_id']}](published/{row['env_id']}.png)")
     return "\n".join(lines) + "\n"
+
+
+# Flags of a run that are the script's bookkeeping, not the experiment (left out of the
+# per-row commands).
+BOOKKEEPING_FLAGS = ("hydra.run.dir=", "logger.sinks.console.")
+
+
+def row_commands(rows: Sequence[dict]) -> list[str]:
+    """The page's section on reproducing one row: the command, one seed's train.py, the time."""
+    lines = [
+        "",
+        "## One row at a time",
+        "",
+        "`python bench/published.py --only ENV` trains and reports that row alone (3 seeds, 2 at "
+        "a time); its page, JSON and plot go to `outputs/published/only_ENV/`, so this page "
+        "stays as it is, and its runs under `outputs/published/ENV/`, reused by a later full "
+        "table. Each seed runs the `train.py` command below with `seed=N` (plus the script's "
+        "own run folder and quiet console); the time is one seed's here, at the row's training "
+        "FPS above.",
+        "",
+        "| environment | command | one seed's training run | one seed here |",
+        "|---|---|---|---|",
+    ]
+    by_env = {b.env_id: b for b in BENCHMARKS}
+    for row in rows:
+        bench = by_env[row["env_id"]]
+        episodes = EVAL_EPISODES_ZOO if bench.reference.metric == "eval" else EVAL_EPISODES_SIDE
+        job = Job(bench, "ours", 1, Path("run"), bench.budget, episodes)
+        args = [a for a in job.command()[2:] if not a.startswith(BOOKKEEPING_FLAGS)]
+        train = " ".join(["python train.py", *args])
+        fps = row.get("fps")
+        took = f"~{_clock(bench.budget / fps)}" if fps and math.isfinite(fps) else "-"
+        lines.append(
+            f"| {bench.env_id} | `python bench/published.py --only {bench.env_id}` "
+            f"| `{train}` | {took} |"
+        )
+    return lines
 
 
 def plot(results: list[dict], bench: Benchmark, path: Path) -> None:
@@ -704,7 +743,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", nargs="+", default=None, metavar="ENV", help="these rows only")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
+    parser.add_argument(
+        "--out", type=Path, default=None,
+        help="default: docs/results (the whole table), outputs/published/only_<ENV> (--only)",
+    )  # fmt: skip
     parser.add_argument("--work", type=Path, default=ROOT / "outputs" / "published")
     parser.add_argument("--fresh", action="store_true", help="retrain runs already done")
     parser.add_argument("--skip-side-by-side", action="store_true")
@@ -728,6 +770,9 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"--only: {unknown} are not benchmarks ({sorted(known)})")
     benches = [b for b in BENCHMARKS if args.only is None or b.env_id in args.only]
+    if args.out is None:  # --only never overwrites the docs' page unless told to
+        only = "+".join(b.env_id for b in benches)
+        args.out = ROOT / "docs" / "results" if args.only is None else args.work / f"only_{only}"
     if args.smoke and args.only is None:  # one row per preset: each code path, fewer runs
         benches = [b for b in benches if b.env_id in SMOKE_ROWS]
     tmp = None
