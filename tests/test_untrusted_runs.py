@@ -10,8 +10,10 @@ module the user's config does not name was imported.
 
 from __future__ import annotations
 
+import copy
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -30,6 +32,7 @@ from crafted import (
     make_sentinel,
     resign,
 )
+from hydra.core.hydra_config import HydraConfig
 
 from rl.checkpoints import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from rl.checkpoints.errors import UntrustedCheckpointError
@@ -478,9 +481,26 @@ def test_fuzz_crafted_checkpoints_and_folders_change_nothing_outside(
     server.setblocking(False)
     sys.addaudithook(_record_connects)  # (stays: it only appends to a list)
     families = _fuzz_families(port)
+    # Every case is crafted at the same paths (the previous case's folders removed first), so
+    # the commands typed for it are the same strings each time: each distinct command is
+    # composed once and each use gets a fresh copy of it, installed as compose_cfg installs one.
+    composed: dict[tuple[Any, ...], Any] = {}
+
+    def compose_once(
+        overrides: Any = (), config_name: str = "train", set_output_dir: bool = True
+    ) -> Any:
+        key = (tuple(overrides), config_name, set_output_dir)
+        if key not in composed:
+            composed[key] = compose_cfg(overrides, config_name, set_output_dir)
+        cfg = copy.deepcopy(composed[key])
+        HydraConfig.instance().set_config(cfg)
+        return cfg
+
     tried = 0
     for i in range(21):
-        folder, path, state = crafted(smoke_run, tmp_path, f"fuzz{i}")
+        for leftover in ("fuzz", "eval"):
+            shutil.rmtree(tmp_path / leftover, ignore_errors=True)
+        folder, path, state = crafted(smoke_run, tmp_path, "fuzz")
         family = sorted(families)[i % len(families)]  # (each family in 3 cases)
         places, make, prepare = families[family]
         prepare(rng, state)
@@ -505,7 +525,7 @@ def test_fuzz_crafted_checkpoints_and_folders_change_nothing_outside(
         del _CONNECTS[:]
         # (where the run writes or sizes matter, the resume goes on for one more rollout)
         more = ("total_env_steps=320",) if family in ("links", "sizes") else ()
-        ways = entries(folder, compose_cfg, tmp_path / f"eval{i}", more)
+        ways = entries(folder, compose_once, tmp_path / "eval", more)
         for _name, enter in ways:
             tried += 1
             try:
@@ -521,6 +541,7 @@ def test_fuzz_crafted_checkpoints_and_folders_change_nothing_outside(
         server.accept()  # nobody connected
     server.close()
     assert tried == 84
+    assert len(composed) == 4  # (3 entries; the resume with and without one more rollout)
 
 
 @pytest.mark.parametrize(
