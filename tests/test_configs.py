@@ -416,3 +416,16 @@ def test_the_documented_log_std_init_applies_to_the_mlp(compose_cfg, resolve_cfg
     plain = resolve_cfg(compose_cfg(["task=pendulum", "model=mlp", "model.log_std_init=-0.5"]))
     assert plain["model"]["log_std_init"] == -0.5
     verify_train_cfg(plain)
+
+
+def test_a_task_target_swapped_on_a_preset_says_how_to_swap_the_whole_task(
+    compose_cfg, resolve_cfg
+) -> None:
+    """task._target_ alone keeps the preset task's other keys: the error names each with the
+    override that drops it, and those overrides make the config valid."""
+    swap = ["+experiment=ppo_classic_control", "task._target_=rl.tasks.toy.MatchTargetEnv"]
+    with pytest.raises(ConfigError) as info:
+        verify_train_cfg(resolve_cfg(compose_cfg(swap)))
+    assert "drop them (~task.env_id ~task.env_kwargs ~task.wrappers)" in str(info.value)
+    drops = ["~task.env_id", "~task.env_kwargs", "~task.wrappers"]
+    verify_train_cfg(resolve_cfg(compose_cfg([*swap, *drops])))

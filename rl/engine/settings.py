@@ -165,5 +165,26 @@ def verify_train_cfg(cfg: Mapping[str, Any]) -> None:
     errors += pipeline_errors(
         cfg["pipeline"], num_envs=num_envs, total_env_steps=cfg["total_env_steps"]
     )
+    errors += _task_swap_hint(errors)
     if errors:  # (once each: the optimizer's lr is checked by its annotation and by name)
         raise ConfigError("invalid config:\n  " + "\n  ".join(dict.fromkeys(errors)))
+
+
+def _task_swap_hint(errors: list[str]) -> list[str]:
+    """How to swap a whole task when only ``task._target_`` was changed (one message).
+
+    ``task._target_=my_package.make_env`` on a preset keeps the preset task's other keys
+    (``env_id``, ``wrappers``, ...), which the new target does not take.
+    """
+    unknown = [e.split(":", 1)[0].removeprefix("task.") for e in errors
+               if e.startswith("task.") and ": unknown key for " in e]  # fmt: skip
+    keys = [k for k in unknown if "." not in k]
+    if not keys:
+        return []
+    drops = " ".join(f"~task.{k}" for k in keys)
+    return [
+        f"task: {', '.join(keys)} came with the composed task config, not with your _target_ "
+        f"(changing task._target_ keeps the task's other keys): drop them ({drops}) or give "
+        "your task a config of its own and choose it (task=<name>: conf/task/<name>.yaml, "
+        "docs/howto/add-a-task.md)"
+    ]
