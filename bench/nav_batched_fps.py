@@ -56,7 +56,7 @@ def task_kwargs() -> dict[str, Any]:
 
 def batched_fps(num_envs: int, seconds: float) -> tuple[float, float]:
     """Env steps/s and ms per step of ``BatchedPointNav`` at ``num_envs``, random actions."""
-    env = BatchedPointNav(**task_kwargs(), num_envs=num_envs)
+    env = BatchedPointNav(**task_kwargs(), num_envs=num_envs, device="cpu")
     env.reset(list(range(num_envs)))
     rng = np.random.default_rng(0)
     actions = torch.from_numpy(rng.integers(0, 4, size=(ACTION_BATCHES, num_envs)))

@@ -53,7 +53,7 @@ class ScaledTD:
 
 def _storage(t: int = 5, n: int = 3) -> RolloutStorage:
     g = torch.Generator().manual_seed(0)
-    storage = RolloutStorage(num_steps=t, num_envs=n)
+    storage = RolloutStorage(num_steps=t, num_envs=n, device="cpu")
     storage.set_first(
         {"x": torch.zeros(n, 2)}, torch.ones(n, dtype=torch.bool), TensorDict({}, [n])
     )

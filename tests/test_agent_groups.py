@@ -113,7 +113,7 @@ def test_each_group_has_its_own_entry_and_the_policy_its_own_spaces() -> None:
 
 def _rollout(model, task=GROUPS, steps: int = 10):
     sampler = build_sampler(None, task=task, num_envs=2, seed=1)
-    collector = InProcessCollector(model=model, sampler=sampler)
+    collector = InProcessCollector(model=model, sampler=sampler, device="cpu")
     rollout = collector.collect(RolloutRequest(num_steps=steps))
     GAE(gae_lambda=0.95)(rollout.storage, model=model, next_value=rollout.next_value, gamma=0.99)
     batch = next(rollout.storage.minibatches(1, torch.Generator().manual_seed(0)))
@@ -129,13 +129,13 @@ def test_a_grouped_policy_is_each_groups_policy_on_its_rows() -> None:
     group = obs[AGENT_GROUP]
     assert (group == group[0]).all()  # a column is one agent throughout
     assert batch["actions"][group == 0].max() <= 1 and batch["actions"].max() == 2
-    out, after = model(obs, starts, model.initial_state(6))
+    out, after = model(obs, starts, model.initial_state(6, "cpu"))
     for g, name in enumerate(("choose2", "choose3")):
         index = (group[0] == g).nonzero().squeeze(1)
         assert len(index) == (2 if g == 0 else 4)
         sub = model.policies[name]
         sub_obs = {"obs": obs[f"obs/{name}"][:, index], "state": obs["state"][:, index]}
-        sub_out, sub_after = sub(sub_obs, starts[:, index], sub.initial_state(len(index)))
+        sub_out, sub_after = sub(sub_obs, starts[:, index], sub.initial_state(len(index), "cpu"))
         logp = out.dist.log_prob(batch["actions"])[:, index]
         assert torch.equal(logp, sub_out.dist.log_prob(batch["actions"][:, index]))
         assert torch.equal(out.values[:, index], sub_out.values)
@@ -201,8 +201,8 @@ def test_value_norm_makes_the_value_loss_one_of_normalised_units() -> None:
     normed.value_norm.update(5.0, 25.0 + 9.0)  # mean 5, std 3
     batch = _rollout(plain, cue_task(None, choices=(2, 2, 2)))
     obs, starts = batch["obs"], batch["episode_starts"]
-    out_plain, _ = plain(obs, starts, plain.initial_state(6))
-    out_normed, _ = normed(obs, starts, normed.initial_state(6))
+    out_plain, _ = plain(obs, starts, plain.initial_state(6, "cpu"))
+    out_normed, _ = normed(obs, starts, normed.initial_state(6, "cpu"))
     # The same head, its output in the targets' units: values * 3 + 5.
     assert torch.allclose(out_normed.values, out_plain.values * 3 + 5, atol=1e-5)
     loss = PPOLoss(use_clipped_value_loss=False)
@@ -267,7 +267,7 @@ def test_box_actions_of_different_lengths_share_padded_rows() -> None:
     model = grouped_policy({**GROUPED, "policy": MLP}, task)
     obs = {k: torch.zeros(1, 2, *s.shape) for k, s in layout.observation_space.spaces.items()}
     obs[AGENT_GROUP] = torch.tensor([[0, 1]])
-    out, _ = model(obs, torch.zeros(1, 2, dtype=torch.bool), model.initial_state(2))
+    out, _ = model(obs, torch.zeros(1, 2, dtype=torch.bool), model.initial_state(2, "cpu"))
     actions = out.dist.sample()
     assert actions.shape == (1, 2, 5) and (actions[0, 0, 3:] == 0).all()  # the speaker's padding
     assert torch.isfinite(out.dist.log_prob(actions)).all()

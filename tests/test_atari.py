@@ -58,7 +58,7 @@ def play_one_game(env: Any, seed: int = 1) -> list[dict[str, Any]]:
 
 def test_both_forms_have_the_same_spaces() -> None:
     layout = task_layout(TASK)
-    batched = build_batched_env(TASK, 2)  # (the twin, through make_atari_env.batched_env)
+    batched = build_batched_env(TASK, 2, device="cpu")  # (the twin: make_atari_env.batched_env)
     try:
         assert isinstance(batched, GymVectorEnv) and isinstance(batched.env, AtariGames)
         assert batched.name == layout_name() == "ALE/Breakout-v5"
@@ -117,7 +117,7 @@ def test_rewards_are_clipped_and_the_game_return_is_not() -> None:
 
 def test_twin_ends_lives_then_reports_the_games() -> None:
     n = 3
-    env = build_batched_env(TASK, n)
+    env = build_batched_env(TASK, n, device="cpu")
     games = env.env
     assert isinstance(games, AtariGames)
     env.reset([1, 2, 3])

@@ -289,11 +289,12 @@ def _trainer(path: Path, sampler: SerialSampler, callbacks=()) -> OnPolicyTraine
     return OnPolicyTrainer(
         model=model,
         pipeline=pipeline,
-        collector=InProcessCollector(model=model, sampler=sampler),
+        collector=InProcessCollector(model=model, sampler=sampler, device="cpu"),
         logger=MetricsLogger([]),
         output_dir=path,
         run=RunRecord(config={"note": "test"}),
         callbacks=list(callbacks),
+        device="cpu",
     )
 
 
@@ -396,7 +397,9 @@ def _depth_errors(run_dir: Path, task: dict, num_steps: int = 256) -> tuple[floa
     batch = {k: torch.as_tensor(np.stack([f[k] for f in frames]))[None] for k in frames[0]}
     with torch.no_grad():
         output, _ = model(
-            batch, torch.ones(1, num_steps, dtype=torch.bool), model.initial_state(num_steps)
+            batch,
+            torch.ones(1, num_steps, dtype=torch.bool),
+            model.initial_state(num_steps, "cpu"),
         )
         trained = head(batch=TensorDict({"obs": batch}), output=output, step_count=0).total
     depth = batch["depth"][0].permute(0, 3, 1, 2)  # [B, 1, H, W]

@@ -99,7 +99,7 @@ def run_both(
     sampler = EvalSampler.of_run(cfg["sampler"])
     assert sampler.batched and sampler.config() is not None
     common: dict[str, Any] = {"model": model, "task": task, "episode_seeds": EPISODES,
-                              "num_envs": 5, **kwargs}  # fmt: skip
+                              "num_envs": 5, "device": "cpu", **kwargs}  # fmt: skip
     batched = evaluate_policy(**common, sampler=sampler)
     serial = evaluate_policy(**common, sampler=EvalSampler.of_run(None))
     return batched, serial
@@ -150,7 +150,7 @@ def test_only_a_batched_run_evaluates_batched_and_its_settings_are_checked() -> 
     for other in (None, {"_target_": "rl.sampling.SerialSampler", "num_envs": 4},
                   {"_target_": "rl.sampling.MultiprocessSampler", "num_processes": 2},
                   {"_target_": "my.own.BatchedSampler"}):  # fmt: skip
-        assert EvalSampler.of_run(other) == EvalSampler()
+        assert EvalSampler.of_run(other) == EvalSampler.serial()
         assert EvalSampler.of_run(other).config() is None
     with pytest.raises(ConfigError, match="sampler.vectorization_mode"):
         EvalSampler.of_run({**run, "vectorization_mode": "threads"})
@@ -206,9 +206,9 @@ def test_training_collector_evaluates_through_the_batched_sampler(batched_run: R
 
     spec = CollectionSpec(**{k: cfg[k] for k in ("task", "sampler", "model", "normalize")},
                           seed=cfg["seed"])  # fmt: skip
-    collector = InProcessCollector.from_spec(spec=spec, model=fresh_policy(cfg))
+    collector = InProcessCollector.from_spec(spec=spec, model=fresh_policy(cfg), device="cpu")
     try:
-        assert collector.eval_sampler == EvalSampler(batched=True)
+        assert collector.eval_sampler == EvalSampler(batched=True, device=cfg["sampler"]["device"])
     finally:
         collector.close()
 
@@ -241,12 +241,13 @@ def test_evaluate_py_on_a_batched_run_uses_the_batched_sampler(
     # ... and as the serial sampler's, the checkpoint's policy on the same list.
     state = load_checkpoint(final)
     model, normalizer = load_trained_policy(
-        state, final, task_layout(cfg["task"]).spaces, model_config=cfg["model"]
+        state, final, task_layout(cfg["task"]).spaces, model_config=cfg["model"], device="cpu"
     )
     serial = evaluate_policy(
         model=model, task=with_split(cfg["task"], "test"),
         episode_seeds=episode_seed_list(5, cfg["eval"]["episode_seed"]), num_envs=2,
         action_seed=cfg["eval"]["action_seed"], normalizer=normalizer,
+        device="cpu",
     )  # fmt: skip
     assert_same_results(EvalResult(written["metrics"], written["episodes"]), serial,
                         exact_return=False)  # fmt: skip
@@ -264,12 +265,14 @@ def test_validation_of_a_batched_run_uses_the_batched_sampler(batched_run: Run) 
         model, normalizer = load_trained_policy(
             load_checkpoint(checkpoint), checkpoint, task_layout(cfg["task"]).spaces,
             model_config=cfg["model"],
+            device="cpu",
         )  # fmt: skip
         serial = evaluate_policy(
             model=model, task=with_split(cfg["task"], valid["split"]),
             episode_seeds=episode_seed_list(3, valid["episode_seed"]), num_envs=2,
             deterministic=valid["deterministic"], action_seed=valid["action_seed"],
             normalizer=normalizer,
+            device="cpu",
         ).as_logged("valid")  # fmt: skip
         returns = serial.pop("valid/episodic_return"), metrics.pop("valid/episodic_return")
         assert returns[1] == pytest.approx(returns[0], rel=0, abs=RETURN_ATOL_PER_STEP * 50)

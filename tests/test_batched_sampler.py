@@ -97,7 +97,7 @@ def both(task: dict[str, Any], num_envs: int = 3, evaluation: bool = False, **kw
     serial_task = kwargs.pop("serial_task", task)
     return (
         SerialSampler(**{**common, "task": serial_task}),
-        BatchedSampler(**common, **kwargs),
+        BatchedSampler(**common, **{"device": "cpu", **kwargs}),
     )
 
 
@@ -132,7 +132,7 @@ def test_a_users_vector_env_in_either_autoreset_mode(autoreset: str, evaluation:
     # Every step equal to the serial sampler's: no transition across an episode boundary, no
     # step spent or counted on NEXT_STEP's reset, final_obs the true last observation, the
     # transition field (moved) and the episode metrics from the step's own infos.
-    with BatchedSampler(task=user_vector(autoreset), num_envs=3) as sampler:
+    with BatchedSampler(task=user_vector(autoreset), num_envs=3, device="cpu") as sampler:
         assert isinstance(sampler.env, GymVectorEnv)
         assert sampler.env.mode.value == autoreset
     episodes = check(user_vector(autoreset), evaluation, serial_task=CORRIDOR)
@@ -145,7 +145,7 @@ def test_a_users_vector_env_in_either_autoreset_mode(autoreset: str, evaluation:
 def test_a_torch_batched_env_steps_as_its_per_env_twin(form: str, evaluation: bool) -> None:
     batched_task = {**CORRIDOR, "_target_": "rl.tasks.corridor.BatchedCorridor"}
     task = CORRIDOR if form == "twin" else batched_task
-    with BatchedSampler(task=task, num_envs=3) as sampler:
+    with BatchedSampler(task=task, num_envs=3, device="cpu") as sampler:
         assert isinstance(sampler.env, BatchedCorridor)
     check(task, evaluation, tensors=True, serial_task=CORRIDOR)
 
@@ -158,8 +158,8 @@ def test_actions_on_the_device_are_not_copied() -> None:
             seen.append(actions)
             return super().step(actions, next_seeds)
 
-    with BatchedSampler(task=CORRIDOR, num_envs=2) as sampler:
-        sampler.env = Spy(num_envs=2, length=5, max_steps=6)
+    with BatchedSampler(task=CORRIDOR, num_envs=2, device="cpu") as sampler:
+        sampler.env = Spy(num_envs=2, length=5, max_steps=6, device="cpu")
         sampler.reset()
         actions = torch.tensor([2, 0])
         step = sampler.step(actions)
@@ -220,7 +220,7 @@ def test_a_nan_observation_is_named_as_the_serial_sampler_names_it() -> None:
     ids=["torch", "sync", "async-nav"],
 )
 def test_state_dict_resumes_bitwise(task: dict, kwargs: dict, tmp_path: Path) -> None:
-    make = functools.partial(BatchedSampler, task=task, num_envs=3, seed=2, **kwargs)
+    make = functools.partial(BatchedSampler, task=task, num_envs=3, seed=2, device="cpu", **kwargs)
     rng = np.random.default_rng(1)
     actions = [rng.integers(0, 3, 3) for _ in range(30)]
     with make() as sampler:
@@ -237,7 +237,7 @@ def test_state_dict_resumes_bitwise(task: dict, kwargs: dict, tmp_path: Path) ->
 
 
 def test_evaluation_mode_cannot_be_saved() -> None:
-    with BatchedSampler(task=CORRIDOR, num_envs=2, episode_seeds=[1, 2]) as sampler:
+    with BatchedSampler(task=CORRIDOR, num_envs=2, episode_seeds=[1, 2], device="cpu") as sampler:
         with pytest.raises(NotImplementedError, match="evaluation mode"):
             sampler.state_dict()
 
@@ -251,7 +251,7 @@ def test_an_interrupted_and_resumed_run_is_bitwise_equal_to_uninterrupted(
     task: dict, kwargs: dict, tmp_path: Path
 ) -> None:
     # test_resume's trainer (imitation then PPO, a GRU), its sampler a batched one
-    make = functools.partial(BatchedSampler, task=task, num_envs=4, seed=3, **kwargs)
+    make = functools.partial(BatchedSampler, task=task, num_envs=4, seed=3, device="cpu", **kwargs)
     with make() as sampler:
         reference = make_trainer(tmp_path / "a", sampler)
         reference.train()
@@ -293,9 +293,13 @@ def test_a_training_run_with_sampler_batched(
 def test_the_config_forms_of_a_batched_env_are_checked() -> None:
     batched_task = {**CORRIDOR, "_target_": "rl.tasks.corridor.BatchedCorridor"}
     with pytest.raises(ValueError, match="nothing to vectorise"):
-        BatchedSampler(task=batched_task, num_envs=2, vectorization_mode="sync")
+        BatchedSampler(task=batched_task, num_envs=2, vectorization_mode="sync", device="cpu")
     with pytest.raises(ValueError, match="task.observations acts on"):
-        BatchedSampler(task={**batched_task, "observations": [{"_target_": "x"}]}, num_envs=2)
+        BatchedSampler(
+            task={**batched_task, "observations": [{"_target_": "x"}]}, num_envs=2, device="cpu"
+        )
     with pytest.raises(ValueError, match="nothing to choose"):
-        BatchedSampler(task=user_vector("NextStep"), num_envs=2, vectorization_mode="async")
+        BatchedSampler(
+            task=user_vector("NextStep"), num_envs=2, vectorization_mode="async", device="cpu"
+        )
     assert issubclass(BatchedCorridor, BatchedEnv) and CorridorEnv.batched_env

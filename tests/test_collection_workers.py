@@ -193,6 +193,7 @@ def test_a_stage_switch_changes_what_the_workers_collect(backend: str, tmp_path:
         logger=MetricsLogger([]),
         output_dir=tmp_path,
         callbacks=[seen],
+        device="cpu",
     )
     try:
         trainer.train()
@@ -228,6 +229,7 @@ def train_with_workers(out: Path, callbacks: list[Callback], resume: bool = Fals
         logger=MetricsLogger([]),
         output_dir=out,
         callbacks=callbacks,
+        device="cpu",
     )
     try:
         if resume:

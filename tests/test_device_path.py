@@ -123,7 +123,7 @@ def test_a_cpu_run_stages_nothing_and_acts_with_the_learners_own_policy() -> Non
     assert pinned_transfers("cpu") is None
     with SerialSampler(task=SMALL, num_envs=4, seed=3) as sampler:
         model = make_model(sampler)
-        collector = InProcessCollector(model=model, sampler=sampler)
+        collector = InProcessCollector(model=model, sampler=sampler, device="cpu")
         assert collector.transfers is None and collector.actor is model
         assert collector.inference_device == collector.device == torch.device("cpu")
         rollout = collector.collect(RolloutRequest(num_steps=4))
@@ -170,6 +170,7 @@ def small_ppo(
         output_dir=tmp_path,
         seed=0,
         callbacks=callbacks or [],
+        device="cpu",
     )
 
 
@@ -179,7 +180,7 @@ def train_with(actor_copy: bool, tmp_path: Path) -> tuple[OnPolicyTrainer, Rollo
     # A separate acting copy on the same device: the path a CPU actor beside a CUDA learner
     # takes (weights copied before every rollout, the rollout handed over).
     actor = copy.deepcopy(model).requires_grad_(False) if actor_copy else None
-    collector = InProcessCollector(model=model, sampler=sampler, actor=actor)
+    collector = InProcessCollector(model=model, sampler=sampler, actor=actor, device="cpu")
     kept = Rollouts()
     trainer = small_ppo(model, collector, tmp_path, rollouts=4, callbacks=[kept])
     try:
@@ -269,7 +270,7 @@ def updates(compile: bool, tmp_path: Path) -> OnPolicyTrainer:
         trunk_layers=[],
         head_layers=[16],
     )
-    collector = InProcessCollector(model=model, sampler=sampler)
+    collector = InProcessCollector(model=model, sampler=sampler, device="cpu")
     trainer = small_ppo(model, collector, tmp_path, rollouts=2, recurrence=1, compile=compile)
     try:
         trainer.train()

@@ -157,16 +157,23 @@ def make_trainer(
         metric_accumulate_interval=128,
         save_interval=128,
     )
-    ctx = DistContext(rank=rank, world_size=WORLD, local_rank=rank, sync_frac=sync_frac)
+    ctx = DistContext(
+        rank=rank,
+        world_size=WORLD,
+        local_rank=rank,
+        sync_frac=sync_frac,
+        device=torch.device("cpu"),
+    )
     return OnPolicyTrainer(
         model=model,
         pipeline=pipe,
-        collector=InProcessCollector(model=model, sampler=sampler, dist=ctx),
+        collector=InProcessCollector(model=model, sampler=sampler, dist=ctx, device="cpu"),
         logger=MetricsLogger([]),
         output_dir=out,
         seed=7,
         callbacks=[recorder] if recorder is not None else [],
         dist=ctx,
+        device="cpu",
     )
 
 
@@ -255,17 +262,18 @@ def _eval_criterion(rank: int, tmp: str) -> None:
         num_mini_batch=2,
         update_repeats=1,
     )
-    ctx = DistContext(rank=rank, world_size=WORLD, local_rank=rank)
+    ctx = DistContext(rank=rank, world_size=WORLD, local_rank=rank, device=torch.device("cpu"))
     ends = StageEnds()
     callbacks = [EvalOnRankZero(), ends] if rank == 0 else [ends]  # as the engine builds them
     trainer = OnPolicyTrainer(
         model=model,
         pipeline=pipe,
-        collector=InProcessCollector(model=model, sampler=sampler, dist=ctx),
+        collector=InProcessCollector(model=model, sampler=sampler, dist=ctx, device="cpu"),
         logger=MetricsLogger([]),
         output_dir=Path(tmp) / str(rank),
         callbacks=callbacks,
         dist=ctx,
+        device="cpu",
     )
     trainer.train()
     trainer.collector.close()

@@ -212,6 +212,7 @@ def test_async_collection_follows_stage_switches_and_ends_at_the_budget(tmp_path
         logger=MetricsLogger([]),
         output_dir=tmp_path,
         callbacks=[seen],
+        device="cpu",
     )
     try:
         trainer.train()

@@ -140,6 +140,7 @@ def test_async_budgets_end_exactly_and_nothing_is_asked_past_them(tmp_path: Path
         logger=MetricsLogger([]),
         output_dir=tmp_path,
         callbacks=[seen],
+        device="cpu",
     )
     try:
         trainer.train()
@@ -189,7 +190,7 @@ class StopAt(Callback):
 
 
 def _rank_trainer(rank: int, out: Path, stop_at: int | None = None) -> OnPolicyTrainer:
-    ctx = DistContext(rank=rank, world_size=WORLD, local_rank=rank)
+    ctx = DistContext(rank=rank, world_size=WORLD, local_rank=rank, device=torch.device("cpu"))
     spec = CollectionSpec(
         task=SMALL, sampler=SERIAL, model=MODEL, seed=3, env_offset=rank * 4, total_envs=8
     )
@@ -213,6 +214,7 @@ def _rank_trainer(rank: int, out: Path, stop_at: int | None = None) -> OnPolicyT
         seed=7,
         callbacks=[StopAt(stop_at)],
         dist=ctx,
+        device="cpu",
     )
 
 

@@ -108,7 +108,7 @@ def test_output_shapes(space: gym.spaces.Dict, kwargs: dict, rnn: str | None) ->
     )
     obs = _random_obs(space, (t, n))
     starts = torch.zeros(t, n, dtype=torch.bool)
-    out, state = model(obs, starts, model.initial_state(n))
+    out, state = model(obs, starts, model.initial_state(n, "cpu"))
     assert out.dist.logits.shape == (t, n, a)
     assert out.values.shape == (t, n)
     assert state.batch_size == (n,)
@@ -116,7 +116,9 @@ def test_output_shapes(space: gym.spaces.Dict, kwargs: dict, rnn: str | None) ->
     assert set(state.keys()) == names
     assert all(v.shape == (n, 1, 16) for v in state.values())
     assert torch.isfinite(out.dist.logits).all() and torch.isfinite(out.values).all()
-    step, _ = model.act({k: v[0] for k, v in obs.items()}, starts[0], model.initial_state(n))
+    step, _ = model.act(
+        {k: v[0] for k, v in obs.items()}, starts[0], model.initial_state(n, "cpu")
+    )
     assert step.actions.shape == step.logprobs.shape == step.values.shape == (n,)
     assert step.dist.logits.shape == (n, a)
 
@@ -136,7 +138,7 @@ def test_deterministic_act_is_argmax() -> None:
     torch.nn.init.normal_(model.actor_out.weight, std=1.0)
     obs = _random_obs(IMAGE_VECTOR, (16,))
     step, _ = model.act(
-        obs, torch.zeros(16, dtype=torch.bool), model.initial_state(16), deterministic=True
+        obs, torch.zeros(16, dtype=torch.bool), model.initial_state(16, "cpu"), deterministic=True
     )
     logits = step.dist.logits
     torch.testing.assert_close(step.actions, logits.argmax(-1))
@@ -167,12 +169,12 @@ def recurrent_rollout(request):
         with torch.no_grad():  # rarely STOP, so some episodes run into the time limit
             model.actor_out.bias[Actions.STOP] = -2.0
         model.eval()
-        storage = RolloutStorage(num_steps=T_ROLLOUT, num_envs=N_ENVS)
+        storage = RolloutStorage(num_steps=T_ROLLOUT, num_envs=N_ENVS, device="cpu")
         first = sampler.reset()
         obs, expert = obs_of(first), first["expert_actions"]
         episode_starts = torch.ones(N_ENVS, dtype=torch.bool)
         # Start mid-way: a non-zero state that the storage must hand back to the update.
-        state = model.initial_state(N_ENVS).apply(torch.randn_like)
+        state = model.initial_state(N_ENVS, "cpu").apply(torch.randn_like)
         episode_starts[::2] = False
         storage.reset(T_ROLLOUT)
         storage.set_first(obs, episode_starts, state)
@@ -269,7 +271,7 @@ def test_state_is_reset_at_episode_starts(recurrent_rollout) -> None:
         step, _ = model(
             {k: v[first : first + 1, env : env + 1] for k, v in batch["obs"].items()},
             torch.zeros(1, 1, dtype=torch.bool),
-            model.initial_state(1),
+            model.initial_state(1, "cpu"),
         )
         torch.testing.assert_close(step.dist.logits[0, 0], logits[first, env])
 
@@ -285,11 +287,13 @@ def test_discrete_only_observation(rnn: str | None) -> None:
         trunk_layers=[16],
     )
     obs = {"obs": torch.tensor([[0, 5], [3, 1]])}
-    out, _ = model(obs, torch.zeros(2, 2, dtype=torch.bool), model.initial_state(2))
+    out, _ = model(obs, torch.zeros(2, 2, dtype=torch.bool), model.initial_state(2, "cpu"))
     assert out.dist.logits.shape == (2, 2, 3)
     # One-hot input: the same state gives the same output wherever it occurs.
     same, _ = model(
-        {"obs": torch.tensor([[5]])}, torch.zeros(1, 1, dtype=torch.bool), model.initial_state(1)
+        {"obs": torch.tensor([[5]])},
+        torch.zeros(1, 1, dtype=torch.bool),
+        model.initial_state(1, "cpu"),
     )
     torch.testing.assert_close(same.dist.logits[0, 0], out.dist.logits[0, 1])
 

@@ -134,7 +134,7 @@ def _rollout(model_cfg: dict, steps: int = 12):
     torch.manual_seed(0)
     sampler = build_sampler(None, task=CUE, num_envs=2, seed=1)
     model = build_policy(model_cfg, sampler.observation_space, sampler.action_space)
-    collector = InProcessCollector(model=model, sampler=sampler)
+    collector = InProcessCollector(model=model, sampler=sampler, device="cpu")
     rollout = collector.collect(RolloutRequest(num_steps=steps))
     GAE(gae_lambda=0.95)(rollout.storage, model=model, next_value=rollout.next_value, gamma=0.99)
     batch = next(rollout.storage.minibatches(1, torch.Generator().manual_seed(0)))
@@ -144,7 +144,9 @@ def _rollout(model_cfg: dict, steps: int = 12):
 
 def _loss_and_grads(model, batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
     model.zero_grad()
-    output, _ = model(batch["obs"], batch["episode_starts"], model.initial_state(batch.shape[1]))
+    output, _ = model(
+        batch["obs"], batch["episode_starts"], model.initial_state(batch.shape[1], "cpu")
+    )
     loss = PPOLoss()(batch=batch, output=output, step_count=0)
     loss.total.backward()
     return loss.total.detach(), [p.grad.clone() for p in model.parameters()]
@@ -180,9 +182,9 @@ def test_a_centralised_critic_reads_the_state_and_the_actor_does_not() -> None:
     model = build_policy(CENTRAL, obs_space, action_space)
     obs = {k: torch.rand(1, 4, *s.shape) for k, s in obs_space.spaces.items()}
     starts = torch.zeros(1, 4, dtype=torch.bool)
-    out, _ = model(obs, starts, model.initial_state(4))
+    out, _ = model(obs, starts, model.initial_state(4, "cpu"))
     changed = {**obs, "state": torch.rand(1, 4, 6)}
-    out2, _ = model(changed, starts, model.initial_state(4))
+    out2, _ = model(changed, starts, model.initial_state(4, "cpu"))
     assert torch.equal(out.dist.logits, out2.dist.logits)  # the actor: the agent's own obs
     assert not torch.equal(out.values, out2.values)  # the critic: the global state
 

@@ -432,7 +432,7 @@ def test_pixel_model_builds_for_the_task() -> None:
     model = build_policy(cfg, *task_spaces(SMALL))
     assert model.encoders["rgb"].out_size == 32 * 4 * 6
     obs = {"rgb": torch.zeros(1, 2, 60, 80, 3, dtype=torch.uint8), "goal": torch.zeros(1, 2, 3)}
-    out, state = model(obs, torch.ones(1, 2, dtype=torch.bool), model.initial_state(2))
+    out, state = model(obs, torch.ones(1, 2, dtype=torch.bool), model.initial_state(2, "cpu"))
     assert out.dist.logits.shape == (1, 2, 4) and state["h"].shape == (2, 1, 256)
     with pytest.raises(ValueError, match="one value per cnn_channels"):
         build_policy({**cfg, "cnn_kernels": [8, 4]}, *task_spaces(SMALL))

@@ -115,7 +115,7 @@ def run(
     seeds = [int(s) for s in rng.integers(0, 2**31, num_envs)]
     ref = Reference(config, seeds)
     phase = ref.envs[0].max_steps + 10  # long enough to truncate an episode
-    env = BatchedPointNav(**config, num_envs=num_envs)
+    env = BatchedPointNav(**config, num_envs=num_envs, device="cpu")
     env._recorded &= records  # (False: each reset's draws as when that table is too large)
     if not views:  # views read from the grids, as where the table of views is too large
         env._view_keys = None
@@ -125,7 +125,7 @@ def run(
             buffer = io.BytesIO()
             torch.save(env.state_dict(), buffer)
             buffer.seek(0)
-            env = BatchedPointNav(**config, num_envs=num_envs)
+            env = BatchedPointNav(**config, num_envs=num_envs, device="cpu")
             assert_first_equal(env.load_state_dict(torch.load(buffer, weights_only=True)), ref)
         actions = policy(rng, t, ref.expert, phase)
         next_seeds = None
@@ -201,7 +201,7 @@ def test_an_episode_every_step(config: dict[str, Any]) -> None:
     (their tabled draws and episodes read past, refilled, tabled again)."""
     seeds = [11, 12, 13]
     ref = Reference(config, seeds)
-    env = BatchedPointNav(**config, num_envs=len(seeds))
+    env = BatchedPointNav(**config, num_envs=len(seeds), device="cpu")
     assert_first_equal(env.reset(seeds), ref)
     stop = np.full(len(seeds), int(Actions.STOP))
     for t in range(300):
@@ -222,8 +222,8 @@ def test_state_dict_resumes_bitwise(config: dict[str, Any]) -> None:
 def test_16_bit_products_give_the_same_draws() -> None:
     """Where int64 products would not wrap, the 32-bit draws take 16-bit pieces: same draws."""
     seeds = list(range(8))
-    wrapping = BatchedPointNav(num_envs=8, split="train")
-    pieces = BatchedPointNav(num_envs=8, split="train")
+    wrapping = BatchedPointNav(num_envs=8, split="train", device="cpu")
+    pieces = BatchedPointNav(num_envs=8, split="train", device="cpu")
     pieces._streams.wraps = False
     first = wrapping.reset(seeds)
     assert torch.equal(first["obs", "image"], pieces.reset(seeds)["obs", "image"])
@@ -255,7 +255,7 @@ def test_streams_draw_as_numpy_with_a_half_waiting_across_many_64_bit_draws() ->
 )
 def test_on_cuda_every_step_equals_the_cpu_s(config: dict[str, Any]) -> None:
     seeds = list(range(8))
-    cpu = BatchedPointNav(**config, num_envs=8)
+    cpu = BatchedPointNav(**config, num_envs=8, device="cpu")
     cuda = BatchedPointNav(**config, num_envs=8, device="cuda")
 
     def same(want: Any, got: Any) -> None:
@@ -304,7 +304,7 @@ def test_the_serial_task_names_its_batched_twin() -> None:
 
 
 def test_render_draws_the_environment_in_its_episode() -> None:
-    env = BatchedPointNav(size=9, num_envs=2, render_mode="rgb_array")
+    env = BatchedPointNav(size=9, num_envs=2, render_mode="rgb_array", device="cpu")
     ref = PointNavEnv(size=9, render_mode="rgb_array")
     env.reset([5, 6])
     ref.reset(seed=6)
@@ -312,12 +312,12 @@ def test_render_draws_the_environment_in_its_episode() -> None:
         env.step(torch.tensor([1, a]))
         ref.step(a)
     np.testing.assert_array_equal(env.render(1), ref.render())
-    assert BatchedPointNav(num_envs=1).render() is None
+    assert BatchedPointNav(num_envs=1, device="cpu").render() is None
     env.close()
 
 
 def test_bad_calls_are_refused() -> None:
-    env = BatchedPointNav(size=9, num_envs=3)
+    env = BatchedPointNav(size=9, num_envs=3, device="cpu")
     with pytest.raises(RuntimeError, match="before reset"):
         env.step(torch.zeros(3, dtype=torch.int64))
     with pytest.raises(ValueError, match="3 seeds"):
@@ -328,10 +328,12 @@ def test_bad_calls_are_refused() -> None:
     with pytest.raises(ValueError, match="shape"):
         env.step(torch.zeros(2, dtype=torch.int64))
     with pytest.raises(ValueError, match="configured"):
-        BatchedPointNav(size=9, num_envs=3, max_steps=7).load_state_dict(env.state_dict())
+        BatchedPointNav(size=9, num_envs=3, max_steps=7, device="cpu").load_state_dict(
+            env.state_dict()
+        )
     with pytest.raises(ValueError, match="environments"):
-        BatchedPointNav(size=9, num_envs=4).load_state_dict(env.state_dict())
+        BatchedPointNav(size=9, num_envs=4, device="cpu").load_state_dict(env.state_dict())
     with pytest.raises(ValueError, match="num_envs"):
-        BatchedPointNav(num_envs=0)
+        BatchedPointNav(num_envs=0, device="cpu")
     with pytest.raises(ValueError, match="split"):
-        BatchedPointNav(num_envs=1, split="nope")
+        BatchedPointNav(num_envs=1, split="nope", device="cpu")

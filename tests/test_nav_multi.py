@@ -88,7 +88,7 @@ def test_a_probe_video_shows_every_agent() -> None:
              "trunk_layers": [8], "rnn": "gru", "rnn_hidden_size": 8}  # fmt: skip
     policy = build_policy(model, *task_spaces(task()))
     with rendering_sampler(task(), seed=5) as sampler:
-        frames, metrics = record_episode(model=policy, sampler=sampler)
+        frames, metrics = record_episode(model=policy, sampler=sampler, device="cpu")
     assert len(frames) == metrics["length"] + 1
     height, width, _ = frames[0].shape
     assert width == 2 * height  # the two agents' square views of the grid, side by side

@@ -608,6 +608,7 @@ def test_evaluation_and_validation_use_their_splits(compose_cfg, resolve_cfg) ->
     validation = BackgroundValidation(
         ValidSettings(**plain["valid"]), task=plain["task"], model=plain["model"],
         logger=MetricsLogger([]),
+        device="cpu",
     )  # fmt: skip
     assert validation.task["split"] == "valid"
     validation.close()

@@ -126,8 +126,10 @@ def make_trainer(tmp_path: Path, sampler: SerialSampler, on_nonfinite: str) -> O
         metric_accumulate_interval=32, on_nonfinite=on_nonfinite,
     )  # fmt: skip
     return OnPolicyTrainer(
-        model=model, pipeline=pipeline, collector=InProcessCollector(model=model, sampler=sampler),
+        model=model, pipeline=pipeline,
+        collector=InProcessCollector(model=model, sampler=sampler, device="cpu"),
         logger=MetricsLogger([]), output_dir=tmp_path, run=RunRecord(config={}), seed=0,
+        device="cpu",
     )  # fmt: skip
 
 

@@ -114,7 +114,7 @@ def _return_stats(normalize_gamma: float | None, request_gamma: float) -> Runnin
         model = _mlp(sampler)
         settings = dataclasses.replace(ON, gamma=normalize_gamma)
         collector = InProcessCollector(
-            model=model, sampler=sampler, normalizer=Normalizer(space, settings)
+            model=model, sampler=sampler, normalizer=Normalizer(space, settings), device="cpu"
         )
         collector.collect(RolloutRequest(num_steps=16, gamma=request_gamma))
         assert collector.normalizer is not None
@@ -141,7 +141,9 @@ def test_each_stage_asks_for_rollouts_with_its_own_discount(tmp_path: Path) -> N
             num_steps=16, gamma=0.9, save_interval=1_000,
         )  # fmt: skip
         normalizer = Normalizer(space, dataclasses.replace(ON, gamma=None))
-        collector = InProcessCollector(model=model, sampler=sampler, normalizer=normalizer)
+        collector = InProcessCollector(
+            model=model, sampler=sampler, normalizer=normalizer, device="cpu"
+        )
         seen: list[float | None] = []
         collect = collector.collect
 
@@ -151,7 +153,8 @@ def test_each_stage_asks_for_rollouts_with_its_own_discount(tmp_path: Path) -> N
 
         collector.collect = recording  # type: ignore[method-assign]
         OnPolicyTrainer(model=model, pipeline=pipeline, collector=collector,
-                        logger=MetricsLogger([]), output_dir=tmp_path, seed=0).train()  # fmt: skip
+                        logger=MetricsLogger([]), output_dir=tmp_path, seed=0,
+                        device="cpu").train()  # fmt: skip
     assert seen == [0.9, 0.5], seen
 
 
@@ -165,10 +168,12 @@ def _trainer(tmp_path: Path, sampler: SerialSampler, callbacks=()) -> OnPolicyTr
         optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
         num_steps=16, num_mini_batch=4, recurrence=1, update_repeats=2, save_interval=64,
     )  # fmt: skip
-    collector = InProcessCollector(model=model, sampler=sampler, normalizer=Normalizer(space, ON))
+    collector = InProcessCollector(
+        model=model, sampler=sampler, normalizer=Normalizer(space, ON), device="cpu"
+    )
     return OnPolicyTrainer(model=model, pipeline=pipeline, collector=collector,
                            logger=MetricsLogger([]), output_dir=tmp_path, seed=0,
-                           callbacks=list(callbacks))  # fmt: skip
+                           callbacks=list(callbacks), device="cpu")  # fmt: skip
 
 
 def test_an_interrupted_normalised_run_resumes_exactly(tmp_path: Path) -> None:
@@ -235,7 +240,7 @@ def test_evaluation_and_the_inference_agent_reuse_the_saved_statistics(
     for _ in range(20):
         action = agent.act(obs)
         x = norm.observations({"obs": torch.as_tensor(obs)[None]})
-        step, _ = policy.act(x, torch.zeros(1, dtype=torch.bool), policy.initial_state(1),
+        step, _ = policy.act(x, torch.zeros(1, dtype=torch.bool), policy.initial_state(1, "cpu"),
                              deterministic=True)  # fmt: skip
         expected = np.clip(step.actions[0].numpy(), actions.low, actions.high)
         np.testing.assert_array_equal(action, expected)

@@ -111,12 +111,13 @@ def make_trainer(
     return OnPolicyTrainer(
         model=model,
         pipeline=make_pipeline(),
-        collector=InProcessCollector(model=model, sampler=sampler),
+        collector=InProcessCollector(model=model, sampler=sampler, device="cpu"),
         logger=MetricsLogger([]),
         output_dir=tmp_path,
         run=RunRecord(config={"note": "test"}),
         seed=0,
         callbacks=list(callbacks),
+        device="cpu",
     )
 
 
@@ -247,7 +248,7 @@ def test_inference_agent_reproduces_the_engines_argmax_actions(tmp_path: Path) -
     with SerialSampler(task=SMALL, num_envs=1, seed=seed) as sampler:
         obs = obs_of(sampler.reset())
         starts = torch.ones(1, dtype=torch.bool)
-        state = model.initial_state(1)
+        state = model.initial_state(1, "cpu")
         while len(engine_actions) < 3:  # two episodes (the second after an auto-reset)
             step, state = model.act(obs, starts, state, deterministic=True)
             engine_actions[-1].append(int(step.actions[0]))

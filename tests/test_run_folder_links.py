@@ -75,7 +75,7 @@ def _context(folder: Path) -> RunContext:
 def _probe_video(folder: Path, compose_cfg: Any) -> ProbeVideo:
     """A probe-video callback on the smoke run's task, writing into ``folder``."""
     task = to_plain(compose_cfg(SMOKE))["task"]
-    return ProbeVideo(task=task, output_dir=folder, interval=128, seed=0)
+    return ProbeVideo(task=task, output_dir=folder, interval=128, seed=0, device="cpu")
 
 
 # ------------------------------------------------------------- critical 1: probe videos

@@ -129,12 +129,14 @@ def test_the_policy_acts_in_every_supported_action_space(action_space, shape, dt
         "b": torch.ones(6, 3, dtype=torch.int8),
     }
     starts = torch.ones(6, dtype=torch.bool)
-    step, _ = policy.act(obs, starts, policy.initial_state(6))
+    step, _ = policy.act(obs, starts, policy.initial_state(6, "cpu"))
     assert step.actions.shape == shape and step.actions.dtype == dtype
     assert step.logprobs.shape == step.values.shape == (6,)
-    mode, _ = policy.act(obs, starts, policy.initial_state(6), deterministic=True)
+    mode, _ = policy.act(obs, starts, policy.initial_state(6, "cpu"), deterministic=True)
     assert torch.equal(mode.actions, mode.dist.mode())
-    out, _ = policy({k: v[None] for k, v in obs.items()}, starts[None], policy.initial_state(6))
+    out, _ = policy(
+        {k: v[None] for k, v in obs.items()}, starts[None], policy.initial_state(6, "cpu")
+    )
     torch.testing.assert_close(out.dist.log_prob(step.actions[None])[0], step.logprobs)
 
 
@@ -163,7 +165,7 @@ def test_box_actions_reach_the_environment_clipped_and_are_stored_unclipped() ->
         SerialSampler(task=REACH, num_envs=4, seed=0),
         MultiprocessSampler(task=REACH, num_envs=4, num_processes=2, seed=0),
     ):
-        collector = InProcessCollector(model=policy, sampler=sampler)
+        collector = InProcessCollector(model=policy, sampler=sampler, device="cpu")
         try:
             rollout = collector.collect(RolloutRequest(num_steps=16))
         finally:
@@ -177,7 +179,7 @@ def test_box_actions_reach_the_environment_clipped_and_are_stored_unclipped() ->
             out, _ = policy(
                 {"obs": storage["obs", "obs"][:16]},
                 storage["episode_starts"][:16],
-                policy.initial_state(4),
+                policy.initial_state(4, "cpu"),
             )
         torch.testing.assert_close(out.dist.log_prob(stored), storage["logprobs"][:16])
         # The environment got clipped actions: -mean |clip(a) - target| >= -3.
@@ -194,7 +196,7 @@ def test_probe_videos_and_the_inference_agent_act_in_every_space(task: dict, tmp
 
     policy = build_policy(MLP, *task_spaces(task))
     with rendering_sampler(task, seed=3) as sampler:
-        frames, metrics = record_episode(model=policy, sampler=sampler)
+        frames, metrics = record_episode(model=policy, sampler=sampler, device="cpu")
     assert len(frames) == metrics["length"] + 1 and frames[0].ndim == 3
     assert "success" in metrics
     env = build_env(task, render_mode="rgb_array")
@@ -263,11 +265,15 @@ def test_probe_video_frames_carry_a_caption() -> None:
     policy = build_policy(MLP, *task_spaces(MATCH))
     sampler = rendering_sampler(MATCH, seed=3)
     plain, metrics = record_episode(
-        model=policy, sampler=sampler, generator=torch.Generator().manual_seed(0)
+        model=policy, sampler=sampler, generator=torch.Generator().manual_seed(0), device="cpu"
     )
     # The same sampler plays the same episode again (what a probe video each interval does).
     captioned, again = record_episode(
-        model=policy, sampler=sampler, generator=torch.Generator().manual_seed(0), captions=True
+        model=policy,
+        sampler=sampler,
+        generator=torch.Generator().manual_seed(0),
+        captions=True,
+        device="cpu",
     )
     sampler.close()
     assert again == metrics and len(captioned) == len(plain)

@@ -104,11 +104,12 @@ def train(
         trainer = OnPolicyTrainer(
             model=model,
             pipeline=pipe,
-            collector=InProcessCollector(model=model, sampler=sampler),
+            collector=InProcessCollector(model=model, sampler=sampler, device="cpu"),
             logger=MetricsLogger([]),
             output_dir=tmp_path,
             seed=seed,
             callbacks=[recorder, *callbacks],
+            device="cpu",
         )
         trainer.train()
     return trainer, recorder
@@ -207,9 +208,10 @@ def test_a_criterion_judges_every_logged_value_once(tmp_path: Path) -> None:
         OnPolicyTrainer(
             model=model,
             pipeline=pipe,
-            collector=InProcessCollector(model=model, sampler=sampler),
+            collector=InProcessCollector(model=model, sampler=sampler, device="cpu"),
             logger=logger,
             output_dir=tmp_path,
+            device="cpu",
         ).train()
     logged = [metrics for step, metrics in logger.records if "charts/SPS" in metrics]
     assert [step for step, m in logger.records if "charts/SPS" in m] == [128, 256, 384]
@@ -349,7 +351,12 @@ def test_each_distributed_worker_draws_its_own_offpolicy_data(tmp_path: Path) ->
                                        offpolicy_component=component)])  # fmt: skip
         space, actions = task_spaces(SMALL)
         model = ActorCritic(observation_space=space, action_space=actions, cnn_channels=[8])
-        Learner(model=model, pipeline=pipe, dist=DistContext(rank=rank, world_size=2))
+        Learner(
+            model=model,
+            pipeline=pipe,
+            dist=DistContext(rank=rank, world_size=2, device=torch.device("cpu")),
+            device="cpu",
+        )
         drawn.append([component.next_batch()["steps"] for _ in range(400)])
     a, b = (torch.cat([s.flatten() for s in d]) for d in drawn)
     assert not torch.equal(drawn[0][0], drawn[1][0])  # different batches
@@ -404,6 +411,7 @@ def test_imitation_with_teacher_forcing_learns_the_expert(
         episode_seeds=episode_seed_list(100, 1_000_000 + 100_000 * seed_offset),
         deterministic=False,
         action_seed=seed_offset,
+        device="cpu",
     )
     assert result.metrics["success"] >= 0.9, result.metrics
 
@@ -422,7 +430,7 @@ def test_teacher_forcing_without_an_expert_field_is_an_error() -> None:
             rnn=None,
             head_layers=[16],
         )
-        collector = InProcessCollector(model=model, sampler=sampler)
+        collector = InProcessCollector(model=model, sampler=sampler, device="cpu")
         collector.collect(RolloutRequest(num_steps=4))  # without teacher forcing: fine
         with pytest.raises(ValueError, match="teacher forcing .* declares no such field"):
             collector.collect(
@@ -461,10 +469,11 @@ def test_advance_scene_rollout_period_starts_new_episodes(tmp_path: Path) -> Non
         OnPolicyTrainer(
             model=model,
             pipeline=pipe,
-            collector=InProcessCollector(model=model, sampler=sampler),
+            collector=InProcessCollector(model=model, sampler=sampler, device="cpu"),
             logger=MetricsLogger([]),
             output_dir=tmp_path,
             callbacks=[probe],
+            device="cpu",
         ).train()
     # Rollout 0 starts from reset; in stage 1 (rollouts 3..7) every 2nd rollout forces new
     # episodes, so rollouts 5 and 7 start with all envs at an episode start.

@@ -159,7 +159,7 @@ def test_gae_trace_does_not_leak_across_episode_boundary(kind: str) -> None:
 
 # ------------------------------------------------------------------- storage
 def _storage(num_envs: int, capacity: int = 5) -> RolloutStorage:
-    return RolloutStorage(num_steps=capacity, num_envs=num_envs)
+    return RolloutStorage(num_steps=capacity, num_envs=num_envs, device="cpu")
 
 
 def _state(values: torch.Tensor) -> TensorDict:

@@ -71,7 +71,7 @@ def test_a_process_workers_rollout_crosses_as_names_and_is_copied_before_reuse()
 
 def test_shared_buffers_name_their_rows_and_unlink_what_is_not_kept() -> None:
     shared = SharedBuffers()
-    storage = RolloutStorage(num_steps=3, num_envs=2, allocate=shared.allocate)
+    storage = RolloutStorage(num_steps=3, num_envs=2, allocate=shared.allocate, device="cpu")
     storage.reset()
     obs = {"x": torch.arange(2.0)}
     storage.set_first(obs, torch.ones(2, dtype=torch.bool), _no_state(2))
@@ -82,7 +82,7 @@ def test_shared_buffers_name_their_rows_and_unlink_what_is_not_kept() -> None:
     assert torch.equal(rows["obs", "x"], torch.tensor([[0.0, 1.0], [5.0, 6.0]]))
     assert torch.equal(rows["rewards"][0], torch.tensor([1.0, 2.0]))
     names = {name for _, name, _, _ in shared.rows(storage.data, 2).leaves}
-    other = RolloutStorage(num_steps=1, num_envs=2, allocate=shared.allocate)
+    other = RolloutStorage(num_steps=1, num_envs=2, allocate=shared.allocate, device="cpu")
     other.reset()
     other.set_first(obs, torch.ones(2, dtype=torch.bool), _no_state(2))
     shared.keep_only(other.data)  # the first storage's blocks are unlinked
@@ -91,7 +91,7 @@ def test_shared_buffers_name_their_rows_and_unlink_what_is_not_kept() -> None:
 
 
 def test_compressed_rows_come_back_equal() -> None:
-    storage = RolloutStorage(num_steps=4, num_envs=3)
+    storage = RolloutStorage(num_steps=4, num_envs=3, device="cpu")
     storage.reset()
     obs = {"image": torch.randint(0, 5, (3, 7, 7, 3), dtype=torch.uint8)}
     storage.set_first(obs, torch.ones(3, dtype=torch.bool), _no_state(3))

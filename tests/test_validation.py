@@ -119,7 +119,7 @@ def test_falls_behind_loudly_and_skips_nothing(
     logger = RecordingLogger()
     settings = dataclasses.replace(ValidSettings(**cfg["valid"]), num_episodes=2, num_envs=2)
     validation = BackgroundValidation(
-        settings, task=cfg["task"], model=cfg["model"], logger=logger
+        settings, task=cfg["task"], model=cfg["model"], logger=logger, device="cpu"
     )
     try:
         with caplog.at_level(logging.WARNING, logger="rl.evaluation.validation"):

@@ -267,7 +267,7 @@ def _collected(rnn: str | None, seed: int = 0):
         rnn=rnn,
         rnn_hidden_size=16,
     )
-    collector = InProcessCollector(model=model, sampler=sampler)
+    collector = InProcessCollector(model=model, sampler=sampler, device="cpu")
     rollouts = [collector.collect(RolloutRequest(num_steps=16)) for _ in range(2)]
     return model, rollouts[1], sampler  # the second starts mid-episode (a recurrent state)
 
@@ -284,7 +284,11 @@ def _expected_vtrace(model, storage, gamma, vtrace) -> tuple[torch.Tensor, torch
     """compute_vtrace on one forward pass over all T + 1 rows (from the first state)."""
     t = storage.step
     rows = storage.rows()
-    state = rows["state"][0] if "state" in rows.keys() else model.initial_state(storage.num_envs)
+    state = (
+        rows["state"][0]
+        if "state" in rows.keys()
+        else model.initial_state(storage.num_envs, "cpu")
+    )
     with torch.no_grad():
         out, _ = model(rows["obs"], rows["episode_starts"], state)
         actions = storage["actions"][: t + 1].clone()
@@ -319,7 +323,7 @@ def test_the_learner_fills_vtrace_targets_of_its_current_policy(rnn: str | None)
         expected_adv, expected_vs = _expected_vtrace(model, storage, 0.95, settings.advantage)
         t = storage.step
         behaviour = storage["logprobs"][:t].clone()
-        learner = Learner(model=model, pipeline=pipe)
+        learner = Learner(model=model, pipeline=pipe, device="cpu")
         tracker, _ = learner.update(rollout, pipe.current_stage, settings, step_count=0)
         torch.testing.assert_close(storage["advantages"][:t], expected_adv)
         torch.testing.assert_close(storage["returns"][:t], expected_vs)
@@ -368,7 +372,7 @@ def test_advantage_gae_does_not_run_vtrace(monkeypatch: pytest.MonkeyPatch) -> N
             raise AssertionError("advantage=gae ran V-trace")
 
         monkeypatch.setattr(VTrace, "__call__", fail)
-        learner = Learner(model=model, pipeline=pipe)
+        learner = Learner(model=model, pipeline=pipe, device="cpu")
         tracker, _ = learner.update(rollout, pipe.current_stage, pipe.current_settings, 0)
         assert torch.equal(storage["advantages"][:t], expected)  # bitwise: the recorded values
         assert not any(k.startswith("losses/vtrace/") for k in tracker.means())
@@ -394,10 +398,11 @@ def test_a_stage_switches_to_vtrace_and_training_runs(tmp_path: Path) -> None:
         trainer = OnPolicyTrainer(
             model=model,
             pipeline=pipe,
-            collector=InProcessCollector(model=model, sampler=sampler),
+            collector=InProcessCollector(model=model, sampler=sampler, device="cpu"),
             logger=MetricsLogger([]),
             output_dir=tmp_path,
             seed=0,
+            device="cpu",
         )
         metrics = trainer.train()
     assert pipe.finished

@@ -389,7 +389,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
     Args:
         path: The checkpoint file.
-        map_location: Where the tensors go.
+        map_location: Where the tensors go. The CPU by default, the safe place to read a
+            file whatever device saved it (a checkpoint of a GPU run loads on a machine
+            without one); callers that hold a device pass it.
     """
     path = Path(path)
     with _open_regular(path) as f:

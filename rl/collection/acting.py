@@ -85,7 +85,7 @@ class PolicyActor:
         model: Policy,
         num_envs: int,
         *,
-        device: torch.device | str = "cpu",
+        device: torch.device | str,
         deterministic: bool = False,
         generator: torch.Generator | None = None,
         normalizer: Normalizer | None = None,

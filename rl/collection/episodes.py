@@ -58,7 +58,7 @@ class EvalResult:
 
 @dataclasses.dataclass(frozen=True)
 class EvalSampler:
-    """How evaluation steps its environments: one by one (the default), or all at once.
+    """How evaluation steps its environments: one by one (:meth:`serial`), or all at once.
 
     :meth:`of_run` decides from the run's sampler config: a run that trained with
     ``sampler=batched`` evaluates through the :class:`~rl.sampling.BatchedSampler` with its
@@ -67,17 +67,26 @@ class EvalSampler:
 
     Attributes:
         batched: Step the environments as one batch (``sampler=batched``); False: serially.
-        device: Where a task's own batched environment lives (``cpu``, ``cuda``, ``cuda:N``).
+        device: Where a task's own batched environment lives (``cpu``, ``cuda``, ``cuda:N``;
+            no default: the run's ``sampler.device`` or evaluation's own).
         vectorization_mode: ``auto``, ``sync`` or ``async`` (``conf/sampler/batched.yaml``).
         mp_start_method: The start method of ``async``'s worker processes.
         timeout: Seconds one step of the batch may take (None: wait forever).
     """
 
-    batched: bool = False
-    device: str = "cpu"
+    batched: bool
+    device: str
     vectorization_mode: Annotated[str, Check(choices=MODES)] = "auto"
     mp_start_method: Annotated[str, Check(choices=("forkserver", "spawn", "fork"))] = "forkserver"
     timeout: Annotated[float | None, Check(gt=0)] = DEFAULT_TIMEOUT_S
+
+    @classmethod
+    def serial(cls) -> EvalSampler:
+        """Step the environments one by one (gymnasium's, on the CPU).
+
+        ``device`` is a batched environment's only: the serial sampler's live on the CPU.
+        """
+        return cls(batched=False, device="cpu")
 
     @classmethod
     def of_run(
@@ -91,11 +100,17 @@ class EvalSampler:
                 ``sampler.device`` (``evaluate.py``: its own ``device``, where the model runs).
 
         Raises:
-            ConfigError: A batched run's setting out of range (named ``sampler.<key>``).
+            ConfigError: A batched run's setting out of range or missing (``device``: no
+                default; named ``sampler.<key>``).
         """
         if not isinstance(sampler, Mapping) or sampler.get("_target_") not in BATCHED_SAMPLERS:
-            return cls()
-        settings = dataclasses.asdict(cls(batched=True))
+            return cls.serial()
+        settings: dict[str, Any] = {
+            f.name: f.default
+            for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING
+        }
+        settings["batched"] = True
         settings.update((k, sampler[k]) for k in _TAKEN if k in sampler)
         if device is not None:
             settings["device"] = str(device)
@@ -131,7 +146,7 @@ def evaluate_policy(
     num_envs: int = 16,
     deterministic: bool = False,
     action_seed: int = 0,
-    device: torch.device | str = "cpu",
+    device: torch.device | str,
     normalizer: Normalizer | None = None,
     sampler: EvalSampler | None = None,
 ) -> EvalResult:

@@ -86,7 +86,7 @@ class InProcessCollector:
         *,
         model: Policy,
         sampler: Sampler,
-        device: torch.device | str = "cpu",
+        device: torch.device | str,
         dist: DistContext | None = None,
         preemption: Preemption | None = None,
         task: Mapping[str, Any] | None = None,
@@ -132,7 +132,7 @@ class InProcessCollector:
         *,
         spec: CollectionSpec,
         model: Policy,
-        device: torch.device | str = "cpu",
+        device: torch.device | str,
         dist: DistContext | None = None,
         inference_device: str = "auto",
     ) -> InProcessCollector:

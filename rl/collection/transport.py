@@ -176,7 +176,7 @@ class RolloutAssembler:
         device: Where the storage lives (the learner's device).
     """
 
-    def __init__(self, *, num_envs: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, *, num_envs: int, device: torch.device | str) -> None:
         self.num_envs = num_envs
         self.device = torch.device(device)
         self.storage: RolloutStorage | None = None

@@ -58,6 +58,9 @@ ALGORITHM_PARAMETERS = tuple(f.name for f in dataclasses.fields(RolloutRequest))
 STORAGE_PARAMETERS = ("gamma",)
 # What `replace_agent_component` replaces.
 AGENT_COMPONENTS = ("policy", "environments")
+# Where a worker's copy of the policy lives and acts: it is built on the CPU, never moved (the
+# learner receives the rollouts on its own device).
+WORKER_DEVICE = torch.device("cpu")
 
 
 class StopRequest:
@@ -163,6 +166,7 @@ class CollectionWorker:
         return InProcessCollector(
             model=self.model,
             sampler=sampler,
+            device=WORKER_DEVICE,
             preemption=self.stop_request,
             normalizer=self.normalizer,
             update_normalizer=False,
@@ -294,6 +298,7 @@ class CollectionWorker:
             num_envs=num_envs,
             deterministic=deterministic,
             action_seed=action_seed,
+            device=WORKER_DEVICE,
             normalizer=self.normalizer,
             sampler=EvalSampler.of_run(self.spec.sampler),
         )

@@ -34,7 +34,7 @@ class DistContext:
         rank: Global rank (0 logs and writes).
         world_size: Number of workers.
         local_rank: Rank on this machine (picks the GPU).
-        device: This worker's torch device.
+        device: This worker's torch device (no default: keyword only, always given).
         sync_frac: Straggler preemption: a worker may end its rollout once this fraction of
             workers has finished theirs (None: never).
         min_rollout_frac: ... and it has collected at least this fraction of its steps.
@@ -43,7 +43,7 @@ class DistContext:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    device: torch.device = torch.device("cpu")
+    device: torch.device = dataclasses.field(kw_only=True)
     sync_frac: float | None = None
     min_rollout_frac: float = 0.25
 

@@ -155,7 +155,7 @@ def evaluate_expert_reference(
         folder = Path(cfg.run_dir).expanduser().resolve()
     elif cfg.ckpt:
         folder = find_checkpoints(ckpt=cfg.ckpt)[0].run_dir
-    sampler = EvalSampler()  # (a task=NAME of no run: serially)
+    sampler = EvalSampler.serial()  # (a task=NAME of no run: serially)
     if task:
         task = dict(task)
     elif folder is not None:

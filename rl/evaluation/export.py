@@ -338,7 +338,7 @@ def _check(
     """Run the written file on ``count`` sampled observations: the agent's actions, or raise."""
     example = _example_inputs(agent, count, rng)
     n_obs = len(agent.observation_space.spaces)
-    state_keys = _state_keys(agent.model.initial_state(1))
+    state_keys = _state_keys(agent.model.initial_state(1, "cpu"))  # (its keys only)
     exported = load_exported(path, fmt)(*(x.numpy() for x in example))[0]
     expected = []
     for i in range(count):

@@ -43,7 +43,7 @@ def load_trained_policy(
     *,
     model: Policy | None = None,
     model_config: Mapping[str, Any] | None = None,
-    device: torch.device | str = "cpu",
+    device: torch.device | str,
     groups: Sequence[Any] | None = None,
 ) -> tuple[Policy, Normalizer | None]:
     """A checkpoint's policy with its weights, and its observation normalisation (frozen).
@@ -52,7 +52,8 @@ def load_trained_policy(
     export) gets it from a loaded checkpoint ``state``: ``model`` reused (a cache's, the
     validation process's) or built from ``model_config`` for ``spaces`` (the task's flat
     observation space and its action space; ``groups``: a task's groups of agents, one
-    policy each), then the weights loaded.
+    policy each), then the weights loaded; a model built here goes to ``device`` (no default:
+    each caller's own), a given one stays where it is.
 
     Raises:
         CheckpointError: The weights do not fit the model, or the statistics are malformed
@@ -87,7 +88,8 @@ class InferenceAgent:
             bounds; None: actions as the policy draws them).
         normalizer: The training run's observation normalisation, applied frozen (None:
             observations as the environment returns them).
-        device: Where the model runs.
+        device: Where the model runs. The CPU by default: this is the deployment API for a
+            user's own program (the framework's own callers always pass their device).
         deterministic: Argmax actions (True) or actions sampled with a seeded generator.
         seed: Seed of the action-sampling generator (sampled mode).
     """
@@ -133,7 +135,7 @@ class InferenceAgent:
         Args:
             path: A checkpoint file, a run's ``checkpoints/latest`` pointer or a run folder
                 (both: the run's newest checkpoint).
-            device: Where the model runs.
+            device: Where the model runs (the CPU by default, as for the constructor).
             deterministic: Argmax actions (True) or seeded sampled ones.
             seed: Seed of the action-sampling generator.
             trusted_targets: Patterns of callables the saved config may name where your
@@ -160,7 +162,11 @@ class InferenceAgent:
         finally:
             env.close()
         model, normalizer = load_trained_policy(
-            state, path, (dict_space(space), action_space), model_config=config["model"]
+            state,
+            path,
+            (dict_space(space), action_space),
+            model_config=config["model"],
+            device=device,
         )
         return cls(
             model=model,

@@ -97,7 +97,9 @@ class Validator:
         """The ``valid/*`` metrics of the checkpoint at ``path`` (its weights only)."""
         t0 = time.perf_counter()
         state = load_checkpoint(path, map_location=self.device)  # (weights only)
-        _, normalizer = load_trained_policy(state, path, self.spaces, model=self.model)
+        _, normalizer = load_trained_policy(
+            state, path, self.spaces, model=self.model, device=self.device
+        )
         result = evaluate_policy(
             model=self.model,
             task=self.task,
@@ -140,12 +142,12 @@ class BackgroundValidation(Callback):
         task: Mapping[str, Any],
         model: Mapping[str, Any],
         logger: MetricsLogger,
-        device: torch.device | str = "cpu",
+        device: torch.device | str,
         layout: TaskLayout | None = None,
         sampler: EvalSampler | None = None,
     ) -> None:
         self.settings = settings
-        self.sampler = sampler or EvalSampler()
+        self.sampler = sampler or EvalSampler.serial()
         self.logger = logger
         #: The task config the process builds: the run's, on the validation split.
         self.task = with_split(task, settings.split)

@@ -176,7 +176,7 @@ def record_episode(
     *,
     model: Policy,
     sampler: Sampler,
-    device: torch.device | str = "cpu",
+    device: torch.device | str,
     deterministic: bool = False,
     generator: torch.Generator | None = None,
     max_frames: int = 2_000,
@@ -269,7 +269,7 @@ class ProbeVideo(Callback):
         output_dir: Path,
         interval: int,
         seed: int = 0,
-        device: torch.device | str = "cpu",
+        device: torch.device | str,
         fps: int = 8,
         deterministic: bool = False,
     ) -> None:

@@ -235,7 +235,7 @@ class ActorCritic(PolicyBase):
         return feat
 
     # ------------------------------------------------------------------ state
-    def initial_state(self, num_envs: int, device: torch.device | str = "cpu") -> TensorDict:
+    def initial_state(self, num_envs: int, device: torch.device | str) -> TensorDict:
         """Zero state of batch ``[num_envs]``.
 
         ``{"h"}`` (GRU) or ``{"h", "c"}`` (LSTM), ``[N, L, H]`` each; empty (memoryless).

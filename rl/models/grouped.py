@@ -177,7 +177,7 @@ class GroupedPolicy(PolicyBase):
             self._entries[group.name] = group.entries
             self._fits[group.name] = _ActionFit(group.action_space, action_space)
 
-    def initial_state(self, num_envs: int, device: torch.device | str = "cpu") -> TensorDict:
+    def initial_state(self, num_envs: int, device: torch.device | str) -> TensorDict:
         """Every group's policy's state for every row (each row uses its group's)."""
         return TensorDict(
             {name: self._policy(name).initial_state(num_envs, device) for name in self.policies},

@@ -92,8 +92,12 @@ class Policy(Protocol):
     methods listed last (calling the module runs :meth:`forward`).
     """
 
-    def initial_state(self, num_envs: int, device: torch.device | str = "cpu") -> TensorDict:
-        """The state before any observation, batch size ``[num_envs]``."""
+    def initial_state(self, num_envs: int, device: torch.device | str) -> TensorDict:
+        """The state before any observation, batch size ``[num_envs]``, on ``device``.
+
+        The framework always passes the device (an implementation with a default for it
+        satisfies the protocol all the same).
+        """
         ...
 
     def forward(
@@ -157,7 +161,7 @@ class Policy(Protocol):
         ...
 
 
-def empty_state(num_envs: int, device: torch.device | str = "cpu") -> TensorDict:
+def empty_state(num_envs: int, device: torch.device | str) -> TensorDict:
     """The state of a memoryless policy: an empty ``TensorDict`` of batch size ``[num_envs]``."""
     return TensorDict({}, batch_size=[num_envs], device=torch.device(device))
 
@@ -168,7 +172,7 @@ class PolicyBase(nn.Module):
     Subclasses define ``forward`` (and ``initial_state`` when they have memory).
     """
 
-    def initial_state(self, num_envs: int, device: torch.device | str = "cpu") -> TensorDict:
+    def initial_state(self, num_envs: int, device: torch.device | str) -> TensorDict:
         """Memoryless by default: an empty state."""
         return empty_state(num_envs, device)
 

@@ -67,7 +67,7 @@ def build_batched_env(
     task: Mapping[str, Any],
     num_envs: int,
     *,
-    device: torch.device | str = "cpu",
+    device: torch.device | str,
     vectorization_mode: str = "auto",
     mp_start_method: str | None = "forkserver",
 ) -> BatchedEnv:
@@ -184,7 +184,7 @@ class BatchedSampler(FiniteChecks, Sampler):
         env_offset: int = 0,
         total_envs: int | None = None,
         timeout: Annotated[float | None, Check(gt=0)] = DEFAULT_TIMEOUT_S,
-        device: str = "cpu",
+        device: str,
         vectorization_mode: Annotated[str, Check(choices=MODES)] = "auto",
         mp_start_method: str = "forkserver",
     ) -> None:

@@ -50,8 +50,8 @@ ADVANTAGE_STATS = "advantage_stats"
 def sequence_start_state(batch: TensorDict) -> TensorDict:
     """The recurrent state each sequence of a minibatch ``[T, n]`` starts from (batch ``[n]``)."""
     state = batch.get("state", None)
-    if state is None:
-        return empty_state(batch.batch_size[1])
+    if state is None:  # (a memoryless policy's: empty, where the minibatch is)
+        return empty_state(batch.batch_size[1], batch["episode_starts"].device)
     return state[0]
 
 
@@ -94,7 +94,7 @@ class RolloutStorage:
         *,
         num_steps: int,
         num_envs: int,
-        device: torch.device | str = "cpu",
+        device: torch.device | str,
         allocate: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
     ):
         self.capacity = num_steps

@@ -599,7 +599,7 @@ def _seed_list(seed: int | Sequence[int | None] | None, n: int) -> list[int | No
 def make_atari_batched_env(
     *,
     num_envs: int,
-    device: Any = "cpu",
+    device: Any,
     game: str = "breakout",
     noop_max: int = 30,
     frame_skip: int = 4,

@@ -129,7 +129,7 @@ class BatchedCorridor(BatchedEnv):
         self,
         *,
         num_envs: int,
-        device: torch.device | str = "cpu",
+        device: torch.device | str,
         length: int = 6,
         max_steps: int = 8,
         nan_start: int | None = None,

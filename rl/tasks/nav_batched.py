@@ -587,7 +587,7 @@ class BatchedPointNav(BatchedEnv):
         split: Annotated[str | None, Check(choices=SPLITS)] = None,
         render_mode: str | None = None,
         num_envs: Annotated[int, Check(ge=1)],
-        device: str | torch.device = "cpu",
+        device: str | torch.device,
     ) -> None:
         """Build the environments (arguments as :class:`~rl.tasks.nav.PointNavEnv`'s).
 

@@ -84,14 +84,14 @@ class Learner:
         *,
         model: Policy,
         pipeline: TrainingPipeline,
-        device: torch.device | str = "cpu",
+        device: torch.device | str,
         seed: int = 0,
         dist: DistContext | None = None,
     ) -> None:
         self.model = model
         self.pipeline = pipeline
         self.device = torch.device(device)
-        self.dist = dist or DistContext()
+        self.dist = dist or DistContext(device=self.device)
         # Losses with parameters of their own (auxiliary heads) train beside the policy.
         self.loss_modules = loss_modules(pipeline.used_losses)
         unbound = [n for n, m in self.loss_modules.items() if not getattr(m, "bound", True)]

@@ -41,7 +41,7 @@ class TrainingMetrics:
 
     def __init__(self, logger: MetricsLogger, dist: DistContext | None = None) -> None:
         self.logger = logger
-        self.dist = dist or DistContext()
+        self.distributed = dist is not None and dist.enabled
         self.episodes = ScalarMeanTracker()
         self.train = ScalarMeanTracker()
         self.timers = dict.fromkeys(TIMERS, 0.0)
@@ -100,7 +100,7 @@ class TrainingMetrics:
         for name, seconds in self.timers.items():
             metrics[f"time/{name}_fraction"] = seconds / elapsed
             self.timers[name] = 0.0
-        if self.dist.enabled:
+        if self.distributed:
             # Rank 0's view (its timers and SPS): identical `last` on every worker keeps
             # metric-based stage advances in step.
             metrics = broadcast_object(metrics)
@@ -124,7 +124,7 @@ class TrainingMetrics:
 
     def _pop(self, tracker: ScalarMeanTracker) -> dict[str, float]:
         """The tracker's means (over every worker when distributed), then reset it."""
-        if not self.dist.enabled:
+        if not self.distributed:
             return tracker.pop_and_reset()
         state = reduce_tracker_states(tracker.state_dict())
         tracker.reset()

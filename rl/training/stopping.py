@@ -68,7 +68,7 @@ class StopAgreement:
     """
 
     def __init__(self, dist: DistContext | None = None) -> None:
-        self.dist = dist or DistContext()
+        self.distributed = dist is not None and dist.enabled
         self.stop_reason: str | None = None  # this worker's request (the first one is kept)
         self.agreed: str | None = None
 
@@ -80,7 +80,7 @@ class StopAgreement:
     @property
     def stopping(self) -> bool:
         """Whether the loop ends now: a local request, or (distributed) an agreed one."""
-        return (self.agreed if self.dist.enabled else self.stop_reason) is not None
+        return (self.agreed if self.distributed else self.stop_reason) is not None
 
     def sync(self, local_steps: int, device: torch.device) -> int:
         """Global env steps of a rollout, agreeing on stop requests (one all-reduce).
@@ -89,7 +89,7 @@ class StopAgreement:
             local_steps: Env steps this worker collected.
             device: Where the collective's tensor lives (CUDA under nccl).
         """
-        if not self.dist.enabled:
+        if not self.distributed:
             return local_steps
         code = _STOP_CODES.get(self.stop_reason, 4) if self.stop_reason else 0
         # [steps, how many workers asked to stop with code 1, 2, 3, 4]; the highest code wins.
@@ -106,7 +106,7 @@ class StopAgreement:
         Distributed, a request that came after the last agreement is ignored (with a warning),
         so that every worker takes the same path.
         """
-        if self.dist.enabled and self.stop_reason != self.agreed:
+        if self.distributed and self.stop_reason != self.agreed:
             if self.stop_reason is not None:
                 log.warning("%s arrived after training finished; ignored", self.stop_reason)
             self.stop_reason = self.agreed

@@ -76,7 +76,7 @@ class OnPolicyTrainer:
         logger: MetricsLogger,
         output_dir: Path,
         run: RunRecord | None = None,
-        device: torch.device | str = "cpu",
+        device: torch.device | str,
         seed: int = 0,
         callbacks: Sequence[Callback] = (),
         dist: DistContext | None = None,

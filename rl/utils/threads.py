@@ -68,9 +68,7 @@ def auto_count(setting: int | str, cap: int | None = None, what: str = "count") 
     return int(setting)
 
 
-def torch_thread_count(
-    setting: int | str | None, device: str | torch.device = "cpu"
-) -> int | None:
+def torch_thread_count(setting: int | str | None, device: str | torch.device) -> int | None:
     """The thread count a ``torch_threads`` setting means for a process on ``device``.
 
     Args:
@@ -91,7 +89,7 @@ def torch_thread_count(
     return int(setting)
 
 
-def set_torch_threads(setting: int | str | None, device: str | torch.device = "cpu") -> int:
+def set_torch_threads(setting: int | str | None, device: str | torch.device) -> int:
     """Apply a ``torch_threads`` setting to this process; the thread count torch now uses."""
     count = torch_thread_count(setting, device)
     if count is not None:
