@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +62,20 @@ def test_train_then_evaluate(tmp_path: Path) -> None:
     code = json.loads((run_dir / "git.json").read_text())
     assert code["commit"] == head.stdout.strip() and isinstance(code["dirty"], bool)
     assert f"code: git commit {code['commit']}" in train_log
+    # episodes.csv: a row per finished training episode; each log point's return mean and
+    # spread are those of its rows.
+    with (run_dir / "episodes.csv").open() as f:
+        episodes = list(csv.DictReader(f))
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    points = [r for r in logged if "charts/episodic_return" in r]
+    assert points and episodes and episodes[0].keys() >= {"env_step", "episodic_return"}
+    for point in points:
+        returns = [float(e["episodic_return"]) for e in episodes
+                   if int(e["env_step"]) == point["env_step"]]  # fmt: skip
+        assert point["charts/episodic_return"] == pytest.approx(statistics.fmean(returns))
+        assert point["charts/episodic_return_std"] == pytest.approx(statistics.pstdev(returns))
+        assert point["charts/episodic_return_min"] == min(returns)
+        assert point["charts/episodic_return_max"] == max(returns)
     # The run folder: Hydra's config, the resolved config, checkpoints, metrics, evaluation.
     assert (run_dir / ".hydra" / "config.yaml").is_file()
     assert (run_dir / "config.yaml").is_file()

@@ -165,6 +165,15 @@ def reduce_tracker_states(
     return {"sums": sums, "counts": counts}
 
 
+def gather_lists(items: Sequence[Any]) -> list[Any]:
+    """Every rank's ``items`` concatenated in rank order (``items`` without a process group)."""
+    if not is_distributed():
+        return list(items)
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, list(items))
+    return [item for part in gathered for item in part]
+
+
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank ``src``'s ``obj`` on every rank (``obj`` itself without a process group)."""
     if not is_distributed():

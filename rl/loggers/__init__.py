@@ -1,7 +1,8 @@
-"""Metric sinks (console with progress bar, JSONL file, wandb, TensorBoard) behind one logger."""
+"""Metric sinks behind one logger: console, metrics and episodes files, wandb, TensorBoard."""
 
 from rl.loggers.base import MetricsLogger, MetricsSink, RunContext
 from rl.loggers.console import ConsoleSink
+from rl.loggers.episodes import EpisodeCsvSink
 from rl.loggers.factory import build_logger
 from rl.loggers.jsonl import JsonlSink
 from rl.loggers.tensorboard import TensorBoardSink
@@ -9,6 +10,7 @@ from rl.loggers.wandb import WandbSink
 
 __all__ = [
     "ConsoleSink",
+    "EpisodeCsvSink",
     "JsonlSink",
     "MetricsLogger",
     "MetricsSink",

@@ -72,6 +72,13 @@ class MetricsSink(abc.ABC):
     def progress(self, step: int, status: Mapping[str, Any]) -> None:  # noqa: B027
         """Cheap per-rollout progress update (most sinks ignore it)."""
 
+    def log_episodes(self, step: int, episodes: Sequence[Mapping[str, float]]) -> None:  # noqa: B027
+        """Record the finished training episodes reported at env step ``step``.
+
+        Each episode is its metrics by logged name (``charts/...``); only sinks that keep
+        episodes do anything.
+        """
+
     def log_video(self, step: int, path: Path) -> None:  # noqa: B027
         """Record the video file ``path`` at env step ``step`` (only sinks that show videos)."""
 
@@ -111,6 +118,11 @@ class MetricsLogger:
         """Per-rollout progress for the sinks that show it."""
         for sink in self.sinks:
             sink.progress(step, status)
+
+    def log_episodes(self, step: int, episodes: Sequence[Mapping[str, float]]) -> None:
+        """Hand the episodes reported at env step ``step`` to the sinks that keep them."""
+        for sink in self.sinks:
+            sink.log_episodes(step, episodes)
 
     def log_video(self, step: int, path: Path) -> None:
         """Hand the video file ``path`` (env step ``step``) to the sinks that show videos."""

@@ -5,7 +5,9 @@
 AllenAct's ``ScalarMeanTracker``), and the seconds spent stepping environments, in inference and
 in updates. At a log point it reduces the means over every distributed worker, adds
 ``charts/SPS`` and ``time/*_fraction`` over the interval, and rank 0's view is what every
-worker keeps as :attr:`TrainingMetrics.last`.
+worker keeps as :attr:`TrainingMetrics.last`. The return's spread over the interval's episodes
+of every worker goes beside its mean (``charts/episodic_return_std``, ``_min``, ``_max``), and
+the episodes themselves to the sinks that keep them (``episodes.csv``).
 
 Early-stopping criteria see every logged value once: :meth:`TrainingMetrics.since_last_check`
 returns the mean of each metric logged (or observed, e.g. ``eval/*`` from callbacks) since the
@@ -14,12 +16,14 @@ previous check, AllenAct's tracker semantics, and nothing when nothing was logge
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from rl.collection.base import Rollout
-from rl.distributed.reduce import broadcast_object, reduce_tracker_states
+from rl.distributed.reduce import broadcast_object, gather_lists, reduce_tracker_states
 from rl.distributed.setup import DistContext
 from rl.loggers.base import MetricsLogger
 from rl.pipeline.trackers import ScalarMeanTracker
@@ -29,6 +33,11 @@ from rl.sampling.convert import episode_metric_key
 # wall time in `Collector.collect` (waiting for rollouts); `env` and `inference` are the
 # collectors' own (in another process they overlap the learner's); `update` is learning.
 TIMERS = ("collect", "env", "inference", "update")
+RETURN = episode_metric_key("return")  # charts/episodic_return
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class TrainingMetrics:
@@ -44,6 +53,7 @@ class TrainingMetrics:
         self.distributed = dist is not None and dist.enabled
         self.episodes = ScalarMeanTracker()
         self.train = ScalarMeanTracker()
+        self.finished: list[dict[str, float]] = []  # this interval's episodes (logged names)
         self.timers = dict.fromkeys(TIMERS, 0.0)
         self.last: dict[str, float] = {}  # the latest value of every logged metric
         self.unchecked = ScalarMeanTracker()  # values logged since the criteria's last check
@@ -62,9 +72,9 @@ class TrainingMetrics:
             seconds: The learner's wall time to get it.
         """
         for episode in rollout.episodes:
-            self.episodes.add_scalars(
-                {episode_metric_key(k): v for k, v in episode.metrics.items()}
-            )
+            row = {episode_metric_key(k): float(v) for k, v in episode.metrics.items()}
+            self.episodes.add_scalars(row)
+            self.finished.append(row)
         self.train.merge(rollout.stats)
         self.timers["collect"] += seconds
         self.timers["env"] += rollout.env_seconds
@@ -95,6 +105,13 @@ class TrainingMetrics:
         now = time.perf_counter()
         elapsed = max(now - self._interval_start[0], 1e-9)
         metrics: dict[str, float] = {**self._pop(self.episodes), **self._pop(self.train)}
+        finished = gather_lists(self.finished)  # (every worker's, in rank order)
+        self.finished = []
+        returns = [e[RETURN] for e in finished if RETURN in e]
+        if returns:
+            metrics[f"{RETURN}_std"] = statistics.pstdev(returns)
+            metrics[f"{RETURN}_min"] = min(returns)
+            metrics[f"{RETURN}_max"] = max(returns)
         metrics["charts/SPS"] = (steps - self._interval_start[1]) / elapsed
         metrics.update(extra)
         for name, seconds in self.timers.items():
@@ -105,6 +122,7 @@ class TrainingMetrics:
             # metric-based stage advances in step.
             metrics = broadcast_object(metrics)
         self.logger.log(steps, metrics)
+        self.logger.log_episodes(steps, finished)
         self.observe(metrics)
         self._interval_start = (now, steps)
 
@@ -142,6 +160,7 @@ class TrainingMetrics:
             },
             "last_metrics": dict(self.last),
             "last_log_step": self.last_log_step,
+            "finished": [dict(e) for e in self.finished],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -154,3 +173,9 @@ class TrainingMetrics:
             self.unchecked.load_state_dict(trackers["criteria"])
         self.last = dict(state.get("last_metrics", {}))
         self.last_log_step = int(state.get("last_log_step", -1))
+        # (a checkpoint is untrusted: episodes of names and finite numbers only)
+        self.finished = [
+            {str(k): float(v) for k, v in e.items() if _number(v)}
+            for e in state.get("finished") or []
+            if isinstance(e, Mapping)
+        ]
