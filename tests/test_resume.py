@@ -293,7 +293,7 @@ def test_resume_accepts_safe_overrides_and_refuses_unsafe_ones(
     assert list(saved["choices"])[:2] == ["experiment", "debug"]
     assert saved["choices"]["logger"] == "wandb" and "config_unresolved" not in saved
     for override, key in [
-        ("pipeline.optimizer.lr=0.1", "pipeline.optimizer.lr: 0.001 -> 0.1"),
+        ("pipeline.optimizer.lr=0.1", "pipeline.optimizer.lr: 0.003 -> 0.1"),  # ppo_nav: 3e-3
         ("model.rnn_hidden_size=32", "model.rnn_hidden_size: 128 -> 32"),
     ]:
         with pytest.raises(ConfigError, match="cannot change when resuming") as err:

@@ -328,7 +328,8 @@ def test_folders_and_fifos_where_files_belong_are_named_errors(
     with pytest.raises(UnsafePathError) as info:
         run.evaluate(compose_cfg([f"run_dir={folder}", *EVALUATE, out], "evaluate"))
     _refused(info.value, folder / "eval_summary.csv")
-    # train.log a folder: resume names it
+    # train.log a folder: resume names it (the run wrote its own: a file, replaced here)
+    (folder / "train.log").unlink(missing_ok=True)
     (folder / "train.log").mkdir()
     with pytest.raises(UnsafePathError) as info:
         run.train(compose_cfg([*SMOKE, f"resume={folder}"]))
