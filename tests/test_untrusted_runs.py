@@ -263,8 +263,8 @@ def test_non_finite_normaliser_statistics_are_an_error_and_never_saved(tmp_path:
 def test_a_full_disk_on_metrics_jsonl_is_said_as_such(tmp_path: Path) -> None:
     context = RunContext(tmp_path, {}, "x", "task", 1, 1, "run")
     sink = JsonlSink(context=context)
-    sink._file.close()
-    sink._file = open("/dev/full", "a", encoding="utf-8")  # noqa: SIM115  (the kernel's ENOSPC)
+    sink.file._file.close()
+    sink.file._file = open("/dev/full", "a", encoding="utf-8")  # noqa: SIM115  (the kernel's ENOSPC)
     with pytest.raises(
         OSError, match=r"cannot write metrics file .*metrics\.jsonl: the disk is full"
     ):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rl.utils.config import ConfigError
+from rl.utils.files import describe_write_error, open_append, run_subdir
 
 
 @dataclasses.dataclass
@@ -60,6 +61,42 @@ class RunContext:
                 "run folder?); a run writes inside its folder only"
             )
         return path
+
+
+class RunFile:
+    """A file in the run folder that a sink appends to (``metrics.jsonl``, ``episodes.csv``).
+
+    Args:
+        context: The run.
+        filename: The name from the sink's config, relative to the run folder (checked by
+            :meth:`RunContext.path`; each folder on the way too: a link there is refused).
+        what: What the file is, for messages (``metrics file``).
+
+    Raises:
+        UnsafePathError: A link, a folder or a FIFO under the file's name.
+    """
+
+    def __init__(self, context: RunContext, filename: str, what: str) -> None:
+        path = context.path(filename, f"{what} ({filename})")
+        self.path = run_subdir(context.output_dir, *Path(filename).parent.parts) / path.name
+        self.what = what
+        self._file = open_append(self.path)
+
+    def write(self, text: str) -> None:
+        """Append ``text`` and flush (a full disk is said as such, as for checkpoints)."""
+        try:
+            self._file.write(text)
+            self._file.flush()
+        except OSError as e:
+            raise OSError(e.errno, describe_write_error(self.path, e, self.what)) from None
+
+    def close(self) -> None:
+        """Close the file (a write that cannot be flushed any more is dropped, not raised)."""
+        if not self._file.closed:
+            try:
+                self._file.close()
+            except OSError:
+                pass
 
 
 class MetricsSink(abc.ABC):

@@ -15,8 +15,8 @@ import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rl.loggers.base import MetricsSink, RunContext
-from rl.utils.files import describe_write_error, open_append, read_regular_file, run_subdir
+from rl.loggers.base import MetricsSink, RunContext, RunFile
+from rl.utils.files import read_regular_file
 
 __all__ = ["EpisodeCsvSink"]
 
@@ -33,10 +33,9 @@ class EpisodeCsvSink(MetricsSink):
     """
 
     def __init__(self, *, context: RunContext, filename: str = "episodes.csv") -> None:
-        path = context.path(filename, "EpisodeCsvSink filename")
-        self.path = run_subdir(context.output_dir, *Path(filename).parent.parts) / path.name
+        self.file = RunFile(context, filename, "episodes file")
+        self.path = self.file.path
         self.columns = _header(self.path)  # a resumed run's (None: a new file)
-        self._file = open_append(self.path)  # (a link, a folder, a FIFO under the name: refused)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         """Nothing: the log points' means are the other sinks'."""
@@ -55,19 +54,11 @@ class EpisodeCsvSink(MetricsSink):
         for episode in episodes:
             values = {k.removeprefix("charts/"): v for k, v in episode.items()}
             writer.writerow([step, *(values.get(c, "") for c in self.columns[1:])])
-        try:
-            self._file.write(out.getvalue())
-            self._file.flush()
-        except OSError as e:  # a full disk: said as such
-            raise OSError(e.errno, describe_write_error(self.path, e, "episodes file")) from None
+        self.file.write(out.getvalue())
 
     def close(self) -> None:
-        """Close the file (a write that cannot be flushed any more is dropped, not raised)."""
-        if not self._file.closed:
-            try:
-                self._file.close()
-            except OSError:
-                pass
+        """Close the file."""
+        self.file.close()
 
 
 def _header(path: Path) -> list[str] | None:
