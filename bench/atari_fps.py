@@ -79,7 +79,8 @@ def raw_fps(kind: str, game: str, seconds: float) -> float:
         step = env.step
     else:
         sampler_class = SerialSampler if kind == "serial" else BatchedSampler
-        env = sampler_class(task=task, num_envs=NUM_ENVS, seed=0)
+        kwargs = {"device": "cpu"} if kind != "serial" else {}
+        env = sampler_class(task=task, num_envs=NUM_ENVS, seed=0, **kwargs)
         env.reset()
         step = env.step
     try:

@@ -88,7 +88,7 @@ MATCHED: dict[str, Any] = {
     "normalize.observations": True,
     "normalize.rewards": True,
     "normalize.clip": NORM_CLIP,
-    "normalize.gamma": GAMMA,
+    "normalize.gamma": None,  # null: the stage's discount, pipeline.gamma (GAMMA, above)
     "eval.deterministic": True,
 }
 

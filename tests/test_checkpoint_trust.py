@@ -330,7 +330,7 @@ def test_resume_never_writes_where_a_saved_logger_points_outside_the_run(
     resumed = load_checkpoint(latest_checkpoint(folder))
     assert resumed["pipeline"]["total_steps"] == 320
     assert resumed["choices"]["logger"] == "default"  # the command's, not the file's
-    assert set(resumed["config"]["logger"]["sinks"]) == {"console", "jsonl"}
+    assert set(resumed["config"]["logger"]["sinks"]) == {"console", "jsonl", "episodes"}
     if name.endswith(".jsonl"):
         assert target.read_text() == "precious\n"
     else:

@@ -156,7 +156,8 @@ def test_addresses_auth_switches_and_loggers_are_the_command_s(
     collector = start.config["collector"]
     assert collector["_target_"].endswith("CollectionWorkerSet")  # (the run's choice, the tree's)
     assert collector["address"] is None and collector["allow_unauthenticated"] is False
-    assert set(start.config["logger"]["sinks"]) == {"console", "jsonl"}  # the command's
+    # the command's sinks
+    assert set(start.config["logger"]["sinks"]) == {"console", "jsonl", "episodes"}
     assert start.choices["logger"] == "default"
     assert not {"host", "port", "url"} & set(start.config["task"])  # (the tree names none)
 
