@@ -74,6 +74,8 @@ def compose(
     from hydra import compose as hydra_compose
     from hydra.core.hydra_config import HydraConfig
 
+    import rl.utils.config  # noqa: F401  (its resolvers: the presets' ${task_name:})
+
     typed = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
     if config_name == "train" and "torch_threads" not in typed:
         overrides = ("torch_threads=1", *overrides)  # (the CLI's auto: slower for small models)

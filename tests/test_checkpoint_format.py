@@ -57,6 +57,7 @@ LAYOUT = {
     "normalizer",
     "config",
     "choices",
+    "config_sources",
     "wandb_run_id",
 }
 
@@ -92,8 +93,9 @@ def test_a_format2_checkpoint_from_before_the_split_resumes_exactly(
     assert old["format_version"] == 2 and CHECKPOINT_FORMAT == 5
     # (format 3 adds normalizer, None when off; format 4 losses, empty without auxiliary heads;
     # format 5 replaces config_unresolved, dropped unread, by choices: None here, rebuilt on
-    # conf/'s defaults)
+    # conf/'s defaults; config_sources, optional in format 5, reads as None when absent)
     assert set(old) == LAYOUT - {"normalizer", "losses"} and old["choices"] is None
+    assert old["config_sources"] is None
     # As a user resumes: the run folder (the saved config is used; conf/ changed since).
     run.train(compose_cfg(["+experiment=ppo_nav", "+debug=smoke", f"resume={old_run}"]))
     resumed = load_checkpoint(latest_checkpoint(old_run))

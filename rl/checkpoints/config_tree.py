@@ -24,6 +24,9 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]
 # A group chosen in an option's own defaults list, at a package of its own: ``model@model.policy``.
 _PACKAGE_RE = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
 _PROJECT_CONF = Path(__file__).resolve().parents[2] / "conf"
+# Bounds of a checkpoint's recorded config sources (a search path has a few entries).
+_MAX_SOURCES = 32
+_MAX_SOURCE_CHARS = 4096
 
 
 def saved_choices(value: Any, where: str) -> dict[str, str] | None:
@@ -88,14 +91,7 @@ def run_choices(cfg: DictConfig | Mapping[str, Any]) -> dict[str, str] | None:
     (:func:`ordered_choices`): only while one runs (a ``HydraConfig`` left behind by an earlier
     composition is not this config's).
     """
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.hydra_config import HydraConfig
-
-    hydra: Any = None
-    if isinstance(cfg, DictConfig) and "hydra" in cfg:
-        hydra = cfg.hydra
-    elif HydraConfig.initialized() and GlobalHydra.instance().is_initialized():
-        hydra = HydraConfig.get()
+    hydra = _hydra_node(cfg)
     if hydra is None:
         return None
     return ordered_choices(
@@ -103,18 +99,70 @@ def run_choices(cfg: DictConfig | Mapping[str, Any]) -> dict[str, str] | None:
     )
 
 
+def config_sources(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any] | None:
+    """Where the composed config ``cfg`` came from (None: not composed by Hydra).
+
+    :func:`run_sources` of the ``hydra`` node :func:`run_choices` takes its choices from.
+    """
+    hydra = _hydra_node(cfg)
+    return None if hydra is None else run_sources(hydra)
+
+
+def _hydra_node(cfg: DictConfig | Mapping[str, Any]) -> Any:
+    """``cfg.hydra`` when the config carries it, else the running Hydra app's (None: none).
+
+    Only while an app runs: a ``HydraConfig`` left behind by an earlier composition is not
+    this config's.
+    """
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    if isinstance(cfg, DictConfig) and "hydra" in cfg:
+        return cfg.hydra
+    if HydraConfig.initialized() and GlobalHydra.instance().is_initialized():
+        return HydraConfig.get()
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class ConfigTree:
     """The user's config tree: where :func:`rebuild_config` composes a saved run's config.
 
+    A tree is a primary folder (``conf/``, with ``train.yaml``) and the folders or packages of
+    the user's own configs laid beside it (Hydra's ``hydra.searchpath``: an experiment, a task
+    or a model of one's own kept in one's own repository). Both come from the invocation, never
+    from a checkpoint: a run records where its configs came from (:func:`run_sources`) only so
+    that a message can say what to type.
+
     Attributes:
-        config_dir: The tree's folder (None: the running Hydra app's search path, else the
-            project's own ``conf/``).
+        config_dir: The primary folder (None: the running Hydra app's, else the project's own
+            ``conf/``).
         config_name: The primary config of training runs.
+        searchpath: Hydra search path entries composed with it (``file:///home/me/my_conf``,
+            ``pkg://my_package.conf``), as ``hydra.searchpath`` takes them.
     """
 
     config_dir: str | Path | None = None
     config_name: str = "train"
+    searchpath: tuple[str, ...] = ()
+
+    @classmethod
+    def current(cls) -> ConfigTree:
+        """The tree of this invocation: the running (or last composed) Hydra config's.
+
+        Its search path (``hydra.searchpath``, what ``--config-dir`` added too) and, outside a
+        running app (:mod:`rl.api`, a config composed in Python), its primary folder; the
+        project's ``conf/`` when nothing was composed.
+        """
+        from hydra.core.global_hydra import GlobalHydra
+        from hydra.core.hydra_config import HydraConfig
+
+        if not HydraConfig.initialized():
+            return cls()
+        sources = run_sources(HydraConfig.get())
+        if GlobalHydra.instance().is_initialized():  # (its primary folder is the app's own)
+            return cls(searchpath=tuple(sources["searchpath"]))
+        return cls(sources["config_dir"], searchpath=tuple(sources["searchpath"]))
 
     @contextlib.contextmanager
     def _hydra(self) -> Iterator[Any]:
@@ -141,21 +189,35 @@ class ConfigTree:
                 GlobalHydra.instance().clear()
                 GlobalHydra.instance().initialize(outer)
 
+    def _searchpath_override(self) -> list[str]:
+        """``hydra.searchpath=[...]`` for :func:`hydra.compose` (none without a search path)."""
+        if not self.searchpath:
+            return []
+        quoted = ",".join(_quoted(entry) for entry in self.searchpath)
+        return [f"hydra.searchpath=[{quoted}]"]
+
     def compose(
-        self, choices: Mapping[str, str] | None, where: str, overrides: Sequence[str] = ()
+        self,
+        choices: Mapping[str, str] | None,
+        where: str,
+        overrides: Sequence[str] = (),
+        recorded: Mapping[str, Any] | None = None,
     ) -> tuple[dict[str, Any], dict[str, str]]:
         """The tree's config (interpolations kept) with ``choices``, and the choices it used.
 
         ``overrides`` (typed by the user now) are composed after the choices; one that does
-        not apply to the run's config (a key its groups lack) is left out.
+        not apply to the run's config (a key its groups lack) is left out. ``recorded`` (the
+        run's own sources, :func:`saved_sources`) is only quoted in the message of a choice
+        the tree lacks.
 
         Raises:
             CheckpointError: A choice names an option the tree does not have.
         """
         from hydra import compose
 
+        search = self._searchpath_override()
         with self._hydra() as gh:
-            base = compose(self.config_name, [], return_hydra_config=True)
+            base = compose(self.config_name, search, return_hydra_config=True)
             defaults = run_choices(base) or {}
             appended: list[str] = []
             replaced: list[str] = []
@@ -163,19 +225,22 @@ class ConfigTree:
                 # Every choice is passed, defaults too: an experiment may override a group
                 # that the run then set back to its default.
                 # (a group at a package of its own, model@model.policy: the group's options)
-                options = gh.config_loader().get_group_options(group.partition("@")[0])
+                options = gh.config_loader().get_group_options(
+                    group.partition("@")[0], config_name=self.config_name, overrides=search
+                )
                 if option not in options:
                     if defaults.get(group) == option:
                         continue  # an optional default the tree lacks (``optional local``)
                     raise CheckpointError(
                         f"{where}: the run used {group}={option}, which your config tree has no "
                         f"option for ({', '.join(options) or 'no such group'})"
+                        + self._missing_sources_hint(recorded)
                     )
                 if group in defaults or "@" in group:  # (the latter in an option's defaults)
                     replaced.append(f"{group}={option}")
                 else:
                     appended.append(f"+{group}={option}")
-            chosen = [*appended, *replaced]
+            chosen = [*search, *appended, *replaced]
             try:
                 cfg = compose(self.config_name, [*chosen, *overrides], return_hydra_config=True)
             except Exception:  # noqa: BLE001  (an override the run's groups cannot take)
@@ -186,6 +251,27 @@ class ConfigTree:
         assert isinstance(raw, dict)
         raw.pop("hydra", None)
         return {str(k): v for k, v in raw.items()}, used
+
+    def _missing_sources_hint(self, recorded: Mapping[str, Any] | None) -> str:
+        """What to type when the run's configs came from folders this tree lacks ('': none)."""
+        if not recorded:
+            return ""
+        missing = [e for e in recorded.get("searchpath", ()) if e not in self.searchpath]
+        hint = ""
+        if missing:
+            entries = ",".join(_quoted(e) for e in [*self.searchpath, *missing])
+            hint += (
+                f"; the run composed its configs with {', '.join(missing)} on Hydra's search "
+                f'path: give it again: "hydra.searchpath=[{entries}]" (a folder is never '
+                "taken from a checkpoint)"
+            )
+        config_dir = recorded.get("config_dir")
+        if config_dir and self.config_dir is None and not _is_project_conf(config_dir):
+            hint += (
+                f"; the run's primary config folder was {config_dir} (give it: config_dir=... "
+                "from Python, --config-path on the command line)"
+            )
+        return hint
 
 
 def _composes(config_name: str, overrides: list[str]) -> bool:
@@ -198,4 +284,76 @@ def _composes(config_name: str, overrides: list[str]) -> bool:
     return True
 
 
-__all__ = ["ConfigTree", "ordered_choices", "run_choices", "saved_choices"]
+def _quoted(entry: str) -> str:
+    """A search path entry as a Hydra override value: as it is, or quoted when it must be."""
+    if re.fullmatch(r"[A-Za-z0-9_./:+@%~-]+", entry):
+        return entry
+    # (Hydra: a backslash escapes only a quote or the backslashes before one)
+    escaped = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", entry)
+    return "'" + re.sub(r"(\\+)$", r"\1\1", escaped) + "'"
+
+
+def _is_project_conf(folder: str) -> bool:
+    try:
+        return Path(folder).resolve() == _PROJECT_CONF
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
+def run_sources(hydra: Any) -> dict[str, Any]:
+    """Where a composed config's configs came from: ``{"config_dir", "searchpath"}``.
+
+    ``config_dir`` is the primary folder (None: the project's own ``conf/``, or not a folder);
+    ``searchpath`` the user's entries of Hydra's search path: ``hydra.searchpath`` and the
+    folders ``--config-dir`` added (as ``file://`` entries).
+
+    Args:
+        hydra: A composed config's ``hydra`` node (``HydraConfig.get()``).
+    """
+    searchpath = [str(e) for e in (hydra.searchpath or ())]
+    config_dir = None
+    for source in hydra.runtime.config_sources or ():
+        provider, schema, path = source.provider, source.schema, str(source.path)
+        if schema != "file" or not path:
+            continue
+        if provider == "main":
+            config_dir = None if _is_project_conf(path) else path
+        elif provider == "command-line" and f"file://{path}" not in searchpath:
+            searchpath.append(f"file://{path}")
+    return {"config_dir": config_dir, "searchpath": searchpath}
+
+
+def saved_sources(value: Any, where: str) -> dict[str, Any] | None:
+    """A checkpoint's recorded config sources, checked as short printable strings.
+
+    Raises:
+        UntrustedCheckpointError: Not what :func:`run_sources` writes.
+    """
+    if value is None:
+        return None
+    bad = UntrustedCheckpointError(f"{where}: its recorded config sources are not folder names")
+    if not isinstance(value, dict) or set(value) - {"config_dir", "searchpath"}:
+        raise bad
+    config_dir, searchpath = value.get("config_dir"), value.get("searchpath", [])
+    if not isinstance(searchpath, list) or len(searchpath) > _MAX_SOURCES:
+        raise bad
+    if not all(_is_source(e) for e in searchpath) or not (
+        config_dir is None or _is_source(config_dir)
+    ):
+        raise bad
+    return {"config_dir": config_dir, "searchpath": list(searchpath)}
+
+
+def _is_source(entry: Any) -> bool:
+    return isinstance(entry, str) and 0 < len(entry) <= _MAX_SOURCE_CHARS and entry.isprintable()
+
+
+__all__ = [
+    "ConfigTree",
+    "config_sources",
+    "ordered_choices",
+    "run_choices",
+    "run_sources",
+    "saved_choices",
+    "saved_sources",
+]

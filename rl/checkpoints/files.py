@@ -36,6 +36,7 @@ from typing import Any, BinaryIO
 
 import torch
 
+from rl.checkpoints.config_tree import saved_sources
 from rl.checkpoints.errors import CheckpointError, UntrustedCheckpointError
 from rl.checkpoints.saved_config import config_data, saved_choices
 from rl.utils.files import TMP_SUFFIX, read_regular_file, run_subdir, write_atomic
@@ -48,7 +49,8 @@ CHECKPOINT_DIR = "checkpoints"
 # normalisation statistics (None when off); format-2 checkpoints load (the collector converts
 # them). 4: ``losses`` holds the state of the losses with parameters (auxiliary heads, by loss
 # name; empty for none). 5: ``choices`` (the config group choices, by which the saved config is
-# rebuilt on the user's config tree) replaces ``config_unresolved``, which is never read.
+# rebuilt on the user's config tree) replaces ``config_unresolved``, which is never read; an
+# optional ``config_sources`` says where the run's configs came from (for messages only).
 # Formats 2 to 4 load; a newer format is refused.
 CHECKPOINT_FORMAT = 5
 LATEST = "latest"
@@ -421,6 +423,7 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     state.pop("config_unresolved", None)  # (older checkpoints) never read: it would be resolved
     state["config"] = config_data(state["config"], str(path))
     state["choices"] = saved_choices(state.get("choices"), str(path))
+    state["config_sources"] = saved_sources(state.get("config_sources"), str(path))
     bad = _nonfinite_entries(state)
     if bad:  # never written by this code (save_checkpoint refuses them): damaged or crafted
         raise UntrustedCheckpointError(

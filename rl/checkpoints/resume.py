@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
+from rl.checkpoints.config_tree import config_sources
 from rl.checkpoints.files import (
     CHECKPOINT_DIR,
     CheckpointError,
@@ -108,6 +109,9 @@ class StartPlan:
         choices: The config group choices it was composed with (saved in checkpoints, so that
             evaluation and resuming rebuild it on the user's config tree; None: not composed
             by Hydra).
+        sources: Where this invocation's configs came from (saved in checkpoints for
+            messages: :func:`~rl.checkpoints.config_tree.run_sources`; None: not composed by
+            Hydra).
         resume_state: The checkpoint resumed from (None unless resuming).
         checkpoint: Its path (or the ``init_from`` checkpoint's).
         init_state: The ``init_from`` checkpoint (None unless given).
@@ -121,6 +125,7 @@ class StartPlan:
     checkpoint: Path | None = None
     init_state: dict[str, Any] | None = None
     lock: RunLock | None = None
+    sources: dict[str, Any] | None = None
     _log_handler: logging.Handler | None = None
 
     @property
@@ -170,7 +175,7 @@ def plan_start(cfg: DictConfig | Mapping[str, Any], plain: dict[str, Any]) -> St
         RunFolderLockedError: Another process trains (or evaluates) in the run folder.
     """
     unresolved = unresolved_config(cfg, plain)
-    choices = run_choices(cfg)
+    choices, sources = run_choices(cfg), config_sources(cfg)
     if plain.get("resume") and plain.get("init_from"):
         raise ConfigError(
             "resume and init_from exclude each other: resume=RUN continues a run exactly; "
@@ -183,13 +188,18 @@ def plan_start(cfg: DictConfig | Mapping[str, Any], plain: dict[str, Any]) -> St
             path = resolve_resume_path(path)[1]
         init_state = load_checkpoint(path)  # (its weights only: nothing built from its config)
         lock = RunLock(plain["output_dir"]).acquire()
-        return StartPlan(plain, choices, checkpoint=path, init_state=init_state, lock=lock)
+        return StartPlan(
+            plain, choices, checkpoint=path, init_state=init_state, lock=lock, sources=sources
+        )
     if not plain.get("resume"):
-        return StartPlan(plain, choices, lock=RunLock(plain["output_dir"]).acquire())
+        lock = RunLock(plain["output_dir"]).acquire()
+        return StartPlan(plain, choices, lock=lock, sources=sources)
     lock = RunLock(resume_run_dir(plain["resume"])).acquire()  # before reading its checkpoints
     try:
         run_dir, path, state = resolve_resume_path(plain["resume"])
-        return _resume_plan(cfg, unresolved, run_dir, path, state, trusted, lock)
+        plan = _resume_plan(cfg, unresolved, run_dir, path, state, trusted, lock)
+        plan.sources = sources  # (this invocation's: the tree the run now continues on)
+        return plan
     except BaseException:
         lock.release()
         raise
@@ -238,6 +248,7 @@ def _resume_plan(
             str(path),
             trusted_targets=trusted,
             overrides=typed_overrides(cfg),
+            sources=state.get("config_sources"),
         )
         config = resume_config(saved, unresolved, typed_override_keys(cfg), run_dir)
     except BaseException:

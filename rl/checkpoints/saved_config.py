@@ -316,6 +316,7 @@ def rebuild_config(
     tree: ConfigTree | None = None,
     built: Sequence[str] | None = None,
     overrides: Sequence[str] = (),
+    sources: Mapping[str, Any] | None = None,
 ) -> RebuiltConfig:
     """Rebuild a saved run's config on the user's config tree (see the module's docstring).
 
@@ -326,11 +327,15 @@ def rebuild_config(
         where: The file, for messages.
         trusted_targets: The user's patterns of callables a saved config may name where their
             config tree names another (``my_package.*``).
-        tree: The user's config tree (default: the running app's, else the project's).
+        tree: The user's config tree (default: this invocation's,
+            :meth:`ConfigTree.current`: its own folders on Hydra's search path included).
         built: The sections that will be built (evaluation: ``task`` and ``model``); only
             they are judged (None: every section, as for ``resume=``). The others are data.
         overrides: Overrides typed by the user now (``task.wrappers=[my.Wrapper]``,
             ``logger=wandb``), composed into the tree: what they name is the user's to name.
+        sources: Where the run's configs came from, as recorded with it
+            (:func:`~rl.checkpoints.config_tree.saved_sources`): only quoted in the message
+            when the tree lacks one of its choices, never composed.
 
     Raises:
         UntrustedCheckpointError: The saved config names code the tree does not name there,
@@ -342,7 +347,7 @@ def rebuild_config(
         choices = {
             g: o for g, o in choices.items() if g.partition("@")[0] not in INVOCATION_GROUPS
         }
-    raw, used = (tree or ConfigTree()).compose(choices, where, overrides)
+    raw, used = (tree or ConfigTree.current()).compose(choices, where, overrides, sources)
     # The command's own values (addresses, loggers, paths, sizes) stay the tree's.
     data, withheld = withhold({k: v for k, v in saved.items() if k not in INVOCATION_KEYS})
     # This invocation's keys, not the tree's (``output_dir: ${hydra:runtime.output_dir}``).

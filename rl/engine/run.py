@@ -151,6 +151,7 @@ def _plan_payload(start: StartPlan) -> dict[str, Any]:
     return {
         "config": start.config,
         "choices": start.choices,
+        "sources": start.sources,
         "resume": None if start.resume_state is None else str(start.checkpoint),
         "init_from": None if start.init_state is None else str(start.checkpoint),
     }
@@ -165,6 +166,7 @@ def _train_worker(payload: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
         resume_state=None if resume is None else load_checkpoint(resume),
         checkpoint=Path(resume or init_from) if (resume or init_from) else None,
         init_state=None if init_from is None else load_checkpoint(init_from),
+        sources=payload.get("sources"),
     )
     try:
         return {"metrics": _train(start, ctx, record=payload.get("hydra_record"))}
@@ -279,7 +281,7 @@ def _train_body(
             collector=collector,
             logger=logger,
             output_dir=output_dir,
-            run=RunRecord(cfg, start.choices, logger.run_id or start.wandb_run_id),
+            run=RunRecord(cfg, start.choices, logger.run_id or start.wandb_run_id, start.sources),
             device=device,
             seed=run.seed,
             callbacks=_callbacks(cfg, run, logger, device, stack, layout) if main else [],

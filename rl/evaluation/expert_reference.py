@@ -118,6 +118,7 @@ def _task_of_run(run_dir: Path, trusted_targets: Sequence[str]) -> tuple[dict[st
     if found:
         state = load_checkpoint(found[-1])
         config, choices, where = state["config"], state["choices"], str(found[-1])
+        sources = state["config_sources"]
     else:
         config = _folder_yaml(run_dir / "config.yaml")
         config = None if config is None else config_data(config, str(run_dir / "config.yaml"))
@@ -127,8 +128,9 @@ def _task_of_run(run_dir: Path, trusted_targets: Sequence[str]) -> tuple[dict[st
             )
         where = str(run_dir / "config.yaml")
         choices = saved_choices(_hydra_choices(run_dir / ".hydra" / "hydra.yaml"), where)
+        sources = None
     rebuilt = rebuild_config(
-        config, choices, where, trusted_targets=trusted_targets, built=("task",)
+        config, choices, where, trusted_targets=trusted_targets, built=("task",), sources=sources
     )  # (the sampler config is read as data: EvalSampler.of_run builds nothing it names)
     return dict(rebuilt.config["task"]), rebuilt.config.get("sampler")
 

@@ -363,6 +363,7 @@ def export_checkpoint(
     *,
     trusted_targets: Sequence[str] = (),
     config_dir: str | Path | None = None,
+    searchpath: Sequence[str] | None = None,
 ) -> ExportInfo:
     """Export a training checkpoint's policy (a file, a run's ``latest`` or a run folder).
 
@@ -372,10 +373,15 @@ def export_checkpoint(
         path: Where to write (default: beside the checkpoint, ``<checkpoint>.onnx`` / ``.pt2``).
         trusted_targets: As for :meth:`InferenceAgent.from_checkpoint`.
         config_dir: As for :meth:`InferenceAgent.from_checkpoint`.
+        searchpath: As for :meth:`InferenceAgent.from_checkpoint`.
     """
     file = checkpoint_file(checkpoint)
     agent = InferenceAgent.from_checkpoint(
-        file, deterministic=True, trusted_targets=trusted_targets, config_dir=config_dir
+        file,
+        deterministic=True,
+        trusted_targets=trusted_targets,
+        config_dir=config_dir,
+        searchpath=searchpath,
     )
     target = Path(path) if path else file.with_suffix(_SUFFIX[fmt])
     return export_policy(agent, target, fmt)

@@ -36,6 +36,17 @@ from rl.tasks.factory import build_env, dict_space
 from rl.tasks.spaces import ObservationFlattener, to_env_actions
 
 
+def _tree(config_dir: str | Path | None, searchpath: Sequence[str] | None) -> ConfigTree:
+    """The config tree a checkpoint is rebuilt on: as given, else this invocation's."""
+    current = ConfigTree.current()
+    if config_dir is None and searchpath is None:
+        return current
+    return ConfigTree(
+        config_dir,
+        searchpath=tuple(current.searchpath if searchpath is None else searchpath),
+    )
+
+
 def load_trained_policy(
     state: Mapping[str, Any],
     where: str | Path,
@@ -124,6 +135,7 @@ class InferenceAgent:
         seed: int = 0,
         trusted_targets: Sequence[str] = (),
         config_dir: str | Path | None = None,
+        searchpath: Sequence[str] | None = None,
     ) -> InferenceAgent:
         """Build the agent from a training checkpoint (loaded with ``weights_only=True``).
 
@@ -142,6 +154,9 @@ class InferenceAgent:
                 config tree names others (:mod:`rl.checkpoints.trust`).
             config_dir: Your config tree's folder (default: the running Hydra app's, else
                 this project's ``conf/``).
+            searchpath: Folders or packages of your own configs on Hydra's search path
+                (``["file:///home/me/my_conf"]``, as ``hydra.searchpath`` takes them) that the
+                run was composed with (None: the running or last composed Hydra config's).
 
         Returns:
             The agent, reset for a first episode.
@@ -153,8 +168,9 @@ class InferenceAgent:
             state["choices"],
             str(path),
             trusted_targets=trusted_targets,
-            tree=ConfigTree(config_dir),
+            tree=_tree(config_dir, searchpath),
             built=("task", "model"),
+            sources=state["config_sources"],
         ).config
         env = build_env(config["task"])
         try:  # the environment's own observation space: the agent takes what it returns

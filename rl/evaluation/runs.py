@@ -89,6 +89,7 @@ class _ModelCache:
                     str(ref.path),
                     trusted_targets=self.trusted_targets,
                     built=BUILT_FOR_EVALUATION,
+                    sources=state["config_sources"],
                 ).config
             self._configs[ref.path] = self._rebuilt[key]
         return self._configs[ref.path]

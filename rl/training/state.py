@@ -12,7 +12,7 @@ The layout (:data:`CHECKPOINT_FORMAT` 5) is flat and ``torch.load(weights_only=T
     format_version, model, losses, optimizer, lr_scheduler, pipeline,
     trackers {episode, train}, trainer {last_metrics, last_log_step, offpolicy_update_count},
     rng {python, numpy, torch, shuffle, offpolicy}, sampler, rollout, normalizer,
-    config, choices, wandb_run_id, [distributed {world_size, ranks}]
+    config, choices, config_sources, wandb_run_id, [distributed {world_size, ranks}]
 
 Distributed, saving is a collective: rank 0's checkpoint also holds every rank's ``sampler``,
 ``rollout`` and ``rng`` (the top-level ones are rank 0's), and each rank resumes from its own
@@ -55,11 +55,15 @@ class RunRecord:
         choices: Its config group choices (``task=nav_small``, ...), by which evaluation and
             resuming rebuild it on the user's config tree (None: not composed by Hydra).
         wandb_run_id: Id of the wandb run (so a resume continues the same run).
+        sources: Where its configs came from (``{"config_dir", "searchpath"}``:
+            :func:`~rl.checkpoints.config_tree.run_sources`), for the message of an
+            evaluation or resume given a tree without them (None: not composed by Hydra).
     """
 
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
     choices: dict[str, str] | None = None
     wandb_run_id: str | None = None
+    sources: dict[str, Any] | None = None
 
 
 def _to_cpu(value: Any) -> Any:
@@ -131,6 +135,7 @@ class TrainerState:
             **self.collector.state_dict(),  # in-process collection: sampler, rollout
             "config": self.run.config,
             "choices": self.run.choices,
+            "config_sources": self.run.sources,
             "wandb_run_id": self.run.wandb_run_id,
         }
         if self.dist.enabled:
