@@ -37,9 +37,15 @@ def test_a_real_two_by_two_multirun_is_tabulated_and_plotted(tmp_path: Path, cap
         timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())  # named by their overrides
+    assert jobs == [
+        f"{n}_+experiment:ppo_nav__pipeline.optimizer.lr:{lr}__seed:{seed}__task:nav_small"
+        for n, (seed, lr) in enumerate([(1, "0.001"), (1, "0.003"), (2, "0.001"), (2, "0.003")])
+    ]
     assert main([str(sweep)]) == 0
     out = capsys.readouterr().out
     assert "4 runs in 2 groups" in out
+    # Groups are labelled by the runs' overrides (as typed), not by their folders' names.
     rows = [line for line in out.splitlines() if line.startswith("| pipeline.optimizer.lr=")]
     assert len(rows) == 2, out
     assert all("| 2    | 1 2   |" in row and "±" in row for row in rows), rows

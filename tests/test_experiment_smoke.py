@@ -56,9 +56,10 @@ def test_every_experiment_smoke_runs(tmp_path: Path) -> None:
     proc = _train("-m", f"+experiment={','.join(online)}", f"hydra.sweep.dir={sweep}")
     assert proc.returncode == 0, proc.stderr[-5000:]
     for job, experiment in enumerate(online):  # jobs are numbered in the sweep's order
-        overrides = (sweep / str(job) / ".hydra" / "overrides.yaml").read_text()
+        run_dir = sweep / f"{job}_+experiment:{experiment}"  # named by its overrides
+        overrides = (run_dir / ".hydra" / "overrides.yaml").read_text()
         assert f"+experiment={experiment}" in overrides, (job, overrides)
-        _check_run(sweep / str(job))
+        _check_run(run_dir)
 
 
 @pytest.mark.parametrize("experiment", OFFLINE)

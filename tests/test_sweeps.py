@@ -1,6 +1,7 @@
 """Hydra multiruns through the real CLI: basic and joblib launchers, Optuna, a failing job that
-does not stop the others, and the sweep objective's errors; the sweep folder layout and the
-SLURM preset as composed (the ``hydra`` node ``train.py ... --cfg hydra`` prints)."""
+does not stop the others, and the sweep objective's errors; the sweep folder layout (job folders
+named by their overrides) and the SLURM preset as composed (the ``hydra`` node
+``train.py ... --cfg hydra`` prints)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from omegaconf import OmegaConf
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf, open_dict, read_write
 from wandb_records import read_run
 
-from rl.engine.sweeps import ObjectiveError, check_objective, objective
+from rl.engine.sweeps import (
+    MAX_JOB_DIR_NAME,
+    ObjectiveError,
+    check_objective,
+    job_dir_name,
+    objective,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ["+experiment=ppo_nav", "+debug=smoke"]
@@ -33,6 +41,12 @@ def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def job_dirs(sweep: Path) -> list[str]:
+    """The names of a sweep folder's job folders, in job number order."""
+    names = [p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    return sorted(names, key=lambda name: int(name.split("_", 1)[0]))
+
+
 def assert_complete_run(job_dir: Path) -> None:
     assert (job_dir / ".hydra" / "config.yaml").is_file()
     assert (job_dir / "config.yaml").is_file()
@@ -48,9 +62,11 @@ def test_basic_multirun_two_seeds_two_folders_two_wandb_runs(tmp_path: Path) -> 
         "-m", *SMOKE, "seed=1,2", "logger=wandb", f"hydra.sweep.dir={sweep}", WANDB_MODE="offline"
     )
     assert proc.returncode == 0, proc.stderr
-    for job, seed in ((0, 1), (1, 2)):
-        assert_complete_run(sweep / str(job))
-        assert yaml.safe_load((sweep / str(job) / "config.yaml").read_text())["seed"] == seed
+    # Named by the overrides (+debug and logger left out: they do not set a job apart).
+    assert job_dirs(sweep) == ["0_+experiment:ppo_nav__seed:1", "1_+experiment:ppo_nav__seed:2"]
+    for job, seed in zip(job_dirs(sweep), (1, 2), strict=True):
+        assert_complete_run(sweep / job)
+        assert yaml.safe_load((sweep / job / "config.yaml").read_text())["seed"] == seed
     # One wandb run per job (the previous one finished), grouped by sweep, tagged `sweep`.
     runs = [read_run(p) for p in sorted(sweep.glob("*/wandb/offline-run-*/run-*.wandb"))]
     assert len(runs) == 2
@@ -71,8 +87,62 @@ def hydra_node(compose_cfg, *overrides: str) -> dict:
 def test_default_sweep_dir_layout(compose_cfg) -> None:
     hydra_cfg = hydra_node(compose_cfg, "+experiment=ppo_nav")
     assert hydra_cfg["sweep"]["dir"] == "outputs/${exp_name}/multirun/${now:%Y-%m-%d_%H-%M-%S}"
-    assert hydra_cfg["sweep"]["subdir"] == "${hydra.job.num}"
+    subdir = "${job_dir_name:${hydra.job.num},${hydra.job.override_dirname}}"
+    assert hydra_cfg["sweep"]["subdir"] == subdir
+    assert hydra_cfg["job"]["config"]["override_dirname"]["kv_sep"] == ":"
+    assert hydra_cfg["job"]["config"]["override_dirname"]["item_sep"] == "__"
     assert hydra_cfg["job"]["chdir"] is False
+
+
+def test_a_job_folder_is_named_by_its_overrides(compose_cfg) -> None:
+    """As Hydra names a job: its overrides (the fixture adds output_dir=<a path>) with the
+    excluded keys left out, ``/`` and ``=`` replaced, one folder below the sweep folder."""
+    cfg = compose_cfg(["+experiment=ppo_nav", "+debug=smoke", "seed=3", "logger=wandb"])
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
+        cfg.hydra.job.num = 12
+    name = OmegaConf.select(cfg, "hydra.sweep.subdir")
+    output_dir = str(cfg.output_dir).replace("/", "_")
+    assert name == f"12_+experiment:ppo_nav__output_dir:{output_dir}__seed:3"
+    # evaluate.py's sweeps name their (bookkeeping) folders the same way
+    evaluate = compose_cfg(["ckpt=runs/a/ckpt.pt", "num_episodes=4"], config_name="evaluate")
+    with read_write(evaluate.hydra), open_dict(evaluate.hydra):
+        evaluate.hydra.job.num = 0
+    assert OmegaConf.select(evaluate, "hydra.sweep.subdir") == (
+        "0_ckpt:runs_a_ckpt.pt__num_episodes:4"
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        "resume:outputs/ppo_nav/2024-01-01_00-00-00__hydra/launcher:slurm",
+        "model.hidden:[64,64]__name:'a b'__note:é\\x*?$|\"#!&;<>",
+        "__".join(f"pipeline.named_losses.ppo.key_{i}:0.123456789012345" for i in range(40)),
+        "x:" + "/" * 300,
+        "é" * 300,
+    ],
+)
+def test_any_overrides_give_one_valid_short_folder_name(tmp_path: Path, overrides: str) -> None:
+    name = job_dir_name(7, overrides)
+    assert name.startswith("7_")
+    assert len(name.encode()) <= MAX_JOB_DIR_NAME <= 255
+    assert name.isascii() and "/" not in name and "\x00" not in name
+    (tmp_path / name).mkdir()  # one valid folder, directly in the sweep folder
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+    # The job folder is a value `resume=` and `run_dir=` take unquoted.
+    override = OverridesParser.create().parse_override(f"resume=outputs/x/multirun/t/{name}")
+    assert override.value() == f"outputs/x/multirun/t/{name}"
+
+
+def test_long_override_lists_differ_by_their_hash_and_short_ones_are_kept_whole() -> None:
+    head = "__".join(f"pipeline.key_{i}:0.5" for i in range(40))
+    a, b = job_dir_name(3, head + "__seed:1"), job_dir_name(3, head + "__seed:2")
+    assert len(a) == len(b) == MAX_JOB_DIR_NAME and a != b
+    assert a[:-8] == b[:-8] and a[-10:-8] == "__"
+    assert job_dir_name(0, "") == "0"
+    assert job_dir_name(10, "pipeline.optimizer.lr:0.001__seed:1") == (
+        "10_pipeline.optimizer.lr:0.001__seed:1"
+    )
 
 
 @pytest.mark.slow
@@ -81,8 +151,9 @@ def test_joblib_launcher_runs_jobs_in_parallel_processes(tmp_path: Path) -> None
     proc = cli("-m", *SMOKE, "seed=1,2", "hydra/launcher=joblib_local", f"hydra.sweep.dir={sweep}")
     assert proc.returncode == 0, proc.stderr
     assert "Joblib.Parallel(n_jobs=2" in proc.stdout + proc.stderr
-    assert_complete_run(sweep / "0")
-    assert_complete_run(sweep / "1")
+    assert job_dirs(sweep) == ["0_+experiment:ppo_nav__seed:1", "1_+experiment:ppo_nav__seed:2"]
+    for job in job_dirs(sweep):
+        assert_complete_run(sweep / job)
 
 
 @pytest.mark.slow
@@ -92,11 +163,15 @@ def test_failing_job_does_not_stop_the_others(tmp_path: Path) -> None:
     proc = cli("-m", *SMOKE, "task.size=2,9", f"hydra.sweep.dir={sweep}")
     assert proc.returncode == 1  # the sweep reports the failure at its end
     assert "size=2 is too small" in proc.stderr
-    assert_complete_run(sweep / "1")
-    log = (sweep / "0" / "train.log").read_text()
+    failed, done = (
+        sweep / "0_+experiment:ppo_nav__task.size:2",
+        sweep / "1_+experiment:ppo_nav__task.size:9",
+    )
+    assert_complete_run(done)
+    log = (failed / "train.log").read_text()
     assert "job 0 (+experiment=ppo_nav +debug=smoke task.size=2) failed" in log
     assert "Traceback" in log and "size=2 is too small" in log
-    assert not (sweep / "0" / "checkpoints").exists()
+    assert not (failed / "checkpoints").exists()
 
 
 @pytest.mark.slow
@@ -121,7 +196,15 @@ def test_optuna_sweep_two_trials_returns_the_objective(tmp_path: Path) -> None:
     assert 0.0 <= result["best_value"] <= 1.0
     # The best value is a trial's final eval/success, as the trial's run logged it.
     finals = []
-    for job in ("0", "1"):
+    jobs = job_dirs(sweep)
+    assert [job.split("_", 1)[0] for job in jobs] == ["0", "1"]
+    for job in jobs:
+        # Each trial's folder: its parameters (+hparams_search and +debug left out), in full.
+        overrides = yaml.safe_load((sweep / job / ".hydra" / "overrides.yaml").read_text())
+        named = sorted(o for o in overrides if not o.startswith(("+hparams_search", "+debug")))
+        num = int(job.split("_", 1)[0])
+        assert job == job_dir_name(num, "__".join(named).replace("=", ":"))
+        assert "pipeline.optimizer.lr:" in job and len(job) < MAX_JOB_DIR_NAME  # not cut
         assert_complete_run(sweep / job)
         cfg = yaml.safe_load((sweep / job / "config.yaml").read_text())
         assert cfg["optimized_metric"] == "eval/success"

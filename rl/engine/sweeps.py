@@ -1,4 +1,9 @@
-"""Sweep support for ``train.py``: the objective a sweeper optimises, and failing jobs.
+"""Sweep support for ``train.py``: job folder names, the sweep objective, failing jobs.
+
+A job's folder is ``<sweep dir>/<job number>_<overrides>`` (:func:`job_dir_name`, the
+``${job_dir_name:...}`` resolver of ``conf/hydra/default.yaml``), e.g.
+``3_pipeline.optimizer.lr:0.003__seed:2``: numbered in launch order, unique, readable as a
+TensorBoard run name, and a value that ``resume=`` and ``run_dir=`` take unquoted.
 
 A Hydra multirun (basic, joblib or submitit launcher, or the Optuna sweeper) runs every job of a
 batch even when one raises: Hydra keeps the exception in the job's result and raises the first
@@ -12,16 +17,55 @@ traceback to the job's ``train.log`` (and the console) as it happens.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import math
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+from omegaconf import OmegaConf
 
 from rl.training.stopping import TrainingStopped
 from rl.utils.config import ConfigError
 from rl.utils.logs import log_fatal
 
 log = logging.getLogger(__name__)
+
+# A job folder's name: at most this many bytes (ASCII only), below the 255 of a file name on
+# Linux with room for what tools add to a name (rsync's temporary names, archive suffixes), and
+# enough for an Optuna trial's four parameters at full precision.
+MAX_JOB_DIR_NAME = 200
+# Kept in a job folder's name: what a file name, a shell and a Hydra override value
+# (``resume=<sweep dir>/<job>`` unquoted) all take as is. Anything else becomes ``_``: ``/``
+# (a path in a value would nest folders), ``=`` and ``,`` (Hydra would parse them), spaces,
+# brackets, quotes, shell globs, non-ASCII.
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+@:-]")
+_HASH_CHARS = 8
+
+
+def job_dir_name(num: int, overrides: str) -> str:
+    """A sweep job's folder name: its number, then its overrides made safe for a file name.
+
+    ``overrides`` is Hydra's ``hydra.job.override_dirname`` (``conf/hydra/default.yaml``
+    writes ``key:value`` items joined by ``__`` and leaves out the keys that do not set a job
+    apart). ``(3, "pipeline.optimizer.lr:0.003__seed:2")`` ->
+    ``3_pipeline.optimizer.lr:0.003__seed:2``; no overrides -> ``3``. Characters outside
+    ``A-Z a-z 0-9 . _ + @ : -`` become ``_``. A name longer than :data:`MAX_JOB_DIR_NAME`
+    keeps its beginning and ends in ``__`` and a hash of all the overrides. The number first
+    keeps the names unique and in launch order (by number) whatever the overrides.
+    """
+    text = str(overrides)
+    name = f"{int(num)}_{_UNSAFE.sub('_', text)}" if text else str(int(num))
+    if len(name) <= MAX_JOB_DIR_NAME:
+        return name
+    digest = hashlib.sha256(text.encode("utf-8", errors="replace")).hexdigest()[:_HASH_CHARS]
+    return f"{name[: MAX_JOB_DIR_NAME - _HASH_CHARS - 2]}__{digest}"
+
+
+# (Registered on import: train.py and evaluate.py import this module, so Hydra's launchers
+# find it when they resolve ``hydra.sweep.subdir``, in the job's own process too.)
+OmegaConf.register_new_resolver("job_dir_name", job_dir_name, replace=True)
 
 # Sections of `optimized_metric` that only exist with a setting on (checked before training).
 _NEEDS = {

@@ -5,8 +5,9 @@
 
 A path is a run folder (it holds ``metrics.jsonl``) or a folder of run folders, such as a Hydra
 multirun's sweep folder (runs found up to three levels down; links are never followed). A run's
-group is its command-line overrides (``.hydra/overrides.yaml``) without ``seed=...`` and
-without the overrides every run shares, so the runs of a group differ only in their seed.
+group is its command-line overrides (``.hydra/overrides.yaml``, not its folder's name) without
+``seed=...`` and without the overrides every run shares, so the runs of a group differ only in
+their seed.
 
 For each group and metric the table gives the **final** value (the run's last log point with
 the metric) and the **best** (the highest over its log points), each as mean ± sample standard
@@ -114,7 +115,7 @@ def _walk(folder: Path, depth: int) -> list[Path]:
 
 
 def _natural(path: Path) -> tuple[Any, ...]:
-    """Job folders ``0, 1, ..., 10`` in number order."""
+    """Job folders ``0_<overrides>, 1_<overrides>, ..., 10_<overrides>`` in number order."""
     name = path.name
     head = name.split("_", 1)[0]
     return (0, int(head), name) if head.isdigit() else (1, 0, name)
