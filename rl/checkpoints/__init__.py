@@ -1,13 +1,15 @@
 """Checkpoints: the files (sortable names, atomic writes, safe loading) and resuming runs.
 
 ``files`` writes and finds checkpoint files; ``resume`` plans how a run starts (fresh,
-``resume=`` or ``init_from=``); ``resume_config`` decides which settings a resume may change.
+``resume=`` or ``init_from=``); ``resume_config`` decides which settings a resume may change;
+``retention`` marks the best checkpoint and keeps only the last N.
 What goes *into* a checkpoint is the trainer's business (:mod:`rl.training.state`).
 """
 
 from rl.checkpoints.files import (
     CHECKPOINT_DIR,
     CheckpointError,
+    best_checkpoint,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -19,6 +21,7 @@ __all__ = [
     "CHECKPOINT_DIR",
     "CheckpointError",
     "StartPlan",
+    "best_checkpoint",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",

@@ -1,10 +1,11 @@
 r"""Checkpoint files: sortable names, atomic writes, safe loading.
 
 Names are ``ckpt_stage{SS}_step{NNNNNNNNNNNN}.pt`` so that a plain sort is step order; a
-``latest`` file beside them names the newest. Files are written to a temporary name, fsynced
-and renamed, so a crash mid-write never leaves a corrupt file under a checkpoint name; a failed
-write (a full disk) is a :class:`CheckpointError` naming the file and saying which checkpoint is
-still intact. Non-finite weights are never written.
+``latest`` file beside them names the newest (and ``best`` the best by the run's chosen metric:
+:mod:`rl.checkpoints.retention`). Files are written to a temporary name, fsynced and renamed,
+so a crash mid-write never leaves a corrupt file under a checkpoint name; a failed write (a
+full disk) is a :class:`CheckpointError` naming the file and saying which checkpoint is still
+intact. Non-finite weights are never written.
 
 Loading treats the file as untrusted input, in this order:
 
@@ -54,6 +55,7 @@ CHECKPOINT_DIR = "checkpoints"
 # Formats 2 to 4 load; a newer format is refused.
 CHECKPOINT_FORMAT = 5
 LATEST = "latest"
+BEST = "best"  # (written by rl.checkpoints.retention, with its record best.json)
 _NAME_RE = re.compile(r"^ckpt_stage(\d+)_step(\d+)\.pt$")
 
 
@@ -272,14 +274,15 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return sorted(found, key=order)
 
 
-# ``latest`` holds one checkpoint file name; anything longer is not a pointer this code wrote.
+# ``latest`` (or ``best``) holds one checkpoint file name; anything longer is not a pointer this
+# code wrote.
 _MAX_POINTER_BYTES = 256
 
 
 def _pointed_name(pointer: Path) -> str | None:
-    """The sibling checkpoint name ``latest`` holds, or None.
+    """The sibling checkpoint name a pointer (``latest``, ``best``) holds, or None.
 
-    None unless ``latest`` is a regular file (not a link), at most a few hundred bytes, holding
+    None unless the pointer is a regular file (not a link), at most a few hundred bytes, holding
     a checkpoint file name and nothing else: a copied run folder whose pointer names
     ``../../elsewhere/foreign.pt`` (or links elsewhere) never sends evaluation or resume out of
     the run.
@@ -304,15 +307,45 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
         UnsafePathError: The run's ``checkpoints`` is a link or not a folder.
     """
     folder = run_subdir(run_dir, CHECKPOINT_DIR, create=False)
-    name = _pointed_name(folder / LATEST)
-    if name is not None:
-        candidate = folder / name
-        if not candidate.is_symlink() and candidate.is_file():
-            return candidate
+    pointed = pointed_checkpoint(folder, LATEST)
+    if pointed is not None:
+        return pointed
     found = list_checkpoints(run_dir)
     if not found:
         raise CheckpointError(f"no checkpoint in {folder}")
     return found[-1]
+
+
+def pointed_checkpoint(folder: Path, pointer: str) -> Path | None:
+    """The checkpoint that ``folder/pointer`` (``latest``, ``best``) names, or None.
+
+    None unless the pointer is a regular file (not a link) holding only a checkpoint file name
+    (no path) and that name is a regular file (not a link) in ``folder``.
+    """
+    name = _pointed_name(folder / pointer)
+    if name is None:
+        return None
+    candidate = folder / name
+    return candidate if not candidate.is_symlink() and candidate.is_file() else None
+
+
+def best_checkpoint(run_dir: str | Path) -> Path:
+    """The best checkpoint of a run by its ``pipeline.best_metric`` (``checkpoints/best``).
+
+    Raises:
+        CheckpointError: The run has no ``best`` pointer naming a checkpoint beside it (best
+            tracking was off, nothing was better yet, or the pointer is not one this code
+            wrote: a link, a path, another file's name).
+        UnsafePathError: The run's ``checkpoints`` is a link or not a folder.
+    """
+    folder = run_subdir(run_dir, CHECKPOINT_DIR, create=False)
+    found = pointed_checkpoint(folder, BEST)
+    if found is None:
+        raise CheckpointError(
+            f"no best checkpoint in {folder}: {folder / BEST} is missing or does not name a "
+            "checkpoint file beside it (pipeline.best_metric tracks one; null: off)"
+        )
+    return found
 
 
 def checkpoint_file(path: str | Path) -> Path:
@@ -321,15 +354,19 @@ def checkpoint_file(path: str | Path) -> Path:
     A file is itself (:func:`checked_file_path`: in a run's ``checkpoints/``, below the
     resolved run folder); a run's ``checkpoints/latest`` pointer (what ``evaluate.py ckpt=``
     also takes) names the run's newest checkpoint (a ``latest`` that is not a regular file is
-    ignored, as :func:`latest_checkpoint` ignores it), and so does a run folder.
+    ignored, as :func:`latest_checkpoint` ignores it), and so does a run folder; a run's
+    ``checkpoints/best`` names its best checkpoint (:func:`best_checkpoint`).
 
     Raises:
+        CheckpointError: ``checkpoints/best`` names no checkpoint beside it.
         UnsafePathError: The run's ``checkpoints`` is a link or not a folder.
     """
     path = Path(path).expanduser()
     in_run = path.parent.name == CHECKPOINT_DIR
     if path.name == LATEST and (path.is_file() or (in_run and os.path.lexists(path))):
         return latest_checkpoint(path.parent.parent)
+    if path.name == BEST and in_run:
+        return best_checkpoint(path.parent.parent)
     if path.is_dir() and (path / CHECKPOINT_DIR).is_dir():
         return latest_checkpoint(path)
     return checked_file_path(path)

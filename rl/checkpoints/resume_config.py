@@ -4,7 +4,7 @@
 user's config tree (:mod:`rl.checkpoints.saved_config`). Settings typed on
 the command line that differ from the saved ones are listed and applied only where that is safe
 (:data:`SAFE_RESUME_KEYS`: budgets and the schedule horizons derived from them, logging,
-evaluation, thread count, tags, save and log intervals); anything else is a
+evaluation, thread count, tags, save and log intervals, checkpoint retention); anything else is a
 :class:`~rl.utils.config.ConfigError` naming the keys. The rebuilt config keeps the tree's
 interpolations (``${total_env_steps}``) wherever the saved value is what they give, so a new
 budget re-resolves every stage budget and schedule horizon that derives from it.
@@ -51,6 +51,9 @@ SAFE_RESUME_KEYS = (
     "pipeline.metric_accumulate_interval",
     "pipeline.stages.*.save_interval",
     "pipeline.stages.*.metric_accumulate_interval",
+    "pipeline.keep_last",  # (checkpoint retention: which files stay, never the training)
+    "pipeline.best_metric",
+    "pipeline.best_mode",
     "logger",
     "eval",
     "torch_threads",

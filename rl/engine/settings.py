@@ -2,6 +2,7 @@
 
 :func:`verify_train_cfg` asks every room to check its section (the run's keys here, the
 pipeline in :mod:`rl.pipeline.verify`, ``eval``/``valid`` in :mod:`rl.evaluation.settings`,
+``pipeline.best_metric`` against them in :mod:`rl.checkpoints.retention`,
 ``distributed`` in :mod:`rl.distributed.settings`, every ``_target_`` with
 :func:`rl.utils.config.check_targets`) and raises one :class:`~rl.utils.config.ConfigError`
 listing every problem, before anything is built. Defaults live in ``conf/train.yaml`` only.
@@ -15,6 +16,7 @@ from typing import Annotated, Any
 
 import torch
 
+from rl.checkpoints.retention import retention_errors
 from rl.collection.normalization import NormalizeSettings
 from rl.distributed.settings import distributed_errors
 from rl.evaluation.settings import evaluation_errors
@@ -147,6 +149,7 @@ def verify_train_cfg(cfg: Mapping[str, Any]) -> None:
         if not (isinstance(node, Mapping) and "_target_" in node)
     ]
     errors += evaluation_errors(cfg["eval"], cfg["valid"])
+    errors += retention_errors(cfg["pipeline"], cfg["eval"], cfg["valid"])
     errors += distributed_errors(cfg["distributed"])
     if cfg["normalize"] is not None:
         errors += section_errors(NormalizeSettings, cfg["normalize"], "normalize")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rl.checkpoints.files import (
+    BEST,
     CHECKPOINT_DIR,
     LATEST,
     CheckpointError,
@@ -91,8 +92,8 @@ def find_checkpoints(
 
     Args:
         ckpt: A checkpoint file, a run's ``checkpoints/latest`` pointer (its newest
-            checkpoint), or a glob of files (``**`` allowed), e.g.
-            ``outputs/x/*/checkpoints/ckpt_*.pt``.
+            checkpoint) or ``checkpoints/best`` (its best by ``pipeline.best_metric``), or a
+            glob of files (``**`` allowed), e.g. ``outputs/x/*/checkpoints/ckpt_*.pt``.
         run_dir: A run folder: every checkpoint in its ``checkpoints/``.
 
     Returns:
@@ -128,12 +129,13 @@ def find_checkpoints(
             )
     else:
         path = Path(str(ckpt)).expanduser()
-        pointer = path.name == LATEST and path.parent.name == CHECKPOINT_DIR  # (any kind: ignored)
+        in_run = path.parent.name == CHECKPOINT_DIR
+        pointer = path.name in (LATEST, BEST) and in_run  # (any kind: ignored)
         if path.is_dir() and not pointer:
             raise ConfigError(
                 f"ckpt={ckpt!r} is a folder; for every checkpoint of a run use run_dir="
             )
-        path = checkpoint_file(path)  # (the run's latest pointer: its newest checkpoint)
+        path = checkpoint_file(path)  # (the run's latest / best pointer: what it names)
         if not path.is_file():  # (a FIFO is never opened: it could block)
             problem = "is not a regular file" if os.path.lexists(path) else "does not exist"
             raise CheckpointError(f"checkpoint {path} {problem}")

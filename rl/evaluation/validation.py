@@ -9,7 +9,10 @@ against each checkpoint's env step (results are polled on every rollout end and 
 end of training, before the loggers close). Nothing is skipped: when a new checkpoint arrives while
 earlier ones are still waiting, a warning says how many are pending. Each result is also written
 next to its checkpoint (``<checkpoint>.valid.json``), so a run stopped with validations pending
-queues those checkpoints again when it resumes.
+queues those checkpoints again when it resumes. A checkpoint stays held by the trainer's
+:class:`~rl.checkpoints.retention.CheckpointRetention` from its submission until its result
+arrives (``pipeline.keep_last`` never deletes it meanwhile), and each result is handed to it
+(``pipeline.best_metric=valid/...`` judges the checkpoint by it).
 
 The process starts with the first checkpoint and gets plain data only (the resolved task and
 model configs, then checkpoint paths). It is a child of the process runtime
@@ -33,6 +36,7 @@ from typing import Any
 import torch
 
 from rl.checkpoints.files import list_checkpoints, load_checkpoint, parse_checkpoint_name
+from rl.checkpoints.retention import CheckpointRetention
 from rl.collection.episodes import EvalSampler, episode_seed_list, evaluate_policy
 from rl.evaluation.inference import load_trained_policy
 from rl.evaluation.settings import ValidSettings
@@ -167,6 +171,8 @@ class BackgroundValidation(Callback):
         self._process: ChildProcesses | None = None
         self._calls: list[Call] = []  # in the order submitted; the done ones are dropped
         self._finished = False
+        # The trainer's (set by its hooks): holds each checkpoint until its result arrives.
+        self._retention: CheckpointRetention | None = None
 
     def _start(self) -> None:
         self._process = ChildProcesses(
@@ -207,6 +213,8 @@ class BackgroundValidation(Callback):
         assert self._process is not None
         self._calls.append(self._process.call(0, "validate", str(path)))
         self.submitted.append((str(path), step))
+        if self._retention is not None:
+            self._retention.hold(path)  # (keep_last never deletes it before its result)
         if self.pending > 1:
             log.warning(
                 "validation is behind training: %d checkpoints pending (validated in order, "
@@ -217,10 +225,12 @@ class BackgroundValidation(Callback):
 
     def on_checkpoint(self, trainer: OnPolicyTrainer, path: Path) -> None:
         """Queue the checkpoint just saved."""
+        self._retention = trainer.retention
         self.submit(path)
 
     def on_train_start(self, trainer: OnPolicyTrainer) -> None:
         """Queue the run's checkpoints that have no result yet (pending when it was stopped)."""
+        self._retention = trainer.retention
         steps = trainer.pipeline.total_steps
         pending = [
             p
@@ -284,6 +294,8 @@ class BackgroundValidation(Callback):
             self.completed.append((path, step))
             self.failed.append(path)
             log.error("validation of %s (step %d) failed:\n%s", path, step, e.traceback)
+            if self._retention is not None:
+                self._retention.validated(path, None)
             return
         self.completed.append((path, step))
         self.logger.log(step, metrics)
@@ -294,6 +306,8 @@ class BackgroundValidation(Callback):
             json.dumps({"step": step, "metrics": metrics}),
             what="validation result",  # (a full disk: named)
         )
+        if self._retention is not None:  # the best by valid/*, then keep-last-N
+            self._retention.validated(path, metrics)
 
     def finish(self, timeout: float | None = None) -> None:
         """Wait for every pending checkpoint, log the results, and stop the process.

@@ -137,6 +137,8 @@ def _settings_signature(cls: type, *, optional: bool) -> type:
 
 # What a non-finite loss or gradient norm does (TrainingPipeline's ``on_nonfinite``).
 NONFINITE_POLICIES = ("error", "skip")
+# Which way the best checkpoint's metric is better (TrainingPipeline's ``best_mode``).
+BEST_MODES = ("max", "min")
 
 
 def _checked(check: Check, value: Any, key: str) -> list[str]:
@@ -241,6 +243,13 @@ class TrainingPipeline:
             on the CPU, ``"reduce-overhead"``, CUDA graphs, on CUDA). The first update pays
             the compile time, and a new minibatch shape (a stage's shortened last rollout)
             compiles again. False: eager.
+        keep_last: Keep only the newest this many checkpoints, plus the best and any whose
+            validation is pending (:mod:`rl.checkpoints.retention`); None or 0: keep all.
+        best_metric: The metric by which the best checkpoint is marked (``checkpoints/best``
+            and ``best.json``): a ``valid/*`` metric (judged when the checkpoint's validation
+            result arrives) or any logged one (``charts/episodic_return``: its latest value
+            when the checkpoint is saved). None: no best is tracked.
+        best_mode: ``max``: a higher ``best_metric`` is better; ``min``: a lower one.
         **settings: Every :class:`TrainingSettings` field (``advance_scene_rollout_period``
             may be left out): the stages' defaults.
 
@@ -259,6 +268,9 @@ class TrainingPipeline:
         total_env_steps: Annotated[int | None, Check(gt=0)] = None,
         on_nonfinite: Annotated[str, Check(choices=NONFINITE_POLICIES)] = "error",
         compile: bool = False,
+        keep_last: Annotated[int | None, Check(ge=0)] = None,
+        best_metric: str | None = None,
+        best_mode: Annotated[str, Check(choices=BEST_MODES)] = "max",
         **settings: Any,
     ) -> None:
         missing = [
@@ -294,6 +306,13 @@ class TrainingPipeline:
         )
         if not isinstance(compile, bool):
             errors.append(f"pipeline.compile: expected true or false, got {compile!r}")
+        if keep_last is not None and type(keep_last) is not int:
+            errors.append(f"pipeline.keep_last: expected an integer or null, got {keep_last!r}")
+        else:
+            errors += _checked(Check(ge=0), keep_last, "pipeline.keep_last")
+        if best_metric is not None and (not isinstance(best_metric, str) or not best_metric):
+            errors.append(f"pipeline.best_metric: expected a metric name, got {best_metric!r}")
+        errors += _checked(Check(choices=BEST_MODES), best_mode, "pipeline.best_mode")
         if total_env_steps is None and any(s.max_stage_steps is None for s in self.stages):
             errors.append(
                 "pipeline.stages: a stage leaves max_stage_steps unset (the rest of "
@@ -306,6 +325,9 @@ class TrainingPipeline:
                 stage.max_stage_steps = int(total_env_steps) - given
         self.on_nonfinite = on_nonfinite
         self.compile = compile
+        self.keep_last = keep_last
+        self.best_metric = best_metric
+        self.best_mode = best_mode
         self.optimizer_builder = optimizer
         self.lr_scheduler_builder = lr_scheduler
         self.defaults = TrainingSettings(**settings)

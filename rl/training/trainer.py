@@ -7,7 +7,8 @@ budget), runs the current stage's on-policy update and its off-policy component
 (:class:`~rl.training.learner.Learner`), steps the schedules with the env-step count, and then
 does the bookkeeping: callbacks, a log point every ``metric_accumulate_interval`` env steps, the
 stage's end when its budget is spent or its early-stopping criterion fires, and a checkpoint
-every ``save_interval`` env steps and at the end of every stage. A stage's
+every ``save_interval`` env steps and at the end of every stage (the pipeline's ``best_metric``
+marks the best and ``keep_last`` keeps the newest N: :mod:`rl.checkpoints.retention`). A stage's
 ``advance_scene_rollout_period`` makes every environment start a new episode every k rollouts.
 
 :meth:`OnPolicyTrainer.request_stop` (called by signal handlers) ends training at the next
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 
 from rl.checkpoints.files import save_checkpoint
+from rl.checkpoints.retention import CheckpointRetention
 from rl.collection.base import Collector, RolloutRequest
 from rl.distributed.reduce import broadcast_object
 from rl.distributed.setup import DistContext
@@ -106,6 +108,13 @@ class OnPolicyTrainer:
         )
         self.last_checkpoint: Path | None = None
         self._last_saved_step = -1
+        #: The best checkpoint and keep-last-N of the pipeline's settings (rank 0 acts on them).
+        self.retention = CheckpointRetention(
+            self.output_dir,
+            keep_last=pipeline.keep_last,
+            best_metric=pipeline.best_metric,
+            best_mode=pipeline.best_mode,
+        )
         # HARNESS: a collector that collects ahead (asynchronous collection workers) asks what
         # the coming updates collect, so that nothing is collected past a stage's or the run's
         # budget.
@@ -144,6 +153,8 @@ class OnPolicyTrainer:
         pipe = self.pipeline
         self.learner.step_schedules(pipe.total_steps)
         self.metrics.start_interval(pipe.total_steps)
+        if self.dist.is_main:
+            self.retention.start()  # (a resumed run's best so far; reads best.json only)
         for cb in self.callbacks:
             cb.on_train_start(self)
         while not pipe.finished and not self.stop.stopping:
@@ -324,6 +335,7 @@ class OnPolicyTrainer:
         path: Path | None = None
         if self.dist.is_main:
             path = save_checkpoint(self.output_dir, state, stage, steps)
+            self.retention.saved(path, self.metrics.last)  # the best so far, keep-last-N
         if self.dist.enabled:
             path = Path(broadcast_object(None if path is None else str(path)))
         assert path is not None
