@@ -172,6 +172,24 @@ def test_the_add_a_model_pages_policies_train(compose_cfg, tmp_path, module, cls
     assert metrics["eval/episodic_return"] > 0
 
 
+def test_the_add_a_model_pages_encoder_trains_from_its_yaml(compose_cfg, tmp_path) -> None:
+    """docs/howto/add-a-model.md: its encoder class and YAML, as written, train ppo_nav (smoke)."""
+    code = next(b for b in python_blocks("howto/add-a-model.md") if "class TinyConv(" in b)
+    page = (ROOT / "docs" / "howto" / "add-a-model.md").read_text()
+    yaml = next(b for b in re.findall(r"```yaml\n(.*?)```", page, re.DOTALL) if "TinyConv" in b)
+    (tmp_path / "conf" / "model" / "encoder").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "encoder" / "tiny_conv.yaml").write_text(yaml)
+    with users_package(tmp_path, "my_package", {"encoders": code}):
+        cfg = compose_cfg(
+            ["+experiment=ppo_nav", "+debug=smoke", "task=nav_small", "eval.num_episodes=2",
+             f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+             "+model/encoder@model.encoders.image=tiny_conv"]
+        )  # fmt: skip
+        assert cfg.model.encoders.image._target_ == "my_package.encoders.TinyConv"
+        metrics = rl.engine.run.train(cfg)
+    assert metrics["eval/episodic_length"] > 0
+
+
 def test_the_pipeline_pages_callback_runs_from_the_config(
     compose_cfg, resolve_cfg, tmp_path, capsys
 ) -> None:

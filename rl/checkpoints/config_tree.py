@@ -221,6 +221,7 @@ class ConfigTree:
             defaults = run_choices(base) or {}
             appended: list[str] = []
             replaced: list[str] = []
+            packaged: dict[str, str] = {}  # groups at a package of their own
             group_options = _group_options(gh, self.config_name, search)
             for group, option in (choices or {}).items():  # (in the order they were typed)
                 # Every choice is passed, defaults too: an experiment may override a group
@@ -235,10 +236,26 @@ class ConfigTree:
                         f"option for ({', '.join(options) or 'no such group'})"
                         + self._missing_sources_hint(recorded)
                     )
-                if group in defaults or "@" in group:  # (the latter in an option's defaults)
+                if group in defaults:
                     replaced.append(f"{group}={option}")
+                elif "@" in group:  # in an option's defaults, or appended (decided below)
+                    packaged[group] = option
                 else:
                     appended.append(f"+{group}={option}")
+            if packaged:  # those the other choices' options choose are replaced, others added
+                options_chose = (
+                    run_choices(
+                        compose(
+                            self.config_name,
+                            [*search, *appended, *replaced],
+                            return_hydra_config=True,
+                        )
+                    )
+                    or {}
+                )
+                for group, option in packaged.items():
+                    plus = "" if group in options_chose else "+"
+                    (replaced if not plus else appended).append(f"{plus}{group}={option}")
             chosen = [*search, *appended, *replaced]
             try:
                 cfg = compose(self.config_name, [*chosen, *overrides], return_hydra_config=True)

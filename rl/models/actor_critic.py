@@ -78,6 +78,11 @@ class ActorCritic(PolicyBase):
             normalisation, :mod:`rl.models.value_norm`); its values are returned in the
             reward's units all the same.
         value_norm_beta: Decay of the normalisation's moving averages, once a rollout.
+        encoders: Encoders of your own, by observation entry (``{"image": MyCNN}``): each a
+            callable (in the config a ``_partial_`` ``_target_``) that takes the entry's
+            ``space`` and returns an ``nn.Module`` with an integer ``out_size``, mapping the
+            entry's ``[B, ...]`` values (as the task gives them: a uint8 image stays uint8) to
+            features ``[B, out_size]``. An entry without one is encoded as above.
     """
 
     def __init__(
@@ -102,6 +107,7 @@ class ActorCritic(PolicyBase):
         critic_layers: Sequence[int] = (64, 64),
         value_norm: bool = False,
         value_norm_beta: Annotated[float, Check(gt=0)] = 0.99999,
+        encoders: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -123,8 +129,16 @@ class ActorCritic(PolicyBase):
             raise ValueError(
                 "model.ignore_keys / critic_keys: the actor must see at least one entry"
             )
+        own = dict(encoders or {})
+        unknown = sorted(set(own) - set(self.keys))
+        if unknown:
+            raise ValueError(
+                f"model.encoders: {unknown} are not observation entries the actor sees "
+                f"({self.keys})"
+            )
         feat = self._build_encoders(
             observation_space,
+            own,
             dict(
                 channels=cnn_channels,
                 kernels=cnn_kernels,
@@ -188,11 +202,14 @@ class ActorCritic(PolicyBase):
             values = self.value_norm.denormalize(values)
         return values
 
-    def _build_encoders(self, observation_space: gym.spaces.Dict, cnn: dict[str, Any]) -> int:
+    def _build_encoders(
+        self, observation_space: gym.spaces.Dict, own: Mapping[str, Any], cnn: dict[str, Any]
+    ) -> int:
         """One encoder (or encoding) per observation entry of :attr:`keys`; their feature size.
 
-        Images (3-D boxes, with ``cnn`` channels) go through a CNN; other boxes and binaries
-        are flattened; discrete entries one-hot encoded (a multi-discrete one per component).
+        An entry with an encoder of ``own`` goes through it; images (3-D boxes, with ``cnn``
+        channels) go through a CNN; other boxes and binaries are flattened; discrete entries
+        one-hot encoded (a multi-discrete one per component).
         """
         self.encoders = nn.ModuleDict()
         self._kinds: dict[str, str] = {}
@@ -200,7 +217,13 @@ class ActorCritic(PolicyBase):
         feat = 0
         for key in self.keys:
             space = observation_space[key]
-            if isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and cnn["channels"]:
+            if key in own:
+                encoder, size = _own_encoder(own[key], space, key)
+                self.encoders[key] = encoder
+                is_image = isinstance(space, gym.spaces.Box) and len(space.shape) == 3
+                self._kinds[key] = "image" if is_image else "encoded"
+                feat += size
+            elif isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and cnn["channels"]:
                 enc = ImageEncoder(
                     space,
                     cnn["channels"],
@@ -263,6 +286,8 @@ class ActorCritic(PolicyBase):
             if kind == "image":
                 parts.append(self.encoders[key](x))
                 visual.append(parts[-1])
+            elif kind == "encoded":
+                parts.append(self.encoders[key](x))
             elif kind == "flat":
                 parts.append(x.reshape(lead, -1).float())
             elif kind == "onehot":
@@ -366,3 +391,23 @@ class ActorCritic(PolicyBase):
         actions = dist.mode() if deterministic else dist.sample(generator)
         values = self._values(x, obs)[:, 0]
         return PolicyStep(actions, dist.log_prob(actions), values, dist), state
+
+
+def _own_encoder(build: Any, space: gym.Space, key: str) -> tuple[nn.Module, int]:
+    """A user's encoder of the entry ``key``, built for its ``space`` and checked; its size."""
+    where = f"model.encoders.{key}"
+    if not callable(build):
+        raise ValueError(
+            f"{where}: expected a callable that builds an encoder (a _partial_ _target_), "
+            f"got {type(build).__name__}"
+        )
+    encoder = build(space=space)
+    size = getattr(encoder, "out_size", None)
+    if not isinstance(encoder, nn.Module):
+        raise TypeError(f"{where} built a {type(encoder).__name__}, not a torch.nn.Module")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise TypeError(
+            f"{where}: {type(encoder).__name__} needs an integer out_size >= 1 (its feature "
+            f"size), has {size!r}"
+        )
+    return encoder, size
