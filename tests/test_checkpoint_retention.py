@@ -18,6 +18,7 @@ import pytest
 import torch
 from pipelines import ppo_pipeline
 from small import SMALL
+from test_resume import StopAt
 
 from rl.checkpoints.errors import CheckpointError
 from rl.checkpoints.files import (
@@ -54,15 +55,6 @@ class Score(Callback):
 
     def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
         trainer.metrics.publish(info.total_steps, {"test/score": SCORES[info.total_steps]})
-
-
-class StopAt(Callback):
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
-
-    def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
-        if info.total_steps >= self.steps:
-            trainer.request_stop("test")
 
 
 def make_pipeline(**retention: object) -> TrainingPipeline:

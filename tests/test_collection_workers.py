@@ -30,6 +30,7 @@ from collectors import worker_settings
 from pipelines import ppo_pipeline
 from small import MODEL, SERIAL, SMALL
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_resume import StopAt
 
 from rl.checkpoints import latest_checkpoint, load_checkpoint
 from rl.collection import CollectionSpec, RolloutRequest
@@ -200,15 +201,6 @@ def test_a_stage_switch_changes_what_the_workers_collect(backend: str, tmp_path:
     finally:
         workers.close()
     assert seen.steps == [(0, 16), (0, 16), (1, 8), (1, 8)]
-
-
-class StopAt(Callback):
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
-
-    def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
-        if info.total_steps >= self.steps:
-            trainer.request_stop("test")
 
 
 def train_with_workers(out: Path, callbacks: list[Callback], resume: bool = False) -> Any:
