@@ -271,6 +271,32 @@ def test_an_interrupted_and_resumed_run_is_bitwise_equal_to_uninterrupted(
         assert reference.last_metrics[key] == trainer.last_metrics[key], key
 
 
+def test_a_stop_before_the_first_rollout_saves_nothing_in_flight_and_resumes_exactly(
+    tmp_path: Path,
+) -> None:
+    # A SIGTERM during start-up: the checkpoint is written before the environments were ever
+    # reset (a batched task cannot save episodes it has not started), and the resume starts
+    # where the run would have.
+    make = functools.partial(BatchedSampler, task=NAV, num_envs=4, seed=3, device="cpu")
+    with make() as sampler:
+        reference = make_trainer(tmp_path / "a", sampler)
+        reference.train()
+    with make() as sampler:
+        trainer = make_trainer(tmp_path / "b", sampler)
+        trainer.request_stop("test")
+        trainer.train()
+    first = load_checkpoint(list_checkpoints(tmp_path / "b")[-1])
+    assert first["sampler"] is None and first["rollout"] is None
+    with make() as sampler:
+        trainer = make_trainer(tmp_path / "b", sampler)
+        trainer.load_state_dict(first)
+        trainer.train()
+    for (name, a), b in zip(
+        reference.model.state_dict().items(), trainer.model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(a, b), name
+
+
 # -------------------------------------------------------------------- the engine
 @pytest.mark.parametrize("collector", ["local", "process"])
 def test_a_training_run_with_sampler_batched(

@@ -329,12 +329,16 @@ class InProcessCollector:
         """What the collector carries, as top-level checkpoint entries.
 
         ``{"sampler": episodes in flight or None, "rollout": carried state or None,
-        "normalizer": its statistics or None}``.
+        "normalizer": its statistics or None}``. Before the first rollout (a stop that comes
+        first: SIGTERM during start-up) nothing is in flight: no sampler state, and a resume
+        starts where this run would have (:meth:`load_state_dict`).
         """
-        try:
-            sampler_state: dict[str, Any] | None = self.sampler.state_dict()
-        except NotImplementedError:
-            sampler_state = None
+        sampler_state: dict[str, Any] | None = None
+        if self._carry is not None:  # (the sampler was reset: episodes are in flight)
+            try:
+                sampler_state = self.sampler.state_dict()
+            except NotImplementedError:
+                sampler_state = None
         rollout = None
         if self._carry is not None:
             rollout = {
