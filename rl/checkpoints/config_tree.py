@@ -277,15 +277,17 @@ class ConfigTree:
         if missing:
             entries = ",".join(_quoted(e) for e in [*self.searchpath, *missing])
             hint += (
-                f"; the run composed its configs with {', '.join(missing)} on Hydra's search "
-                f'path: give it again: "hydra.searchpath=[{entries}]" (a folder is never '
-                "taken from a checkpoint)"
+                f"; its checkpoint records that the run composed its configs with "
+                f"{', '.join(missing)} on Hydra's search path: if that folder is yours, give "
+                f'it again: "hydra.searchpath=[{entries}]" (a folder is never taken from a '
+                "checkpoint)"
             )
         config_dir = recorded.get("config_dir")
         if config_dir and self.config_dir is None and not _is_project_conf(config_dir):
             hint += (
-                f"; the run's primary config folder was {config_dir} (give it: config_dir=... "
-                "from Python, --config-path on the command line)"
+                f"; its checkpoint records the run's primary config folder as {config_dir} "
+                "(if it is yours, give it: config_dir=... from Python, --config-path on the "
+                "command line)"
             )
         return hint
 
