@@ -40,12 +40,12 @@ docs: $(STAMP) ## Build the documentation site into site/ (strict: a broken link
 docs-serve: $(STAMP) ## Serve the documentation site with live reload (http://127.0.0.1:8000)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
 
-LINT_PATHS := rl tests bench tools train.py evaluate.py
+LINT_PATHS := rl rl_envs tests bench tools train.py evaluate.py
 
 lint: $(STAMP) ## Lint: ruff, format check, mypy, import contracts
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/ruff format --check $(LINT_PATHS)
-	$(BIN)/mypy rl
+	$(BIN)/mypy rl rl_envs
 	$(BIN)/lint-imports --no-cache
 
 format: $(STAMP) ## Format the code with ruff

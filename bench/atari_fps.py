@@ -66,13 +66,13 @@ def raw_fps(kind: str, game: str, seconds: float) -> float:
     """Agent steps/s of 8 environments with random actions (drawn in advance), no policy."""
     from rl.sampling import BatchedSampler, SerialSampler
 
-    task = {"_target_": "rl.tasks.atari.make_atari_env", "game": game}
+    task = {"_target_": "rl_envs.atari.make_atari_env", "game": game}
     actions = np.random.default_rng(0).integers(0, 4, size=(4096, NUM_ENVS))
     env: Any
     if kind == "ale":
         from ale_py.vector_env import AtariVectorEnv
 
-        from rl.tasks.atari import rom_name
+        from rl_envs.atari import rom_name
 
         env = AtariVectorEnv(rom_name(game), NUM_ENVS)
         env.reset(seed=np.arange(NUM_ENVS))
@@ -97,7 +97,7 @@ def raw_fps(kind: str, game: str, seconds: float) -> float:
 
 def channels_last_us() -> float:
     """Microseconds of the twin's channels-last copy of one step's frame stacks."""
-    from rl.tasks.atari import _channels_last
+    from rl_envs.atari import _channels_last
 
     stacks = np.random.default_rng(0).integers(0, 255, (NUM_ENVS, 4, 84, 84), dtype=np.uint8)
     _channels_last(stacks)
@@ -137,7 +137,7 @@ def envpool_raw_fps(python: Path, game: str, seconds: float) -> float:
 
 
 def envpool_id(game: str) -> str:
-    from rl.tasks.atari import gym_id
+    from rl_envs.atari import gym_id
 
     return gym_id(game).removeprefix("ALE/")  # Breakout-v5
 
@@ -275,7 +275,7 @@ def main() -> None:
         print(python or why)
         sys.exit(0 if python else 1)
     python, why = reference_python(args.venv, create=not args.smoke)
-    from rl.tasks.atari import gym_id
+    from rl_envs.atari import gym_id
 
     print(
         f"Atari throughput, {gym_id(args.game)}, {NUM_ENVS} environments; machine: "

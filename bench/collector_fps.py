@@ -9,7 +9,7 @@ update) from the run's own ``time/*`` metrics, and the bytes a rollout takes wit
 compression.
 
 ``--slow-worker``: instead, the straggler case of barrier-free async. Two process workers of
-8 environments each on ``rl.tasks.debug.SlowEnv`` (a trivial counter task, so that collection
+8 environments each on ``rl_envs.toys.debug.SlowEnv`` (a trivial counter task, so that collection
 is the policy's cost), one of whose environments sleeps ``--delay`` s per step: worker 1 is a
 straggler. The barrier (``rollouts_per_update: null``: every worker's rollout each update) runs
 at worker 1's pace; barrier-free (``rollouts_per_update: 1``) updates on whichever rollout is
@@ -47,7 +47,7 @@ def slow_worker(steps: int, delay: float, max_policy_lag: int = 4) -> None:
     slow_env = envs // 2  # worker 1's first environment
     task = [
         "task=gym",
-        "task._target_=rl.tasks.debug.SlowEnv",
+        "task._target_=rl_envs.toys.debug.SlowEnv",
         "~task.env_id",
         "~task.env_kwargs",
         "~task.wrappers",
@@ -72,7 +72,7 @@ def slow_worker(steps: int, delay: float, max_policy_lag: int = 4) -> None:
         results[name] = row("mlp", steps, [*common, *overrides])
     print(
         f"\nlearner FPS with a straggler: 2 process workers x {envs // 2} envs of "
-        f"rl.tasks.debug.SlowEnv, worker 1's env {slow_env} sleeping {delay * 1000:.1f} ms a "
+        f"rl_envs.toys.debug.SlowEnv, worker 1's env {slow_env} sleeping {delay * 1000:.1f} ms a "
         f"step; MLP policy, {train_fps.NUM_STEPS}-step rollouts, max_policy_lag {max_policy_lag}, "
         f"{steps:,} env steps each"
     )

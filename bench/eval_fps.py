@@ -49,8 +49,8 @@ from rl.collection.episodes import (
 from rl.models.factory import build_policy
 from rl.models.policy import Policy
 from rl.tasks.factory import task_layout, with_split
-from rl.tasks.nav import Actions
 from rl.utils.seeding import set_seed
+from rl_envs.pointnav.env import Actions
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = with_split(yaml.safe_load((ROOT / "conf/task/nav.yaml").read_text()), "test")

@@ -6,7 +6,7 @@ of the environments end their episode each step and start the next one), no poli
 ``--threads`` torch threads (1 by default), one row after another in the same process:
 
 (a) the serial sampler over 16 ``PointNavEnv`` (``bench/sampler_fps.py``'s raw row, its code);
-(b) ``BatchedPointNav.step`` (``rl/tasks/nav_batched.py``, what ``sampler=batched`` steps) at
+(b) ``BatchedPointNav.step`` (``rl_envs/pointnav/batched.py``, what ``sampler=batched`` steps) at
     16, 256, 1,024 and 4,096 environments (``--envs``), each for ``--seconds`` after 16 warm-up
     steps: every row includes the refills of the environments' random streams, which happen
     every few hundred steps.
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import sampler_fps  # noqa: E402  (this folder's sibling benchmark: the serial raw row)
 
-from rl.tasks.nav_batched import BatchedPointNav  # noqa: E402
+from rl_envs.pointnav.batched import BatchedPointNav  # noqa: E402
 
 ENVS = [16, 256, 1024, 4096]
 SMOKE_ENVS = [16, 64]

@@ -30,7 +30,7 @@ __all__ = [
 
 def small_nav(max_steps: int = 30) -> dict[str, Any]:
     """A 9x9 PointNav layout of 2x2 rooms, episodes of at most ``max_steps``."""
-    return {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2,
+    return {"_target_": "rl_envs.pointnav.PointNavEnv", "size": 9, "rooms_per_side": 2,
             "max_steps": max_steps}  # fmt: skip
 
 

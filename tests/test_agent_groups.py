@@ -31,7 +31,7 @@ def cue_task(groups, choices=(2, 3, 3), lifetimes=(2, 4, 6)) -> dict:
     """CueAgents whose agents choose among ``choices`` values (``choose<n>_<i>``)."""
     return {
         "_target_": "rl.tasks.pettingzoo.ParallelEnvAdapter",
-        "env": {"_target_": "rl.tasks.toy_agents.CueAgents", "_partial_": True,
+        "env": {"_target_": "rl_envs.toys.agents.CueAgents", "_partial_": True,
                 "lifetimes": list(lifetimes), "max_cycles": 5, "choices": list(choices)},
         "groups": groups,
     }  # fmt: skip
@@ -153,7 +153,7 @@ def test_a_grouped_policy_is_each_groups_policy_on_its_rows() -> None:
 def test_groups_of_agents_learn_with_a_policy_each(compose_cfg, tmp_path) -> None:
     """Each kind of agent learns to repeat its own cue (of 2 or 3 values) in 20k agent-steps."""
     env = [
-        "task.env._target_=rl.tasks.toy_agents.CueAgents", "~task.env.max_cycles",
+        "task.env._target_=rl_envs.toys.agents.CueAgents", "~task.env.max_cycles",
         "~task.env.continuous_actions", "+task.env.lifetimes=[4,4,4]",
         "+task.env.choices=[2,3,3]",
     ]  # fmt: skip

@@ -37,7 +37,7 @@ def test_predict_with_an_explicit_state_equals_act(tmp_path: Path) -> None:
     )  # fmt: skip
     agent = InferenceAgent.from_checkpoint(run.run_dir, deterministic=True)
     other = InferenceAgent.from_checkpoint(run.run_dir / "checkpoints" / "latest")
-    env = build_env({"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2,
+    env = build_env({"_target_": "rl_envs.pointnav.PointNavEnv", "size": 9, "rooms_per_side": 2,
                      "max_steps": 20})  # fmt: skip
     obs, _ = env.reset(seed=5)
     state, start = None, True

@@ -1,8 +1,8 @@
 """Atari (``task=atari``): both forms of the task alike, CleanRL's preprocessing, training.
 
-The per-environment form (:func:`~rl.tasks.atari.make_atari_env`, what the serial sampler and
+The per-environment form (:func:`~rl_envs.atari.make_atari_env`, what the serial sampler and
 evaluation step) and its batched twin (ale-py's ``AtariVectorEnv`` through
-:class:`~rl.tasks.atari.AtariGames`, what ``sampler=batched`` steps) have the same spaces and
+:class:`~rl_envs.atari.AtariGames`, what ``sampler=batched`` steps) have the same spaces and
 the same semantics under random play: a lost life ends an engine episode while the game goes
 on, the game's unclipped score arrives where the game ends, rewards are clipped to their sign.
 Then ``+experiment=ppo_atari +debug=smoke`` trains end to end and evaluates.
@@ -20,11 +20,11 @@ from ale_py.vector_env import AtariVectorEnv
 from rl.collection.episodes import summarise_episodes
 from rl.engine.run import train
 from rl.sampling.batched import build_batched_env
-from rl.tasks.atari import AreaResize, AtariGames, gym_id, make_atari_env, rom_name
 from rl.tasks.factory import build_env, task_layout
 from rl.tasks.gym_vector import GymVectorEnv
+from rl_envs.atari import AreaResize, AtariGames, gym_id, make_atari_env, rom_name
 
-TASK: dict[str, Any] = {"_target_": "rl.tasks.atari.make_atari_env", "game": "breakout"}
+TASK: dict[str, Any] = {"_target_": "rl_envs.atari.make_atari_env", "game": "breakout"}
 MAX_STEPS = 5_000  # of random play, for a game to end (Breakout's take a few hundred)
 
 

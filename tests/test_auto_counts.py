@@ -45,7 +45,7 @@ def test_auto_is_the_cores_this_process_may_use_less_the_learner_s(cores: Any) -
 
 
 def test_an_auto_multiprocess_sampler_starts_one_process_a_core(cores: Any) -> None:
-    task = {"_target_": "rl.tasks.PointNavEnv", "size": 7, "rooms_per_side": 1}
+    task = {"_target_": "rl_envs.pointnav.PointNavEnv", "size": 7, "rooms_per_side": 1}
     usable = len(os.sched_getaffinity(0))
     with MultiprocessSampler(task=task, num_envs=8, num_processes="auto") as sampler:
         assert sampler.num_processes == max(1, min(8, usable - 1))

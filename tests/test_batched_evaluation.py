@@ -36,9 +36,9 @@ from rl.evaluation.inference import load_trained_policy
 from rl.models.factory import build_policy
 from rl.models.policy import Policy
 from rl.tasks.factory import task_layout, with_split
-from rl.tasks.nav import Actions
 from rl.utils.config import ConfigError
 from rl.utils.seeding import set_seed
+from rl_envs.pointnav.env import Actions
 
 # A return summed from float32 rewards against one summed from float64: half a float32 ulp
 # of PointNav's largest reward (2.49) a step at most.

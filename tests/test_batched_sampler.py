@@ -9,7 +9,7 @@ fields that come with it (the serial sampler leaves the ended episode's last one
 environment has already reset). Environments: gymnasium's CartPole and PointNav through the
 gymnasium adapter (sync and async), a researcher's vector environment in each of Gymnasium's
 autoreset modes (``gymnasium.make_vec``), and a batched environment written in torch
-(:class:`~rl.tasks.corridor.BatchedCorridor`, the twin of a gymnasium one).
+(:class:`~rl_envs.toys.corridor.BatchedCorridor`, the twin of a gymnasium one).
 """
 
 from __future__ import annotations
@@ -30,19 +30,19 @@ from test_resume import StopAt, make_trainer
 from rl.checkpoints.files import latest_checkpoint, list_checkpoints, load_checkpoint
 from rl.sampling import BatchedSampler, SerialSampler, finished_episodes
 from rl.tasks.batched import BatchedEnv
-from rl.tasks.corridor import BatchedCorridor, CorridorEnv
 from rl.tasks.gym_vector import GymVectorEnv
 from rl.utils.finite import NonFiniteError
 from rl.utils.seeding import worker_seeds
+from rl_envs.toys.corridor import BatchedCorridor, CorridorEnv
 
 # CartPole cut at 12 steps: episodes end by termination and by truncation.
 CARTPOLE = {"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1",
             "env_kwargs": {"max_episode_steps": 12}}  # fmt: skip
 NAV = small_nav(max_steps=6)
-CORRIDOR = {"_target_": "rl.tasks.corridor.CorridorEnv", "length": 5, "max_steps": 6}
+CORRIDOR = {"_target_": "rl_envs.toys.corridor.CorridorEnv", "length": 5, "max_steps": 6}
 CORRIDOR_ID = "rl/CorridorTest-v0"
 if CORRIDOR_ID not in gym.registry:
-    gym.register(CORRIDOR_ID, entry_point="rl.tasks.corridor:CorridorEnv")
+    gym.register(CORRIDOR_ID, entry_point="rl_envs.toys.corridor:CorridorEnv")
 EPISODES = list(range(100, 107))  # 7 episodes over 3 environments: shares of 3, 2 and 2
 ASYNC = {"vectorization_mode": "async", "mp_start_method": "fork"}  # (fork: fast in tests)
 
@@ -143,7 +143,7 @@ def test_a_users_vector_env_in_either_autoreset_mode(autoreset: str, evaluation:
 @pytest.mark.parametrize("evaluation", [False, True], ids=["train", "eval"])
 @pytest.mark.parametrize("form", ["twin", "target"])
 def test_a_torch_batched_env_steps_as_its_per_env_twin(form: str, evaluation: bool) -> None:
-    batched_task = {**CORRIDOR, "_target_": "rl.tasks.corridor.BatchedCorridor"}
+    batched_task = {**CORRIDOR, "_target_": "rl_envs.toys.corridor.BatchedCorridor"}
     task = CORRIDOR if form == "twin" else batched_task
     with BatchedSampler(task=task, num_envs=3, device="cpu") as sampler:
         assert isinstance(sampler.env, BatchedCorridor)
@@ -200,7 +200,7 @@ def test_a_nan_reward_is_named_as_the_serial_sampler_names_it(form: str) -> None
 
 
 def test_a_nan_observation_is_named_as_the_serial_sampler_names_it() -> None:
-    task = {"_target_": "rl.tasks.debug.FaultyEnv", "mode": "nan_obs", "fail_at_step": 3,
+    task = {"_target_": "rl_envs.toys.debug.FaultyEnv", "mode": "nan_obs", "fail_at_step": 3,
             "fail_seed": worker_seeds(2, 0)[1]}  # fmt: skip
     errors = []
     for sampler in both(task, num_envs=2):
@@ -317,7 +317,7 @@ def test_a_training_run_with_sampler_batched(
 
 
 def test_the_config_forms_of_a_batched_env_are_checked() -> None:
-    batched_task = {**CORRIDOR, "_target_": "rl.tasks.corridor.BatchedCorridor"}
+    batched_task = {**CORRIDOR, "_target_": "rl_envs.toys.corridor.BatchedCorridor"}
     with pytest.raises(ValueError, match="nothing to vectorise"):
         BatchedSampler(task=batched_task, num_envs=2, vectorization_mode="sync", device="cpu")
     with pytest.raises(ValueError, match="task.observations acts on"):

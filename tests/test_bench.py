@@ -139,7 +139,8 @@ TABLES: dict[str, list[str]] = {
         *_rows("stable-baselines3 PPO, MLP", value=f"{NUM} FPS"),
     ],
     "collector_fps --slow-worker": [
-        r"^learner FPS with a straggler: 2 process workers x 8 envs of rl.tasks.debug.SlowEnv, ",
+        r"^learner FPS with a straggler: 2 process workers x 8 envs of "
+        r"rl_envs.toys.debug.SlowEnv, ",
         *_rows(
             "barrier (every worker's rollout)",
             "barrier-free (first ready)",

@@ -67,7 +67,12 @@ def test_foreign_files_are_clear_errors(tmp_path: Path) -> None:
 
 
 def test_weights_of_another_model_are_a_clear_error(tmp_path: Path) -> None:
-    task = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 30}
+    task = {
+        "_target_": "rl_envs.pointnav.PointNavEnv",
+        "size": 9,
+        "rooms_per_side": 2,
+        "max_steps": 30,
+    }
     model = {"_target_": "rl.models.ActorCritic", "_partial_": True, "cnn_channels": [8]}
     state = {"model": {"w": torch.zeros(3)}, "config": {"task": task, "model": model}}
     path = save_checkpoint(tmp_path, state, 0, 1)

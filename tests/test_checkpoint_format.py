@@ -21,11 +21,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from rl.checkpoints import latest_checkpoint, list_checkpoints, load_checkpoint
 from rl.engine import run
 from rl.training import CHECKPOINT_FORMAT
+from rl.utils.config import ConfigError
 
 FIXTURE = Path(__file__).parent / "fixtures" / "checkpoint_format2"
 OVERRIDES = [
@@ -96,6 +98,8 @@ def test_a_format2_checkpoint_from_before_the_split_resumes_exactly(
     # conf/'s defaults; config_sources, optional in format 5, reads as None when absent)
     assert set(old) == LAYOUT - {"normalizer", "losses"} and old["choices"] is None
     assert old["config_sources"] is None
+    # It names the environment where it was then (rl.tasks), read as where it is now (rl_envs).
+    assert old["config"]["task"]["_target_"] == "rl.tasks.PointNavEnv"
     # As a user resumes: the run folder (the saved config is used; conf/ changed since).
     run.train(compose_cfg(["+experiment=ppo_nav", "+debug=smoke", f"resume={old_run}"]))
     resumed = load_checkpoint(latest_checkpoint(old_run))
@@ -109,3 +113,12 @@ def test_a_format2_checkpoint_from_before_the_split_resumes_exactly(
     # The checkpoint at the resume point is the same too (today's code wrote it afresh).
     again = load_checkpoint(list_checkpoints(tmp_path / "run")[0])
     _assert_same_training_state(old, again)
+
+
+def test_a_config_naming_a_moved_environment_fails_with_its_new_path(compose_cfg) -> None:
+    cfg = compose_cfg(
+        ["+experiment=ppo_nav", "+debug=smoke", "task._target_=rl.tasks.PointNavEnv"]
+    )
+    with pytest.raises(ConfigError, match=r"task\._target_: 'rl.tasks.PointNavEnv' moved: write "
+                       r"'rl_envs.pointnav.PointNavEnv'"):  # fmt: skip
+        run.train(cfg)

@@ -33,7 +33,7 @@ from rl.checkpoints.lock import LOCK_NAME
 from rl.checkpoints.trust import judge_target, trust_rules
 from rl.engine import run
 from rl.evaluation import InferenceAgent
-from rl.tasks import PointNavEnv
+from rl_envs.pointnav import PointNavEnv
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = ["+experiment=ppo_nav", "+debug=smoke", "task=nav_small", "eval.num_episodes=0"]

@@ -245,7 +245,7 @@ def test_sync_workers_resume_exactly(ray_instance: Any, tmp_path: Path) -> None:
 
 def test_fraction_samples_cuts_a_slow_worker(backend: str) -> None:
     # Environment 3 (worker 1's second) sleeps 50 ms a step: worker 1 is the straggler.
-    slow = {"_target_": "rl.tasks.debug.SlowEnv", "delay": 0.05, "max_steps": 10,
+    slow = {"_target_": "rl_envs.toys.debug.SlowEnv", "delay": 0.05, "max_steps": 10,
             "slow_seed": worker_seeds(4, 5)[3]}  # fmt: skip
     spec = CollectionSpec(task=slow, sampler=SERIAL, model=MODEL, seed=5)
     workers, _ = make_set(
@@ -280,7 +280,7 @@ def test_evaluation_over_two_workers_runs_each_episode_once(backend: str) -> Non
 # -------------------------------------------------------------------------- faults
 def test_a_killed_worker_is_a_clear_error_and_nothing_is_left(backend: str) -> None:
     doomed = worker_seeds(4, 2)[3]  # worker 1's second environment
-    task = {"_target_": "rl.tasks.debug.FaultyEnv", "fail_seed": doomed, "fail_at_step": 6,
+    task = {"_target_": "rl_envs.toys.debug.FaultyEnv", "fail_seed": doomed, "fail_at_step": 6,
             "mode": "kill", "max_steps": 10}  # fmt: skip
     spec = CollectionSpec(task=task, sampler=SERIAL, model=MODEL, seed=2)
     workers, _ = make_set(spec, backend, num_workers=2)
@@ -303,7 +303,7 @@ def test_a_killed_worker_is_a_clear_error_and_nothing_is_left(backend: str) -> N
 
 def test_a_raising_worker_names_itself_and_the_traceback(backend: str) -> None:
     doomed = worker_seeds(4, 2)[0]
-    task = {"_target_": "rl.tasks.debug.FaultyEnv", "fail_seed": doomed, "fail_at_step": 3,
+    task = {"_target_": "rl_envs.toys.debug.FaultyEnv", "fail_seed": doomed, "fail_at_step": 3,
             "mode": "raise", "max_steps": 10}  # fmt: skip
     spec = CollectionSpec(task=task, sampler=SERIAL, model=MODEL, seed=2)
     workers, _ = make_set(spec, backend, num_workers=2)

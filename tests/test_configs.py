@@ -330,7 +330,9 @@ def test_gym_experiments_are_named_after_the_environment_and_bind_no_task_key(
     bare = resolve_cfg(compose_cfg(["task=gym", "task.env_id=Acrobot-v1", "model=mlp"]))
     assert bare["exp_name"] == "Acrobot-v1"  # no experiment: named after the environment
     swapped = resolve_cfg(compose_cfg([f"+experiment={experiment}", "task=nav_small"]))
-    assert swapped["task"]["_target_"] == "rl.tasks.PointNavEnv"  # no task.env_id: unknown key
+    assert (
+        swapped["task"]["_target_"] == "rl_envs.pointnav.PointNavEnv"
+    )  # no task.env_id: unknown key
     # a task of one's own is named after its _target_, not the preset's environment
     assert swapped["exp_name"] == "ppo_PointNavEnv"
     verify_train_cfg(swapped)
@@ -423,7 +425,7 @@ def test_a_task_target_swapped_on_a_preset_says_how_to_swap_the_whole_task(
 ) -> None:
     """task._target_ alone keeps the preset task's other keys: the error names each with the
     override that drops it, and those overrides make the config valid."""
-    swap = ["+experiment=ppo_classic_control", "task._target_=rl.tasks.toy.MatchTargetEnv"]
+    swap = ["+experiment=ppo_classic_control", "task._target_=rl_envs.toys.spaces.MatchTargetEnv"]
     with pytest.raises(ConfigError) as info:
         verify_train_cfg(resolve_cfg(compose_cfg(swap)))
     assert "drop them (~task.env_id ~task.env_kwargs ~task.wrappers)" in str(info.value)

@@ -293,7 +293,7 @@ def test_trainer_identical_parameters_unique_seeds_stop_and_exact_resume(tmp_pat
 
 def _preempt(rank: int, tmp: str) -> None:
     delay = 0.02 if rank == 1 else 0.0  # rank 1 is the straggler (4 envs: 0.08 s a step)
-    task = {"_target_": "rl.tasks.debug.SlowEnv", "delay": delay, "max_steps": 10}
+    task = {"_target_": "rl_envs.toys.debug.SlowEnv", "delay": delay, "max_steps": 10}
     rec = Recorder()
     trainer = make_trainer(
         rank, Path(tmp), task=task, budget=300, num_steps=20, sync_frac=0.5, recorder=rec
@@ -345,7 +345,7 @@ def test_a_killed_worker_ends_the_job_with_an_error(
     # Rank 1's first environment (global env 4 of 8) SIGKILLs its process at its 40th step.
     doomed = worker_seeds(8, plain["seed"])[4]
     plain["task"] = {
-        "_target_": "rl.tasks.debug.FaultyEnv",
+        "_target_": "rl_envs.toys.debug.FaultyEnv",
         "fail_seed": doomed,
         "fail_at_step": 40,
         "mode": "kill",

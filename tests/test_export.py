@@ -89,7 +89,12 @@ def test_a_recurrent_policy_carries_its_state_through_the_export(tmp_path: Path)
     assert names == ["goal", "image", "episode_start", "state.h"]
     session = ort.InferenceSession(str(info.path), providers=["CPUExecutionProvider"])
     agents = [InferenceAgent.from_checkpoint(run.run_dir) for _ in range(3)]
-    task = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 30}
+    task = {
+        "_target_": "rl_envs.pointnav.PointNavEnv",
+        "size": 9,
+        "rooms_per_side": 2,
+        "max_steps": 30,
+    }
     envs = [build_env(task) for _ in range(3)]
     obs = [env.reset(seed=i)[0] for i, env in enumerate(envs)]
     state = np.zeros([3, *info.inputs[3]["shape"][1:]], dtype=np.float32)

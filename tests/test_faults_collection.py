@@ -2,7 +2,7 @@
 process collection workers, process workers running multiprocess samplers (no process outlives
 the learner, whatever ends it), and asynchronous collection ending exactly at its budget.
 
-The hang tests use :class:`rl.tasks.debug.FaultyEnv` in ``hang`` mode with a test-shortened
+The hang tests use :class:`rl_envs.toys.debug.FaultyEnv` in ``hang`` mode with a test-shortened
 timeout; the CLI tests run the real ``train.py`` and reuse ``test_collection_workers``'s
 helpers to find the process tree, signal it and check that nothing is left.
 """
@@ -58,7 +58,7 @@ STDLIB_HELPER = re.compile(r"forkserver|resource_tracker")
 def hanging(num_envs: int, seed: int, env: int, at_step: int) -> dict[str, Any]:
     """A FaultyEnv task whose environment ``env`` (of ``num_envs`` seeded with ``seed``)
     sleeps for an hour in its ``at_step``-th step."""
-    return {"_target_": "rl.tasks.debug.FaultyEnv", "mode": "hang", "max_steps": 10,
+    return {"_target_": "rl_envs.toys.debug.FaultyEnv", "mode": "hang", "max_steps": 10,
             "fail_seed": worker_seeds(num_envs, seed)[env], "fail_at_step": at_step}  # fmt: skip
 
 
@@ -158,7 +158,7 @@ def test_kill_9_of_a_learner_whose_worker_waits_on_a_hung_sampler_leaves_no_proc
     proc = subprocess.Popen(
         [sys.executable, "train.py", "+experiment=ppo_cartpole", "+debug=smoke",
          "collector=process", "collector.timeout=8", "sampler=multiprocess",
-         "sampler.timeout=null", "task._target_=rl.tasks.debug.FaultyEnv", "~task.env_id",
+         "sampler.timeout=null", "task._target_=rl_envs.toys.debug.FaultyEnv", "~task.env_id",
          "~task.env_kwargs", "~task.wrappers", "+task.mode=hang", f"+task.fail_seed={fail_seed}",
          "+task.fail_at_step=2", "eval.num_episodes=0", f"hydra.run.dir={tmp_path / 'run'}"],
         cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -54,7 +54,7 @@ def test_continuous_actions_are_accepted_and_unsupported_spaces_named() -> None:
     with pytest.raises(SpaceError, match="task Blackjack-v1: observation entry '0' is"):
         # A Tuple of Discrete entries is fine; a Text entry is not (see tests/test_spaces.py).
         task_spaces({"_target_": "rl.tasks.make_gym_env", "env_id": "Blackjack-v1",
-                     "wrappers": ["rl.tasks.toy.TextObservation"]})  # fmt: skip
+                     "wrappers": ["rl_envs.toys.spaces.TextObservation"]})  # fmt: skip
 
 
 def test_image_observation_env_builds_a_cnn_model() -> None:
@@ -143,7 +143,7 @@ def test_episode_metrics_of_a_task_come_before_is_success() -> None:
 
 
 def test_minigrid_task_declares_channel_maxima_and_logs_success() -> None:
-    from rl.tasks import make_minigrid_env
+    from rl_envs.minigrid import make_minigrid_env
 
     env = make_minigrid_env(env_id="MiniGrid-Empty-5x5-v0")
     assert set(env.observation_space.spaces) == {"image", "direction"}

@@ -70,7 +70,7 @@ def test_barrier_free_async_takes_the_first_ready_rollouts(backend: str) -> None
     # Worker 1's first environment sleeps 150 ms a step: a 16-step rollout of it takes 2.4 s,
     # worker 0's a few ms (the margin is for a busy machine: the test passed beside two
     # CPU-bound processes). With one rollout per update the learner never waits for worker 1.
-    slow = {"_target_": "rl.tasks.debug.SlowEnv", "delay": 0.15, "max_steps": 10,
+    slow = {"_target_": "rl_envs.toys.debug.SlowEnv", "delay": 0.15, "max_steps": 10,
             "slow_seed": worker_seeds(4, 5)[2]}  # fmt: skip
     spec = CollectionSpec(task=slow, sampler=SERIAL, model=MODEL, seed=5)
     workers = make_set(
@@ -275,7 +275,7 @@ def test_a_killed_worker_of_rank_1_names_the_rank_and_leaves_no_process(
     plain["pipeline"]["stages"][0]["max_stage_steps"] = 100_000
     # Rank 1's environments are global 4..7; its worker 1 has 6 and 7: 7 kills its process.
     doomed = worker_seeds(8, plain["seed"])[7]
-    plain["task"] = {"_target_": "rl.tasks.debug.FaultyEnv", "fail_seed": doomed,
+    plain["task"] = {"_target_": "rl_envs.toys.debug.FaultyEnv", "fail_seed": doomed,
                      "fail_at_step": 40, "mode": "kill"}  # fmt: skip
     plain["logger"] = {"sinks": {}}
     payload = {"config": plain, "choices": None, "resume": None, "init_from": None}

@@ -12,9 +12,15 @@ from tensordict import TensorDict
 from rl.models import ActorCritic
 from rl.sampling import SerialSampler
 from rl.storage import RolloutStorage, sequence_start_state
-from rl.tasks import Actions, dict_space
+from rl.tasks import dict_space
+from rl_envs.pointnav import Actions
 
-SMALL_NAV = {"_target_": "rl.tasks.PointNavEnv", "size": 9, "rooms_per_side": 2, "max_steps": 20}
+SMALL_NAV = {
+    "_target_": "rl_envs.pointnav.PointNavEnv",
+    "size": 9,
+    "rooms_per_side": 2,
+    "max_steps": 20,
+}
 
 
 def _random_obs(space: gym.spaces.Dict, lead: tuple[int, ...], seed: int = 0):

@@ -24,7 +24,7 @@ pytest.importorskip("pettingzoo")
 CUE = {
     "_target_": "rl.tasks.pettingzoo.ParallelEnvAdapter",
     "env": {
-        "_target_": "rl.tasks.toy_agents.CueAgents",
+        "_target_": "rl_envs.toys.agents.CueAgents",
         "_partial_": True,
         "lifetimes": [2, 4, 6],
         "max_cycles": 5,

@@ -28,7 +28,7 @@ from rl.utils.seeding import worker_seeds
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = small_nav(max_steps=12)
 CARTPOLE = {"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1"}
-FAULTY = {"_target_": "rl.tasks.debug.FaultyEnv"}
+FAULTY = {"_target_": "rl_envs.toys.debug.FaultyEnv"}
 
 
 _ALREADY_RUNNING: set[int] = set()
@@ -240,7 +240,7 @@ def test_raising_env_names_worker_env_and_traceback() -> None:
     assert "sampler worker 1" in message and "environment 3 raised" in message
     assert "Traceback (most recent call last)" in message
     assert "ValueError: FaultyEnv failed on purpose at step 4" in message
-    assert "rl/tasks/debug.py" in message
+    assert "rl_envs/toys/debug.py" in message
     assert info.value.worker_index == 1 and info.value.env_index == 3
     assert not any(psutil.pid_exists(p) and _alive(p) for p in pids)
     assert_no_children()

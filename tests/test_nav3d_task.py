@@ -1,4 +1,4 @@
-"""Tests for 3D PointNav on MiniWorld (rl.tasks.nav3d and its layout, grid and scene modules)."""
+"""Tests for 3D PointNav on MiniWorld (rl_envs.pointnav3d: the env, its layout, grid and scene)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ from small import assert_same_step
 
 from rl.collection.episodes import evaluate_expert
 from rl.models import build_policy
-from rl.tasks import PointNav3DEnv, RenderingUnavailableError, task_spaces
+from rl.tasks import task_spaces
 from rl.tasks.factory import FRAMEWORK_KEYS
-from rl.tasks.nav3d_grid import NavGrid, point_clearance
-from rl.tasks.nav3d_layout import Door, Floorplan, FloorplanSpec, draw_floorplan
 from rl.tasks.splits import SPLITS, split_of
+from rl_envs.pointnav3d import PointNav3DEnv, RenderingUnavailableError
+from rl_envs.pointnav3d.grid import NavGrid, point_clearance
+from rl_envs.pointnav3d.layout import Door, Floorplan, FloorplanSpec, draw_floorplan
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = {
@@ -389,7 +390,8 @@ def test_bad_arguments_name_the_argument(kwargs: dict[str, Any], match: str) -> 
 def test_no_egl_gives_a_clear_error() -> None:
     # libglvnd finds no EGL vendor library here: what a machine without Mesa's EGL looks like.
     code = (
-        "from rl.tasks import PointNav3DEnv\nPointNav3DEnv(rooms=[1, 2], room_size=[3.0, 4.0])\n"
+        "from rl_envs.pointnav3d import PointNav3DEnv\n"
+        "PointNav3DEnv(rooms=[1, 2], room_size=[3.0, 4.0])\n"
     )
     env = {**os.environ, "__EGL_VENDOR_LIBRARY_DIRS": "/nonexistent"}
     proc = subprocess.run(
@@ -404,7 +406,7 @@ def test_llvmpipe_renders_in_the_calling_thread_unless_the_user_says_otherwise()
     # Mesa's llvmpipe starts LP_NUM_THREADS rasteriser threads with the first GL context (one
     # per core by default); the task sets 0 (none) unless the environment gives a value.
     code = (
-        "import os\nfrom rl.tasks import PointNav3DEnv\n"
+        "import os\nfrom rl_envs.pointnav3d import PointNav3DEnv\n"
         "env = PointNav3DEnv(rooms=[1, 2], room_size=[3.0, 4.0])\nenv.reset(seed=0)\n"
         "env.step(2)\n"
         "threads = open('/proc/self/status').read().split('Threads:')[1].split()[0]\n"

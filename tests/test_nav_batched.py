@@ -1,4 +1,4 @@
-"""BatchedPointNav (rl.tasks.nav_batched) equals PointNavEnv stepped one environment at a time.
+"""BatchedPointNav (rl_envs.pointnav.batched) equals PointNavEnv stepped one environment at a time.
 
 The reference is N PointNavEnv stepped in a Python loop: environment ``i`` reset with
 ``seeds[i]``, and after each episode with ``next_seeds[i]`` (evaluation) or unseeded. Every
@@ -19,12 +19,12 @@ import pytest
 import torch
 from gymnasium.utils import seeding
 
-from rl.tasks import PointNavEnv
-from rl.tasks.nav import Actions
-from rl.tasks.nav_batched import BatchedPointNav, _doors_in_split, _Streams
-from rl.tasks.nav_layout import RoomLayout
-from rl.tasks.nav_view import process_vis, process_vis_row
 from rl.tasks.splits import _BUCKETS
+from rl_envs.pointnav import PointNavEnv
+from rl_envs.pointnav.batched import BatchedPointNav, _doors_in_split, _Streams
+from rl_envs.pointnav.env import Actions
+from rl_envs.pointnav.layout import RoomLayout
+from rl_envs.pointnav.view import process_vis, process_vis_row
 
 METRICS = ("success", "spl", "final_distance", "shortest_path_length")
 

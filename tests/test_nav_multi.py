@@ -8,16 +8,16 @@ import pytest
 pytest.importorskip("pettingzoo")
 
 from rl.sampling import build_sampler, finished_episodes  # noqa: E402
-from rl.tasks.nav import Actions  # noqa: E402
-from rl.tasks.nav_multi import MultiPointNav  # noqa: E402
-from rl.tasks.nav_view import DIR_VEC  # noqa: E402
 from rl.tasks.splits import split_of  # noqa: E402
+from rl_envs.pointnav.env import Actions  # noqa: E402
+from rl_envs.pointnav.multi import MultiPointNav  # noqa: E402
+from rl_envs.pointnav.view import DIR_VEC  # noqa: E402
 
 SMALL = {"size": 9, "rooms_per_side": 2, "max_steps": 50}
 
 
 def task(agents: int = 2, split: str = "train") -> dict:
-    env = {"_target_": "rl.tasks.nav_multi.MultiPointNav", "_partial_": True,
+    env = {"_target_": "rl_envs.pointnav.multi.MultiPointNav", "_partial_": True,
            "agents": agents, "split": split, **SMALL}  # fmt: skip
     return {"_target_": "rl.tasks.pettingzoo.ParallelEnvAdapter", "env": env,
             "global_state": "concat"}  # fmt: skip

@@ -1,4 +1,4 @@
-"""Tests for the PointNav minigrid task (rl.tasks.nav)."""
+"""Tests for the PointNav minigrid task (rl_envs.pointnav.env)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 from minigrid.minigrid_env import MiniGridEnv
 
-from rl.tasks import Actions, PointNavEnv, make_gym_env
+from rl.tasks import make_gym_env
+from rl_envs.pointnav import Actions, PointNavEnv
 
 LAYOUTS = [
     pytest.param({"size": 19, "rooms_per_side": 2}, id="19x19"),

@@ -41,8 +41,9 @@ MLP = {"_target_": "rl.models.ActorCritic", "_partial_": True, "cnn_channels": [
 def faulty(mode: str, env: int = 2, life_step: int = 13) -> dict[str, Any]:
     """Environment ``env`` of 4 returns a NaN on its ``life_step``-th step (13: step 3 of its
     second episode, since episodes of action 0 are truncated after 10 steps)."""
-    return {"_target_": "rl.tasks.debug.FaultyEnv", "fail_seed": worker_seeds(NUM_ENVS, 0)[env],
-            "fail_at_step": life_step, "mode": mode, "max_steps": 10}  # fmt: skip
+    return {"_target_": "rl_envs.toys.debug.FaultyEnv",
+            "fail_seed": worker_seeds(NUM_ENVS, 0)[env], "fail_at_step": life_step,
+            "mode": mode, "max_steps": 10}  # fmt: skip
 
 
 FIELDS = [("nan_reward", "non-finite reward (nan)"), ("nan_obs", "non-finite observation (nan)")]

@@ -73,7 +73,7 @@ def test_stack_frames_oldest_first_refilled_at_reset() -> None:
 
 def test_a_tasks_observations_list_is_applied_by_build_env() -> None:
     task = {
-        "_target_": "rl.tasks.PointNavEnv",
+        "_target_": "rl_envs.pointnav.PointNavEnv",
         "size": 9,
         "rooms_per_side": 2,
         "max_steps": 30,

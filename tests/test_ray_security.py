@@ -76,7 +76,7 @@ PRIVATE_COLLECTORS = """
     sys.path.insert(0, "tests")
     from collectors import worker_settings  # conf/collector/ray.yaml's settings
 
-    task = {"_target_": "rl.tasks.debug.FaultyEnv", "max_steps": 10}
+    task = {"_target_": "rl_envs.toys.debug.FaultyEnv", "max_steps": 10}
     sampler = {"_target_": "rl.sampling.SerialSampler", "_partial_": True, "num_envs": 2}
     model = {"_target_": "rl.models.ActorCritic", "_partial_": True, "cnn_channels": [8],
              "trunk_layers": [16], "rnn": "gru", "rnn_hidden_size": 8}

@@ -125,7 +125,7 @@ def make_trainer(
 # leaves its episodes after 2 steps, agent 1 after 5, cut at 7; the cue is their expert.
 AGENTS = {
     "_target_": "rl.tasks.pettingzoo.ParallelEnvAdapter",
-    "env": {"_target_": "rl.tasks.toy_agents.CueAgents", "_partial_": True,
+    "env": {"_target_": "rl_envs.toys.agents.CueAgents", "_partial_": True,
             "lifetimes": [2, 5], "max_cycles": 7},
 }  # fmt: skip
 # Agents of two kinds (cues of 2 and 3 values), one policy each.

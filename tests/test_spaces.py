@@ -1,7 +1,7 @@
 """Every common space: nested observations flattened by key path, Box/MultiDiscrete actions,
 their distributions against torch.distributions, clipping, clear errors, and learning.
 
-The learning tests train the toy tasks of :mod:`rl.tasks.toy` through the real engine
+The learning tests train the toy tasks of :mod:`rl_envs.toys.spaces` through the real engine
 (``rl.engine.run.train``) with ``ppo_cartpole``'s settings and a task swapped in.
 """
 
@@ -21,9 +21,9 @@ from rl.sampling import MultiprocessSampler, SerialSampler
 from rl.tasks import SpaceError, dict_space, task_spaces
 from rl.tasks.spaces import ObservationFlattener
 
-MATCH = {"_target_": "rl.tasks.toy.MatchTargetEnv", "nvec": [3, 4], "max_steps": 4}
-CORRIDOR = {"_target_": "rl.tasks.toy.NestedCorridorEnv", "length": 7, "max_steps": 14}
-REACH = {"_target_": "rl.tasks.toy.ReachTargetEnv", "dim": 2, "max_steps": 4}
+MATCH = {"_target_": "rl_envs.toys.spaces.MatchTargetEnv", "nvec": [3, 4], "max_steps": 4}
+CORRIDOR = {"_target_": "rl_envs.toys.spaces.NestedCorridorEnv", "length": 7, "max_steps": 14}
+REACH = {"_target_": "rl_envs.toys.spaces.ReachTargetEnv", "dim": 2, "max_steps": 4}
 MLP = {"_target_": "rl.models.ActorCritic", "_partial_": True, "cnn_channels": [],
        "trunk_layers": [], "rnn": None, "head_layers": [32, 32], "activation": "tanh"}  # fmt: skip
 
@@ -57,7 +57,7 @@ def test_samplers_give_the_flat_entries_bitwise_alike() -> None:
 
 def test_a_text_entry_is_refused_naming_the_task_the_key_and_the_wrapper() -> None:
     task = {"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1",
-            "wrappers": ["rl.tasks.toy.TextObservation"]}  # fmt: skip
+            "wrappers": ["rl_envs.toys.spaces.TextObservation"]}  # fmt: skip
     for build in (lambda: task_spaces(task), lambda: SerialSampler(task=task, num_envs=2)):
         with pytest.raises(SpaceError) as err:
             build()

@@ -116,7 +116,7 @@ def test_evaluate_s_counts_are_bounded(compose_cfg: Any, tmp_path: Path, overrid
 def test_the_expert_generator_s_episodes_are_bounded(tmp_path: Path) -> None:
     from rl.storage.expert_data import generate_expert_trajectories
 
-    task = {"_target_": "rl.tasks.debug.FaultyEnv"}
+    task = {"_target_": "rl_envs.toys.debug.FaultyEnv"}
     with pytest.raises(ConfigError, match=r"generate\.num_episodes: must be <= 1000000"):
         generate_expert_trajectories(task=task, num_episodes=10**7, seed=0,
                                      path=tmp_path / "x.npz")  # fmt: skip
@@ -183,7 +183,7 @@ def test_a_nan_in_a_rollout_asked_ahead_is_named_not_the_closed_sampler(
     from rl.utils.seeding import worker_seeds
 
     seed = worker_seeds(2, 1 + seed_offset)[0]  # (environment 0's, of the run's seed)
-    task = ("+task={_target_: rl.tasks.debug.FaultyEnv, mode: nan_reward, fail_at_step: 17, "
+    task = ("+task={_target_: rl_envs.toys.debug.FaultyEnv, mode: nan_reward, fail_at_step: 17, "
             f"fail_seed: {seed}, max_steps: 10}}")  # fmt: skip
     workers = ["collector=process", "collector.num_workers=1", "sampler=multiprocess",
                "sampler.num_processes=1", "sampler.num_envs=2"]  # fmt: skip

@@ -116,7 +116,7 @@ def test_a_run_folder_config_yaml_is_data_too(
         {"_target_": "gymnasium.make", "_args_": ["this:Nope-v0"]},
         {"_target_": "rl.tasks.make_gym_env", "env_id": "this:Nope-v0"},
         {
-            "_target_": "rl.tasks.PointNavEnv",
+            "_target_": "rl_envs.pointnav.PointNavEnv",
             "_args_": [{"_target_": "builtins.open", "_args_": ["victim", "w"]}],
         },  # fmt: skip
     ],
@@ -310,7 +310,7 @@ def _fuzz_call(rng: random.Random, sentinel: Path) -> Any:
     if kind == 0:
         return call
     if kind == 1:
-        return {"_target_": "rl.tasks.PointNavEnv", "_args_": [call]}
+        return {"_target_": "rl_envs.pointnav.PointNavEnv", "_args_": [call]}
     if kind == 2:
         resolver = rng.choice(["oc.create", "oc.decode", "oc.env", "oc.select", "oc.dict.keys"])
         return ("\\" * rng.randrange(2)) + f"${{{resolver}:{call}}}"
@@ -588,7 +588,7 @@ def test_a_nan_reward_with_process_workers_and_multiprocess_samplers_is_named(
     from rl.utils.seeding import worker_seeds
 
     seed = worker_seeds(4, 1)[2]
-    task = ("+task={_target_: rl.tasks.debug.FaultyEnv, mode: nan_reward, fail_at_step: 3, "
+    task = ("+task={_target_: rl_envs.toys.debug.FaultyEnv, mode: nan_reward, fail_at_step: 3, "
             f"fail_seed: {seed}, max_steps: 10}}")  # fmt: skip
     workers = ["collector=process", "collector.num_workers=2", "sampler=multiprocess",
                "sampler.num_processes=2", "sampler.num_envs=4"]  # fmt: skip
@@ -615,7 +615,7 @@ def test_the_rebuild_composes_every_saved_choice_in_the_order_typed() -> None:
 
     choices = {"experiment": "ppo_nav3d", "debug": "smoke", "task": "nav", "local": "default"}
     raw, used = ConfigTree().compose(choices, "test")
-    assert used["task"] == "nav" and raw["task"]["_target_"] == "rl.tasks.PointNavEnv"
+    assert used["task"] == "nav" and raw["task"]["_target_"] == "rl_envs.pointnav.PointNavEnv"
     assert raw["total_env_steps"] == 256  # smoke's, applied after ppo_nav3d's
     with pytest.raises(CheckpointError, match="task=nowhere, which your config tree has no"):
         ConfigTree().compose({"task": "nowhere"}, "test")

@@ -12,6 +12,8 @@ passes unchanged. :func:`~rl.checkpoints.saved_config.rebuild_config` applies th
   with ``use_gae``, ``gae_lambda``, ``vtrace_rho_bar``, ``vtrace_c_bar`` and ``vtrace_lambda``
   beside it, in the pipeline and in any stage, become ``advantage: {_target_: ...}``
   (``conf/pipeline/advantage/``), and the pipeline's choice ``pipeline/advantage``.
+- **Moved callables** (the example environments left ``rl.tasks`` for ``rl_envs``): every
+  ``_target_`` naming an old path names the new one (:data:`~rl.utils.config.MOVED_TARGETS`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from typing import Any
+
+from rl.utils.config import moved_target
 
 __all__ = ["migrate"]
 
@@ -108,11 +112,30 @@ def _settings_defaults(
     return {**saved, "pipeline": {**pipe, **missing}}, choices
 
 
+def _moved(node: Any) -> Any:
+    """``node`` with every ``_target_`` naming a moved callable renamed (a copy where changed)."""
+    if isinstance(node, dict):
+        out = {k: _moved(v) for k, v in node.items()}
+        target = out.get("_target_")
+        if isinstance(target, str):
+            out["_target_"] = moved_target(target) or target
+        return out
+    if isinstance(node, list):
+        return [_moved(v) for v in node]
+    return node
+
+
+def _moved_targets(
+    saved: dict[str, Any], choices: dict[str, str] | None
+) -> tuple[dict[str, Any], dict[str, str] | None]:
+    return _moved(saved), choices
+
+
 def migrate(
     saved: Mapping[str, Any], choices: Mapping[str, str] | None
 ) -> tuple[dict[str, Any], dict[str, str] | None]:
     """A saved config and its group choices in today's layout (see the module's docstring)."""
     out, out_choices = dict(saved), None if choices is None else dict(choices)
-    for step in (_settings_defaults, _advantage_settings):
+    for step in (_moved_targets, _settings_defaults, _advantage_settings):
         out, out_choices = step(out, out_choices)
     return out, out_choices

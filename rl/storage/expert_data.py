@@ -196,7 +196,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=100)
     args = parser.parse_args()
     task = {
-        "_target_": "rl.tasks.PointNavEnv",
+        "_target_": "rl_envs.pointnav.PointNavEnv",
         "size": args.size,
         "rooms_per_side": args.rooms_per_side,
         "max_steps": args.max_steps,

@@ -10,7 +10,7 @@ environment written in torch on a GPU keeps everything there.
 :class:`~rl.sampling.batched.BatchedSampler` turns one into a
 :class:`~rl.sampling.base.Sampler` (seeds, evaluation episode lists, finished-episode records,
 finite checks, exact resume). Implementations: the grid PointNav written in torch
-(:mod:`rl.tasks.nav_batched`), any ``gymnasium.vector.VectorEnv`` (:mod:`rl.tasks.gym_vector`),
+(:mod:`rl_envs.pointnav.batched`), any ``gymnasium.vector.VectorEnv`` (:mod:`rl.tasks.gym_vector`),
 and a researcher's own.
 """
 

@@ -68,6 +68,45 @@ def task_name(*, _root_: DictConfig) -> str:
 OmegaConf.register_new_resolver("task_name", task_name, replace=True)
 
 
+# Callables that moved, by dotted prefix: the example environments left ``rl.tasks`` for the
+# package ``rl_envs`` beside ``rl``. A saved config naming an old path is rewritten on load
+# (:mod:`rl.checkpoints.migrations`); a config of the user's naming one fails the up-front check
+# with the new path to write.
+MOVED_TARGETS: dict[str, str] = {
+    "rl.tasks.nav_batched": "rl_envs.pointnav.batched",
+    "rl.tasks.nav_checks": "rl_envs.pointnav.checks",
+    "rl.tasks.nav_layout": "rl_envs.pointnav.layout",
+    "rl.tasks.nav_view": "rl_envs.pointnav.view",
+    "rl.tasks.nav_multi": "rl_envs.pointnav.multi",
+    "rl.tasks.nav3d_checks": "rl_envs.pointnav3d.checks",
+    "rl.tasks.nav3d_grid": "rl_envs.pointnav3d.grid",
+    "rl.tasks.nav3d_layout": "rl_envs.pointnav3d.layout",
+    "rl.tasks.nav3d_map": "rl_envs.pointnav3d.topdown",
+    "rl.tasks.nav3d_world": "rl_envs.pointnav3d.world",
+    "rl.tasks.nav3d": "rl_envs.pointnav3d.env",
+    "rl.tasks.nav": "rl_envs.pointnav.env",
+    "rl.tasks.toy_agents": "rl_envs.toys.agents",
+    "rl.tasks.toy": "rl_envs.toys.spaces",
+    "rl.tasks.corridor": "rl_envs.toys.corridor",
+    "rl.tasks.debug": "rl_envs.toys.debug",
+    "rl.tasks.minigrid": "rl_envs.minigrid",
+    "rl.tasks.atari": "rl_envs.atari",
+    "rl.tasks.PointNavEnv": "rl_envs.pointnav.PointNavEnv",
+    "rl.tasks.PointNav3DEnv": "rl_envs.pointnav3d.PointNav3DEnv",
+    "rl.tasks.Actions": "rl_envs.pointnav.Actions",
+    "rl.tasks.RenderingUnavailableError": "rl_envs.pointnav3d.RenderingUnavailableError",
+    "rl.tasks.make_minigrid_env": "rl_envs.minigrid.make_minigrid_env",
+}
+
+
+def moved_target(path: str) -> str | None:
+    """Where the callable at dotted ``path`` is now, if it moved (:data:`MOVED_TARGETS`)."""
+    for old, new in MOVED_TARGETS.items():
+        if path == old or path.startswith(old + "."):
+            return new + path[len(old) :]
+    return None
+
+
 def import_target(path: str) -> Callable[..., Any]:
     """Import ``package.module.attr`` (as Hydra's ``_target_`` does)."""
     module_name, _, attr = path.rpartition(".")
@@ -179,6 +218,9 @@ def _check_target_node(node: Mapping[str, Any], path: str, runtime: set[str]) ->
     try:
         target = import_target(target_path)
     except Exception as e:  # noqa: BLE001
+        moved = moved_target(str(target_path))
+        if moved is not None:
+            return [f"{where}._target_: {target_path!r} moved: write {moved!r}"]
         return [f"{where}._target_: cannot import {target_path!r} ({type(e).__name__}: {e})"]
     try:
         sig = inspect.signature(target)

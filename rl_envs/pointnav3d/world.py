@@ -2,8 +2,8 @@
 
 Importing this module sets pyglet's headless mode (EGL, before any pyglet window or GL import),
 then imports MiniWorld, which creates pyglet's shadow GL context. It fails with an ``ImportError``
-or a pyglet exception where EGL is missing; :mod:`rl.tasks.nav3d` imports it lazily and turns
-that into a clear error.
+or a pyglet exception where EGL is missing; :mod:`rl_envs.pointnav3d.env` imports it lazily and
+turns that into a clear error.
 
 Mesa's CPU rasteriser (llvmpipe) renders with a pool of threads, one per core, by default. Here
 every sampler or collection-worker process renders its own environments and the cores are already
@@ -13,7 +13,7 @@ it, made training 1.07x faster on 2 cores (``dagger_ppo_nav3d``; docs/tasks/nav3
 driver ignores the variable.
 
 :class:`SceneWorld` is a ``MiniWorldEnv`` used as a scene: the task builds its rooms from a
-:class:`~rl.tasks.nav3d_layout.Floorplan`, places the agent, moves it with MiniWorld's own
+:class:`~rl_envs.pointnav3d.layout.Floorplan`, places the agent, moves it with MiniWorld's own
 collision rule and renders its camera. It compiles its static geometry into a display list of its
 own: MiniWorld's envs all use display list 1, which the GL contexts of one process share, so a
 second env's reset would repaint the first's rooms.
@@ -41,7 +41,7 @@ from miniworld.utils import get_file_path  # noqa: E402
 from PIL import Image  # noqa: E402
 from pyglet import gl  # noqa: E402
 
-from rl.tasks.nav3d_layout import Floorplan  # noqa: E402
+from rl_envs.pointnav3d.layout import Floorplan  # noqa: E402
 
 __all__ = ["SceneWorld"]
 

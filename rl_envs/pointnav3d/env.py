@@ -1,17 +1,17 @@
 """PointNav in 3D from pixels: procedurally generated MiniWorld interiors (``rl/PointNav3D-v0``).
 
 Each episode draws a floorplan of rectangular rooms joined by doorways, with textures, from the
-episode's seed (:mod:`rl.tasks.nav3d_layout`); splits (``train``/``valid``/``test``) hold
+episode's seed (:mod:`rl_envs.pointnav3d.layout`); splits (``train``/``valid``/``test``) hold
 disjoint floorplans (:mod:`rl.tasks.splits`). The agent sees an egocentric RGB image (optionally
 depth) and a GPS+compass vector to the goal; it turns, steps forward, and must take ``STOP``
 within ``success_distance`` of the goal. Rewards follow Habitat's PointNav: the decrease of the
 geodesic distance to the goal, minus a step penalty, plus a success bonus. Geodesic distances,
 SPL's shortest path and the shortest-path expert (``info["expert_action"]``) come from a
-navigation grid of the floorplan (:mod:`rl.tasks.nav3d_grid`).
+navigation grid of the floorplan (:mod:`rl_envs.pointnav3d.grid`).
 
 Defaults (Habitat's PointNav ratios at MiniWorld's scale): 0.25 m forward steps, 15° turns,
 an agent radius of 0.25 m, success within 0.2 m (Habitat: 0.2 m for 0.25 m steps), a 0.1 m
-navigation grid. Rendering uses OpenGL through EGL (:mod:`rl.tasks.nav3d_world`, imported on
+navigation grid. Rendering uses OpenGL through EGL (:mod:`rl_envs.pointnav3d.world`, imported on
 first construction): importing this module needs no GL.
 """
 
@@ -26,12 +26,12 @@ import numpy as np
 from gymnasium import spaces
 
 from rl.tasks.fields import EXPERT_ACTIONS, StepField, expert_field
-from rl.tasks.nav3d_checks import check_args, floorplan_spec, observation_space
-from rl.tasks.nav3d_grid import NavGrid, expert_action
-from rl.tasks.nav3d_layout import Floorplan, draw_floorplan
-from rl.tasks.nav3d_map import top_down_map
 from rl.tasks.splits import SPLITS, draw_in_split
 from rl.utils.config import Check
+from rl_envs.pointnav3d.checks import check_args, floorplan_spec, observation_space
+from rl_envs.pointnav3d.grid import NavGrid, expert_action
+from rl_envs.pointnav3d.layout import Floorplan, draw_floorplan
+from rl_envs.pointnav3d.topdown import top_down_map
 
 __all__ = ["Actions", "PointNav3DEnv", "RenderingUnavailableError"]
 
@@ -60,9 +60,9 @@ _INSTALL_HINT = (
 
 
 def _scene_world_class() -> type:
-    """Import :mod:`rl.tasks.nav3d_world` (starts EGL), or raise a clear error."""
+    """Import :mod:`rl_envs.pointnav3d.world` (starts EGL), or raise a clear error."""
     try:
-        from rl.tasks.nav3d_world import SceneWorld
+        from rl_envs.pointnav3d.world import SceneWorld
     except Exception as e:  # ImportError (no libEGL), pyglet's NoSuchConfigException, ...
         raise RenderingUnavailableError(f"{_INSTALL_HINT}\nCause: {type(e).__name__}: {e}") from e
     return SceneWorld
@@ -326,7 +326,7 @@ class PointNav3DEnv(gym.Env[dict[str, Any], np.int64]):
         return obs
 
     def expert_action(self) -> int:
-        """The shortest-path expert's next action (:func:`rl.tasks.nav3d_grid.expert_action`)."""
+        """The next action of the shortest-path expert (``grid.expert_action``)."""
         assert self.grid is not None
         return expert_action(
             self.grid,

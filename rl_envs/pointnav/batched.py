@@ -1,19 +1,19 @@
-"""The grid PointNav (:mod:`rl.tasks.nav`) as a batched environment written in torch.
+"""The grid PointNav (:mod:`rl_envs.pointnav.env`) as a batched environment written in torch.
 
 :class:`BatchedPointNav` steps ``num_envs`` PointNav environments at once on one device (CPU or
-CUDA) and gives, for the same seeds, exactly what as many :class:`~rl.tasks.nav.PointNavEnv`
+CUDA) and gives, for the same seeds, exactly what as many :class:`~rl_envs.pointnav.PointNavEnv`
 stepped one by one give: layouts, observations, rewards, flags, expert actions and episode
 metrics, bit for bit, auto-resets included (an unseeded reset goes on with the environment's
 own ``np_random``, as ``gymnasium``'s ``env.reset(seed=None)`` does).
 
 Precomputed once per configuration, as tensors on the device: the room tables of
-:class:`~rl.tasks.nav_layout.RoomLayout` (door slots, interior cells, per-door rows of the
+:class:`~rl_envs.pointnav.layout.RoomLayout` (door slots, interior cells, per-door rows of the
 distance field), the grids the views are read from (a bit a cell, whether one sees behind it,
 in four copies turned so that each direction's view rows are runs of bits; one set per door
 layout, shared by the environments in it), the agent's places (direction and position: where
 its view starts, where a turn or a step forward leads, the cells the expert looks at),
 minigrid's occlusion one view row at a time as a lookup table
-(:func:`~rl.tasks.nav_view.process_vis_row` over every pair of incoming row mask and
+(:func:`~rl_envs.pointnav.view.process_vis_row` over every pair of incoming row mask and
 see-behind row: 16,384 entries for a 7x7 view), a view row's encodings by its see-behind and
 visible cells and the goal's column, the goal vector and the goal's place in the view by
 (offset to the goal, direction), the rewards, and, for a split, whether each door layout
@@ -58,10 +58,12 @@ from tensordict import TensorDict
 
 from rl.tasks.batched import EPISODE_KEY, BatchedEnv
 from rl.tasks.fields import EXPERT_ACTIONS
-from rl.tasks.nav import Actions, PointNavEnv
-from rl.tasks.nav_checks import checked_args, observation_space
-from rl.tasks.nav_layout import RoomLayout
-from rl.tasks.nav_view import (
+from rl.tasks.splits import _BUCKETS, MAX_SPLIT_DRAWS, SPLITS
+from rl.utils.config import Check
+from rl_envs.pointnav.checks import checked_args, observation_space
+from rl_envs.pointnav.env import Actions, PointNavEnv
+from rl_envs.pointnav.layout import RoomLayout
+from rl_envs.pointnav.view import (
     DIR_VEC,
     EMPTY_ENCODING,
     GOAL_ENCODING,
@@ -69,8 +71,6 @@ from rl.tasks.nav_view import (
     process_vis_row,
     view_indices,
 )
-from rl.tasks.splits import _BUCKETS, MAX_SPLIT_DRAWS, SPLITS
-from rl.utils.config import Check
 
 __all__ = ["BatchedPointNav"]
 
@@ -553,7 +553,7 @@ def _tabled_views(size: int, rooms_per_side: int, n: int) -> tuple[np.ndarray, n
 
 
 class BatchedPointNav(BatchedEnv):
-    """``num_envs`` :class:`~rl.tasks.nav.PointNavEnv` stepped at once in torch on ``device``.
+    """``num_envs`` :class:`~rl_envs.pointnav.PointNavEnv` stepped at once in torch on ``device``.
 
     Environment ``i`` gives exactly what a ``PointNavEnv`` with the same arguments gives when
     reset with ``seeds[i]`` and, after each episode, reset with ``next_seeds[i]`` (or unseeded):
@@ -567,7 +567,7 @@ class BatchedPointNav(BatchedEnv):
         num_envs: How many environments.
         device: Where everything lives.
         observation_space: One environment's (PointNavEnv's).
-        action_space: ``Discrete(4)`` (:class:`~rl.tasks.nav.Actions`).
+        action_space: ``Discrete(4)`` (:class:`~rl_envs.pointnav.env.Actions`).
         step_fields: PointNavEnv's: ``expert_actions``.
     """
 
@@ -589,7 +589,7 @@ class BatchedPointNav(BatchedEnv):
         num_envs: Annotated[int, Check(ge=1)],
         device: str | torch.device,
     ) -> None:
-        """Build the environments (arguments as :class:`~rl.tasks.nav.PointNavEnv`'s).
+        """Build the environments (arguments as :class:`~rl_envs.pointnav.PointNavEnv`'s).
 
         Args:
             size: Side of the square grid, outer walls included.

@@ -1,4 +1,4 @@
-"""The argument checks and the observation space of :class:`~rl.tasks.nav3d.PointNav3DEnv`."""
+"""The argument checks and the observation space of :class:`~rl_envs.pointnav3d.PointNav3DEnv`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 from gymnasium import spaces
 
-from rl.tasks.nav3d_layout import FloorplanSpec
 from rl.tasks.splits import SPLITS
+from rl_envs.pointnav3d.layout import FloorplanSpec
 
 
 def check_positive(**values: float) -> None:

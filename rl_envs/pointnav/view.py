@@ -5,7 +5,7 @@ see-behind arrays that views are gathered from, the view cell -> world cell inde
 direction, and minigrid's occlusion (:func:`process_vis`). Together they reproduce
 ``MiniGridEnv.gen_obs()["image"]`` bit for bit without minigrid's per-cell Python objects.
 :func:`process_vis_row` is the same occlusion one view row at a time on bit masks, which the
-batched environment (:mod:`rl.tasks.nav_batched`) turns into a lookup table.
+batched environment (:mod:`rl_envs.pointnav.batched`) turns into a lookup table.
 """
 
 from __future__ import annotations

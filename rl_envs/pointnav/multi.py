@@ -2,7 +2,8 @@
 
 :class:`MultiPointNav` is a PettingZoo Parallel environment (trained through
 :class:`~rl.tasks.pettingzoo.ParallelEnvAdapter`, ``task=nav_multi``). The agents share one
-room layout of :class:`~rl.tasks.PointNavEnv` (its doors, drawn in the task's split, so held-out
+room layout of :class:`~rl_envs.pointnav.PointNavEnv`
+(its doors, drawn in the task's split, so held-out
 layouts stay held out) and each walks to a goal of its own; each is one ``PointNavEnv`` placed
 in that layout, so its observation, actions, reward and shortest-path expert are PointNav's.
 Agents block each other: a ``FORWARD`` into a cell another agent stands on leaves the agent
@@ -30,9 +31,9 @@ import numpy as np
 from pettingzoo import ParallelEnv
 
 from rl.tasks.fields import EXPERT_ACTIONS, StepField, expert_field
-from rl.tasks.nav import Actions, PointNavEnv
-from rl.tasks.nav_view import DIR_VEC
 from rl.tasks.splits import draw_in_split
+from rl_envs.pointnav.env import Actions, PointNavEnv
+from rl_envs.pointnav.view import DIR_VEC
 
 __all__ = ["MultiPointNav"]
 
@@ -43,8 +44,9 @@ class MultiPointNav(ParallelEnv):
     Args:
         agents: How many agents (>= 1).
         render_mode: ``rgb_array``: every agent's view of the grid, side by side.
-        **pointnav: :class:`~rl.tasks.PointNavEnv`'s arguments (``size``, ``rooms_per_side``,
-            ``max_steps``, rewards, ``min_start_distance``, ``split``, ...), for every agent.
+        **pointnav: :class:`~rl_envs.pointnav.PointNavEnv`'s arguments (``size``,
+            ``rooms_per_side``, ``max_steps``, rewards, ``min_start_distance``, ``split``,
+            ...), for every agent.
     """
 
     metadata = {"name": "multi_pointnav_v0", "render_modes": ["rgb_array"]}
@@ -77,7 +79,7 @@ class MultiPointNav(ParallelEnv):
         return self._obs_space
 
     def action_space(self, agent: str) -> gym.Space:
-        """PointNav's :class:`~rl.tasks.nav.Actions`."""
+        """PointNav's :class:`~rl_envs.pointnav.env.Actions`."""
         return self._act_space
 
     # ---------------------------------------------------------------- episode

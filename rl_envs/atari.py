@@ -396,7 +396,7 @@ def make_atari_env(
     """
     del num_threads  # (the batched twin's)
     base = gym.make(
-        dataclasses.replace(gym.spec(gym_id(game)), entry_point="rl.tasks.atari:AtariGame"),
+        dataclasses.replace(gym.spec(gym_id(game)), entry_point="rl_envs.atari:AtariGame"),
         frameskip=1,
         repeat_action_probability=repeat_action_probability,
         full_action_space=full_action_space,
@@ -642,4 +642,4 @@ def make_atari_batched_env(
     return GymVectorEnv(games, name=gym_id(game))
 
 
-make_atari_env.batched_env = "rl.tasks.atari.make_atari_batched_env"  # type: ignore[attr-defined]
+make_atari_env.batched_env = "rl_envs.atari.make_atari_batched_env"  # type: ignore[attr-defined]

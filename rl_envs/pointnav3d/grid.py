@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rl.tasks.nav3d_layout import Floorplan
+from rl_envs.pointnav3d.layout import Floorplan
 
 if TYPE_CHECKING:
     import scipy.sparse
 
-# scipy is imported where a grid is built (about 0.3 s): every process imports rl.tasks, and
+# scipy is imported where a grid is built (about 0.3 s): every process imports rl_envs, and
 # only those that build a 3D environment need it.
 
 __all__ = ["NavGrid", "expert_action", "point_clearance"]
@@ -49,7 +49,7 @@ _MOVES: tuple[tuple[int, int, tuple[tuple[int, int], ...]], ...] = (
 # The four cells around a point, as offsets from the one below and left of it.
 _CORNERS = np.array([[0, 0], [0, 1], [1, 0], [1, 1]])
 
-# Action indices (the task's: see rl.tasks.nav3d.Actions).
+# Action indices (the task's: see rl_envs.pointnav3d.env.Actions).
 _LEFT, _RIGHT, _FORWARD, _STOP = 0, 1, 2, 3
 
 

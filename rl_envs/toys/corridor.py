@@ -63,7 +63,7 @@ class CorridorEnv(gym.Env):
             the finite checks' tests; None: never).
     """
 
-    batched_env: ClassVar[str] = "rl.tasks.corridor.BatchedCorridor"
+    batched_env: ClassVar[str] = "rl_envs.toys.corridor.BatchedCorridor"
     step_fields: ClassVar[dict[str, StepField]] = STEP_FIELDS
     metadata: dict[str, Any] = {"render_modes": []}
 

@@ -9,7 +9,7 @@ wall between adjacent rooms gets one with probability ``extra_door_prob``. A doo
 from the wall's ends. Each room also draws its wall, floor and ceiling textures.
 
 Everything here is numpy and plain Python (no OpenGL): the navigation grid
-(:mod:`rl.tasks.nav3d_grid`) and the MiniWorld scene (:mod:`rl.tasks.nav3d_world`) are both
+(:mod:`rl_envs.pointnav3d.grid`) and the MiniWorld scene (:mod:`rl_envs.pointnav3d.world`) are both
 built from the same :class:`Floorplan`.
 """
 

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from rl.tasks.nav3d_grid import NavGrid
+from rl_envs.pointnav3d.grid import NavGrid
 
 __all__ = ["top_down_map"]
 

@@ -1,4 +1,4 @@
-"""The argument checks and the observation space of :class:`~rl.tasks.nav.PointNavEnv`."""
+"""The argument checks and the observation space of :class:`~rl_envs.pointnav.env.PointNavEnv`."""
 
 from __future__ import annotations
 

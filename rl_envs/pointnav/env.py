@@ -15,7 +15,8 @@ the minigrid ``Grid`` (only needed for rendering and minigrid's own ``gen_obs``)
 on first access of ``self.grid``.
 
 This module holds the environment itself; the room structure, layout draws and distance field
-are :mod:`rl.tasks.nav_layout`'s, the view encoding and occlusion :mod:`rl.tasks.nav_view`'s.
+are :mod:`rl_envs.pointnav.layout`'s, the view encoding and occlusion
+:mod:`rl_envs.pointnav.view`'s.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from minigrid.core.mission import MissionSpace
 from minigrid.minigrid_env import MiniGridEnv
 
 from rl.tasks.fields import EXPERT_ACTIONS, StepField, expert_field
-from rl.tasks.nav_checks import checked_args, observation_space
-from rl.tasks.nav_layout import RoomLayout, build_minigrid_grid
-from rl.tasks.nav_view import (
+from rl.tasks.splits import SPLITS, draw_in_split
+from rl.utils.config import Check
+from rl_envs.pointnav.checks import checked_args, observation_space
+from rl_envs.pointnav.layout import RoomLayout, build_minigrid_grid
+from rl_envs.pointnav.view import (
     DIR_VEC,
     EMPTY_ENCODING,
     episode_arrays,
@@ -41,8 +44,6 @@ from rl.tasks.nav_view import (
     view_indices,
     visibility_mask,
 )
-from rl.tasks.splits import SPLITS, draw_in_split
-from rl.utils.config import Check
 
 __all__ = ["Actions", "PointNavEnv"]
 
@@ -78,7 +79,7 @@ class PointNavEnv(MiniGridEnv):
     # the shortest-path expert, recorded as the rollout field expert_actions
     step_fields: ClassVar[dict[str, StepField]] = {EXPERT_ACTIONS: expert_field()}
     # the same task as a batched environment in torch (rl.tasks.batched)
-    batched_env: ClassVar[str] = "rl.tasks.nav_batched.BatchedPointNav"
+    batched_env: ClassVar[str] = "rl_envs.pointnav.batched.BatchedPointNav"
     observation_space: spaces.Dict
     agent_pos: tuple[int, int]
     _grid: Grid | None  # the `grid` property's (None: not built yet)
@@ -180,7 +181,7 @@ class PointNavEnv(MiniGridEnv):
         self._start_distance = 0
         self._cells_moved = 0
         self._done = False
-        # Cells the agent cannot enter besides walls: the other agents' (rl.tasks.nav_multi).
+        # Cells the agent cannot enter besides walls: the other agents' (rl_envs.pointnav.multi).
         self.occupied: set[tuple[int, int]] | frozenset[tuple[int, int]] = frozenset()
 
     # ------------------------------------------------------------------ layout
@@ -260,7 +261,7 @@ class PointNavEnv(MiniGridEnv):
     ) -> None:
         """Set the episode: the doors, the goal and its distance field, the agent's start.
 
-        What a reset draws; the multi-agent task (:mod:`rl.tasks.nav_multi`) places each
+        What a reset draws; the multi-agent task (:mod:`rl_envs.pointnav.multi`) places each
         agent's own goal and start in one shared layout with it.
         """
         self._door_x, self._door_y = door_x, door_y
