@@ -89,6 +89,7 @@ def build_policy(model: str) -> Any:
 
 def collect_fps(model: str, mode: str, seconds: float, processes: int = 2) -> float:
     """Steps/s of inference + stepping: ``sync`` (one sampler) or ``overlap`` (two halves)."""
+    from rl.models import policy_input
     from rl.sampling import MultiprocessSampler
 
     policy = build_policy(model)
@@ -97,8 +98,8 @@ def collect_fps(model: str, mode: str, seconds: float, processes: int = 2) -> fl
     def act(batch: Any, starts: torch.Tensor, state: Any) -> Any:
         """Actions for a sampler's step (or reset) ``TensorDict``: its ``obs``, as collected."""
         obs = {k: v.to(dev, non_blocking=True) for k, v in batch["obs"].items()}
-        step, state = policy.act(obs, starts, state)
-        return step.actions.numpy(), state
+        step = policy.act(policy_input(obs, starts, state))
+        return step["actions"].numpy(), step["next_state"]
 
     with torch.no_grad():
         if mode == "sync":

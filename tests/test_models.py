@@ -9,7 +9,7 @@ import torch
 from small import final_obs_of, obs_of
 from tensordict import TensorDict
 
-from rl.models import ActorCritic
+from rl.models import ActorCritic, policy_input
 from rl.sampling import SerialSampler
 from rl.storage import RolloutStorage, sequence_start_state
 from rl.tasks import dict_space
@@ -122,11 +122,11 @@ def test_output_shapes(space: gym.spaces.Dict, kwargs: dict, rnn: str | None) ->
     assert set(state.keys()) == names
     assert all(v.shape == (n, 1, 16) for v in state.values())
     assert torch.isfinite(out.dist.logits).all() and torch.isfinite(out.values).all()
-    step, _ = model.act(
-        {k: v[0] for k, v in obs.items()}, starts[0], model.initial_state(n, "cpu")
+    step = model.act(
+        policy_input({k: v[0] for k, v in obs.items()}, starts[0], model.initial_state(n, "cpu"))
     )
-    assert step.actions.shape == step.logprobs.shape == step.values.shape == (n,)
-    assert step.dist.logits.shape == (n, a)
+    assert step["actions"].shape == step["logprobs"].shape == step["values"].shape == (n,)
+    assert step["next_state"].batch_size == (n,)
 
 
 def test_vector_space_is_wrapped_by_dict_space() -> None:
@@ -143,12 +143,11 @@ def test_deterministic_act_is_argmax() -> None:
     # Larger output weights so the logits are well separated.
     torch.nn.init.normal_(model.actor_out.weight, std=1.0)
     obs = _random_obs(IMAGE_VECTOR, (16,))
-    step, _ = model.act(
-        obs, torch.zeros(16, dtype=torch.bool), model.initial_state(16, "cpu"), deterministic=True
-    )
-    logits = step.dist.logits
-    torch.testing.assert_close(step.actions, logits.argmax(-1))
-    torch.testing.assert_close(step.logprobs, torch.log_softmax(logits, -1).max(-1).values)
+    starts, state = torch.zeros(16, dtype=torch.bool), model.initial_state(16, "cpu")
+    step = model.act(policy_input(obs, starts, state), deterministic=True)
+    logits = model({k: v[None] for k, v in obs.items()}, starts[None], state)[0].dist.logits[0]
+    torch.testing.assert_close(step["actions"], logits.argmax(-1))
+    torch.testing.assert_close(step["logprobs"], torch.log_softmax(logits, -1).max(-1).values)
 
 
 # ------------------------------------------------------- recurrent re-evaluation
@@ -188,8 +187,9 @@ def recurrent_rollout(request):
         gen = torch.Generator().manual_seed(0)
         with torch.no_grad():
             for _ in range(T_ROLLOUT):
-                step, state = model.act(obs, episode_starts, state, generator=gen)
-                result = sampler.step(step.actions.numpy())
+                step = model.act(policy_input(obs, episode_starts, state), generator=gen)
+                state = step["next_state"]
+                result = sampler.step(step["actions"].numpy())
                 next_obs = obs_of(result)
                 truncation_values = zeros
                 final, idx = final_obs_of(result)
@@ -203,9 +203,9 @@ def recurrent_rollout(request):
                     truncation_values[idx] = out.values[0]
                 terminated, truncated = result["terminated"], result["truncated"]
                 fields = {
-                    "actions": step.actions,
-                    "logprobs": step.logprobs,
-                    "values": step.values,
+                    "actions": step["actions"],
+                    "logprobs": step["logprobs"],
+                    "values": step["values"],
                     "rewards": result["rewards"],
                     "terminated": terminated,
                     "truncated": truncated,

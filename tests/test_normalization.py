@@ -26,7 +26,7 @@ from rl.engine import run
 from rl.evaluation import InferenceAgent
 from rl.loggers import MetricsLogger
 from rl.losses import PPOLoss
-from rl.models import ActorCritic
+from rl.models import ActorCritic, policy_input
 from rl.pipeline import PipelineStage
 from rl.sampling import SerialSampler
 from rl.tasks import build_env, task_spaces
@@ -240,9 +240,9 @@ def test_evaluation_and_the_inference_agent_reuse_the_saved_statistics(
     for _ in range(20):
         action = agent.act(obs)
         x = norm.observations({"obs": torch.as_tensor(obs)[None]})
-        step, _ = policy.act(x, torch.zeros(1, dtype=torch.bool), policy.initial_state(1, "cpu"),
-                             deterministic=True)  # fmt: skip
-        expected = np.clip(step.actions[0].numpy(), actions.low, actions.high)
+        start, state = torch.zeros(1, dtype=torch.bool), policy.initial_state(1, "cpu")
+        step = policy.act(policy_input(x, start, state), deterministic=True)
+        expected = np.clip(step["actions"][0].numpy(), actions.low, actions.high)
         np.testing.assert_array_equal(action, expected)
         obs, *_ = env.step(action)
     env.close()

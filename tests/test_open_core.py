@@ -3,7 +3,7 @@ a new per-step field with a loss reading it, touching no storage or transport co
 
 ``CountingPolicy`` below is a researcher's policy (not an ``ActorCritic``): an MLP with its own
 recurrent state (a step counter, ``{"count": [N, 1]}``), which records a per-step field
-(``count_target``: the counter's value) through :attr:`rl.models.PolicyStep.extras`; its
+(``count_target``: the counter's value) by writing it into the step in ``act``; its
 ``forward`` outputs the counter it recomputes over a sequence and a prediction of it
 (:attr:`rl.models.PolicyOutput.extras`). ``CountLoss`` is a researcher's auxiliary loss that
 reads the field from the minibatch, checks it against the recomputed counter step by step (so
@@ -26,7 +26,7 @@ from torch import nn
 
 import rl.engine.run
 from rl.losses import Loss, LossOutput
-from rl.models import ActionHead, PolicyBase, PolicyOutput, PolicyStep
+from rl.models import ActionHead, PolicyBase, PolicyOutput
 
 
 class CountingPolicy(PolicyBase):
@@ -67,10 +67,10 @@ class CountingPolicy(PolicyBase):
         return output, TensorDict({"count": count.unsqueeze(-1)}, [n])
 
     @torch.no_grad()
-    def act(self, obs, episode_starts, state, deterministic=False, generator=None):  # noqa: ANN001, ANN201, D102
-        step, after = super().act(obs, episode_starts, state, deterministic, generator)
-        extras = {"count_target": after["count"][:, 0].clone()}  # the new field, declared here
-        return PolicyStep(step.actions, step.logprobs, step.values, step.dist, extras), after
+    def act(self, step: TensorDict, **kwargs) -> TensorDict:  # noqa: ANN003, D102
+        step = super().act(step, **kwargs)
+        step["count_target"] = step["next_state", "count"][:, 0].clone()  # the new field
+        return step
 
 
 class CountLoss(Loss):

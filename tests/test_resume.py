@@ -37,7 +37,7 @@ from rl.engine import run
 from rl.evaluation import InferenceAgent
 from rl.loggers import MetricsLogger
 from rl.losses import ImitationLoss, PPOLoss
-from rl.models import ActorCritic, build_policy
+from rl.models import ActorCritic, build_policy, policy_input
 from rl.pipeline import LinearDecay, PipelineStage, TrainingPipeline
 from rl.sampling import SerialSampler
 from rl.sampling.agents import agent_rows
@@ -250,9 +250,10 @@ def test_inference_agent_reproduces_the_engines_argmax_actions(tmp_path: Path) -
         starts = torch.ones(1, dtype=torch.bool)
         state = model.initial_state(1, "cpu")
         while len(engine_actions) < 3:  # two episodes (the second after an auto-reset)
-            step, state = model.act(obs, starts, state, deterministic=True)
-            engine_actions[-1].append(int(step.actions[0]))
-            result = sampler.step(step.actions.numpy())
+            step = model.act(policy_input(obs, starts, state), deterministic=True)
+            state = step["next_state"]
+            engine_actions[-1].append(int(step["actions"][0]))
+            result = sampler.step(step["actions"].numpy())
             obs = obs_of(result)
             starts = result["terminated"] | result["truncated"]
             if starts[0]:

@@ -16,7 +16,7 @@ from small import assert_same_step
 
 import rl.engine.run
 from rl.collection import InProcessCollector, RolloutRequest
-from rl.models import ActorCritic, DiagGaussian, MultiCategorical, build_policy
+from rl.models import ActorCritic, DiagGaussian, MultiCategorical, build_policy, policy_input
 from rl.sampling import MultiprocessSampler, SerialSampler
 from rl.tasks import SpaceError, dict_space, task_spaces
 from rl.tasks.spaces import ObservationFlattener
@@ -129,15 +129,17 @@ def test_the_policy_acts_in_every_supported_action_space(action_space, shape, dt
         "b": torch.ones(6, 3, dtype=torch.int8),
     }
     starts = torch.ones(6, dtype=torch.bool)
-    step, _ = policy.act(obs, starts, policy.initial_state(6, "cpu"))
-    assert step.actions.shape == shape and step.actions.dtype == dtype
-    assert step.logprobs.shape == step.values.shape == (6,)
-    mode, _ = policy.act(obs, starts, policy.initial_state(6, "cpu"), deterministic=True)
-    assert torch.equal(mode.actions, mode.dist.mode())
+    step = policy.act(policy_input(obs, starts, policy.initial_state(6, "cpu")))
+    assert step["actions"].shape == shape and step["actions"].dtype == dtype
+    assert step["logprobs"].shape == step["values"].shape == (6,)
+    mode = policy.act(
+        policy_input(obs, starts, policy.initial_state(6, "cpu")), deterministic=True
+    )
     out, _ = policy(
         {k: v[None] for k, v in obs.items()}, starts[None], policy.initial_state(6, "cpu")
     )
-    torch.testing.assert_close(out.dist.log_prob(step.actions[None])[0], step.logprobs)
+    assert torch.equal(mode["actions"], out.dist.mode()[0])
+    torch.testing.assert_close(out.dist.log_prob(step["actions"][None])[0], step["logprobs"])
 
 
 def test_a_users_class_that_is_not_a_policy_is_refused_naming_the_key() -> None:

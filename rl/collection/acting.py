@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDict
 
 from rl.collection.normalization import Normalizer
-from rl.models.policy import Policy
+from rl.models.policy import ACTIONS, NEXT_STATE, Policy, policy_input
 from rl.sampling.runner import ExpertActor, NoExpertError
 
 __all__ = ["ExpertActor", "NoExpertError", "PolicyActor", "policy_step"]
@@ -44,8 +44,10 @@ def policy_step(
     """
     if normalizer is not None:
         obs = normalizer.observations(obs)
-    step, state = model.act(obs, starts, state, deterministic, generator)
-    return step.actions, state
+    step = model.act(
+        policy_input(obs, starts, state), deterministic=deterministic, generator=generator
+    )
+    return step.get(ACTIONS), step.get(NEXT_STATE)
 
 
 def actions_for(

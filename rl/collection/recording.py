@@ -28,8 +28,17 @@ from tensordict import TensorDict
 from rl.collection.acting import actions_for
 from rl.collection.base import Preemption, RolloutRequest
 from rl.collection.normalization import Normalizer
-from rl.collection.teacher_forcing import check_field_names, teacher_force
-from rl.models.policy import Policy
+from rl.collection.teacher_forcing import check_field_names, check_forced, forced_actions
+from rl.models.policy import (
+    ACTIONS,
+    EPISODE_STARTS,
+    FORCED_ACTIONS,
+    NEXT_STATE,
+    OBS,
+    STATE,
+    Policy,
+    policy_input,
+)
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.sampling.base import EpisodeRecord, finished_episodes
 from rl.storage.rollout import RolloutStorage
@@ -51,6 +60,8 @@ class Carry:
 # The key of the truncated positions among the tensors moved with a step (beside its str keys
 # and the ("obs" | "final_obs", key) pairs).
 _TRUNCATED_AT = ("truncated_at",)
+# What the policy reads of a step (and the state it writes after it): not recorded with it.
+_INPUTS = frozenset({OBS, EPISODE_STARTS, STATE, NEXT_STATE, FORCED_ACTIONS})
 
 
 def obs_on(step: TensorDict, device: torch.device, key: str = "obs") -> dict[str, torch.Tensor]:
@@ -147,28 +158,38 @@ class RolloutRecorder:
 
     # ----------------------------------------------------------------- acting
     def act(self, step: TensorDict) -> np.ndarray | torch.Tensor:
-        """The policy's actions for the observations of the last step (teacher-forced maybe)."""
+        """The policy's actions for the observations of the last step (teacher-forced maybe).
+
+        The policy reads the step (observations, episode starts, state, the task's step fields)
+        and writes its actions, log-probabilities, values, the state after and its extras into
+        it; every entry but its inputs is recorded.
+        """
         t0 = time.perf_counter()
         if self.normalizer is not None:
             self.normalizer.record_observations(self.obs)
-        out, self.state = self.model.act(self.policy_obs, self.starts, self.state)
-        actions, logprobs = out.actions, out.logprobs
+        policy_step = policy_input(self.policy_obs, self.starts, self.state)
+        for key, value in self.task_fields.items():  # what the task reported with the obs
+            policy_step.set(key, value)
+        forced = None
         if self.request.teacher_forcing is not None:
             prob = self.request.teacher_forcing_probability(self.storage.step)
-            actions, logprobs, count = teacher_force(prob, out, self.task_fields, self.device)
+            forced = forced_actions(prob, self.task_fields, self.device)
+            policy_step.set(FORCED_ACTIONS, forced)
+        self.model.act(policy_step)
+        actions, self.state = policy_step.get(ACTIONS), policy_step.get(NEXT_STATE)
+        if forced is not None:
+            count = check_forced(forced, actions, self.model)
             self.teacher_forced += count
-            n = len(actions)
             self.stats.add_scalars(
-                {"pipeline/teacher_ratio": count / n, "pipeline/teacher_forcing_prob": prob}
+                {
+                    "pipeline/teacher_ratio": count / len(actions),
+                    "pipeline/teacher_forcing_prob": prob,
+                }
             )
         if self.storage.step == 0:
-            check_field_names(self.task_fields, out.extras)
+            check_field_names(self.task_fields, policy_step)
         self._recording = {
-            "actions": actions,
-            "logprobs": logprobs,
-            "values": out.values,
-            **self.task_fields,  # what the task reported with the observation acted on
-            **out.extras,  # fields the policy declares for its own losses
+            str(k): policy_step.get(k) for k in policy_step.keys() if k not in _INPUTS
         }
         host = actions_for(
             step, actions, to_host=None if self.transfers is None else self.transfers.to_host

@@ -11,7 +11,7 @@ from rl.models.distributions import (
 from rl.models.factory import build_policy
 from rl.models.grouped import GroupedDistribution, GroupedPolicy
 from rl.models.lstm import lstm_sequence
-from rl.models.policy import Policy, PolicyBase, PolicyOutput, PolicyStep, empty_state
+from rl.models.policy import Policy, PolicyBase, PolicyOutput, empty_state, policy_input
 from rl.models.value_norm import ValueNorm
 
 __all__ = [
@@ -26,9 +26,9 @@ __all__ = [
     "Policy",
     "PolicyBase",
     "PolicyOutput",
-    "PolicyStep",
     "ValueNorm",
     "build_policy",
     "empty_state",
     "lstm_sequence",
+    "policy_input",
 ]

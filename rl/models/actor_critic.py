@@ -41,7 +41,15 @@ from rl.models.distributions import ActionHead
 from rl.models.encoders import ACTIVATIONS, ImageEncoder, init_layer, mlp, recurrent_core
 from rl.models.gru import gru_sequence
 from rl.models.lstm import lstm_sequence
-from rl.models.policy import PolicyBase, PolicyOutput, PolicyStep, empty_state
+from rl.models.policy import (
+    EPISODE_STARTS,
+    OBS,
+    STATE,
+    PolicyBase,
+    PolicyOutput,
+    empty_state,
+    write_step,
+)
 from rl.models.value_norm import ValueNorm
 from rl.utils.config import Check
 
@@ -378,19 +386,16 @@ class ActorCritic(PolicyBase):
     @torch.no_grad()
     def act(
         self,
-        obs: Mapping[str, torch.Tensor],
-        episode_starts: torch.Tensor,
-        state: TensorDict,
+        step: TensorDict,
+        *,
         deterministic: bool = False,
         generator: torch.Generator | None = None,
-    ) -> tuple[PolicyStep, TensorDict]:
-        """One step for ``[N, ...]`` observations (the heads run on ``[N, F]`` directly)."""
-        obs = {k: v.unsqueeze(0) for k, v in obs.items()}
-        x, state, _ = self._features(obs, episode_starts.unsqueeze(0), state)
+    ) -> TensorDict:
+        """One step of ``N`` environments into ``step`` (the heads run on ``[N, F]`` directly)."""
+        obs = {k: v.unsqueeze(0) for k, v in step.get(OBS).items()}
+        x, state, _ = self._features(obs, step.get(EPISODE_STARTS).unsqueeze(0), step.get(STATE))
         dist = self.actor_out(self.actor(x))
-        actions = dist.mode() if deterministic else dist.sample(generator)
-        values = self._values(x, obs)[:, 0]
-        return PolicyStep(actions, dist.log_prob(actions), values, dist), state
+        return write_step(step, dist, self._values(x, obs)[:, 0], state, deterministic, generator)
 
 
 def _own_encoder(build: Any, space: gym.Space, key: str) -> tuple[nn.Module, int]:

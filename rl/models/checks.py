@@ -20,6 +20,14 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from rl.models.policy import (
+    ACTIONS,
+    LOGPROBS,
+    NEXT_STATE,
+    STEP_KEYS,
+    VALUES,
+    policy_input,
+)
 from rl.utils.config import ConfigError
 
 _T, _N = 3, 2  # the probe's steps and environments
@@ -91,21 +99,32 @@ def _probe(policy: Any, observation_space: gym.spaces.Dict) -> None:
     _expect(policy, "forward()'s values", output.values, (_T, _N), "one value per step and "
             "environment: [T, N], not [T, N, 1]")  # fmt: skip
     _check_state(policy, "forward()", after)
-    step, after = policy.act(_first(obs), starts[0], state, deterministic=True)
-    _expect(policy, "act()'s values", step.values, (_N,), "one per environment: [N]")
-    _expect(policy, "act()'s logprobs", step.logprobs, (_N,), "one per environment: [N]")
-    if not isinstance(step.actions, torch.Tensor) or step.actions.shape[:1] != (_N,):
-        _expect(policy, "act()'s actions", step.actions, (_N,), "[N, ...]: environments first")
-    _check_state(policy, "act()", after)
-    actions = step.actions.unsqueeze(0).expand(_T, *step.actions.shape)
+    step = policy.act(policy_input(_first(obs), starts[0], state), deterministic=True)
+    if not isinstance(step, TensorDict):
+        raise PolicyShapeError(
+            f"policy {type(policy).__name__}: act() returned {type(step).__name__}; expected the "
+            "step TensorDict it was given, its actions, logprobs, values and next_state written "
+            "in (rl.models.Policy.act)"
+        )
+    missing = [k for k in (ACTIONS, LOGPROBS, VALUES, NEXT_STATE) if k not in step.keys()]
+    if missing:
+        raise PolicyShapeError(
+            f"policy {type(policy).__name__}: act() wrote no {', '.join(missing)} into the step "
+            "(rl.models.Policy.act writes actions, logprobs, values and next_state)"
+        )
+    _expect(policy, "act()'s values", step.get(VALUES), (_N,), "one per environment: [N]")
+    _expect(policy, "act()'s logprobs", step.get(LOGPROBS), (_N,), "one per environment: [N]")
+    _check_state(policy, "act()", step.get(NEXT_STATE))
+    actions = step.get(ACTIONS)
+    actions = actions.unsqueeze(0).expand(_T, *actions.shape)
     _expect(policy, "forward()'s dist.log_prob(actions)", output.dist.log_prob(actions),
             (_T, _N), "[T, N]: one log-probability per step and environment")  # fmt: skip
     for name, value in output.extras.items():
         if not isinstance(value, torch.Tensor) or tuple(value.shape[:2]) != (_T, _N):
             _expect(policy, f"forward()'s extras[{name!r}]", value, (_T, _N), "[T, N, ...]")
-    for name, value in step.extras.items():
-        if not isinstance(value, torch.Tensor) or value.shape[:1] != (_N,):
-            _expect(policy, f"act()'s extras[{name!r}]", value, (_N,), "[N, ...]")
+    for name in set(step.keys()) - STEP_KEYS:  # (a TensorDict keeps its entries [N, ...])
+        if not isinstance(step.get(name), torch.Tensor):
+            _expect(policy, f"act()'s extra {name!r}", step.get(name), (_N,), "a [N, ...] tensor")
 
 
 def _first(obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -7,7 +7,14 @@ A policy is a ``torch.nn.Module`` (its ``state_dict`` is the checkpoint's ``mode
   for a memoryless policy. Collectors carry it from step to step, store it with every step
   (truncated-BPTT chunks start from it), save it in checkpoints and pause environments by
   indexing it; they never look inside;
-- acts for a batch of environments (:meth:`Policy.act`: one step, ``[N, ...]`` inputs);
+- acts for a batch of environments (:meth:`Policy.act`): it reads the step, a ``TensorDict`` of
+  batch ``[N]`` with the fixed keys ``obs`` (the observations), ``episode_starts`` (``[N]``
+  bool) and ``state`` (the recurrent state before the step), and writes into it ``actions``,
+  ``logprobs`` (``[N]``), ``values`` (``[N]``), ``next_state`` (the state after) and any extras
+  of its own (a key it adds, ``[N, ...]``): the collector records every entry the policy writes
+  with the step, so a loss of the policy's own reads it from its minibatch. Where the step holds
+  ``forced_actions`` (teacher forcing: the expert's action, ``-1`` where the policy draws), those
+  actions are taken and ``logprobs`` are theirs;
 - evaluates time-major sequences for the update (:meth:`Policy.forward`: ``[T, N, ...]``
   inputs, the state before the first step), resetting its state before every step whose
   ``episode_starts`` is set.
@@ -38,7 +45,24 @@ from torch import nn
 
 from rl.models.distributions import ActionDistribution
 
-__all__ = ["Policy", "PolicyBase", "PolicyOutput", "PolicyStep", "empty_state", "first_step"]
+__all__ = [
+    "ACTIONS",
+    "EPISODE_STARTS",
+    "FORCED_ACTIONS",
+    "LOGPROBS",
+    "NEXT_STATE",
+    "OBS",
+    "STATE",
+    "STEP_KEYS",
+    "VALUES",
+    "Policy",
+    "PolicyBase",
+    "PolicyOutput",
+    "empty_state",
+    "first_step",
+    "policy_input",
+    "write_step",
+]
 
 
 @dataclasses.dataclass
@@ -61,24 +85,14 @@ class PolicyOutput:
     value_norm: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
-@dataclasses.dataclass
-class PolicyStep:
-    """One action for each of ``N`` environments.
-
-    Attributes:
-        actions: ``[N, ...]`` actions drawn (or the mode, deterministic).
-        logprobs: ``[N]`` their log-probabilities.
-        values: ``[N]`` state values.
-        dist: The distribution they were drawn from (batch shape ``[N]``).
-        extras: More per-step fields ``[N, ...]`` the collector records with the step, by
-            name: what a policy declares for a loss of its own to read (nothing by default).
-    """
-
-    actions: torch.Tensor
-    logprobs: torch.Tensor
-    values: torch.Tensor
-    dist: ActionDistribution
-    extras: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+# The step's fixed keys (Policy.act reads the first three, writes the next four; FORCED_ACTIONS
+# is there under teacher forcing only).
+OBS, EPISODE_STARTS, STATE = "obs", "episode_starts", "state"
+ACTIONS, LOGPROBS, VALUES, NEXT_STATE = "actions", "logprobs", "values", "next_state"
+FORCED_ACTIONS = "forced_actions"
+STEP_KEYS = frozenset(
+    {OBS, EPISODE_STARTS, STATE, ACTIONS, LOGPROBS, VALUES, NEXT_STATE, FORCED_ACTIONS}
+)
 
 
 _P = TypeVar("_P", bound="Policy")
@@ -111,13 +125,16 @@ class Policy(Protocol):
 
     def act(
         self,
-        obs: Mapping[str, torch.Tensor],
-        episode_starts: torch.Tensor,
-        state: TensorDict,
+        step: TensorDict,
+        *,
         deterministic: bool = False,
         generator: torch.Generator | None = None,
-    ) -> tuple[PolicyStep, TensorDict]:
-        """One step for ``[N, ...]`` observations: the actions and the state after."""
+    ) -> TensorDict:
+        """One step of ``N`` environments, written into ``step``, which it returns.
+
+        Writes actions, log-probabilities, values, the state after and the policy's extras (see
+        the module docstring).
+        """
         ...
 
     # What the framework uses of ``nn.Module``.
@@ -179,19 +196,54 @@ class PolicyBase(nn.Module):
     @torch.no_grad()
     def act(
         self,
-        obs: Mapping[str, torch.Tensor],
-        episode_starts: torch.Tensor,
-        state: TensorDict,
+        step: TensorDict,
+        *,
         deterministic: bool = False,
         generator: torch.Generator | None = None,
-    ) -> tuple[PolicyStep, TensorDict]:
-        """One step: :meth:`forward` on ``T = 1``, then a draw (or the mode)."""
-        out, state = self(
-            {k: v.unsqueeze(0) for k, v in obs.items()}, episode_starts.unsqueeze(0), state
+    ) -> TensorDict:
+        """One step: :meth:`forward` on ``T = 1``, then a draw (or the mode) into ``step``."""
+        obs = {k: v.unsqueeze(0) for k, v in step.get(OBS).items()}
+        out, state = self(obs, step.get(EPISODE_STARTS).unsqueeze(0), step.get(STATE))
+        return write_step(
+            step, first_step(out.dist), out.values[0], state, deterministic, generator
         )
-        dist = first_step(out.dist)
-        actions = dist.mode() if deterministic else dist.sample(generator)
-        return PolicyStep(actions, dist.log_prob(actions), out.values[0], dist), state
+
+
+def write_step(
+    step: TensorDict,
+    dist: ActionDistribution,
+    values: torch.Tensor,
+    state: TensorDict,
+    deterministic: bool = False,
+    generator: torch.Generator | None = None,
+) -> TensorDict:
+    """Draw from ``dist`` (batch ``[N]``) and write the step's actions, values and state after.
+
+    Writes ``actions`` (the mode where ``deterministic``), ``logprobs``, ``values`` and
+    ``next_state``; ``forced_actions`` where the step has them (``>= 0``) are taken instead of a
+    draw.
+    """
+    actions = dist.mode() if deterministic else dist.sample(generator)
+    forced = step.get(FORCED_ACTIONS, None)
+    if forced is not None and forced.shape == actions.shape and not actions.is_floating_point():
+        actions = torch.where(forced >= 0, forced.to(actions.dtype), actions)
+    step.set(ACTIONS, actions)
+    step.set(LOGPROBS, dist.log_prob(actions))
+    step.set(VALUES, values)
+    step.set(NEXT_STATE, state)
+    return step
+
+
+def policy_input(
+    obs: Mapping[str, torch.Tensor], episode_starts: torch.Tensor, state: TensorDict
+) -> TensorDict:
+    """A step for :meth:`Policy.act`: ``[N, ...]`` observations, episode starts and state."""
+    n = len(episode_starts)
+    return TensorDict(
+        {OBS: TensorDict(dict(obs), batch_size=[n]), EPISODE_STARTS: episode_starts, STATE: state},
+        batch_size=[n],
+        device=episode_starts.device,
+    )
 
 
 def first_step(dist: ActionDistribution) -> ActionDistribution:

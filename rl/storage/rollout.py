@@ -21,7 +21,7 @@ Row ``t`` holds
 
 Entries are allocated the first time they are written, with the shape and dtype of what is
 written, so a new per-step field needs no declaration here: the component that produces it
-records it (a policy's :attr:`~rl.models.PolicyStep.extras`), minibatches and transport carry
+records it (a key a policy's ``act`` writes into the step), minibatches and transport carry
 it, and the loss that needs it reads ``batch["its_name"]``.
 
 Minibatches are ``TensorDict`` slices ``[T, n]`` of sequences: whole rollouts of a subset of

@@ -1,7 +1,7 @@
 """Per-step fields a task reports in ``info``: declared once, carried to the losses.
 
 A task declares the values its environments report in ``info`` that should reach the rollout,
-as a policy declares its ``extras``: a mapping from the rollout field's name to a
+as a policy writes its own into the step: a mapping from the rollout field's name to a
 :class:`StepField` (which ``info`` key, shape, dtype, and the value where ``info`` lacks it).
 The declaration is the environment class's ``step_fields`` attribute, or the task config's
 ``step_fields`` entry (for an environment one cannot edit, e.g. a gymnasium id), which adds to
