@@ -136,3 +136,21 @@ def test_new_episodes_is_refused_in_evaluation_mode() -> None:
         sampler.reset()
         with pytest.raises(RuntimeError, match="skip evaluation episodes"):
             sampler.new_episodes()
+
+
+def test_a_steps_episodes_are_entries_that_indexing_and_copies_keep() -> None:
+    # Episodes end in envs 0 and 2 only: evaluation with two episodes each for those, one for
+    # the others, so some rows pause and the step is indexed as the runner indexes it.
+    with SerialSampler(task=SMALL, num_envs=3, seed=3, episode_seeds=[5, 6, 7]) as sampler:
+        sampler.reset()
+        turn_left = np.zeros(3, dtype=np.int64)  # every episode is truncated at step 12
+        for _ in range(12):
+            step = sampler.step(turn_left)
+    episodes = finished_episodes(step)
+    assert [(e.env_index, e.episode_seed) for e in episodes] == [(0, 5), (1, 6), (2, 7)]
+    assert all(e.metrics["length"] == 12.0 for e in episodes)
+    assert finished_episodes(step.clone()) == episodes  # a copy keeps them
+    keep = torch.tensor([True, False, True])
+    assert finished_episodes(step[keep]) == [episodes[0], episodes[2]]  # indexing keeps its rows'
+    assert finished_episodes(step[~step["episodes", "ended"]]) == []
+    assert step["episodes", "metrics", "return"].dtype == torch.float64

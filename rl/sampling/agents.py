@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rl.sampling.base import Sampler
+from rl.sampling.base import EPISODES, Sampler
 from rl.tasks.agents import (
     AGENT_DONE,
     AGENT_REWARDS,
@@ -123,9 +123,16 @@ class AgentRows(Sampler):
                     row[env_cut] = self._rows(final.get(key))[env_cut]
                 rows[key] = row
             data["final_obs"] = TensorDict(rows, batch_size=[n])
-        out = TensorDict(data, batch_size=[n])
-        out._episodes = getattr(step, "_episodes", [])
-        return out
+        if EPISODES in step.keys():  # each environment's episode on its first agent's row
+            episodes = TensorDict({}, batch_size=[n])
+            for key, value in step.get(EPISODES).items(include_nested=True, leaves_only=True):
+                episodes.set(key, self._per_env(value))
+            ended = episodes.get("ended")
+            episodes.set(
+                "ended", ended & (torch.arange(n, device=ended.device) % self.agents == 0)
+            )
+            data[EPISODES] = episodes
+        return TensorDict(data, batch_size=[n])
 
     # ------------------------------------------------------------- interface
     @property

@@ -45,7 +45,14 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rl.sampling.base import MAX_NUM_ENVS, EpisodeRecord, Sampler, split_episode_seeds
+from rl.sampling.base import (
+    EPISODES,
+    MAX_NUM_ENVS,
+    EpisodeRecord,
+    Sampler,
+    episode_entries,
+    split_episode_seeds,
+)
 from rl.sampling.finite_checks import FiniteChecks, first_nonfinite_row, is_float
 from rl.sampling.watchdog import DEFAULT_TIMEOUT_S, Watchdog
 from rl.tasks.agents import num_agents
@@ -356,9 +363,9 @@ class BatchedSampler(FiniteChecks, Sampler):
                 paused[pausing] = True
                 self._set_active([i for pos, i in enumerate(self._active) if pos not in pausing])
         data["paused"] = paused
-        step = TensorDict._new_unsafe(data, batch_size=torch.Size([n]))
-        step._episodes = episodes
-        return step
+        if episodes:
+            data[EPISODES] = episode_entries(episodes, ended)
+        return TensorDict._new_unsafe(data, batch_size=torch.Size([n]))
 
     def _episodes(
         self, out: TensorDict, ended: torch.Tensor
