@@ -26,11 +26,11 @@ A layout that switches the experiment's collector (``collector=local`` where the
 ``collector=process``) gets that collector's own settings, not the experiment's for its process
 workers (``train_fps.compose_run``).
 
-``--smoke``: tiny budgets (4 environments, 128 env steps in 16-step rollouts, 0.5 s of raw
+``--smoke``: tiny budgets (4 environments, 128 env steps in 16-step rollouts, 0.25 s of raw
 stepping), every raw row of (a); for training, the first regime in the smallest layout of each
 kind (serial and multiprocess sampler, 1 process worker (async)), the second in the serial
-layout only, each with its raw limit: to check that the benchmark runs
-(``tests/test_bench.py``), not to measure.
+layout only, each with its raw limit (the serial and multiprocess samplers of (a) step them:
+one start-up each): to check that the benchmark runs (``tests/test_bench.py``), not to measure.
 
     python bench/nav3d_fps.py [--raw-seconds 10] [--steps 12288] [--skip-train] [--skip-raw]
                              [--regime short|long] [--episodes-per-floorplan K] [--smoke]
@@ -57,7 +57,7 @@ import train_fps  # noqa: E402  (this folder's sibling benchmark)
 NUM_ENVS = 16  # --smoke: 4
 # --smoke's defaults, and what it sets in every training row: 4 envs x 16-step rollouts (and
 # BPTT chunks no longer than a rollout), 2 minibatches.
-SMOKE = {"raw_seconds": 0.5, "steps": 128}
+SMOKE = {"raw_seconds": 0.25, "steps": 128}
 SMOKE_TRAIN = [
     "sampler.num_envs=4",
     "pipeline.num_steps=16",
@@ -135,13 +135,27 @@ def reset_ms(resets: int = 200) -> float:
         env.close()
 
 
-def raw_in_process(kind: str, seconds: float, actions: str = "walk") -> float:
+def raw_in_process(
+    kind: str, seconds: float, actions: str = "walk", kept: dict[str, Any] | None = None
+) -> float:
+    """Raw steps/s of a ``serial`` or ``multiprocess`` sampler of ``NUM_ENVS`` environments.
+
+    ``kept`` (``--smoke``): samplers by kind, each started once and left open for the next
+    call of its kind (the caller closes them); None: a sampler of its own, closed after.
+    """
     from rl.sampling import MultiprocessSampler, SerialSampler
 
-    if kind == "serial":
-        sampler: Any = SerialSampler(task=TASK, num_envs=NUM_ENVS, seed=0)
-    else:
-        sampler = MultiprocessSampler(task=TASK, num_processes=2, num_envs=NUM_ENVS, seed=0)
+    sampler: Any = None if kept is None else kept.get(kind)
+    if sampler is None:
+        if kind == "serial":
+            sampler = SerialSampler(task=TASK, num_envs=NUM_ENVS, seed=0)
+        else:
+            sampler = MultiprocessSampler(task=TASK, num_processes=2, num_envs=NUM_ENVS, seed=0)
+        if kept is not None:
+            kept[kind] = sampler
+    if kept is not None:
+        steps, elapsed = _step_for(sampler, NUM_ENVS, seconds, actions)
+        return steps / elapsed
     with sampler:
         steps, elapsed = _step_for(sampler, NUM_ENVS, seconds, actions)
     return steps / elapsed
@@ -234,10 +248,19 @@ SMOKE_LAYOUTS = [
 ]
 
 
-def raw(kind: str, workers: int, seconds: float, actions: str = "walk") -> float:
-    """Raw steps/s of a layout: ``kind`` (``RAW_LAYOUT``'s) with ``workers`` processes."""
+def raw(
+    kind: str,
+    workers: int,
+    seconds: float,
+    actions: str = "walk",
+    kept: dict[str, Any] | None = None,
+) -> float:
+    """Raw steps/s of a layout: ``kind`` (``RAW_LAYOUT``'s) with ``workers`` processes.
+
+    ``kept``: ``raw_in_process``'s (the in-process layouts' samplers, reused).
+    """
     if kind in ("serial", "multiprocess"):
-        return raw_in_process(kind, seconds, actions)
+        return raw_in_process(kind, seconds, actions, kept)
     return raw_workers(kind, seconds, workers, actions)
 
 
@@ -281,6 +304,18 @@ def main() -> None:
         args = parser.parse_args()
         NUM_ENVS = 4
     torch.set_num_threads(1)
+    # --smoke: the in-process samplers of (a) measure their layouts' raw limits in (b) too
+    # (one start-up each; a full run starts a fresh one for each figure).
+    kept: dict[str, Any] | None = {} if args.smoke else None
+    try:
+        measure(args, kept)
+    finally:
+        for sampler in (kept or {}).values():
+            sampler.close()
+
+
+def measure(args: argparse.Namespace, kept: dict[str, Any] | None) -> None:
+    """(a) and (b) as ``args`` ask; ``kept``: ``raw_in_process``'s."""
     TASK["episodes_per_floorplan"] = args.episodes_per_floorplan
     task_override = [f"task.episodes_per_floorplan={args.episodes_per_floorplan}"]
     half = f"2 x {NUM_ENVS // 2} envs"
@@ -288,8 +323,8 @@ def main() -> None:
         {}
         if args.skip_raw
         else {
-            f"serial (1 process, {NUM_ENVS} envs)": raw_in_process("serial", args.raw_seconds),
-            f"multiprocess sampler ({half})": raw("multiprocess", 2, args.raw_seconds),
+            f"serial (1 process, {NUM_ENVS} envs)": raw("serial", 1, args.raw_seconds, kept=kept),
+            f"multiprocess sampler ({half})": raw("multiprocess", 2, args.raw_seconds, kept=kept),
             f"process workers ({half})": raw("process", 2, args.raw_seconds),
             f"Ray workers ({half})": raw("ray", 2, args.raw_seconds),
         }
@@ -322,7 +357,7 @@ def main() -> None:
             )
             layout = RAW_LAYOUT[name]
             if layout not in limits:
-                limits[layout] = raw(*layout, args.raw_seconds, actions)
+                limits[layout] = raw(*layout, args.raw_seconds, actions, kept)
             print(
                 f"  ... {regime}, {name}: {fps[name]:,.0f} FPS, raw {limits[layout]:,.0f}",
                 flush=True,

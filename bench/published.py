@@ -41,7 +41,8 @@ fewer seeds says how many; one with none says "not run").
 
 ``--smoke``: one row per preset and the side-by-side row with tiny budgets (one seed, 2,048 env
 steps; a few evaluation episodes) into a temporary folder, to check that the benchmark runs
-(``tests/test_bench.py``), not to measure.
+(``tests/test_bench.py``), not to measure. There the side-by-side row's run of ours is the
+Walker2d-v5 row's command (the same budget and episodes): it trains once and serves both.
 
     python bench/published.py [--only ENV ...] [--seeds 1 2 3] [--jobs 2] [--out docs/results]
                               [--work outputs/published] [--fresh] [--skip-side-by-side]
@@ -62,7 +63,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -396,15 +397,65 @@ def _clock(seconds: float) -> str:
 
 
 def run_all(jobs: list[Job], parallel: int, fresh: bool, progress_every: float) -> list[dict]:
-    """Every job, ``parallel`` at a time, the longest first; results in the jobs' order."""
-    order = sorted(range(len(jobs)), key=lambda i: -jobs[i].steps * _cost(jobs[i]))
+    """Every job, ``parallel`` at a time, the longest first; results in the jobs' order.
+
+    A job of ours whose command is an earlier job's but for its folder (``--smoke``: the
+    side-by-side row's and the Walker2d-v5 row's) is not trained again: its result is read from
+    that job's run (:func:`twin_result`).
+    """
+    first: dict[tuple[str, ...], int] = {}
+    twin: dict[int, int] = {}  # job -> the earlier job whose run it reads
+    for i, job in enumerate(jobs):
+        key = _run_key(job)
+        if key in first:
+            twin[i] = first[key]
+        else:
+            first[key] = i
+    order = sorted(first.values(), key=lambda i: -jobs[i].steps * _cost(jobs[i]))
     counter = [0]
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         futures = {
-            i: pool.submit(run_job, jobs[i], fresh, progress_every, counter, len(jobs))
+            i: pool.submit(run_job, jobs[i], fresh, progress_every, counter, len(order))
             for i in order
         }
-        return [futures[i].result() for i in range(len(jobs))]
+        return [
+            twin_result(jobs[i], jobs[twin[i]], futures[twin[i]].result())
+            if i in twin
+            else futures[i].result()
+            for i in range(len(jobs))
+        ]
+
+
+def _run_key(job: Job) -> tuple[str, ...]:
+    """What makes a job's run: ours, its command but for its folder; SB3's, all of it."""
+    command = job.command()
+    if job.impl == "ours":
+        return tuple(a for a in command if not a.startswith("hydra.run.dir="))
+    return tuple(command)
+
+
+def twin_result(job: Job, ran: Job, ran_result: dict[str, Any]) -> dict[str, Any]:
+    """``job``'s result from ``ran``'s run (the same training run), measured as ``job`` measures.
+
+    Its ``wall_s`` is 0 (the run's time is ``ran``'s).
+    """
+    result = ours_result(replace(job, folder=ran.folder))
+    if "final_sampled" in ran_result:  # the same eval.interval: job's row samples as well
+        result["final_sampled"] = ran_result["final_sampled"]
+    result.update(
+        env_id=job.bench.env_id,
+        impl=job.impl,
+        seed=job.seed,
+        steps=job.steps,
+        wall_s=0.0,
+        command=ran_result["command"],
+    )
+    print(
+        f"  {job.name} ({job.folder.parent.name}): {ran.folder.parent.name}'s run (the same "
+        "command), not trained again",
+        flush=True,
+    )
+    return result
 
 
 def _cost(job: Job) -> float:
