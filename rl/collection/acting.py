@@ -23,7 +23,14 @@ from rl.collection.normalization import Normalizer
 from rl.models.policy import ACTIONS, NEXT_STATE, Policy, policy_input
 from rl.sampling.runner import ExpertActor, NoExpertError
 
-__all__ = ["ExpertActor", "NoExpertError", "PolicyActor", "policy_step"]
+__all__ = [
+    "ExpertActor",
+    "NoExpertError",
+    "PolicyActor",
+    "actions_for",
+    "policy_step",
+    "steps_device",
+]
 
 
 @torch.no_grad()
@@ -50,12 +57,18 @@ def policy_step(
     return step.get(ACTIONS), step.get(NEXT_STATE)
 
 
+def steps_device(step: Mapping[str, Any]) -> torch.device:
+    """Where a sampler's ``step`` lives (its observations'; NumPy: the CPU)."""
+    first = next(iter(step["obs"].values()), None)
+    return first.device if isinstance(first, torch.Tensor) else torch.device("cpu")
+
+
 def actions_for(
-    step: Mapping[str, Any],
     actions: torch.Tensor,
+    steps_on: torch.device,
     to_host: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> np.ndarray | torch.Tensor:
-    """``actions`` as the sampler that returned ``step`` takes them.
+    """``actions`` as a sampler whose steps live ``steps_on`` takes them.
 
     A sampler whose steps live on the actions' accelerator (a batched environment on the GPU)
     takes the tensor where it is: nothing goes to the host. Every sampler takes NumPy
@@ -63,15 +76,20 @@ def actions_for(
     (None: ``Tensor.cpu``; collection's pinned copy, :class:`~rl.utils.staging.PinnedTransfers`).
     """
     if actions.device.type != "cpu":
-        first = next(iter(step["obs"].values()), None)
-        if isinstance(first, torch.Tensor) and first.device == actions.device:
+        if steps_on == actions.device:
             return actions
         actions = actions.cpu() if to_host is None else to_host(actions)
     return actions.numpy()
 
 
 class PolicyActor:
-    """A policy acting for ``num_envs`` environments, its state and episode starts carried.
+    """A policy acting for ``num_envs`` environments; its state and episode starts in the step.
+
+    :meth:`start` makes its first step of a sampler's reset (the observations on ``device``,
+    normalised, every environment starting an episode, the policy's initial state); the policy
+    writes into the step (:meth:`act`), and :meth:`next_step` makes the next one of the
+    sampler's result, the state after and the episode starts carried, environments that are done
+    dropped (their state too).
 
     Args:
         model: The policy (put in eval mode by the caller where it matters).
@@ -92,29 +110,34 @@ class PolicyActor:
         generator: torch.Generator | None = None,
         normalizer: Normalizer | None = None,
     ) -> None:
-        self.model, self.device = model, torch.device(device)
+        self.model, self.num_envs, self.device = model, num_envs, torch.device(device)
         self.deterministic, self.generator, self.normalizer = deterministic, generator, normalizer
-        self.state = model.initial_state(num_envs, self.device)
-        self.starts = torch.ones(num_envs, dtype=torch.bool, device=self.device)
+        self.steps_on = torch.device("cpu")  # where the sampler's steps live (start says)
 
-    def act(self, step: Mapping[str, Any]) -> np.ndarray | torch.Tensor:
-        """Actions ``[N, ...]`` for ``step["obs"]`` (``[N, ...]`` arrays or tensors).
-
-        As the sampler takes them (:func:`actions_for`).
-        """
+    def _obs(self, step: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         obs = {k: torch.as_tensor(v).to(self.device) for k, v in step["obs"].items()}
-        actions, self.state = policy_step(
-            self.model, obs, self.starts, self.state,
-            deterministic=self.deterministic, generator=self.generator,
-            normalizer=self.normalizer,
-        )  # fmt: skip
-        self.starts = torch.zeros_like(self.starts)
-        return actions_for(step, actions)
+        return obs if self.normalizer is None else dict(self.normalizer.observations(obs))
 
-    def advance(self, result: Mapping[str, Any], keep: torch.Tensor | None = None) -> None:
-        """Episode starts where ``result`` ended one; environments not in ``keep`` dropped."""
+    def start(self, first: Mapping[str, Any]) -> TensorDict:
+        """The first step, of a sampler's reset ``first`` (``[N, ...]`` arrays or tensors)."""
+        starts = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        self.steps_on = steps_device(first)
+        state = self.model.initial_state(self.num_envs, self.device)
+        return policy_input(self._obs(first), starts, state)
+
+    def act(self, step: TensorDict) -> np.ndarray | torch.Tensor:
+        """Actions ``[N, ...]`` for ``step``, as the sampler takes them (:func:`actions_for`)."""
+        with torch.no_grad():
+            self.model.act(step, deterministic=self.deterministic, generator=self.generator)
+        return actions_for(step.get(ACTIONS), self.steps_on)
+
+    def next_step(
+        self, step: TensorDict, result: Mapping[str, Any], keep: torch.Tensor | None = None
+    ) -> TensorDict:
+        """Episode starts where ``result`` ended one, the state after; ``keep`` stays."""
         done = torch.as_tensor(result["terminated"]) | torch.as_tensor(result["truncated"])
-        self.starts = done.to(self.device)
+        obs, done, state = self._obs(result), done.to(self.device), step.get(NEXT_STATE)
         if keep is not None:
             mask = keep.to(self.device)
-            self.starts, self.state = self.starts[mask], self.state[mask]
+            obs, done, state = {k: v[mask] for k, v in obs.items()}, done[mask], state[mask]
+        return policy_input(obs, done, state)

@@ -237,7 +237,8 @@ def run_episode_list(
                 records[ep.episode_seed] = {"episode_seed": ep.episode_seed, **ep.metrics}
             return False
 
-        run_steps(environments, make_actor(environments.num_envs), environments.reset(), count)
+        actor = make_actor(environments.num_envs)
+        run_steps(environments, actor, actor.start(environments.reset()), count)
     return summarise_episodes(records, episode_seeds)
 
 

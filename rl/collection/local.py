@@ -25,7 +25,6 @@ continues exactly.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -33,13 +32,14 @@ from typing import Any, ClassVar
 import torch
 from tensordict import TensorDict
 
+from rl.collection.acting import steps_device
 from rl.collection.base import CollectionSpec, Preemption, Rollout, RolloutRequest
 from rl.collection.episodes import EvalResult, EvalSampler, evaluate_policy
 from rl.collection.normalization import Normalizer
-from rl.collection.recording import Carry, RolloutRecorder, obs_on
+from rl.collection.recording import RETURNS, RolloutRecorder, carried_step, obs_on, raw_obs
 from rl.distributed.preemption import RolloutPreemption
 from rl.distributed.setup import DistContext
-from rl.models.policy import Policy
+from rl.models.policy import EPISODE_STARTS, STATE, Policy
 from rl.sampling.base import Sampler
 from rl.sampling.factory import build_sampler
 from rl.sampling.runner import run_steps
@@ -116,7 +116,8 @@ class InProcessCollector:
         self.transfers = pinned_transfers(self.inference_device)
         self.storage: RolloutStorage | None = None
         self._handed: RolloutStorage | None = None  # the learner's copy of an actor's rollout
-        self._carry: Carry | None = None
+        self._carry: TensorDict | None = None  # the step the next rollout starts from
+        self._steps_on = torch.device("cpu")  # where the sampler's steps live
         self.preemption = preemption
         if preemption is None and dist is not None and dist.enabled and dist.sync_frac is not None:
             self.preemption = RolloutPreemption(
@@ -192,14 +193,22 @@ class InProcessCollector:
             )
         return self.storage
 
-    def _fresh_carry(self, first: TensorDict) -> Carry:
-        n = self.num_envs
-        return Carry(
-            step=first,
-            episode_starts=torch.ones(n, dtype=torch.bool, device=self.inference_device),
-            state=self.actor.initial_state(n, self.inference_device),
+    def _fresh_carry(self, first: TensorDict, state: TensorDict | None = None) -> TensorDict:
+        """The step of the sampler's reset ``first``: every environment starts an episode."""
+        n, device = self.num_envs, self.inference_device
+        self._steps_on = steps_device(first)
+        return carried_step(
+            first,
+            field_names=self._field_names(),
+            device=device,
+            state=self.actor.initial_state(n, device) if state is None else state,
+            episode_starts=torch.ones(n, dtype=torch.bool, device=device),
             returns=self._fresh_returns(),
         )
+
+    def _field_names(self, transition: bool = False) -> list[str]:
+        """The task's step fields that come with an observation (or, ``transition``, a step)."""
+        return [k for k, f in self.sampler.step_fields.items() if f.transition == transition]
 
     def _fresh_returns(self) -> torch.Tensor | None:
         if self.normalizer is None or not self.normalizer.settings.rewards:
@@ -237,23 +246,24 @@ class InProcessCollector:
             model=self.actor,
             storage=storage,
             request=request,
-            carry=self._carry,
-            field_names=[k for k, f in self.sampler.step_fields.items() if not f.transition],
-            transition_names=[k for k, f in self.sampler.step_fields.items() if f.transition],
+            field_names=self._field_names(),
+            transition_names=self._field_names(transition=True),
             device=self.inference_device,
+            steps_on=self._steps_on,
             normalizer=self.normalizer,
             preemption=self.preemption,
             transfers=self.transfers,
         )
+        first = recorder.start(self._carry)
         last = run_steps(
-            self.sampler, recorder, self._carry.step, recorder.record, request.num_steps
+            self.sampler, recorder, first, lambda t, *_: recorder.preempted(t), request.num_steps
         )
         if self.preemption is not None:
             if storage.step == request.num_steps:
                 self.preemption.finished()
             recorder.stats.add_scalars({self.preemption.metric: storage.step / request.num_steps})
-        self._carry = recorder.carry(last)
-        next_value = recorder.bootstrap_value().to(self.device)
+        self._carry = last
+        next_value = recorder.bootstrap_value(last).to(self.device)
         if self.normalizer is not None and self.update_normalizer:
             self.normalizer.commit(distributed=self._distributed)  # the next rollout's statistics
         storage = self._hand_over(storage)
@@ -279,11 +289,8 @@ class InProcessCollector:
         self.actor = self._acting_copy(model)
         self.storage = self._handed = None  # its fields may differ (the recurrent state's)
         if self._carry is not None:
-            self._carry = dataclasses.replace(
-                self._carry,
-                state=self.actor.initial_state(self.num_envs, self.inference_device),
-                episode_starts=torch.ones_like(self._carry.episode_starts),
-            )
+            self._carry.set(STATE, self.actor.initial_state(self.num_envs, self.inference_device))
+            self._carry.set(EPISODE_STARTS, torch.ones_like(self._carry.get(EPISODE_STARTS)))
 
     def new_episodes(self) -> None:
         """AllenAct's forced scene advance: every environment starts a new episode now.
@@ -293,8 +300,7 @@ class InProcessCollector:
         """
         if self._carry is None:
             return
-        fresh = self._fresh_carry(self.sampler.new_episodes())
-        self._carry = dataclasses.replace(fresh, state=self._carry.state)
+        self._carry = self._fresh_carry(self.sampler.new_episodes(), self._carry.get(STATE))
 
     def evaluate(
         self,
@@ -342,10 +348,10 @@ class InProcessCollector:
         rollout = None
         if self._carry is not None:
             rollout = {
-                "episode_starts": self._carry.episode_starts,
-                "state": self._carry.state.to_dict(),
-                "obs": obs_on(self._carry.step, self.inference_device),
-                "returns": self._carry.returns,
+                "episode_starts": self._carry.get(EPISODE_STARTS),
+                "state": self._carry.get(STATE).to_dict(),
+                "obs": dict(raw_obs(self._carry).items()),
+                "returns": self._carry.get(RETURNS, None),
             }
         normalizer = None if self.normalizer is None else self.normalizer.state_dict()
         return {"sampler": sampler_state, "rollout": rollout, "normalizer": normalizer}
@@ -383,10 +389,13 @@ class InProcessCollector:
                 "the restored environments' observations differ from the saved ones (is the "
                 "environment deterministic given its seed?); continuing from the restored ones"
             )
-        self._carry = Carry(
-            step=first,
-            episode_starts=rollout["episode_starts"].to(self.inference_device),
+        self._steps_on = steps_device(first)
+        self._carry = carried_step(
+            first,
+            field_names=self._field_names(),
+            device=self.inference_device,
             state=self._saved_state(rollout),
+            episode_starts=rollout["episode_starts"].to(self.inference_device),
             returns=rollout.get("returns", self._fresh_returns()),
         )
 

@@ -1,13 +1,19 @@
 """Collection's actor: the learner's policy in the step runner, each step recorded.
 
 :class:`RolloutRecorder` is the actor of :func:`~rl.sampling.runner.run_steps` that
-collects: it acts (observation normalisation, the policy's action, teacher forcing where the
-request asks for it) and, after the sampler's step, records everything in the
-:class:`~rl.storage.RolloutStorage`: the policy's outputs and extras, the task's step fields
-(:mod:`rl.tasks.fields`) beside the action taken on the observation they came with, the step's
-rewards (scaled by reward normalisation) and flags, the value of a truncated episode's final
-observation (bootstrapped), the next observation and the recurrent state before it. What one
-rollout hands the next is a :class:`Carry`.
+collects. Its step (a ``TensorDict`` on the policy's device) holds what the policy reads
+(observations, normalised where the run normalises them, episode starts, the recurrent state)
+and what the task reported with the observations (its step fields); the policy writes its
+action, log-probability, value, the state after and its extras into it, teacher forcing where
+the request asks for it (:meth:`RolloutRecorder.act`). After the sampler's step,
+:meth:`RolloutRecorder.next_step` records everything in the :class:`~rl.storage.RolloutStorage`
+(the policy's entries, the task's step fields beside the action taken on the observation they
+came with, the step's rewards (scaled by reward normalisation) and flags, the value of a
+truncated episode's final observation (bootstrapped), the next observation and the recurrent
+state before it) and makes the next step. Nothing is kept beside the step: the last one is what
+one rollout hands the next (:func:`carried_step` makes the first of a sampler's reset), with the
+raw observations (``raw_obs``, where normalised) and the running discounted returns of reward
+scaling (``returns``).
 
 What it reads of a sampler's step reaches the device in one copy a step, and the actions come
 back in one (:class:`~rl.utils.staging.PinnedTransfers`, given for a CUDA device); on the CPU
@@ -16,7 +22,6 @@ the step's tensors are used as they are.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 from tensordict import TensorDict
+from tensordict.utils import NestedKey
 
 from rl.collection.acting import actions_for
 from rl.collection.base import Preemption, RolloutRequest
@@ -33,9 +39,11 @@ from rl.models.policy import (
     ACTIONS,
     EPISODE_STARTS,
     FORCED_ACTIONS,
+    LOGPROBS,
     NEXT_STATE,
     OBS,
     STATE,
+    VALUES,
     Policy,
     policy_input,
 )
@@ -44,24 +52,22 @@ from rl.sampling.base import EpisodeRecord, finished_episodes
 from rl.storage.rollout import RolloutStorage
 from rl.utils.staging import PinnedTransfers
 
-__all__ = ["Carry", "RolloutRecorder", "obs_on"]
-
-
-@dataclasses.dataclass
-class Carry:
-    """What one rollout hands the next."""
-
-    step: TensorDict  # the sampler's last step: the observations (not normalised) and fields
-    episode_starts: torch.Tensor
-    state: TensorDict  # the policy's recurrent state, batch [N]
-    returns: torch.Tensor | None = None  # [N] float64 discounted returns (reward scaling)
+__all__ = ["RAW_OBS", "RETURNS", "RolloutRecorder", "carried_step", "obs_on", "raw_obs"]
 
 
 # The key of the truncated positions among the tensors moved with a step (beside its str keys
 # and the ("obs" | "final_obs", key) pairs).
 _TRUNCATED_AT = ("truncated_at",)
-# What the policy reads of a step (and the state it writes after it): not recorded with it.
-_INPUTS = frozenset({OBS, EPISODE_STARTS, STATE, NEXT_STATE, FORCED_ACTIONS})
+# What the policy reads of a step, the state it writes after it and what the step carries for
+# the next: not recorded with the step (the storage has the observations and state by row).
+_NOT_RECORDED = frozenset(
+    {OBS, EPISODE_STARTS, STATE, NEXT_STATE, FORCED_ACTIONS, "raw_obs", "returns"}
+)
+
+
+# The carried step's own entries besides the policy's inputs: the raw observations (where the
+# policy reads normalised ones) and reward scaling's running returns.
+RAW_OBS, RETURNS = "raw_obs", "returns"
 
 
 def obs_on(step: TensorDict, device: torch.device, key: str = "obs") -> dict[str, torch.Tensor]:
@@ -72,6 +78,29 @@ def obs_on(step: TensorDict, device: torch.device, key: str = "obs") -> dict[str
     return {k: v.to(device, non_blocking=True) for k, v in obs.items()}
 
 
+def raw_obs(step: TensorDict) -> TensorDict:
+    """A carried step's observations as the environments gave them."""
+    return step.get(RAW_OBS) if RAW_OBS in step.keys() else step.get(OBS)
+
+
+def carried_step(
+    first: TensorDict,
+    *,
+    field_names: list[str],
+    device: torch.device,
+    state: TensorDict,
+    episode_starts: torch.Tensor,
+    returns: torch.Tensor | None = None,
+) -> TensorDict:
+    """The step a rollout starts from, of a sampler's ``first`` (a reset's): on ``device``."""
+    step = policy_input(obs_on(first, device), episode_starts, state)
+    for key in field_names:
+        step.set(key, first.get(key).to(device, non_blocking=True))
+    if returns is not None:
+        step.set(RETURNS, returns)
+    return step
+
+
 class RolloutRecorder:
     """The policy acting for collection, recording each step (a runner's actor).
 
@@ -79,12 +108,12 @@ class RolloutRecorder:
         model: The policy.
         storage: The rollout storage, reset for this rollout.
         request: The rollout's settings (teacher forcing).
-        carry: Where the last rollout left off.
         field_names: The task's step fields (the sampler's ``step_fields``) that come with an
             observation: recorded beside the action taken on it.
         transition_names: Its transition fields (``StepField.transition``): recorded with the
             step that reported them, beside its reward.
         device: Where the model and the storage live.
+        steps_on: Where the sampler's steps live (actions go back there).
         normalizer: Observation and reward normalisation (None: none).
         preemption: A rule that may end the rollout early (None: none).
         transfers: The host <-> device staging of a CUDA ``device`` (None: each tensor moved
@@ -97,86 +126,89 @@ class RolloutRecorder:
         model: Policy,
         storage: RolloutStorage,
         request: RolloutRequest,
-        carry: Carry,
         field_names: list[str],
         device: torch.device,
+        steps_on: torch.device,
         transition_names: list[str] | None = None,
         normalizer: Normalizer | None = None,
         preemption: Preemption | None = None,
         transfers: PinnedTransfers | None = None,
     ) -> None:
         self.model, self.storage, self.request = model, storage, request
-        self.field_names, self.device = field_names, device
+        self.field_names, self.device, self.steps_on = field_names, device, steps_on
         self.transition_names = list(transition_names or [])
         self.normalizer, self.preemption = normalizer, preemption
         self.transfers = transfers
-        self.state, self.starts, self.returns = carry.state, carry.episode_starts, carry.returns
-        first_obs = carry.step.get("obs")
-        self.obs_keys = list(first_obs.keys())
-        # (a sampler's steps stay where they are: a batched environment's may be on a GPU)
-        self._host_steps = first_obs.get(self.obs_keys[0]).device.type == "cpu"
-        moved = self._arrived(carry.step, after_step=False)
-        self.obs = {k: moved["obs", k] for k in self.obs_keys}
-        self.policy_obs = self._policy_obs(self.obs)
-        self.task_fields = {k: moved[k] for k in self.field_names}
-        storage.set_first(self.policy_obs, self.starts, self.state)
         self.stats = ScalarMeanTracker()
         self.episodes: list[EpisodeRecord] = []
         self.teacher_forced, self.env_seconds, self.inference_seconds = 0, 0.0, 0.0
-        self._recording: dict[str, torch.Tensor] = {}
         self._acted = 0.0  # when the last action was handed to the sampler
 
-    def _arrived(self, step: TensorDict, *, after_step: bool) -> dict[Any, torch.Tensor]:
+    def start(self, carried: TensorDict) -> TensorDict:
+        """The rollout's first step, of the carried one, recorded as the rollout's row 0.
+
+        Its observations are normalised afresh (the statistics may have moved since).
+        """
+        step = carried.select(EPISODE_STARTS, STATE, *self.field_names, strict=False)
+        raw = raw_obs(carried)
+        self._set_obs(step, {str(k): raw.get(k) for k in raw.keys()})
+        if RETURNS in carried.keys():
+            step.set(RETURNS, carried.get(RETURNS))
+        self.storage.set_first(step.get(OBS), step.get(EPISODE_STARTS), step.get(STATE))
+        return step
+
+    def _set_obs(self, step: TensorDict, raw: Mapping[str, torch.Tensor]) -> None:
+        """``step``'s observations: ``raw``, and what the policy reads (normalised) where not."""
+        if self.normalizer is None:
+            step.set(OBS, _entries(raw, step.batch_size))
+            return
+        step.set(RAW_OBS, _entries(raw, step.batch_size))
+        step.set(OBS, _entries(self.normalizer.observations(raw), step.batch_size))
+
+    def _arrived(self, step: TensorDict) -> dict[Any, torch.Tensor]:
         """What the recorder reads of a sampler's ``step``, on the device.
 
-        ``("obs", key)`` for each observation entry and the task's step fields; ``after_step``,
-        also ``rewards``, ``terminated``, ``truncated`` and the transition fields and, where
-        episodes were truncated, their positions (``_TRUNCATED_AT``) and final observations
+        ``("obs", key)`` for each observation entry, the task's step fields, ``rewards``,
+        ``terminated``, ``truncated`` and the transition fields and, where episodes were
+        truncated, their positions (``_TRUNCATED_AT``) and final observations
         (``("final_obs", key)``, those rows only). One copy on CUDA (``transfers``); on the CPU
         the step's own tensors (no copy).
         """
         tensors: dict[Any, torch.Tensor] = {("obs", k): v for k, v in step.get("obs").items()}
         tensors.update((k, step.get(k)) for k in self.field_names)
-        if after_step:
-            for key in ("rewards", "terminated", "truncated", *self.transition_names):
-                tensors[key] = step.get(key)
-            if "final_obs" in step.keys():
-                at = step.get("truncated").nonzero().squeeze(1)
-                tensors[_TRUNCATED_AT] = at
-                tensors.update((("final_obs", k), v[at]) for k, v in step.get("final_obs").items())
+        for key in ("rewards", "terminated", "truncated", *self.transition_names):
+            tensors[key] = step.get(key)
+        if "final_obs" in step.keys():
+            at = step.get("truncated").nonzero().squeeze(1)
+            tensors[_TRUNCATED_AT] = at
+            tensors.update((("final_obs", k), v[at]) for k, v in step.get("final_obs").items())
         if self.device.type == "cpu":
-            if self._host_steps:
+            if self.steps_on.type == "cpu":
                 return tensors
             return {k: v.cpu() for k, v in tensors.items()}  # (steps on an accelerator)
         if self.transfers is not None:
             return self.transfers.to_device(tensors)
         return {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
 
-    def _policy_obs(self, obs: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
-        """What the policy sees of ``obs``: normalised when the normalizer says so."""
-        return obs if self.normalizer is None else self.normalizer.observations(obs)
-
     # ----------------------------------------------------------------- acting
     def act(self, step: TensorDict) -> np.ndarray | torch.Tensor:
-        """The policy's actions for the observations of the last step (teacher-forced maybe).
+        """The policy's actions for ``step`` (teacher-forced maybe), written into it.
 
         The policy reads the step (observations, episode starts, state, the task's step fields)
         and writes its actions, log-probabilities, values, the state after and its extras into
-        it; every entry but its inputs is recorded.
+        it; every entry it writes but the state is recorded.
         """
         t0 = time.perf_counter()
         if self.normalizer is not None:
-            self.normalizer.record_observations(self.obs)
-        policy_step = policy_input(self.policy_obs, self.starts, self.state)
-        for key, value in self.task_fields.items():  # what the task reported with the obs
-            policy_step.set(key, value)
+            self.normalizer.record_observations(dict(step.get(RAW_OBS).items()))
         forced = None
         if self.request.teacher_forcing is not None:
             prob = self.request.teacher_forcing_probability(self.storage.step)
-            forced = forced_actions(prob, self.task_fields, self.device)
-            policy_step.set(FORCED_ACTIONS, forced)
-        self.model.act(policy_step)
-        actions, self.state = policy_step.get(ACTIONS), policy_step.get(NEXT_STATE)
+            forced = forced_actions(prob, {k: step.get(k) for k in self.field_names}, self.device)
+            step.set(FORCED_ACTIONS, forced)
+        fields = {k: step.get(k) for k in self.field_names}
+        self.model.act(step)
+        actions = step.get(ACTIONS)
         if forced is not None:
             count = check_forced(forced, actions, self.model)
             self.teacher_forced += count
@@ -187,81 +219,93 @@ class RolloutRecorder:
                 }
             )
         if self.storage.step == 0:
-            check_field_names(self.task_fields, policy_step)
-        self._recording = {
-            str(k): policy_step.get(k) for k in policy_step.keys() if k not in _INPUTS
-        }
+            check_field_names(fields, step)  # (what the task reported, before the policy wrote)
         host = actions_for(
-            step, actions, to_host=None if self.transfers is None else self.transfers.to_host
+            actions, self.steps_on, None if self.transfers is None else self.transfers.to_host
         )
         self._acted = time.perf_counter()
         self.inference_seconds += self._acted - t0
         return host
 
-    def advance(self, result: TensorDict, keep: torch.Tensor | None) -> None:
-        """Nothing: :meth:`record` carried everything on (training environments never pause)."""
-
     # -------------------------------------------------------------- recording
-    def record(self, t: int, step: TensorDict, result: TensorDict) -> bool:
-        """Record step ``t``; True when the preemption rule ends the rollout here."""
+    def next_step(
+        self, step: TensorDict, result: TensorDict, keep: torch.Tensor | None = None
+    ) -> TensorDict:
+        """Record ``step`` and the sampler's ``result`` of it; the step to act on next.
+
+        (Training environments never pause: ``keep`` is None.)
+        """
         t2 = time.perf_counter()
         self.env_seconds += t2 - self._acted
-        fields = self._recording
-        moved = self._arrived(result, after_step=True)
-        next_obs = {k: moved["obs", k] for k in self.obs_keys}
-        next_policy_obs = self._policy_obs(next_obs)
-        fields["truncation_values"] = self._truncation_values(moved, result.batch_size[0])
+        # The policy's entries (actions first), the task's fields, then the policy's extras.
+        fields = {k: step.get(k) for k in (ACTIONS, LOGPROBS, VALUES)}
+        fields.update((str(k), step.get(k)) for k in step.keys() if k not in _NOT_RECORDED)
+        moved = self._arrived(result)
+        nxt = TensorDict._new_unsafe({}, batch_size=step.batch_size)
+        self._set_obs(
+            nxt, {k[1]: v for k, v in moved.items() if isinstance(k, tuple) and k[0] == "obs"}
+        )
+        fields["truncation_values"] = self._truncation_values(moved, step)
         terminated, truncated = moved["terminated"], moved["truncated"]
         rewards = moved["rewards"]
         starts = terminated | truncated
-        if self.returns is not None and self.normalizer is not None:  # ALGO: VecNormalize's
-            rewards, self.returns = self.normalizer.rewards(
-                rewards, self.returns, starts, self.request.gamma
+        if RETURNS in step.keys() and self.normalizer is not None:  # ALGO: VecNormalize's
+            rewards, returns = self.normalizer.rewards(
+                rewards, step.get(RETURNS), starts, self.request.gamma
             )
+            nxt.set(RETURNS, returns)
         fields.update(rewards=rewards, terminated=terminated, truncated=truncated)
         for key in self.transition_names:  # a value of this step, like its reward
             fields[key] = moved[key]
         # The state after the step is the one before the next observation: truncated-BPTT
         # chunks start from it.
-        self.storage.insert(fields, next_policy_obs, self.state)
-        self.obs, self.policy_obs, self.starts = next_obs, next_policy_obs, starts
-        self.task_fields = {k: moved[k] for k in self.field_names}
+        state = step.get(NEXT_STATE)
+        self.storage.insert(fields, dict(nxt.get(OBS).items()), state)
+        nxt.set(EPISODE_STARTS, starts)
+        nxt.set(STATE, state)
+        for key in self.field_names:
+            nxt.set(key, moved[key])
         self.episodes.extend(finished_episodes(result))
         self.inference_seconds += time.perf_counter() - t2
-        # HARNESS: enough workers are done: a straggler ends its rollout here
+        return nxt
+
+    def preempted(self, t: int) -> bool:
+        """HARNESS: whether enough workers are done that a straggler ends its rollout at ``t``."""
         return self.preemption is not None and self.preemption.should_stop(
             t + 1, self.request.num_steps
         )
 
-    def _truncation_values(self, moved: Mapping[Any, torch.Tensor], n: int) -> torch.Tensor:
+    def _truncation_values(
+        self, moved: Mapping[Any, torch.Tensor], step: TensorDict
+    ) -> torch.Tensor:
         """ALGO: values of the final observations of truncated episodes (bootstrapped).
 
-        ``moved``: the step as :meth:`_arrived` gives it; ``n``: its environments.
+        ``moved``: the sampler's step as :meth:`_arrived` gives it; ``step``: the one acted on
+        (its state after is the one the final observations follow).
         """
-        values = torch.zeros(n, device=self.device)
+        values = torch.zeros(step.batch_size[0], device=self.device)
         idx = moved.get(_TRUNCATED_AT)
         if idx is None:
             return values
-        final = self._policy_obs(
-            {k[1]: v for k, v in moved.items() if isinstance(k, tuple) and k[0] == "final_obs"}
-        )
+        final = {k[1]: v for k, v in moved.items() if isinstance(k, tuple) and k[0] == "final_obs"}
+        if self.normalizer is not None:
+            final = dict(self.normalizer.observations(final))
         out, _ = self.model(
             {k: v.unsqueeze(0) for k, v in final.items()},
             torch.zeros(1, len(idx), dtype=torch.bool, device=self.device),
-            self.state[idx],
+            step.get(NEXT_STATE)[idx],
         )
         values[idx] = out.values[0]
         return values
 
-    def bootstrap_value(self) -> torch.Tensor:
-        """ALGO: the value the returns bootstrap from, by the policy that collected."""
-        obs = {k: v.unsqueeze(0) for k, v in self.policy_obs.items()}
-        out, _ = self.model(obs, self.starts.unsqueeze(0), self.state)
-        return out.values[0]
+    def bootstrap_value(self, step: TensorDict) -> torch.Tensor:
+        """ALGO: the value the returns bootstrap from, by the policy that collected.
 
-    def carry(self, step: TensorDict) -> Carry:
-        """What the next rollout starts from (``step``: the sampler's last)."""
-        return Carry(step, self.starts, self.state, self.returns)
+        ``step``: the step after the rollout's last (what the runner returned).
+        """
+        obs = {k: v.unsqueeze(0) for k, v in step.get(OBS).items()}
+        out, _ = self.model(obs, step.get(EPISODE_STARTS).unsqueeze(0), step.get(STATE))
+        return out.values[0]
 
     def summary(self) -> dict[str, Any]:
         """The statistics and timings of the rollout, for :class:`~rl.collection.Rollout`."""
@@ -272,3 +316,9 @@ class RolloutRecorder:
             "env_seconds": self.env_seconds,
             "inference_seconds": self.inference_seconds,
         }
+
+
+def _entries(obs: Mapping[str, torch.Tensor], batch_size: torch.Size) -> TensorDict:
+    """Observations by key as a ``TensorDict`` (no checks: the hot path's)."""
+    data: dict[NestedKey, Any] = {k: v for k, v in obs.items()}
+    return TensorDict._new_unsafe(data, batch_size=batch_size)

@@ -139,23 +139,6 @@ def rendering_sampler(task: Mapping[str, Any], seed: int) -> Sampler:
     )
 
 
-class _Remembering:
-    """An actor that keeps the actions it took last (for the captions)."""
-
-    def __init__(self, actor: PolicyActor) -> None:
-        self.actor = actor
-        self.last: np.ndarray = np.zeros(0)
-
-    def act(self, step: Mapping[str, Any]) -> np.ndarray:
-        actions = self.actor.act(step)
-        assert isinstance(actions, np.ndarray)  # (a serial sampler's: it takes NumPy actions)
-        self.last = actions
-        return actions
-
-    def advance(self, result: Mapping[str, Any], keep: torch.Tensor | None = None) -> None:
-        self.actor.advance(result, keep)
-
-
 def _one(actions: np.ndarray) -> np.ndarray:
     """One environment's action (every agent's, with several)."""
     return actions[0] if len(actions) == 1 else actions
@@ -206,11 +189,10 @@ def record_episode(
     """
     was_training = model.training
     model.eval()
-    policy = PolicyActor(
+    actor = PolicyActor(
         model, sampler.num_envs, device=device, deterministic=deterministic, generator=generator,
         normalizer=normalizer,
     )  # fmt: skip
-    actor = _Remembering(policy)
     frames = []
     lines = [["step 0  (reset)", ""]]
     total, metrics = 0.0, {}
@@ -222,7 +204,8 @@ def record_episode(
         total += reward
         lines.append(
             [
-                f"step {t + 1}  action {_action_text(_one(actor.last))}  reward {reward:+.2f}"
+                f"step {t + 1}  action {_action_text(_one(step['actions'].cpu().numpy()))}  "
+                f"reward {reward:+.2f}"
                 f"  return {total:.2f}",
                 "",
             ]
@@ -234,7 +217,7 @@ def record_episode(
     try:
         first = sampler.reset()
         frames.append(_frame(sampler))
-        run_steps(sampler, actor, first, on_step, max_steps=max_frames)
+        run_steps(sampler, actor, actor.start(first), on_step, max_steps=max_frames)
     finally:
         model.train(was_training)
     length = len(frames) - 1

@@ -1,15 +1,18 @@
-"""The one loop that runs an actor against a sampler's environments.
+"""The one loop that runs an actor against a sampler's environments: act, step, next.
 
-:func:`run_steps` is that loop: the actor acts on the sampler's last step (its observations and
-the task's step fields), the sampler steps, the caller's ``on_step`` sees both, environments
-that ran out of episodes (evaluation) leave the batch, and the actor carries its state on.
-Collection (:class:`~rl.collection.recording.RolloutRecorder`, a policy that records every
-step into the rollout storage), evaluation on fixed episode lists
-(:func:`~rl.collection.episodes.run_episode_list`: a policy, or :class:`ExpertActor`, the task's
-expert), probe videos (:func:`~rl.evaluation.video.record_episode`, a frame after each step) and
-expert trajectories (:func:`~rl.storage.expert_data.generate_expert_trajectories`) all run
-through it. (:class:`~rl.evaluation.InferenceAgent` takes one step at a time for a caller's own
-loop, through the same policy step.)
+:func:`run_steps` is that loop: the actor acts on its step (what it made of the sampler's
+last: observations, the task's step fields, whatever it carries, such as a policy's recurrent
+state), the sampler steps, the caller's ``on_step`` sees both, and the actor makes the next
+step from the sampler's result, environments that ran out of episodes (evaluation) left out.
+Everything an actor carries from one step to the next is in the step; nothing is kept beside
+it. Collection (:class:`~rl.collection.recording.RolloutRecorder`, which records each step
+into the rollout storage as it makes the next), evaluation on fixed episode lists
+(:func:`~rl.collection.episodes.run_episode_list`: a policy,
+:class:`~rl.collection.acting.PolicyActor`, or :class:`ExpertActor`, the task's expert), probe
+videos (:func:`~rl.evaluation.video.record_episode`, a frame after each step) and expert
+trajectories (:func:`~rl.storage.expert_data.generate_expert_trajectories`) all run through
+it. (:class:`~rl.evaluation.InferenceAgent` takes one step at a time for a caller's own loop,
+through the same policy step.)
 """
 
 from __future__ import annotations
@@ -35,18 +38,25 @@ class NoExpertError(ValueError):
 class Actor(Protocol):
     """What acts in the loop for the ``N`` environments of a sampler's step."""
 
-    def act(self, step: TensorDict) -> np.ndarray | torch.Tensor:
-        """Actions ``[N, ...]`` for a sampler's step of ``N`` (its ``obs`` and task fields).
+    def start(self, first: TensorDict) -> TensorDict:
+        """The actor's first step, of the sampler's reset ``first``."""
+        ...
 
-        NumPy, or a tensor on the device of the step's observations (a batched sampler's on
-        an accelerator takes it there: :func:`~rl.collection.acting.actions_for`).
+    def act(self, step: TensorDict) -> np.ndarray | torch.Tensor:
+        """Actions ``[N, ...]`` for the actor's ``step`` (written into it where it records them).
+
+        NumPy, or a tensor on the device of the sampler's steps (a batched sampler's on an
+        accelerator takes it there: :func:`~rl.collection.acting.actions_for`).
         """
         ...
 
-    def advance(self, result: TensorDict, keep: torch.Tensor | None) -> None:
-        """After the sampler's ``result``: which environments stay (``[N]`` bool; None: all).
+    def next_step(
+        self, step: TensorDict, result: TensorDict, keep: torch.Tensor | None
+    ) -> TensorDict:
+        """The step to act on next, after the sampler's ``result`` of acting on ``step``.
 
-        Episode starts are ``result["terminated"] | result["truncated"]``.
+        ``keep``: the environments that stay (``[N]`` bool; None: all). Episode starts are
+        ``result["terminated"] | result["truncated"]``.
         """
         ...
 
@@ -63,13 +73,13 @@ def run_steps(
     Args:
         sampler: The environments.
         actor: What acts (:class:`Actor`).
-        step: What the actor acts on first (a reset's, or the last step of a previous run).
+        step: The actor's first step (made from a reset's, or the last step of a previous run).
         on_step: ``on_step(t, step, result)`` after each step ``t`` (the step acted on and the
             sampler's result, before paused environments leave it); True ends the run.
         max_steps: Steps at most (None: until every environment is paused).
 
     Returns:
-        The step to act on next (the active environments'), for a run that goes on.
+        The actor's next step (the active environments'), for a run that goes on.
     """
     t = 0
     while sampler.num_active and (max_steps is None or t < max_steps):
@@ -78,8 +88,7 @@ def run_steps(
         stop = on_step is not None and on_step(t, step, result)
         # Some environments paused (evaluation) when fewer are active than were stepped.
         keep = None if sampler.num_active == len(result) else ~result.get("paused")
-        actor.advance(result, keep)
-        step = result if keep is None else result[keep]
+        step = actor.next_step(step, result, keep)
         t += 1
         if stop:
             break
@@ -116,5 +125,12 @@ class ExpertActor:
             )
         return np.asarray(expert.cpu())  # (a batched environment's may be on an accelerator)
 
-    def advance(self, result: Mapping[str, Any], keep: torch.Tensor | None = None) -> None:
-        """Nothing to carry."""
+    def start(self, first: TensorDict) -> TensorDict:
+        """The sampler's reset itself."""
+        return first
+
+    def next_step(
+        self, step: TensorDict, result: TensorDict, keep: torch.Tensor | None = None
+    ) -> TensorDict:
+        """The sampler's result itself (the active environments'): nothing to carry."""
+        return result if keep is None else result[keep]

@@ -85,7 +85,7 @@ def generate_expert_trajectories(
     episodes = [seed + i for i in range(num_episodes)]
     expert = ExpertActor(str(task.get("_target_")))
     with SerialSampler(task=task, num_envs=1, episode_seeds=episodes) as sampler:
-        run_steps(sampler, expert, sampler.reset(), record)
+        run_steps(sampler, expert, expert.start(sampler.reset()), record)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     arrays = {f"obs/{k}": np.stack(v) for k, v in steps.items()}
