@@ -190,6 +190,24 @@ def test_the_add_a_model_pages_encoder_trains_from_its_yaml(compose_cfg, tmp_pat
     assert metrics["eval/episodic_length"] > 0
 
 
+def test_the_add_a_model_pages_core_trains_from_its_yaml(compose_cfg, tmp_path) -> None:
+    """docs/howto/add-a-model.md: its core class and YAML, as written, train ppo_nav (smoke)."""
+    code = next(b for b in python_blocks("howto/add-a-model.md") if "class LeakyCore(" in b)
+    page = (ROOT / "docs" / "howto" / "add-a-model.md").read_text()
+    yaml = next(b for b in re.findall(r"```yaml\n(.*?)```", page, re.DOTALL) if "LeakyCore" in b)
+    (tmp_path / "conf" / "model" / "core").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "core" / "leaky.yaml").write_text(yaml)
+    with users_package(tmp_path, "my_package", {"cores": code}):
+        cfg = compose_cfg(
+            ["+experiment=ppo_nav", "+debug=smoke", "task=nav_small", "eval.num_episodes=2",
+             f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+             "+model/core@model.core=leaky", "model.rnn=null"]
+        )  # fmt: skip
+        assert cfg.model.core._target_ == "my_package.cores.LeakyCore"
+        metrics = rl.engine.run.train(cfg)
+    assert metrics["eval/episodic_length"] > 0
+
+
 def test_the_pipeline_pages_callback_runs_from_the_config(
     compose_cfg, resolve_cfg, tmp_path, capsys
 ) -> None:

@@ -1,9 +1,10 @@
-"""An encoder of one's own, chosen in the config, in place of the built-in one for an entry.
+"""Parts of one's own, chosen in the config, in place of ``ActorCritic``'s built-in ones.
 
 ``TinyConv`` is a researcher's encoder for PointNav's 7x7 ``image`` entry; through the config
 (an override, or one YAML in a folder of one's own on Hydra's search path) it replaces
 ``ActorCritic``'s CNN, trains end to end, and its checkpoint is evaluated from the same folder
-(issue 50: models from parts, a new encoder is one class and one YAML).
+(issue 50: models from parts, a new encoder is one class and one YAML). ``LeakyCore`` is a
+researcher's recurrent core (a leaky integrator) in place of the GRU, the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 import torch
+from tensordict import TensorDict
 from torch import nn
 
 from rl.checkpoints import latest_checkpoint, load_checkpoint
@@ -38,6 +40,30 @@ class TinyConv(nn.Module):
         self.calls += 1
         x = x.permute(0, 3, 1, 2).float() / 10.0
         return torch.relu(self.conv(x)).mean(dim=(2, 3))
+
+
+class LeakyCore(nn.Module):
+    """A leaky integrator of the trunk's features: ``m <- decay * m + tanh(W x)``.
+
+    ``m`` is zero at an episode start.
+    """
+
+    def __init__(self, input_size: int, size: int = 16, decay: float = 0.5) -> None:
+        super().__init__()
+        self.proj, self.out_size, self.decay = nn.Linear(input_size, size), size, decay
+
+    def initial_state(self, num_envs: int, device: torch.device | str) -> TensorDict:
+        return TensorDict({"m": torch.zeros(num_envs, self.out_size, device=device)}, [num_envs])
+
+    def forward(
+        self, x: torch.Tensor, episode_starts: torch.Tensor, state: TensorDict
+    ) -> tuple[torch.Tensor, TensorDict]:
+        m, outs = state["m"], []
+        for t in range(x.shape[0]):
+            m = torch.where(episode_starts[t, :, None], torch.zeros_like(m), m)
+            m = self.decay * m + torch.tanh(self.proj(x[t]))
+            outs.append(m)
+        return torch.stack(outs), TensorDict({"m": m}, [x.shape[1]])
 
 
 class NoSize(nn.Module):
@@ -100,3 +126,38 @@ def test_a_wrong_encoder_is_named_before_training(
 ) -> None:
     with pytest.raises((ConfigError, ValueError, TypeError), match=message):
         run.train(compose_cfg([*SMOKE, f"model.encoders={encoders}"]))
+
+
+CORE = "{_target_:tests.test_model_parts.LeakyCore,_partial_:true,size:12}"
+
+
+def test_a_core_from_the_config_trains_end_to_end(compose_cfg: Callable, tmp_path: Path) -> None:
+    metrics = run.train(compose_cfg([*SMOKE, "model.rnn=null", f"model.core={CORE}"]))
+    assert metrics["eval/episodic_length"] > 0
+    state = load_checkpoint(latest_checkpoint(tmp_path / "run"))
+    assert tuple(state["model"]["rnn.proj.weight"].shape)[0] == 12  # the core's, not a GRU's
+    assert set(state["rollout"]["state"]) == {"m"}  # the carried state is the core's own
+    evaluate = ["num_episodes=2", "num_envs=2", "progress_bar=false",
+                f"run_dir={tmp_path / 'run'}", f"output_dir={tmp_path / 'eval_out'}",
+                "trusted_targets=[tests.test_model_parts.LeakyCore]"]  # fmt: skip
+    assert run.evaluate(compose_cfg(evaluate, config_name="evaluate"))
+
+
+def test_a_core_is_one_class_and_one_yaml_in_ones_own_folder(
+    compose_cfg: Callable, tmp_path: Path
+) -> None:
+    folder = tmp_path / "my_conf" / "model" / "core"
+    folder.mkdir(parents=True)
+    (folder / "leaky.yaml").write_text(
+        "_target_: tests.test_model_parts.LeakyCore\n_partial_: true\nsize: 10\n"
+    )
+    search = f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]"
+    run.train(compose_cfg([*SMOKE, search, "+model/core@model.core=leaky", "model.rnn=null"]))
+    state = load_checkpoint(latest_checkpoint(tmp_path / "run"))
+    assert tuple(state["model"]["rnn.proj.weight"].shape)[0] == 10
+
+
+def test_a_core_beside_the_built_in_rnn_is_named_before_training(compose_cfg: Callable) -> None:
+    with pytest.raises((ConfigError, ValueError), match=r"model.core replaces the built-in "
+                       r"recurrent core: set model.rnn=null \(it is 'gru'\)"):  # fmt: skip
+        run.train(compose_cfg([*SMOKE, f"model.core={CORE}"]))

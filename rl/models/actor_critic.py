@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Protocol, cast, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
@@ -91,6 +91,13 @@ class ActorCritic(PolicyBase):
             ``space`` and returns an ``nn.Module`` with an integer ``out_size``, mapping the
             entry's ``[B, ...]`` values (as the task gives them: a uint8 image stays uint8) to
             features ``[B, out_size]``. An entry without one is encoded as above.
+        core: A recurrent core of your own in place of ``rnn``'s (which must then be null): a
+            callable (a ``_partial_`` ``_target_``) that takes ``input_size`` (the trunk's
+            output) and returns an ``nn.Module`` with an integer ``out_size``,
+            ``initial_state(num_envs, device)`` (a ``TensorDict`` of batch ``[N]``) and
+            ``forward(x [T, N, F], episode_starts [T, N], state)`` returning
+            ``(out [T, N, out_size], state after)``; it resets its state where
+            ``episode_starts`` is set (see :class:`Core`).
     """
 
     def __init__(
@@ -116,6 +123,7 @@ class ActorCritic(PolicyBase):
         value_norm: bool = False,
         value_norm_beta: Annotated[float, Check(gt=0)] = 0.99999,
         encoders: Mapping[str, Any] | None = None,
+        core: Any = None,
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -158,9 +166,16 @@ class ActorCritic(PolicyBase):
         )
         self.trunk, feat = mlp(feat, trunk_layers, activation)
         self.rnn_kind = rnn
-        self.rnn = recurrent_core(rnn, feat, rnn_hidden_size, rnn_layers)
-        feat = feat if self.rnn is None else rnn_hidden_size
+        self.rnn: nn.Module | None = recurrent_core(rnn, feat, rnn_hidden_size, rnn_layers)
         self._state_shape = (rnn_layers, rnn_hidden_size)
+        if core is not None:
+            if rnn is not None:
+                raise ValueError(
+                    f"model.core replaces the built-in recurrent core: set model.rnn=null (it is "
+                    f"{rnn!r})"
+                )
+            self.rnn, self.rnn_kind = _own_core(core, feat), "own"
+        feat = feat if self.rnn is None else int(getattr(self.rnn, "out_size", rnn_hidden_size))
         self.actor, a_feat = mlp(feat, head_layers, activation)
         if self.critic_keys:  # a centralised critic: its own network on its own entries
             critic_in = sum(
@@ -273,6 +288,8 @@ class ActorCritic(PolicyBase):
         """
         if self.rnn is None:
             return empty_state(num_envs, device)
+        if self.rnn_kind == "own":
+            return cast(Core, self.rnn).initial_state(num_envs, device)
         shape = (num_envs, *self._state_shape)
         names = ("h",) if self.rnn_kind == "gru" else ("h", "c")
         return TensorDict(
@@ -323,6 +340,8 @@ class ActorCritic(PolicyBase):
         :func:`~rl.models.lstm.lstm_sequence` (``nn.LSTM`` per segment between resets).
         """
         assert self.rnn is not None
+        if self.rnn_kind == "own":
+            return cast(Core, self.rnn)(x, episode_starts, state)
         h = state["h"].transpose(0, 1)  # [L, N, H]
         if self.rnn_kind == "lstm":
             c = state["c"].transpose(0, 1)
@@ -396,6 +415,46 @@ class ActorCritic(PolicyBase):
         x, state, _ = self._features(obs, step.get(EPISODE_STARTS).unsqueeze(0), step.get(STATE))
         dist = self.actor_out(self.actor(x))
         return write_step(step, dist, self._values(x, obs)[:, 0], state, deterministic, generator)
+
+
+@runtime_checkable
+class Core(Protocol):
+    """A recurrent core of one's own (``model.core``): what :class:`ActorCritic` calls on it."""
+
+    out_size: int
+
+    def initial_state(self, num_envs: int, device: torch.device | str) -> TensorDict:
+        """The state before any step, batch ``[num_envs]``."""
+        ...
+
+    def __call__(
+        self, x: torch.Tensor, episode_starts: torch.Tensor, state: TensorDict
+    ) -> tuple[torch.Tensor, TensorDict]:
+        """``x [T, N, F]`` from ``state`` (reset where ``episode_starts``): outputs and state."""
+        ...
+
+
+def _own_core(build: Any, input_size: int) -> nn.Module:
+    """A user's core (``model.core``), built for the trunk's ``input_size`` and checked."""
+    if not callable(build):
+        raise ValueError(
+            "model.core: expected a callable that builds a core (a _partial_ _target_), got "
+            f"{type(build).__name__}"
+        )
+    core = build(input_size=input_size)
+    name = type(core).__name__
+    if not isinstance(core, nn.Module):
+        raise TypeError(f"model.core built a {name}, not a torch.nn.Module")
+    size = getattr(core, "out_size", None)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise TypeError(
+            f"model.core: {name} needs an integer out_size >= 1 (its output size), has {size!r}"
+        )
+    if not callable(getattr(core, "initial_state", None)):
+        raise TypeError(
+            f"model.core: {name} needs initial_state(num_envs, device) returning its state"
+        )
+    return core
 
 
 def _own_encoder(build: Any, space: gym.Space, key: str) -> tuple[nn.Module, int]:
