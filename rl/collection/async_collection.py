@@ -17,12 +17,13 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from rl.collection.base import RolloutRequest
+from rl.collection.transport import ShippedRollout
 from rl.collection.worker_calls import WorkerCalls
 from rl.utils.deadline import Deadline
 
 __all__ = ["AsyncCollection", "InFlight", "as_sent"]
 
-Results = list[tuple[dict[str, Any], dict[str, Any]]]
+Results = list[ShippedRollout]
 
 
 @dataclasses.dataclass
@@ -61,7 +62,7 @@ class AsyncCollection:
         self.calls, self.request = calls, request
         self.rollouts_per_update, self.max_policy_lag = rollouts_per_update, max_policy_lag
         self.in_flight: dict[int, InFlight] = {}  # worker -> its rollout in flight
-        self.ready: dict[int, Any] = {}  # results received, kept for the next update
+        self.ready: dict[int, ShippedRollout] = {}  # received, kept for the next update
         self.plan: Callable[[int], RolloutRequest | None] | None = None
         self.dropped = 0
 
@@ -111,33 +112,27 @@ class AsyncCollection:
         """
         need = self.rollouts_per_update
         self.refill(request)
-        taken: dict[int, Any] = {}
+        taken: dict[int, ShippedRollout] = {}
         while len(taken) < need:
             if not self.in_flight:
                 raise RuntimeError("asynchronous collection: no rollout in flight (a bug)")
             for i in self._take_ready():
                 flight = self.in_flight.pop(i)
-                data, info = self._result(i, flight)
-                lag = version - int(info["actor_version"])
+                data = self._result(i, flight)
+                lag = version - data.actor_version
                 if flight.request.stage != request.stage or lag > self.max_policy_lag:
                     self.dropped += 1  # too old, or for another stage: collected again now
                 elif len(taken) < need:
-                    taken[i] = (data, info)
+                    taken[i] = data
                     continue
                 else:  # more are ready than the update takes: keep it for the next one
                     self.in_flight[i] = flight
-                    self.ready[i] = (data, info)
+                    self.ready[i] = data
                     continue
                 self.refill(request, taken=len(taken), holding=taken)
         workers = sorted(taken)
         steps = request.num_steps
-        results = [
-            (data.cut(steps), {**info, "num_steps": steps})
-            if int(info["num_steps"]) > steps
-            else (data, info)
-            for data, info in (taken[i] for i in workers)
-        ]
-        return workers, results
+        return workers, [taken[i].cut(steps) for i in workers]
 
     def _take_ready(self) -> list[int]:
         """Workers whose rollout in flight is done (at least one; the watchdog per rollout).
@@ -152,12 +147,12 @@ class AsyncCollection:
             [(i, f.ref, f.deadline) for i, f in flights], "collecting a rollout"
         )
 
-    def _result(self, worker: int, flight: InFlight) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _result(self, worker: int, flight: InFlight) -> ShippedRollout:
         """A rollout in flight that is done, and the outcomes of the worker's calls before it."""
         if worker in self.ready:
             return self.ready.pop(worker)
         self.calls.check_acks(worker)
-        result: tuple[dict[str, Any], dict[str, Any]] = self.calls.get(flight.ref, worker)
+        result: ShippedRollout = self.calls.get(flight.ref, worker)
         return result
 
 

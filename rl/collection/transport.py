@@ -91,6 +91,13 @@ class ShippedRollout:
         nbytes: Size of the rows.
         sent_bytes: Size of what carries them (names only for shared memory).
         ship_seconds: Time spent preparing the rows.
+        worker: The worker that collected it.
+        rollout_index: Its index among the worker's rollouts.
+        actor_version: The version of the weights it was collected with (the learner's update
+            count when it sent them).
+        fps: The worker's environment steps per second over it.
+        normalizer_moments: The normalisation moments it recorded (None without
+            normalisation), which its learner merges.
     """
 
     rows: TensorDict | SharedRows | CompressedRows
@@ -104,6 +111,11 @@ class ShippedRollout:
     nbytes: int
     sent_bytes: int
     ship_seconds: float
+    worker: int = 0
+    rollout_index: int = 0
+    actor_version: int = 0
+    fps: float = 0.0
+    normalizer_moments: dict[str, Any] | None = None
 
     def tensors(self) -> TensorDict:
         """The rows ``[steps + 1, n]`` as a ``TensorDict`` (over shared memory: no copy)."""

@@ -255,32 +255,29 @@ class CollectionWorker:
         self.collector.new_episodes()
 
     # ------------------------------------------------------------ worker -> learner
-    def collect_data(self) -> tuple[ShippedRollout, dict[str, Any]]:
+    def collect_data(self) -> ShippedRollout:
         """Collect one rollout with the current weights and settings.
 
         Returns:
-            ``(data, info)``: the rollout as shipped (:func:`~rl.collection.transport.ship`)
-            and ``worker``, ``rollout`` (its index), ``actor_version``, ``num_steps``,
-            ``collect_seconds``, ``fps``, ``normalizer_moments`` (None without
-            normalisation).
+            The rollout as shipped (:func:`~rl.collection.transport.ship`), with this worker,
+            its index, the weights' version, the worker's FPS and the normalisation moments it
+            recorded (None without normalisation).
         """
         t0 = time.perf_counter()
         if self.stop_request is not None:
             self.stop_request.begin(self.rollouts)
         rollout = self.collector.collect(self.request)
         seconds = time.perf_counter() - t0
-        data = ship(rollout, compress=self.compress, shared=self.shared)
-        info = {
-            "worker": self.index,
-            "rollout": self.rollouts,
-            "actor_version": self.actor_version,
-            "num_steps": rollout.num_steps,
-            "collect_seconds": seconds,
-            "fps": rollout.num_steps * self.collector.num_envs / max(seconds, 1e-9),
-            "normalizer_moments": self.collector.take_normalizer_moments(),
-        }
+        data = dataclasses.replace(
+            ship(rollout, compress=self.compress, shared=self.shared),
+            worker=self.index,
+            rollout_index=self.rollouts,
+            actor_version=self.actor_version,
+            fps=rollout.num_steps * self.collector.num_envs / max(seconds, 1e-9),
+            normalizer_moments=self.collector.take_normalizer_moments(),
+        )
         self.rollouts += 1
-        return data, info
+        return data
 
     def evaluate(
         self,

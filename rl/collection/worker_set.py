@@ -46,7 +46,7 @@ from rl.collection.actors import CollectionWorkerError
 from rl.collection.async_collection import AsyncCollection, as_sent
 from rl.collection.base import CollectionSpec, Rollout, RolloutRequest
 from rl.collection.episodes import EvalResult, EvalSampler, evaluate_policy
-from rl.collection.transport import RolloutAssembler
+from rl.collection.transport import RolloutAssembler, ShippedRollout
 from rl.collection.worker import ALGORITHM_PARAMETERS, CollectionWorker
 from rl.collection.worker_calls import START_TIMEOUT_S, WorkerCalls
 from rl.collection.worker_config import BACKENDS, MODES, collector_errors, worker_kwargs
@@ -345,25 +345,20 @@ class CollectionWorkerSet:
         """The first acceptable rollouts (:mod:`rl.collection.async_collection`)."""
         workers, results = self._async.take(request, self.version)
         if self.normalizer is not None:  # the statistics the taken workers get with the weights
-            self.normalizer.merge(
-                [info["normalizer_moments"] for _, info in results], distributed=self._ddp
-            )
+            self.normalizer.merge(_moments(results), distributed=self._ddp)
         rollout = self._assemble(workers, results, merged=True)  # copied out of shared memory:
         self._async.refill(request, taken=len(workers))  # the workers may write their next
         return rollout
 
     def _assemble(
-        self, workers: Sequence[int], results: Sequence[Any], merged: bool = False
+        self, workers: Sequence[int], results: Sequence[ShippedRollout], merged: bool = False
     ) -> Rollout:
         """One rollout of ``workers``' results (in worker order), their statistics logged."""
-        data = [d for d, _ in results]
-        infos = [info for _, info in results]
-        steps = min(int(info["num_steps"]) for info in infos)
-        if any(int(info["num_steps"]) != steps for info in infos):
-            data = [d.cut(steps) for d in data]
+        steps = min(d.steps for d in results)
+        data = [d.cut(steps) for d in results]  # (the same rollout where it is that long)
         if self.normalizer is not None and not merged:  # in worker order: one worker is exact
-            self.normalizer.merge([info["normalizer_moments"] for info in infos], self._ddp)
-        lags = [self.version - int(info["actor_version"]) for info in infos]
+            self.normalizer.merge(_moments(data), self._ddp)
+        lags = [self.version - d.actor_version for d in data]
         widths = [self.env_slices[i].stop - self.env_slices[i].start for i in workers]
         return self.assembler.assemble(
             data,
@@ -372,7 +367,7 @@ class CollectionWorkerSet:
                 "collection/policy_lag": sum(lags) / len(lags),
                 "collection/policy_lag_max": float(max(lags)),
                 "collection/dropped": float(self.dropped),
-                "collection/worker_fps": sum(float(i["fps"]) for i in infos) / len(infos),
+                "collection/worker_fps": sum(d.fps for d in data) / len(data),
             },
         )
 
@@ -481,3 +476,12 @@ class CollectionWorkerSet:
 
 
 __all__ = ["CollectionWorker", "CollectionWorkerError", "CollectionWorkerSet"]
+
+
+def _moments(results: Sequence[ShippedRollout]) -> list[dict[str, Any]]:
+    """The normalisation moments the rollouts bring (a normalising run's workers all send some)."""
+    moments = [d.normalizer_moments for d in results]
+    missing = [d.worker for d, m in zip(results, moments, strict=True) if m is None]
+    if missing:
+        raise RuntimeError(f"collection worker(s) {missing} sent no normalisation moments")
+    return [m for m in moments if m is not None]
