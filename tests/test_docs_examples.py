@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from omegaconf import open_dict
+from omegaconf import OmegaConf, open_dict
 
 import rl.engine.run
 from rl.engine.settings import verify_train_cfg
@@ -172,38 +172,32 @@ def test_the_add_a_model_pages_policies_train(compose_cfg, tmp_path, module, cls
     assert metrics["eval/episodic_return"] > 0
 
 
-def test_the_add_a_model_pages_encoder_trains_from_its_yaml(compose_cfg, tmp_path) -> None:
-    """docs/howto/add-a-model.md: its encoder class and YAML, as written, train ppo_nav (smoke)."""
-    code = next(b for b in python_blocks("howto/add-a-model.md") if "class TinyConv(" in b)
+@pytest.mark.parametrize(
+    ("cls", "module", "group", "option", "overrides"),
+    [
+        ("TinyConv", "encoders", "encoder", "tiny_conv",
+         ["+model/encoder@model.encoders.image=tiny_conv"]),
+        ("LeakyCore", "cores", "core", "leaky",
+         ["+model/core@model.core=leaky", "model.rnn=null"]),
+    ],
+    ids=["encoder", "core"],
+)  # fmt: skip
+def test_the_add_a_model_pages_parts_train_from_their_yaml(
+    compose_cfg, tmp_path, cls, module, group, option, overrides
+) -> None:
+    """docs/howto/add-a-model.md: its encoder and its core, class and YAML as written, each train
+    ppo_nav (smoke) from a folder of one's own."""
+    code = next(b for b in python_blocks("howto/add-a-model.md") if f"class {cls}(" in b)
     page = (ROOT / "docs" / "howto" / "add-a-model.md").read_text()
-    yaml = next(b for b in re.findall(r"```yaml\n(.*?)```", page, re.DOTALL) if "TinyConv" in b)
-    (tmp_path / "conf" / "model" / "encoder").mkdir(parents=True)
-    (tmp_path / "conf" / "model" / "encoder" / "tiny_conv.yaml").write_text(yaml)
-    with users_package(tmp_path, "my_package", {"encoders": code}):
+    yaml = next(b for b in re.findall(r"```yaml\n(.*?)```", page, re.DOTALL) if cls in b)
+    (tmp_path / "conf" / "model" / group).mkdir(parents=True)
+    (tmp_path / "conf" / "model" / group / f"{option}.yaml").write_text(yaml)
+    with users_package(tmp_path, "my_package", {module: code}):
         cfg = compose_cfg(
             ["+experiment=ppo_nav", "+debug=smoke", "task=nav_small", "eval.num_episodes=2",
-             f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
-             "+model/encoder@model.encoders.image=tiny_conv"]
+             f"hydra.searchpath=[file://{tmp_path / 'conf'}]", *overrides]
         )  # fmt: skip
-        assert cfg.model.encoders.image._target_ == "my_package.encoders.TinyConv"
-        metrics = rl.engine.run.train(cfg)
-    assert metrics["eval/episodic_length"] > 0
-
-
-def test_the_add_a_model_pages_core_trains_from_its_yaml(compose_cfg, tmp_path) -> None:
-    """docs/howto/add-a-model.md: its core class and YAML, as written, train ppo_nav (smoke)."""
-    code = next(b for b in python_blocks("howto/add-a-model.md") if "class LeakyCore(" in b)
-    page = (ROOT / "docs" / "howto" / "add-a-model.md").read_text()
-    yaml = next(b for b in re.findall(r"```yaml\n(.*?)```", page, re.DOTALL) if "LeakyCore" in b)
-    (tmp_path / "conf" / "model" / "core").mkdir(parents=True)
-    (tmp_path / "conf" / "model" / "core" / "leaky.yaml").write_text(yaml)
-    with users_package(tmp_path, "my_package", {"cores": code}):
-        cfg = compose_cfg(
-            ["+experiment=ppo_nav", "+debug=smoke", "task=nav_small", "eval.num_episodes=2",
-             f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
-             "+model/core@model.core=leaky", "model.rnn=null"]
-        )  # fmt: skip
-        assert cfg.model.core._target_ == "my_package.cores.LeakyCore"
+        assert f"my_package.{module}.{cls}" in str(OmegaConf.to_container(cfg.model))
         metrics = rl.engine.run.train(cfg)
     assert metrics["eval/episodic_length"] > 0
 
