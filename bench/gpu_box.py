@@ -32,7 +32,7 @@ with its reason (without CUDA every row, unless ``--cpu-dry-run``; without miniw
 pyglet, the nav3d rows).
 
 ``--cpu-dry-run``: the same rows with tiny budgets on the CPU (``device=cpu`` everywhere, a few
-environments and rollouts each, ``+debug=smoke``'s 4-episode evaluations, half a second of raw
+environments and rollouts each, ``+debug=smoke``'s 4-episode evaluations, 0.25 s of raw
 stepping), to check the whole chain here, not to measure (verdicts read "dry run"). There the
 two ppo_nav rows would run one command (both on the CPU): it runs once, and row 2 reads row 1's
 run (its folder and log are ``ppo_nav_cuda``'s). ``--smoke``
@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import gc
 import importlib.util
 import json
 import os
@@ -111,7 +112,7 @@ GPU_BOX = Budget(
 CPU_DRY_RUN = Budget(
     nav_seconds=90,
     nav3d_seconds=120,
-    raw_seconds=0.5,
+    raw_seconds=0.25,
     envs_per_worker=2,
     nav=(
         "sampler.num_envs=4",
@@ -120,7 +121,7 @@ CPU_DRY_RUN = Budget(
         "pipeline.update_repeats=1",
         "total_env_steps=256",  # 4 rollouts, a metrics record each
     ),
-    nav3d=("total_env_steps=256",),
+    nav3d=("total_env_steps=128",),  # 4 rollouts of 2 envs x 16 steps: imitation's, then PPO's
     tts=("--smoke",),  # +debug=smoke first (4-episode evaluations), evaluate.py on 4 episodes
     evaluate=("num_envs=2",),
     torch_threads=1,  # two CPU-bound processes would oversubscribe a small machine
@@ -720,5 +721,8 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == CHILD_RAW:
         child_raw_nav3d(json.loads(sys.argv[2]))
+        gc.freeze()  # exit without a last garbage collection of the imports (torch): ~1 s
     else:
-        sys.exit(main())
+        code = main()
+        gc.freeze()  # exit without a last garbage collection of the imports (torch): ~1 s
+        sys.exit(code)

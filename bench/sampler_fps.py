@@ -16,11 +16,11 @@ the ``ppo_nav`` hyperparameters (128-step rollouts, 4 epochs x 4 minibatches, 1 
 (m) peak memory of a ``ppo_nav`` training run's whole process tree (RSS summed, and PSS, which
     counts pages shared between the processes once).
 
-``--smoke``: every section with tiny budgets (512 env steps in 16-step rollouts, 0.5 s per raw
+``--smoke``: every section with tiny budgets (512 env steps in 16-step rollouts, 0.25 s per raw
 and collection row), one multiprocess layout (2 processes), the memoryless MLP only in (o) and
 (b), no ``SubprocVecEnv`` row (16 environment processes to start: a printed note says so), the
-memory of the serial run only: to check that the benchmark runs (``tests/test_bench.py``), not
-to measure.
+memory of the serial run only (two rollouts, not four): to check that the benchmark runs
+(``tests/test_bench.py``), not to measure.
 
     python bench/sampler_fps.py [--steps 40960] [--raw-seconds 4] [--skip-sb3] [--quick]
                                 [--smoke]
@@ -29,6 +29,7 @@ to measure.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -277,7 +278,8 @@ def main() -> None:
 
     print("\n(m) peak memory of a ppo_nav training run (whole process tree)")
     for sampler in memory_runs:
-        rss, pss, nproc = peak_memory(sampler, 4 * NUM_ENVS * train_fps.NUM_STEPS)
+        rollouts = 2 if args.smoke else 4
+        rss, pss, nproc = peak_memory(sampler, rollouts * NUM_ENVS * train_fps.NUM_STEPS)
         print(
             f"  {sampler:<8} {nproc} processes: peak RSS sum {rss:,.0f} MiB, "
             f"peak PSS sum {pss:,.0f} MiB"
@@ -297,3 +299,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    gc.freeze()  # exit without a last garbage collection of the imports (torch): ~1 s

@@ -283,7 +283,7 @@ TABLES: dict[str, list[str]] = {
         # n/a: no reference environment for CleanRL's script (--smoke never makes one)
         *_rows("envpool 1.2.5 alone (CleanRL's)", value=f"{_FIG} steps/s"),
         rf"^  channels-last copy of a step's frames: {NUM} us \({NUM}% of a twin step\)$",
-        r"^\(b\) training FPS, 512 env steps each \(8 envs x 16 steps, 4 epochs x 4 minibatches",
+        r"^\(b\) training FPS, 256 env steps each \(8 envs x 16 steps, 4 epochs x 4 minibatches",
         *_rows("ours +experiment=ppo_atari (sampler=batched)", value=rf"{NUM} FPS   wall {NUM} s"),
         *_rows(
             "CleanRL ppo_atari_envpool.py (envpool 1.2.5)",
