@@ -25,6 +25,12 @@ TWO_BY_TWO = [
     "torch_threads=1",
     "eval.num_episodes=100",
     STOP_ONCE_LEARNED,
+    # The criterion judges each log point: one every 4096 env steps (not ppo's 20k) stops the
+    # run within a few updates of learning, not up to 20k steps after.
+    "pipeline.metric_accumulate_interval=4096",
+    # 2 minibatches of 4 environments a rank: half the optimizer steps (and DDP all-reduces,
+    # each a wait for both ranks on a busy machine) of ppo_nav's 4, the same 4 epochs.
+    "pipeline.num_mini_batch=2",
     "distributed=ddp",
     "distributed.workers=2",
     "collector.num_workers=2",
@@ -59,6 +65,7 @@ def test_vtrace_with_barrier_free_async_learns_small_pointnav(compose_cfg: Any) 
             "torch_threads=1",
             "eval.num_episodes=100",
             STOP_ONCE_LEARNED,
+            "pipeline.metric_accumulate_interval=4096",  # (judged every 4096 steps, as above)
             "collector=process",
             "collector.num_workers=2",
             "collector.rollouts_per_update=1",
