@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import hydra
 from omegaconf import DictConfig
 
@@ -22,4 +24,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    # What the imports made (torch's and tensordict's objects, millions) lives as long as the
+    # process: frozen, the collector never walks it again, nor does Python's exit (~1 s).
+    gc.freeze()
     main()

@@ -8,6 +8,7 @@ failing job is logged and the sweep goes on; it exits 1 at the end (see rl/engin
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import hydra
@@ -35,4 +36,7 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    # What the imports made (torch's and tensordict's objects, millions) lives as long as the
+    # process: frozen, the collector never walks it again, nor does Python's exit (~1 s).
+    gc.freeze()
     main()
