@@ -38,13 +38,15 @@ SCRIPTS = sorted((ROOT / "bench").glob("*.py"))
 RUN_TIMEOUT = 300  # seconds per run (alone, the longest takes under a minute here)
 PARALLEL = 2  # runs at a time on two cores (they wait for Ray and worker processes to start)
 LONGEST_FIRST = [
-    "published",
-    "gpu_box",
     "nav3d_fps",
+    "gpu_box",
+    "published",
+    "atari_fps",
     "collector_fps",
     "learning_comparison",
-    "sampler_fps",
     "ddp_fps",
+    "sampler_fps",
+    "threads",
     "train_fps",
 ]
 NUM = r"-?[\d,]+(?:\.\d+)?"  # a figure: 1,234 or 0.95 (its value is not checked)
