@@ -52,6 +52,7 @@ Walker2d-v5 row's command (the same budget and episodes): it trains once and ser
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -910,5 +911,6 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == CHILD_FLAG:
         env_id, steps, seed, episodes, folder = sys.argv[2:7]
         sb3_child(env_id, int(steps), int(seed), int(episodes), Path(folder))
+        gc.freeze()  # exit without a last garbage collection of the imports (torch), as train.py
     else:
         main()
