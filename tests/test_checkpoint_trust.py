@@ -185,6 +185,30 @@ def test_trusted_targets_let_a_users_own_task_through(
 
 
 @pytest.mark.parametrize(
+    "old", ["rl.tasks.nav.os.system", "rl.tasks.PointNavEnv.__init__.__globals__", "rl.tasks.nav"]
+)
+def test_an_old_environment_path_in_a_crafted_checkpoint_is_judged_after_its_rename(
+    trained_run: Path, tmp_path: Path, compose_cfg: Any, old: str
+) -> None:
+    # The migration renames rl.tasks.* to rl_envs.* before the saved config is judged: a
+    # crafted path through a moved module is judged under its new name, and refused even
+    # by a user who trusts every example environment (os.system is defined elsewhere).
+    import shutil
+
+    folder = tmp_path / "run"
+    shutil.copytree(trained_run, folder)
+    path = latest_checkpoint(folder)
+    task = dict(load_checkpoint(path)["config"]["task"])
+    _recraft(path, {**task, "_target_": old})
+    before = _snapshot(folder)
+    evaluate = [f"ckpt={path}", "num_episodes=2", "num_envs=2", f"output_dir={tmp_path / 'e'}",
+                "trusted_targets=[rl_envs.*]"]  # fmt: skip
+    with pytest.raises(UntrustedCheckpointError, match=r"task\._target_: '\"rl_envs\.pointnav"):
+        run.evaluate(compose_cfg(evaluate, config_name="evaluate"))
+    assert _snapshot(folder) == before
+
+
+@pytest.mark.parametrize(
     "target",
     [
         "builtins.open",
