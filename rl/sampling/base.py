@@ -51,30 +51,30 @@ def episode_entries(
     none of that name). Indexing the step indexes them with it: an episode is never dropped
     silently with a copy of the step.
     """
-    ended = torch.as_tensor(ended)
-    n, device = len(ended), ended.device
-    rows = ended.nonzero().squeeze(1)
+    device = ended.device if isinstance(ended, torch.Tensor) else torch.device("cpu")
+    flags = ended.cpu().numpy() if isinstance(ended, torch.Tensor) else np.asarray(ended)
+    n, rows = len(flags), np.flatnonzero(flags)
     if len(rows) != len(records):
         raise ValueError(f"{len(records)} episode records for {len(rows)} rows that ended")
     names = list(dict.fromkeys(k for r in records for k in r.metrics))
-    table = torch.tensor(
-        [[r.metrics.get(k, math.nan) for k in names] for r in records], dtype=torch.float64
-    ).reshape(len(records), len(names))
-    ints = torch.tensor(
-        [[r.env_index, -1 if r.episode_seed is None else r.episode_seed] for r in records],
-        dtype=torch.int64,
-    ).reshape(len(records), 2)
-    metrics = torch.full((n, len(names)), math.nan, dtype=torch.float64)
-    columns = torch.full((n, 2), -1, dtype=torch.int64)
-    cpu_rows = rows.cpu()
-    metrics[cpu_rows], columns[cpu_rows] = table, ints
+    # NumPy for these few rows (a handful of torch calls would cost more than the step's own
+    # bookkeeping); one copy each to the step's device where that is not the CPU.
+    metrics = np.full((n, len(names)), math.nan)
+    metrics[rows] = [[r.metrics.get(k, math.nan) for k in names] for r in records]
+    ints = np.full((n, 2), -1, dtype=np.int64)
+    ints[rows] = [[r.env_index, -1 if r.episode_seed is None else r.episode_seed] for r in records]
+
+    def put(array: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        return tensor if device.type == "cpu" else tensor.to(device)
+
     size = torch.Size([n])
     data: dict[NestedKey, Any] = {
-        "ended": ended,
-        "env_index": columns[:, 0].to(device),
-        "seed": columns[:, 1].to(device),
+        "ended": put(flags.astype(bool, copy=False)),
+        "env_index": put(ints[:, 0]),
+        "seed": put(ints[:, 1]),
         "metrics": TensorDict._new_unsafe(
-            {k: metrics[:, i].to(device) for i, k in enumerate(names)}, batch_size=size
+            {k: put(metrics[:, i]) for i, k in enumerate(names)}, batch_size=size
         ),
     }
     return TensorDict._new_unsafe(data, batch_size=size)
@@ -142,17 +142,17 @@ def finished_episodes(step: TensorDict) -> list[EpisodeRecord]:
     if EPISODES not in step.keys():
         return []
     entries = step.get(EPISODES)
-    rows = entries.get("ended").nonzero().squeeze(1)
+    rows = np.flatnonzero(entries.get("ended").cpu().numpy())
     if len(rows) == 0:
         return []
     metrics = entries.get("metrics")
     names = list(metrics.keys())
-    ints = torch.stack([entries.get("env_index")[rows], entries.get("seed")[rows]], 1).tolist()
-    values = (
-        torch.stack([metrics.get(k)[rows] for k in names], 1).tolist()
-        if names
-        else [[] for _ in ints]
-    )
+    ints = np.stack(
+        [entries.get("env_index").cpu().numpy()[rows], entries.get("seed").cpu().numpy()[rows]], 1
+    ).tolist()
+    values: list[list[float]] = [[] for _ in ints]
+    if names:
+        values = np.stack([metrics.get(k).cpu().numpy()[rows] for k in names], 1).tolist()
     return [
         EpisodeRecord(
             env_index,
