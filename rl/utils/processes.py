@@ -1,36 +1,26 @@
 """The one process runtime: every child process of a run started, called, watched and ended alike.
 
-Each child process the framework starts on this machine serves one object, built in the child
-from plain arguments: the multiprocess sampler's workers
+Each child serves one object built from plain arguments: the multiprocess sampler's workers
 (:class:`~rl.sampling.mp_worker.SamplerWorker`), process collection workers
-(:class:`~rl.collection.worker.CollectionWorker`, ``collector.backend=process``) and the
-validation process (:class:`~rl.evaluation.validation.Validator`). :class:`ChildProcesses`
-starts one child per set of constructor arguments, calls the object's methods by name and
-gathers their results:
+(:class:`~rl.collection.worker.CollectionWorker`) and the validation process
+(:class:`~rl.evaluation.validation.Validator`). :class:`ChildProcesses` starts them, calls the
+object's methods by name and gathers the results:
 
-- **Start.** From :func:`process_context` (``forkserver`` by default, its server having imported
-  the served class's module once, so a child costs a fork, not an interpreter's imports). Each
-  child builds its object and answers; one that fails to build sends its traceback.
-- **Calls.** ``(call id, method, args)`` goes down the child's pipe, ``(call id, ok, value)``
-  comes back, pickled with CPU tensors by value (:func:`send`). A child runs its calls in order;
-  ``control`` methods are served at once by a receiving thread (a collection worker's
-  ``stop_collecting``, as Ray serves it in a concurrency group of its own). Rows of data never
-  travel through the pipes: they are shared through :mod:`rl.utils.shared_memory`.
-- **Faults.** The parent waits on the pipes and the children's process file descriptors
-  (pidfds; the ``multiprocessing`` sentinels where there are none) together, so a child that
-  dies (killed, segfault, ``os._exit``) is noticed at once; a call that raises sends its
-  traceback and, if the object says (``failure_site()``), where it failed (a sampler worker
-  names the environment). :meth:`ChildProcesses.gather` adds the hang watchdog
-  (:class:`~rl.utils.deadline.Deadline`): a warning naming the silent children at half the
-  budget, a :class:`ChildFailed` at its end.
-- **End.** :meth:`ChildProcesses.close` calls each object's ``close``, then ends what is still
-  running with :func:`end_processes` (SIGTERM, SIGKILL, every child reaped); so do the garbage
-  collector and interpreter exit. A child never outlives its parent: on Linux
-  :func:`die_with_parent` has the kernel kill it with the parent, SIGKILL included, and a
-  sampler worker inside a collection worker goes with it.
+- **Start**: ``forkserver`` by default, its server having imported the served class's module
+  once, so a child costs a fork, not an interpreter's imports.
+- **Calls**: ``(call id, method, args)`` down the pipe, ``(call id, ok, value)`` back, CPU
+  tensors by value (:func:`send`). Calls run in order; ``control`` methods are served at once
+  by a receiving thread. Rows of data go through :mod:`rl.utils.shared_memory`, never the pipes.
+- **Faults**: the parent waits on the pipes and the children's pidfds together, so a child
+  that dies is noticed at once; a call that raises sends its traceback and, if the object says
+  (``failure_site()``), where it failed. :meth:`ChildProcesses.gather` adds the hang watchdog
+  (:class:`~rl.utils.deadline.Deadline`).
+- **End**: :meth:`ChildProcesses.close` (also at garbage collection and interpreter exit)
+  closes each object, then SIGTERM, SIGKILL, every child reaped. A child never outlives its
+  parent (:func:`die_with_parent`).
 
-DDP ranks are the exception: torchrun or ``torch.multiprocessing.start_processes`` start and end
-them (:mod:`rl.distributed.launch`).
+DDP ranks are the exception: torchrun or ``torch.multiprocessing`` start and end them
+(:mod:`rl.distributed.launch`).
 """
 
 from __future__ import annotations
@@ -60,19 +50,6 @@ import torch
 
 from rl.utils.deadline import Deadline
 
-__all__ = [
-    "Call",
-    "ChildFailed",
-    "ChildProcesses",
-    "die_with_parent",
-    "end_processes",
-    "exit_reason",
-    "process_context",
-    "receive_from",
-    "resolve_start_method",
-    "send",
-]
-
 log = logging.getLogger(__name__)
 
 _START = -1  # call id of a child's start (its object built)
@@ -82,17 +59,9 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 # ------------------------------------------------------------------------- start methods
 def resolve_start_method(method: str | None, key: str = "mp_start_method") -> str:
-    """The start method to use: ``method`` if available, else ``spawn`` (``forkserver`` first).
+    """``method`` (None: ``forkserver``) if available; a missing ``forkserver`` is ``spawn``.
 
-    Args:
-        method: ``forkserver``, ``spawn``, ``fork`` or None (``forkserver``).
-        key: The setting that chose it, for the error.
-
-    Returns:
-        An available start method; ``forkserver`` falls back to ``spawn`` where it is missing.
-
-    Raises:
-        ValueError: Another method that this platform does not have (naming ``key``).
+    Another missing method is a ValueError naming the setting ``key``.
     """
     method = method or "forkserver"
     available = mp.get_all_start_methods()
@@ -105,13 +74,7 @@ def resolve_start_method(method: str | None, key: str = "mp_start_method") -> st
 
 
 def process_context(method: str | None, preload: Sequence[str] = ()) -> Any:
-    """The ``multiprocessing`` context to start children with (see :func:`resolve_start_method`).
-
-    Args:
-        method: The start method asked for.
-        preload: Modules a fork server imports once (``forkserver`` only): starting a child
-            then costs a fork, not a fresh interpreter's imports.
-    """
+    """The ``multiprocessing`` context for ``method``; a fork server imports ``preload`` once."""
     resolved = resolve_start_method(method)
     context = mp.get_context(resolved)
     if resolved == "forkserver" and preload:
@@ -123,11 +86,9 @@ def process_context(method: str | None, preload: Sequence[str] = ()) -> Any:
 class _ByValue(pickle.Pickler):
     """Pickles CPU tensors (of a NumPy dtype, outside autograd) by value, as NumPy arrays.
 
-    A pipe's own pickler (``ForkingPickler``, with torch's reductions) sends a CPU tensor as a
-    handle to shared memory: its storage moved there, then a file descriptor passed over a
-    socket, a round trip per tensor (about 7 ms per update for a small policy's weights), and
-    the receiver shares memory with the sender. By value it is well under a millisecond and the
-    receiver holds its own copy.
+    A pipe's own pickler sends a CPU tensor as a handle to shared memory, a file descriptor
+    round trip per tensor (about 7 ms per update for a small policy's weights); by value it is
+    well under a millisecond and the receiver holds its own copy.
     """
 
     def reducer_override(self, obj: Any) -> Any:
@@ -163,25 +124,16 @@ def receive_from(conn: mpc.Connection) -> Any:
 
 # --------------------------------------------------------------------------- the child
 def die_with_parent(parent_pid: int | None = None) -> None:
-    """Linux: this process is killed (SIGKILL) when its parent ends; elsewhere a no-op.
+    """Linux: kill this process (SIGKILL) when its parent ends, even while busy; else a no-op.
 
-    A child whose parent was killed with SIGKILL, or is otherwise gone without cleaning up,
-    goes too, even while busy (a hung environment never reads its closed pipe). Call it first
-    thing in the child:
+    Call it first thing in the child.
 
-    - the process that forked this one is its parent: ``prctl(PR_SET_PDEATHSIG)``, the kernel
-      kills this process when the thread that forked it exits (not inherited by its own
-      children: each sets its own);
-    - ``parent_pid`` is another process (a ``forkserver`` child: the fork server forked it for
-      ``parent_pid``), or one that ended before this call: a thread waits on a pidfd of it and
-      kills this process when it ends (zombie included). The fork server's own end does not
-      count: it shares its parent's process group, so a SIGTERM to the group (the learner's
-      signal to save and stop) ends it at once, and its children must live on until their
-      parent closes them. Without pidfds (Linux < 5.3) the fork server's end is the best
-      signal there is, and ``PR_SET_PDEATHSIG`` is set after all.
-
-    Args:
-        parent_pid: The process that started this one (None: the one that forked it).
+    When the forking process is the parent (``parent_pid`` None or ours), the kernel does it
+    (``PR_SET_PDEATHSIG``). A ``forkserver`` child's parent is ``parent_pid``, not the fork
+    server: a thread waits on a pidfd of it. The fork server's own end must not count, since a
+    SIGTERM to the process group (the learner's signal to save and stop) ends it at once while
+    its children must live on until closed; only without pidfds (Linux < 5.3) is
+    ``PR_SET_PDEATHSIG`` set after all.
     """
     if not sys.platform.startswith("linux"):
         return
@@ -236,14 +188,9 @@ def serve(
 ) -> None:
     """A child process's body: build ``factory(**kwargs)``, then run the calls that arrive.
 
-    ``environment`` is added to the child's ``os.environ`` first.
-
-    Calls run in order on this thread; ``control`` methods are run at once by the thread that
-    reads the pipe. A call that raises answers with a :class:`_Failure` and the child serves on
-    (its parent decides what a failure ends). The child ends after ``close`` (the object's,
-    if it has one), when its parent's end of the pipe closes (closing the object first), or, on
-    Linux, with its parent process (:func:`die_with_parent`). Signals in ``ignored`` (Ctrl-C,
-    and SIGTERM sent to the whole process group) are the parent's business.
+    A call that raises answers with a :class:`_Failure` and the child serves on (its parent
+    decides what a failure ends). The child ends after ``close``, when the pipe closes (closing
+    the object first) or with its parent. Signals in ``ignored`` are the parent's business.
     """
     die_with_parent(parent_pid)
     os.environ.update(environment or {})
@@ -337,9 +284,7 @@ class ChildFailed(RuntimeError):
     Attributes:
         child: Index of the child.
         site: Where the call raised, in the served object's words (``environment 3``; None:
-            unknown, or the child died or hung).
-        site_index: The index that goes with ``site`` (a sampler worker's: the global
-            environment index).
+            unknown, or the child died or hung), and ``site_index`` the index that goes with it.
         traceback: The call's traceback in the child (None if the child died or hung).
     """
 
@@ -375,25 +320,19 @@ class ChildProcesses:
     """Child processes, each serving one object built from its arguments (see the module).
 
     Args:
-        factory: The served class (or function): importable by module and name, as the children
-            are started with ``forkserver`` (or ``spawn``) and import it.
+        factory: The served class (or function), importable by module and name.
         kwargs: Its keyword arguments, one mapping per child (picklable).
         name: The children's process names (``name-0``, ...) and, without ``label``, their
-            name in messages.
-        label: How messages name child ``i`` of process id ``pid``: ``label(i, pid)``
-            (default ``"{name} {i} (pid {pid})"``).
-        start_method: ``forkserver`` (``spawn`` where missing), ``spawn`` or ``fork``.
-        daemon: Daemonic children (ended with their parent by ``multiprocessing``; they may not
-            start children of their own).
+            name in messages; ``label(i, pid)`` names child ``i`` otherwise.
+        daemon: Daemonic children (they may not start children of their own).
         start_timeout: Seconds the children may take to build their objects (None: no limit).
         control: Methods served at once, beside the call in progress.
         ignored_signals: Signals the children ignore. By default Ctrl-C and SIGTERM: both reach
-            the whole process group (a terminal's Ctrl-C, SLURM's SIGTERM), and the parent
-            handles them (a trainer finishes its rollout, saves, then closes its children). A
-            child that ignores SIGTERM is ended with SIGKILL when it does not close in time.
+            the whole process group, and the parent handles them (a trainer saves, then closes
+            its children).
         error: The :class:`ChildFailed` subclass raised for this set's failures.
         timeout_key: The setting that sets the watchdog's budget, for messages.
-        environment: Variables added to each child's environment before it builds its object.
+        environment: Variables added to each child's environment.
     """
 
     def __init__(
@@ -496,7 +435,7 @@ class ChildProcesses:
     ) -> tuple[list[Call], list[Call]]:
         """``(done, not done)`` once ``num_returns`` of ``calls`` are done or ``timeout`` passed.
 
-        A child's death is noticed at once (its pidfd) and is the result of its pending calls.
+        A child's death is the result of its pending calls.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -516,9 +455,7 @@ class ChildProcesses:
     def result(self, call: Call, what: str = "answering") -> Any:
         """The call's result, waiting for it; a failure raises this set's :class:`ChildFailed`.
 
-        Args:
-            call: The call's handle.
-            what: What the child was doing, for the message (``stepping``).
+        ``what`` is what the child was doing, for the message (``stepping``).
         """
         self.wait([call], 1, None)
         results = self._results[call.child]
@@ -530,14 +467,9 @@ class ChildProcesses:
     def gather(self, calls: Sequence[Call], timeout: float | None, what: str) -> list[Any]:
         """The results of ``calls``, in order, under the hang watchdog; any failure ends all.
 
-        A live child silent for half of ``timeout`` is named in a warning (once); one silent
-        for all of it, one whose call raised and one that died are a :class:`ChildFailed`
-        (this set's ``error``), raised after every child is ended.
-
-        Args:
-            calls: The calls to wait for.
-            timeout: Seconds for all of them (None: as long as the children live).
-            what: What the children are doing, for messages (``stepping``).
+        A child silent for half of ``timeout`` (seconds for all; None: no limit) is named in a
+        warning; one silent for all of it, one whose call raised and one that died are this
+        set's ``error``, raised after every child is ended.
         """
         deadline = Deadline(timeout)
         waiting = list(calls)
@@ -568,8 +500,8 @@ class ChildProcesses:
     def close(self, grace: float = 2.0) -> None:
         """Close every child's object and end the children (idempotent; never hangs).
 
-        Each child is asked to ``close``; those still running after ``grace`` seconds in all
-        (busy, or hung) are sent SIGTERM (unless they ignore it), then SIGKILL.
+        Children still running after ``grace`` seconds in all get SIGTERM (unless they ignore
+        it), then SIGKILL.
         """
         if self.closed:
             return
@@ -631,7 +563,7 @@ class ChildProcesses:
 
 
 def _pidfd(pid: int | None) -> int | None:
-    """A file descriptor of process ``pid`` that is readable once it has ended (None: none)."""
+    """A descriptor of process ``pid``, readable once it has ended (None: none)."""
     if pid is None or not hasattr(os, "pidfd_open"):
         return None
     try:
@@ -653,9 +585,8 @@ def _end_children(
 ) -> None:
     """Ask each child to close, give them ``grace`` seconds in all, then ``signals``; reap all.
 
-    A child closes its object and exits on the ``close`` call, or on its closed pipe when idle.
-    Children with a pidfd are watched and signalled through it (a ``forkserver`` child is
-    still signalled after its fork server has ended); the others by :func:`end_processes`.
+    Children with a pidfd are watched and signalled through it (a ``forkserver`` child's
+    sentinel fires when its fork server ends); the others by :func:`end_processes`.
     """
     for conn in conns:
         with contextlib.suppress(Exception):
@@ -705,14 +636,9 @@ def end_processes(
 ) -> None:
     """End ``processes``: ``grace`` seconds in all to exit, then each of ``signals``; reap all.
 
-    Args:
-        processes: ``multiprocessing`` processes (unstarted ones are skipped).
-        grace: Seconds, for all of them together, to exit by themselves.
-        signals: Escalation, in order: ``terminate`` (SIGTERM), ``kill`` (SIGKILL); each is sent
-            to those still alive, which then get ``wait`` seconds.
-        wait: Seconds after each signal.
-        release: Release the ended processes' resources (``Process.close``; their ``pid``
-            and ``exitcode`` cannot be read afterwards).
+    Each signal (``terminate``, ``kill``: ``Process`` methods) goes to those still alive, which
+    then get ``wait`` seconds. ``release`` closes the ended ``Process`` objects (their ``pid``
+    and ``exitcode`` cannot be read afterwards).
     """
     started = [p for p in processes if p.pid is not None]
     deadline = time.monotonic() + grace
