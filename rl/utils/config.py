@@ -1,15 +1,11 @@
 """Config checks that run before anything is built, so a bad config fails in seconds.
 
-Checks collect every problem they find as messages naming the offending key, and the caller
-raises one :class:`ConfigError` listing them all. :func:`check_targets` checks ``_target_``
-nodes: a target that does not import, a key that its target does not accept, a value of the
-wrong type for a simple annotation (int, float, bool, str, optionals of them).
-:func:`section_errors` checks a plain config section (``eval``, ``valid``, ``distributed``, the
-run's own keys) against the frozen dataclass that is its typed view: unknown and missing keys,
-types, and the ranges and choices declared with :class:`Check`. Such dataclasses carry no
-defaults: the defaults live in ``conf/`` only. In both, a float must be finite
-(:func:`value_problems`), and counts have upper bounds (:data:`MAX_WORKERS`,
-:data:`MAX_EPISODES`, ``rl.sampling.base.MAX_NUM_ENVS``).
+Checks collect every problem as a message naming its key; the caller raises one
+:class:`ConfigError` listing them all. :func:`check_targets` checks ``_target_`` nodes (the
+target imports, takes the keys, and the values fit simple annotations); :func:`section_errors`
+checks a plain section (``eval``, ``valid``, the run's own keys) against the frozen dataclass
+that is its typed view, without defaults (those live in ``conf/`` only). In both a float must
+be finite (:func:`value_problems`) and counts have upper bounds.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ import inspect
 import math
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -33,11 +29,9 @@ class ConfigError(ValueError):
 
 
 def fraction_of_total(fraction: float, *, _root_: DictConfig) -> int:
-    """``${fraction_of_total:f}``: ``f`` of the run's ``total_env_steps``, rounded to env steps.
+    """``${fraction_of_total:f}``: ``f`` (in ``(0, 1]``) of the run's ``total_env_steps``.
 
-    Stage budgets and schedule horizons written this way follow one ``total_env_steps=N``
-    override (``+debug=smoke`` shortens a staged experiment). Raises a ValueError naming the
-    interpolation for a fraction outside ``(0, 1]``.
+    Stage budgets and schedule horizons written this way follow one ``total_env_steps=N``.
     """
     if not 0.0 < float(fraction) <= 1.0:
         raise ValueError(f"${{fraction_of_total:{fraction}}}: the fraction must be in (0, 1]")
@@ -48,12 +42,10 @@ OmegaConf.register_new_resolver("fraction_of_total", fraction_of_total, replace=
 
 
 def task_name(*, _root_: DictConfig) -> str:
-    """``${task_name:}``: what a run is named after, its task's ``env_id`` or its ``_target_``.
+    """``${task_name:}``: the task's ``env_id``, else its ``_target_``'s last part, else ``task``.
 
-    ``task.env_id`` where the task has one (``CartPole-v1``), else the last part of the task's
-    ``_target_`` (``my_package.make_corridor`` -> ``make_corridor``), else ``task``. The generic
-    presets name runs ``ppo_${task_name:}``, so a task of one's own is not filed under the name
-    of the environment the preset was written for.
+    The generic presets name runs ``ppo_${task_name:}``, so a task of one's own is not filed
+    under the name of the environment the preset was written for.
     """
     task = _root_.get("task")
     if not isinstance(task, DictConfig):
@@ -162,7 +154,7 @@ def _type_ok(value: Any, hint: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is str:
         return isinstance(value, str)
-    if origin in (list, tuple, typing.Sequence, __import__("collections.abc").abc.Sequence):
+    if origin in (list, tuple, Sequence):
         return isinstance(value, (list, tuple))
     return True
 
@@ -180,7 +172,7 @@ def check_targets(
     runtime_kwargs: Mapping[str, set[str]] | None = None,
     framework_keys: Mapping[str, frozenset[str]] | None = None,
 ) -> list[str]:
-    """Errors for every ``_target_`` node under ``node`` (a plain container).
+    """Errors for every ``_target_`` node under ``node``.
 
     Args:
         node: Resolved config (dicts and lists).
@@ -188,9 +180,8 @@ def check_targets(
         runtime_kwargs: Keys the engine passes at build time, by node path (they must be
             accepted arguments but need not appear in the YAML).
         framework_keys: Keys the framework reads itself in a node named ``name``, not passed
-            to its target (``{"task": {"observations"}}`` applies to ``task`` and to copies of
-            it under other nodes, such as ``...generate.task``); nodes inside them are still
-            checked.
+            to its target (``{"task": {"observations"}}`` applies to ``task`` and its copies
+            elsewhere, such as ``...generate.task``); nodes inside them are still checked.
     """
     errors: list[str] = []
     runtime_kwargs = runtime_kwargs or {}
@@ -228,24 +219,14 @@ def _check_target_node(node: Mapping[str, Any], path: str, runtime: set[str]) ->
         return []
     params = sig.parameters
     var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    hints = _hints(target)
-    errors = []
     keys = [k for k in node if not (isinstance(k, str) and k.startswith("_"))]
-    for key in keys:
-        if key not in params and not var_kw:
-            accepted = ", ".join(n for n, p in params.items() if p.kind is not p.VAR_POSITIONAL)
-            errors.append(f"{where}.{key}: unknown key for {target_path} (accepted: {accepted})")
-            continue
-        if key not in hints:
-            continue
-        hint, checks = split_hint(hints[key])
-        if not _type_ok(node[key], hint):
-            errors.append(
-                f"{where}.{key}: expected {_hint_name(hint)}, "
-                f"got {type(node[key]).__name__} {node[key]!r}"
-            )
-            continue
-        errors += [f"{where}.{key}: {p}" for p in value_problems(node[key], checks)]
+    accepted = ", ".join(n for n, p in params.items() if p.kind is not p.VAR_POSITIONAL)
+    errors = [
+        f"{where}.{key}: unknown key for {target_path} (accepted: {accepted})"
+        for key in keys
+        if key not in params and not var_kw
+    ]
+    errors += argument_errors(target, {k: node[k] for k in keys if k in params or var_kw}, where)
     if not node.get("_partial_", False):
         missing = [
             n
@@ -269,11 +250,7 @@ def _integral(value: Any, hint: Any) -> int | None:
 
 
 def integral_floats_to_int(node: Any) -> None:
-    """Turn integral floats (``1e6``) into ints where a ``_target_``'s annotation says int.
-
-    Walks a plain config in place. A command line gives ``total_env_steps=1e6`` or
-    ``pipeline.save_interval=5e5`` as floats; integer keys accept them when they are whole.
-    """
+    """In place: integral floats (``save_interval=5e5``) as ints where a ``_target_`` says int."""
     if isinstance(node, dict):
         if "_target_" in node:
             try:
@@ -292,10 +269,9 @@ def integral_floats_to_int(node: Any) -> None:
 
 
 def integral_fields_to_int(cfg: DictConfig, cls: type) -> None:
-    """Integral floats given for integer fields of the dataclass ``cls`` at ``cfg``'s top, as ints.
+    """Integral floats for ``cls``'s integer fields at ``cfg``'s top as ints, before resolving.
 
-    Done on the composed config before it is resolved, so that every interpolation of such a
-    key (``${total_env_steps}``) reads the int.
+    So every interpolation of such a key (``${total_env_steps}``) reads the int.
     """
     hints = typing.get_type_hints(cls, include_extras=True)
     for name, hint in hints.items():
@@ -306,7 +282,7 @@ def integral_fields_to_int(cfg: DictConfig, cls: type) -> None:
 
 
 def to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
-    """Resolve ``cfg`` once into plain dicts and lists (for workers, checkpoints, wandb)."""
+    """``cfg`` resolved into plain dicts and lists, without ``hydra``."""
     if isinstance(cfg, DictConfig):
         if "hydra" in cfg:  # composed with return_hydra_config (tests); @hydra.main drops it
             cfg = cfg.copy()
@@ -327,17 +303,13 @@ MAX_EPISODES = 10**6  # episodes of one list: evaluation, validation, expert tra
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-    """What a settings field's value must satisfy: ``Annotated[int, Check(ge=1)]``.
+    """What a setting's value must satisfy: ``Annotated[int, Check(ge=1)]`` (None always passes).
 
     Attributes:
-        ge: The value must be ``>= ge`` (None values are never checked).
-        gt: The value must be ``> gt``.
-        le: The value must be ``<= le``.
+        ge: ``>=`` bound; ``gt`` and ``le`` likewise.
         choices: The value must be one of these.
-        words: Strings a bounded number may also be (``Check(ge=1, words=("auto",))``); any
-            other string for a bounded field is an error.
-        inf: The value may be ``inf`` or ``-inf`` (still within the bounds). Without it a
-            float must be finite; NaN never passes.
+        words: Strings a bounded number may also be (``Check(ge=1, words=("auto",))``).
+        inf: The value may be ``inf`` or ``-inf`` (within the bounds); NaN never passes.
     """
 
     ge: float | None = None
@@ -378,10 +350,8 @@ class Check:
 def value_problems(value: Any, checks: list[Check]) -> list[str]:
     """Why a setting's ``value`` fails its ``checks`` (empty: it passes).
 
-    One rule for every checked setting, annotated with a :class:`Check` or not: a float (or a
-    float in a list of them: loss weights) must be finite, unless a check allows ``inf``
-    (``Check(inf=True)``). A learning rate, clip range or coefficient of ``inf`` or ``nan``
-    would otherwise be taken and poison training steps later, unnamed.
+    Whatever the checks, a float (or one in a list: loss weights) must be finite unless a check
+    allows ``inf``: a learning rate of ``nan`` would otherwise poison training later, unnamed.
     """
     finite = Check(inf=any(c.inf for c in checks))
     problems = [p for c in checks or [finite] if (p := c.problem(value)) is not None]
@@ -406,11 +376,7 @@ def _hint_name(hint: Any) -> str:
 
 
 def argument_errors(fn: Callable[..., Any], values: Mapping[str, Any], where: str) -> list[str]:
-    """Type and range problems of keyword ``values`` against ``fn``'s annotations.
-
-    The checks the config check applies to a ``_target_`` node's keys, for a constructor that
-    is called from Python as well (``where.key: ...``, one message each).
-    """
+    """Type and range problems of keyword ``values`` against ``fn``'s annotations."""
     hints = _hints(fn)
     errors = []
     for key, value in values.items():
@@ -427,16 +393,9 @@ def argument_errors(fn: Callable[..., Any], values: Mapping[str, Any], where: st
 
 
 def section_errors(cls: type, section: Any, where: str) -> list[str]:
-    """Problems of the config ``section`` read as the settings dataclass ``cls``.
+    """Problems of the resolved ``section`` (at ``where``; "": the top) read as dataclass ``cls``.
 
-    Args:
-        cls: A dataclass whose fields are the section's keys, typed with simple annotations
-            (optionally ``Annotated`` with a :class:`Check`).
-        section: The plain (resolved) section.
-        where: Its dotted path in the config, for the messages ("" for top-level keys).
-
-    Returns:
-        One message per problem (unknown or missing key, wrong type, out of range).
+    One message per unknown or missing key, wrong type or value out of range.
     """
     if not isinstance(section, Mapping):
         return [f"{where}: expected a mapping, got {section!r}"]
@@ -464,11 +423,7 @@ def section_errors(cls: type, section: Any, where: str) -> list[str]:
 
 
 def load_section(cls: type[T], section: Any, where: str) -> T:
-    """The settings dataclass ``cls`` filled from ``section``.
-
-    Raises:
-        ConfigError: Listing every problem :func:`section_errors` finds.
-    """
+    """The settings dataclass ``cls`` filled from ``section``; a ConfigError lists its problems."""
     errors = section_errors(cls, section, where)
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
