@@ -4,20 +4,15 @@ A run folder is untrusted input: a copied one may hold links where the run write
 (``config.yaml -> ~/.bashrc``, ``checkpoints -> ../other_run/checkpoints``) or a FIFO where it
 reads. Every file a run writes goes through this module:
 
-- :func:`run_subdir`: a folder inside the run (``checkpoints/``, ``videos/``, ``wandb/``), each
-  component below the run folder checked: a link or a file there is refused
-  (:class:`UnsafePathError`), never followed; the run folder itself is resolved once (the user
-  may reach it through a link);
+- :func:`run_subdir`: a folder inside the run, each component below the run folder checked (a
+  link or a file there is an :class:`UnsafePathError`, never followed);
 - :func:`write_atomic` / :func:`write_atomic_by_name`: a temporary file with a random name in
-  the same folder, fsynced and renamed over the name; the rename replaces a link, never what it
-  points to, and a crash leaves the old file or the new one, never half of one; a folder that is
-  a link, or a folder under the file's name, is refused;
-- :func:`open_append` / :class:`NoFollowFileHandler`: appends (logs, ``metrics.jsonl``) opened
-  with ``O_NOFOLLOW``: a link under the name is refused (:class:`UnsafePathError`);
+  the same folder, fsynced and renamed over the name: the rename replaces a link, never what
+  it points to, and a crash leaves the old file or the new one, never half of one;
+- :func:`open_append` / :class:`NoFollowFileHandler`: appends opened with ``O_NOFOLLOW``;
 - :func:`read_regular_file`: reads a bounded regular file, not a link, without blocking.
 
-A full disk is an :class:`OSError` whose message names the file and says the disk is full
-(:func:`describe_write_error`; ``what=`` of the atomic writers).
+A full disk is an :class:`OSError` whose message names the file (:func:`describe_write_error`).
 """
 
 from __future__ import annotations
@@ -44,22 +39,19 @@ class UnsafePathError(OSError):
 _LINKED_FOLDER = "a run never reads or writes through a linked folder"
 
 
+def _link_error(path: str | Path) -> UnsafePathError:
+    return UnsafePathError(
+        errno.ELOOP, f"{path} is a symbolic link; a run never writes through one"
+    )
+
+
 def run_subdir(run_dir: str | Path, *parts: str, create: bool = True) -> Path:
     """The folder ``run_dir/parts...`` of a run, checked component by component.
 
-    ``run_dir`` (what the user typed, perhaps through a link: ``/var -> /private/var``) is
-    resolved once; each component below it is looked at with ``lstat``: a symbolic link (a
-    copied run whose ``checkpoints`` links to another run's) or a non-folder is refused, a
-    missing one is created (``create``, the run folder too) or left missing.
-
-    Args:
-        run_dir: The run folder.
-        parts: Folder names below it (``"checkpoints"``, ``"logs/tb"``: relative, no ``..``).
-        create: Create missing components (False: return the path, missing or not, for
-            reading).
-
-    Returns:
-        The folder (absolute, below the resolved run folder).
+    ``run_dir`` (perhaps reached through a link: ``/var -> /private/var``) is resolved once;
+    each component below it is looked at with ``lstat``: a link (a copied run whose
+    ``checkpoints`` links to another run's) or a non-folder is refused, a missing one is
+    created (``create``, the run folder too) or left missing (for reading).
 
     Raises:
         UnsafePathError: A component is a link or not a folder (the message names it).
@@ -134,33 +126,34 @@ def _check_target(path: Path) -> None:
         )
 
 
-def _replace(tmp: str | Path, path: Path) -> None:
-    """Rename the written temporary file ``tmp`` over ``path`` and fsync the folder."""
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def _named(path: Path, e: OSError, what: str | None) -> OSError:
-    """``e`` as it is raised by the atomic writers (named when ``what`` is given)."""
-    if what is None or isinstance(e, UnsafePathError):
-        return e
-    return OSError(e.errno, describe_write_error(path, e, what))
-
-
 @contextlib.contextmanager
-def _write_errors_named(path: Path, what: str | None) -> Iterator[None]:
-    """An :class:`OSError` in the block raised again naming ``path`` (with ``what``)."""
+def _replacing(path: Path, what: str | None, suffix: str = "") -> Iterator[tuple[int, str]]:
+    """A fresh temporary file beside ``path`` (descriptor, name), renamed over it after the block.
+
+    Created with ``O_EXCL | O_NOFOLLOW`` under a random hidden name; removed on any error. An
+    :class:`OSError` (a full disk) is raised again naming the file when ``what`` is given.
+    """
     try:
-        yield
-    except OSError as e:
-        named = _named(path, e, what)
-        if named is e:
+        _check_target(path)
+        fd, tmp = tempfile.mkstemp(
+            dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX + suffix
+        )
+        try:
+            os.fchmod(fd, FILE_MODE)
+            yield fd, tmp
+            os.replace(tmp, path)
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
             raise
-        raise named from e
+    except OSError as e:
+        if what is None or isinstance(e, UnsafePathError):
+            raise
+        raise OSError(e.errno, describe_write_error(path, e, what)) from e
 
 
 def write_atomic(
@@ -171,42 +164,28 @@ def write_atomic(
 ) -> None:
     """Write ``path`` via a temporary file in the same folder: write, fsync, rename, fsync dir.
 
-    ``write`` is the content (bytes or text) or a function writing to the binary file. A crash
-    (even ``kill -9``) at any moment leaves either the old file or the complete new one under
-    ``path``, plus at worst a stray hidden ``.<name>.*.tmp`` file (a random name, created with
-    ``O_EXCL | O_NOFOLLOW``). A link under ``path`` is replaced by the file, never followed; a
-    failed write removes the temporary file.
+    A crash (even ``kill -9``) leaves either the old file or the complete new one under
+    ``path``, plus at worst a stray hidden ``.<name>.*.tmp`` file. A link under ``path`` is
+    replaced by the file, never followed.
 
     Args:
         path: The file.
-        write: Its content, or a function writing it to the open binary file.
+        write: Its content (bytes or text), or a function writing it to the open binary file.
         what: What the file is (``"evaluation summary"``): an :class:`OSError` (a full disk)
-            is raised again with a message naming the file (:func:`describe_write_error`;
-            None: as raised).
+            is raised again with a message naming the file (None: as raised).
 
     Raises:
         UnsafePathError: ``path``'s folder is a symbolic link, or ``path`` is a folder.
     """
     path = Path(path)
-    if isinstance(write, str):
-        write = write.encode("utf-8")
-    data = write
-    with _write_errors_named(path, what):
-        _check_target(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
-        try:
-            os.fchmod(fd, FILE_MODE)
-            with os.fdopen(fd, "wb") as f:
-                if isinstance(data, bytes):
-                    f.write(data)
-                else:
-                    data(f)
-                f.flush()
-                os.fsync(f.fileno())
-            _replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    data = write.encode("utf-8") if isinstance(write, str) else write
+    with _replacing(path, what) as (fd, _), os.fdopen(fd, "wb") as f:
+        if isinstance(data, bytes):
+            f.write(data)
+        else:
+            data(f)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def write_atomic_by_name(
@@ -214,64 +193,39 @@ def write_atomic_by_name(
 ) -> None:
     """:func:`write_atomic` for a writer that opens its file by name (ffmpeg, an exporter).
 
-    ``write(tmp)`` fills a fresh temporary file beside ``path`` (a random name ending in
-    ``path``'s suffix, ``.<name>.<random>.tmp.mp4``, created with ``O_EXCL | O_NOFOLLOW``; a
-    writer that picks its format by the name's ending picks the right one). It must still be a
-    regular file afterwards; it is then fsynced and renamed over ``path``. On any error it is
-    removed.
-
-    Args:
-        path: The file.
-        write: Writes the file whose name it is given.
-        what: As for :func:`write_atomic`.
-
-    Raises:
-        UnsafePathError: ``path``'s folder is a symbolic link, or ``path`` is a folder.
+    ``write(tmp)`` fills a temporary file beside ``path`` whose name ends in ``path``'s suffix
+    (``.<name>.<random>.tmp.mp4``: a writer that picks its format by the ending picks the
+    right one). It must still be a regular file afterwards.
     """
     path = Path(path)
-    with _write_errors_named(path, what):
-        _check_target(path)
-        fd, tmp = tempfile.mkstemp(
-            dir=path.parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX + path.suffix
-        )
+    with _replacing(path, what, path.suffix) as (fd, tmp):
+        os.close(fd)
+        write(Path(tmp))
+        fd = open_nofollow(tmp, os.O_RDONLY)  # (still a regular file, not a link)
         try:
-            os.fchmod(fd, FILE_MODE)
+            os.fsync(fd)
+        finally:
             os.close(fd)
-            write(Path(tmp))
-            fd = open_nofollow(tmp, os.O_RDONLY)  # (still a regular file, not a link)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            _replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
 
 def check_file_target(path: str | Path) -> None:
-    """Raise unless ``path`` is missing or a regular file (before a handler opens it later).
+    """Raise an :class:`UnsafePathError` unless ``path`` is missing or a regular file.
 
-    Raises:
-        UnsafePathError: ``path`` is a link, a folder, a FIFO or a device (named).
+    For a file a handler opens later (a link, a folder, a FIFO or a device is named).
     """
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return
     if stat.S_ISLNK(mode):
-        raise UnsafePathError(
-            errno.ELOOP, f"{path} is a symbolic link; a run never writes through one"
-        )
+        raise _link_error(path)
     if not stat.S_ISREG(mode):
         kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
         raise UnsafePathError(errno.EINVAL, f"{path} is {kind} where the run writes a file")
 
 
 def open_nofollow(path: str | Path, flags: int, mode: int = FILE_MODE) -> int:
-    """``os.open`` refusing a link (a folder, a FIFO, a device) under ``path``; a descriptor.
-
-    It never blocks on a FIFO.
+    """``os.open`` of a regular file, never blocking on a FIFO; a descriptor.
 
     Raises:
         UnsafePathError: ``path`` is a link or not a regular file.
@@ -280,9 +234,7 @@ def open_nofollow(path: str | Path, flags: int, mode: int = FILE_MODE) -> int:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise UnsafePathError(
-                errno.ELOOP, f"{path} is a symbolic link; a run never writes through one"
-            ) from e
+            raise _link_error(path) from e
         if e.errno == errno.EISDIR:
             raise UnsafePathError(
                 errno.EISDIR, f"{path} is a folder where the run keeps a file"
@@ -321,20 +273,3 @@ class NoFollowFileHandler(logging.FileHandler):
 
     def _open(self) -> Any:  # (logging's hook: called when the stream is first needed)
         return open_append(self.baseFilename)
-
-
-__all__ = [
-    "FILE_MODE",
-    "NoFollowFileHandler",
-    "TMP_SUFFIX",
-    "UnsafePathError",
-    "check_file_target",
-    "describe_write_error",
-    "is_run_folder_write_error",
-    "open_append",
-    "open_nofollow",
-    "read_regular_file",
-    "run_subdir",
-    "write_atomic",
-    "write_atomic_by_name",
-]
