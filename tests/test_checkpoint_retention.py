@@ -35,7 +35,7 @@ from rl.checkpoints.retention import BEST_RECORD, CheckpointRetention, load_best
 from rl.collection import InProcessCollector
 from rl.engine import run
 from rl.engine.settings import verify_train_cfg
-from rl.evaluation.selection import find_checkpoints
+from rl.evaluation.runs import find_checkpoints
 from rl.loggers import MetricsLogger
 from rl.losses import PPOLoss
 from rl.models import ActorCritic

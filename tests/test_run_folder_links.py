@@ -29,7 +29,7 @@ from rl.checkpoints.lock import RunLock
 from rl.engine import run
 from rl.evaluation import InferenceAgent
 from rl.evaluation.export import export_checkpoint
-from rl.evaluation.selection import find_checkpoints, is_glob
+from rl.evaluation.runs import find_checkpoints, is_glob
 from rl.evaluation.video import ProbeVideo
 from rl.loggers.base import RunContext
 from rl.loggers.jsonl import JsonlSink

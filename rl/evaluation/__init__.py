@@ -1,12 +1,9 @@
 """Evaluation: of checkpoints, of the policy while it trains, and of the task's expert.
 
-:mod:`rl.collection.episodes` runs fixed, seeded episode lists (every episode exactly once;
-re-exported here, and collection workers run them too); ``runs`` evaluates
-checkpoints in bulk for ``evaluate.py`` (summaries, plots); the trainer callbacks watching a run
-are ``training_eval`` (``eval/*`` during and after training), ``validation`` (each checkpoint in
-a separate process) and ``video`` (probe videos); ``settings`` types the ``eval`` and ``valid``
-sections; ``inference`` uses a trained policy outside the engine, and ``export`` writes it for
-use without the framework (ONNX, ``torch.export``).
+The fixed, seeded episode lists are :mod:`rl.collection.episodes`' (re-exported here). ``runs``
+is ``evaluate.py`` (``compare``: ``python -m rl.compare``); ``training_eval``, ``validation`` and
+``video`` are the trainer callbacks watching a run; ``inference`` and ``export`` use a trained
+policy outside the engine.
 """
 
 from rl.collection.acting import NoExpertError

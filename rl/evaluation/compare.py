@@ -3,21 +3,10 @@
     python -m rl.compare outputs/ppo_nav/multirun/2026-11-27_10-00-00
     python -m rl.compare RUN_DIR RUN_DIR ... --metrics eval/success charts/SPS --out compare/
 
-A path is a run folder (it holds ``metrics.jsonl``) or a folder of run folders, such as a Hydra
-multirun's sweep folder (runs found up to three levels down; links are never followed). A run's
-group is its command-line overrides (``.hydra/overrides.yaml``, not its folder's name) without
-``seed=...`` and without the overrides every run shares, so the runs of a group differ only in
-their seed.
-
-For each group and metric the table gives the **final** value (the run's last log point with
-the metric) and the **best** (the highest over its log points), each as mean ± sample standard
-deviation over the group's runs. It is printed and written as ``compare.csv``; ``compare.png``
-draws each group's mean curve of ``--curve`` (default: the first metric) against env steps with
-a band of ± one standard deviation (each run's curve interpolated onto the union of the runs'
-env steps, within its own range).
-
-Run folders are read as untrusted: regular files only, at most 256 MiB of ``metrics.jsonl``,
-numbers only (a line that is not a JSON record of numbers is skipped).
+A path is a run folder (it holds ``metrics.jsonl``) or a folder of them, such as a multirun's
+sweep folder. A run's group is its command-line overrides (``.hydra/overrides.yaml``) without
+``seed=...`` and without those every run shares, so the runs of a group differ only in their
+seed. docs/howto/sweeps.md describes the table and the plot.
 """
 
 from __future__ import annotations
@@ -25,8 +14,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
-import math
 import os
 import statistics
 import warnings
@@ -37,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from rl.evaluation.plots import MAX_METRICS_BYTES
+from rl.evaluation.plots import read_metrics
 from rl.utils.files import read_regular_file, write_atomic
 
 __all__ = ["Group", "Run", "compare", "find_runs", "format_table", "main", "read_run"]
@@ -122,7 +109,7 @@ def _natural(path: Path) -> tuple[Any, ...]:
 
 
 def read_run(folder: Path) -> Run:
-    """A run folder's overrides and numeric log points (what could be read; see the module)."""
+    """A run folder's overrides and numeric log points (what can be read: it is untrusted)."""
     overrides: list[str] = []
     raw = read_regular_file(folder / ".hydra" / "overrides.yaml", MAX_OVERRIDES_BYTES)
     if raw is not None:
@@ -132,22 +119,7 @@ def read_run(folder: Path) -> Run:
             loaded = None
         if isinstance(loaded, list):
             overrides = [str(o) for o in loaded if isinstance(o, str | int | float)]
-    points = []
-    raw = read_regular_file(folder / "metrics.jsonl", MAX_METRICS_BYTES)
-    for line in (raw or b"").decode("utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            continue
-        if isinstance(record, dict):
-            point = {str(k): float(v) for k, v in record.items() if _number(v)}
-            if point:
-                points.append(point)
-    return Run(path=folder, overrides=overrides, points=points)
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return Run(path=folder, overrides=overrides, points=read_metrics(folder / "metrics.jsonl"))
 
 
 def _key(override: str) -> str:
@@ -247,10 +219,9 @@ def _csv(rows: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> str:
 
 # ---------------------------------------------------------------------------------- plot
 def plot_curves(groups: Sequence[Group], metric: str, path: Path) -> Path | None:
-    """Each group's mean curve of ``metric`` against env steps with a ± std band, as a PNG.
+    """Each group's mean curve of ``metric`` with a ± std band into ``path`` (None: no curve).
 
-    Returns:
-        ``path``, or None when no run logged the metric.
+    Each run's curve is interpolated onto the union of the group's env steps, within its range.
     """
     import numpy as np
     from matplotlib.backends.backend_agg import FigureCanvasAgg

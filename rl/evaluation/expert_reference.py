@@ -1,10 +1,8 @@
-"""The task's expert on the evaluation episodes: ``evaluate.py test_expert=true``.
+"""The task's expert on the evaluation episodes (``evaluate.py test_expert=true``).
 
-The expert (``info["expert_action"]``, the shortest-path action on PointNav) runs the same
-fixed episode list as the checkpoints; its result, ``<run>/expert.eval.json``, is the reference
-row and dashed line of later summaries and plots of that run on the same episodes. The task
-comes from ``task=NAME`` or from the run, whose folder is untrusted input: read as bounded data
-(:mod:`rl.checkpoints.saved_config`).
+Its result, ``<run>/expert.eval.json``, is the reference row and dashed line of that run's later
+summaries and plots on the same episodes. A run folder may come from anywhere: what is read of it
+is bounded data (:mod:`rl.checkpoints.saved_config`).
 """
 
 from __future__ import annotations
@@ -23,28 +21,25 @@ from rl.checkpoints.lock import RunLock
 from rl.checkpoints.saved_config import config_data, rebuild_config
 from rl.collection.episodes import EvalSampler, episode_seed_list, evaluate_expert
 from rl.evaluation.report import format_table, write_eval_json
-from rl.evaluation.selection import find_checkpoints
 from rl.evaluation.settings import EvaluateSettings
 from rl.tasks.factory import with_split
 from rl.utils.config import ConfigError
 from rl.utils.files import read_regular_file
 
-__all__ = ["EXPERT_NAME", "evaluate_expert_reference", "load_expert_reference"]
-
 log = logging.getLogger(__name__)
 
 EXPERT_NAME = "expert.eval.json"
-
-
-# The most of an ``expert.eval.json`` read (a real one is ~250 bytes an episode).
+# The most read of an ``expert.eval.json`` (a real one is ~250 bytes an episode), of a run
+# folder's config.yaml or .hydra/hydra.yaml (a few KB), and of its overrides (a few dozen).
 _MAX_EXPERT_BYTES = 64 * 2**20
+_MAX_CONFIG_BYTES = 4 * 2**20
+_MAX_OVERRIDES = 1_000
 
 
 def load_expert_reference(folder: Path, settings: Mapping[str, Any]) -> dict[str, float] | None:
     """Mean metrics of ``folder/expert.eval.json`` if it ran on the same episode list.
 
-    The file is a run folder's, so untrusted: a regular file (not a link, not a FIFO) of at most
-    :data:`_MAX_EXPERT_BYTES`; one that is not a reference of numbers is ignored with a warning.
+    Only a regular file is read; one that is not a reference of numbers is ignored, with a warning.
     """
     path = folder / EXPERT_NAME
     raw = read_regular_file(path, _MAX_EXPERT_BYTES + 1)
@@ -64,17 +59,11 @@ def load_expert_reference(folder: Path, settings: Mapping[str, Any]) -> dict[str
     return metrics
 
 
-# The most of a run folder's config.yaml / .hydra/hydra.yaml read (a real one is a few KB).
-_MAX_CONFIG_BYTES = 4 * 2**20
-# The most overrides read from a ``.hydra/hydra.yaml`` (a command line has a few dozen).
-_MAX_OVERRIDES = 1_000
-
-
 def _folder_yaml(path: Path) -> Any:
-    """A run folder's YAML file as parsed, unchecked (None: missing, a link, not a regular file).
+    """A run folder's YAML file, parsed but unchecked (None: missing, a link, not a regular file).
 
-    Bounded in size, and parsed with ``yaml.safe_load`` (aliases are shared, never copied);
-    what is used of it goes through :func:`~rl.checkpoints.saved_config.config_data`.
+    ``yaml.safe_load`` shares aliases, never copies them; what is used of it goes through
+    :func:`~rl.checkpoints.saved_config.config_data`.
     """
     raw = read_regular_file(path, _MAX_CONFIG_BYTES + 1)
     if raw is None:
@@ -90,10 +79,9 @@ def _folder_yaml(path: Path) -> Any:
 
 
 def _hydra_choices(path: Path) -> Any:
-    """The ordered config group choices of a run's ``.hydra/hydra.yaml`` (None: none).
+    """The ordered group choices of a run's ``.hydra/hydra.yaml`` (None: none).
 
-    Only ``hydra.runtime.choices`` and the keys of ``hydra.overrides.task`` are read, as
-    data: the rest of Hydra's file (its own interpolations included) is never used.
+    Only ``hydra.runtime.choices`` and the keys of ``hydra.overrides.task`` are read, as data.
     """
     hydra = _folder_yaml(path)
     hydra = hydra.get("hydra") if isinstance(hydra, dict) else None
@@ -108,11 +96,9 @@ def _hydra_choices(path: Path) -> Any:
 
 
 def _task_of_run(run_dir: Path, trusted_targets: Sequence[str]) -> tuple[dict[str, Any], Any]:
-    """The task a run trained on, rebuilt on the user's config tree, and its sampler config.
+    """A run's task, rebuilt on the user's config tree, and its sampler config.
 
-    From its newest checkpoint, else (no checkpoint yet) from its ``config.yaml`` with the
-    choices of Hydra's ``.hydra/hydra.yaml`` beside it. Both are untrusted input (a run folder
-    may come from anywhere): read as bounded data (:mod:`rl.checkpoints.saved_config`).
+    From its newest checkpoint, else from its ``config.yaml`` and ``.hydra/hydra.yaml``.
     """
     found = list_checkpoints(run_dir)
     if found:
@@ -136,27 +122,20 @@ def _task_of_run(run_dir: Path, trusted_targets: Sequence[str]) -> tuple[dict[st
 
 
 def evaluate_expert_reference(
-    cfg: EvaluateSettings, task: Mapping[str, Any] | None = None
+    cfg: EvaluateSettings, folder: Path | None, task: Mapping[str, Any] | None = None
 ) -> dict[str, float]:
-    """``test_expert=true``: run the task's expert on the evaluation episode list.
+    """Run the task's expert on the evaluation episodes; return its metrics as ``expert/*``.
 
-    The task comes from ``task`` (``task=NAME``, a config group choice) if given, else from the run
-    (``run_dir``, or the first checkpoint matched by ``ckpt``). Results go to
-    ``<run>/expert.eval.json`` (or ``<output_dir>/expert.eval.json`` without a run), where
-    later checkpoint summaries and plots pick them up as the reference.
-
-    Returns:
-        The expert's mean metrics as ``expert/*``.
+    Args:
+        cfg: The evaluation settings.
+        folder: The run (``run_dir``, or the first checkpoint's of ``ckpt``); its task is used
+            unless ``task`` is given, and the result goes there (else to ``output_dir``).
+        task: ``task=NAME``'s config.
 
     Raises:
-        ConfigError: If no task can be found.
-        NoExpertError: If the task has no expert.
+        ConfigError: No task was given and there is no run.
+        NoExpertError: The task has no expert.
     """
-    folder: Path | None = None
-    if cfg.run_dir:  # (resolved: the user may reach it through a link; nothing below it is)
-        folder = Path(cfg.run_dir).expanduser().resolve()
-    elif cfg.ckpt:
-        folder = find_checkpoints(ckpt=cfg.ckpt)[0].run_dir
     sampler = EvalSampler.serial()  # (a task=NAME of no run: serially)
     if task:
         task = dict(task)
@@ -178,7 +157,6 @@ def evaluate_expert_reference(
 def _evaluate_expert_into(
     cfg: EvaluateSettings, task: dict[str, Any], folder: Path, sampler: EvalSampler
 ) -> dict[str, float]:
-    """Run the expert on the evaluation episodes; write ``folder/expert.eval.json``."""
     episode_seeds = episode_seed_list(cfg.num_episodes, cfg.episode_seed)
     result = evaluate_expert(
         task=task, episode_seeds=episode_seeds, num_envs=cfg.num_envs, sampler=sampler

@@ -1,32 +1,19 @@
 """Export a trained policy for use without the framework: ONNX or a ``torch.export`` program.
 
-.. code-block:: bash
+``python evaluate.py ckpt=<run>/checkpoints/latest export=onnx`` writes ``<checkpoint>.onnx``
+(``export=pt2``: ``<checkpoint>.pt2``, ``torch.export.load(path).module()``) and ``<file>.json``
+describing its inputs and outputs. The exported function is the policy's deterministic step,
+with the run's frozen observation normalisation and a ``Box``'s action bounds folded in, so raw
+observations go in and the environment's actions come out:
 
-    python evaluate.py ckpt=outputs/ppo_CartPole-v1/<time>/checkpoints/latest export=onnx
+- inputs: the flat observation entries ``[N, ...]`` as the environment returns them
+  (``obs`` for a single array), ``episode_start`` ``[N]`` bool, then the recurrent state
+  entries ``state.<name>`` (none for a memoryless policy);
+- outputs: ``action`` ``[N, ...]``, then ``next_state.<name>`` to feed back.
 
-writes ``<checkpoint>.onnx`` (run it with onnxruntime) or, with ``export=pt2``,
-``<checkpoint>.pt2`` (``torch.export.load(path).module()``: plain torch, no code of this
-project), and ``<file>.json`` beside it, which describes the inputs and outputs.
-
-The exported function is the policy's deterministic step, as
-:meth:`~rl.evaluation.InferenceAgent.predict` with ``deterministic=True`` computes it:
-
-- inputs, in order: the policy's observation entries (the flat entries of the task's
-  observation, :func:`~rl.tasks.spaces.flat_observation_space`: ``obs`` for an environment whose
-  observation is one array), each ``[N, ...]`` in the space's dtype, as the environment returns
-  them; ``episode_start`` ``[N]`` bool; then the policy's recurrent state entries ``[N, ...]``
-  (``state.<name>``; none for a memoryless policy: zeros and ``episode_start`` true at an
-  episode's first step);
-- outputs: ``action`` ``[N, ...]`` (a ``Box``'s clipped to its bounds, in its dtype; discrete
-  actions as int64), then the state after the step (``next_state.<name>``), to feed back.
-
-The run's observation normalisation (frozen statistics, clipping) is folded in, as are
-the action bounds, so raw observations go in and the environment's actions come out. The batch
-dimension ``N`` is dynamic. Export checks itself: the written file is run on sampled observations
-and must give the framework's actions.
-
-``torch.jit`` (TorchScript) is deprecated in the torch this project pins; ``pt2`` is its
-successor.
+The batch dimension ``N`` is dynamic. The written file is run on sampled observations and must
+give the framework's actions. (``torch.jit`` is deprecated in the pinned torch; ``pt2`` is its
+successor.)
 """
 
 from __future__ import annotations
@@ -51,8 +38,6 @@ from torch import nn
 
 from rl.checkpoints.files import checked_file_path, checkpoint_file
 from rl.evaluation.inference import InferenceAgent
-from rl.evaluation.selection import is_glob
-from rl.evaluation.settings import EvaluateSettings
 from rl.models.policy import Policy, first_step
 from rl.utils.config import ConfigError
 from rl.utils.files import write_atomic, write_atomic_by_name
@@ -62,7 +47,6 @@ __all__ = [
     "ExportError",
     "ExportedPolicy",
     "export_checkpoint",
-    "export_from_settings",
     "export_policy",
 ]
 
@@ -80,12 +64,8 @@ class ExportError(RuntimeError):
 class ExportedPolicy(nn.Module):
     """A policy's deterministic step as a function of tensors alone (what is exported).
 
-    Args:
-        model: The trained policy.
-        observation_space: Its flat ``Dict`` observation space (the inputs, in this order).
-        action_space: The environment's action space (a ``Box``'s bounds are applied).
-        normalizer: The run's frozen observation statistics, folded in (None: none).
-        state_keys: The policy's state entries (the extra inputs and outputs, in this order).
+    The inputs are ``observation_space``'s entries, then ``episode_start``, then the state's
+    ``state_keys``; the normalizer's statistics and a ``Box`` action space's bounds are buffers.
     """
 
     def __init__(
@@ -135,7 +115,7 @@ class ExportedPolicy(nn.Module):
 
 @dataclasses.dataclass(frozen=True)
 class ExportInfo:
-    """What was written: the file, its description (``<file>.json``) and how it was checked."""
+    """What was written: the file, its ``<file>.json`` description and how it was checked."""
 
     path: Path
     description: Path
@@ -164,7 +144,7 @@ def _state_of(keys: Sequence[NestedKey], values: Sequence[torch.Tensor], batch: 
 def _example_inputs(
     agent: InferenceAgent, batch: int, generator: np.random.Generator
 ) -> tuple[torch.Tensor, ...]:
-    """``batch`` sampled observations (as the environment gives them), starts and states."""
+    """``batch`` sampled observations, episode starts and states (the exported inputs)."""
     space = agent.observation_space
     space.seed(int(generator.integers(2**31)))
     samples = [space.sample() for _ in range(batch)]
@@ -174,20 +154,16 @@ def _example_inputs(
     ]
     starts = torch.from_numpy(generator.random(batch) < 0.5)
     state = agent.model.initial_state(batch, "cpu")
-    keys = state.keys(include_nested=True, leaves_only=True)
-    return (*obs, starts, *(torch.randn_like(state[k].float()).to(state[k].dtype) for k in keys))
+    states = (torch.randn_like(state[k].float()).to(state[k].dtype) for k in _state_keys(state))
+    return (*obs, starts, *states)
 
 
-def _describe(
-    agent: InferenceAgent, example: tuple[torch.Tensor, ...], state_keys: list[NestedKey]
-) -> tuple[list[str], list[dict[str, Any]]]:
-    states = [f"state.{_key_name(k)}" for k in state_keys]
-    names = [*agent.observation_space.spaces, "episode_start", *states]
-    inputs = [
+def _describe(names: Sequence[str], tensors: Sequence[torch.Tensor]) -> list[dict[str, Any]]:
+    """The exported inputs' or outputs' names, dtypes and shapes (batch ``N``)."""
+    return [
         {"name": n, "dtype": str(x.dtype).removeprefix("torch."), "shape": ["N", *x.shape[1:]]}
-        for n, x in zip(names, example, strict=True)
+        for n, x in zip(names, tensors, strict=True)
     ]
-    return names, inputs
 
 
 def export_policy(
@@ -203,21 +179,14 @@ def export_policy(
     Args:
         agent: The policy, its spaces and its normalisation (e.g.
             :meth:`InferenceAgent.from_checkpoint`); a CPU copy of its model is exported.
-        path: The file to write (``.onnx`` or ``.pt2``); ``<path>.json`` describes it.
-        fmt: ``onnx`` (onnxruntime, and any ONNX runtime) or ``pt2`` (``torch.export``).
+        path: The file to write (``.onnx`` or ``.pt2``), atomically; ``<path>.json`` describes it.
+        fmt: ``onnx`` or ``pt2`` (``torch.export``).
         check_observations: Sampled observations on which the written file must give the
             agent's own deterministic actions (0: no check).
         seed: Seed of the sampled observations.
 
-    Every file is written atomically (a temporary file with a random name in the same folder,
-    renamed over the name: a link there is replaced, never written through); in a run's
-    ``checkpoints/``, that folder is checked first
-    (:func:`~rl.checkpoints.files.checked_file_path`).
-
     Raises:
         ExportError: The policy could not be exported, or the file acts otherwise.
-        OSError: A file cannot be written (a full disk: the message names it); no temporary
-            file is left behind.
         UnsafePathError: The folder written into is a link (or a run's linked ``checkpoints``).
     """
     if fmt not in EXPORT_FORMATS:
@@ -233,7 +202,8 @@ def export_policy(
     ).eval()
     rng = np.random.default_rng(seed)
     example = _example_inputs(agent, _EXAMPLE_BATCH, rng)
-    names, inputs = _describe(agent, example, state_keys)
+    states = [f"state.{_key_name(k)}" for k in state_keys]
+    names = [*agent.observation_space.spaces, "episode_start", *states]
     batch = torch.export.Dim("batch", min=1, max=2**20)
     dynamic = tuple({0: batch} for _ in example)
     try:
@@ -245,10 +215,7 @@ def export_policy(
     except Exception as e:  # what torch.export cannot trace in the policy: its own message
         raise ExportError(f"{type(model).__name__} could not be exported: {e}") from e
     output_names = ["action", *(f"next_state.{_key_name(k)}" for k in state_keys)]
-    outputs = [
-        {"name": n, "dtype": str(x.dtype).removeprefix("torch."), "shape": ["N", *x.shape[1:]]}
-        for n, x in zip(output_names, outputs_example, strict=True)
-    ]
+    inputs, outputs = _describe(names, example), _describe(output_names, outputs_example)
     if fmt == "onnx":
         _write_onnx(program, path, names, output_names)
     else:
@@ -365,15 +332,10 @@ def export_checkpoint(
     config_dir: str | Path | None = None,
     searchpath: Sequence[str] | None = None,
 ) -> ExportInfo:
-    """Export a training checkpoint's policy (a file, a run's ``latest`` or a run folder).
+    """Export a checkpoint's policy (a file, a run's ``latest`` or a run folder: its newest).
 
-    Args:
-        checkpoint: The checkpoint (``latest`` and run folders: the run's newest).
-        fmt: ``onnx`` or ``pt2``.
-        path: Where to write (default: beside the checkpoint, ``<checkpoint>.onnx`` / ``.pt2``).
-        trusted_targets: As for :meth:`InferenceAgent.from_checkpoint`.
-        config_dir: As for :meth:`InferenceAgent.from_checkpoint`.
-        searchpath: As for :meth:`InferenceAgent.from_checkpoint`.
+    ``path`` defaults to ``<checkpoint>.onnx`` / ``.pt2``; the other keywords are
+    :meth:`InferenceAgent.from_checkpoint`'s.
     """
     file = checkpoint_file(checkpoint)
     agent = InferenceAgent.from_checkpoint(
@@ -394,22 +356,3 @@ def describe(info: ExportInfo) -> str:
         f"wrote {info.path} (checked on {info.checked_observations} sampled observations) and "
         f"{info.description}\n  inputs: {fmt(info.inputs)}\n  outputs: {fmt(info.outputs)}"
     )
-
-
-def export_from_settings(cfg: EvaluateSettings) -> dict[str, float]:
-    """``export=onnx|pt2``: one checkpoint's policy written for use without the framework."""
-    if cfg.test_expert:
-        raise ConfigError("export: exports a checkpoint's policy; test_expert=true has none")
-    source = cfg.ckpt or cfg.run_dir
-    if source is None:
-        raise ConfigError("export: give the checkpoint, ckpt=FILE (or its run: run_dir=RUN)")
-    if cfg.ckpt and is_glob(cfg.ckpt):
-        raise ConfigError(f"export: exports one checkpoint, ckpt={cfg.ckpt!r} is a glob")
-    info = export_checkpoint(
-        source,
-        cfg.export,  # type: ignore[arg-type]
-        cfg.export_path,
-        trusted_targets=cfg.trusted_targets,
-    )
-    print(describe(info))
-    return {"export/checked_observations": float(info.checked_observations)}

@@ -11,8 +11,7 @@
             break
 
 The agent keeps the recurrent state between calls and resets it at :meth:`InferenceAgent.reset`
-(call it at every episode start), exactly as the engine does, so argmax actions match the
-engine's ``model.act(..., deterministic=True)``.
+(at every episode start), as the engine does, so its argmax actions are the engine's.
 """
 
 from __future__ import annotations
@@ -57,14 +56,11 @@ def load_trained_policy(
     device: torch.device | str,
     groups: Sequence[Any] | None = None,
 ) -> tuple[Policy, Normalizer | None]:
-    """A checkpoint's policy with its weights, and its observation normalisation (frozen).
+    """A loaded checkpoint's policy with its weights, and its observation normalisation (frozen).
 
-    The one way every user of a trained policy (evaluation, validation, the inference agent,
-    export) gets it from a loaded checkpoint ``state``: ``model`` reused (a cache's, the
-    validation process's) or built from ``model_config`` for ``spaces`` (the task's flat
-    observation space and its action space; ``groups``: a task's groups of agents, one
-    policy each), then the weights loaded; a model built here goes to ``device`` (no default:
-    each caller's own), a given one stays where it is.
+    How every user of a trained policy gets it: ``model`` reused (it stays where it is), or built
+    from ``model_config`` for ``spaces`` (flat observation space, action space) and ``groups``
+    (a task's groups of agents) on ``device``.
 
     Raises:
         CheckpointError: The weights do not fit the model, or the statistics are malformed
@@ -92,17 +88,16 @@ class InferenceAgent:
     """A policy that acts on single observations, with its recurrent state handled.
 
     Args:
-        model: The policy (its weights are used as they are).
-        observation_space: The environment's observation space, as the environment returns
-            observations (flattened for the policy as samplers flatten them).
-        action_space: The environment's action space (``Box`` actions are clipped to its
-            bounds; None: actions as the policy draws them).
-        normalizer: The training run's observation normalisation, applied frozen (None:
-            observations as the environment returns them).
-        device: Where the model runs. The CPU by default: this is the deployment API for a
-            user's own program (the framework's own callers always pass their device).
-        deterministic: Argmax actions (True) or actions sampled with a seeded generator.
-        seed: Seed of the action-sampling generator (sampled mode).
+        model: The policy.
+        observation_space: The environment's observation space (flattened for the policy as
+            samplers flatten it).
+        action_space: The environment's (``Box`` actions are clipped to its bounds; None:
+            actions as the policy draws them).
+        normalizer: The training run's observation normalisation, applied frozen.
+        device: Where the model runs (the CPU by default: this is the deployment API for a
+            user's own program; the framework's callers pass theirs).
+        deterministic: Argmax actions, or actions sampled with a generator seeded by ``seed``.
+        seed: Seed of the action-sampling generator.
     """
 
     def __init__(
@@ -139,27 +134,23 @@ class InferenceAgent:
     ) -> InferenceAgent:
         """Build the agent from a training checkpoint (loaded with ``weights_only=True``).
 
-        The model and the task's observation space are built from the config saved in the
-        checkpoint, rebuilt on your config tree (:mod:`rl.checkpoints.saved_config`): nothing
-        the file names is imported unless your tree names it there, or ``trusted_targets``
-        allows it.
+        The model and the task are built from the checkpoint's config rebuilt on your config
+        tree (:mod:`rl.checkpoints.saved_config`): nothing the file names is imported unless
+        your tree names it there, or ``trusted_targets`` allows it.
 
         Args:
             path: A checkpoint file, a run's ``checkpoints/latest`` pointer or a run folder
                 (both: the run's newest checkpoint).
-            device: Where the model runs (the CPU by default, as for the constructor).
-            deterministic: Argmax actions (True) or seeded sampled ones.
+            device: Where the model runs (the CPU by default).
+            deterministic: Argmax or seeded sampled actions.
             seed: Seed of the action-sampling generator.
             trusted_targets: Patterns of callables the saved config may name where your
                 config tree names others (:mod:`rl.checkpoints.trust`).
             config_dir: Your config tree's folder (default: the running Hydra app's, else
                 this project's ``conf/``).
-            searchpath: Folders or packages of your own configs on Hydra's search path
-                (``["file:///home/me/my_conf"]``, as ``hydra.searchpath`` takes them) that the
-                run was composed with (None: the running or last composed Hydra config's).
-
-        Returns:
-            The agent, reset for a first episode.
+            searchpath: Your own config folders or packages on Hydra's search path
+                (``["file:///home/me/my_conf"]``, as ``hydra.searchpath`` takes them; None: the
+                running or last composed Hydra config's).
         """
         path = checkpoint_file(path)
         state = load_checkpoint(path)
@@ -206,16 +197,10 @@ class InferenceAgent:
 
     @torch.no_grad()
     def act(self, observation: Mapping[str, Any] | np.ndarray | tuple[Any, ...]) -> Any:
-        """The action for one observation, as the environment returned it.
+        """The action for what the environment returned, in the form it takes.
 
-        The agent keeps the recurrent state (reset it with :meth:`reset` at an episode start).
-
-        Args:
-            observation: What the environment returned (a dict, a tuple, an array).
-
-        Returns:
-            What the environment takes: an ``int`` (``Discrete``), an array clipped to the
-            bounds (``Box``), an int64 array (``MultiDiscrete``).
+        An ``int`` (``Discrete``), an array clipped to the bounds (``Box``) or an int64 array
+        (``MultiDiscrete``); the agent keeps the recurrent state.
         """
         action, self._state = self.predict(observation, self._state, self._episode_start)
         self._episode_start = False
@@ -227,29 +212,18 @@ class InferenceAgent:
         state: TensorDict | None = None,
         episode_start: bool = False,
     ) -> tuple[Any, TensorDict]:
-        """The action for one observation and the state after it; the caller holds the state.
+        """``(action, state after it)`` for one observation; the caller holds the state.
 
         stable-baselines3's ``predict(observation, state, episode_start)``: for several agents
-        or episodes interleaved, keep one state each.
-
-        Args:
-            observation: What the environment returned.
-            state: The policy's state before this observation (None: a new episode's).
-            episode_start: This observation starts an episode (the state is reset first).
-
-        Returns:
-            ``(action, state)``: the action as :meth:`act` returns it, and the state to pass
-            with the next observation.
+        or episodes interleaved, keep one state each (None, or ``episode_start``: a new
+        episode's). The action is as :meth:`act` returns it.
         """
         return self.predict_flat(self._flatten(observation), state, episode_start)
 
     def predict_flat(
         self, obs: Mapping[str, Any], state: TensorDict | None = None, episode_start: bool = False
     ) -> tuple[Any, TensorDict]:
-        """:meth:`predict` for an observation already flat.
-
-        ``obs`` holds the entries of :attr:`observation_space`, as an exported policy takes them.
-        """
+        """:meth:`predict` for a flat observation (:attr:`observation_space`'s entries)."""
         batch = {
             k: torch.from_numpy(np.asarray(obs[k], dtype=dtype)[None]).to(self.device)
             for k, dtype in self._dtypes.items()

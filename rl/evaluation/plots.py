@@ -1,10 +1,7 @@
-"""PNG plots of a run's checkpoint evaluations (success, SPL, return against env steps).
+"""PNG plots of a run's checkpoint evaluations, and the reading of its ``metrics.jsonl``.
 
-Beside the evaluations, the run's training curve (``metrics.jsonl``: the same metrics of the
-training episodes, :func:`training_curve`) is drawn as a thin line.
-
-Uses matplotlib's object API with the Agg canvas only (no ``pyplot``, no global backend
-switch), so it works headless and never changes the backend of the calling program.
+matplotlib's object API with the Agg canvas only (no ``pyplot``, no global backend switch): it
+works headless and never changes the calling program's backend.
 """
 
 from __future__ import annotations
@@ -26,36 +23,37 @@ TRAINING_KEYS = {
     "spl": "charts/spl",
     "return": "charts/episodic_return",
 }
-
-
-# The most of ``metrics.jsonl`` read for a plot (a long run logging every few thousand steps
-# writes a few MB; a larger file is read up to this point).
+# The most of ``metrics.jsonl`` read (a long run logging every few thousand steps writes a few MB).
 MAX_METRICS_BYTES = 256 * 2**20
 
 
-def training_curve(metrics_file: Path) -> list[dict[str, float]]:
-    """The plotted metrics of a run's training episodes: ``{"step", "success", ...}`` per log.
+def read_metrics(path: Path) -> list[dict[str, float]]:
+    """The finite numbers of each log point of a ``metrics.jsonl`` (points without any left out).
 
-    Reads ``metrics.jsonl`` (one record per log point), a regular file only and at most
-    :data:`MAX_METRICS_BYTES` of it; a missing file, a link, a FIFO or a line that is not a
-    JSON record of numbers (a run killed mid-write, a crafted file) gives what could be read.
+    The file is untrusted (a run folder may come from anywhere): a regular file only, at most
+    :data:`MAX_METRICS_BYTES` of it, and a line that is not a JSON record is skipped.
     """
-    rows = []
-    raw = read_regular_file(Path(metrics_file), MAX_METRICS_BYTES)
-    if raw is None:
-        return []
-    for line in raw.decode("utf-8", errors="replace").splitlines():
+    raw = read_regular_file(Path(path), MAX_METRICS_BYTES)
+    points = []
+    for line in (raw or b"").decode("utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
         except (json.JSONDecodeError, RecursionError):  # (nested beyond Python's stack)
             continue
-        if not isinstance(record, dict):
-            continue
-        row = {
-            key: record[name] for key, name in TRAINING_KEYS.items() if _finite(record.get(name))
-        }
-        if row and _finite(record.get("env_step")):
-            rows.append({"step": float(record["env_step"]), **row})
+        if isinstance(record, dict):
+            point = {str(k): float(v) for k, v in record.items() if _finite(v)}
+            if point:
+                points.append(point)
+    return points
+
+
+def training_curve(metrics_file: Path) -> list[dict[str, float]]:
+    """The plotted metrics of a run's training episodes: ``{"step", "success", ...}`` per log."""
+    rows = []
+    for point in read_metrics(metrics_file):
+        row = {key: point[name] for key, name in TRAINING_KEYS.items() if name in point}
+        if row and "env_step" in point:
+            rows.append({"step": point["env_step"], **row})
     return rows
 
 
@@ -67,18 +65,11 @@ def plot_checkpoint_metrics(
     expert: Mapping[str, float] | None = None,
     training: Sequence[Mapping[str, float]] = (),
 ) -> Path | None:
-    """Plot success / SPL / return of evaluated checkpoints against env steps.
+    """Plot success / SPL / return of evaluated checkpoints against env steps into ``path``.
 
-    Args:
-        rows: One mapping per checkpoint, in step order, with ``step`` and metric values
-            (``success``, ``spl``, ``return``, ...).
-        path: The PNG to write.
-        title: Figure title (e.g. the run folder).
-        expert: Mean metrics of the task's expert on the same episodes, drawn as dashed lines.
-        training: The run's training curve (:func:`training_curve`), drawn as a thin line.
-
-    Returns:
-        ``path``, or None when no row has any of the plotted metrics.
+    ``rows`` are the checkpoints' in step order (``step`` and the metrics); the expert's
+    metrics are dashed lines, the training curve (:func:`training_curve`) a thin line.
+    Returns ``path``, or None when no row has any of the plotted metrics.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -114,13 +105,15 @@ def plot_checkpoint_metrics(
         fig.suptitle(title, fontsize="medium")
     image = io.BytesIO()
     fig.savefig(image, format="png", dpi=100)
-    # (a link under the name is replaced, not followed; a full disk is named)
     write_atomic(path, image.getvalue(), what="evaluation plot")
     return path
 
 
 def _finite(value: Any) -> bool:
+    """A real number (no bool) that is finite as a float."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
     try:
-        return isinstance(value, int | float) and math.isfinite(float(value))
+        return math.isfinite(float(value))
     except OverflowError:  # (an integer beyond a float's range)
         return False

@@ -1,4 +1,4 @@
-"""Evaluation results written and shown: the per-checkpoint JSON and text tables."""
+"""Evaluation results written and shown: the result files and text tables."""
 
 from __future__ import annotations
 
@@ -13,11 +13,7 @@ from rl.utils.files import write_atomic
 
 
 def settings_tag(settings: Mapping[str, Any]) -> str:
-    """``<split>-<N>ep-<sampled|argmax>-<hash>``: an episode list and action mode, in a file name.
-
-    The hash covers all of :attr:`~rl.evaluation.EvaluateSettings.episode_list`, so results of
-    different settings get different names.
-    """
+    """``<split>-<N>ep-<sampled|argmax>-<hash>`` (the hash: of all of ``settings``)."""
     digest = hashlib.blake2b(
         json.dumps(dict(settings), sort_keys=True, default=str).encode(), digest_size=4
     ).hexdigest()
@@ -26,17 +22,17 @@ def settings_tag(settings: Mapping[str, Any]) -> str:
 
 
 def eval_json_path(checkpoint: Path, settings: Mapping[str, Any]) -> Path:
-    """Where ``evaluate.py`` writes a checkpoint's result for an episode list and action mode.
+    """``<checkpoint>.eval.<settings_tag>.json``: ``evaluate.py``'s result for these settings.
 
-    ``<checkpoint>.eval.<settings_tag>.json``: results of different settings sit side by side,
-    and none replaces the training-time final evaluation, ``<checkpoint>.eval.json``.
+    Results of different settings sit side by side, and none replaces the training-time final
+    evaluation, ``<checkpoint>.eval.json``.
     """
     return checkpoint.with_suffix(f".eval.{settings_tag(settings)}.json")
 
 
 def write_eval_json(path: Path, result: EvalResult, settings: Mapping[str, Any]) -> None:
     """Write the settings, mean metrics and per-episode records as JSON."""
-    write_atomic(  # (a link under the name is replaced, not followed; a full disk is named)
+    write_atomic(
         path,
         json.dumps(
             {"settings": dict(settings), "metrics": result.metrics, "episodes": result.episodes},

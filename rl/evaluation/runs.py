@@ -1,15 +1,8 @@
-"""Evaluation of checkpoints in bulk: ``evaluate.py`` with a run folder, a file or a glob.
+"""What ``evaluate.py`` runs: checkpoints in bulk, an export, or the task's expert.
 
-habitat-baselines' "evaluate every checkpoint" done without its silent skips: the checkpoints to
-evaluate are chosen up front (all of a run in step order, a file, a run's ``latest`` pointer, or
-a glob; optionally thinned to at least ``every_steps`` env steps apart, always keeping the last),
-each is evaluated exactly once on the same fixed episode list
-(:func:`~rl.collection.episodes.episode_seed_list`), and each gets its
-``<checkpoint>.eval.<settings>.json`` (:func:`~rl.evaluation.report.eval_json_path`: results of
-other settings, and the training-time ``<checkpoint>.eval.json``, stay). A run folder also gets
-``eval_summary.csv``/``.json`` and ``eval_summary.png`` (success / SPL / return against env
-steps). ``test_expert=true`` runs the task's expert on the same episodes instead, as a reference
-(``expert.eval.json``), which later summaries and plots show beside the policy.
+The checkpoints are chosen, read and their configs rebuilt before any is evaluated, so none is
+skipped silently (habitat-baselines' "evaluate every checkpoint" skips what it cannot read).
+docs/concepts/evaluation.md describes the files written.
 """
 
 from __future__ import annotations
@@ -17,9 +10,11 @@ from __future__ import annotations
 import contextlib
 import csv
 import dataclasses
+import glob
 import io
 import json
 import logging
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,24 +24,25 @@ import torch
 from tqdm.auto import tqdm
 
 from rl.checkpoints.files import (
+    BEST,
+    CHECKPOINT_DIR,
+    LATEST,
+    CheckpointError,
+    checked_file_path,
+    checkpoint_file,
+    list_checkpoints,
     load_checkpoint,
+    parse_checkpoint_name,
 )
 from rl.checkpoints.lock import RunLock
 from rl.checkpoints.saved_config import rebuild_config
 from rl.collection.episodes import EvalResult, EvalSampler, episode_seed_list, evaluate_policy
 from rl.collection.normalization import Normalizer
 from rl.evaluation.expert_reference import evaluate_expert_reference, load_expert_reference
-from rl.evaluation.export import export_from_settings
+from rl.evaluation.export import describe, export_checkpoint
 from rl.evaluation.inference import load_trained_policy
 from rl.evaluation.plots import plot_checkpoint_metrics, training_curve
 from rl.evaluation.report import eval_json_path, settings_tag, write_eval_json
-from rl.evaluation.selection import (
-    CheckpointRef,
-    checkpoint_ref,
-    find_checkpoints,
-    is_glob,
-    thin_by_steps,
-)
 from rl.evaluation.settings import EvaluateSettings
 from rl.models.policy import Policy
 from rl.tasks.factory import TaskLayout, task_layout, with_split
@@ -56,16 +52,123 @@ from rl.utils.threads import set_torch_threads
 
 log = logging.getLogger(__name__)
 
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt")
+_GLOB_CHARS = frozenset("*?[")
 SUMMARY_NAME = "eval_summary"
 # Columns of the printed summary, in this order, when present.
 TABLE_METRICS = ("success", "spl", "return", "length", "final_distance", "game_return")
-
-
-# ----------------------------------------------------------------- evaluation
 # What evaluation builds from a checkpoint's config (the rest is never built: not judged).
 BUILT_FOR_EVALUATION = ("task", "model")
 
 
+# ----------------------------------------------------------------- which checkpoints
+def is_glob(value: Any) -> bool:
+    """Whether a ``ckpt=`` value is a glob; a path that exists is literal (``run[1]/x.pt``)."""
+    if not value or not _GLOB_CHARS & set(str(value)):
+        return False
+    return not os.path.lexists(os.path.expanduser(str(value)))
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointRef:
+    """A checkpoint file, the pipeline stage it was saved in and the env step."""
+
+    path: Path
+    stage: int
+    step: int
+
+    @property
+    def run_dir(self) -> Path:
+        """The run folder: the parent of ``checkpoints/``, else the file's folder."""
+        parent = self.path.parent
+        return parent.parent if parent.name == CHECKPOINT_DIR else parent
+
+
+def checkpoint_ref(path: str | Path) -> CheckpointRef:
+    """A checkpoint's stage and env step: from its name, else from its contents."""
+    path = Path(path)
+    parsed = parse_checkpoint_name(path)
+    if parsed is not None:
+        return CheckpointRef(path, parsed[0], parsed[1])
+    pipe = load_checkpoint(path).get("pipeline") or {}
+    if not isinstance(pipe, dict):
+        raise CheckpointError(f"{path}: its pipeline position is not a mapping")
+    return CheckpointRef(
+        path, int(pipe.get("current_stage_index", 0)), int(pipe.get("total_steps", 0))
+    )
+
+
+def find_checkpoints(
+    *, ckpt: str | None = None, run_dir: str | None = None
+) -> list[CheckpointRef]:
+    """The checkpoints named by ``ckpt`` or ``run_dir``, by run folder, each run in step order.
+
+    Args:
+        ckpt: A checkpoint file, a run's ``checkpoints/latest`` or ``checkpoints/best``
+            pointer, or a glob of files (``**`` allowed).
+        run_dir: A run folder: every checkpoint in its ``checkpoints/``.
+
+    Raises:
+        ConfigError: Neither or both are given.
+        CheckpointError: Nothing matches, or a file needed for ordering is unreadable.
+        UnsafePathError: A run's ``checkpoints`` is a link (another run's files) or not a folder.
+    """
+    if bool(ckpt) == bool(run_dir):
+        raise ConfigError(
+            "evaluate: set exactly one of ckpt=FILE_OR_GLOB (checkpoint files) or "
+            f"run_dir=RUN_FOLDER (every checkpoint of a run); got ckpt={ckpt!r}, "
+            f"run_dir={run_dir!r}"
+        )
+    if run_dir:
+        paths = list_checkpoints(run_dir)
+        if not paths:
+            raise CheckpointError(f"no checkpoint in {Path(run_dir) / CHECKPOINT_DIR}")
+    elif is_glob(ckpt):
+        paths = [
+            checked_file_path(p)
+            for p in glob.glob(str(ckpt), recursive=True)
+            if Path(p).is_file() and Path(p).suffix in CHECKPOINT_SUFFIXES
+        ]
+        if not paths:
+            raise CheckpointError(
+                f"no checkpoint file ({'/'.join(CHECKPOINT_SUFFIXES)}) matches ckpt={ckpt!r}"
+            )
+    else:
+        path = Path(str(ckpt)).expanduser()
+        in_run = path.parent.name == CHECKPOINT_DIR
+        pointer = path.name in (LATEST, BEST) and in_run  # (any kind: ignored)
+        if path.is_dir() and not pointer:
+            raise ConfigError(
+                f"ckpt={ckpt!r} is a folder; for every checkpoint of a run use run_dir="
+            )
+        path = checkpoint_file(path)  # (the run's latest / best pointer: what it names)
+        if not path.is_file():  # (a FIFO is never opened: it could block)
+            problem = "is not a regular file" if os.path.lexists(path) else "does not exist"
+            raise CheckpointError(f"checkpoint {path} {problem}")
+        paths = [path]
+    refs = [checkpoint_ref(p) for p in paths]
+    return sorted(refs, key=lambda r: (str(r.run_dir), r.step, r.stage, r.path.name))
+
+
+def thin_by_steps(refs: Sequence[CheckpointRef], every_steps: int) -> list[CheckpointRef]:
+    """Keep checkpoints at least ``every_steps`` env steps apart (0: all), per run folder.
+
+    A run's first and last checkpoints are always kept; ``refs`` in run, then step order.
+    """
+    if every_steps < 0:
+        raise ConfigError(f"every_steps: must be >= 0, got {every_steps}")
+    if every_steps == 0:
+        return list(refs)
+    kept: list[CheckpointRef] = []
+    for i, ref in enumerate(refs):
+        last_of_run = i + 1 == len(refs) or refs[i + 1].run_dir != ref.run_dir
+        first_of_run = not kept or kept[-1].run_dir != ref.run_dir
+        if first_of_run or last_of_run or ref.step - kept[-1].step >= every_steps:
+            kept.append(ref)
+    return kept
+
+
+# ----------------------------------------------------------------- evaluation
 class _ModelCache:
     """Rebuilt configs by checkpoint, one model per distinct (model, task) config."""
 
@@ -111,11 +214,6 @@ class _ModelCache:
         return model, train_cfg, normalizer
 
 
-def summary_row(ref: CheckpointRef, result: EvalResult) -> dict[str, Any]:
-    """One summary row: ``checkpoint``, ``step``, ``stage`` and the mean metrics."""
-    return {"checkpoint": ref.path.name, "step": ref.step, "stage": ref.stage, **result.metrics}
-
-
 def format_summary(
     rows: Sequence[Mapping[str, Any]], title: str, expert: Mapping[str, float] | None = None
 ) -> str:
@@ -136,11 +234,7 @@ def format_summary(
 
 
 def summary_stems(settings: Mapping[str, Any]) -> tuple[str, str]:
-    """The names (no suffix) of a run's summary: its setting's own, and the latest's.
-
-    ``eval_summary.<settings_tag>`` keeps every setting's summary (argmax and sampled, other
-    episode lists); ``eval_summary`` is the run's latest evaluation, whatever its setting.
-    """
+    """``eval_summary.<settings_tag>`` (each setting's own) and ``eval_summary`` (the latest)."""
     return f"{SUMMARY_NAME}.{settings_tag(settings)}", SUMMARY_NAME
 
 
@@ -150,11 +244,7 @@ def write_summary(
     settings: Mapping[str, Any],
     expert: Mapping[str, float] | None = None,
 ) -> tuple[Path, Path]:
-    """Write ``eval_summary.<settings>.{csv,json}`` (one row per checkpoint) and the latest's.
-
-    Returns:
-        The setting's own CSV and JSON (``eval_summary.{csv,json}`` are copies of them).
-    """
+    """Write both :func:`summary_stems` as CSV and JSON; return the setting's own two files."""
     columns = ["checkpoint", "step", "stage"]
     columns += sorted({k for r in rows for k in r} - set(columns))
     table = io.StringIO(newline="")
@@ -172,11 +262,7 @@ def write_summary(
 
 
 def evaluate_checkpoints(cfg: EvaluateSettings) -> dict[str, float]:
-    """Evaluate every selected checkpoint; write per-checkpoint JSONs, summaries and plots.
-
-    Returns:
-        The last evaluated checkpoint's metrics as ``eval/*``.
-    """
+    """Evaluate the selected checkpoints; return the last one's metrics as ``eval/*``."""
     refs = find_checkpoints(ckpt=cfg.ckpt, run_dir=cfg.run_dir)
     selected = thin_by_steps(refs, cfg.every_steps)
     if len(selected) < len(refs):
@@ -199,11 +285,7 @@ def evaluate_checkpoints(cfg: EvaluateSettings) -> dict[str, float]:
 
 
 def eval_sampler(ref: CheckpointRef, train_cfg: Mapping[str, Any], device: str) -> EvalSampler:
-    """How a checkpoint's evaluation steps its environments: as its run's sampler says.
-
-    A run trained with ``sampler=batched`` evaluates through the batched sampler with its
-    settings, its environments where the models run (``device``: a run trained with its
-    environments on a GPU evaluates on a machine without one); any other serially.
+    """The checkpoint's run's sampler (``batched``, its environments on ``device``), else serial.
 
     Raises:
         ConfigError: The saved sampler settings are out of range (the checkpoint named).
@@ -215,11 +297,7 @@ def eval_sampler(ref: CheckpointRef, train_cfg: Mapping[str, Any], device: str) 
 
 
 def _as_trained(selected: Sequence[CheckpointRef], models: _ModelCache) -> bool:
-    """The ``eval.deterministic`` the selected checkpoints' runs trained with (one for all).
-
-    Raises:
-        ConfigError: The runs evaluated differently (``deterministic=`` must say which).
-    """
+    """The ``eval.deterministic`` the selected checkpoints' runs trained with (one for all)."""
     modes = {
         ref.run_dir: bool((models.config(ref).get("eval") or {}).get("deterministic", False))
         for ref in selected
@@ -241,7 +319,6 @@ def _evaluate_selected(
     selected: Sequence[CheckpointRef],
     models: _ModelCache,
 ) -> dict[str, float]:
-    """Evaluate ``selected`` (of ``refs``, all found); write JSONs, summaries and plots."""
     assert cfg.deterministic is not None  # (the caller resolved it: as the runs trained)
     device = torch.device(cfg.device)
     episode_seeds = episode_seed_list(cfg.num_episodes, cfg.episode_seed)
@@ -279,7 +356,7 @@ def _evaluate_selected(
             result,
             {**settings, "checkpoint": str(ref.path), "step": ref.step, "stage": ref.stage},
         )
-        rows_by_run.setdefault(ref.run_dir, []).append(summary_row(ref, result))
+        rows_by_run.setdefault(ref.run_dir, []).append(_summary_row(ref, result))
         logged = result.as_logged("eval")
     bar.close()
 
@@ -310,8 +387,32 @@ def _evaluate_selected(
     return logged
 
 
+def _summary_row(ref: CheckpointRef, result: EvalResult) -> dict[str, Any]:
+    return {"checkpoint": ref.path.name, "step": ref.step, "stage": ref.stage, **result.metrics}
+
+
+# ----------------------------------------------------------------- evaluate.py
+def export_from_settings(cfg: EvaluateSettings) -> dict[str, float]:
+    """``export=onnx|pt2``: one checkpoint's policy written for use without the framework."""
+    if cfg.test_expert:
+        raise ConfigError("export: exports a checkpoint's policy; test_expert=true has none")
+    source = cfg.ckpt or cfg.run_dir
+    if source is None:
+        raise ConfigError("export: give the checkpoint, ckpt=FILE (or its run: run_dir=RUN)")
+    if cfg.ckpt and is_glob(cfg.ckpt):
+        raise ConfigError(f"export: exports one checkpoint, ckpt={cfg.ckpt!r} is a glob")
+    info = export_checkpoint(
+        source,
+        cfg.export,  # type: ignore[arg-type]
+        cfg.export_path,
+        trusted_targets=cfg.trusted_targets,
+    )
+    print(describe(info))
+    return {"export/checked_observations": float(info.checked_observations)}
+
+
 def evaluate_from_config(cfg: Mapping[str, Any]) -> dict[str, float]:
-    """What ``evaluate.py`` runs (via ``rl.engine.run.evaluate``): checkpoints or the expert.
+    """What ``evaluate.py`` runs: checkpoints, an export or the expert.
 
     Args:
         cfg: The plain conf/evaluate.yaml config; ``task`` is there only when a task was
@@ -332,24 +433,15 @@ def evaluate_from_config(cfg: Mapping[str, Any]) -> dict[str, float]:
     if settings.export is not None:
         return export_from_settings(settings)
     if settings.test_expert:
-        return evaluate_expert_reference(settings, task)
+        folder = None
+        if settings.run_dir:  # (resolved: the user may reach it through a link)
+            folder = Path(settings.run_dir).expanduser().resolve()
+        elif settings.ckpt:
+            folder = find_checkpoints(ckpt=settings.ckpt)[0].run_dir
+        return evaluate_expert_reference(settings, folder, task)
     if task:
         raise ConfigError(
             "task=... is only used with test_expert=true; checkpoints are evaluated on the task "
             "saved in them"
         )
     return evaluate_checkpoints(settings)
-
-
-__all__ = [
-    "CheckpointRef",
-    "checkpoint_ref",
-    "evaluate_checkpoints",
-    "evaluate_expert_reference",
-    "evaluate_from_config",
-    "find_checkpoints",
-    "format_summary",
-    "load_expert_reference",
-    "thin_by_steps",
-    "write_summary",
-]

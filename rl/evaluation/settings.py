@@ -1,6 +1,6 @@
-"""Evaluation settings, typed: ``eval`` and ``valid`` of conf/train.yaml, and conf/evaluate.yaml.
+"""Evaluation settings, typed (the YAML files document each key).
 
-A training section set to ``null`` (``eval=null``) turns that evaluation off.
+``eval`` and ``valid`` of conf/train.yaml (``null`` turns one off), and conf/evaluate.yaml.
 """
 
 from __future__ import annotations
@@ -15,17 +15,7 @@ from rl.utils.config import MAX_EPISODES, MAX_WORKERS, Check, load_section, sect
 
 @dataclasses.dataclass(frozen=True)
 class EvalSettings:
-    """Evaluation of the policy during training and after it (``eval`` in conf/train.yaml).
-
-    Attributes:
-        num_episodes: Episodes of the fixed list evaluated after training (0: none).
-        interval: Also evaluate every this many env steps during training (0: never).
-        episode_seed: Episode ``i`` of the list resets with seed ``episode_seed + i``.
-        num_envs: Environments stepped together.
-        deterministic: Argmax actions instead of seeded sampled ones.
-        action_seed: Seed of the action-sampling generator.
-        split: The task's episode split evaluated (``test``; None: the task's own).
-    """
+    """Evaluation of the policy during training and after it (``eval`` in conf/train.yaml)."""
 
     num_episodes: Annotated[int, Check(ge=0, le=MAX_EPISODES)]
     interval: Annotated[int, Check(ge=0)]
@@ -38,19 +28,7 @@ class EvalSettings:
 
 @dataclasses.dataclass(frozen=True)
 class ValidSettings:
-    """Validation of every checkpoint in a separate process (``valid`` in conf/train.yaml).
-
-    Attributes:
-        enabled: Validate each checkpoint while training goes on.
-        num_episodes: Episodes of the validation list.
-        episode_seed: Episode ``i`` resets with seed ``episode_seed + i``.
-        num_envs: Environments stepped together in the validation process.
-        deterministic: Argmax actions instead of sampled ones.
-        action_seed: Seed of the action generator (the same for every checkpoint).
-        mp_start_method: ``forkserver`` (falls back to ``spawn`` where missing) or ``spawn``.
-        torch_threads: Torch threads of the validation process.
-        split: The task's episode split validated on (``valid``; None: the task's own).
-    """
+    """Validation of every checkpoint in a separate process (``valid`` in conf/train.yaml)."""
 
     enabled: bool
     num_episodes: Annotated[int, Check(ge=1, le=MAX_EPISODES)]
@@ -64,7 +42,7 @@ class ValidSettings:
 
 
 def eval_settings(section: Any) -> EvalSettings | None:
-    """The ``eval`` section's settings (None: ``eval: null``; ``ConfigError`` if invalid)."""
+    """The ``eval`` section's settings (None: ``eval: null``)."""
     return None if section is None else load_section(EvalSettings, section, "eval")
 
 
@@ -90,32 +68,7 @@ def evaluation_errors(eval_section: Any, valid_section: Any) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class EvaluateSettings:
-    """What ``evaluate.py`` runs (conf/evaluate.yaml documents each key).
-
-    Attributes:
-        ckpt: A checkpoint file or a glob of them (exactly one of ``ckpt`` / ``run_dir``).
-        run_dir: A run folder: every checkpoint, in step order.
-        every_steps: Keep checkpoints at least this many env steps apart (0: all).
-        test_expert: Run the task's expert instead of checkpoints.
-        num_episodes: Episodes of the fixed list.
-        episode_seed: Episode ``i`` resets with seed ``episode_seed + i``.
-        num_envs: Environments stepped together.
-        deterministic: Argmax actions instead of seeded sampled ones; None: as the run
-            evaluated while training (its ``eval.deterministic``).
-        action_seed: Seed of the action-sampling generator.
-        device: Where the models run.
-        torch_threads: An integer, ``auto`` (:mod:`rl.utils.threads`) or None (torch's
-            default).
-        progress_bar: A tqdm bar over checkpoints (None: when the console is a terminal).
-        plot: Write ``eval_summary.png`` for a run.
-        export: ``onnx`` or ``pt2``: export the checkpoint's policy instead of evaluating
-            (:mod:`rl.evaluation.export`); None: evaluate.
-        export_path: Where the export is written (None: beside the checkpoint).
-        output_dir: Where ``test_expert`` without a run writes.
-        split: The task's episode split evaluated (``test``; None: the task's own).
-        trusted_targets: Patterns of ``_target_`` callables the checkpoints' saved configs may
-            name where the config tree names others (:mod:`rl.checkpoints.trust`).
-    """
+    """What ``evaluate.py`` runs (conf/evaluate.yaml)."""
 
     ckpt: str | None
     run_dir: str | None

@@ -1,11 +1,4 @@
-"""Evaluation of the policy while it trains (every ``eval.interval`` env steps) and after.
-
-:class:`TrainingEvaluation` is the trainer callback behind the ``eval`` section: it runs the
-fixed episode list in the trainer's process (with its own action generator, so training's
-random streams are untouched), logs ``eval/*`` at the current env step and makes the values
-visible to early-stopping criteria (``MetricThresholdCriterion(metric=eval/success)``). After
-the last stage it evaluates the final policy and writes ``<final checkpoint>.eval.json``.
-"""
+"""Evaluation of the policy while it trains (every ``eval.interval`` env steps) and after."""
 
 from __future__ import annotations
 
@@ -26,9 +19,9 @@ log = logging.getLogger(__name__)
 class TrainingEvaluation(Callback):
     """Trainer callback: ``eval/*`` every ``settings.interval`` env steps and at the end.
 
-    Args:
-        settings: The ``eval`` section (``interval`` 0: not during training;
-            ``num_episodes`` 0: not at all).
+    The episodes run with their own action generator (training's random streams are untouched);
+    the values reach early-stopping criteria (``MetricThresholdCriterion(metric=eval/success)``)
+    and, at the end, ``<final checkpoint>.eval.json``.
     """
 
     def __init__(self, settings: EvalSettings) -> None:
@@ -37,11 +30,9 @@ class TrainingEvaluation(Callback):
         self._last: tuple[int, EvalResult | None] = (-1, None)
 
     def evaluate(self, trainer: OnPolicyTrainer) -> EvalResult:
-        """Run the trainer's policy on the episode list; log ``eval/*`` at the current step.
+        """Run the episode list through the collector; log ``eval/*`` at the current step.
 
-        The collector runs it: in this process, or spread over collection workers.
-        ``eval/seconds`` is its wall time (spent outside training: benchmarks of time to a
-        success rate take it off the clock).
+        ``eval/seconds`` is its wall time (benchmarks of time to a success rate take it off).
         """
         s = self.settings
         t0 = time.perf_counter()

@@ -1,26 +1,18 @@
 """Validation during training: every new checkpoint evaluated in a separate process.
 
-AllenAct's valid mode ran a separate process that looked for the newest checkpoint, and so
-skipped checkpoints silently whenever it fell behind. Here the trainer hands each saved
-checkpoint's *path* to one validation process (the ``on_checkpoint`` hook) as a call of its
-:class:`Validator`; the process runs the calls in order, one by one, on the fixed validation
-episode list, and sends the mean metrics back. The main process logs them as ``valid/*``
-against each checkpoint's env step (results are polled on every rollout end and drained at the
-end of training, before the loggers close). Nothing is skipped: when a new checkpoint arrives while
-earlier ones are still waiting, a warning says how many are pending. Each result is also written
-next to its checkpoint (``<checkpoint>.valid.json``), so a run stopped with validations pending
-queues those checkpoints again when it resumes. A checkpoint stays held by the trainer's
-:class:`~rl.checkpoints.retention.CheckpointRetention` from its submission until its result
-arrives (``pipeline.keep_last`` never deletes it meanwhile), and each result is handed to it
-(``pipeline.best_metric=valid/...`` judges the checkpoint by it).
+AllenAct's valid mode looked for the newest checkpoint and so skipped checkpoints whenever it fell
+behind. Here the trainer hands each saved checkpoint's path to one validation process, which
+validates them in order on the fixed validation episode list; ``valid/*`` is logged at each
+checkpoint's env step. Nothing is skipped: a warning says how many are pending when it falls
+behind, a run stopped with validations pending queues them again when it resumes (each result
+is also ``<checkpoint>.valid.json``), and the trainer's
+:class:`~rl.checkpoints.retention.CheckpointRetention` holds a checkpoint until its result
+arrives (``pipeline.keep_last`` never deletes it meanwhile; ``pipeline.best_metric=valid/...``
+judges it by the result).
 
-The process starts with the first checkpoint and gets plain data only (the resolved task and
-model configs, then checkpoint paths). It is a child of the process runtime
-(:class:`~rl.utils.processes.ChildProcesses`, the one the multiprocess sampler and process
-collection workers use): an explicit ``forkserver``/``spawn`` context, its own torch thread
-count, Ctrl-C left to the trainer, its death noticed at once, killed with its parent, ended by
-:meth:`BackgroundValidation.close` on errors, so no process outlives the run. A checkpoint whose
-validation raises is logged as an error and the next one is validated.
+The process is a child of the process runtime (:class:`~rl.utils.processes.ChildProcesses`):
+it gets plain data only, its death is noticed at once and it never outlives the run. A
+checkpoint whose validation raises is logged as an error and the next one is validated.
 """
 
 from __future__ import annotations
@@ -54,7 +46,7 @@ _POLL_SECONDS = 0.5
 
 
 def result_path(checkpoint: Path) -> Path:
-    """Where the validation result of ``checkpoint`` is written (``<checkpoint>.valid.json``)."""
+    """``<checkpoint>.valid.json``: the checkpoint's validation result."""
     return checkpoint.with_suffix(".valid.json")
 
 
@@ -66,16 +58,10 @@ def _checkpoint_step(path: Path, state: Mapping[str, Any] | None = None) -> int:
 
 
 class Validator:
-    """What the validation process serves: a policy and the validation episodes, per checkpoint.
+    """What the validation process serves: the ``valid/*`` metrics of a checkpoint.
 
-    Args:
-        task: Plain (resolved) task config of the validation split.
-        model_cfg: Plain (resolved) model config.
-        settings: The ``valid`` section, as a dict.
-        device: Where the model runs.
-        layout: The task's spaces and agents, read by the run (None: read here, building one
-            environment).
-        sampler: How the environments are stepped (None: serially).
+    ``task`` and ``model_cfg`` are plain resolved configs, ``settings`` the ``valid`` section
+    as a dict; ``layout`` None: read here (building one environment).
     """
 
     def __init__(
@@ -124,19 +110,17 @@ class BackgroundValidation(Callback):
     """Trainer callback that validates every checkpoint in a separate process.
 
     ``on_checkpoint`` queues each saved checkpoint, ``on_rollout_end`` logs finished
-    validations, ``on_train_end`` waits for every pending one (its ``valid/*`` then join the
-    trainer's last metrics); call :meth:`close` in a ``finally`` (terminates the process if it
-    is still running).
+    validations, ``on_train_end`` waits for every pending one (their ``valid/*`` join the
+    trainer's last metrics); call :meth:`close` in a ``finally``.
 
     Args:
         settings: The ``valid`` section.
         task: Plain (resolved) task config.
         model: Plain (resolved) model config.
-        logger: The run's logger; ``valid/*`` is logged at each checkpoint's env step.
+        logger: The run's logger.
         device: Where the validation model runs.
         layout: The task's spaces and agents, read by the run (None: read in the process).
-        sampler: How the validation environments are stepped (None: serially; the run's
-            :meth:`EvalSampler.of_run <rl.collection.episodes.EvalSampler.of_run>`).
+        sampler: How the validation environments are stepped (None: serially).
     """
 
     def __init__(
@@ -264,11 +248,7 @@ class BackgroundValidation(Callback):
 
     # ------------------------------------------------------------- results
     def poll(self, timeout: float | None = None) -> int:
-        """Log finished validations; wait up to ``timeout`` seconds for the first one.
-
-        Returns:
-            How many results were logged.
-        """
+        """Log finished validations, waiting up to ``timeout`` seconds for one; return how many."""
         if self._process is None:
             return 0
         count = 0
@@ -310,13 +290,10 @@ class BackgroundValidation(Callback):
             self._retention.validated(path, metrics)
 
     def finish(self, timeout: float | None = None) -> None:
-        """Wait for every pending checkpoint, log the results, and stop the process.
-
-        Args:
-            timeout: Seconds to wait in all (None: as long as it takes).
+        """Wait up to ``timeout`` seconds in all for every pending result, then stop the process.
 
         Raises:
-            RuntimeError: If the process died or the timeout passed with checkpoints pending.
+            RuntimeError: The process died or the timeout passed with checkpoints pending.
         """
         if self._finished:
             return

@@ -1,15 +1,10 @@
 """Probe videos (AllenAct's ``probe``): one full episode of the current policy, as a video.
 
-Every ``video_interval`` env steps, :class:`ProbeVideo` builds (once) a one-environment
-sampler over the task config with ``render_mode="rgb_array"`` (:func:`rendering_sampler`;
-minigrid renders RGB frames) playing environment 0's seed, runs the current policy for one
-whole episode through the one step loop (:func:`~rl.sampling.runner.run_steps`; recurrent state
-handled, actions sampled from the callback's own generator so training's random streams are
-untouched), and writes ``<run>/videos/step_<N>.mp4`` (imageio + ffmpeg; an animated GIF via
-Pillow when ffmpeg is missing; atomically, never through a link), with a caption under every
-frame (step, action, reward, return; the episode's metrics on the last frame:
-:func:`caption_frame`). The logger's ``log_video`` hands it to the sinks that show videos
-(wandb).
+Every ``video_interval`` env steps, :class:`ProbeVideo` plays environment 0's episode with the
+current policy through the one step loop (actions from its own generator: training's random
+streams are untouched) and writes ``<run>/videos/step_<N>.mp4`` (a GIF without ffmpeg), each
+frame captioned with the step, action, reward and return. The logger hands it to the sinks that
+show videos.
 """
 
 from __future__ import annotations
@@ -50,8 +45,8 @@ def _pad_frame(frame: np.ndarray, block: int = 16) -> np.ndarray:
 def caption_frame(frame: np.ndarray, lines: Sequence[str], min_width: int = 320) -> np.ndarray:
     """``frame`` (``[H, W, 3]`` uint8) enlarged to at least ``min_width`` with ``lines`` under it.
 
-    Small frames (a 60x80 camera) are scaled up by a whole factor, nearest neighbour, so the
-    caption, in Pillow's built-in font on a black strip, stays readable.
+    Enlarged by a whole factor (nearest neighbour), so that Pillow's built-in font stays readable
+    under a 60x80 camera's frame.
     """
     from PIL import Image, ImageDraw
 
@@ -73,19 +68,10 @@ def _action_text(action: np.ndarray) -> str:
 
 
 def write_video(frames: Sequence[np.ndarray], path: Path, fps: int = 8) -> Path:
-    """Write RGB frames as an MP4 (imageio-ffmpeg), else as a GIF next to it (Pillow).
+    """Write ``[H, W, 3]`` uint8 frames as the MP4 ``path``, else (no ffmpeg) a GIF beside it.
 
-    Both are written atomically (:mod:`rl.utils.files`): to a temporary file with a random name
-    in the same folder, renamed over ``path``: a link under the name (a copied run folder) is
-    replaced, never written through; a full disk is an :class:`OSError` naming the file.
-
-    Args:
-        frames: ``[H, W, 3]`` uint8 frames.
-        path: Target path with a ``.mp4`` suffix.
-        fps: Frames per second.
-
-    Returns:
-        The path written (``.gif`` suffix when ffmpeg was not available).
+    Returns the path written. Atomic (:mod:`rl.utils.files`): a link under the name is replaced,
+    never written through.
 
     Raises:
         UnsafePathError: ``path``'s folder is a link, or ``path`` is a folder.
@@ -124,10 +110,9 @@ def write_video(frames: Sequence[np.ndarray], path: Path, fps: int = 8) -> Path:
 
 
 def rendering_sampler(task: Mapping[str, Any], seed: int) -> Sampler:
-    """One environment of ``task`` rendering RGB frames, playing the episode of ``seed``.
+    """One environment of ``task`` rendering RGB frames; each ``reset()`` plays ``seed``'s episode.
 
-    Its ``reset()`` starts that same episode again, so one sampler serves every video. A
-    multi-agent task's has one row per agent (:class:`~rl.sampling.agents.AgentRows`).
+    A multi-agent task's has one row per agent (:class:`~rl.sampling.agents.AgentRows`).
     """
     return agent_rows(
         SerialSampler(
@@ -168,24 +153,23 @@ def record_episode(
 ) -> tuple[list[np.ndarray], dict[str, float]]:
     """Run ``model`` for the episode of a :func:`rendering_sampler`, one frame per step.
 
-    The policy acts through the one step loop (:func:`~rl.sampling.runner.run_steps`) and the
-    one policy step (:class:`~rl.collection.acting.PolicyActor`), as in evaluation.
+    The policy acts as in evaluation (:func:`~rl.sampling.runner.run_steps`,
+    :class:`~rl.collection.acting.PolicyActor`); its train/eval mode is restored afterwards.
 
     Args:
-        model: The policy (its training/eval mode is restored afterwards).
-        sampler: A one-environment sampler rendering RGB arrays (:func:`rendering_sampler`).
+        model: The policy.
+        sampler: A :func:`rendering_sampler`.
         device: Where the model runs.
-        deterministic: Argmax actions instead of sampled ones.
+        deterministic: Argmax actions, or actions sampled with ``generator``.
         generator: Generator for sampled actions (keeps the global RNG untouched).
         max_frames: Stop after this many steps even if the episode has not ended.
-        normalizer: The run's observation normalisation, applied frozen (None: none).
-        captions: Caption every frame (:func:`caption_frame`): the step, the action taken to
-            reach it, its reward and the return so far; the episode's metrics (success, SPL)
-            on the last one.
+        normalizer: The run's observation normalisation, applied frozen.
+        captions: Caption every frame with the step, the action taken to reach it, its reward
+            and the return so far; the episode's metrics on the last one.
 
     Returns:
         The frames (the first observation's included) and ``{"return", "length"}`` plus the
-        task's ``episode_metrics`` (those only when the episode ended within ``max_frames``).
+        task's episode metrics (those only when the episode ended within ``max_frames``).
     """
     was_training = model.training
     model.eval()
@@ -202,14 +186,9 @@ def record_episode(
         frames.append(_frame(sampler))
         reward = float(result["rewards"].sum())  # the team's, with several agents
         total += reward
-        lines.append(
-            [
-                f"step {t + 1}  action {_action_text(_one(step['actions'].cpu().numpy()))}  "
-                f"reward {reward:+.2f}"
-                f"  return {total:.2f}",
-                "",
-            ]
-        )
+        action = _action_text(_one(step["actions"].cpu().numpy()))
+        text = f"step {t + 1}  action {action}  reward {reward:+.2f}  return {total:.2f}"
+        lines.append([text, ""])
         for episode in finished_episodes(result):
             metrics = episode.metrics
         return False
@@ -238,7 +217,7 @@ class ProbeVideo(Callback):
         task: Plain task config (its ``_target_`` must accept ``render_mode``).
         output_dir: The run folder; videos go to ``output_dir/videos/step_<N>.mp4``.
         interval: Env steps between videos.
-        seed: Reset seed of the recorded episode (the run uses environment 0's training seed:
+        seed: Reset seed of the recorded episode (the run gives environment 0's training seed:
             the same episode every time, to compare policies).
         device: Where the model runs.
         fps: Frames per second of the video.
@@ -260,7 +239,6 @@ class ProbeVideo(Callback):
             raise ValueError(f"video_interval must be >= 1, got {interval}")
         self.task = dict(task)
         self.output_dir = Path(output_dir)
-        self.folder = self.output_dir / "videos"
         self.interval = interval
         self.seed = seed
         self.device = torch.device(device)
@@ -287,7 +265,7 @@ class ProbeVideo(Callback):
         Raises:
             UnsafePathError: The run's ``videos`` is a link or not a folder (checked first).
         """
-        folder = run_subdir(self.output_dir, "videos")  # (a linked videos/: refused)
+        folder = run_subdir(self.output_dir, "videos")
         if self._sampler is None:
             self._sampler = rendering_sampler(self.task, self.seed)
         generator = torch.Generator(device=self.device).manual_seed(self.seed)
