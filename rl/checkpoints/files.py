@@ -1,27 +1,10 @@
-r"""Checkpoint files: sortable names, atomic writes, safe loading.
+"""Checkpoint files: sortable names, atomic writes, safe loading (:func:`load_checkpoint`).
 
 Names are ``ckpt_stage{SS}_step{NNNNNNNNNNNN}.pt`` so that a plain sort is step order; a
 ``latest`` file beside them names the newest (and ``best`` the best by the run's chosen metric:
-:mod:`rl.checkpoints.retention`). Files are written to a temporary name, fsynced and renamed,
-so a crash mid-write never leaves a corrupt file under a checkpoint name; a failed write (a
-full disk) is a :class:`CheckpointError` naming the file and saying which checkpoint is still
-intact. Non-finite weights are never written.
-
-Loading treats the file as untrusted input, in this order:
-
-1. its shape, from the archive's end record and directory only (:func:`archive_problem`): the
-   end record closes the file; the SHA-256 in the zip archive comment matches (``torch.load``
-   ignores the comment and does not check the archive's CRCs, so without it a flipped bit
-   would load silently; files written before the digest existed load unverified); every entry
-   is stored uncompressed, as ``torch.save`` writes them, and all fit in the file: a sparse
-   multi-GB file or a zip bomb is refused in constant memory, before anything is inflated;
-2. ``torch.load(weights_only=True)``: a checkpoint that needs arbitrary unpickling is refused;
-3. the config saved in it is data (:func:`~rl.checkpoints.saved_config.config_data`: bounded,
-   no interpolation); what is built from it is rebuilt on the user's own config tree
-   (:func:`~rl.checkpoints.saved_config.rebuild_config`), never from the file's ``_target_``\ s;
-4. its weights, optimizer state and normalisation statistics are finite.
-
-Every refusal is a :class:`CheckpointError` naming the file.
+:mod:`rl.checkpoints.retention`). Writes are atomic (:func:`~rl.utils.files.write_atomic`) and
+carry a SHA-256 of the archive in its zip comment: ``torch.load`` ignores the comment and does
+not check the archive's CRCs, so without it a flipped bit would load silently.
 """
 
 from __future__ import annotations
@@ -44,15 +27,11 @@ from rl.utils.files import TMP_SUFFIX, read_regular_file, run_subdir, write_atom
 from rl.utils.finite import NonFiniteError, nonfinite_tensors
 
 CHECKPOINT_DIR = "checkpoints"
-# Version of the checkpoint layout (written by rl.training.state.TrainerState.state_dict).
-# 3: the carried rollout state holds the policy's recurrent state as a dict (``rollout.state``)
-# instead of a GRU's ``rollout.hidden`` ``[L, N, H]``, and ``normalizer`` holds the collector's
-# normalisation statistics (None when off); format-2 checkpoints load (the collector converts
-# them). 4: ``losses`` holds the state of the losses with parameters (auxiliary heads, by loss
-# name; empty for none). 5: ``choices`` (the config group choices, by which the saved config is
-# rebuilt on the user's config tree) replaces ``config_unresolved``, which is never read; an
-# optional ``config_sources`` says where the run's configs came from (for messages only).
-# Formats 2 to 4 load; a newer format is refused.
+# Version of the checkpoint layout (written by rl.training.state.TrainerState.state_dict); 2 to
+# 5 load. 3: the policy's recurrent state as a dict (``rollout.state``, not a GRU's
+# ``rollout.hidden``) and the collector's ``normalizer`` statistics. 4: ``losses``, the state
+# of losses with parameters. 5: ``choices`` (the config group choices the saved config is
+# rebuilt with) replaces ``config_unresolved``, never read; ``config_sources`` (messages only).
 CHECKPOINT_FORMAT = 5
 LATEST = "latest"
 BEST = "best"  # (written by rl.checkpoints.retention, with its record best.json)
@@ -90,8 +69,7 @@ def with_digest(data: bytes) -> bytes:
 def _archive_end(f: BinaryIO, size: int) -> tuple[int, bytes] | str:
     """``(offset of the end record, the archive comment)``, or why the file is not an archive.
 
-    Reads only the file's last 64 KiB: the end record must close the file exactly (its comment
-    running to the last byte), so a file of any size is judged without reading it.
+    The end record must close the file exactly, so only the last 64 KiB are read.
     """
     tail_start = max(0, size - _EOCD_SIZE - 65_535)
     f.seek(tail_start)
@@ -109,8 +87,7 @@ def _archive_end(f: BinaryIO, size: int) -> tuple[int, bytes] | str:
 def _digest_problem(f: BinaryIO, eocd: int, comment: bytes) -> str | None:
     """Why the archive does not match the digest in its ``comment`` (None: it does).
 
-    An empty comment is a file from before digests, loaded unverified. The digest covers every
-    byte before the comment length; it is computed in 1 MiB reads.
+    The digest covers every byte before the comment length.
     """
     if not comment:
         return None  # written before checkpoints carried a digest
@@ -133,10 +110,8 @@ def _digest_problem(f: BinaryIO, eocd: int, comment: bytes) -> str | None:
 def _entries_problem(f: BinaryIO, size: int) -> str | None:
     """Why the archive's entries cannot be loaded within the file's own size (None: they can).
 
-    ``torch.save`` stores its entries uncompressed, so loading needs no more memory than the
-    file holds. A compressed entry (which ``torch.load`` would inflate before its size is
-    known: a zip bomb), an entry whose declared size disagrees with its stored size, or entries
-    adding up to more than the file are refused, from the archive's directory alone.
+    ``torch.save`` stores entries uncompressed; a compressed one (a zip bomb, inflated before
+    its size is known), two sizes that disagree, or more bytes than the file are refused.
     """
     f.seek(0)
     try:
@@ -162,11 +137,11 @@ def _entries_problem(f: BinaryIO, size: int) -> str | None:
 
 
 def archive_problem(f: BinaryIO) -> str | None:
-    """Why an open checkpoint file cannot be loaded safely (None: it can).
+    """Why an open checkpoint file cannot be loaded safely (None: it can), in bounded memory.
 
-    In order, each reading no more than it must: the end record closes the file; the SHA-256 in
-    the archive comment matches (streamed); the archive's directory declares only stored
-    entries that fit in the file. Memory stays bounded whatever the file holds.
+    The end record closes the file; the SHA-256 in its comment matches (none: a file from
+    before digests, loaded unverified); its directory declares only stored entries that fit in
+    the file (a sparse multi-GB file or a zip bomb is refused before anything is inflated).
     """
     size = f.seek(0, os.SEEK_END)
     end = _archive_end(f, size)
@@ -180,8 +155,7 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps:
 
     Raises:
         NonFiniteError: The weights, the optimizer state or the normalisation statistics hold
-            NaN or infinity (nothing is
-            written: a poisoned checkpoint would load as valid and be resumed from).
+            NaN or infinity (nothing is written: it would load as valid and be resumed from).
         CheckpointError: The file cannot be written (a full disk, permissions); the message
             names the file and the run folder and says which earlier checkpoint is intact.
     """
@@ -214,8 +188,7 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps:
     return path
 
 
-# The entries of a checkpoint whose tensors must be finite: checked when it is saved and when
-# it is loaded (one reduction per tensor).
+# The entries whose tensors must be finite, when saved and when loaded.
 _FINITE_ENTRIES = ("model", "losses", "optimizer", "normalizer")
 
 
@@ -227,7 +200,7 @@ def _nonfinite_entries(state: dict[str, Any]) -> str:
 
 
 def _intact(run_dir: Path) -> str:
-    """Which earlier checkpoint of the run is intact (for messages about a failed save)."""
+    """Which earlier checkpoint of the run is intact (for a failed save's message)."""
     found = list_checkpoints(run_dir)
     if not found:
         return "the run has no earlier checkpoint"
@@ -238,8 +211,7 @@ def remove_stale_temp_files(run_dir: str | Path) -> list[Path]:
     """Delete temporary files left by writes that were killed (call only when nothing writes).
 
     Raises:
-        UnsafePathError: The run's ``checkpoints`` is a link (another run's files, perhaps in
-            use) or not a folder.
+        UnsafePathError: The run's ``checkpoints`` is a link or not a folder.
     """
     folder = run_subdir(run_dir, CHECKPOINT_DIR, create=False)
     if not folder.is_dir():
@@ -279,28 +251,8 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 _MAX_POINTER_BYTES = 256
 
 
-def _pointed_name(pointer: Path) -> str | None:
-    """The sibling checkpoint name a pointer (``latest``, ``best``) holds, or None.
-
-    None unless the pointer is a regular file (not a link), at most a few hundred bytes, holding
-    a checkpoint file name and nothing else: a copied run folder whose pointer names
-    ``../../elsewhere/foreign.pt`` (or links elsewhere) never sends evaluation or resume out of
-    the run.
-    """
-    raw = read_regular_file(pointer, _MAX_POINTER_BYTES + 1)  # (a folder, a FIFO: None)
-    if raw is None:
-        return None
-    name = raw.decode("utf-8", errors="replace").strip()
-    if len(raw) > _MAX_POINTER_BYTES or Path(name).name != name:
-        return None
-    return name if parse_checkpoint_name(name) is not None else None
-
-
 def latest_checkpoint(run_dir: str | Path) -> Path:
-    """The newest checkpoint of a run (via ``latest``, else the last in step order).
-
-    ``latest`` counts only when it is a regular file naming a regular file beside it (not a
-    link); otherwise the newest checkpoint in step order is taken.
+    """The newest checkpoint of a run: the one ``latest`` names, else the last in step order.
 
     Raises:
         CheckpointError: The run has no checkpoint.
@@ -319,14 +271,18 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
 def pointed_checkpoint(folder: Path, pointer: str) -> Path | None:
     """The checkpoint that ``folder/pointer`` (``latest``, ``best``) names, or None.
 
-    None unless the pointer is a regular file (not a link) holding only a checkpoint file name
-    (no path) and that name is a regular file (not a link) in ``folder``.
+    None unless the pointer is a small regular file (not a link) holding only a checkpoint file
+    name, of a regular file (not a link) in ``folder``: a copied run whose pointer names
+    ``../../elsewhere/foreign.pt`` never sends evaluation or resume out of the run.
     """
-    name = _pointed_name(folder / pointer)
-    if name is None:
+    raw = read_regular_file(folder / pointer, _MAX_POINTER_BYTES + 1)
+    if raw is None or len(raw) > _MAX_POINTER_BYTES:
         return None
+    name = raw.decode("utf-8", errors="replace").strip()
     candidate = folder / name
-    return candidate if not candidate.is_symlink() and candidate.is_file() else None
+    if Path(name).name != name or parse_checkpoint_name(name) is None or candidate.is_symlink():
+        return None
+    return candidate if candidate.is_file() else None
 
 
 def best_checkpoint(run_dir: str | Path) -> Path:
@@ -349,13 +305,10 @@ def best_checkpoint(run_dir: str | Path) -> Path:
 
 
 def checkpoint_file(path: str | Path) -> Path:
-    """The checkpoint file ``path`` names.
+    """The checkpoint file ``path`` names (``evaluate.py ckpt=``).
 
-    A file is itself (:func:`checked_file_path`: in a run's ``checkpoints/``, below the
-    resolved run folder); a run's ``checkpoints/latest`` pointer (what ``evaluate.py ckpt=``
-    also takes) names the run's newest checkpoint (a ``latest`` that is not a regular file is
-    ignored, as :func:`latest_checkpoint` ignores it), and so does a run folder; a run's
-    ``checkpoints/best`` names its best checkpoint (:func:`best_checkpoint`).
+    A file is itself (:func:`checked_file_path`); a run folder or its ``checkpoints/latest``
+    names the run's newest checkpoint, ``checkpoints/best`` its best.
 
     Raises:
         CheckpointError: ``checkpoints/best`` names no checkpoint beside it.
@@ -375,11 +328,10 @@ def checkpoint_file(path: str | Path) -> Path:
 def checked_file_path(path: str | Path) -> Path:
     """``path``, a file a user named (``ckpt=``, ``export_path=``), with its folders checked.
 
-    A file in a folder named ``checkpoints`` lies in a run: the run folder is resolved (the
-    user may reach it through a link) and its ``checkpoints`` must be a real folder
-    (:func:`~rl.utils.files.run_subdir`), so a copied run whose ``checkpoints`` links to
-    another run's is refused by name, never read or written beside. Any other file's folder is
-    resolved. The file's own name is kept (a link the user names is theirs to follow).
+    A file in a folder named ``checkpoints`` lies in a run, whose ``checkpoints`` must be a real
+    folder (:func:`~rl.utils.files.run_subdir`: a copied run linking to another run's is
+    refused); any other file's folder is resolved. The file's own name is kept (a link the user
+    names is theirs to follow).
 
     Raises:
         UnsafePathError: The run's ``checkpoints`` is a link or not a folder.
@@ -412,25 +364,15 @@ def _open_regular(path: Path) -> BinaryIO:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint safely, with a :class:`CheckpointError` naming the file if it cannot be.
+    """Load a checkpoint, treated as untrusted input; a :class:`CheckpointError` names the file.
 
-    The file is checked before it is unpickled (:func:`archive_problem`: complete, matching its
-    digest, only stored entries that fit in the file), then loaded with
-    ``torch.load(weights_only=True)``; its saved ``config`` must be plain data
-    (:func:`~rl.checkpoints.saved_config.config_data`) and its ``choices`` config group and
-    option names. Nothing is built from the config here: evaluation and ``resume=`` rebuild it
-    on the user's config tree (:func:`~rl.checkpoints.saved_config.rebuild_config`). An older
-    checkpoint's ``config_unresolved`` (interpolations kept) is dropped unread. Weights,
-    optimizer state and normalisation statistics must be finite (as :func:`save_checkpoint`
-    writes them): NaN or infinity there is an :class:`UntrustedCheckpointError` naming the
-    tensors, so evaluation, ``InferenceAgent``, ``resume=`` and ``init_from=`` all refuse it
-    before anything acts on it (and ``resume=RUN`` never falls back to an older checkpoint).
-
-    Args:
-        path: The checkpoint file.
-        map_location: Where the tensors go. The CPU by default, the safe place to read a
-            file whatever device saved it (a checkpoint of a GPU run loads on a machine
-            without one); callers that hold a device pass it.
+    In order: the archive's shape and digest (:func:`archive_problem`, before anything is
+    unpickled); ``torch.load(weights_only=True)``; the saved ``config`` is plain data
+    (:func:`~rl.checkpoints.saved_config.config_data`: nothing is built from it here, it is
+    rebuilt on the user's config tree) and ``choices`` are names; weights, optimizer state and
+    normalisation statistics are finite, else an :class:`UntrustedCheckpointError` (and
+    ``resume=RUN`` never falls back to an older checkpoint). ``map_location`` is the CPU by
+    default, where a file loads whatever device saved it.
     """
     path = Path(path)
     with _open_regular(path) as f:
