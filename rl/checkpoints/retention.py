@@ -1,31 +1,8 @@
-r"""Which checkpoints a run marks and keeps: the best by a chosen metric, and the last N.
+"""Which checkpoints a run marks and keeps: the best by a chosen metric, and the last N.
 
-Two settings of the pipeline (``conf/pipeline/*.yaml``, beside ``save_interval``):
-
-- ``best_metric`` (``valid/success``, ``charts/episodic_return``, ...; None: off) with
-  ``best_mode`` (``max`` or ``min``): once a checkpoint's value of the metric is known, it is
-  compared with the best so far; a strictly better one becomes the best (a tie keeps the
-  earlier). A ``valid/*`` value is known when the checkpoint's validation result arrives (the
-  separate validation process, :mod:`rl.evaluation.validation`); any other metric's value is
-  its latest logged value when the checkpoint is saved. The best is recorded in
-  ``checkpoints/best.json`` (the checkpoint's name, the metric, the mode, the value and the
-  checkpoint's env step), then ``checkpoints/best``, a pointer like ``latest`` holding the
-  checkpoint's file name (``evaluate.py ckpt=RUN/checkpoints/best``,
-  ``InferenceAgent.from_checkpoint(RUN/checkpoints/best)``). Both are atomic writes.
-- ``keep_last`` (None or 0: keep every checkpoint): after each save, and whenever the best
-  changes, the oldest checkpoints beyond the newest ``keep_last`` are deleted, except the best,
-  the one ``latest`` names and any whose validation is still pending
-  (:meth:`CheckpointRetention.hold`). Only regular files under checkpoint names in the run's own
-  ``checkpoints/`` are deleted (never a link, never anything in ``superseded_*/``), each with
-  its validation result ``<checkpoint>.valid.json`` (its values are in ``metrics.jsonl``);
-  evaluation results (``<checkpoint>.eval*.json``) stay.
-
-Neither changes what a checkpoint holds: the trainer's state and its random streams are the
-same with or without them, so resuming stays exact. On resume the best so far comes from
-``best.json``, read as untrusted input (:func:`load_best_record`: a regular file of at most a
-few KB, a checkpoint file name without a path that is a regular file beside it, a finite
-value, an env step matching the name); one that fails, or that was recorded for another metric
-or mode, is ignored with a warning and tracking starts over.
+The rules of ``pipeline.best_metric`` and ``pipeline.keep_last``: docs/concepts/checkpoints.md.
+Neither changes what a checkpoint holds, so resuming stays exact. On resume the best so far
+comes from ``best.json``, read as untrusted input (:func:`load_best_record`).
 """
 
 from __future__ import annotations
@@ -72,12 +49,8 @@ def _metric_value(value: Any) -> float | None:
 class BestRecord:
     """The best checkpoint so far (``checkpoints/best.json``).
 
-    Attributes:
-        checkpoint: Its file name in the run's ``checkpoints/``.
-        metric: The metric it is best by.
-        mode: ``max`` or ``min``.
-        value: Its value of the metric (finite).
-        step: Its global env step.
+    Its file name in the run's ``checkpoints/``, the metric and mode it is best by, its finite
+    value and its env step.
     """
 
     checkpoint: str
@@ -116,10 +89,9 @@ def load_best_record(run_dir: str | Path) -> BestRecord | None:
     """The run's ``checkpoints/best.json``, checked; None when there is none.
 
     Raises:
-        CheckpointError: It is not a record this code wrote (a link, a folder, too large, not
-            JSON, a checkpoint named with a path, a value that is not a finite number, ...) or
-            names a checkpoint that is not a regular file beside it (moved aside by a resume
-            from an older checkpoint, deleted); the message names the file and says why.
+        CheckpointError: It is not a record this code wrote (a link, too large, a checkpoint
+            named with a path, a value that is not a finite number, ...) or names a checkpoint
+            that is not a regular file beside it (moved aside by a resume, deleted).
         UnsafePathError: The run's ``checkpoints`` is a link or not a folder.
     """
     folder = run_subdir(run_dir, CHECKPOINT_DIR, create=False)
@@ -153,15 +125,8 @@ class CheckpointRetention:
 
     The trainer calls :meth:`start` before training (rank 0), :meth:`saved` after each
     checkpoint it writes; the validation callback holds each checkpoint it queues
-    (:meth:`hold`) and hands its result to :meth:`validated`. With both settings off nothing
-    is read, written or deleted.
-
-    Args:
-        run_dir: The run folder.
-        keep_last: Keep this many newest checkpoints (plus the best, the one ``latest``
-            names, and those pending validation); None or 0: keep all.
-        best_metric: The metric a checkpoint is judged by (None: no best tracked).
-        best_mode: ``max`` (higher is better) or ``min``.
+    (:meth:`hold`) and hands its result to :meth:`validated`. With both settings off (None)
+    nothing is read, written or deleted.
     """
 
     def __init__(
@@ -197,11 +162,10 @@ class CheckpointRetention:
 
     # ------------------------------------------------------------------ hooks
     def start(self) -> None:
-        """Take the best so far from the run's ``best.json`` (a resumed run); nothing else.
+        """Take the best so far from the run's ``best.json`` (a resumed run).
 
-        A record that fails :func:`load_best_record`, or was recorded for another metric or
-        mode, is ignored with a warning (tracking starts over; the files are replaced at the
-        next best). A ``best`` pointer that disagrees with a sound record is rewritten.
+        A record that fails :func:`load_best_record`, or of another metric or mode, is ignored
+        with a warning; a ``best`` pointer that disagrees with a sound record is rewritten.
         """
         self.best = None
         if not self.best_metric:
@@ -237,9 +201,9 @@ class CheckpointRetention:
         )
 
     def saved(self, path: Path, metrics: Mapping[str, Any]) -> None:
-        """After ``path`` was written: judge it (``metrics``: the latest logged), then prune.
+        """After ``path`` was written: judge it by the latest logged ``metrics``, then prune.
 
-        A ``valid/*`` metric is not judged here: its value comes with the validation result.
+        A ``valid/*`` metric is judged when the validation result comes (:meth:`validated`).
         """
         if self.best_metric and not self.by_validation:
             self.consider(path, metrics)
@@ -260,10 +224,7 @@ class CheckpointRetention:
             self._held.pop(name, None)
 
     def validated(self, path: str | Path, metrics: Mapping[str, Any] | None) -> None:
-        """Take ``path``'s validation result (None: it failed); release and prune.
-
-        A ``valid/*`` ``best_metric`` judges the checkpoint by it.
-        """
+        """Take ``path``'s validation result (None: it failed); release, judge, prune."""
         self.release(path)
         if metrics is not None and self.by_validation:
             self.consider(Path(path), metrics)
@@ -271,11 +232,9 @@ class CheckpointRetention:
 
     # ------------------------------------------------------------------ best
     def consider(self, path: Path, metrics: Mapping[str, Any]) -> bool:
-        """Make ``path`` the best if its value of ``best_metric`` beats the best so far.
+        """Make ``path`` the best if its value of ``best_metric`` beats the best; whether it did.
 
-        Returns:
-            Whether it became the best. A checkpoint without a finite value is not judged
-            (said once per run, when the metric is missing).
+        A missing metric is said once per run.
         """
         assert self.best_metric is not None
         parsed = parse_checkpoint_name(path)
@@ -315,10 +274,9 @@ class CheckpointRetention:
 
     # ------------------------------------------------------------------ keep last N
     def prune(self) -> list[Path]:
-        """Delete the checkpoints beyond the newest ``keep_last`` (see the class); the deleted.
+        """Delete the checkpoints beyond the newest ``keep_last``, with their ``.valid.json``.
 
-        Kept whatever their age: the best, the one ``latest`` names, those held for
-        validation. Each deleted checkpoint's ``.valid.json`` goes with it.
+        Kept whatever their age: the best, the one ``latest`` names, those held for validation.
         """
         if not self.keep_last:
             return []
@@ -356,9 +314,7 @@ def _remove_regular(path: Path) -> bool:
 def retention_errors(pipeline: Any, eval_section: Any, valid_section: Any) -> list[str]:
     """Problems of ``pipeline.best_metric`` against the evaluation settings (config check).
 
-    A ``valid/*`` metric needs validation on; an ``eval/*`` one periodic evaluation (its value
-    at a checkpoint is the latest evaluation's). Ranges of ``keep_last`` and ``best_mode`` are
-    the pipeline's annotations' (checked with every ``_target_``).
+    A ``valid/*`` metric needs validation on; an ``eval/*`` one periodic evaluation.
     """
     if not isinstance(pipeline, Mapping):
         return []
