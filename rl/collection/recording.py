@@ -206,7 +206,8 @@ class RolloutRecorder:
             prob = self.request.teacher_forcing_probability(self.storage.step)
             forced = forced_actions(prob, {k: step.get(k) for k in self.field_names}, self.device)
             step.set(FORCED_ACTIONS, forced)
-        fields = {k: step.get(k) for k in self.field_names}
+        # What the task reported, before the policy wrote: checked on a rollout's first step.
+        fields = {k: step.get(k) for k in self.field_names} if self.storage.step == 0 else None
         self.model.act(step)
         actions = step.get(ACTIONS)
         if forced is not None:
@@ -218,8 +219,8 @@ class RolloutRecorder:
                     "pipeline/teacher_forcing_prob": prob,
                 }
             )
-        if self.storage.step == 0:
-            check_field_names(fields, step)  # (what the task reported, before the policy wrote)
+        if fields is not None:
+            check_field_names(fields, step)
         host = actions_for(
             actions, self.steps_on, None if self.transfers is None else self.transfers.to_host
         )
@@ -241,33 +242,32 @@ class RolloutRecorder:
         fields = {k: step.get(k) for k in (ACTIONS, LOGPROBS, VALUES)}
         fields.update((str(k), step.get(k)) for k in step.keys() if k not in _NOT_RECORDED)
         moved = self._arrived(result)
-        nxt = TensorDict._new_unsafe({}, batch_size=step.batch_size)
-        self._set_obs(
-            nxt, {k[1]: v for k, v in moved.items() if isinstance(k, tuple) and k[0] == "obs"}
-        )
+        obs = {k[1]: v for k, v in moved.items() if isinstance(k, tuple) and k[0] == "obs"}
         fields["truncation_values"] = self._truncation_values(moved, step)
         terminated, truncated = moved["terminated"], moved["truncated"]
         rewards = moved["rewards"]
         starts = terminated | truncated
-        if RETURNS in step.keys() and self.normalizer is not None:  # ALGO: VecNormalize's
-            rewards, returns = self.normalizer.rewards(
-                rewards, step.get(RETURNS), starts, self.request.gamma
-            )
-            nxt.set(RETURNS, returns)
-        fields.update(rewards=rewards, terminated=terminated, truncated=truncated)
-        for key in self.transition_names:  # a value of this step, like its reward
-            fields[key] = moved[key]
         # The state after the step is the one before the next observation: truncated-BPTT
         # chunks start from it.
         state = step.get(NEXT_STATE)
-        self.storage.insert(fields, dict(nxt.get(OBS).items()), state)
-        nxt.set(EPISODE_STARTS, starts)
-        nxt.set(STATE, state)
-        for key in self.field_names:
-            nxt.set(key, moved[key])
+        nxt: dict[NestedKey, Any] = {}
+        if self.normalizer is not None:
+            nxt[RAW_OBS] = _entries(obs, step.batch_size)
+            obs = dict(self.normalizer.observations(obs))
+        nxt[OBS] = _entries(obs, step.batch_size)
+        if RETURNS in step.keys() and self.normalizer is not None:  # ALGO: VecNormalize's
+            rewards, nxt[RETURNS] = self.normalizer.rewards(
+                rewards, step.get(RETURNS), starts, self.request.gamma
+            )
+        nxt.update({EPISODE_STARTS: starts, STATE: state})
+        nxt.update((key, moved[key]) for key in self.field_names)
+        fields.update(rewards=rewards, terminated=terminated, truncated=truncated)
+        for key in self.transition_names:  # a value of this step, like its reward
+            fields[key] = moved[key]
+        self.storage.insert(fields, obs, state)
         self.episodes.extend(finished_episodes(result))
         self.inference_seconds += time.perf_counter() - t2
-        return nxt
+        return TensorDict._new_unsafe(nxt, batch_size=step.batch_size)
 
     def preempted(self, t: int) -> bool:
         """HARNESS: whether enough workers are done that a straggler ends its rollout at ``t``."""

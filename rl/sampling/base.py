@@ -51,31 +51,29 @@ def episode_entries(
     none of that name). Indexing the step indexes them with it: an episode is never dropped
     silently with a copy of the step.
     """
-    device = ended.device if isinstance(ended, torch.Tensor) else torch.device("cpu")
+    on = ended.device if isinstance(ended, torch.Tensor) else torch.device("cpu")
     flags = ended.cpu().numpy() if isinstance(ended, torch.Tensor) else np.asarray(ended)
     n, rows = len(flags), np.flatnonzero(flags)
     if len(rows) != len(records):
         raise ValueError(f"{len(records)} episode records for {len(rows)} rows that ended")
     names = list(dict.fromkeys(k for r in records for k in r.metrics))
-    # NumPy for these few rows (a handful of torch calls would cost more than the step's own
-    # bookkeeping); one copy each to the step's device where that is not the CPU.
-    metrics = np.full((n, len(names)), math.nan)
-    metrics[rows] = [[r.metrics.get(k, math.nan) for k in names] for r in records]
-    ints = np.full((n, 2), -1, dtype=np.int64)
-    ints[rows] = [[r.env_index, -1 if r.episode_seed is None else r.episode_seed] for r in records]
-
-    def put(array: np.ndarray) -> torch.Tensor:
-        tensor = torch.from_numpy(np.ascontiguousarray(array))
-        return tensor if device.type == "cpu" else tensor.to(device)
-
+    # NumPy for these few rows, one table (metrics by name, then the ints): a torch call per
+    # entry would cost more than the step's own bookkeeping. Its rows are the entries (views).
+    table = np.full((len(names), n), math.nan)
+    table[:, rows] = [[r.metrics.get(k, math.nan) for r in records] for k in names]
+    ints = np.full((2, n), -1, dtype=np.int64)
+    ints[0, rows] = [r.env_index for r in records]
+    ints[1, rows] = [-1 if r.episode_seed is None else r.episode_seed for r in records]
+    metrics, index_seed = torch.from_numpy(table), torch.from_numpy(ints)
+    flags_t = torch.from_numpy(np.array(flags, dtype=bool))
+    if on.type != "cpu":
+        metrics, index_seed, flags_t = metrics.to(on), index_seed.to(on), flags_t.to(on)
     size = torch.Size([n])
     data: dict[NestedKey, Any] = {
-        "ended": put(flags.astype(bool, copy=False)),
-        "env_index": put(ints[:, 0]),
-        "seed": put(ints[:, 1]),
-        "metrics": TensorDict._new_unsafe(
-            {k: put(metrics[:, i]) for i, k in enumerate(names)}, batch_size=size
-        ),
+        "ended": flags_t,
+        "env_index": index_seed[0],
+        "seed": index_seed[1],
+        "metrics": TensorDict._new_unsafe(dict(zip(names, metrics, strict=True)), batch_size=size),
     }
     return TensorDict._new_unsafe(data, batch_size=size)
 
@@ -139,20 +137,20 @@ def finished_episodes(step: TensorDict) -> list[EpisodeRecord]:
 
     Read from its ``episodes`` entries ([] where it has none: a reset, or no episode ended).
     """
-    if EPISODES not in step.keys():
+    entries = step.get(EPISODES, None)
+    if entries is None:
         return []
-    entries = step.get(EPISODES)
     rows = np.flatnonzero(entries.get("ended").cpu().numpy())
     if len(rows) == 0:
         return []
     metrics = entries.get("metrics")
     names = list(metrics.keys())
-    ints = np.stack(
-        [entries.get("env_index").cpu().numpy()[rows], entries.get("seed").cpu().numpy()[rows]], 1
-    ).tolist()
+    # One stack of the entries, one copy to the host, one list of these rows.
+    columns = [entries.get("env_index"), entries.get("seed")]
+    ints = torch.stack(columns).cpu().numpy()[:, rows].T.tolist()
     values: list[list[float]] = [[] for _ in ints]
     if names:
-        values = np.stack([metrics.get(k).cpu().numpy()[rows] for k in names], 1).tolist()
+        values = torch.stack([metrics.get(k) for k in names]).cpu().numpy()[:, rows].T.tolist()
     return [
         EpisodeRecord(
             env_index,
