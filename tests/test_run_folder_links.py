@@ -32,7 +32,7 @@ from rl.evaluation.export import export_checkpoint
 from rl.evaluation.runs import find_checkpoints, is_glob
 from rl.evaluation.video import ProbeVideo
 from rl.loggers.base import RunContext
-from rl.loggers.jsonl import JsonlSink
+from rl.loggers.files import JsonlSink
 from rl.loggers.tensorboard import TensorBoardSink
 from rl.utils.config import to_plain
 from rl.utils.files import UnsafePathError, write_atomic

@@ -41,7 +41,7 @@ from rl.collection.normalization import Normalizer, NormalizeSettings
 from rl.engine import run
 from rl.evaluation import InferenceAgent
 from rl.loggers.base import RunContext
-from rl.loggers.jsonl import JsonlSink
+from rl.loggers.files import JsonlSink
 from rl.utils.files import UnsafePathError
 from rl.utils.finite import NonFiniteError
 

@@ -2,9 +2,8 @@
 
 from rl.loggers.base import MetricsLogger, MetricsSink, RunContext
 from rl.loggers.console import ConsoleSink
-from rl.loggers.episodes import EpisodeCsvSink
 from rl.loggers.factory import build_logger
-from rl.loggers.jsonl import JsonlSink
+from rl.loggers.files import EpisodeCsvSink, JsonlSink
 from rl.loggers.tensorboard import TensorBoardSink
 from rl.loggers.wandb import WandbSink
 

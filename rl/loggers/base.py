@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from rl.utils.config import ConfigError
-from rl.utils.files import describe_write_error, open_append, run_subdir
 
 
 @dataclasses.dataclass
@@ -19,10 +18,10 @@ class RunContext:
     Attributes:
         output_dir: The run folder.
         config: The resolved config as a plain dict.
-        exp_name: Experiment name (wandb group).
+        exp_name: Experiment name.
         task_id: Task identifier (e.g. ``rl/PointNav-v0``).
         seed: Run seed.
-        total_steps: Env-step budget of the whole pipeline (for progress and ETA).
+        total_steps: Env-step budget of the whole pipeline.
         run_name: ``{task_id}__{exp_name}__{seed}__{unix_time}``.
         resume_id: Id of the dashboard run a resumed run continues (None: a new run).
     """
@@ -37,16 +36,12 @@ class RunContext:
     resume_id: str | None = None
 
     def path(self, relative: str | Path, what: str) -> Path:
-        """Where a sink writes ``relative`` (a file or folder name) inside the run folder.
-
-        Args:
-            relative: The name from the sink's config (``metrics.jsonl``, ``tensorboard``).
-            what: The sink's option, for the message (``JsonlSink filename``).
+        """Where a sink writes ``relative``, a name from its config (``what``: its option).
 
         Raises:
-            ConfigError: ``relative`` is empty, absolute, or climbs out with ``..``: a config
-                (one saved in a checkpoint that ``resume=`` reads, say) never makes a sink
-                write outside the run folder.
+            ConfigError: ``relative`` is empty, absolute, or leads out of the run folder: a
+                config (one saved in a checkpoint that ``resume=`` reads, say) never makes a
+                sink write outside it.
         """
         rel = Path(relative)
         if not str(relative).strip() or rel.is_absolute() or ".." in rel.parts:
@@ -63,42 +58,6 @@ class RunContext:
         return path
 
 
-class RunFile:
-    """A file in the run folder that a sink appends to (``metrics.jsonl``, ``episodes.csv``).
-
-    Args:
-        context: The run.
-        filename: The name from the sink's config, relative to the run folder (checked by
-            :meth:`RunContext.path`; each folder on the way too: a link there is refused).
-        what: What the file is, for messages (``metrics file``).
-
-    Raises:
-        UnsafePathError: A link, a folder or a FIFO under the file's name.
-    """
-
-    def __init__(self, context: RunContext, filename: str, what: str) -> None:
-        path = context.path(filename, f"{what} ({filename})")
-        self.path = run_subdir(context.output_dir, *Path(filename).parent.parts) / path.name
-        self.what = what
-        self._file = open_append(self.path)
-
-    def write(self, text: str) -> None:
-        """Append ``text`` and flush (a full disk is said as such, as for checkpoints)."""
-        try:
-            self._file.write(text)
-            self._file.flush()
-        except OSError as e:
-            raise OSError(e.errno, describe_write_error(self.path, e, self.what)) from None
-
-    def close(self) -> None:
-        """Close the file (a write that cannot be flushed any more is dropped, not raised)."""
-        if not self._file.closed:
-            try:
-                self._file.close()
-            except OSError:
-                pass
-
-
 class MetricsSink(abc.ABC):
     """One destination of metrics."""
 
@@ -110,11 +69,7 @@ class MetricsSink(abc.ABC):
         """Cheap per-rollout progress update (most sinks ignore it)."""
 
     def log_episodes(self, step: int, episodes: Sequence[Mapping[str, float]]) -> None:  # noqa: B027
-        """Record the finished training episodes reported at env step ``step``.
-
-        Each episode is its metrics by logged name (``charts/...``); only sinks that keep
-        episodes do anything.
-        """
+        """Record the finished training episodes (metrics by logged name) reported at ``step``."""
 
     def log_video(self, step: int, path: Path) -> None:  # noqa: B027
         """Record the video file ``path`` at env step ``step`` (only sinks that show videos)."""
@@ -132,11 +87,7 @@ class MetricsSink(abc.ABC):
 
 
 class MetricsLogger:
-    """Fans ``log``/``progress`` out to every sink; closes them all even if one fails.
-
-    Args:
-        sinks: The sinks.
-    """
+    """Fans every call out to the sinks; closes them all even if one fails."""
 
     def __init__(self, sinks: Sequence[MetricsSink]) -> None:
         self.sinks = list(sinks)
@@ -147,27 +98,27 @@ class MetricsLogger:
         return next((s.run_id for s in self.sinks if s.run_id is not None), None)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Record ``metrics`` at env step ``step`` in every sink."""
+        """:meth:`MetricsSink.log` of every sink."""
         for sink in self.sinks:
             sink.log(step, metrics)
 
     def progress(self, step: int, status: Mapping[str, Any]) -> None:
-        """Per-rollout progress for the sinks that show it."""
+        """:meth:`MetricsSink.progress` of every sink."""
         for sink in self.sinks:
             sink.progress(step, status)
 
     def log_episodes(self, step: int, episodes: Sequence[Mapping[str, float]]) -> None:
-        """Hand the episodes reported at env step ``step`` to the sinks that keep them."""
+        """:meth:`MetricsSink.log_episodes` of every sink."""
         for sink in self.sinks:
             sink.log_episodes(step, episodes)
 
     def log_video(self, step: int, path: Path) -> None:
-        """Hand the video file ``path`` (env step ``step``) to the sinks that show videos."""
+        """:meth:`MetricsSink.log_video` of every sink."""
         for sink in self.sinks:
             sink.log_video(step, path)
 
     def log_checkpoint(self, step: int, path: Path) -> None:
-        """Hand the final checkpoint ``path`` (env step ``step``) to the sinks that keep it."""
+        """:meth:`MetricsSink.log_checkpoint` of every sink."""
         for sink in self.sinks:
             sink.log_checkpoint(step, path)
 

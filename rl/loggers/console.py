@@ -1,9 +1,4 @@
-"""Console output: a tqdm progress bar (env steps, FPS, stage, ETA) and periodic summaries.
-
-Each summary line also goes to the run folder's ``train.log`` (with a timestamp), so a detached
-run's log file holds its progress; without the bar (a piped or redirected console: SLURM, ``|
-tee``) the line carries the elapsed time and an ETA itself.
-"""
+"""Console output: a tqdm progress bar (env steps, FPS, stage, ETA) and summary lines."""
 
 from __future__ import annotations
 
@@ -42,20 +37,16 @@ _SUMMARY_KEYS = (
 
 
 class ConsoleSink(MetricsSink):
-    """Progress bar plus a one-line summary every ``summary_every`` log points.
+    """Progress bar plus a one-line summary every ``summary_every`` log points (0: never).
 
-    During teacher forcing the line says which fraction of the steps the expert took
-    (``teacher-forced 85%``): the success beside it is then largely the expert's. Without the
-    bar the line ends with the time since the sink started and an ETA (``elapsed 0:01:23 |
-    eta 0:04:56``: the budget left at the rate since this run's first progress report). Every
-    line is also appended to ``<run>/train.log``.
+    Every line also goes to ``<run>/train.log``, timestamped, so a detached run's folder holds
+    its progress. Without the bar (``progress_bar`` None: when the console is not a terminal,
+    as under SLURM or ``| tee``) the line ends with the elapsed time and an ETA itself.
 
     Args:
         context: The run (filled in by the engine).
-        progress_bar: Show the tqdm bar: None (the default) when the console is a terminal
-            (a redirected log gets the summary lines, not the bar's updates), True always,
-            False never.
-        summary_every: Print a summary line every this many log points (0: never).
+        progress_bar: Show the tqdm bar: None when the console is a terminal, True, False.
+        summary_every: Print a summary line every this many log points.
     """
 
     def __init__(
@@ -98,7 +89,7 @@ class ConsoleSink(MetricsSink):
         if "pipeline/stage" in metrics:
             parts.append(f"stage {int(metrics['pipeline/stage'])}")
         teacher = metrics.get("pipeline/teacher_ratio")
-        if teacher:  # teacher forcing: the metrics that follow are partly the expert's
+        if teacher:  # teacher forcing: the success that follows is partly the expert's
             parts.append(f"teacher-forced {teacher:.0%}")
         for key, label, fmt in _SUMMARY_KEYS:
             value = metrics.get(key)
@@ -111,7 +102,7 @@ class ConsoleSink(MetricsSink):
         self._bar.write(line, file=sys.stderr)
 
     def _times(self, step: int) -> str:
-        """``elapsed H:MM:SS | eta H:MM:SS`` (``eta ?`` before the rate is known)."""
+        """``elapsed H:MM:SS | eta H:MM:SS``: the budget left at the rate since the first step."""
         now = time.monotonic()
         elapsed = f"elapsed {_clock(now - self._started)}"
         if self._first is None or step <= self._first[0] or now <= self._first[1]:

@@ -12,11 +12,9 @@ from rl.utils.config import ConfigError
 
 
 def build_logger(config: Mapping[str, Any], context: RunContext) -> MetricsLogger:
-    """A :class:`MetricsLogger` over the sinks of ``config["sinks"]`` (``null`` entries skipped).
+    """A :class:`MetricsLogger` over the sinks of the ``logger`` section (``null`` ones skipped).
 
-    Args:
-        config: The plain ``logger`` section: ``{"sinks": {name: partial sink config}}``.
-        context: What every sink is told about the run.
+    ``config`` is ``{"sinks": {name: partial sink config}}``; each sink is built with ``context``.
 
     Raises:
         ConfigError: A sink refused its options (named ``logger.sinks.<name>``); the sinks

@@ -1,15 +1,6 @@
-"""TensorBoard sink: scalars against env steps, probe videos as animated images.
+"""TensorBoard sink: scalars against env steps, probe videos, hyperparameters (HParams).
 
-Event files go to ``<run>/tensorboard/`` (``tensorboard --logdir outputs/<exp>`` shows every run
-of an experiment). Every scalar of a log point is written with the global env-step count as its
-step, under the same names as elsewhere, so TensorBoard groups them into the same sections
-(``charts/``, ``losses/<loss>/``, ``eval/``, ``valid/``, ``time/``, ``pipeline/``,
-``collection/``). Probe videos are written as animated GIF images under ``videos/probe`` (what
-``SummaryWriter.add_video`` does, without its moviepy dependency).
-
-The HParams dashboard gets the run's hyperparameters (:data:`HPARAM_KEYS` and every key set on
-the command line, their resolved values) against its evaluation and training metrics
-(:data:`HPARAM_METRICS`, the same scalars), so the runs of a sweep can be compared by setting.
+docs/howto/logging.md describes what a run shows there.
 """
 
 from __future__ import annotations
@@ -30,8 +21,7 @@ from torch.utils.tensorboard.summary import hparams
 from rl.loggers.base import MetricsSink, RunContext
 from rl.utils.files import run_subdir
 
-# Settings always shown in the HParams dashboard (where the run's config has them), beside the
-# ones given on the command line.
+# Settings shown in the HParams dashboard (where the config has them), beside the command line's.
 HPARAM_KEYS = (
     "seed",
     "exp_name",
@@ -54,10 +44,9 @@ HPARAM_METRICS = (
 
 
 def run_hparams(config: Mapping[str, Any], overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """The run's hyperparameters by dotted key, with their values in the resolved ``config``.
+    """:data:`HPARAM_KEYS` and the keys of ``overrides``, with their values in ``config``.
 
-    The keys: :data:`HPARAM_KEYS` and those of ``overrides`` (``key=value`` command-line
-    overrides). Numbers, booleans and strings are kept as they are; anything else as its text.
+    Numbers, booleans and strings are kept as they are; anything else as its text.
     """
     keys = list(HPARAM_KEYS)
     for override in overrides:
@@ -97,20 +86,18 @@ def gif_bytes(frames: list[np.ndarray], fps: int = 8) -> bytes:
 
 
 class TensorBoardSink(MetricsSink):
-    """Write metrics and probe videos to TensorBoard event files.
+    """Write metrics and probe videos to TensorBoard event files in ``<run>/<subdir>``.
 
     Args:
         context: The run (filled in by the engine).
-        subdir: Folder of the event files inside the run folder (relative; a ConfigError
-            otherwise; a link there is an UnsafePathError).
+        subdir: Folder of the event files inside the run folder (a link there is refused).
         flush_secs: How often the writer flushes to disk.
     """
 
     def __init__(
         self, *, context: RunContext, subdir: str = "tensorboard", flush_secs: int = 30
     ) -> None:
-        context.path(subdir, "TensorBoardSink subdir")  # (relative, inside the run: checked)
-        # each folder below the run's checked: a link there is refused, never written through
+        context.path(subdir, "TensorBoardSink subdir")
         self.log_dir = run_subdir(context.output_dir, subdir)
         self.writer = SummaryWriter(log_dir=str(self.log_dir), flush_secs=flush_secs)
         params = run_hparams(context.config, _command_line_overrides())
@@ -128,7 +115,10 @@ class TensorBoardSink(MetricsSink):
                 self.writer.add_scalar(key, value, global_step=step)
 
     def log_video(self, step: int, path: Path) -> None:
-        """The video file ``path`` as an animated image under ``videos/probe``."""
+        """The video file ``path`` as an animated image under ``videos/probe``.
+
+        (What ``SummaryWriter.add_video`` does, without its moviepy dependency.)
+        """
         frames = [np.asarray(f)[..., :3] for f in imageio.mimread(str(path), memtest=False)]
         if not frames:
             return

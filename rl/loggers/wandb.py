@@ -1,15 +1,8 @@
 """Weights & Biases sink: online, offline or disabled; env steps as the x-axis.
 
-Every chart uses ``global_step`` (env steps summed over workers and ranks) as its x-axis, the
-scalars of each log point included (``charts/``, ``losses/<loss>/``, ``eval/``, ``valid/``,
-``time/``, ``pipeline/``), the probe videos (``videos/probe``) and the run summary (the last value
-of each key). The resolved config is logged flat (``pipeline.optimizer.lr``) with ``task_id``,
-``exp_name``, ``seed``, ``git_sha`` and ``git_dirty`` at the top level (cleanrl's and
-sample-factory's choices, so openrlbenchmark can filter on them).
-
-Grouping: a single run's group is ``exp_name``; the jobs of a Hydra multirun (``-m``, Optuna
-included) share the group ``<exp_name>__sweep_<sweep folder name>`` and get the tag ``sweep``, so
-a ``seed=1,2,3`` sweep is one group on the dashboard. A resumed run (``id`` set) keeps its group.
+docs/howto/logging.md describes the run's name, group, config and charts. The config's top-level
+``task_id``, ``exp_name``, ``seed``, ``git_sha`` and ``git_dirty`` are cleanrl's and
+sample-factory's choices, so openrlbenchmark can filter on them.
 """
 
 from __future__ import annotations
@@ -57,22 +50,19 @@ def sweep_of_current_job() -> tuple[str, int] | None:
 class WandbSink(MetricsSink):
     """Log to wandb; every chart's x-axis is ``global_step`` (env steps over all workers).
 
-    Only build it on rank 0 under DDP (the engine does). ``close()`` always finishes the run, so
-    consecutive multirun jobs in one process never share a run.
+    Built on rank 0 only under DDP (by the engine).
 
     Args:
         context: The run (filled in by the engine).
         project: wandb project.
-        entity: wandb entity (None: the default of the logged-in user).
-        mode: ``online`` (needs ``wandb login``), ``offline`` (sync later with ``wandb sync``)
-            or ``disabled``.
+        entity: wandb entity (None: the logged-in user's default).
+        mode: ``online``, ``offline`` (``wandb sync`` later) or ``disabled``.
         group: Run group (None: ``exp_name``, or ``<exp_name>__sweep_<time>`` for sweep jobs).
         tags: Run tags (sweep jobs also get ``sweep``).
-        name: Run name (None: ``{task_id}__{exp_name}__{seed}__{unix_time}``).
-        id: Run id, to continue a run (None: the resumed run's, ``context.resume_id``, if any).
+        name: Run name (None: ``context.run_name``).
+        id: Run id, to continue a run (None: ``context.resume_id``).
         job_type: wandb job type.
-        log_checkpoint: Upload the final checkpoint (and its ``.eval.json``) as a ``model``
-            artifact named ``model-<run id>``.
+        log_checkpoint: Upload the final checkpoint (:meth:`log_checkpoint`).
 
     Raises:
         UnsafePathError: The run's ``wandb`` is a link or not a folder.
@@ -111,8 +101,7 @@ class WandbSink(MetricsSink):
                 tags.append("sweep")
         if group is None and run_id is None:  # a resumed run keeps the group it has
             group = f"{context.exp_name}__sweep_{sweep[0]}" if sweep else context.exp_name
-        # wandb writes into <run>/wandb/: a link there (a copied run folder) is refused, never
-        # written through (a disabled run writes nothing: the folder is not created for it).
+        # (a link at <run>/wandb/ is refused; a disabled run writes nothing there)
         run_subdir(context.output_dir, "wandb", create=mode != "disabled")
         self.run = wandb.init(
             project=project,
@@ -150,10 +139,9 @@ class WandbSink(MetricsSink):
         self.run.log({"global_step": step, "videos/probe": video})
 
     def log_checkpoint(self, step: int, path: Path) -> None:
-        """Upload checkpoint ``path`` as artifact ``model-<run id>`` (if ``log_checkpoint``).
+        """Upload checkpoint ``path`` and its ``.eval.json`` as artifact ``model-<run id>``.
 
-        Its ``<checkpoint>.eval.json`` goes along when it exists. Aliases: ``latest`` and
-        ``step_<step>``; offline runs upload it with ``wandb sync``.
+        Only with ``log_checkpoint``; aliases ``latest`` and ``step_<step>``.
         """
         if not self.log_checkpoints:
             return
