@@ -1,25 +1,10 @@
 """Values a saved config never chooses: they belong to the command that runs, not to the file.
 
-A checkpoint or a copied run folder may come from anywhere. Beside the code it names (judged by
-:mod:`rl.checkpoints.trust`), a saved config holds plain values that the user's own tree would
-turn into network connections, files written, loggers and resources. None of those is ever
-taken from the file (:func:`invocation_only`):
-
-- **network endpoints and authentication switches**: ``collector.address``,
-  ``collector.allow_unauthenticated``, and any key named like an address (``address``,
-  ``host``, ``port``, ``url``, ...) anywhere, a task's own included: a saved
-  ``address: ray://...`` would otherwise join that cluster and hand it the user's Ray token;
-- **loggers**, the choice of the ``logger`` group and every setting of its sinks (a saved
-  ``logger=wandb`` with an entity and a project would upload there);
-- **paths of files read or written** (expert data) and **generated data**: a resumed run never
-  generates data (:func:`drop_generation`);
-- **resource sizes**: environment, process, worker and episode counts, threads, resources per
-  worker.
-
-They take the value this command gives them: the user's config tree with the run's group
-choices and what was typed now. Where a run's value shapes the run itself (:data:`RUN_SHAPE`:
-how many environments and workers collect), ``resume=`` refuses a difference, naming the key
-and the value to type again to resume the run as it ran.
+Network endpoints and authentication switches (a saved ``address: ray://...`` would join that
+cluster and hand it the user's Ray token), loggers (a saved ``logger=wandb`` would upload
+there), paths of files read or written, generated data and resource sizes take the value this
+command gives them (:func:`invocation_only`; the table: docs/concepts/checkpoints.md). Where a
+run's value shapes the run itself (:data:`RUN_SHAPE`), ``resume=`` refuses a difference.
 """
 
 from __future__ import annotations
@@ -69,10 +54,7 @@ RUN_SHAPE = (
 
 
 def invocation_only(path: str) -> str | None:
-    """Why the config key at dotted ``path`` is the command's to give (None: a file may).
-
-    ``path`` is a dotted path of keys and list indices (``pipeline.stages.0.gamma``).
-    """
+    """Why the config key at dotted ``path`` (``pipeline.stages.0.gamma``) is the command's."""
     if not path:
         return None
     parts = path.split(".")
@@ -88,12 +70,7 @@ def invocation_only(path: str) -> str | None:
 
 
 def withhold(node: Any, path: str = "") -> tuple[Any, dict[str, Any]]:
-    """``node`` (a saved config, data) without its invocation-only values, and those values.
-
-    Returns:
-        ``(kept, withheld)``: a copy of ``node`` without the keys :func:`invocation_only`
-        names, and ``{dotted_path: saved_value}`` of every key left out.
-    """
+    """``(a copy of node without its invocation-only keys, {dotted path: value} of those)``."""
     withheld: dict[str, Any] = {}
 
     def keep(value: Any, key: str) -> Any:
@@ -125,30 +102,15 @@ def value_at(node: Any, path: str, default: Any = None) -> Any:
     return node
 
 
-def invocation_paths(node: Any, path: str = "") -> list[str]:
+def invocation_paths(node: Any) -> list[str]:
     """The dotted paths of ``node`` (a config) that :func:`invocation_only` names, outermost."""
-    found: list[str] = []
-    if isinstance(node, Mapping):
-        items: Any = node.items()
-    elif isinstance(node, list):
-        items = enumerate(node)
-    else:
-        return found
-    for k, v in items:
-        child = f"{path}.{k}" if path else str(k)
-        if invocation_only(child):
-            found.append(child)
-        else:
-            found += invocation_paths(v, child)
-    return found
+    return list(withhold(node)[1])
 
 
 def drop_generation(config: dict[str, Any]) -> None:
-    """Turn off data generation in a resumed run's config, in place.
+    """In place: a resumed run's data iterators never generate a missing data file.
 
-    An off-policy component's data iterator that would generate a missing file
-    (``data_iterator.generate``) gets ``generate: null``: the resumed run reads the data the
-    run was trained on, or fails naming the file, and never writes a data file.
+    The resumed run reads the data the run was trained on, or fails naming the file.
     """
     pipeline = config.get("pipeline")
     stages = pipeline.get("stages") if isinstance(pipeline, dict) else None
@@ -157,15 +119,3 @@ def drop_generation(config: dict[str, Any]) -> None:
         iterator = component.get("data_iterator") if isinstance(component, dict) else None
         if isinstance(iterator, dict) and "generate" in iterator:
             iterator["generate"] = None
-
-
-__all__ = [
-    "INVOCATION_GROUPS",
-    "INVOCATION_KEYS",
-    "RUN_SHAPE",
-    "drop_generation",
-    "invocation_only",
-    "invocation_paths",
-    "value_at",
-    "withhold",
-]

@@ -1,31 +1,11 @@
 """A config read from a checkpoint or a run folder: data only, rebuilt on the user's config tree.
 
-A checkpoint (or a copied run folder) may come from anywhere, and evaluation, ``resume=`` and
-:class:`~rl.evaluation.InferenceAgent` build a task, a model and loggers from the config it
-carries. Nothing in that config is ever turned into code:
-
-1. **Loaded as data** (:func:`config_data`): dicts with string keys, lists and scalars only,
-   at most :data:`MAX_NODES` nodes and :data:`MAX_CHARS` characters (both counted as a tree,
-   so shared references cannot multiply them) and :data:`MAX_DEPTH` levels, no loops, and no
-   string holding an interpolation (``${...}``): nothing of the file is ever resolved.
-2. **Rebuilt on the user's config tree** (:func:`rebuild_config`): the checkpoint records which
-   options of each config group the run used (``task=nav3d_small``, ``+experiment=ppo_nav``);
-   the config is composed again from the user's installed ``conf/`` with those choices, and
-   the saved plain values are laid over it. Each saved value must be of the kind the tree has
-   at its place (a mapping, a list, a string, a number, a boolean; None anywhere), and values
-   that are the command's to give (addresses, loggers, paths, sizes:
-   :mod:`rl.checkpoints.invocation`) are never laid over. Every ``_target_`` (and every other
-   ``_*_`` key
-   Hydra honours), every wrapper named by a dotted path and every gymnasium id of the
-   ``module:Env`` form in the result must be the one the user's config names at that place.
-   Otherwise the checkpoint is refused
-   (:class:`~rl.checkpoints.errors.UntrustedCheckpointError`, naming the key), unless the
-   callable matches a pattern of the user's own ``trusted_targets`` (typed on the command
-   line or the experiment, never read from a file).
-
-A checkpoint written without group choices (by code from before they were saved, or by a run
-built without Hydra) is rebuilt on the config tree's defaults; one written in an earlier
-version's layout is brought to today's first (:mod:`rl.checkpoints.migrations`).
+Nothing in a saved config is ever turned into code (the promise and its rules:
+docs/concepts/checkpoints.md, "Trust"). It is loaded as bounded data (:func:`config_data`),
+then the user's ``conf/`` is composed with the run's group choices and the saved values are
+laid over it (:func:`rebuild_config`): each of the kind the tree has at its place, never the
+command's own values (:mod:`rl.checkpoints.invocation`), and every callable it names the one
+the tree names there or one the user's ``trusted_targets`` allow (:mod:`rl.checkpoints.trust`).
 """
 
 from __future__ import annotations
@@ -67,19 +47,12 @@ def _key(parent: str, child: object) -> str:
 
 
 def config_data(node: Any, where: str) -> Any:
-    """A plain copy of ``node`` if it is config data.
+    """A plain copy of ``node`` (what file ``where`` holds) if it is config data.
 
-    Data is dicts with string keys, lists (tuples become lists) and ``str``, ``int``,
-    ``float``, ``bool`` and ``None``; anything else is an :class:`UntrustedCheckpointError` (a
-    crafted file, never skipped as damaged). The copy is bounded: at most :data:`MAX_NODES` nodes
-    and :data:`MAX_CHARS` characters counted as a tree (a 1 KB file of shared references
-    ``x = [x, x]``, or a few hundred KB of one long string shared by every node, is refused at
-    once, not expanded), :data:`MAX_DEPTH` levels, no node inside itself, strings of at most
-    :data:`MAX_STRING` characters without ``${`` (a saved config is never resolved).
-
-    Args:
-        node: What the file holds (e.g. a checkpoint's ``config``).
-        where: The file (and entry), for messages.
+    Data is dicts with string keys, lists (tuples become lists) and scalars; anything else is
+    an :class:`UntrustedCheckpointError` (a crafted file, never skipped as damaged). Nodes and
+    characters are counted as a tree, so a 1 KB file of shared references ``x = [x, x]`` is
+    refused at once, not expanded; no string holds ``${`` (a saved config is never resolved).
     """
     count = chars = 0
     on_path: set[int] = set()
@@ -161,10 +134,9 @@ def _kind(value: Any) -> str | None:
 def _check_kind(tree: Any, saved: Any, key: str, where: str) -> None:
     """Refuse a saved value of another kind than the tree's at its place (None fits anywhere).
 
-    The judge (:func:`_refusals`) and the code that uses a config read each value as the kind
-    the tree gives it: a mapping saved where the tree has a list of wrappers would be iterated
-    as one. A list of another length than the tree's holds elements of the tree's elements'
-    kind, where those share one.
+    The judge and the code that uses a config read each value as the kind the tree gives it: a
+    mapping saved where the tree has a list of wrappers would be iterated as one. A list of
+    another length holds elements of the kind the tree's elements share, if they share one.
     """
     ours, theirs = _kind(tree), _kind(saved)
     if ours is not None and theirs is not None and ours != theirs:
@@ -181,16 +153,12 @@ def _check_kind(tree: Any, saved: Any, key: str, where: str) -> None:
 
 
 def _overlay(raw: Any, tree: Any, saved: Any, key: str, where: str) -> Any:
-    """``raw`` (the user's config there, unresolved) with the saved value laid over it.
+    """``raw`` (the user's config there, unresolved; ``tree`` resolved) with ``saved`` laid over.
 
-    ``tree`` is ``raw`` resolved. A saved value of another kind than the tree's is refused
-    (:func:`_check_kind`). A leaf equal to the saved value keeps the user's node (an
-    interpolation stays one); another saved value replaces it (its type is checked where the
-    config is verified, against the callables' annotations and the settings' fields). Inside
-    a ``_target_`` node, keys the saved config lacks are dropped (the run used the callable's
-    default), but for the command's own (:func:`~rl.checkpoints.invocation.invocation_only`:
-    withheld from ``saved``, they keep the tree's value); settings the saved config lacks take
-    the tree's value.
+    A leaf equal to the saved value keeps the user's node (an interpolation stays one); another
+    saved value replaces it (typed later, where the config is verified). Inside a ``_target_``
+    node, keys the saved config lacks are dropped (the run used the callable's default), but
+    for the command's own (withheld from ``saved``); settings it lacks keep the tree's value.
     """
     _check_kind(tree, saved, key, where)
     if isinstance(raw, dict) and isinstance(saved, dict) and isinstance(tree, dict):
@@ -296,9 +264,8 @@ class RebuiltConfig:
         config: Resolved, ready to build from.
         unresolved: The same with the tree's interpolations kept (``${total_env_steps}``).
         choices: The config group choices it was composed with.
-        withheld: The saved values that are the command's to give
-            (:func:`~rl.checkpoints.invocation.invocation_only`), by dotted path: ``config``
-            holds the tree's there instead.
+        withheld: The saved values that are the command's to give, by dotted path (``config``
+            holds the tree's there).
     """
 
     config: dict[str, Any]
@@ -322,20 +289,18 @@ def rebuild_config(
 
     Args:
         saved: The saved resolved config, as data (:func:`config_data`).
-        choices: The config group choices saved with it (None: the tree's defaults). The
-            choice of a group that is the command's to make (``logger``) is left out.
+        choices: The config group choices saved with it (None: the tree's defaults; an older
+            checkpoint's, or a run built without Hydra).
         where: The file, for messages.
         trusted_targets: The user's patterns of callables a saved config may name where their
             config tree names another (``my_package.*``).
-        tree: The user's config tree (default: this invocation's,
-            :meth:`ConfigTree.current`: its own folders on Hydra's search path included).
+        tree: The user's config tree (default: this invocation's, :meth:`ConfigTree.current`).
         built: The sections that will be built (evaluation: ``task`` and ``model``); only
-            they are judged (None: every section, as for ``resume=``). The others are data.
-        overrides: Overrides typed by the user now (``task.wrappers=[my.Wrapper]``,
-            ``logger=wandb``), composed into the tree: what they name is the user's to name.
-        sources: Where the run's configs came from, as recorded with it
-            (:func:`~rl.checkpoints.config_tree.saved_sources`): only quoted in the message
-            when the tree lacks one of its choices, never composed.
+            they are judged (None: every section, as for ``resume=``).
+        overrides: Overrides typed by the user now (``task.wrappers=[my.Wrapper]``), composed
+            into the tree: what they name is the user's to name.
+        sources: Where the run's configs came from, as recorded with it: only quoted in the
+            message when the tree lacks one of its choices, never composed.
 
     Raises:
         UntrustedCheckpointError: The saved config names code the tree does not name there,
@@ -382,10 +347,9 @@ def rebuild_config(
 
 
 def _fix_app_interpolations(raw: dict[str, Any], saved: Mapping[str, Any]) -> None:
-    """Replace the tree's ``${hydra:...}`` / ``${now:...}`` by the saved values there.
+    """Replace the tree's ``${hydra:...}`` / ``${now:...}`` by the saved values there (or None).
 
-    Those resolve only inside a Hydra app; a place the saved config lacks (the command's own
-    values, withheld from it) becomes None.
+    Those resolve only inside a Hydra app.
     """
 
     def fix(node: Any, old: Any) -> Any:

@@ -1,16 +1,10 @@
 """The user's ``trusted_targets``: callables a saved config may name beyond the config tree.
 
-A saved config is rebuilt on the user's own config tree (:mod:`rl.checkpoints.saved_config`):
-every ``_target_`` it builds is the one the user's ``conf/`` names at that place. A checkpoint
-of a user's own task or model made outside that tree (a script, another tree) names callables
-the tree does not; the user opens them by pattern, typed each time on the command line or in
-the experiment, never read from a file: ``trusted_targets='[my_package.*]'``.
-
-A target is judged twice: the dotted path as written must match a pattern before anything is
-imported, and the object it resolves to must be *defined* where a pattern allows (its
-``__module__`` and ``__qualname__``), so ``my_package.os.system`` (a path through an imported
-module) is refused although it starts with ``my_package.``. Callables that write files where
-they are told (video recorders, the expert-data writer) are refused whatever the patterns say.
+Patterns typed each time, never read from a file (``trusted_targets='[my_package.*]'``). A
+target is judged twice: the dotted path as written must match a pattern before anything is
+imported, and the object must be *defined* where a pattern allows, so ``my_package.os.system``
+(a path through an imported module) is refused. Callables that write files where they are told
+are refused whatever the patterns say.
 """
 
 from __future__ import annotations
@@ -31,11 +25,7 @@ _DENIED = (
 
 @dataclasses.dataclass(frozen=True)
 class TargetRule:
-    """Callables a pattern of dotted paths allows.
-
-    Attributes:
-        pattern: An ``fnmatch`` pattern over dotted paths (``my_package.*``).
-    """
+    """Callables an ``fnmatch`` pattern over dotted paths (``my_package.*``) allows."""
 
     pattern: str
 
@@ -48,13 +38,7 @@ class TargetRule:
 
 @dataclasses.dataclass(frozen=True)
 class Refusal:
-    """A callable named by a config that is not trusted.
-
-    Attributes:
-        key: Where the config names it (``task._target_``, ``task.wrappers.0``).
-        target: The dotted path (or gymnasium id) as written.
-        reason: Why it is refused.
-    """
+    """A callable (dotted path or gymnasium id) named at ``key`` that is refused, and why."""
 
     key: str
     target: str
@@ -101,6 +85,3 @@ def judge_env_id(env_id: str, rules: Sequence[TargetRule]) -> str | None:
     if not sep or any(rule.matches(module) for rule in rules):
         return None
     return f"imports the module {module!r}, which no trusted_targets pattern allows"
-
-
-__all__ = ["Refusal", "TargetRule", "judge_env_id", "judge_target", "trust_rules"]
