@@ -1,13 +1,10 @@
 """Which settings a resumed run may change, and the config it runs with.
 
 ``resume=RUN_DIR`` continues a run with the config saved in its checkpoint, rebuilt on the
-user's config tree (:mod:`rl.checkpoints.saved_config`). Settings typed on
-the command line that differ from the saved ones are listed and applied only where that is safe
-(:data:`SAFE_RESUME_KEYS`: budgets and the schedule horizons derived from them, logging,
-evaluation, thread count, tags, save and log intervals, checkpoint retention); anything else is a
-:class:`~rl.utils.config.ConfigError` naming the keys. The rebuilt config keeps the tree's
-interpolations (``${total_env_steps}``) wherever the saved value is what they give, so a new
-budget re-resolves every stage budget and schedule horizon that derives from it.
+user's config tree (:mod:`rl.checkpoints.saved_config`). Settings typed now that differ from
+the saved ones apply only where that is safe (:data:`SAFE_RESUME_KEYS`); anything else is a
+:class:`~rl.utils.config.ConfigError` naming the keys. The tree's interpolations are kept where
+the saved value is what they give, so a new budget moves every budget derived from it.
 """
 
 from __future__ import annotations
@@ -65,10 +62,9 @@ SAFE_RESUME_KEYS = (
 
 
 def unresolved_config(cfg: DictConfig | Mapping[str, Any], plain: Mapping[str, Any]) -> dict:
-    """``cfg`` as plain containers with its interpolations kept (stored in checkpoints).
+    """``cfg`` as plain containers with its interpolations kept (for checkpoints).
 
-    Interpolations that only resolve inside a Hydra app (``${hydra:...}``, ``${now:...}``) are
-    replaced by their resolved values from ``plain``, so the result resolves anywhere.
+    Those that resolve only inside a Hydra app (``${hydra:...}``) take their values in ``plain``.
     """
     if not isinstance(cfg, DictConfig):
         return copy.deepcopy(dict(plain))
@@ -100,10 +96,9 @@ def _typed(cfg: DictConfig | Mapping[str, Any]) -> list[str] | None:
 def typed_overrides(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     """What a saved run's config is rebuilt with beside its own choices, on ``resume=``.
 
-    The overrides of keys typed now (``task.wrappers=[my.Wrapper]``: what they name is the
-    user's to name), and this command's choice of the groups a saved run never chooses
-    (``logger=...``, typed or not). Group choices, ``hydra.*`` and the invocation's own keys
-    are left out.
+    The overrides of keys typed now (what they name is the user's to name) and this command's
+    choice of the groups a saved run never chooses (``logger=...``); not group choices,
+    ``hydra.*`` or the invocation's own keys.
     """
     choices = run_choices(cfg) or {}
     out = [f"{g}={o}" for g, o in choices.items() if g in INVOCATION_GROUPS]
@@ -149,10 +144,7 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """``{dotted_path: (old, new)}`` for every leaf that differs (absent: ``<missing>``).
-
-    The command's own keys (:mod:`rl.checkpoints.invocation`) are not compared.
-    """
+    """``{dotted_path: (old, new)}`` for every leaf that differs, but the command's own keys."""
     a = {k: v for k, v in _flatten(dict(old)).items() if _compared(k)}
     b = {k: v for k, v in _flatten(dict(new)).items() if _compared(k)}
     out = {}
@@ -189,11 +181,11 @@ _COMPONENT_GROUPS = frozenset({"task", "model", "pipeline", "sampler", "collecto
 def _added_since(
     diff: Mapping[str, tuple[Any, Any]], saved: Mapping[str, Any]
 ) -> dict[str, tuple[Any, Any]]:
-    """The differences that are settings added to conf/ since the run was saved.
+    """The differences that are settings added to conf/ since the run was saved (today's apply).
 
-    Those take today's values: whole new groups and sections, and new keys of the run's own
-    settings sections (which have no defaults). A key missing from a component's config (task,
-    model, ...) keeps meaning its constructor's default, which is what the saved run used.
+    Whole new groups and sections, and new keys of settings sections (which have no defaults);
+    a key missing from a component's config (task, model) means its constructor's default,
+    which is what the saved run used.
     """
     return {
         k: v
@@ -238,19 +230,15 @@ def resume_config(
     typed_keys: list[str] | None,
     run_dir: Path,
 ) -> dict[str, Any]:
-    """The config a resumed run uses: the saved one plus the safe changes typed now.
+    """The resolved config a resumed run uses: the saved one plus the safe changes typed now.
 
     Args:
         saved_run: The saved config, rebuilt on the user's config tree.
         new_unresolved: The config composed by this invocation (interpolations kept).
         typed_keys: Keys typed on the command line (None: every difference counts as typed).
-            Differences from the saved config that were not typed (e.g. a default changed in
-            ``conf/`` since, or an experiment overlay not repeated) keep the saved value; config
-            groups and sections that did not exist when the run was saved take today's.
+            A difference not typed (a default changed in ``conf/`` since, an experiment not
+            repeated) keeps the saved value.
         run_dir: The run folder (the new ``output_dir``).
-
-    Returns:
-        The resolved config of the resumed run.
 
     Raises:
         ConfigError: A typed change is unsafe (listing every such key with both values).
@@ -318,10 +306,9 @@ def resume_config(
 
 
 def _take_invocation_values(merged: dict[str, Any], invocation: Mapping[str, Any]) -> None:
-    """Set the command's own values (addresses, loggers, paths, sizes) from ``invocation``.
+    """Set the command's own values from ``invocation``.
 
-    Where the run's config has no such key in a ``_target_`` node (another collector than the
-    command's), it stays without.
+    Not into a ``_target_`` node that lacks the key (another collector than the command's).
     """
     for path in invocation_paths(invocation):
         parent_path, _, leaf = path.rpartition(".")
@@ -331,12 +318,7 @@ def _take_invocation_values(merged: dict[str, Any], invocation: Mapping[str, Any
 
 
 def _check_run_shape(withheld: Mapping[str, Any], resolved: Mapping[str, Any]) -> None:
-    """Refuse a resume whose sizes differ from the run's (a file never chooses them).
-
-    Raises:
-        ConfigError: A size that shapes the run (:data:`~rl.checkpoints.invocation.RUN_SHAPE`)
-            is not what the run used; the message says what to type.
-    """
+    """A ConfigError saying what to type if a size that shapes the run differs from the run's."""
     other = {
         key: (withheld[key], value_at(resolved, key, _MISSING))
         for key in RUN_SHAPE
