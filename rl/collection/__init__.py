@@ -2,10 +2,10 @@
 
 ``base`` holds the seam (:class:`Collector`, :class:`RolloutRequest`, :class:`Rollout`);
 ``local`` its in-process implementation (:class:`InProcessCollector`: a sampler stepped with the
-learner's own policy through the step runner, :mod:`rl.sampling.runner`, with ``recording``'s
-actor; ``teacher_forcing``; forced scene advance, straggler preemption); ``episodes`` runs fixed
-lists of seeded episodes (evaluation) and ``acting`` the policy step they, probe videos and the
-inference agent share. Collection workers (``collector=process``
+learner's own policy through the step runner, :mod:`rl.sampling.runner`, with ``acting``'s
+recording actor; ``teacher_forcing``; forced scene advance, straggler preemption); ``episodes``
+runs fixed lists of seeded episodes (evaluation) with ``acting``'s policy actor, which probe
+videos and the inference agent share. Collection workers (``collector=process``
 or ``collector=ray``) are :mod:`rl.collection.worker` (one worker), :mod:`rl.collection.actors`
 (its process or Ray actor), :mod:`rl.collection.worker_set` (the set a learner drives, with
 :mod:`~rl.collection.worker_calls`: its calls and watchdog, :mod:`~rl.collection.async_collection`:

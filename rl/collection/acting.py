@@ -1,34 +1,69 @@
-"""The one policy step outside training: evaluation, probe videos and the inference agent.
+"""The learner's policy as the step runner's actor: collecting, evaluating, serving.
 
-:func:`policy_step` is that step: the run's observation normalisation applied (frozen), then
-the policy's action, argmax or drawn. :class:`PolicyActor` takes it for ``N`` environments, the
-recurrent state and the episode starts carried from one step to the next, environments that
-are done dropped from the batch (their state too). Fixed episode lists
-(:func:`~rl.collection.episodes.evaluate_policy`), probe videos
-(:func:`~rl.evaluation.video.record_episode`) and :class:`~rl.evaluation.InferenceAgent` all
-act through it, so a policy acts the same wherever it runs; :class:`ExpertActor` is the task's
-expert in the same place of the same loop (:func:`~rl.collection.episodes.evaluate_expert`).
+Both actors keep everything they carry in the step (:func:`~rl.sampling.runner.run_steps`):
+
+- :class:`RolloutRecorder` collects. Its step, on the policy's device, holds the observations
+  (normalised where the run normalises them, ``raw_obs`` beside them), episode starts, the
+  recurrent state and the task's step fields; the policy writes its action, log-probability,
+  value, state after and extras into it (teacher-forced where the request asks), and
+  :meth:`~RolloutRecorder.next_step` records the step in the
+  :class:`~rl.storage.RolloutStorage` and makes the next one. The last step is what one rollout
+  hands the next (:func:`carried_step` makes the first of a sampler's reset). On CUDA what it
+  reads of a sampler's step arrives in one copy a step and the actions go back in one
+  (:class:`~rl.utils.staging.PinnedTransfers`); on the CPU the step's tensors are used as
+  they are.
+- :class:`PolicyActor` acts for fixed episode lists
+  (:func:`~rl.collection.episodes.evaluate_policy`) and probe videos
+  (:func:`~rl.evaluation.video.record_episode`), dropping environments that are done;
+  :func:`policy_step` is the same step for :class:`~rl.evaluation.InferenceAgent`. So a policy
+  acts the same wherever it runs; :class:`ExpertActor` is the task's expert in the same place
+  of the same loop.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict
+from tensordict.utils import NestedKey
 
+from rl.collection.base import Preemption, RolloutRequest
 from rl.collection.normalization import Normalizer
-from rl.models.policy import ACTIONS, NEXT_STATE, Policy, policy_input
+from rl.collection.teacher_forcing import check_field_names, check_forced, forced_actions
+from rl.models.policy import (
+    ACTIONS,
+    EPISODE_STARTS,
+    FORCED_ACTIONS,
+    LOGPROBS,
+    NEXT_STATE,
+    OBS,
+    STATE,
+    VALUES,
+    Policy,
+    policy_input,
+)
+from rl.pipeline.trackers import ScalarMeanTracker
+from rl.sampling.base import EpisodeRecord, finished_episodes
 from rl.sampling.runner import ExpertActor, NoExpertError
+from rl.storage.rollout import RolloutStorage
+from rl.utils.staging import PinnedTransfers
 
 __all__ = [
+    "RAW_OBS",
+    "RETURNS",
     "ExpertActor",
     "NoExpertError",
     "PolicyActor",
+    "RolloutRecorder",
     "actions_for",
+    "carried_step",
+    "obs_on",
     "policy_step",
+    "raw_obs",
     "steps_device",
 ]
 
@@ -141,3 +176,272 @@ class PolicyActor:
             mask = keep.to(self.device)
             obs, done, state = {k: v[mask] for k, v in obs.items()}, done[mask], state[mask]
         return policy_input(obs, done, state)
+
+
+# The key of the truncated positions among the tensors moved with a step (beside its str keys
+# and the ("obs" | "final_obs", key) pairs).
+_TRUNCATED_AT = ("truncated_at",)
+# What the policy reads of a step, the state it writes after it and what the step carries for
+# the next: not recorded with the step (the storage has the observations and state by row).
+_NOT_RECORDED = frozenset(
+    {OBS, EPISODE_STARTS, STATE, NEXT_STATE, FORCED_ACTIONS, "raw_obs", "returns"}
+)
+
+
+# The carried step's own entries besides the policy's inputs: the raw observations (where the
+# policy reads normalised ones) and reward scaling's running returns.
+RAW_OBS, RETURNS = "raw_obs", "returns"
+
+
+def obs_on(step: TensorDict, device: torch.device, key: str = "obs") -> dict[str, torch.Tensor]:
+    """A step's observations (``obs`` or ``final_obs``) by key, on ``device``."""
+    obs = step.get(key)
+    if device.type == "cpu":
+        return dict(obs.items())
+    return {k: v.to(device, non_blocking=True) for k, v in obs.items()}
+
+
+def raw_obs(step: TensorDict) -> TensorDict:
+    """A carried step's observations as the environments gave them."""
+    return step.get(RAW_OBS) if RAW_OBS in step.keys() else step.get(OBS)
+
+
+def carried_step(
+    first: TensorDict,
+    *,
+    field_names: list[str],
+    device: torch.device,
+    state: TensorDict,
+    episode_starts: torch.Tensor,
+    returns: torch.Tensor | None = None,
+) -> TensorDict:
+    """The step a rollout starts from, of a sampler's ``first`` (a reset's): on ``device``."""
+    step = policy_input(obs_on(first, device), episode_starts, state)
+    for key in field_names:
+        step.set(key, first.get(key).to(device, non_blocking=True))
+    if returns is not None:
+        step.set(RETURNS, returns)
+    return step
+
+
+class RolloutRecorder:
+    """The policy acting for collection, recording each step (a runner's actor).
+
+    Args:
+        model: The policy.
+        storage: The rollout storage, reset for this rollout.
+        request: The rollout's settings (teacher forcing).
+        field_names: The task's step fields (the sampler's ``step_fields``) that come with an
+            observation: recorded beside the action taken on it.
+        transition_names: Its transition fields (``StepField.transition``): recorded with the
+            step that reported them, beside its reward.
+        device: Where the model and the storage live.
+        steps_on: Where the sampler's steps live (actions go back there).
+        normalizer: Observation and reward normalisation (None: none).
+        preemption: A rule that may end the rollout early (None: none).
+        transfers: The host <-> device staging of a CUDA ``device`` (None: each tensor moved
+            by itself, or, on the CPU, not at all).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: Policy,
+        storage: RolloutStorage,
+        request: RolloutRequest,
+        field_names: list[str],
+        device: torch.device,
+        steps_on: torch.device,
+        transition_names: list[str] | None = None,
+        normalizer: Normalizer | None = None,
+        preemption: Preemption | None = None,
+        transfers: PinnedTransfers | None = None,
+    ) -> None:
+        self.model, self.storage, self.request = model, storage, request
+        self.field_names, self.device, self.steps_on = field_names, device, steps_on
+        self.transition_names = list(transition_names or [])
+        self.normalizer, self.preemption = normalizer, preemption
+        self.transfers = transfers
+        self.stats = ScalarMeanTracker()
+        self.episodes: list[EpisodeRecord] = []
+        self.teacher_forced, self.env_seconds, self.inference_seconds = 0, 0.0, 0.0
+        self._acted = 0.0  # when the last action was handed to the sampler
+
+    def start(self, carried: TensorDict) -> TensorDict:
+        """The rollout's first step, of the carried one, recorded as the rollout's row 0.
+
+        Its observations are normalised afresh (the statistics may have moved since).
+        """
+        step = carried.select(EPISODE_STARTS, STATE, *self.field_names, strict=False)
+        raw = raw_obs(carried)
+        self._set_obs(step, {str(k): raw.get(k) for k in raw.keys()})
+        if RETURNS in carried.keys():
+            step.set(RETURNS, carried.get(RETURNS))
+        self.storage.set_first(step.get(OBS), step.get(EPISODE_STARTS), step.get(STATE))
+        return step
+
+    def _set_obs(self, step: TensorDict, raw: Mapping[str, torch.Tensor]) -> None:
+        """``step``'s observations: ``raw``, and what the policy reads (normalised) where not."""
+        if self.normalizer is None:
+            step.set(OBS, _entries(raw, step.batch_size))
+            return
+        step.set(RAW_OBS, _entries(raw, step.batch_size))
+        step.set(OBS, _entries(self.normalizer.observations(raw), step.batch_size))
+
+    def _arrived(self, step: TensorDict) -> dict[Any, torch.Tensor]:
+        """What the recorder reads of a sampler's ``step``, on the device.
+
+        ``("obs", key)`` for each observation entry, the task's step fields, ``rewards``,
+        ``terminated``, ``truncated`` and the transition fields and, where episodes were
+        truncated, their positions (``_TRUNCATED_AT``) and final observations
+        (``("final_obs", key)``, those rows only). One copy on CUDA (``transfers``); on the CPU
+        the step's own tensors (no copy).
+        """
+        tensors: dict[Any, torch.Tensor] = {("obs", k): v for k, v in step.get("obs").items()}
+        tensors.update((k, step.get(k)) for k in self.field_names)
+        for key in ("rewards", "terminated", "truncated", *self.transition_names):
+            tensors[key] = step.get(key)
+        if "final_obs" in step.keys():
+            at = step.get("truncated").nonzero().squeeze(1)
+            tensors[_TRUNCATED_AT] = at
+            tensors.update((("final_obs", k), v[at]) for k, v in step.get("final_obs").items())
+        if self.device.type == "cpu":
+            if self.steps_on.type == "cpu":
+                return tensors
+            return {k: v.cpu() for k, v in tensors.items()}  # (steps on an accelerator)
+        if self.transfers is not None:
+            return self.transfers.to_device(tensors)
+        return {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
+
+    # ----------------------------------------------------------------- acting
+    def act(self, step: TensorDict) -> np.ndarray | torch.Tensor:
+        """The policy's actions for ``step`` (teacher-forced maybe), written into it.
+
+        The policy reads the step (observations, episode starts, state, the task's step fields)
+        and writes its actions, log-probabilities, values, the state after and its extras into
+        it; every entry it writes but the state is recorded.
+        """
+        t0 = time.perf_counter()
+        if self.normalizer is not None:
+            self.normalizer.record_observations(dict(step.get(RAW_OBS).items()))
+        forced = None
+        if self.request.teacher_forcing is not None:
+            prob = self.request.teacher_forcing_probability(self.storage.step)
+            forced = forced_actions(prob, {k: step.get(k) for k in self.field_names}, self.device)
+            step.set(FORCED_ACTIONS, forced)
+        # What the task reported, before the policy wrote: checked on a rollout's first step.
+        fields = {k: step.get(k) for k in self.field_names} if self.storage.step == 0 else None
+        self.model.act(step)
+        actions = step.get(ACTIONS)
+        if forced is not None:
+            count = check_forced(forced, actions, self.model)
+            self.teacher_forced += count
+            self.stats.add_scalars(
+                {
+                    "pipeline/teacher_ratio": count / len(actions),
+                    "pipeline/teacher_forcing_prob": prob,
+                }
+            )
+        if fields is not None:
+            check_field_names(fields, step)
+        host = actions_for(
+            actions, self.steps_on, None if self.transfers is None else self.transfers.to_host
+        )
+        self._acted = time.perf_counter()
+        self.inference_seconds += self._acted - t0
+        return host
+
+    # -------------------------------------------------------------- recording
+    def next_step(
+        self, step: TensorDict, result: TensorDict, keep: torch.Tensor | None = None
+    ) -> TensorDict:
+        """Record ``step`` and the sampler's ``result`` of it; the step to act on next.
+
+        (Training environments never pause: ``keep`` is None.)
+        """
+        t2 = time.perf_counter()
+        self.env_seconds += t2 - self._acted
+        # The policy's entries (actions first), the task's fields, then the policy's extras.
+        fields = {k: step.get(k) for k in (ACTIONS, LOGPROBS, VALUES)}
+        fields.update((str(k), step.get(k)) for k in step.keys() if k not in _NOT_RECORDED)
+        moved = self._arrived(result)
+        obs = {k[1]: v for k, v in moved.items() if isinstance(k, tuple) and k[0] == "obs"}
+        fields["truncation_values"] = self._truncation_values(moved, step)
+        terminated, truncated = moved["terminated"], moved["truncated"]
+        rewards = moved["rewards"]
+        starts = terminated | truncated
+        # The state after the step is the one before the next observation: truncated-BPTT
+        # chunks start from it.
+        state = step.get(NEXT_STATE)
+        nxt: dict[NestedKey, Any] = {}
+        if self.normalizer is not None:
+            nxt[RAW_OBS] = _entries(obs, step.batch_size)
+            obs = dict(self.normalizer.observations(obs))
+        nxt[OBS] = _entries(obs, step.batch_size)
+        if RETURNS in step.keys() and self.normalizer is not None:  # ALGO: VecNormalize's
+            rewards, nxt[RETURNS] = self.normalizer.rewards(
+                rewards, step.get(RETURNS), starts, self.request.gamma
+            )
+        nxt.update({EPISODE_STARTS: starts, STATE: state})
+        nxt.update((key, moved[key]) for key in self.field_names)
+        fields.update(rewards=rewards, terminated=terminated, truncated=truncated)
+        for key in self.transition_names:  # a value of this step, like its reward
+            fields[key] = moved[key]
+        self.storage.insert(fields, obs, state)
+        self.episodes.extend(finished_episodes(result))
+        self.inference_seconds += time.perf_counter() - t2
+        return TensorDict._new_unsafe(nxt, batch_size=step.batch_size)
+
+    def preempted(self, t: int) -> bool:
+        """HARNESS: whether enough workers are done that a straggler ends its rollout at ``t``."""
+        return self.preemption is not None and self.preemption.should_stop(
+            t + 1, self.request.num_steps
+        )
+
+    def _truncation_values(
+        self, moved: Mapping[Any, torch.Tensor], step: TensorDict
+    ) -> torch.Tensor:
+        """ALGO: values of the final observations of truncated episodes (bootstrapped).
+
+        ``moved``: the sampler's step as :meth:`_arrived` gives it; ``step``: the one acted on
+        (its state after is the one the final observations follow).
+        """
+        values = torch.zeros(step.batch_size[0], device=self.device)
+        idx = moved.get(_TRUNCATED_AT)
+        if idx is None:
+            return values
+        final = {k[1]: v for k, v in moved.items() if isinstance(k, tuple) and k[0] == "final_obs"}
+        if self.normalizer is not None:
+            final = dict(self.normalizer.observations(final))
+        out, _ = self.model(
+            {k: v.unsqueeze(0) for k, v in final.items()},
+            torch.zeros(1, len(idx), dtype=torch.bool, device=self.device),
+            step.get(NEXT_STATE)[idx],
+        )
+        values[idx] = out.values[0]
+        return values
+
+    def bootstrap_value(self, step: TensorDict) -> torch.Tensor:
+        """ALGO: the value the returns bootstrap from, by the policy that collected.
+
+        ``step``: the step after the rollout's last (what the runner returned).
+        """
+        obs = {k: v.unsqueeze(0) for k, v in step.get(OBS).items()}
+        out, _ = self.model(obs, step.get(EPISODE_STARTS).unsqueeze(0), step.get(STATE))
+        return out.values[0]
+
+    def summary(self) -> dict[str, Any]:
+        """The statistics and timings of the rollout, for :class:`~rl.collection.Rollout`."""
+        return {
+            "episodes": self.episodes,
+            "stats": self.stats.state_dict(),
+            "teacher_forced": self.teacher_forced,
+            "env_seconds": self.env_seconds,
+            "inference_seconds": self.inference_seconds,
+        }
+
+
+def _entries(obs: Mapping[str, torch.Tensor], batch_size: torch.Size) -> TensorDict:
+    """Observations by key as a ``TensorDict`` (no checks: the hot path's)."""
+    data: dict[NestedKey, Any] = {k: v for k, v in obs.items()}
+    return TensorDict._new_unsafe(data, batch_size=batch_size)

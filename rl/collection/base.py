@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import gymnasium as gym
 import torch
 
-from rl.collection.episodes import EvalResult
 from rl.collection.normalization import Normalizer, NormalizeSettings
 from rl.pipeline.schedules import Schedule
 from rl.sampling.base import EpisodeRecord
@@ -24,6 +23,9 @@ from rl.sampling.factory import sampler_num_envs
 from rl.storage.rollout import RolloutStorage
 from rl.tasks.agents import AgentGroup
 from rl.tasks.factory import task_spaces
+
+if TYPE_CHECKING:  # (episodes acts through acting, which needs this module's request)
+    from rl.collection.episodes import EvalResult
 
 
 @dataclasses.dataclass(frozen=True)

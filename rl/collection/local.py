@@ -32,11 +32,17 @@ from typing import Any, ClassVar
 import torch
 from tensordict import TensorDict
 
-from rl.collection.acting import steps_device
+from rl.collection.acting import (
+    RETURNS,
+    RolloutRecorder,
+    carried_step,
+    obs_on,
+    raw_obs,
+    steps_device,
+)
 from rl.collection.base import CollectionSpec, Preemption, Rollout, RolloutRequest
 from rl.collection.episodes import EvalResult, EvalSampler, evaluate_policy
 from rl.collection.normalization import Normalizer
-from rl.collection.recording import RETURNS, RolloutRecorder, carried_step, obs_on, raw_obs
 from rl.distributed.preemption import RolloutPreemption
 from rl.distributed.setup import DistContext
 from rl.models.policy import EPISODE_STARTS, STATE, Policy

@@ -5,7 +5,7 @@ last: observations, the task's step fields, whatever it carries, such as a polic
 state), the sampler steps, the caller's ``on_step`` sees both, and the actor makes the next
 step from the sampler's result, environments that ran out of episodes (evaluation) left out.
 Everything an actor carries from one step to the next is in the step; nothing is kept beside
-it. Collection (:class:`~rl.collection.recording.RolloutRecorder`, which records each step
+it. Collection (:class:`~rl.collection.acting.RolloutRecorder`, which records each step
 into the rollout storage as it makes the next), evaluation on fixed episode lists
 (:func:`~rl.collection.episodes.run_episode_list`: a policy,
 :class:`~rl.collection.acting.PolicyActor`, or :class:`ExpertActor`, the task's expert), probe

@@ -1,7 +1,14 @@
 """Rollout storage (a TensorDict of time-major rows), advantage estimators, expert data."""
 
-from rl.storage.advantages import compute_discounted_returns, compute_gae, compute_vtrace
-from rl.storage.estimators import GAE, AdvantageEstimator, DiscountedReturns, VTrace
+from rl.storage.estimators import (
+    GAE,
+    AdvantageEstimator,
+    DiscountedReturns,
+    VTrace,
+    compute_discounted_returns,
+    compute_gae,
+    compute_vtrace,
+)
 from rl.storage.expert_data import (
     ExpertTrajectoryIterator,
     expert_batch,

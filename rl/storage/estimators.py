@@ -1,17 +1,23 @@
-"""Advantage estimators: configured objects that fill a rollout's ``advantages`` and ``returns``.
+"""Advantage estimation: pure functions over time-major tensors, and the configured estimators.
 
-``pipeline.advantage`` (a training setting a stage may override) is one of these, built from
-its ``_target_`` (``conf/pipeline/advantage/``: ``gae``, ``returns``, ``vtrace``). The learner
-calls it once per rollout, before the update's epochs::
+The functions: :func:`compute_gae`, generalised advantage estimation (Schulman et al., 2016);
+:func:`compute_discounted_returns`, n-step returns bootstrapped at the rollout's end;
+:func:`compute_vtrace`, V-trace (Espeholt et al., 2018, "IMPALA", section 4), the off-policy
+correction of the n-step targets with truncated importance weights between the behaviour
+policy (which collected the rollout) and the learner's current one. Terminations and
+truncations are kept apart (Pardo et al., 2018, "Time Limits in Reinforcement Learning"): at a
+termination the next state's value is 0; at a truncation the value of the final observation
+(``truncation_values``) is bootstrapped; after either, the trace does not flow into the next
+episode.
 
-    scalars = estimator(storage, model=model, next_value=next_value, gamma=gamma)
-
-An estimator reads the recorded steps (:meth:`RolloutStorage.recorded`: ``rewards``,
-``values``, ``terminated``, ``truncated``, ``truncation_values``, ``logprobs``, ``actions``,
-``obs``, and any field a component records), writes ``[T, N]`` advantages and value targets
-with :meth:`RolloutStorage.set_advantages`, and returns scalars to log (``{}`` for none).
-A new estimator is a class with that ``__call__`` in a file of one's own, named by a YAML
-``_target_``: nothing in the framework changes (``docs/concepts/pipeline.md``).
+The estimators: ``pipeline.advantage`` (a training setting a stage may override) is one of
+:class:`GAE`, :class:`DiscountedReturns` or :class:`VTrace`, built from its ``_target_``
+(``conf/pipeline/advantage/``). The learner calls it once per rollout, before the update's
+epochs (``scalars = estimator(storage, model=model, next_value=next_value, gamma=gamma)``): it
+reads the recorded steps (:meth:`RolloutStorage.recorded`), writes ``[T, N]`` advantages and
+value targets with :meth:`RolloutStorage.set_advantages`, and returns scalars to log. A new
+estimator is a class with that ``__call__`` in a file of one's own, named by a YAML
+``_target_`` (``docs/concepts/pipeline.md``).
 """
 
 from __future__ import annotations
@@ -23,11 +29,173 @@ from typing import Annotated, Protocol, runtime_checkable
 import torch
 
 from rl.models.policy import Policy
-from rl.storage.advantages import compute_discounted_returns, compute_gae, compute_vtrace
 from rl.storage.rollout import RolloutStorage, sequence_start_state
 from rl.utils.config import Check
 
-__all__ = ["GAE", "AdvantageEstimator", "DiscountedReturns", "VTrace"]
+__all__ = [
+    "GAE",
+    "AdvantageEstimator",
+    "DiscountedReturns",
+    "VTrace",
+    "compute_discounted_returns",
+    "compute_gae",
+    "compute_vtrace",
+]
+
+
+def _next_state_values(
+    values: torch.Tensor,
+    next_value: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    truncation_values: torch.Tensor,
+) -> torch.Tensor:
+    """V(s_{t+1}) within each step's own episode, ``[T, N]``."""
+    following = torch.cat([values[1:], next_value.unsqueeze(0)], dim=0)
+    following = torch.where(truncated, truncation_values, following)
+    return torch.where(terminated, torch.zeros_like(following), following)
+
+
+def compute_gae(
+    *,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_value: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    truncation_values: torch.Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al., 2016) with value bootstrap at truncation.
+
+    Args:
+        rewards: ``[T, N]`` reward received after the action at step t.
+        values: ``[T, N]`` V(s_t) from the rollout.
+        next_value: ``[N]`` V(s_T) of the observation following the rollout.
+        terminated: ``[T, N]`` bool, the episode ended at step t by reaching a terminal state.
+        truncated: ``[T, N]`` bool, the episode was cut at step t (time limit); never both.
+        truncation_values: ``[T, N]`` V(final observation) where ``truncated`` (ignored elsewhere).
+        gamma: Discount factor.
+        gae_lambda: GAE's lambda (1: Monte-Carlo advantages, 0: one-step TD errors).
+
+    Returns:
+        ``(advantages, returns)``, both ``[T, N]``, with ``returns = advantages + values``.
+    """
+    next_values = _next_state_values(values, next_value, terminated, truncated, truncation_values)
+    deltas = rewards + gamma * next_values - values
+    carry = gamma * gae_lambda * (~(terminated | truncated)).to(values.dtype)
+    advantages = torch.empty_like(values)
+    last = torch.zeros_like(next_value)
+    for t in range(values.shape[0] - 1, -1, -1):
+        last = deltas[t] + carry[t] * last
+        advantages[t] = last
+    return advantages, advantages + values
+
+
+def compute_discounted_returns(
+    *,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_value: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    truncation_values: torch.Tensor,
+    gamma: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """N-step discounted returns bootstrapped from ``next_value`` (``use_gae=False``).
+
+    Same arguments and shapes as :func:`compute_gae`.
+
+    Returns:
+        ``(advantages, returns)`` with ``advantages = returns - values``.
+    """
+    next_values = _next_state_values(values, next_value, terminated, truncated, truncation_values)
+    ended = terminated | truncated
+    returns = torch.empty_like(values)
+    running = next_value
+    for t in range(values.shape[0] - 1, -1, -1):
+        # Within an episode the return flows on; where it ended, restart from the bootstrap.
+        running = rewards[t] + gamma * torch.where(ended[t], next_values[t], running)
+        returns[t] = running
+    return returns - values, returns
+
+
+def compute_vtrace(
+    *,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_value: torch.Tensor,
+    terminated: torch.Tensor,
+    truncated: torch.Tensor,
+    truncation_values: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    target_logprobs: torch.Tensor,
+    gamma: float,
+    rho_bar: float = 1.0,
+    c_bar: float = 1.0,
+    vtrace_lambda: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """V-trace targets and policy-gradient advantages (Espeholt et al., 2018), time-major.
+
+    With ``ratio_t = pi(a_t|x_t) / mu(a_t|x_t)`` (target over behaviour), ``rho_t =
+    min(rho_bar, ratio_t)``, ``c_t = vtrace_lambda * min(c_bar, ratio_t)`` and
+    ``delta_t = rho_t * (r_t + gamma * V(x_{t+1}) - V(x_t))``, the targets are
+
+        ``v_s = V(x_s) + sum_{t >= s} gamma^(t - s) * (c_s ... c_{t-1}) * delta_t``,
+
+    the sum running to the end of ``s``'s episode within the rollout (to the last step, whose
+    ``V(x_T)`` is ``next_value``): the trace does not flow across an episode boundary, and
+    ``V(x_{t+1})`` is 0 after a termination and the final observation's value after a
+    truncation (as in :func:`compute_gae`). The advantages are IMPALA's policy-gradient ones,
+    ``rho_s * (r_s + gamma * v_{s+1} - V(x_s))``, where ``v_{s+1}`` is the next target within
+    the episode, ``truncation_values`` at a truncation, 0 at a termination and ``next_value``
+    after the rollout's last step. The policy-gradient weight is clipped at ``rho_bar`` as
+    well (IMPALA's default for its separate threshold).
+
+    ``vtrace_lambda`` is the paper's optional lambda (its remark 2, ``c_i = lambda *
+    min(c_bar, ratio_i)``); at 1 (the paper's definition and the default) on-policy V-trace
+    (``target_logprobs == behaviour_logprobs``, ``rho_bar, c_bar >= 1``) gives the n-step
+    returns of :func:`compute_discounted_returns`; below 1 its on-policy targets are GAE's
+    ``lambda``-returns (:func:`compute_gae`'s ``returns``). The paper assumes ``rho_bar >=
+    c_bar``. The result is meant as fixed targets: call it without gradients.
+
+    Args:
+        rewards: ``[T, N]`` reward received after the action at step t.
+        values: ``[T, N]`` V(x_t) (IMPALA: of the target policy's value function).
+        next_value: ``[N]`` V(x_T) of the observation following the rollout.
+        terminated: ``[T, N]`` bool, the episode ended at step t by reaching a terminal state.
+        truncated: ``[T, N]`` bool, the episode was cut at step t (time limit); never both.
+        truncation_values: ``[T, N]`` V(final observation) where ``truncated`` (ignored elsewhere).
+        behaviour_logprobs: ``[T, N]`` log mu(a_t|x_t), of the policy that collected the rollout.
+        target_logprobs: ``[T, N]`` log pi(a_t|x_t), of the policy being learnt.
+        gamma: Discount factor.
+        rho_bar: Truncation of the importance weight in ``delta_t`` (and of the advantages'):
+            the fixed point's policy lies between mu and pi, pi at ``rho_bar = inf``.
+        c_bar: Truncation of the trace coefficients ``c_t`` (how fast the trace is cut).
+        vtrace_lambda: The paper's lambda in ``c_t`` (1: V-trace as defined).
+
+    Returns:
+        ``(advantages, vs)``, both ``[T, N]``: the policy-gradient advantages and the value
+        targets ``v_s`` (in general ``vs != advantages + values``).
+    """
+    next_values = _next_state_values(values, next_value, terminated, truncated, truncation_values)
+    ended = terminated | truncated
+    ratios = (target_logprobs - behaviour_logprobs).exp()
+    rhos = ratios.clamp(max=rho_bar)
+    cs = vtrace_lambda * ratios.clamp(max=c_bar)
+    deltas = rhos * (rewards + gamma * next_values - values)
+    carry = gamma * cs * (~ended).to(values.dtype)
+    corrections = torch.empty_like(values)  # v_s - V(x_s)
+    last = torch.zeros_like(next_value)
+    for t in range(values.shape[0] - 1, -1, -1):
+        last = deltas[t] + carry[t] * last
+        corrections[t] = last
+    vs = values + corrections
+    # v_{s+1} within the episode; at an episode's end the bootstrap V(x_{s+1}) (0 if terminal).
+    following = torch.cat([vs[1:], next_value.unsqueeze(0)], dim=0)
+    vs_next = torch.where(ended, next_values, following)
+    return rhos * (rewards + gamma * vs_next - values), vs
 
 
 @runtime_checkable
@@ -57,7 +225,7 @@ class AdvantageEstimator(Protocol):
 
 
 def _inputs(storage: RolloutStorage, next_value: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The arguments of :mod:`rl.storage.advantages`' estimators, from the recorded steps."""
+    """The arguments of the ``compute_*`` functions, from the recorded steps."""
     steps = storage.recorded()
     return {
         "rewards": steps["rewards"],
