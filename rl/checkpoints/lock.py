@@ -1,18 +1,13 @@
 """One writer per run folder: an exclusive ``flock`` on ``<run>/.lock`` for the whole run.
 
-Two trainers in one folder (two ``resume=`` of the same run started together, two jobs whose
-timestamped folders collide) would interleave ``metrics.jsonl`` and checkpoint histories, and
-one could delete the other's temporary checkpoint file mid-write. So the trainer (and
-``evaluate.py``, which writes results into the run folder) holds :class:`RunLock` from before it
-touches the folder until it ends; a second one is refused at once with a
-:class:`RunFolderLockedError` naming the folder and the holder's pid.
+Two trainers in one folder (two ``resume=`` of one run, two jobs whose timestamped folders
+collide) would interleave ``metrics.jsonl`` and checkpoint histories, and one could delete the
+other's temporary checkpoint mid-write. The trainer and ``evaluate.py`` hold :class:`RunLock`
+from before they touch the folder until they end; their child processes run under it.
 
-The lock is the kernel's (``fcntl.flock``), taken on an open file: it goes with the process, so
-a trainer killed with ``kill -9`` leaves nothing that blocks the next one. The file itself stays
-(deleting lock files races with the next taker) and only says who held it last. Child processes
-(samplers, validation, collection workers) run under their parent's lock. ``flock`` is local to
-a machine on some network file systems: two machines sharing a folder over old NFS are not
-kept apart.
+The kernel's lock goes with the process, so ``kill -9`` leaves nothing that blocks the next
+taker. The file stays (deleting lock files races with the next taker) and only says who held it
+last. On some network file systems (old NFS) ``flock`` does not keep two machines apart.
 """
 
 from __future__ import annotations
@@ -36,13 +31,9 @@ class RunFolderLockedError(RuntimeError):
 
 
 class RunLock:
-    """The exclusive lock of a run folder, held from :meth:`acquire` to :meth:`release`.
+    """The exclusive lock of a run folder (resolved: the same whichever link reaches it).
 
-    Args:
-        run_dir: The run folder (created if missing); resolved, so that the folder is locked
-            whichever link it was reached through.
-        purpose: What this process does there (``training``, ``evaluation``), for the
-            message a later taker is refused with.
+    ``purpose`` (``training``, ``evaluation``) is what a later taker's refusal says.
     """
 
     def __init__(self, run_dir: str | Path, purpose: str = "training") -> None:
@@ -58,11 +49,7 @@ class RunLock:
         return self._fd is not None
 
     def acquire(self) -> RunLock:
-        """Take the lock now or raise (never waits).
-
-        Raises:
-            RunFolderLockedError: Another process holds it (the message names its pid).
-        """
+        """Take the lock now, or a :class:`RunFolderLockedError` naming the holder's pid."""
         if self._fd is not None:
             return self
         self.created_folder = not self.run_dir.exists()
@@ -101,14 +88,9 @@ class RunLock:
             os.close(fd)  # closing the only descriptor of the open file drops the flock
 
     def discard_unused_folder(self) -> bool:
-        """Remove the run folder this lock created when nothing but the lock is in it.
+        """Remove the run folder this lock made if nothing but the lock is in it; whether it did.
 
-        For a run refused after it took its folder (a task or a policy that cannot be built):
-        no empty folder is left behind. A folder that existed before, or holds anything else,
-        is left as it is.
-
-        Returns:
-            Whether the folder was removed.
+        For a run refused after it took its folder (a task that cannot be built).
         """
         if not (self.held and self.created_folder):
             return False
@@ -131,6 +113,3 @@ class RunLock:
         tb: TracebackType | None,
     ) -> None:
         self.release()
-
-
-__all__ = ["LOCK_NAME", "RunFolderLockedError", "RunLock"]

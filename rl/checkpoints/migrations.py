@@ -1,19 +1,10 @@
-"""Saved configs of earlier versions, brought to the current config layout before rebuilding.
+"""Saved configs of earlier versions, brought to today's layout before they are rebuilt.
 
-Each migration takes the saved config (data only, :func:`~rl.checkpoints.saved_config.config_data`)
-and its config group choices, and returns both in today's form; a config already in today's form
-passes unchanged. :func:`~rl.checkpoints.saved_config.rebuild_config` applies them all, so
-``resume=``, ``evaluate.py`` and :class:`~rl.evaluation.InferenceAgent` load older checkpoints.
-
-- **Training settings' defaults** (before they lived in the YAML alone): a saved pipeline
-  without a setting ran with the constructor's default of then; it is written in
-  (:data:`_FORMER_DEFAULTS`), as today's pipeline takes every setting.
-- **Advantage settings** (before the estimator became an object): ``advantage: gae|vtrace``
-  with ``use_gae``, ``gae_lambda``, ``vtrace_rho_bar``, ``vtrace_c_bar`` and ``vtrace_lambda``
-  beside it, in the pipeline and in any stage, become ``advantage: {_target_: ...}``
-  (``conf/pipeline/advantage/``), and the pipeline's choice ``pipeline/advantage``.
-- **Moved callables** (the example environments left ``rl.tasks`` for ``rl_envs``): every
-  ``_target_`` naming an old path names the new one (:data:`~rl.utils.config.MOVED_TARGETS`).
+Each migration takes the saved config (data) and its group choices and returns both in today's
+form; a config already in it passes unchanged. They cover the pipeline settings' defaults of
+before they lived in the YAML alone, the advantage settings of before the estimator became
+an object (``conf/pipeline/advantage/``), and moved callables
+(:data:`~rl.utils.config.MOVED_TARGETS`).
 """
 
 from __future__ import annotations
@@ -23,8 +14,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from rl.utils.config import moved_target
-
-__all__ = ["migrate"]
 
 # TrainingPipeline's defaults before the settings' values lived in conf/pipeline/ alone.
 _FORMER_DEFAULTS = {

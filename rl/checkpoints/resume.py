@@ -1,10 +1,8 @@
 """How a training run starts: fresh, resumed (``resume=``) or from weights (``init_from=``).
 
-``resume=RUN_DIR`` (or a checkpoint file) continues a run in its own folder from its newest
-loadable checkpoint, with the config saved in it plus the safe changes typed now
-(:mod:`rl.checkpoints.resume_config`). ``init_from=CHECKPOINT`` starts a new run from a
-checkpoint's weights only. :func:`plan_start` works this out before anything is built and
-returns a :class:`StartPlan`.
+:func:`plan_start` works it out before anything is built. ``resume=RUN_DIR`` (or a checkpoint
+file) continues a run in its own folder with the config saved in it plus the safe changes typed
+now (:mod:`rl.checkpoints.resume_config`); ``init_from=CHECKPOINT`` takes its weights only.
 """
 
 from __future__ import annotations
@@ -49,9 +47,6 @@ log = logging.getLogger(__name__)
 def resume_run_dir(path: str | Path) -> Path:
     """The run folder ``resume=PATH`` continues (a run folder, or ``<run>/checkpoints/<file>``).
 
-    A checkpoint's run folder is resolved, and its ``checkpoints`` must be a real folder (not
-    a link to another run's: :func:`~rl.checkpoints.files.checked_file_path`).
-
     Raises:
         CheckpointError: ``PATH`` is neither.
         UnsafePathError: The run's ``checkpoints`` is a link.
@@ -72,12 +67,9 @@ def resolve_resume_path(path: str | Path) -> tuple[Path, Path, dict[str, Any]]:
     """``(run_dir, checkpoint, state)`` for ``resume=PATH`` (a run folder or a checkpoint file).
 
     For a run folder this is the newest checkpoint in step order that loads (unreadable ones
-    are skipped with a warning; a crafted config stops the search). Every file
-    under a checkpoint name is complete (atomic writes), so this is also right when a crash
-    fell between a checkpoint's rename and the update of ``latest``.
-
-    Args:
-        path: A run folder or a checkpoint file.
+    are skipped with a warning; an untrusted one stops the search). Every file under a
+    checkpoint name is complete (atomic writes), so this is also right when a crash fell
+    between a checkpoint's rename and the update of ``latest``.
     """
     run_dir = resume_run_dir(path)
     path = Path(path).expanduser()
@@ -106,12 +98,8 @@ class StartPlan:
 
     Attributes:
         config: The resolved config to run (for a resume: the saved one plus safe changes).
-        choices: The config group choices it was composed with (saved in checkpoints, so that
-            evaluation and resuming rebuild it on the user's config tree; None: not composed
-            by Hydra).
-        sources: Where this invocation's configs came from (saved in checkpoints for
-            messages: :func:`~rl.checkpoints.config_tree.run_sources`; None: not composed by
-            Hydra).
+        choices: The config group choices it was composed with, and ``sources`` where its
+            configs came from (both saved in checkpoints; None: not composed by Hydra).
         resume_state: The checkpoint resumed from (None unless resuming).
         checkpoint: Its path (or the ``init_from`` checkpoint's).
         init_state: The ``init_from`` checkpoint (None unless given).
@@ -159,15 +147,10 @@ class StartPlan:
 
 
 def plan_start(cfg: DictConfig | Mapping[str, Any], plain: dict[str, Any]) -> StartPlan:
-    """Work out how the run starts from its composed config (``resume`` / ``init_from``).
+    """Work out how the run starts from its composed config ``cfg`` (``plain``: resolved).
 
     The run folder (the new one, or the resumed run's) is locked before anything in it is
-    touched (:class:`~rl.checkpoints.lock.RunLock`); the plan holds the lock until
-    :meth:`StartPlan.close`.
-
-    Args:
-        cfg: The composed config (a ``DictConfig`` keeps interpolations and typed overrides).
-        plain: ``cfg`` resolved.
+    touched; the plan holds the lock until :meth:`StartPlan.close`.
 
     Raises:
         ConfigError: Both ``resume`` and ``init_from``, or unsafe changes on resume.
@@ -271,9 +254,6 @@ def _move_later_checkpoints_aside(run_dir: Path, path: Path) -> None:
     """Move the checkpoints after ``path`` aside (resuming from an older one branches the run).
 
     Step order then stays the run's history, and ``resume=RUN_DIR`` finds the right one.
-
-    Raises:
-        UnsafePathError: ``checkpoints/superseded_<time>`` is a link or not a folder.
     """
     newer = [p for p in list_checkpoints(run_dir) if p.name > path.name]
     if not newer:
