@@ -1,12 +1,7 @@
 """The rule of every hang watchdog here: a warning at half of a call's budget, then the end.
 
-Child processes (:meth:`~rl.utils.processes.ChildProcesses.gather`), collection workers
-(:class:`~rl.collection.worker_calls.WorkerCalls`) and their rollouts in flight each wait on
-processes that may hang; a serial sampler's environments are watched from a thread
-(:class:`~rl.sampling.watchdog.Watchdog`). Each keeps a :class:`Deadline` per call and asks it
-when to wake (:meth:`Deadline.seconds_left`), whether the warning naming the late worker is due
-(:meth:`Deadline.should_warn`, once) and whether the call counts as hung
-(:meth:`Deadline.expired`); what to say and what to raise is the caller's.
+Child processes, collection workers and a serial sampler's watchdog each keep a
+:class:`Deadline` per call; what to say and what to raise is the caller's.
 """
 
 from __future__ import annotations
@@ -22,11 +17,8 @@ WARN_FRACTION = 0.5
 class Deadline:
     """One call's budget: a warning once :data:`WARN_FRACTION` of it has passed, then the end.
 
-    Args:
-        budget: Seconds the call may take (None: none: it never warns nor expires). A
-            caller may raise it later (``deadline.budget = ...``), e.g. when a longer rollout
-            was asked for meanwhile.
-        start: When the call began (``time.monotonic()``; default: now).
+    ``budget`` is seconds (None: never warns nor expires; a caller may raise it later),
+    ``start`` a ``time.monotonic()`` (default: now).
     """
 
     def __init__(self, budget: float | None, start: float | None = None) -> None:

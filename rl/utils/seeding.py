@@ -22,18 +22,10 @@ def set_seed(seed: int | None) -> None:
 
 
 def worker_seeds(nprocesses: int, initial_seed: int | None) -> list[int]:
-    """Draw one seed per sampler (environment), reproducibly from ``initial_seed``.
+    """``nprocesses`` distinct seeds in ``[0, 2**31)``, one per environment, from ``initial_seed``.
 
-    The global RNG state is left untouched (AllenAct's semantics): the seeds come from a private
-    generator, so calling this never perturbs training randomness.
-
-    Args:
-        nprocesses: How many seeds to draw (one per global environment index).
-        initial_seed: Seed of the private generator; ``None`` draws from OS entropy.
-
-    Returns:
-        ``nprocesses`` distinct seeds in ``[0, 2**31)``; the first ``k`` seeds do not depend
-        on ``nprocesses``.
+    From a private generator (AllenAct's semantics: the global RNGs are untouched; None: OS
+    entropy); the first ``k`` seeds do not depend on ``nprocesses``.
     """
     rng = random.Random(initial_seed)
     seeds: list[int] = []
@@ -74,13 +66,9 @@ CUBLAS_WORKSPACE = ":4096:8"
 def deterministic_mode(enabled: bool = True) -> Iterator[None]:
     """Deterministic algorithms only within the block (AllenAct's ``set_deterministic_cudnn``).
 
-    Sets ``torch.use_deterministic_algorithms(True)`` (an operation without a deterministic
-    implementation raises instead of running nondeterministically), ``cudnn.deterministic``
-    and no ``cudnn.benchmark`` (no autotuned, possibly nondeterministic kernels), and the
-    ``CUBLAS_WORKSPACE_CONFIG`` environment variable cuBLAS reads when it starts: enter the
-    block before any CUDA work. The previous settings come back after the block. It costs speed
-    on GPUs (slower kernels, no autotuning); on the CPU it changes little. ``enabled=False``
-    leaves everything as it is.
+    An operation without a deterministic implementation raises; no cuDNN autotuning; cuBLAS's
+    workspace is fixed, read when it starts, so enter before any CUDA work. It costs speed on
+    GPUs. ``enabled=False`` leaves everything as it is.
     """
     if not enabled:
         yield

@@ -1,23 +1,15 @@
 """Shared memory between the processes of a run: arrays laid out in one block, and named blocks.
 
-Two ways rows of data cross a process boundary here without pickling (the process runtime,
-:mod:`rl.utils.processes`, carries only calls and small results):
+Rows of data cross a process boundary here without pickling:
 
 - **Arrays in one block, made by the parent** (:class:`SharedArrays`): the multiprocess
-  sampler lays out every observation, reward, flag and action of its environments in one
-  ``multiprocessing.RawArray`` (:meth:`SharedArrays.plan`), passes it to its worker processes
-  when they start, and every process builds the same ``[N, ...]`` numpy views over it. Each
-  worker writes its environments' rows; the sampler reads them in place.
-- **Named blocks, made by a child** (:class:`SharedBuffers`, :class:`SharedRows`): a process
-  collection worker (``collector.backend=process``) allocates every buffer of its rollout
-  storage in a named block of its own (``multiprocessing.shared_memory``) and sends the learner
-  a :class:`SharedRows`: the blocks' names, shapes and dtypes and how many rows the rollout
-  has. The learner maps the blocks once (cached by name) and copies the rows straight into its
-  own storage. The worker writes its next rollout into the same blocks only after the learner
-  took the last one (:mod:`rl.collection.async_collection` asks a worker again only after its
-  rollout was assembled). The worker owns the blocks: it unlinks them when its storage is
-  replaced and when it closes (and the resource tracker it shares with the learner does at the
-  end if it was killed); the learner only maps them and never unlinks them.
+  sampler lays out its environments' observations, rewards, flags and actions in one
+  ``RawArray`` passed to its workers, and every process builds the same numpy views over it.
+- **Named blocks, made by a child** (:class:`SharedBuffers`): a process collection worker
+  allocates its rollout storage in named blocks and sends the learner a :class:`SharedRows`,
+  which the learner maps once (by name) and copies from. The worker writes its next rollout
+  only after the learner took the last one, and owns the blocks: it unlinks them (the resource
+  tracker it shares with the learner does if it was killed); the learner never does.
 """
 
 from __future__ import annotations
@@ -41,12 +33,7 @@ _ALIGN = 64  # byte alignment of each array in a shared block
 
 # ---------------------------------------------------------------- arrays in one block
 class SharedArrays:
-    """Numpy arrays carved out of one shared byte block (same layout in every process).
-
-    Args:
-        raw: The shared block (a ``RawArray`` of bytes).
-        layout: ``name -> (offset, shape, dtype string)``.
-    """
+    """Numpy arrays carved out of one shared ``RawArray`` by ``layout`` (:meth:`plan`)."""
 
     def __init__(self, raw: Any, layout: Mapping[str, tuple[int, tuple[int, ...], str]]) -> None:
         self.raw = raw
@@ -76,9 +63,7 @@ class SharedArrays:
 class SharedRows:
     """Rows ``[length, n]`` of tensors in named shared memory (what the learner is sent).
 
-    Attributes:
-        leaves: ``(key, block name, full shape, dtype name)`` of each leaf.
-        length: Rows of the rollout (``steps + 1``).
+    ``leaves`` are ``(key, block name, full shape, dtype name)``.
     """
 
     leaves: tuple[tuple[NestedKey, str, tuple[int, ...], str], ...]

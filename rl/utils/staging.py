@@ -1,28 +1,13 @@
 """Host <-> CUDA copies through pinned staging buffers: one transfer each way a step.
 
-A copy from pageable (ordinary) host memory to the GPU is staged by the driver through a
-pinned buffer of its own and returns only when it is done, one copy a tensor. Collection with
-CPU environments and a CUDA policy copies a step's observations, rewards, flags and the
-task's fields each step, and the actions back. :class:`PinnedTransfers` does each direction
-in one copy:
-
-- :meth:`PinnedTransfers.to_device` packs the step's CPU tensors into one page-locked (pinned)
-  byte buffer, copies it to the device with ``non_blocking=True`` (the host goes on while the
-  DMA runs, and the policy's kernels queue behind it on the same stream), and returns views of
-  one fresh device buffer (from the caching allocator), one per tensor, with their shapes and
-  dtypes. Tensors already on the device pass through untouched (a batched environment on it).
-- :meth:`PinnedTransfers.to_host` copies a device tensor (the actions) into a pinned host
-  tensor and waits for that copy only.
-
-Buffers are allocated once per size (grown when a step needs more: one with final
-observations) and reused. A pinned buffer is not written while a copy from it may still be in
-flight: ``buffers`` of them (2: double buffering) are used in turn, each with a CUDA event
-recorded after its copy, and a buffer's event is waited on before it is written again. The
-host buffers :meth:`~PinnedTransfers.to_host` returns stay valid for ``buffers - 1`` further
-calls (the sampler reads the actions before the next step).
-
-Only a CUDA target gets any of this (:func:`pinned_transfers` returns None otherwise): a
-CPU-only run pins nothing and copies nothing.
+A copy from pageable host memory to the GPU is staged by the driver through a pinned buffer of
+its own and returns only when done, one copy a tensor; collection with CPU environments and a
+CUDA policy copies several tensors each step and the actions back. :class:`PinnedTransfers`
+packs a step's CPU tensors into one pinned buffer and copies it with ``non_blocking=True`` (the
+policy's kernels queue behind it on the same stream), and copies the actions back into a pinned
+host tensor. A pinned buffer is not written while a copy from it may be in flight: ``buffers``
+of them are used in turn, each with a CUDA event recorded after its copy. A CPU-only run gets
+none of this (:func:`pinned_transfers` returns None).
 """
 
 from __future__ import annotations
@@ -107,15 +92,9 @@ class PinnedTransfers:
 
     Args:
         device: The device the tensors go to (and the actions come from).
-        buffers: Staging buffers used in turn in each direction (at least 2: a buffer is
-            written while the copy from the other may still run).
-        pin: Page-lock the staging buffers (None: where ``device`` is CUDA). Without CUDA
-            there is nothing to wait for: the copies are plain (tests of the packing).
-
-    Attributes:
-        copies_to_device: Host -> device copies made (one per :meth:`to_device` call that had
-            a host tensor to move).
-        copies_to_host: Device -> host copies made.
+        buffers: Staging buffers used in turn in each direction (at least 2).
+        pin: Page-lock the staging buffers (None: where ``device`` is CUDA; without CUDA the
+            copies are plain, for tests of the packing).
     """
 
     def __init__(
@@ -146,11 +125,8 @@ class PinnedTransfers:
     def to_device(self, tensors: Mapping[K, torch.Tensor]) -> dict[K, torch.Tensor]:
         """``tensors`` on the device, the host ones in one non-blocking copy.
 
-        Returns:
-            The same keys: a host tensor as a view of one fresh device buffer (valid as long as
-            it is referenced: it is never reused here), a tensor already on the device as it
-            is. (A CPU target copies host tensors too, into a fresh CPU buffer: what tests of
-            the packing run; :func:`pinned_transfers` gives the CPU none.)
+        A host tensor comes back as a view of one fresh device buffer (never reused here), a
+        tensor already on the device as it is.
         """
         out: dict[K, torch.Tensor] = {}
         keys: list[K] = []
@@ -193,10 +169,7 @@ class PinnedTransfers:
         return {key: out[key] for key in tensors}  # (the caller's order)
 
     def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` (on the device) in a pinned host tensor, the copy finished.
-
-        The result is overwritten ``buffers`` calls later: read it (or copy it) before then.
-        """
+        """``tensor`` (on the device) in a pinned host tensor, valid for ``buffers - 1`` calls."""
         slot = self._down[self._next_down]
         self._next_down = (self._next_down + 1) % len(self._down)
         slot.wait()

@@ -1,21 +1,10 @@
 """How many threads torch uses in each process of a run, and how many processes run.
 
-``auto`` process counts (``collector.num_workers``, ``sampler.num_processes``) are this
-process's share of the cores, less one for the learner's own process (:func:`auto_count`): on 2
-cores one worker beside the learner, on 16 cores 15. The share (:func:`available_cores`) is the
-cores the process may run on (its CPU affinity), divided among the learners of the machine under
-DDP (``LOCAL_WORLD_SIZE``, set by torchrun and by ``distributed.nprocs``: 4 ranks on 64 cores
-take 16 each, so 15 workers each), and one core in a collection worker (``RL_CORES``, which
-the worker sets: a multiprocess sampler inside it with ``auto`` runs one process). The
-``torch_threads`` settings:
-
-``torch_threads: auto`` (the default of ``train.yaml`` and ``evaluate.yaml``) is one thread per
-process on the CPU: the framework's networks are small, so a second intra-op thread barely
-speeds a process up on an idle machine and, on a busy one (a shared node, parallel sweep jobs,
-collection workers beside the learner), oversubscribes the cores and slows it down severalfold
-(the figures are in the docs' Speed page). Parallelism comes from processes instead (samplers,
-collection workers). With a GPU the learner's CPU threads only feed it: up to 4. An integer sets
-the count; ``null`` leaves torch's default (one thread per core).
+``auto`` process counts are this process's share of the cores less one for the learner
+(:func:`auto_count`). ``torch_threads: auto`` is one thread per process on the CPU: the
+networks are small, so a second intra-op thread barely helps on an idle machine and
+oversubscribes a busy one severalfold (docs' Speed page); parallelism comes from processes.
+With a GPU the learner's CPU threads only feed it: up to 4.
 """
 
 from __future__ import annotations
@@ -33,8 +22,8 @@ CORES_ENV = "RL_CORES"
 def available_cores() -> int:
     """The share of the cores this process may use, at least 1.
 
-    ``RL_CORES`` if set; else the cores the process may run on (its CPU affinity) divided by
-    the learners on this machine (``LOCAL_WORLD_SIZE`` under DDP).
+    ``RL_CORES`` if set (a collection worker sets 1); else the cores of its CPU affinity
+    divided by the learners on this machine (``LOCAL_WORLD_SIZE`` under DDP).
     """
     share = os.environ.get(CORES_ENV)
     if share:
@@ -48,17 +37,9 @@ def available_cores() -> int:
 
 
 def auto_count(setting: int | str, cap: int | None = None, what: str = "count") -> int:
-    """A process count setting as a number: ``auto`` is :func:`available_cores` less one.
+    """A process count ``setting`` as a number: ``auto`` is :func:`available_cores` less one.
 
-    The learner keeps one core; ``auto`` is never less than 1.
-
-    Args:
-        setting: An integer or ``auto``.
-        cap: The most it may be (e.g. the environments to share; None: no cap).
-        what: The setting's name, for the error.
-
-    Raises:
-        ValueError: ``setting`` is another string.
+    ``auto`` is at least 1 and at most ``cap``; another string is a ValueError naming ``what``.
     """
     if setting == AUTO:
         count = max(1, available_cores() - 1)
@@ -69,15 +50,7 @@ def auto_count(setting: int | str, cap: int | None = None, what: str = "count") 
 
 
 def torch_thread_count(setting: int | str | None, device: str | torch.device) -> int | None:
-    """The thread count a ``torch_threads`` setting means for a process on ``device``.
-
-    Args:
-        setting: An integer, ``auto``, or None (torch's default: nothing to set).
-        device: Where the process computes.
-
-    Raises:
-        ValueError: ``setting`` is another string.
-    """
+    """The thread count a ``torch_threads`` setting means on ``device`` (None: torch's default)."""
     if setting is None:
         return None
     if setting == AUTO:
