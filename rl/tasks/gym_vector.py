@@ -1,49 +1,9 @@
-"""Any ``gymnasium.vector.VectorEnv`` as a :class:`~rl.tasks.batched.BatchedEnv`.
+"""Any ``gymnasium.vector.VectorEnv`` as a :class:`~rl.tasks.batched.BatchedEnv` on the CPU.
 
-:class:`GymVectorEnv` adapts a vector environment: gymnasium's ``SyncVectorEnv`` or
-``AsyncVectorEnv``, one from ``gymnasium.make_vec``, or a researcher's own. Observations are
-flattened as samplers hand them to policies (:mod:`rl.tasks.spaces`), the task's step fields
-and episode metrics are read from the batched infos (each key with its ``_key`` mask), and the
-tensors it returns are NumPy's own arrays on the CPU (no copy).
-
-Gymnasium 1.x resets a vector environment's finished episodes in one of three ways
-(``metadata["autoreset_mode"]``, :class:`gymnasium.vector.AutoresetMode`); the adapter turns
-each into the contract's (the next episode's first observation returned in the step where the
-last one ended, the true last observation in ``final_obs`` where it was truncated):
-
-- ``NEXT_STEP`` (gymnasium's default): the environment would reset a finished episode in the
-  *next* call of ``step``, ignoring that call's action and reporting reward 0. The adapter
-  resets the finished environments itself at once, with ``reset(options={"reset_mask": done})``
-  (which clears the environment's pending auto-reset): no step of a policy is spent on a
-  reset, none is counted, and no transition crosses an episode boundary. The step's
-  observation of a truncated episode is its true last one (``final_obs``).
-- ``SAME_STEP``: the environment has already reset (an unseeded reset); the last observation
-  is in ``info["final_obs"]`` and the step's own info in ``info["final_info"]``, from which
-  the transition fields and the episode metrics are read. In evaluation, where the next
-  episode has a seed of its own, the adapter resets those environments again with it.
-- ``DISABLED``: nothing resets by itself; the adapter resets the finished environments with
-  a mask, as for ``NEXT_STEP``. The vector environments the framework builds itself
-  (:meth:`GymVectorEnv.from_task`) use this mode.
-
-A vector environment in ``NEXT_STEP`` or ``DISABLED`` mode must therefore accept
-``reset(seed=[...], options={"reset_mask": mask})`` (gymnasium's own do, since 1.1); one in
-``SAME_STEP`` mode needs it only for evaluation episode lists.
-
-The environments the framework builds from a task config (:meth:`GymVectorEnv.from_task`,
-``sampler=batched`` over a task that has no batched environment of its own) are copies of the
-task's environment (:func:`~rl.tasks.factory.build_env`) inside a :class:`TaskEnv` wrapper:
-it reports the task's step fields already typed (so that a batch of infos is exactly what the
-serial sampler reads from each environment's ``info``), and records how each episode started
-and the actions since, so that the episodes in flight can be saved and replayed
-(:meth:`GymVectorEnv.state_dict`), exactly as the serial sampler does
-(:mod:`rl.tasks.env_state`). Seeds are the serial sampler's: each environment's first reset
-with its own seed, then unseeded resets that continue its own random stream.
-
-A task whose ``_target_`` builds a vector environment itself (a ``VectorEnv`` class, or a
-callable annotated to return one, e.g. ``gymnasium.make_vec``) is built with the task's keys
-and ``num_envs``; its step fields are its environments' class's ``step_fields`` (where the
-vector environment exposes them) and the task config's. Such an environment saves its episodes
-in flight only where it has ``state_dict()`` and ``load_state_dict(state) -> (obs, infos)``.
+How each of gymnasium's autoreset modes is turned into the contract's, what the vector
+environments the framework builds itself (:class:`TaskEnv` copies of a task's environment)
+record for exact resume, and which vector environments a task config gives, are described
+once in docs/concepts/samplers.md ("Gymnasium's vector environments").
 """
 
 from __future__ import annotations
@@ -79,10 +39,7 @@ _Source = tuple[Mapping[str, Any], np.ndarray | None]
 
 
 def autoreset_mode(env: VectorEnv) -> AutoresetMode:
-    """How ``env`` resets finished episodes: ``metadata["autoreset_mode"]``.
-
-    Where it does not say, gymnasium's default (``NEXT_STEP``), with a warning.
-    """
+    """``env.metadata["autoreset_mode"]``; where unset, gymnasium's default with a warning."""
     mode = env.metadata.get("autoreset_mode")
     if mode is None:
         log.warning(
@@ -100,11 +57,7 @@ def autoreset_mode(env: VectorEnv) -> AutoresetMode:
 
 
 def builds_vector_env(target: Any) -> bool:
-    """Whether a task's ``_target_`` builds a ``VectorEnv``.
-
-    It does if it is such a class, or a callable annotated to return one
-    (``gymnasium.make_vec``).
-    """
+    """Whether a task's ``_target_`` is a ``VectorEnv`` class or annotated to return one."""
     if isinstance(target, type):
         return issubclass(target, VectorEnv)
     try:
@@ -118,13 +71,10 @@ def builds_vector_env(target: Any) -> bool:
 def typed_info(
     info: Mapping[str, Any], fields: Mapping[str, StepField], name: str
 ) -> dict[str, Any]:
-    """The task's step fields of one ``info``, as arrays of their dtype and shape, by field.
+    """The task's step fields of one ``info``, typed as the serial sampler records them.
 
-    What the serial sampler records for one environment (``missing`` where ``info`` lacks
-    the key), so that a vector environment's batch of them is exactly the serial sampler's.
-
-    Raises:
-        ValueError: A value that is not of the field's dtype and shape, naming it.
+    Typed here, a batch of infos mixing an ``int`` and a ``float`` cannot take the first one's
+    type.
     """
     out: dict[str, Any] = {}
     for key, field in fields.items():
@@ -142,19 +92,12 @@ def typed_info(
 
 
 class TaskEnv(gym.Wrapper):
-    """One environment of a task in the vector environments :class:`GymVectorEnv` builds.
+    """Environment ``index`` of a vector environment :meth:`GymVectorEnv.from_task` builds.
 
-    Its ``info`` holds the task's step fields only, typed (:func:`typed_info`), and, in the
-    step that ends an episode, ``episode_metrics`` (float64, :func:`episode_metrics`). It
-    records how each episode started (its seed, or the state of ``np_random`` and the task's
-    reset state) and the actions since: :meth:`episode` and :meth:`restore` save and replay
-    the episode in flight as :class:`~rl.sampling.SerialSampler` does.
-
-    Args:
-        env: The task's environment.
-        index: Its index in the vector environment (which saved episode it restores).
-        fields: The task's step fields.
-        name: The task's name, for errors.
+    Its ``info`` holds the task's step fields only, typed, and ``episode_metrics`` at an
+    episode's end; it records how each episode started and the actions since, so that
+    :meth:`episode` and :meth:`restore` save and replay the episode in flight as
+    :class:`~rl.sampling.SerialSampler` does.
     """
 
     def __init__(
@@ -169,7 +112,7 @@ class TaskEnv(gym.Wrapper):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[Any, dict[str, Any]]:
-        """Reset (``options`` of ``{}``, what a masked vector reset leaves, as None)."""
+        """Reset (the ``{}`` options a masked vector reset passes become None)."""
         self._started(seed)
         obs, info = self.env.reset(seed=seed, options=options or None)
         return obs, typed_info(info, self.fields, self.name)
@@ -182,7 +125,7 @@ class TaskEnv(gym.Wrapper):
         self._actions = []
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
-        """Step, recording the action; typed fields, and the episode's metrics at its end.
+        """Step, recording the action.
 
         A discrete action reaches the environment as a Python ``int``, as the serial sampler
         hands it over (gymnasium's checks of a NumPy integer cost more than the step).
@@ -200,12 +143,7 @@ class TaskEnv(gym.Wrapper):
         return {**self._start, "actions": list(self._actions)}
 
     def restore(self, episodes: Sequence[Mapping[str, Any]]) -> tuple[Any, dict[str, Any]]:
-        """Replay this environment's saved episode (``episodes[index]``); its last obs, info.
-
-        Raises:
-            RuntimeError: Replaying the episode ended it (the environment is not
-                deterministic given its seed and ``np_random``).
-        """
+        """Replay this environment's saved episode (``episodes[index]``); its last obs, info."""
         episode = episodes[self.index]
         env = self.env
         if "env_state" in episode:  # a task that keeps state across episodes
@@ -228,7 +166,6 @@ class TaskEnv(gym.Wrapper):
         return obs, typed_info(info, self.fields, self.name)
 
     def _action(self, action: Any) -> Any:
-        """An action as :meth:`step` hands it over, from what was recorded."""
         dtype = getattr(self.action_space, "dtype", None)
         return int(action) if self._discrete else np.asarray(action, dtype=dtype)
 
@@ -236,7 +173,7 @@ class TaskEnv(gym.Wrapper):
 def _task_env(
     task: Mapping[str, Any], index: int, fields: Mapping[str, StepField], name: str
 ) -> TaskEnv:
-    """Environment ``index`` of a vector environment over ``task`` (picklable for workers)."""
+    """A :class:`TaskEnv` over a new environment of ``task`` (picklable for workers)."""
     return TaskEnv(build_env(task), index=index, fields=fields, name=name)
 
 
@@ -245,13 +182,10 @@ class GymVectorEnv(BatchedEnv):
     """A ``gymnasium.vector.VectorEnv`` as a :class:`~rl.tasks.batched.BatchedEnv` on the CPU.
 
     Args:
-        env: The vector environment (any of the three autoreset modes, see the module
-            docstring).
+        env: The vector environment, in any autoreset mode.
         step_fields: The task's step fields (read from the infos by their ``info`` key).
         name: The task's name in messages (default: the vector environment's spec id).
-        typed_infos: The environments are :class:`TaskEnv` s (what :meth:`from_task` builds):
-            their infos hold the step fields by field name, typed, and they save and restore
-            their episodes.
+        typed_infos: The environments are :class:`TaskEnv` s (:meth:`from_task`).
     """
 
     device = torch.device("cpu")
@@ -303,15 +237,10 @@ class GymVectorEnv(BatchedEnv):
         mode: str = "sync",
         mp_start_method: str | None = "forkserver",
     ) -> GymVectorEnv:
-        """``num_envs`` copies of the task's environment, in a vector environment of ours.
+        """``num_envs`` :class:`TaskEnv` copies of the task's environment.
 
-        Args:
-            task: Plain task config with a ``_target_`` returning a ``gymnasium.Env``.
-            num_envs: How many.
-            mode: ``sync`` (``SyncVectorEnv``: stepped one after the other in this process)
-                or ``async`` (``AsyncVectorEnv``: a process each, observations through shared
-                memory).
-            mp_start_method: The worker processes' start method (``async``).
+        ``mode``: ``sync`` (``SyncVectorEnv``, in this process) or ``async`` (``AsyncVectorEnv``,
+        a process each started with ``mp_start_method``, shared memory).
         """
         if mode not in VECTORIZATION_MODES:
             raise ValueError(f"vectorization mode {mode!r}: expected one of {VECTORIZATION_MODES}")
@@ -343,12 +272,7 @@ class GymVectorEnv(BatchedEnv):
 
     @classmethod
     def from_vector_task(cls, task: Mapping[str, Any], num_envs: int) -> GymVectorEnv:
-        """A task whose ``_target_`` builds the vector environment itself, with ``num_envs``.
-
-        Raises:
-            TypeError: The target built something else.
-            ValueError: It built another number of environments.
-        """
+        """A task whose ``_target_`` builds the vector environment itself, with ``num_envs``."""
         vector = hydra.utils.instantiate(
             {k: v for k, v in task.items() if k not in FRAMEWORK_KEYS}, num_envs=num_envs
         )
@@ -383,7 +307,7 @@ class GymVectorEnv(BatchedEnv):
     def step(
         self, actions: torch.Tensor, next_seeds: Sequence[int | None] | None = None
     ) -> TensorDict:
-        """Step every environment; those whose episode ended start the next (module doc)."""
+        """Step every environment; those whose episode ended start the next at once."""
         obs, rewards, terminated, truncated, infos = self.env.step(actions.numpy())
         terminated = np.asarray(terminated, dtype=bool)
         done = terminated | np.asarray(truncated, dtype=bool)
@@ -416,12 +340,7 @@ class GymVectorEnv(BatchedEnv):
         return _tensordict(data, n)
 
     def state_dict(self) -> dict[str, Any]:
-        """The episodes in flight: each environment's start and the actions since.
-
-        Raises:
-            NotImplementedError: A vector environment of the researcher's own without
-                ``state_dict()``.
-        """
+        """The episodes in flight: each environment's start and the actions since."""
         if self._typed:
             return {"episodes": list(self.env.call("episode"))}  # type: ignore[attr-defined]
         own = getattr(self.env, "state_dict", None)
@@ -496,11 +415,7 @@ class GymVectorEnv(BatchedEnv):
         rows: np.ndarray,
         next_seeds: Sequence[int | None] | None,
     ) -> list[_Source]:
-        """Reset the environments of ``rows``, each with its next seed.
-
-        Their first observations are written into ``flat``; returns where the fields that
-        come with the observations are read from.
-        """
+        """Reset the environments of ``rows`` into ``flat``; where observed fields are read."""
         if not rows.any():
             return [(infos, None)]
         seeds = [
@@ -518,11 +433,7 @@ class GymVectorEnv(BatchedEnv):
     def _read_fields(
         self, observed: list[_Source], steps: list[_Source] | None
     ) -> dict[str, np.ndarray]:
-        """The step fields, from the infos of the observations or of the step.
-
-        Transition fields come from the step's (``steps``; None: a reset's, their
-        ``missing`` value), the others from the observations'.
-        """
+        """The step fields: transition ones from ``steps`` (None: ``missing``), others observed."""
         out = {}
         for key, field in self.step_fields.items():
             out[key] = field.empty(self.num_envs)
@@ -551,7 +462,7 @@ class GymVectorEnv(BatchedEnv):
 
 
 def _declared_fields(vector: VectorEnv) -> Mapping[str, Any] | None:
-    """The step fields the environments of ``vector`` declare (their class's), if it says."""
+    """The ``step_fields`` the environments of ``vector`` declare, if it exposes them."""
     own = getattr(vector.unwrapped, "step_fields", None)
     if own is not None:
         return own

@@ -1,35 +1,11 @@
 """Any PettingZoo environment as a multi-agent task (``task=pettingzoo``).
 
-:class:`ParallelEnvAdapter` wraps a PettingZoo Parallel environment (an AEC one is converted
-with PettingZoo's own ``aec_to_parallel``) into one ``gymnasium.Env`` stacked over its agents,
-as :mod:`rl.tasks.agents` describes: each entry of the observation is ``[A, ...]`` for the
-environment's ``possible_agents`` in order, and the per-agent rewards, ends and activity travel
-as step fields. The observation holds:
-
-- ``obs``: the agent's own observation (a ``Dict`` one is stacked entry by entry);
-- ``state`` (``global_state``, the default where the environment has a ``state()``): the
-  environment's global state, the same row for every agent: what a centralised critic reads
-  (MAPPO); ``global_state: concat`` concatenates the agents' observations instead (each
-  entry's elements as floats, agent after agent)
-  (for an environment without ``state()``), ``false`` leaves it out (IPPO);
-- ``agent_index`` (``agent_index: true``): the agent's index, for a shared policy that should
-  tell the agents apart.
-
-Agents that leave the episode early get rows of zeros and are masked out of losses and metrics
-(``agent_active``); the episode ends when every agent has left it. Every random draw comes from
-the adapter's own ``np_random`` (an unseeded reset seeds the inner environment from it), so a
-sampler can save and replay the episodes in flight, as for any task.
-
-The inner environment's own per-agent ``step_fields`` (declared as a single-agent task
-declares them, :mod:`rl.tasks.fields`, and reported in each agent's ``info``) are stacked over
-the agents: an expert (``expert_actions``) reaches imitation and teacher forcing per agent.
-
-Agents of different kinds (spaces of their own) form groups (``groups: prefix``: by the name
-before the last ``_``, ``adversary_0`` in ``adversary``; or a mapping of group names to agent
-names), one policy each (``model=grouped``, :class:`~rl.models.grouped.GroupedPolicy`): group
-``g``'s observation is then the entry ``obs/g`` (zeros in the other groups' rows), and
-``agent_group`` holds each agent's group (:mod:`rl.tasks.agents`). Without groups every agent
-must have the same spaces: one policy shared by all.
+:class:`ParallelEnvAdapter` makes a PettingZoo Parallel (or AEC) environment one
+``gymnasium.Env`` stacked over its agents, as :mod:`rl.tasks.agents` describes. Its options
+(``global_state``, ``agent_index``, ``groups``) are described in docs/howto/pettingzoo.md.
+Every random draw comes from the adapter's own ``np_random`` (an unseeded reset seeds the inner
+environment from it), so samplers save and replay its episodes in flight as any task's. The
+inner environment's own per-agent ``step_fields`` are stacked over the agents.
 """
 
 from __future__ import annotations
@@ -61,7 +37,6 @@ GLOBAL_STATE_MODES = ("auto", "state", "concat", False)
 
 
 def _as_parallel(env: Any) -> Any:
-    """``env`` as a PettingZoo Parallel environment (an AEC one converted)."""
     from pettingzoo.utils.conversions import aec_to_parallel
     from pettingzoo.utils.env import AECEnv, ParallelEnv
 
@@ -90,7 +65,6 @@ def _same_space(spaces: dict[str, gym.Space], what: str, group: str | None) -> g
 
 
 def _groups(agents: list[str], groups: str | Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
-    """Group name -> its agents, from ``task.groups`` (``prefix`` or a mapping)."""
     if groups == "prefix":
         out: dict[str, list[str]] = {}
         for agent in agents:
@@ -124,7 +98,6 @@ def _groups(agents: list[str], groups: str | Mapping[str, Sequence[str]]) -> dic
 
 
 def _has_state(env: Any) -> bool:
-    """Whether ``env`` declares a global state (its ``state_space``; ``state()`` with it)."""
     return isinstance(getattr(env, "state_space", None), gym.spaces.Box)
 
 
@@ -132,14 +105,12 @@ class ParallelEnvAdapter(gym.Env):
     """A PettingZoo Parallel environment as one gymnasium env stacked over its agents.
 
     Args:
-        env: The environment's constructor (``_partial_: true`` in the config; called with
-            ``render_mode`` when one is asked for), or an environment already built.
-        global_state: ``auto`` (the environment's ``state()`` where it has one, else the
-            agents' observations concatenated), ``state``, ``concat``, or ``false`` (none).
+        env: The environment's constructor (``_partial_: true``; called with ``render_mode``
+            when one is asked for), or an environment already built.
+        global_state: ``auto``, ``state``, ``concat`` or ``false``: the entry ``state``.
         agent_index: Add each agent's index to its observation (``agent_index``).
-        groups: Agents of different kinds, one policy each: ``prefix`` (by the name before the
-            last ``_``) or ``{group: [agent, ...]}``; None: one group (a shared policy).
-        render_mode: Passed to the constructor (probe videos ask for ``rgb_array``).
+        groups: ``prefix``, ``{group: [agent, ...]}``, or None (one policy shared by all).
+        render_mode: Passed to the constructor.
     """
 
     metadata = {"render_modes": ["rgb_array"]}
@@ -185,7 +156,11 @@ class ParallelEnvAdapter(gym.Env):
             )
             acts[name] = _same_space({a: self.env.action_space(a) for a in agents}, "action", name)
             self._group_of[[self.agents.index(a) for a in agents]] = g
-        spaces: dict[str, gym.Space] = {"obs": self._stacked_obs_space()}
+        if self._grouped:  # a Dict of groups
+            own = {str(n): stack_space(s, count) for n, s in self._group_obs.items()}
+            spaces: dict[str, gym.Space] = {"obs": gym.spaces.Dict(own)}
+        else:
+            spaces = {"obs": stack_space(self._group_obs[None], count)}
         if global_state == "auto":
             global_state = "state" if _has_state(self.env) else "concat"
         self.global_state = global_state
@@ -196,10 +171,10 @@ class ParallelEnvAdapter(gym.Env):
                     "state_space (a Box) for its state(); use concat (the agents' observations "
                     "together) or false"
                 )
-            state_space = self.env.state_space
-            spaces["state"] = stack_space(state_space, count)
+            spaces["state"] = stack_space(self.env.state_space, count)
         elif global_state == "concat":
-            size = sum(_flat_size(self._own_obs_space(i)) for i in range(count))
+            own_spaces = list(self._group_obs.values())
+            size = sum(_flat_size(own_spaces[g]) for g in self._group_of)
             spaces["state"] = stack_space(
                 gym.spaces.Box(-np.inf, np.inf, (size,), dtype=np.float32), count
             )
@@ -231,32 +206,13 @@ class ParallelEnvAdapter(gym.Env):
             a.shape[0] if isinstance(a, gym.spaces.Box) and a != union else None for a in own
         ]
 
-    def _own_obs_space(self, agent: int) -> gym.Space:
-        """Agent ``agent``'s own observation space."""
-        return list(self._group_obs.values())[self._group_of[agent]]
-
-    def _stacked_obs_space(self) -> gym.Space:
-        """``obs``: the agents' observations stacked (a ``Dict`` of groups with groups)."""
-        count = len(self.agents)
-        if not self._grouped:
-            return stack_space(self._group_obs[None], count)
-        return gym.spaces.Dict(
-            {str(name): stack_space(space, count) for name, space in self._group_obs.items()}
-        )
-
-    # ----------------------------------------------------------------- helpers
     def _observation(self, obs: dict[str, Any]) -> dict[str, Any]:
         """The stacked observation of the agents in ``obs`` (zeros for the others)."""
         count = len(self.agents)
-        stacked: dict[str | None, Any] = {}
-        if not self._grouped:
-            zeros = self._zero_obs[None]
-            stacked[None] = _stack([obs[a] if a in obs else zeros for a in self.agents])
-        for g, (name, zeros) in enumerate(self._zero_obs.items() if self._grouped else ()):
-            members = self._members[g]  # (its agents' rows; zeros in the others')
-            stacked[name] = _stack(
-                [obs[a] if a in members and a in obs else zeros for a in self.agents]
-            )
+        stacked = {  # each group's agents' rows, zeros in the others'
+            name: _stack([obs[a] if a in members and a in obs else zeros for a in self.agents])
+            for (name, zeros), members in zip(self._zero_obs.items(), self._members, strict=True)
+        }
         out: dict[str, Any] = {
             "obs": {str(k): v for k, v in stacked.items()} if self._grouped else stacked[None]
         }
@@ -278,7 +234,7 @@ class ParallelEnvAdapter(gym.Env):
         return out
 
     def _fields(self, infos: dict[str, dict[str, Any]]) -> dict[str, np.ndarray]:
-        """The inner env's per-agent fields, one row per agent (``missing`` for absent ones)."""
+        """The inner env's per-agent fields, one row per agent."""
         out = {}
         for field in self._agent_step_fields.values():
             missing = field.empty(1)[0]
@@ -292,7 +248,6 @@ class ParallelEnvAdapter(gym.Env):
         live = set(self.env.agents)
         return np.array([a in live for a in self.agents], dtype=bool)
 
-    # --------------------------------------------------------------- interface
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -371,7 +326,6 @@ class ParallelEnvAdapter(gym.Env):
 
 
 def _stack(rows: list[Any]) -> Any:
-    """Stack the agents' observations (entry by entry for ``Dict`` and ``Tuple`` ones)."""
     first = rows[0]
     if isinstance(first, dict):
         return {k: _stack([r[k] for r in rows]) for k in first}
@@ -381,7 +335,6 @@ def _stack(rows: list[Any]) -> Any:
 
 
 def _zeros(space: gym.Space) -> Any:
-    """An observation of ``space`` of zeros (``Dict`` and ``Tuple`` ones entry by entry)."""
     if isinstance(space, gym.spaces.Dict):
         return {k: _zeros(s) for k, s in space.spaces.items()}
     if isinstance(space, gym.spaces.Tuple):
@@ -390,7 +343,6 @@ def _zeros(space: gym.Space) -> Any:
 
 
 def _flat_size(space: gym.Space) -> int:
-    """Values in one observation of ``space``: each entry's elements (a Discrete: one)."""
     if isinstance(space, gym.spaces.Dict):
         return sum(_flat_size(s) for s in space.spaces.values())
     if isinstance(space, gym.spaces.Tuple):
@@ -400,7 +352,6 @@ def _flat_size(space: gym.Space) -> int:
 
 
 def _leaf_paths(space: gym.Space, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """The key paths of ``space``'s leaves, in its order (``Dict`` keys, ``Tuple`` indices)."""
     if isinstance(space, gym.spaces.Dict):
         return [p for k, s in space.spaces.items() for p in _leaf_paths(s, (*path, k))]
     if isinstance(space, gym.spaces.Tuple):
@@ -409,11 +360,7 @@ def _leaf_paths(space: gym.Space, path: tuple[Any, ...] = ()) -> list[tuple[Any,
 
 
 def _flat_rows(stacked: Any, paths: list[tuple[Any, ...]], count: int) -> np.ndarray:
-    """A stacked observation's leaves at ``paths``, flat and side by side: ``[count, values]``.
-
-    In the order of one agent's space (its :func:`_leaf_paths`), whatever order the
-    environment's dicts come in; float32.
-    """
+    """The leaves at ``paths`` as float32 ``[count, values]``, in the space's order."""
     leaves = []
     for path in paths:
         value = stacked
