@@ -3,7 +3,8 @@
 ``files`` writes and finds checkpoint files; ``resume`` plans how a run starts (fresh,
 ``resume=`` or ``init_from=``); ``resume_config`` decides which settings a resume may change;
 ``retention`` marks the best checkpoint and keeps only the last N.
-What goes *into* a checkpoint is the trainer's business (:mod:`rl.training.state`).
+What goes *into* a checkpoint is the trainer's business (:mod:`rl.training.state`). A run's
+``checkpoints`` that is a link or not a folder is an :class:`~rl.utils.files.UnsafePathError`.
 """
 
 from rl.checkpoints.files import (

@@ -4,7 +4,9 @@ Names are ``ckpt_stage{SS}_step{NNNNNNNNNNNN}.pt`` so that a plain sort is step 
 ``latest`` file beside them names the newest (and ``best`` the best by the run's chosen metric:
 :mod:`rl.checkpoints.retention`). Writes are atomic (:func:`~rl.utils.files.write_atomic`) and
 carry a SHA-256 of the archive in its zip comment: ``torch.load`` ignores the comment and does
-not check the archive's CRCs, so without it a flipped bit would load silently.
+not check the archive's CRCs, so without it a flipped bit would load silently. Every function
+that reads a run's ``checkpoints/`` raises :class:`~rl.utils.files.UnsafePathError` where it is
+a link (a copied run pointing at another run's files) or not a folder.
 """
 
 from __future__ import annotations
@@ -67,10 +69,7 @@ def with_digest(data: bytes) -> bytes:
 
 
 def _archive_end(f: BinaryIO, size: int) -> tuple[int, bytes] | str:
-    """``(offset of the end record, the archive comment)``, or why the file is not an archive.
-
-    The end record must close the file exactly, so only the last 64 KiB are read.
-    """
+    """``(offset of the end record, its comment)`` read from the last 64 KiB, or why not."""
     tail_start = max(0, size - _EOCD_SIZE - 65_535)
     f.seek(tail_start)
     tail = f.read(size - tail_start)
@@ -85,10 +84,7 @@ def _archive_end(f: BinaryIO, size: int) -> tuple[int, bytes] | str:
 
 
 def _digest_problem(f: BinaryIO, eocd: int, comment: bytes) -> str | None:
-    """Why the archive does not match the digest in its ``comment`` (None: it does).
-
-    The digest covers every byte before the comment length.
-    """
+    """Why the bytes before the comment length do not match the digest in ``comment``."""
     if not comment:
         return None  # written before checkpoints carried a digest
     expected = comment[len(_DIGEST_TAG) :].decode("ascii", "replace")
@@ -108,11 +104,7 @@ def _digest_problem(f: BinaryIO, eocd: int, comment: bytes) -> str | None:
 
 
 def _entries_problem(f: BinaryIO, size: int) -> str | None:
-    """Why the archive's entries cannot be loaded within the file's own size (None: they can).
-
-    ``torch.save`` stores entries uncompressed; a compressed one (a zip bomb, inflated before
-    its size is known), two sizes that disagree, or more bytes than the file are refused.
-    """
+    """Why the archive's entries cannot be loaded within the file's own size (None: they can)."""
     f.seek(0)
     try:
         with zipfile.ZipFile(f) as archive:
@@ -140,8 +132,9 @@ def archive_problem(f: BinaryIO) -> str | None:
     """Why an open checkpoint file cannot be loaded safely (None: it can), in bounded memory.
 
     The end record closes the file; the SHA-256 in its comment matches (none: a file from
-    before digests, loaded unverified); its directory declares only stored entries that fit in
-    the file (a sparse multi-GB file or a zip bomb is refused before anything is inflated).
+    before digests, loaded unverified); its directory declares only stored entries
+    (``torch.save`` compresses none) that fit in the file, so a sparse multi-GB file or a zip
+    bomb is refused before anything is inflated.
     """
     size = f.seek(0, os.SEEK_END)
     end = _archive_end(f, size)
@@ -208,11 +201,7 @@ def _intact(run_dir: Path) -> str:
 
 
 def remove_stale_temp_files(run_dir: str | Path) -> list[Path]:
-    """Delete temporary files left by writes that were killed (call only when nothing writes).
-
-    Raises:
-        UnsafePathError: The run's ``checkpoints`` is a link or not a folder.
-    """
+    """Delete temporary files left by writes that were killed (call only when nothing writes)."""
     folder = run_subdir(run_dir, CHECKPOINT_DIR, create=False)
     if not folder.is_dir():
         return []
@@ -223,12 +212,7 @@ def remove_stale_temp_files(run_dir: str | Path) -> list[Path]:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Checkpoints of a run in step order: regular files under checkpoint names (not links).
-
-    Raises:
-        UnsafePathError: The run's ``checkpoints`` is a link (a copied run pointing at another
-            run's files: never listed) or not a folder.
-    """
+    """Checkpoints of a run in step order: regular files under checkpoint names (not links)."""
     folder = run_subdir(run_dir, CHECKPOINT_DIR, create=False)
     if not folder.is_dir():
         return []
@@ -256,7 +240,6 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
 
     Raises:
         CheckpointError: The run has no checkpoint.
-        UnsafePathError: The run's ``checkpoints`` is a link or not a folder.
     """
     folder = run_subdir(run_dir, CHECKPOINT_DIR, create=False)
     pointed = pointed_checkpoint(folder, LATEST)
@@ -292,7 +275,6 @@ def best_checkpoint(run_dir: str | Path) -> Path:
         CheckpointError: The run has no ``best`` pointer naming a checkpoint beside it (best
             tracking was off, nothing was better yet, or the pointer is not one this code
             wrote: a link, a path, another file's name).
-        UnsafePathError: The run's ``checkpoints`` is a link or not a folder.
     """
     folder = run_subdir(run_dir, CHECKPOINT_DIR, create=False)
     found = pointed_checkpoint(folder, BEST)
@@ -312,7 +294,6 @@ def checkpoint_file(path: str | Path) -> Path:
 
     Raises:
         CheckpointError: ``checkpoints/best`` names no checkpoint beside it.
-        UnsafePathError: The run's ``checkpoints`` is a link or not a folder.
     """
     path = Path(path).expanduser()
     in_run = path.parent.name == CHECKPOINT_DIR
@@ -332,9 +313,6 @@ def checked_file_path(path: str | Path) -> Path:
     folder (:func:`~rl.utils.files.run_subdir`: a copied run linking to another run's is
     refused); any other file's folder is resolved. The file's own name is kept (a link the user
     names is theirs to follow).
-
-    Raises:
-        UnsafePathError: The run's ``checkpoints`` is a link or not a folder.
     """
     path = Path(path).expanduser()
     if path.parent.name == CHECKPOINT_DIR:
@@ -343,11 +321,7 @@ def checked_file_path(path: str | Path) -> Path:
 
 
 def _open_regular(path: Path) -> BinaryIO:
-    """``path`` opened to read if it is a regular file; never blocks on a FIFO.
-
-    Raises:
-        CheckpointError: It is missing, or not a regular file (a folder, a FIFO, a device).
-    """
+    """``path`` opened to read if it is a regular file (never blocking on a FIFO)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
