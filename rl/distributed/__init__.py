@@ -1,10 +1,8 @@
 """Distributed training over processes and machines (torch.distributed; gloo or nccl).
 
-``settings`` types the ``distributed`` config group; ``setup`` joins the process group and keeps
-model initialisation identical across ranks; ``reduce`` holds the collectives the trainer uses
-(weighted gradient average, global advantage statistics, metric reduction, AllenAct's
-``distributed_weighted_sum``); ``preemption`` ends stragglers' rollouts early (DD-PPO);
-``launch`` starts workers under torchrun or spawns them.
+``launch`` starts the workers, ``setup`` joins them in a process group, ``reduce`` holds the
+collectives the trainer uses, ``preemption`` ends stragglers' rollouts early (DD-PPO).
+docs/howto/distributed.md describes what training does with them.
 """
 
 from rl.distributed.preemption import RolloutPreemption

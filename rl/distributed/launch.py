@@ -1,18 +1,10 @@
 """Starting distributed training: under torchrun, or as workers spawned by ``train.py``.
 
-``distributed=ddp`` under ``torchrun`` (``RANK``/``WORLD_SIZE`` set): every rank composed the
-config itself, but only rank 0 plans the start (resume, ``init_from``, run folder; Hydra's
-``${hydra:runtime.output_dir}`` may differ between ranks) and broadcasts the resolved plan,
-which the other ranks rebuild (loading the same checkpoint). ``distributed.workers=N`` without
-torchrun: this process plans the start, then spawns N workers (``torch.multiprocessing``,
-``spawn``) on a free local port with the resolved plain plan (never a live ``DictConfig``:
-Hydra's resolvers do not work in children) and waits for them. A worker that fails or dies
-makes the others fail fast (gloo sees the closed connection; a hung peer is bounded by
-``distributed.timeout_s``) and the launcher terminates the rest and raises, naming the worker.
-SIGTERM and SIGUSR1 sent to the launcher are forwarded to the workers (checkpoint and stop).
-
-The launcher knows nothing of training: a worker runs ``train_fn(plan, ctx)``, and rank 0's
-return value (any picklable outcome) is what :func:`spawn_workers` returns.
+Under torchrun every rank composed the config itself, but only rank 0 plans the start (resume,
+``init_from``, run folder: Hydra's ``${hydra:runtime.output_dir}`` may differ between ranks) and
+broadcasts the plan. With ``distributed.workers=N`` this process plans the start and spawns the
+workers with the plain plan (never a live ``DictConfig``: Hydra's resolvers do not work in
+children). The launcher knows nothing of training: a worker runs ``train_fn(plan, ctx)``.
 """
 
 from __future__ import annotations
@@ -61,13 +53,7 @@ def run_torchrun_worker(
     make_plan: Callable[[], dict[str, Any]],
     train_fn: TrainFn,
 ) -> Any:
-    """One rank under torchrun: rank 0 plans the start, every rank trains.
-
-    Args:
-        settings: The ``distributed`` section.
-        device: The run's ``device``.
-        make_plan: Plans the start (rank 0 only); returns the plain plan.
-        train_fn: Trains from a plan on this rank.
+    """One rank under torchrun: rank 0 runs ``make_plan``, every rank ``train_fn`` with it.
 
     Raises:
         RuntimeError: Rank 0 failed to plan the start (on the other ranks).
@@ -104,9 +90,8 @@ def _spawned_worker(
     results: Any,
 ) -> None:
     """Entry point of a spawned worker (rank ``index``)."""
-    # What the imports made (torch's and tensordict's objects, millions) lives as long as the
-    # worker: frozen, the collector never walks it again, nor does the worker's exit (~1 s, on
-    # the launcher's path: it waits for every worker to end), as train.py does.
+    # The imports' objects (millions) live as long as the worker: frozen, as train.py does, the
+    # collector never walks them again, nor does the exit (~1 s the launcher would wait).
     gc.freeze()
     os.environ.update(
         RANK=str(index),
@@ -116,18 +101,14 @@ def _spawned_worker(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-    logging.basicConfig(
-        level=logging.INFO if index == 0 else logging.WARNING,
-        format=f"[%(asctime)s][rank {index}][%(name)s][%(levelname)s] - %(message)s",
-        stream=sys.stderr,
-    )
+    fmt = f"[%(asctime)s][rank {index}][%(name)s][%(levelname)s] - %(message)s"
+    level = logging.INFO if index == 0 else logging.WARNING
+    logging.basicConfig(level=level, format=fmt, stream=sys.stderr)
     if index == 0:
         output_dir = Path(plan["config"]["output_dir"])
         output_dir.mkdir(parents=True, exist_ok=True)
         handler = NoFollowFileHandler(output_dir / "train.log")
-        handler.setFormatter(
-            logging.Formatter("[%(asctime)s][rank 0][%(name)s][%(levelname)s] - %(message)s")
-        )
+        handler.setFormatter(logging.Formatter(fmt))
         logging.getLogger().addHandler(handler)
     ctx = init_distributed(settings, device)
     try:
@@ -193,20 +174,12 @@ def spawn_workers(
     plan: dict[str, Any],
     train_fn: TrainFn,
 ) -> Any:
-    """Run ``train_fn`` on ``workers`` local spawned workers; return rank 0's outcome.
+    """Run ``train_fn(plan, ctx)`` on local spawned workers; return what it returned on rank 0.
 
-    Args:
-        workers: Number of workers.
-        settings: The ``distributed`` section.
-        device: The run's ``device`` (``cuda`` -> ``cuda:LOCAL_RANK``).
-        plan: The plain start plan every worker trains from.
-        train_fn: A picklable (module-level) function.
-
-    Returns:
-        What ``train_fn`` returned on rank 0.
+    A free local port is the rendezvous; SIGTERM and SIGUSR1 are forwarded to the workers.
 
     Raises:
-        RuntimeError: A worker failed or died (the others are terminated).
+        RuntimeError: A worker failed or died (the others are terminated), named.
     """
     port = free_port()
     mpctx = mp.get_context("spawn")

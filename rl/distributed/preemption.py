@@ -1,12 +1,8 @@
 """Straggler preemption (DD-PPO; PyTorchRL's ``fraction_samples``) through the group's store.
 
-Each rollout has a counter in the process group's key-value store (the ``TCPStore`` hosted by
-rank 0 under the ``env://`` rendezvous). A worker that collects all its steps adds one to the
-counter; a worker still collecting polls it after every step and ends its rollout early once
-``count >= sync_frac * world_size`` and it has at least ``min_rollout_frac`` of its steps.
-Shortened rollouts are fine downstream: the storage keeps the steps actually recorded and the
-gradient average weighs each worker by its batch size. Polling is one store round trip per
-step, and only once the minimum is reached.
+Shortened rollouts are fine downstream: the storage keeps the steps recorded and the gradient
+average weighs each worker by its batch size. Polling costs one store round trip a step, and
+only once a worker has its minimum.
 """
 
 from __future__ import annotations
@@ -17,13 +13,10 @@ import torch.distributed as dist
 
 
 class RolloutPreemption:
-    """Per-rollout "how many workers are done" counters.
+    """Per-rollout "how many workers are done" counters in the process group's store.
 
-    Args:
-        sync_frac: Fraction of workers that must have finished before a straggler stops.
-        min_rollout_frac: Fraction of its steps a straggler collects at least.
-        world_size: Number of workers.
-        store: The key-value store (default: the process group's).
+    A straggler ends its rollout once ``sync_frac`` of the ``world_size`` workers have finished
+    theirs and it has at least ``min_rollout_frac`` of its steps.
     """
 
     metric = "distributed/rollout_frac"

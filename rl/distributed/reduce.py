@@ -1,8 +1,7 @@
 """Reductions across distributed workers: weighted sums, gradients, advantage stats, metrics.
 
-Every function is a no-op on one process (``torch.distributed`` not initialised, or a world of
-one), so the trainer calls them unconditionally. All of them are collectives: every rank must
-call them in the same order.
+All are collectives (every rank calls them in the same order) and no-ops on one process, so the
+trainer calls them unconditionally.
 """
 
 from __future__ import annotations
@@ -40,14 +39,7 @@ def all_reduce_sum(values: Sequence[float], device: torch.device | None = None) 
 def distributed_weighted_sum(
     to_share: float | torch.Tensor, weight: float | torch.Tensor
 ) -> float:
-    """AllenAct's ``distributed_weighted_sum``: ``sum_r weight_r * to_share_r`` over ranks.
-
-    Divide by ``all_reduce_sum([weight])`` for a weighted mean (see :func:`weighted_mean`).
-
-    Args:
-        to_share: This rank's value.
-        weight: This rank's weight (e.g. its number of samples).
-    """
+    """AllenAct's ``distributed_weighted_sum``: ``sum_r weight_r * to_share_r`` over ranks."""
     return all_reduce_sum([float(to_share) * float(weight)])[0]
 
 
@@ -60,17 +52,9 @@ def weighted_mean(value: float, weight: float) -> float:
 def average_gradients(params: Iterable[torch.nn.Parameter], batch_size: float) -> float:
     """Replace every gradient by the batch-size-weighted mean over ranks; return the total size.
 
-    Each rank's loss is a mean over its own ``batch_size`` samples, so
-    ``sum_r batch_size_r * grad_r / sum_r batch_size_r`` is the gradient of the mean over the
-    concatenated batch: ranks with shorter (preempted) rollouts weigh less. One flat
+    Each rank's loss is a mean over its own ``batch_size`` samples, so the weighted mean is the
+    gradient of the mean over the concatenated batch (preempted ranks weigh less). One flat
     all-reduce carries all gradients and the batch size; missing gradients count as zeros.
-
-    Args:
-        params: The parameters whose ``.grad`` to average (identical order on every rank).
-        batch_size: Samples behind this rank's loss.
-
-    Returns:
-        The global batch size (this rank's alone without a process group).
     """
     params = [p for p in params if p.requires_grad]
     if not is_distributed():
@@ -101,14 +85,10 @@ def average_gradients(params: Iterable[torch.nn.Parameter], batch_size: float) -
 def weighted_moments(
     x: torch.Tensor, weights: torch.Tensor | None = None
 ) -> tuple[float, float, float]:
-    """``(sum, sum of squares, count)`` of ``x`` over all ranks, in float64.
+    """``(sum, sum of squares, count)`` of every rank's ``x`` together, in float64.
 
-    One all-reduce, so the result is that of the concatenated ``x`` of every rank.
-
-    Args:
-        x: This rank's values (any shape).
-        weights: 0 for steps that do not count (agents out of their episode), 1 for the
-            others, shaped like ``x`` (None: all count).
+    ``weights`` (shaped like ``x``; None: all count) is 0 for the steps that do not count
+    (agents out of their episode), 1 for the others.
     """
     a = x.detach().to(torch.float64)
     if weights is None:
@@ -127,15 +107,7 @@ def weighted_moments(
 def advantage_stats(
     advantages: torch.Tensor, weights: torch.Tensor | None = None
 ) -> tuple[float, float, int]:
-    """Mean, standard deviation (unbiased, as ``Tensor.std``) and count over all ranks.
-
-    The statistics of the concatenated advantages of every rank (:func:`weighted_moments`).
-
-    Args:
-        advantages: This rank's advantages (any shape).
-        weights: 0 for steps that do not count (agents out of their episode), 1 for the
-            others, shaped like ``advantages`` (None: all count).
-    """
+    """Mean, unbiased std and count of every rank's advantages (as :func:`weighted_moments`)."""
     total, total_sq, count = weighted_moments(advantages, weights)
     mean = total / count
     var = (total_sq - count * mean * mean) / max(count - 1.0, 1.0)
@@ -147,17 +119,14 @@ def reduce_tracker_states(
 ) -> dict[str, dict[str, float]]:
     """Sum the sums and counts of ``ScalarMeanTracker.state_dict()`` over all ranks.
 
-    Key sets may differ between ranks (e.g. no episode ended on one of them), so the states
-    travel as objects; the result's means are the sample-weighted means over all ranks.
+    They travel as objects: key sets may differ between ranks (no episode ended on one of them).
     """
-    if not is_distributed():
-        return {"sums": dict(states["sums"]), "counts": dict(states["counts"])}
-    gathered: list[Any] = [None] * dist.get_world_size()
     mine = {"sums": dict(states["sums"]), "counts": dict(states["counts"])}
-    dist.all_gather_object(gathered, mine)
+    if not is_distributed():
+        return mine
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
-    for state in gathered:
+    for state in gather_lists([mine]):
         for k, v in state["sums"].items():
             sums[k] = sums.get(k, 0.0) + float(v)
         for k, v in state["counts"].items():

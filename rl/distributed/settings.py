@@ -11,18 +11,7 @@ from rl.utils.config import MAX_WORKERS, Check, load_section, section_errors
 
 @dataclasses.dataclass(frozen=True)
 class DistributedSettings:
-    """How training is spread over workers (see ``conf/distributed/*.yaml`` for each key).
-
-    Attributes:
-        enabled: Train on several workers (``distributed=ddp``).
-        workers: Spawn this many local workers (None: launched by torchrun).
-        backend: ``auto`` (gloo on CPU, nccl on CUDA), ``gloo``, ``nccl`` or ``mpi``.
-        device: Overrides the run's ``device`` for the workers (None: the run's).
-        timeout_s: Collective timeout in seconds: a hung peer ends the job after it.
-        sync_frac: Straggler preemption: end a rollout once this fraction of workers has
-            finished theirs (None: never).
-        min_rollout_frac: ... and this worker has at least this fraction of its steps.
-    """
+    """How training is spread over workers (conf/distributed/none.yaml documents each key)."""
 
     enabled: bool
     workers: Annotated[int | None, Check(ge=1, le=MAX_WORKERS)]
@@ -34,7 +23,7 @@ class DistributedSettings:
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any]) -> DistributedSettings:
-        """The settings of a resolved ``distributed`` section (``ConfigError`` if invalid)."""
+        """The settings of a resolved ``distributed`` section."""
         return load_section(cls, section, "distributed")
 
 

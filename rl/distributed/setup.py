@@ -1,11 +1,8 @@
 """Process-group setup and teardown, per-worker devices, identical model initialisation.
 
-A worker learns its place from the environment variables torchrun sets (``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``; :mod:`rl.distributed.launch`
-sets the same ones for workers it spawns) and joins the group with the ``env://`` rendezvous.
-The collective timeout bounds how long a worker waits for a peer that died or hangs: gloo
-fails at once when a peer's connection closes (a killed process) and after ``timeout_s``
-otherwise, so a job never hangs forever.
+A worker joins with the ``env://`` rendezvous, from the variables torchrun sets (and
+:mod:`rl.distributed.launch` for the workers it spawns). gloo fails at once when a peer's
+connection closes and after ``timeout_s`` when a peer hangs: a job never hangs forever.
 """
 
 from __future__ import annotations
@@ -16,11 +13,11 @@ import hashlib
 import logging
 import os
 import time
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from rl.distributed.reduce import gather_lists, is_distributed
 from rl.distributed.settings import DistributedSettings
 
 log = logging.getLogger(__name__)
@@ -28,16 +25,10 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class DistContext:
-    """Where this worker stands in the world.
+    """Where this worker stands in the world (rank 0 logs and writes), and its preemption.
 
-    Attributes:
-        rank: Global rank (0 logs and writes).
-        world_size: Number of workers.
-        local_rank: Rank on this machine (picks the GPU).
-        device: This worker's torch device (no default: keyword only, always given).
-        sync_frac: Straggler preemption: a worker may end its rollout once this fraction of
-            workers has finished theirs (None: never).
-        min_rollout_frac: ... and it has collected at least this fraction of its steps.
+    ``local_rank`` is the rank on this machine (it picks the GPU); ``sync_frac`` and
+    ``min_rollout_frac`` are :class:`~rl.distributed.settings.DistributedSettings`'.
     """
 
     rank: int = 0
@@ -49,7 +40,7 @@ class DistContext:
 
     @property
     def is_main(self) -> bool:
-        """True on rank 0 (the one that logs and writes)."""
+        """True on rank 0."""
         return self.rank == 0
 
     @property
@@ -73,14 +64,7 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 
 
 def init_distributed(settings: DistributedSettings, device: str) -> DistContext:
-    """Join the process group described by the environment (``env://``).
-
-    Args:
-        settings: The ``distributed`` section.
-        device: The run's ``device`` (``distributed.device`` overrides it when set).
-
-    Returns:
-        This worker's context.
+    """Join the process group described by the environment (``env://``) on ``device``.
 
     Raises:
         RuntimeError: The launcher's environment variables are missing.
@@ -153,12 +137,6 @@ def teardown(wait: bool = False) -> None:
         dist.destroy_process_group()
 
 
-def barrier() -> None:
-    """Wait for every rank (no-op without a process group)."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
-
-
 def state_checksum(module: torch.nn.Module) -> str:
     """SHA-256 of every parameter's and buffer's bytes (bitwise identity check)."""
     h = hashlib.sha256()
@@ -170,25 +148,19 @@ def state_checksum(module: torch.nn.Module) -> str:
 
 def checksums_across_ranks(module: torch.nn.Module) -> list[str]:
     """:func:`state_checksum` of ``module`` on every rank, in rank order."""
-    mine = state_checksum(module)
-    if not (dist.is_available() and dist.is_initialized()):
-        return [mine]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, mine)
-    return [str(s) for s in out]
+    return [str(s) for s in gather_lists([state_checksum(module)])]
 
 
 def synchronize_model(module: torch.nn.Module) -> None:
     """Give every rank rank 0's parameters and buffers, and check that they are identical.
 
-    Every rank seeds identically before building the model, so the weights should already
-    agree; a warning says when they did not (nondeterministic initialisation), and the
-    broadcast makes them agree regardless. A mismatch after the broadcast raises.
+    Every rank seeded identically, so they should agree already: a warning says when they did
+    not (nondeterministic initialisation).
 
     Raises:
         RuntimeError: The weights still differ after the broadcast.
     """
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+    if not is_distributed():
         return
     before = checksums_across_ranks(module)
     if len(set(before)) > 1 and dist.get_rank() == 0:

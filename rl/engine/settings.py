@@ -1,11 +1,8 @@
 """A training config's own keys, typed, and the check of the whole config before a run.
 
-:func:`verify_train_cfg` asks every room to check its section (the run's keys here, the
-pipeline in :mod:`rl.pipeline.verify`, ``eval``/``valid`` in :mod:`rl.evaluation.settings`,
-``pipeline.best_metric`` against them in :mod:`rl.checkpoints.retention`,
-``distributed`` in :mod:`rl.distributed.settings`, every ``_target_`` with
-:func:`rl.utils.config.check_targets`) and raises one :class:`~rl.utils.config.ConfigError`
-listing every problem, before anything is built. Defaults live in ``conf/train.yaml`` only.
+:func:`verify_train_cfg` asks each package to check its own section and raises one
+:class:`~rl.utils.config.ConfigError` listing every problem, before anything is built. Defaults
+live in ``conf/train.yaml`` only.
 """
 
 from __future__ import annotations
@@ -36,36 +33,13 @@ from rl.utils.config import (
 
 # Config groups every run composes (each a mapping with a `_target_` or sinks).
 GROUPS = ("task", "model", "pipeline", "sampler", "collector", "logger")
-# Sections of settings owned by other rooms (`null` turns eval / valid / normalize off).
+# Sections of settings owned by other packages (`null` turns eval / valid / normalize off).
 SECTIONS = ("eval", "valid", "distributed", "normalize")
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
-    """The run's own keys (conf/train.yaml documents each).
-
-    Attributes:
-        exp_name: Experiment name (run folders, wandb group).
-        seed: The run's seed.
-        device: ``cpu``, ``cuda`` or ``cuda:N``.
-        torch_threads: Torch threads of the learner process: an integer, ``auto``
-            (:mod:`rl.utils.threads`: one on the CPU) or None (torch's default).
-        total_env_steps: Budget in env steps over all workers.
-        tags: Tags of the run (wandb).
-        output_dir: The run folder.
-        optimized_metric: The final metric returned to a sweeper (None: none).
-        resume: A run folder or checkpoint to continue exactly (None: a new run).
-        init_from: A checkpoint whose weights a new run starts from.
-        video_interval: Env steps between probe videos (0 or None: none).
-        deterministic: Deterministic algorithms only (see
-            :func:`rl.utils.seeding.deterministic_mode`).
-        trusted_targets: Patterns of ``_target_`` callables that the config saved in the
-            checkpoint ``resume`` names may name where the config tree names others
-            (:mod:`rl.checkpoints.trust`).
-        callbacks: The researcher's own trainer callbacks (:class:`rl.training.Callback`
-            hooks), each a ``_target_`` node built by the engine, called after the built-in
-            ones, on rank 0.
-    """
+    """The run's own keys (conf/train.yaml documents each)."""
 
     exp_name: str
     seed: Annotated[int, Check(ge=0, le=2**32 - 1)]  # (numpy's seeds are 32-bit)
@@ -84,7 +58,7 @@ class RunSettings:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> RunSettings:
-        """The run's keys of a resolved training config (``ConfigError`` if invalid)."""
+        """The run's keys of a resolved training config."""
         return load_section(cls, _own_keys(cfg), "")
 
 
@@ -97,10 +71,9 @@ def _own_keys(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _collector_errors(cfg: Mapping[str, Any], num_envs: int | None) -> list[str]:
-    """The collector's rules between its settings, and DDP support under ``distributed``.
+    """The collector class's ``config_errors(section, num_envs)``, and its DDP support.
 
-    The rules: its class's ``config_errors(section, num_envs)`` where it has one (``num_envs``:
-    one learner's environments); DDP: its declared capability.
+    ``num_envs``: one learner's environments.
     """
     try:
         target = import_target(str(cfg["collector"].get("_target_")))
@@ -174,11 +147,7 @@ def verify_train_cfg(cfg: Mapping[str, Any]) -> None:
 
 
 def _task_swap_hint(errors: list[str]) -> list[str]:
-    """How to swap a whole task when only ``task._target_`` was changed (one message).
-
-    ``task._target_=my_package.make_env`` on a preset keeps the preset task's other keys
-    (``env_id``, ``wrappers``, ...), which the new target does not take.
-    """
+    """How to swap a whole task, when ``task._target_=...`` kept a preset's other keys."""
     unknown = [e.split(":", 1)[0].removeprefix("task.") for e in errors
                if e.startswith("task.") and ": unknown key for " in e]  # fmt: skip
     keys = [k for k in unknown if "." not in k]
