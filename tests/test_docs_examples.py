@@ -179,14 +179,16 @@ def test_the_add_a_model_pages_policies_train(compose_cfg, tmp_path, module, cls
          ["+model/encoder@model.encoders.image=tiny_conv"]),
         ("LeakyCore", "cores", "core", "leaky",
          ["+model/core@model.core=leaky", "model.rnn=null"]),
+        ("GatedHead", "heads", "head", "gated",
+         ["+model/head@model.actor_head=gated", "+model/head@model.critic_head=gated"]),
     ],
-    ids=["encoder", "core"],
+    ids=["encoder", "core", "head"],
 )  # fmt: skip
 def test_the_add_a_model_pages_parts_train_from_their_yaml(
     compose_cfg, tmp_path, cls, module, group, option, overrides
 ) -> None:
-    """docs/howto/add-a-model.md: its encoder and its core, class and YAML as written, each train
-    ppo_nav (smoke) from a folder of one's own."""
+    """docs/howto/add-a-model.md: its encoder, core and head, class and YAML as written, each
+    train ppo_nav (smoke) from a folder of one's own."""
     code = next(b for b in python_blocks("howto/add-a-model.md") if f"class {cls}(" in b)
     page = (ROOT / "docs" / "howto" / "add-a-model.md").read_text()
     yaml = next(b for b in re.findall(r"```yaml\n(.*?)```", page, re.DOTALL) if cls in b)

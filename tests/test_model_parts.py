@@ -4,7 +4,9 @@
 (an override, or one YAML in a folder of one's own on Hydra's search path) it replaces
 ``ActorCritic``'s CNN, trains end to end, and its checkpoint is evaluated from the same folder
 (issue 50: models from parts, a new encoder is one class and one YAML). ``LeakyCore`` is a
-researcher's recurrent core (a leaky integrator) in place of the GRU, the same way.
+researcher's recurrent core (a leaky integrator) in place of the GRU, the same way, and
+``GatedHead`` a network of one's own in place of a head's MLP (the actor's, the critic's, a
+centralised critic's).
 """
 
 from __future__ import annotations
@@ -161,3 +163,66 @@ def test_a_core_beside_the_built_in_rnn_is_named_before_training(compose_cfg: Ca
     with pytest.raises((ConfigError, ValueError), match=r"model.core replaces the built-in "
                        r"recurrent core: set model.rnn=null \(it is 'gru'\)"):  # fmt: skip
         run.train(compose_cfg([*SMOKE, f"model.core={CORE}"]))
+
+
+class GatedHead(nn.Module):
+    """A head of one's own: a gated linear unit over its input, ``[B, F] -> [B, size]``."""
+
+    def __init__(self, input_size: int, size: int = 16) -> None:
+        super().__init__()
+        self.proj, self.out_size = nn.Linear(input_size, 2 * size), size
+        self.input_size = input_size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.glu(self.proj(x), dim=-1)
+
+
+def test_heads_from_the_config_train_end_to_end(compose_cfg: Callable, tmp_path: Path) -> None:
+    head = "{_target_:tests.test_model_parts.GatedHead,_partial_:true,size:%d}"
+    overrides = [f"model.actor_head={head % 6}", f"model.critic_head={head % 5}"]
+    metrics = run.train(compose_cfg([*SMOKE, *overrides]))
+    assert metrics["eval/episodic_length"] > 0
+    weights = load_checkpoint(latest_checkpoint(tmp_path / "run"))["model"]
+    # Each head takes the core's output (the GRU's state size), and the built-in layers follow.
+    hidden = weights["rnn.weight_hh_l0"].shape[1]
+    assert tuple(weights["actor.proj.weight"].shape) == (12, hidden)
+    assert tuple(weights["critic.proj.weight"].shape) == (10, hidden)
+    assert tuple(weights["critic_out.weight"].shape) == (1, 5)  # the value layer follows it
+
+
+def test_a_centralised_critics_head_reads_the_critic_entries() -> None:
+    from rl.models import ActorCritic
+
+    space = gym.spaces.Dict(
+        {"own": gym.spaces.Box(-1, 1, (3,)), "state": gym.spaces.Box(-1, 1, (2, 4))}
+    )
+    model = ActorCritic(
+        observation_space=space, action_space=gym.spaces.Discrete(2), rnn=None,
+        trunk_layers=[8], critic_keys=["state"],
+        critic_head=lambda input_size: GatedHead(input_size, 3),
+    )  # fmt: skip
+    assert model.critic.input_size == 8  # the global state's 2 x 4, not the actor's features
+    obs = {"own": torch.zeros(1, 5, 3), "state": torch.ones(1, 5, 2, 4)}
+    out, _ = model(obs, torch.zeros(1, 5, dtype=torch.bool), model.initial_state(5, "cpu"))
+    assert out.values.shape == (1, 5)
+
+
+class NoSizeHead(nn.Module):
+    def __init__(self, input_size: int) -> None:
+        super().__init__()
+
+
+@pytest.mark.parametrize(
+    ("head", "message"),
+    [
+        ("NoSizeHead", r"model.actor_head: NoSizeHead needs an integer out_size >= 1"),
+        ("NoSize", r"model.actor_head: building a head from \(input_size=...\) failed: "
+                   r".*unexpected keyword argument 'input_size'"),
+    ],
+)  # fmt: skip
+def test_a_wrong_head_is_named_before_training(
+    compose_cfg: Callable, head: str, message: str
+) -> None:
+    bad = f"model.actor_head={{_target_:tests.test_model_parts.{head},_partial_:true}}"
+    with pytest.raises((ConfigError, TypeError), match=message):
+        run.train(compose_cfg([*SMOKE, bad]))

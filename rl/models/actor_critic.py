@@ -14,8 +14,9 @@ encoded by its kind:
 * ``Discrete``: one-hot; ``MultiDiscrete``: one one-hot per component, concatenated.
 
 The encodings are concatenated, passed through a shared trunk MLP, optionally a GRU or an LSTM
-(the state is reset where ``episode_starts`` is set), then separate actor and critic heads. The
-actor's head is an :class:`~rl.models.distributions.ActionHead` for the action space
+(the state is reset where ``episode_starts`` is set), then separate actor and critic heads (an
+MLP each, or a network of one's own: ``actor_head``, ``critic_head``). The actor's network is
+followed by an :class:`~rl.models.distributions.ActionHead` for the action space
 (categorical, diagonal Gaussian, independent categoricals). Entries named in ``ignore_keys`` are
 not encoded (they are still recorded with the rollout, e.g. depth for a depth-prediction loss).
 
@@ -98,6 +99,14 @@ class ActorCritic(PolicyBase):
             ``forward(x [T, N, F], episode_starts [T, N], state)`` returning
             ``(out [T, N, out_size], state after)``; it resets its state where
             ``episode_starts`` is set (see :class:`Core`).
+        actor_head: The actor's network of your own in place of ``head_layers``' MLP: a
+            callable (a ``_partial_`` ``_target_``) that takes ``input_size`` (the core's
+            output, or the trunk's) and returns an ``nn.Module`` with an integer ``out_size``
+            mapping ``[B, input_size]`` to ``[B, out_size]``; the action head (the
+            distribution for the action space) follows it.
+        critic_head: The critic's network of your own, likewise (``input_size``: the actor's
+            input, or the ``critic_keys`` entries' flattened size for a centralised critic);
+            one linear layer to the value follows it.
     """
 
     def __init__(
@@ -124,6 +133,8 @@ class ActorCritic(PolicyBase):
         value_norm_beta: Annotated[float, Check(gt=0)] = 0.99999,
         encoders: Mapping[str, Any] | None = None,
         core: Any = None,
+        actor_head: Any = None,
+        critic_head: Any = None,
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -174,17 +185,36 @@ class ActorCritic(PolicyBase):
                     f"model.core replaces the built-in recurrent core: set model.rnn=null (it is "
                     f"{rnn!r})"
                 )
-            self.rnn, self.rnn_kind = _own_core(core, feat), "own"
-        feat = feat if self.rnn is None else int(getattr(self.rnn, "out_size", rnn_hidden_size))
-        self.actor, a_feat = mlp(feat, head_layers, activation)
+            self.rnn, feat = _own_part(core, "model.core", "a core", input_size=feat)
+            self.rnn_kind = "own"
+            if not callable(getattr(self.rnn, "initial_state", None)):
+                raise TypeError(
+                    f"model.core: {type(self.rnn).__name__} needs initial_state(num_envs, "
+                    "device) returning its state"
+                )
+        elif self.rnn is not None:
+            feat = rnn_hidden_size
+        self.actor: nn.Module
+        self.critic: nn.Module
+        if actor_head is None:
+            self.actor, a_feat = mlp(feat, head_layers, activation)
+        else:
+            self.actor, a_feat = _own_part(
+                actor_head, "model.actor_head", "a head", input_size=feat
+            )
+        critic_in = feat
         if self.critic_keys:  # a centralised critic: its own network on its own entries
             critic_in = sum(
                 int(math.prod(cast(gym.spaces.Box, observation_space[k]).shape))
                 for k in self.critic_keys  # Box entries (_check_critic_keys)
             )
-            self.critic, c_feat = mlp(critic_in, critic_layers, activation)
+        if critic_head is not None:
+            self.critic, c_feat = _own_part(
+                critic_head, "model.critic_head", "a head", input_size=critic_in
+            )
         else:
-            self.critic, c_feat = mlp(feat, head_layers, activation)
+            layers = critic_layers if self.critic_keys else head_layers
+            self.critic, c_feat = mlp(critic_in, layers, activation)
         self.actor_out = ActionHead(action_space, a_feat, log_std_init)
         self.critic_out = init_layer(nn.Linear(c_feat, 1), gain=1.0)
         self.value_norm = ValueNorm(value_norm_beta) if value_norm else None
@@ -241,7 +271,9 @@ class ActorCritic(PolicyBase):
         for key in self.keys:
             space = observation_space[key]
             if key in own:
-                encoder, size = _own_encoder(own[key], space, key)
+                encoder, size = _own_part(
+                    own[key], f"model.encoders.{key}", "an encoder", space=space
+                )
                 self.encoders[key] = encoder
                 is_image = isinstance(space, gym.spaces.Box) and len(space.shape) == 3
                 self._kinds[key] = "image" if is_image else "encoded"
@@ -434,44 +466,28 @@ class Core(Protocol):
         ...
 
 
-def _own_core(build: Any, input_size: int) -> nn.Module:
-    """A user's core (``model.core``), built for the trunk's ``input_size`` and checked."""
+def _own_part(build: Any, where: str, what: str, **inputs: Any) -> tuple[nn.Module, int]:
+    """A part of one's own (``where``: its config key), built from ``inputs``, checked; its size.
+
+    A part is a callable (a ``_partial_`` ``_target_``) returning an ``nn.Module`` with an
+    integer ``out_size`` (its output's feature size).
+    """
     if not callable(build):
         raise ValueError(
-            "model.core: expected a callable that builds a core (a _partial_ _target_), got "
+            f"{where}: expected a callable that builds {what} (a _partial_ _target_), got "
             f"{type(build).__name__}"
         )
-    core = build(input_size=input_size)
-    name = type(core).__name__
-    if not isinstance(core, nn.Module):
-        raise TypeError(f"model.core built a {name}, not a torch.nn.Module")
-    size = getattr(core, "out_size", None)
+    try:
+        part = build(**inputs)
+    except TypeError as err:  # (its signature: the part is built from these inputs)
+        given = ", ".join(f"{k}=..." for k in inputs)
+        raise TypeError(f"{where}: building {what} from ({given}) failed: {err}") from err
+    name = type(part).__name__
+    if not isinstance(part, nn.Module):
+        raise TypeError(f"{where} built a {name}, not a torch.nn.Module")
+    size = getattr(part, "out_size", None)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise TypeError(
-            f"model.core: {name} needs an integer out_size >= 1 (its output size), has {size!r}"
+            f"{where}: {name} needs an integer out_size >= 1 (its output size), has {size!r}"
         )
-    if not callable(getattr(core, "initial_state", None)):
-        raise TypeError(
-            f"model.core: {name} needs initial_state(num_envs, device) returning its state"
-        )
-    return core
-
-
-def _own_encoder(build: Any, space: gym.Space, key: str) -> tuple[nn.Module, int]:
-    """A user's encoder of the entry ``key``, built for its ``space`` and checked; its size."""
-    where = f"model.encoders.{key}"
-    if not callable(build):
-        raise ValueError(
-            f"{where}: expected a callable that builds an encoder (a _partial_ _target_), "
-            f"got {type(build).__name__}"
-        )
-    encoder = build(space=space)
-    size = getattr(encoder, "out_size", None)
-    if not isinstance(encoder, nn.Module):
-        raise TypeError(f"{where} built a {type(encoder).__name__}, not a torch.nn.Module")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise TypeError(
-            f"{where}: {type(encoder).__name__} needs an integer out_size >= 1 (its feature "
-            f"size), has {size!r}"
-        )
-    return encoder, size
+    return part, size
