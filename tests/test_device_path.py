@@ -124,7 +124,7 @@ def test_a_cpu_run_stages_nothing_and_acts_with_the_learners_own_policy() -> Non
     with SerialSampler(task=SMALL, num_envs=4, seed=3) as sampler:
         model = make_model(sampler)
         collector = InProcessCollector(model=model, sampler=sampler, device="cpu")
-        assert collector.transfers is None and collector.actor is model
+        assert collector.transfers is None and collector.acting_model is model
         assert collector.inference_device == collector.device == torch.device("cpu")
         rollout = collector.collect(RolloutRequest(num_steps=4))
         # The storage the policy recorded into is the one the learner gets (no hand-over).
@@ -180,7 +180,7 @@ def train_with(actor_copy: bool, tmp_path: Path) -> tuple[OnPolicyTrainer, Rollo
     # A separate acting copy on the same device: the path a CPU actor beside a CUDA learner
     # takes (weights copied before every rollout, the rollout handed over).
     actor = copy.deepcopy(model).requires_grad_(False) if actor_copy else None
-    collector = InProcessCollector(model=model, sampler=sampler, actor=actor, device="cpu")
+    collector = InProcessCollector(model=model, sampler=sampler, acting_model=actor, device="cpu")
     kept = Rollouts()
     trainer = small_ppo(model, collector, tmp_path, rollouts=4, callbacks=[kept])
     try:
@@ -193,7 +193,7 @@ def train_with(actor_copy: bool, tmp_path: Path) -> tuple[OnPolicyTrainer, Rollo
 def test_an_acting_copy_collects_the_same_rollouts_as_the_learners_policy(tmp_path: Path) -> None:
     own, own_rollouts = train_with(False, tmp_path / "own")
     copied, copied_rollouts = train_with(True, tmp_path / "copy")
-    assert copied.collector.actor is not copied.model  # type: ignore[attr-defined]
+    assert copied.collector.acting_model is not copied.model  # type: ignore[attr-defined]
     assert len(own_rollouts.rows) == len(copied_rollouts.rows) == 4
     for rows, other in zip(own_rollouts.rows, copied_rollouts.rows, strict=True):
         assert rows.keys() == other.keys()
@@ -204,7 +204,7 @@ def test_an_acting_copy_collects_the_same_rollouts_as_the_learners_policy(tmp_pa
     ):
         assert torch.equal(a, b), name
     # The copy holds the weights of the last rollout's policy, not the learner's since.
-    actor = copied.collector.actor  # type: ignore[attr-defined]
+    actor = copied.collector.acting_model  # type: ignore[attr-defined]
     assert any(
         not torch.equal(a, b)
         for a, b in zip(weights(actor).values(), weights(copied.model).values(), strict=True)
@@ -330,7 +330,7 @@ def test_cuda_learner_with_a_cpu_actor_gets_its_rollouts_on_the_gpu() -> None:
             model=model, sampler=sampler, device=device, inference_device="cpu"
         )
         assert collector.transfers is None  # (acting on the CPU: nothing to stage per step)
-        assert next(iter(weights(collector.actor).values())).device.type == "cpu"
+        assert next(iter(weights(collector.acting_model).values())).device.type == "cpu"
         rollout = collector.collect(RolloutRequest(num_steps=8))
         assert rollout.storage.device.type == rollout.next_value.device.type == "cuda"
         assert collector.storage is not None and collector.storage["actions"].is_pinned()
@@ -342,6 +342,6 @@ def test_cuda_learner_with_a_cpu_actor_gets_its_rollouts_on_the_gpu() -> None:
                 p.add_(1.0)
         collector.collect(RolloutRequest(num_steps=8))
         for a, b in zip(
-            model.state_dict().values(), weights(collector.actor).values(), strict=True
+            model.state_dict().values(), weights(collector.acting_model).values(), strict=True
         ):
             assert torch.equal(a.cpu(), b)

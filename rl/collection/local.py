@@ -1,25 +1,16 @@
 """Collection in the trainer's process: a sampler stepped with the learner's own policy.
 
-:class:`InProcessCollector` is the first :class:`~rl.collection.Collector`. Each step it runs
-the policy on the current observations (the recurrent state carried along and reset at episode
-starts), replaces sampled actions by the expert's with the request's teacher-forcing
-probability, steps the sampler, bootstraps truncated episodes from the value of their final
-observation, and records everything in its :class:`~rl.storage.RolloutStorage`: the policy's
-outputs and extras, the step's rewards and flags, and the task's own step fields
-(:mod:`rl.tasks.fields`) beside the action taken on the observation they came with. Under DDP with
-``distributed.sync_frac`` set, a straggler ends its rollout early once enough workers are done
+:class:`InProcessCollector` runs the step runner with a
+:class:`~rl.collection.acting.RolloutRecorder` (which acts, teacher-forces and records each
+step) and keeps what one rollout hands the next, saved with the sampler's episodes in flight so
+that a resumed run continues exactly. Under DDP with ``distributed.sync_frac`` set, a straggler
+ends its rollout early once enough workers are done
 (:class:`~rl.distributed.RolloutPreemption`).
 
-The policy acts where ``inference_device`` says (the learner's device by default). On a CUDA
-device each step's tensors arrive in one pinned, non-blocking copy and the actions leave in
-one (:class:`~rl.utils.staging.PinnedTransfers`). Elsewhere than the learner (a CPU copy
-beside a CUDA learner), the copy takes the learner's weights before every rollout (so every
-rollout is collected by the current policy, as on-policy learning needs), records the rollout
-where it acts, and hands it to the learner on the learner's device.
-
-What one rollout hands the next (observations, the task's fields, episode starts, recurrent
-state) stays here and is saved with the sampler's episodes in flight, so a resumed run
-continues exactly.
+The policy acts where ``inference_device`` says (the learner's device by default). Elsewhere (a
+CPU copy beside a CUDA learner), the acting copy takes the learner's weights before every
+rollout (on-policy learning needs the current policy), records where it acts, and hands the
+rollout over on the learner's device.
 """
 
 from __future__ import annotations
@@ -67,9 +58,8 @@ class InProcessCollector:
         inference_device: Where the policy acts and the rollout is recorded (None:
             ``device``). Another device acts with a copy of ``model`` there, whose weights
             are copied from ``model`` before every rollout.
-        actor: That copy, given (None: made here where ``inference_device`` differs from
-            ``device``); it acts on ``inference_device`` and takes ``model``'s weights before
-            every rollout all the same.
+        acting_model: That copy, given (None: made here where ``inference_device`` differs
+            from ``device``); it takes ``model``'s weights before every rollout all the same.
         dist: This worker's place among distributed workers (straggler preemption through the
             process group's store when ``dist.sync_frac`` is set; None: one process).
         preemption: Another rule that may end a rollout early (e.g. a collection worker's
@@ -101,7 +91,7 @@ class InProcessCollector:
         allocate: Callable[[tuple[int, ...], torch.dtype], torch.Tensor] | None = None,
         eval_sampler: EvalSampler | None = None,
         inference_device: torch.device | str | None = None,
-        actor: Policy | None = None,
+        acting_model: Policy | None = None,
     ) -> None:
         self.model = model
         self.eval_sampler = eval_sampler
@@ -115,13 +105,16 @@ class InProcessCollector:
         self.inference_device = (
             self.device if inference_device is None else torch.device(inference_device)
         )
-        self.actor = actor if actor is not None else self._acting_copy(model)
-        if self.actor is not model and allocate is None and self.inference_device.type == "cpu":
+        if acting_model is None:
+            acting_model = self._acting_copy(model)
+        self.acting_model = acting_model
+        copied = self.acting_model is not model
+        if copied and allocate is None and self.inference_device.type == "cpu":
             self.allocate = _pinned_zeros if self.device.type == "cuda" else None
         # One copy each way a step on CUDA (pinned staging); None elsewhere.
         self.transfers = pinned_transfers(self.inference_device)
         self.storage: RolloutStorage | None = None
-        self._handed: RolloutStorage | None = None  # the learner's copy of an actor's rollout
+        self._handed: RolloutStorage | None = None  # (the rollout, on the learner's device)
         self._carry: TensorDict | None = None  # the step the next rollout starts from
         self._steps_on = torch.device("cpu")  # where the sampler's steps live
         self.preemption = preemption
@@ -179,8 +172,7 @@ class InProcessCollector:
         """``model`` where the inference device is the learner's, else a copy of it there."""
         if self.inference_device == self.device:
             return model
-        actor = copy.deepcopy(model).to(self.inference_device)
-        return actor.requires_grad_(False)
+        return copy.deepcopy(model).to(self.inference_device).requires_grad_(False)
 
     @property
     def num_envs(self) -> int:
@@ -207,7 +199,7 @@ class InProcessCollector:
             first,
             field_names=self._field_names(),
             device=device,
-            state=self.actor.initial_state(n, device) if state is None else state,
+            state=self.acting_model.initial_state(n, device) if state is None else state,
             episode_starts=torch.ones(n, dtype=torch.bool, device=device),
             returns=self._fresh_returns(),
         )
@@ -223,16 +215,16 @@ class InProcessCollector:
 
     def collect(self, request: RolloutRequest) -> Rollout:
         """Fill the storage with ``request.num_steps`` steps of every environment."""
-        self._sync_actor()
+        self._sync_acting_model()
         return self._collect(request)
 
     @torch.no_grad()
-    def _sync_actor(self) -> None:
+    def _sync_acting_model(self) -> None:
         """ALGO (on-policy): an acting copy takes the learner's current weights and buffers."""
-        if self.actor is self.model:
+        if self.acting_model is self.model:
             return
         source = self.model.state_dict()
-        for key, value in self.actor.state_dict().items():
+        for key, value in self.acting_model.state_dict().items():
             value.copy_(source[key])
 
     # Inference mode, not just no_grad: no version counters or view tracking on collection's
@@ -243,13 +235,13 @@ class InProcessCollector:
         if self._carry is None:
             self._carry = self._fresh_carry(self.sampler.reset())
         storage = self._storage_for(request.num_steps)
-        self.actor.eval()
+        self.acting_model.eval()
         storage.reset(request.num_steps)
         if self.preemption is not None:
             self.preemption.start(self._rollout_index)
         self._rollout_index += 1
         recorder = RolloutRecorder(
-            model=self.actor,
+            model=self.acting_model,
             storage=storage,
             request=request,
             field_names=self._field_names(),
@@ -277,7 +269,7 @@ class InProcessCollector:
 
     def _hand_over(self, storage: RolloutStorage) -> RolloutStorage:
         """``storage`` as the learner takes it: on its device (one copy an entry, or none)."""
-        if self.actor is self.model:
+        if self.acting_model is self.model:
             return storage
         handed = self._handed
         if handed is None or handed.capacity != storage.capacity:
@@ -292,10 +284,11 @@ class InProcessCollector:
     def replace_policy(self, model: Policy) -> None:
         """Collect with ``model`` from now on; its recurrent state starts anew (as at a reset)."""
         self.model = model
-        self.actor = self._acting_copy(model)
+        self.acting_model = self._acting_copy(model)
         self.storage = self._handed = None  # its fields may differ (the recurrent state's)
         if self._carry is not None:
-            self._carry.set(STATE, self.actor.initial_state(self.num_envs, self.inference_device))
+            fresh = self.acting_model.initial_state(self.num_envs, self.inference_device)
+            self._carry.set(STATE, fresh)
             self._carry.set(EPISODE_STARTS, torch.ones_like(self._carry.get(EPISODE_STARTS)))
 
     def new_episodes(self) -> None:
@@ -411,7 +404,7 @@ class InProcessCollector:
         Checkpoint format 2 saved a GRU's state as ``hidden`` ``[L, N, H]`` (a dummy
         ``[1, N, 1]`` for memoryless policies); format 3 saves the policy's state as a dict.
         """
-        fresh = self.actor.initial_state(self.num_envs, self.inference_device)
+        fresh = self.acting_model.initial_state(self.num_envs, self.inference_device)
         if "state" in rollout:
             saved = TensorDict(rollout["state"], batch_size=fresh.batch_size)
             return saved.to(self.inference_device)
@@ -426,7 +419,7 @@ class InProcessCollector:
 
 
 def _pinned_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed page-locked CPU tensor: a CPU actor's rollout, copied to a CUDA learner."""
+    """A zeroed page-locked CPU tensor: a CPU acting copy's rollout, copied to a CUDA learner."""
     return torch.zeros(shape, dtype=dtype).pin_memory()
 
 
