@@ -30,7 +30,7 @@ from rl.checkpoints.invocation import (
     invocation_paths,
     value_at,
 )
-from rl.checkpoints.saved_config import RebuiltConfig
+from rl.checkpoints.saved_config import RebuiltConfig, fill_app_interpolations
 from rl.utils.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -71,17 +71,7 @@ def unresolved_config(cfg: DictConfig | Mapping[str, Any], plain: Mapping[str, A
     raw = OmegaConf.to_container(cfg, resolve=False)
     assert isinstance(raw, dict)
     raw.pop("hydra", None)
-
-    def fix(node: Any, resolved: Any) -> Any:
-        if isinstance(node, dict) and isinstance(resolved, dict):
-            return {k: fix(v, resolved.get(k)) for k, v in node.items()}
-        if isinstance(node, list) and isinstance(resolved, list) and len(node) == len(resolved):
-            return [fix(v, r) for v, r in zip(node, resolved, strict=True)]
-        if isinstance(node, str) and ("${hydra:" in node or "${now:" in node):
-            return resolved
-        return node
-
-    return fix(raw, dict(plain))
+    return fill_app_interpolations(raw, dict(plain))
 
 
 def _typed(cfg: DictConfig | Mapping[str, Any]) -> list[str] | None:

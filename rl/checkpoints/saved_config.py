@@ -323,7 +323,7 @@ def rebuild_config(
         init_from=None,
         trusted_targets=list(trusted_targets),
     )
-    _fix_app_interpolations(raw, data)
+    raw = fill_app_interpolations(raw, data)
     resolved_tree = _resolve(raw, where)
     merged = _overlay(raw, resolved_tree, data, "", where)
     merged = _pin(merged, _resolve(merged, where), data)
@@ -346,24 +346,21 @@ def rebuild_config(
     return RebuiltConfig(config, merged, used, withheld)
 
 
-def _fix_app_interpolations(raw: dict[str, Any], saved: Mapping[str, Any]) -> None:
-    """Replace the tree's ``${hydra:...}`` / ``${now:...}`` by the saved values there (or None).
+def fill_app_interpolations(node: Any, values: Any) -> Any:
+    """``node`` with each ``${hydra:...}`` / ``${now:...}`` replaced by ``values`` there (or None).
 
     Those resolve only inside a Hydra app.
     """
-
-    def fix(node: Any, old: Any) -> Any:
-        if isinstance(node, dict):
-            return {k: fix(v, old.get(k) if isinstance(old, dict) else None)
-                    for k, v in node.items()}  # fmt: skip
-        if isinstance(node, list):
-            olds = old if isinstance(old, list) and len(old) == len(node) else [None] * len(node)
-            return [fix(v, o) for v, o in zip(node, olds, strict=True)]
-        if isinstance(node, str) and ("${hydra:" in node or "${now:" in node):
-            return old
-        return node
-
-    raw.update(fix(raw, saved))
+    if isinstance(node, dict):
+        olds = values if isinstance(values, dict) else {}
+        return {k: fill_app_interpolations(v, olds.get(k)) for k, v in node.items()}
+    if isinstance(node, list):
+        if not (isinstance(values, list) and len(values) == len(node)):
+            values = [None] * len(node)
+        return [fill_app_interpolations(v, o) for v, o in zip(node, values, strict=True)]
+    if isinstance(node, str) and ("${hydra:" in node or "${now:" in node):
+        return values
+    return node
 
 
 __all__ = [
