@@ -258,7 +258,7 @@ def test_cli_run_dir(run_dir: Path, tmp_path: Path) -> None:
 
 
 def test_the_summary_plot_draws_the_training_curve(tmp_path: Path) -> None:
-    from rl.evaluation.plots import plot_checkpoint_metrics, training_curve
+    from rl.evaluation.report import plot_checkpoint_metrics, training_curve
 
     metrics = tmp_path / "metrics.jsonl"
     records = [

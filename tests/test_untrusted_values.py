@@ -27,7 +27,7 @@ from rl.checkpoints.resume import plan_start
 from rl.checkpoints.saved_config import MAX_CHARS, rebuild_config
 from rl.engine import run
 from rl.evaluation.expert_reference import load_expert_reference
-from rl.evaluation.plots import training_curve
+from rl.evaluation.report import training_curve
 from rl.utils.config import ConfigError, to_plain
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -49,22 +49,10 @@ class DistContext:
         return self.world_size > 1
 
 
-def worker_device(device: str, local_rank: int) -> torch.device:
-    """``cuda`` -> ``cuda:LOCAL_RANK`` (one GPU per local worker); anything else unchanged."""
-    if device == "cuda":
-        return torch.device("cuda", local_rank)
-    return torch.device(device)
-
-
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """``auto`` -> nccl for CUDA devices, gloo otherwise."""
-    if backend == "auto":
-        return "nccl" if device.type == "cuda" else "gloo"
-    return backend
-
-
 def init_distributed(settings: DistributedSettings, device: str) -> DistContext:
     """Join the process group described by the environment (``env://``) on ``device``.
+
+    ``cuda`` is ``cuda:LOCAL_RANK``: one GPU per local worker.
 
     Raises:
         RuntimeError: The launcher's environment variables are missing.
@@ -79,10 +67,13 @@ def init_distributed(settings: DistributedSettings, device: str) -> DistContext:
         )
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    dev = worker_device(settings.device or device, local_rank)
+    name = settings.device or device
+    dev = torch.device("cuda", local_rank) if name == "cuda" else torch.device(name)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    backend = resolve_backend(settings.backend, dev)
+    backend = settings.backend
+    if backend == "auto":
+        backend = "nccl" if dev.type == "cuda" else "gloo"
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend,

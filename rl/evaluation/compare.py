@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from rl.evaluation.plots import read_metrics
+from rl.evaluation.report import read_metrics
 from rl.utils.files import read_regular_file, write_atomic
 
 __all__ = ["Group", "Run", "compare", "find_runs", "format_table", "main", "read_run"]

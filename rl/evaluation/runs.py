@@ -8,10 +8,8 @@ docs/concepts/evaluation.md describes the files written.
 from __future__ import annotations
 
 import contextlib
-import csv
 import dataclasses
 import glob
-import io
 import json
 import logging
 import os
@@ -41,8 +39,15 @@ from rl.collection.normalization import Normalizer
 from rl.evaluation.expert_reference import evaluate_expert_reference, load_expert_reference
 from rl.evaluation.export import describe, export_checkpoint
 from rl.evaluation.inference import load_trained_policy
-from rl.evaluation.plots import plot_checkpoint_metrics, training_curve
-from rl.evaluation.report import eval_json_path, settings_tag, write_eval_json
+from rl.evaluation.report import (
+    eval_json_path,
+    format_summary,
+    plot_checkpoint_metrics,
+    summary_stems,
+    training_curve,
+    write_eval_json,
+    write_summary,
+)
 from rl.evaluation.settings import EvaluateSettings
 from rl.models.policy import Policy
 from rl.tasks.factory import TaskLayout, task_layout, with_split
@@ -54,9 +59,6 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt")
 _GLOB_CHARS = frozenset("*?[")
-SUMMARY_NAME = "eval_summary"
-# Columns of the printed summary, in this order, when present.
-TABLE_METRICS = ("success", "spl", "return", "length", "final_distance", "game_return")
 # What evaluation builds from a checkpoint's config (the rest is never built: not judged).
 BUILT_FOR_EVALUATION = ("task", "model")
 
@@ -212,53 +214,6 @@ class _ModelCache:
         )  # fmt: skip
         self._models[key] = model
         return model, train_cfg, normalizer
-
-
-def format_summary(
-    rows: Sequence[Mapping[str, Any]], title: str, expert: Mapping[str, float] | None = None
-) -> str:
-    """A text table of summary rows (step, stage and the main metrics), expert row last."""
-    keys = [k for k in TABLE_METRICS if any(k in r for r in rows)]
-    if not keys:
-        keys = sorted({k for r in rows for k in r} - {"checkpoint", "step", "stage"})
-    header = f"{'step':>14} {'stage':>5} " + " ".join(f"{k:>14}" for k in keys)
-    lines = [title, header, "-" * len(header)]
-
-    def cells(row: Mapping[str, Any]) -> str:
-        return " ".join(f"{float(row[k]):>14.4f}" if k in row else f"{'-':>14}" for k in keys)
-
-    lines += [f"{int(r['step']):>14,} {int(r['stage']):>5} {cells(r)}" for r in rows]
-    if expert is not None:
-        lines.append(f"{'expert':>14} {'':>5} {cells(expert)}")
-    return "\n".join(lines)
-
-
-def summary_stems(settings: Mapping[str, Any]) -> tuple[str, str]:
-    """``eval_summary.<settings_tag>`` (each setting's own) and ``eval_summary`` (the latest)."""
-    return f"{SUMMARY_NAME}.{settings_tag(settings)}", SUMMARY_NAME
-
-
-def write_summary(
-    folder: Path,
-    rows: Sequence[Mapping[str, Any]],
-    settings: Mapping[str, Any],
-    expert: Mapping[str, float] | None = None,
-) -> tuple[Path, Path]:
-    """Write both :func:`summary_stems` as CSV and JSON; return the setting's own two files."""
-    columns = ["checkpoint", "step", "stage"]
-    columns += sorted({k for r in rows for k in r} - set(columns))
-    table = io.StringIO(newline="")
-    writer = csv.DictWriter(table, fieldnames=columns, restval="")
-    writer.writeheader()
-    writer.writerows(rows)
-    data = json.dumps(
-        {"settings": dict(settings), "checkpoints": list(rows), "expert": expert}, indent=1
-    )
-    own, latest = summary_stems(settings)
-    for stem in (own, latest):  # (a link under a name is replaced, not followed)
-        write_atomic(folder / f"{stem}.csv", table.getvalue(), what="evaluation summary")
-        write_atomic(folder / f"{stem}.json", data, what="evaluation summary")
-    return folder / f"{own}.csv", folder / f"{own}.json"
 
 
 def evaluate_checkpoints(cfg: EvaluateSettings) -> dict[str, float]:

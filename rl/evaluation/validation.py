@@ -50,11 +50,11 @@ def result_path(checkpoint: Path) -> Path:
     return checkpoint.with_suffix(".valid.json")
 
 
-def _checkpoint_step(path: Path, state: Mapping[str, Any] | None = None) -> int:
+def _checkpoint_step(path: Path) -> int:
     parsed = parse_checkpoint_name(path)
     if parsed is not None:
         return parsed[1]
-    return int((state or load_checkpoint(path)).get("pipeline", {}).get("total_steps", 0))
+    return int(load_checkpoint(path).get("pipeline", {}).get("total_steps", 0))
 
 
 class Validator:
