@@ -10,7 +10,7 @@ import numpy as np
 
 from rl.storage import ExpertTrajectoryIterator, generate_expert_trajectories
 from rl.tasks.fields import StepField, expert_field
-from rl.tasks.spaces import flat_observation_space
+from rl.tasks.spaces import dict_space
 
 
 class NestedCorridor(gym.Env):
@@ -51,7 +51,7 @@ def test_nested_observations_are_flattened_as_samplers_flatten_them(tmp_path: Pa
     path = generate_expert_trajectories(task=task, num_episodes=3, seed=0, path=tmp_path / "e.npz")
     with np.load(path) as data:
         keys = sorted(k.removeprefix("obs/") for k in data.files if k.startswith("obs/"))
-        assert keys == sorted(flat_observation_space(NestedCorridor().observation_space).spaces)
+        assert keys == sorted(dict_space(NestedCorridor().observation_space).spaces)
         assert (data["expert_action"] == 1).all() and data["episode_start"].sum() == 3
     batch = next(iter(ExpertTrajectoryIterator(path=str(path), batch_size=2, seq_len=2, seed=0)))
     assert set(batch["obs"].keys()) == set(keys)

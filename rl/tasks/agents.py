@@ -1,33 +1,11 @@
 """Several agents in one environment: how they travel as one environment and as rows.
 
 A multi-agent task is, to the samplers, one ``gymnasium.Env`` whose every entry is stacked over
-its ``A`` agents (agent ``i`` at index ``i`` of the leading axis): observations ``[A, ...]``,
-actions ``[A, ...]`` (:func:`stack_space`; a ``Discrete`` agent action space is stacked as a
-1-D ``MultiDiscrete``), and three per-agent step fields in ``info``:
-
-- ``agent_rewards`` ``[A]`` float32: each agent's reward of the step (the env's own ``reward``
-  is the team's, their sum: the episode return samplers report is the team's);
-- ``agent_done`` ``[A]`` int8: ``1`` where the agent's episode ended by termination in this
-  step, ``2`` by truncation, ``0`` otherwise (an agent already out of the episode: ``0``);
-- ``agent_active`` ``[A]`` bool, reported with the observations: the agent acts on them (it is
-  still in the episode). An agent out of the episode still has a row of zeros and an action
-  that is ignored; its steps carry no weight in losses or metrics.
-
-Declaring ``agent_rewards`` is what makes a task multi-agent: the number of agents is its
-shape (:func:`num_agents`). The :class:`~rl.tasks.pettingzoo.ParallelEnvAdapter` turns any
-PettingZoo Parallel environment into such an env. Samplers then present every agent as a row of
-the batch (:class:`~rl.sampling.agents.AgentRows`): environment ``e``'s agent ``i`` is row
-``e * A + i``, and the policy sees one agent's spaces (:func:`unstack_space`), so parameters are
-shared across agents and every loss, storage and collection path works unchanged.
-
-Agents of different kinds (a predator and its prey: observation or action spaces of their
-own) form **groups**, one policy each (:class:`~rl.models.grouped.GroupedPolicy`). Rows stay
-alike: the env declares ``agent_groups`` (:class:`AgentGroup`, in the order of their index),
-each group's observation is an entry ``obs/<group>`` of its own (zeros in the other groups'
-rows), ``agent_group`` (:data:`AGENT_GROUP`) holds each agent's group index, and the rows'
-action space is the groups' union (:func:`union_action_space`: the largest ``Discrete``, or
-``Box`` actions padded with zeros to the longest). :func:`group_layouts` gives each group the
-observation space its policy sees: its own entry as ``obs``, with the entries every group has.
+its ``A`` agents (:func:`stack_space`), with three per-agent step fields (:func:`agent_fields`;
+declaring ``agent_rewards`` makes a task multi-agent). Samplers present every agent as a row of
+the batch, and the policy sees one agent's spaces (:func:`unstack_space`). Agents of different
+kinds form groups (:class:`AgentGroup`), one policy each. The rules are described once, in
+docs/concepts/multi-agent.md.
 """
 
 from __future__ import annotations
@@ -65,7 +43,13 @@ DONE_TERMINATED, DONE_TRUNCATED = 1, 2
 
 
 def agent_fields(count: int) -> dict[str, StepField]:
-    """The step fields of a task with ``count`` agents (its env class's ``step_fields``)."""
+    """The step fields of a task with ``count`` agents.
+
+    ``agent_rewards`` (each agent's reward; the env's own is their sum) and ``agent_done``
+    (:data:`DONE_TERMINATED` or :data:`DONE_TRUNCATED` in the step an agent's episode ends)
+    are values of the step; ``agent_active`` comes with the observation (the agent is still in
+    the episode).
+    """
     return {
         AGENT_REWARDS: StepField(AGENT_REWARDS, (count,), "float32", transition=True),
         AGENT_DONE: StepField(AGENT_DONE, (count,), "int8", transition=True),
@@ -74,11 +58,7 @@ def agent_fields(count: int) -> dict[str, StepField]:
 
 
 def num_agents(fields: Mapping[str, StepField]) -> int | None:
-    """The agents of a task with step ``fields``; None for a single-agent task.
-
-    Raises:
-        ValueError: The fields declare agents inconsistently.
-    """
+    """The agents of a task with step ``fields``; None for a single-agent task."""
     rewards = fields.get(AGENT_REWARDS)
     if rewards is None:
         return None
@@ -102,11 +82,7 @@ def num_agents(fields: Mapping[str, StepField]) -> int | None:
 def stack_space(space: gym.Space, count: int) -> gym.Space:
     """``space`` of one agent stacked for ``count`` agents (a leading axis of ``count``).
 
-    ``Discrete(n)`` becomes ``MultiDiscrete([n] * count)``; ``Dict`` and ``Tuple`` are stacked
-    entry by entry.
-
-    Raises:
-        ValueError: A space that cannot be stacked (e.g. ``Discrete`` with a non-zero start).
+    ``Discrete(n)`` becomes ``MultiDiscrete([n] * count)``.
     """
     if isinstance(space, gym.spaces.Dict):
         return gym.spaces.Dict({k: stack_space(s, count) for k, s in space.spaces.items()})
@@ -128,12 +104,7 @@ def stack_space(space: gym.Space, count: int) -> gym.Space:
 
 
 def unstack_space(space: gym.Space) -> gym.Space:
-    """One agent's space of a space :func:`stack_space` made (the leading axis dropped).
-
-    Raises:
-        ValueError: The agents' spaces differ (parameter sharing needs one space), or the space
-            was not stacked.
-    """
+    """One agent's space of a space :func:`stack_space` made (the agents' must be alike)."""
     if isinstance(space, gym.spaces.Dict):
         return gym.spaces.Dict({k: unstack_space(s) for k, s in space.spaces.items()})
     if isinstance(space, gym.spaces.Tuple):
@@ -165,7 +136,7 @@ class AgentGroup:
         agents: The indices of its agents in the environment.
         action_space: One agent's action space (the group's own, not the rows' union).
         observation_space: The flat observation space the group's policy sees (filled by
-            :func:`group_layouts`; None as the environment declares it).
+            :func:`group_layouts`).
         entries: ``(policy's key, row's key)`` of each entry of ``observation_space``.
     """
 
@@ -181,9 +152,6 @@ def union_action_space(spaces: Sequence[gym.Space]) -> gym.Space:
 
     ``Discrete`` spaces: the largest; 1-D ``Box`` spaces: the longest, the others padded with
     zeros (bounds widened to hold every group's); any other kind: one space for all.
-
-    Raises:
-        ValueError: Spaces of different kinds, or of one kind that cannot be joined.
     """
     first = spaces[0]
     if all(s == first for s in spaces):
@@ -213,9 +181,6 @@ def group_layouts(
 
     Group ``g`` sees its own entries (``obs/g...`` renamed ``obs...``) and every entry that is
     no group's (a global ``state``, ``agent_index``), not ``agent_group``.
-
-    Raises:
-        ValueError: A group has no entry of its own in ``observation_space``.
     """
     names = {g.name for g in groups}
     out = []

@@ -1,17 +1,10 @@
 """The batched-environment contract: N environments stepped at once, tensors in, tensors out.
 
-A :class:`BatchedEnv` runs ``num_envs`` environments of one task on one device. Actions come in
-as one tensor, and one ``TensorDict`` of ``N`` rows comes out; an episode that ends is reset
-inside the same call (auto-reset), so the returned observation row is already the next
-episode's first, with the ended episode's last observation in ``final_obs`` where it was
-truncated (its value is bootstrapped from it). Nothing is copied to the host per step: an
-environment written in torch on a GPU keeps everything there.
-
-:class:`~rl.sampling.batched.BatchedSampler` turns one into a
-:class:`~rl.sampling.base.Sampler` (seeds, evaluation episode lists, finished-episode records,
-finite checks, exact resume). Implementations: the grid PointNav written in torch
-(:mod:`rl_envs.pointnav.batched`), any ``gymnasium.vector.VectorEnv`` (:mod:`rl.tasks.gym_vector`),
-and a researcher's own.
+A :class:`BatchedEnv` runs ``num_envs`` environments of one task on one device and resets an
+episode that ends inside the same call (auto-reset); nothing is copied to the host per step.
+:class:`~rl.sampling.batched.BatchedSampler` turns one into a sampler. Implementations: the
+grid PointNav in torch (:mod:`rl_envs.pointnav.batched`), any ``gymnasium.vector.VectorEnv``
+(:mod:`rl.tasks.gym_vector`), and a researcher's own (docs/concepts/samplers.md).
 """
 
 from __future__ import annotations
@@ -38,11 +31,9 @@ class BatchedEnv(abc.ABC):
     Attributes:
         num_envs: How many environments.
         device: Where observations, actions and everything returned live.
-        observation_space: One environment's observations: a flat ``gymnasium.spaces.Dict``
-            (what samplers hand policies; a key's rows are ``[N, *space.shape]``).
+        observation_space: One environment's observations: a flat ``gymnasium.spaces.Dict``.
         action_space: One environment's action space.
-        step_fields: The task's per-step fields (:mod:`rl.tasks.fields`), returned beside
-            the observations they came with (``expert_actions``, ...).
+        step_fields: The task's per-step fields (:mod:`rl.tasks.fields`).
     """
 
     num_envs: int
@@ -60,8 +51,8 @@ class BatchedEnv(abc.ABC):
                 environment's own random stream (an unseeded ``gymnasium`` reset).
 
         Returns:
-            Batch ``[N]``: ``obs`` (by key) and the task's step fields (a
-            :attr:`~rl.tasks.fields.StepField.transition` field: its ``missing`` value).
+            Batch ``[N]``: ``obs`` (by key) and the task's step fields (a transition field:
+            its ``missing`` value).
         """
 
     @abc.abstractmethod
@@ -73,38 +64,25 @@ class BatchedEnv(abc.ABC):
         Args:
             actions: ``[N, *action_shape]`` on :attr:`device`.
             next_seeds: The seed of the episode an environment starts if its episode ends in
-                this step (None, or a None entry: its own random stream). Evaluation passes
-                each environment's next episode of its list.
+                this step (None, or a None entry: its own random stream).
 
         Returns:
             Batch ``[N]``, as :func:`rl.sampling.base.step_tensordict` describes a step:
-            ``obs`` (the next episode's first where one ended), ``rewards`` (float32; or
-            float64, which the sampler sums into returns before it casts them: an adapter
-            over Python environments keeps their own values), ``terminated`` and
-            ``truncated`` (bool, never both), ``final_obs`` (the last observation of each
-            episode that was truncated, zeros in other rows; it may be left out of a step
-            where none was), the task's step fields (with the returned observations; a
-            :attr:`~rl.tasks.fields.StepField.transition` field: the step's own), and
-            ``episode``: the task's metrics of the episodes that ended (floats by name, e.g.
-            ``success``, ``spl``; NaN where an ended episode has no such metric; rows where
-            none ended hold nothing meaningful; it may be left out of a step where none
-            ended). Returns and lengths are the sampler's to count.
+            ``obs`` (the next episode's first where one ended), ``rewards`` (float32, or
+            float64 as Python environments give them), ``terminated`` and ``truncated``
+            (never both), ``final_obs`` (each truncated episode's last observation, zeros in
+            other rows; may be left out where none was), the task's step fields, and
+            ``episode`` (:data:`EPISODE_KEY`): the metrics of the episodes that ended, floats
+            by name (NaN where an ended episode has no such metric; may be left out where
+            none ended).
         """
 
     def state_dict(self) -> dict[str, Any]:
-        """The episodes in flight, exactly (``torch.load(weights_only=True)``-safe).
-
-        Raises:
-            NotImplementedError: This environment cannot save its episodes in flight.
-        """
+        """The episodes in flight, exactly (``torch.load(weights_only=True)``-safe)."""
         raise NotImplementedError(f"{type(self).__name__} cannot save its episodes in flight")
 
     def load_state_dict(self, state: dict[str, Any]) -> TensorDict:
-        """Restore what :meth:`state_dict` saved; return what :meth:`reset` returns.
-
-        Raises:
-            NotImplementedError: This environment cannot restore episodes.
-        """
+        """Restore what :meth:`state_dict` saved; return what :meth:`reset` returns."""
         raise NotImplementedError(f"{type(self).__name__} cannot restore episodes in flight")
 
     def render(self, index: int = 0) -> Any:

@@ -29,12 +29,11 @@ def set_np_random_state(env: gym.Env, state: dict[str, Any]) -> None:
 
 
 def reset_state(env: gym.Env) -> dict[str, Any] | None:
-    """What ``env``'s next reset depends on besides its ``np_random``, if it says (see below).
+    """What ``env``'s next reset depends on besides its ``np_random`` (None: nothing).
 
     A task whose unseeded reset depends on state kept across episodes (e.g. a scene reused for
     several episodes) defines ``reset_state()`` (plain values) and ``set_reset_state(state)``
-    on its unwrapped env; samplers save it with each episode in flight and restore it before
-    replaying, so that resume stays exact.
+    on its unwrapped env.
     """
     get = getattr(env.unwrapped, "reset_state", None)
     return None if get is None else get()

@@ -1,11 +1,9 @@
 """Environments from task configs: build one, read a task's spaces, name it.
 
-A task config is a plain mapping with a ``_target_`` returning a ``gymnasium.Env`` (the config
-group is the registry: ``conf/task/<name>.yaml``), and optionally ``observations``: partial
-wrappers applied in order after the environment is built (:mod:`rl.tasks.observations`), and
-``step_fields``: values of ``info`` to record in the rollout (:mod:`rl.tasks.fields`).
-Everything that needs an environment built from a config (samplers, probe videos, expert data,
-model building) goes through here.
+A task config is a plain mapping whose ``_target_`` returns a ``gymnasium.Env``
+(``conf/task/<name>.yaml``), with optionally ``observations`` (:mod:`rl.tasks.observations`)
+and ``step_fields`` (:mod:`rl.tasks.fields`). Everything that builds an environment from a
+config goes through here.
 """
 
 from __future__ import annotations
@@ -19,24 +17,17 @@ import hydra.utils
 
 from rl.tasks.agents import AgentGroup, group_layouts, num_agents, unstack_space
 from rl.tasks.fields import step_fields_of
-from rl.tasks.spaces import check_action_space, flat_observation_space
+from rl.tasks.spaces import check_action_space, dict_space
 
 # Keys of a task config the framework reads itself (not passed to the task's ``_target_``).
 FRAMEWORK_KEYS = frozenset({"observations", "step_fields"})
 
 
 def build_env(task: Mapping[str, Any], **kwargs: Any) -> gym.Env:
-    """Instantiate the task config (a plain mapping with ``_target_``) into an environment.
+    """The environment of a plain task config, its ``observations`` transforms applied.
 
-    Its ``observations`` transforms (partial wrappers, :mod:`rl.tasks.observations`) are
-    applied in order, innermost first.
-
-    Args:
-        task: Plain task config.
-        **kwargs: Extra constructor arguments (e.g. ``render_mode="rgb_array"``).
-
-    Raises:
-        TypeError: The target did not build a ``gymnasium.Env``.
+    ``kwargs`` go to the constructor (e.g. ``render_mode="rgb_array"``); the transforms
+    (partial wrappers) are applied in order, innermost first.
     """
     transforms = task.get("observations") or ()
     if not isinstance(transforms, (list, tuple)):
@@ -60,28 +51,15 @@ def build_env(task: Mapping[str, Any], **kwargs: Any) -> gym.Env:
 
 
 def episode_metrics(info: Mapping[str, Any]) -> dict[str, float]:
-    """The per-episode metrics of an episode's last ``info``, for any task.
+    """The metrics of an episode's last ``info``: ``info["episode_metrics"]``.
 
-    The framework's tasks report ``info["episode_metrics"]`` (a dict of floats); environments
-    of the ``is_success`` convention (gymnasium-robotics', stable-baselines3's) get it as
-    ``success`` where ``episode_metrics`` does not give one.
+    An environment of the ``is_success`` convention (gymnasium-robotics', stable-baselines3's)
+    gets it as ``success`` where ``episode_metrics`` does not give one.
     """
     metrics = {k: float(v) for k, v in (info.get("episode_metrics") or {}).items()}
     if "is_success" in info and "success" not in metrics:
         metrics["success"] = float(info["is_success"])
     return metrics
-
-
-def dict_space(space: gym.Space, task: str = "?") -> gym.spaces.Dict:
-    """``space`` as the flat Dict space samplers and policies see (:mod:`rl.tasks.spaces`).
-
-    A non-dict space becomes ``{"obs": space}``, nested ``Dict``/``Tuple`` entries are named by
-    their key path; ``task`` names the task in errors.
-
-    Raises:
-        SpaceError: An entry policies cannot encode (e.g. ``Text``).
-    """
-    return flat_observation_space(space, task)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,11 +69,9 @@ class TaskLayout:
     Attributes:
         observation_space: The flat observation ``Dict`` space a policy sees (one agent's).
         action_space: The action space a policy acts in (one agent's).
-        agents: Agents per environment (1 for a single-agent task; each is a row of the
-            batch, :mod:`rl.tasks.agents`).
-        groups: A multi-agent task's groups of agents with spaces of their own, one policy
-            each (:class:`~rl.tasks.agents.AgentGroup`, with the spaces their policies see);
-            None: one space for all, one shared policy.
+        agents: Agents per environment (each is a row of the batch, :mod:`rl.tasks.agents`).
+        groups: A multi-agent task's groups of agents, one policy each, with the spaces their
+            policies see; None: one policy shared by all.
     """
 
     observation_space: gym.spaces.Dict
@@ -105,17 +81,12 @@ class TaskLayout:
 
     @property
     def spaces(self) -> tuple[gym.spaces.Dict, gym.Space]:
-        """``(observation_space, action_space)``, as :func:`task_spaces` returns them."""
+        """``(observation_space, action_space)``."""
         return self.observation_space, self.action_space
 
 
 def task_layout(task: Mapping[str, Any]) -> TaskLayout:
-    """The spaces and agents of a task (builds one env).
-
-    Raises:
-        SpaceError: An observation entry or an action space policies cannot handle, naming
-            the task.
-    """
+    """The spaces and agents of a task (builds one env; a :class:`SpaceError` names it)."""
     env = build_env(task)
     try:
         name = env_name(task, env)
@@ -140,14 +111,7 @@ def task_layout(task: Mapping[str, Any]) -> TaskLayout:
 
 
 def task_spaces(task: Mapping[str, Any]) -> tuple[gym.spaces.Dict, gym.Space]:
-    """``(flat observation Dict space, action space)`` of a task (builds one env).
-
-    For a multi-agent task (:mod:`rl.tasks.agents`), one agent's: what its policy sees.
-
-    Raises:
-        SpaceError: An observation entry or an action space policies cannot handle, naming
-            the task.
-    """
+    """``(flat observation Dict space, action space)`` a task's policy sees (one agent's)."""
     return task_layout(task).spaces
 
 
@@ -170,11 +134,10 @@ def task_id(task: Mapping[str, Any]) -> str:
 
 
 def with_split(task: Mapping[str, Any], split: str | None) -> dict[str, Any]:
-    """``task`` drawing its episodes from ``split`` (tasks without splits are left as they are).
+    """``task`` drawing its episodes from ``split`` (None: the task's own).
 
-    A task has splits when its config has a ``split`` key (PointNav's ``conf/task`` files do),
-    or its ``env`` has (a multi-agent task's environment, ``task=nav_multi``); ``split=None``
-    keeps the task's own.
+    A task has splits when its config, or its ``env`` (``task=nav_multi``), has a ``split`` key;
+    others are left as they are.
     """
     task = dict(task)
     if split is None:

@@ -1,26 +1,9 @@
 """Per-step fields a task reports in ``info``: declared once, carried to the losses.
 
-A task declares the values its environments report in ``info`` that should reach the rollout,
-as a policy writes its own into the step: a mapping from the rollout field's name to a
-:class:`StepField` (which ``info`` key, shape, dtype, and the value where ``info`` lacks it).
-The declaration is the environment class's ``step_fields`` attribute, or the task config's
-``step_fields`` entry (for an environment one cannot edit, e.g. a gymnasium id), which adds to
-and overrides the class's::
-
-    class MyEnv(gym.Env):
-        step_fields = {"privileged": StepField("agent_pos", shape=(2,), dtype="float32")}
-
-    # conf/task/my_task.yaml
-    step_fields:
-      privileged: {info: agent_pos, shape: [2], dtype: float32}
-
-Samplers read the declared fields from the ``info`` that comes with each observation (the
-reset's for the first observation of an episode, as for the observation itself) into their step
-``TensorDict`` (:mod:`rl.sampling.base`); collection records each field in the rollout beside
-the action taken on that observation, and a loss reads ``batch["privileged"]``. No framework
-file names the field. The shortest-path expert of the navigation tasks is one such field:
-``expert_actions`` (``info["expert_action"]``, -1 where there is none), which imitation losses and
-teacher forcing read.
+A task declares, by rollout field name, the values of ``info`` that should reach the rollout
+(:class:`StepField`): on its environment class (``step_fields``) or in its config's
+``step_fields`` entry, which adds to and overrides the class's. How samplers read them and where
+collection records them is described once, in docs/howto/add-a-task.md ("step fields").
 """
 
 from __future__ import annotations
@@ -63,12 +46,9 @@ class StepField:
         shape: Its shape (``()``: a scalar).
         dtype: Its NumPy dtype.
         missing: The value recorded where ``info`` lacks the key.
-        transition: Read from the ``info`` of the step itself, even where the episode ended
-            and the sampler reset the environment (a value of the transition, like the reward:
-            a multi-agent task's per-agent rewards), and recorded with that step, beside its
-            reward; ``missing`` after a reset. By default a field comes with the observation
-            (from the reset's ``info`` for an episode's first) and is recorded beside the
-            action taken on it.
+        transition: A value of the step, like the reward (read from the step's own ``info``,
+            also where the episode ended; ``missing`` after a reset), not of the observation
+            (recorded beside the action taken on it).
     """
 
     info: str
@@ -92,28 +72,14 @@ def expert_field() -> StepField:
 
 
 def step_fields_of(task: Mapping[str, Any], env: gym.Env, name: str) -> dict[str, StepField]:
-    """The step fields of ``task``: its environment class's, then its config's ``step_fields``.
-
-    Args:
-        task: The task config (its ``step_fields`` entry, if any, adds and overrides).
-        env: One environment of the task (its unwrapped class's ``step_fields``).
-        name: The task's name, for errors.
-
-    Raises:
-        ValueError: A field named as a framework field, or a malformed declaration, naming
-            the task and the field.
-    """
+    """The step fields of ``task``: ``env``'s class's, then its config's (``name`` in errors)."""
     return declared_step_fields(task, getattr(env.unwrapped, "step_fields", None), name)
 
 
 def declared_step_fields(
     task: Mapping[str, Any], declared: Mapping[str, Any] | None, name: str
 ) -> dict[str, StepField]:
-    """The step fields of ``task``: ``declared`` (an environment class's), then its config's.
-
-    :func:`step_fields_of` for a declaration read elsewhere than from one environment (the
-    environments of a ``gymnasium.vector.VectorEnv``, :mod:`rl.tasks.gym_vector`).
-    """
+    """The step fields of ``task``: ``declared`` (an environment class's), then its config's."""
     specs: dict[str, Any] = dict(declared or {})
     own = task.get("step_fields") or {}
     if not isinstance(own, Mapping):

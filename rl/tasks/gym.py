@@ -1,10 +1,4 @@
-"""Any registered gymnasium environment as a task, with optional wrappers.
-
-``conf/task/gym.yaml`` points here: ``task=gym task.env_id=CartPole-v1`` trains on CartPole.
-An environment that reports ``info["is_success"]`` (gymnasium-robotics' and stable-baselines3's
-convention) gets ``success`` logged like the framework's own tasks, as every task does
-(:func:`rl.tasks.factory.episode_metrics`).
-"""
+"""Any registered gymnasium environment as a task (``task=gym task.env_id=CartPole-v1``)."""
 
 from __future__ import annotations
 
@@ -24,11 +18,7 @@ def resolve_wrapper(path: str) -> Callable[[gym.Env], gym.Env]:
 
 
 def _wrapper_list(wrappers: Any) -> Sequence[Any]:
-    """``wrappers`` if it is a list of them (None: none), else a ``TypeError``.
-
-    A mapping or a string is never iterated as wrappers: its keys or characters would be
-    imported as dotted paths.
-    """
+    """``wrappers`` if it is a list (None: none); a mapping or a string is a ``TypeError``."""
     if wrappers is None:
         return ()
     if isinstance(wrappers, Sequence) and not isinstance(wrappers, (str, bytes)):
@@ -77,9 +67,6 @@ def make_gym_env(
             or a dotted path for one that needs no arguments
             (``task.wrappers=[minigrid.wrappers.ImgObsWrapper]``).
         render_mode: Passed to ``gymnasium.make`` (``rgb_array`` for videos).
-
-    Returns:
-        The wrapped environment.
     """
     wrappers = _wrapper_list(wrappers)  # (before anything is built)
     kwargs = dict(env_kwargs or {})

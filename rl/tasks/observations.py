@@ -1,25 +1,19 @@
-"""Observation transforms: a task's observation pipeline, configured in ``conf/``.
+"""Observation transforms: partial gymnasium wrappers a task config's ``observations`` lists.
 
-A task config's ``observations`` list (any task: :func:`rl.tasks.factory.build_env` applies it,
-innermost first, after building the environment) holds partial wrappers, AllenAct's
-preprocessors and habitat's observation transforms as gymnasium wrappers::
+:func:`rl.tasks.factory.build_env` applies them in order, innermost first, where the
+environments run, so the rollout holds what the policy sees; docs/concepts/policies.md ("The
+observation pipeline") shows a config::
 
     observations:
       - {_target_: rl.tasks.observations.ResizeImages, _partial_: true, size: [48, 64]}
       - {_target_: rl.tasks.observations.StackFrames, _partial_: true, frames: 3}
-
-They run where the environments run (in samplers and collection workers), so the rollout holds
-what the policy sees. Depth on or off is the task's own switch (``task.depth`` for nav3d; a
-policy can also be kept from an entry that losses still read: ``model.ignore_keys``), and
-scaling is the policy encoder's (``image_encoding: scale``) or the collector's running
-normalisation (``normalize.observations``).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -27,11 +21,7 @@ from PIL import Image
 
 
 def image_keys(space: gym.Space, keys: Sequence[str] | None, transform: str) -> list[str]:
-    """The image entries (3-D ``Box``, ``H x W x C``) to transform: ``keys``, or all of them.
-
-    Raises:
-        ValueError: An entry named in ``keys`` is missing or not an image (naming ``transform``).
-    """
+    """The image entries (3-D ``Box``, ``H x W x C``) to transform: ``keys``, or all of them."""
     if not isinstance(space, gym.spaces.Dict):
         raise ValueError(f"{transform}: needs a dict observation space, got {space}")
     images = [
@@ -49,20 +39,31 @@ def image_keys(space: gym.Space, keys: Sequence[str] | None, transform: str) -> 
     return list(keys)
 
 
-class _DictObservationWrapper(gym.ObservationWrapper):
-    """Transforms some entries of a dict observation, leaving the others as they are."""
+class _ImageWrapper(gym.ObservationWrapper):
+    """Transforms the image entries ``keys`` of a dict observation (None: every image entry)."""
 
-    keys: list[str]
+    def __init__(self, env: gym.Env, keys: Sequence[str] | None) -> None:
+        super().__init__(env)
+        self.keys = image_keys(env.observation_space, keys, type(self).__name__)
+        spaces = dict(env.observation_space.spaces)  # type: ignore[attr-defined]  # (a Dict)
+        for key in self.keys:
+            spaces[key] = self.image_space(spaces[key])
+        self.observation_space = gym.spaces.Dict(spaces)
 
     def observation(self, observation: dict[str, Any]) -> dict[str, Any]:
         """The observation with :meth:`transform` applied to each of :attr:`keys`."""
         return {k: self.transform(k, v) if k in self.keys else v for k, v in observation.items()}
 
+    def image_space(self, space: gym.spaces.Box) -> gym.spaces.Box:  # pragma: no cover
+        """The space of a transformed image entry of ``space``."""
+        raise NotImplementedError
+
     def transform(self, key: str, value: np.ndarray) -> np.ndarray:  # pragma: no cover
+        """Image entry ``key`` transformed."""
         raise NotImplementedError
 
 
-class ResizeImages(_DictObservationWrapper):
+class ResizeImages(_ImageWrapper):
     """Resize image entries to ``size`` (``[height, width]``).
 
     Bilinear for ``uint8`` images (RGB), nearest for float images (depth: no mixed edges).
@@ -76,20 +77,15 @@ class ResizeImages(_DictObservationWrapper):
     def __init__(
         self, env: gym.Env, *, size: Sequence[int], keys: Sequence[str] | None = None
     ) -> None:
-        super().__init__(env)
         if len(size) != 2 or min(size) < 1:
             raise ValueError(f"ResizeImages: size must be [height, width], got {list(size)}")
         self.size = (int(size[0]), int(size[1]))
-        space = env.observation_space
-        self.keys = image_keys(space, keys, "ResizeImages")
-        assert isinstance(space, gym.spaces.Dict)  # (image_keys raised otherwise)
-        spaces = dict(space.spaces)
-        for key in self.keys:
-            old = cast(gym.spaces.Box, spaces[key])  # an image entry (image_keys)
-            shape = (*self.size, old.shape[2])
-            low, high = np.min(old.low), np.max(old.high)
-            spaces[key] = gym.spaces.Box(low, high, shape, old.dtype)
-        self.observation_space = gym.spaces.Dict(spaces)
+        super().__init__(env, keys)
+
+    def image_space(self, space: gym.spaces.Box) -> gym.spaces.Box:
+        """``[height, width, C]``, bounds of the whole image."""
+        shape = (*self.size, space.shape[2])
+        return gym.spaces.Box(np.min(space.low), np.max(space.high), shape, space.dtype)
 
     def transform(self, key: str, value: np.ndarray) -> np.ndarray:
         """``value`` ``[H, W, C]`` resized to ``[height, width, C]``."""
@@ -103,12 +99,11 @@ class ResizeImages(_DictObservationWrapper):
         return np.ascontiguousarray(value[rows, cols])
 
 
-class StackFrames(_DictObservationWrapper):
+class StackFrames(_ImageWrapper):
     """The last ``frames`` images of each entry, stacked along channels (``[H, W, C * k]``).
 
-    The oldest frame comes first; at a reset every slot holds the first frame. The policy's CNN
-    sees motion in one observation (what a memoryless policy needs; a GRU policy has memory of
-    its own). Resume stays exact: samplers replay an episode's actions, which refills the stack.
+    The oldest frame comes first; at a reset every slot holds the first frame. Resume stays
+    exact: samplers replay an episode's actions, which refills the stack.
 
     Args:
         env: A task with a dict observation space.
@@ -117,23 +112,19 @@ class StackFrames(_DictObservationWrapper):
     """
 
     def __init__(self, env: gym.Env, *, frames: int, keys: Sequence[str] | None = None) -> None:
-        super().__init__(env)
         if frames < 1:
             raise ValueError(f"StackFrames: frames must be >= 1, got {frames}")
         self.frames = int(frames)
-        space = env.observation_space
-        self.keys = image_keys(space, keys, "StackFrames")
-        assert isinstance(space, gym.spaces.Dict)  # (image_keys raised otherwise)
-        spaces = dict(space.spaces)
-        for key in self.keys:
-            old = cast(gym.spaces.Box, spaces[key])  # an image entry (image_keys)
-            spaces[key] = gym.spaces.Box(
-                np.concatenate([np.broadcast_to(old.low, old.shape)] * self.frames, axis=2),
-                np.concatenate([np.broadcast_to(old.high, old.shape)] * self.frames, axis=2),
-                dtype=old.dtype,
-            )
-        self.observation_space = gym.spaces.Dict(spaces)
+        super().__init__(env, keys)
         self._stacks: dict[str, deque[np.ndarray]] = {}
+
+    def image_space(self, space: gym.spaces.Box) -> gym.spaces.Box:
+        """The bounds repeated ``frames`` times along channels."""
+        return gym.spaces.Box(
+            np.concatenate([np.broadcast_to(space.low, space.shape)] * self.frames, axis=2),
+            np.concatenate([np.broadcast_to(space.high, space.shape)] * self.frames, axis=2),
+            dtype=space.dtype,
+        )
 
     def reset(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         """Reset; every slot of each stack holds the first frame."""

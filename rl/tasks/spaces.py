@@ -1,23 +1,10 @@
 """Which observation and action spaces the framework trains on, and how they are flattened.
 
-Observations reach samplers, storage and policies as one flat ``Dict`` of arrays, each entry
-named by its key path in the task's own space:
-
-============================  ==========================================================
-task's space                  flat entries
-============================  ==========================================================
-``Box`` (any shape)           ``obs`` (a non-dict space), or the entry's own key
-``Dict`` / ``Tuple`` (nested) ``a/b``, ``pos/0``, ... (``/``-joined keys and indices)
-``Discrete``                  an ``int64`` scalar (policies one-hot encode it)
-``MultiDiscrete``             an ``int64`` vector (one-hot per component)
-``MultiBinary``               an ``int8`` vector (used as 0/1 features)
-``Text``, ``Graph``, ...      refused before training, naming the task, the key path and
-                              the space, and the wrapper that drops the entry
-============================  ==========================================================
-
-Actions: ``Discrete`` (a categorical policy), ``Box`` with a 1-D shape (a diagonal Gaussian;
-environments receive the actions clipped to the bounds) and ``MultiDiscrete`` (independent
-categoricals). Anything else is refused naming the task and the space.
+Observations reach samplers, storage and policies as one flat ``Dict`` of arrays: a non-dict
+space is the entry ``obs``, the leaves of nested ``Dict``/``Tuple`` spaces are named by their
+``/``-joined key path. The spaces supported, and what a policy makes of each, are listed once
+in docs/concepts/policies.md ("Supported spaces"); anything else is refused before training,
+naming the task, the key path and the space.
 """
 
 from __future__ import annotations
@@ -35,7 +22,7 @@ __all__ = [
     "SpaceError",
     "action_array_spec",
     "check_action_space",
-    "flat_observation_space",
+    "dict_space",
     "to_env_actions",
 ]
 
@@ -46,8 +33,7 @@ _LEAVES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.sp
 class SpaceError(ConfigError):
     """A task's observation or action space holds something the framework cannot train on.
 
-    A :class:`~rl.utils.config.ConfigError` (so a ``ValueError``): the task chosen cannot run,
-    and ``train.py`` says so without a traceback, before the run folder is made.
+    A :class:`~rl.utils.config.ConfigError`: ``train.py`` says so without a traceback.
     """
 
 
@@ -71,28 +57,24 @@ def _walk(space: gym.Space, path: tuple[str, ...], out: dict[str, gym.Space], ta
         )
 
 
-def flat_observation_space(space: gym.Space, task: str = "?") -> gym.spaces.Dict:
-    """The flat ``Dict`` space of ``space``'s entries, by key path (see the module docstring).
+def dict_space(space: gym.Space, task: str = "?") -> gym.spaces.Dict:
+    """``space`` as the flat ``Dict`` samplers and policies see (a flat one: the same object).
 
     Raises:
-        SpaceError: An entry of an unsupported kind (naming ``task``, the key path, the space).
+        SpaceError: An entry of a kind policies cannot encode, naming ``task``.
     """
     out: dict[str, gym.Space] = {}
     _walk(space, (), out, task)
     if isinstance(space, gym.spaces.Dict) and list(out) == list(space.spaces):
-        return space  # flat already: the same object
+        return space
     return gym.spaces.Dict(out)
 
 
 class ObservationFlattener:
-    """Turns one observation of ``space`` into the flat dict of :func:`flat_observation_space`.
-
-    A flat ``Dict`` space passes through unchanged (no copy); a non-dict leaf becomes
-    ``{"obs": x}``; nested ``Dict``/``Tuple`` observations are walked once per call.
-    """
+    """Turns one observation of ``space`` into the flat dict of :func:`dict_space` (no copy)."""
 
     def __init__(self, space: gym.Space, task: str = "?") -> None:
-        self.space = flat_observation_space(space, task)
+        self.space = dict_space(space, task)
         self._fn: Callable[[Any], dict[str, Any]]
         if self.space is space:
             self._fn = _identity
@@ -127,13 +109,9 @@ def _flatten_nested(obs: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def check_action_space(space: gym.Space, task: str = "?", agents: int | None = None) -> gym.Space:
-    """``space`` if policies can act in it (Discrete, 1-D Box, MultiDiscrete), else an error.
+    """``space`` if policies can act in it, else a :class:`SpaceError` naming ``task``.
 
-    ``agents``: the space is a multi-agent task's, stacked over that many agents
-    (:mod:`rl.tasks.agents`); one agent's space is checked.
-
-    Raises:
-        SpaceError: Naming ``task`` and the space.
+    ``agents``: the space is stacked over that many agents (:mod:`rl.tasks.agents`).
     """
     if agents is not None:
         from rl.tasks.agents import unstack_space  # (agents builds on this module's peers)
@@ -173,11 +151,7 @@ def action_array_spec(space: gym.Space) -> tuple[tuple[int, ...], Any]:
 
 
 def to_env_actions(space: gym.Space, actions: np.ndarray) -> np.ndarray:
-    """What environments receive for ``actions`` (``[N, ...]``).
-
-    ``Box`` actions are clipped to the bounds and cast to the space's dtype; discrete actions
-    pass as they are.
-    """
+    """What environments receive for ``actions`` ``[N, ...]``: ``Box`` ones clipped and cast."""
     if isinstance(space, gym.spaces.Box):
         return np.clip(actions, space.low, space.high).astype(space.dtype, copy=False)
     return actions

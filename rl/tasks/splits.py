@@ -29,16 +29,7 @@ def split_of(key: int) -> str:
 
 
 def draw_in_split(draw: Callable[[], T], key: Callable[[T], int], split: str | None) -> T:
-    """Call ``draw`` until its result's layout ``key`` falls in ``split`` (None: the first draw).
-
-    Args:
-        draw: Draws one episode from the task's generator.
-        key: The integer layout key of a drawn episode.
-        split: ``train``, ``valid``, ``test`` or None.
-
-    Raises:
-        ValueError: If ``split`` is not a split name, or no draw of ``MAX_SPLIT_DRAWS`` fell in it.
-    """
+    """Call ``draw`` until its result's layout ``key(drawn)`` falls in ``split`` (None: any)."""
     drawn = draw()
     if split is None:
         return drawn
