@@ -13,6 +13,3 @@ class UntrustedCheckpointError(CheckpointError):
     Its saved config names code the user's config tree does not, or its weights or statistics
     hold NaN or infinity.
     """
-
-
-__all__ = ["CheckpointError", "UntrustedCheckpointError"]

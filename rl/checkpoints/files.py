@@ -22,9 +22,9 @@ from typing import Any, BinaryIO
 
 import torch
 
-from rl.checkpoints.config_tree import saved_sources
+from rl.checkpoints.config_tree import saved_choices, saved_sources
 from rl.checkpoints.errors import CheckpointError, UntrustedCheckpointError
-from rl.checkpoints.saved_config import config_data, saved_choices
+from rl.checkpoints.saved_config import config_data
 from rl.utils.files import TMP_SUFFIX, read_regular_file, run_subdir, write_atomic
 from rl.utils.finite import NonFiniteError, nonfinite_tensors
 

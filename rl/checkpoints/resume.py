@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from rl.checkpoints.config_tree import config_sources
+from rl.checkpoints.config_tree import config_sources, run_choices
 from rl.checkpoints.files import (
     CHECKPOINT_DIR,
     CheckpointError,
@@ -34,7 +34,7 @@ from rl.checkpoints.resume_config import (
     typed_overrides,
     unresolved_config,
 )
-from rl.checkpoints.saved_config import rebuild_config, run_choices
+from rl.checkpoints.saved_config import rebuild_config
 from rl.utils.config import ConfigError
 from rl.utils.files import NoFollowFileHandler, check_file_target, run_subdir
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from rl.checkpoints.config_tree import ConfigTree, run_choices, saved_choices
+from rl.checkpoints.config_tree import ConfigTree
 from rl.checkpoints.errors import CheckpointError, UntrustedCheckpointError
 from rl.checkpoints.invocation import (
     INVOCATION_GROUPS,
@@ -361,16 +361,3 @@ def fill_app_interpolations(node: Any, values: Any) -> Any:
     if isinstance(node, str) and ("${hydra:" in node or "${now:" in node):
         return values
     return node
-
-
-__all__ = [
-    "MAX_CHARS",
-    "MAX_DEPTH",
-    "MAX_NODES",
-    "ConfigTree",
-    "RebuiltConfig",
-    "config_data",
-    "rebuild_config",
-    "run_choices",
-    "saved_choices",
-]

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["WARN_FRACTION", "Deadline"]
-
 # A warning names a worker that has not answered once this fraction of its budget has passed.
 WARN_FRACTION = 0.5
 

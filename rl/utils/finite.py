@@ -42,6 +42,3 @@ def nonfinite_tensors(node: Any, prefix: str = "") -> list[str]:
         for name, tensor in _floating_tensors(node, prefix)
         if not bool(torch.isfinite(tensor).all())
     ]
-
-
-__all__ = ["NonFiniteError", "nonfinite_tensors"]

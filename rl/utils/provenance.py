@@ -12,8 +12,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REPO", "git_state"]
-
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -26,8 +26,6 @@ import torch
 from tensordict import TensorDict
 from tensordict.utils import NestedKey
 
-__all__ = ["SharedArrays", "SharedBuffers", "SharedRows", "forget"]
-
 _ALIGN = 64  # byte alignment of each array in a shared block
 
 

@@ -18,8 +18,6 @@ from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["PinnedTransfers", "pinned_transfers"]
-
 K = TypeVar("K", bound=Hashable)
 
 # Every packed tensor starts at a multiple of this many bytes (any dtype's view of the bytes is
