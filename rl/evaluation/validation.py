@@ -113,14 +113,8 @@ class BackgroundValidation(Callback):
     validations, ``on_train_end`` waits for every pending one (their ``valid/*`` join the
     trainer's last metrics); call :meth:`close` in a ``finally``.
 
-    Args:
-        settings: The ``valid`` section.
-        task: Plain (resolved) task config.
-        model: Plain (resolved) model config.
-        logger: The run's logger.
-        device: Where the validation model runs.
-        layout: The task's spaces and agents, read by the run (None: read in the process).
-        sampler: How the validation environments are stepped (None: serially).
+    ``task`` and ``model`` are plain resolved configs; ``layout`` is the task's spaces and
+    agents as the run read them (None: read in the process); ``sampler`` None: serially.
     """
 
     def __init__(

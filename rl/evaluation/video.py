@@ -154,18 +154,10 @@ def record_episode(
     """Run ``model`` for the episode of a :func:`rendering_sampler`, one frame per step.
 
     The policy acts as in evaluation (:func:`~rl.sampling.runner.run_steps`,
-    :class:`~rl.collection.acting.PolicyActor`); its train/eval mode is restored afterwards.
-
-    Args:
-        model: The policy.
-        sampler: A :func:`rendering_sampler`.
-        device: Where the model runs.
-        deterministic: Argmax actions, or actions sampled with ``generator``.
-        generator: Generator for sampled actions (keeps the global RNG untouched).
-        max_frames: Stop after this many steps even if the episode has not ended.
-        normalizer: The run's observation normalisation, applied frozen.
-        captions: Caption every frame with the step, the action taken to reach it, its reward
-            and the return so far; the episode's metrics on the last one.
+    :class:`~rl.collection.acting.PolicyActor`), sampled actions drawn from ``generator`` (the
+    global RNG untouched), for at most ``max_frames`` steps; its train/eval mode is restored
+    afterwards. ``captions``: each frame shows the step, the action taken to reach it, its
+    reward and the return so far, the last one the episode's metrics.
 
     Returns:
         The frames (the first observation's included) and ``{"return", "length"}`` plus the
@@ -219,9 +211,6 @@ class ProbeVideo(Callback):
         interval: Env steps between videos.
         seed: Reset seed of the recorded episode (the run gives environment 0's training seed:
             the same episode every time, to compare policies).
-        device: Where the model runs.
-        fps: Frames per second of the video.
-        deterministic: Argmax actions instead of sampled ones.
     """
 
     def __init__(
