@@ -2,17 +2,10 @@
 
 A run folder is untrusted input: a copied one may hold links where the run writes
 (``config.yaml -> ~/.bashrc``, ``checkpoints -> ../other_run/checkpoints``) or a FIFO where it
-reads. Every file a run writes goes through this module:
-
-- :func:`run_subdir`: a folder inside the run, each component below the run folder checked (a
-  link or a file there is an :class:`UnsafePathError`, never followed);
-- :func:`write_atomic` / :func:`write_atomic_by_name`: a temporary file with a random name in
-  the same folder, fsynced and renamed over the name: the rename replaces a link, never what
-  it points to, and a crash leaves the old file or the new one, never half of one;
-- :func:`open_append` / :class:`NoFollowFileHandler`: appends opened with ``O_NOFOLLOW``;
-- :func:`read_regular_file`: reads a bounded regular file, not a link, without blocking.
-
-A full disk is an :class:`OSError` whose message names the file (:func:`describe_write_error`).
+reads. Every file a run writes goes through this module: folders checked component by
+component (:func:`run_subdir`), atomic writes whose rename replaces a link, never what it points
+to (:func:`write_atomic`), appends and reads that refuse a link (``O_NOFOLLOW``) and never block
+on a FIFO. A full disk is an :class:`OSError` naming the file (:func:`describe_write_error`).
 """
 
 from __future__ import annotations

@@ -8,16 +8,13 @@ object's methods by name and gathers the results:
 
 - **Start**: ``forkserver`` by default, its server having imported the served class's module
   once, so a child costs a fork, not an interpreter's imports.
-- **Calls**: ``(call id, method, args)`` down the pipe, ``(call id, ok, value)`` back, CPU
-  tensors by value (:func:`send`). Calls run in order; ``control`` methods are served at once
-  by a receiving thread. Rows of data go through :mod:`rl.utils.shared_memory`, never the pipes.
+- **Calls**: ``(call id, method, args)`` down the pipe, ``(call id, ok, value)`` back (rows of
+  data go through :mod:`rl.utils.shared_memory`, never the pipes).
 - **Faults**: the parent waits on the pipes and the children's pidfds together, so a child
   that dies is noticed at once; a call that raises sends its traceback and, if the object says
-  (``failure_site()``), where it failed. :meth:`ChildProcesses.gather` adds the hang watchdog
-  (:class:`~rl.utils.deadline.Deadline`).
-- **End**: :meth:`ChildProcesses.close` (also at garbage collection and interpreter exit)
-  closes each object, then SIGTERM, SIGKILL, every child reaped. A child never outlives its
-  parent (:func:`die_with_parent`).
+  (``failure_site()``), where it failed.
+- **End**: :meth:`ChildProcesses.close` (also at garbage collection and interpreter exit); a
+  child never outlives its parent (:func:`die_with_parent`).
 
 DDP ranks are the exception: torchrun or ``torch.multiprocessing`` start and end them
 (:mod:`rl.distributed.launch`).
