@@ -175,7 +175,7 @@ def raw_workers(
     ``task`` and ``num_envs`` (split evenly over the workers): default this file's ``TASK`` and
     ``NUM_ENVS`` (``bench/gpu_box.py`` passes an experiment's task and layout).
     """
-    from rl.collection.actors import ProcessActors, RayActors
+    from rl.collection.hosts import ProcessHosts, RayHosts
 
     total = NUM_ENVS if num_envs is None else num_envs
     per = total // workers
@@ -185,20 +185,20 @@ def raw_workers(
         for i in range(workers)
     ]
     if backend == "ray":
-        actors: Any = RayActors(
+        hosts: Any = RayHosts(
             RawStepper, kwargs, address=None, cpus_per_worker=1, start_timeout=300
         )
     else:
-        actors = ProcessActors(RawStepper, kwargs, start_timeout=300)
+        hosts = ProcessHosts(RawStepper, kwargs, start_timeout=300)
     try:
         for i in range(workers):  # warm-up (textures, first frames), then all at once
-            actors.get(actors.call(i, "run", min(1.0, seconds), actions), i)
+            hosts.get(hosts.call(i, "run", min(1.0, seconds), actions), i)
         start = time.perf_counter()
-        calls = [actors.call(i, "run", seconds, actions) for i in range(workers)]
-        results = [actors.get(c, i) for i, c in enumerate(calls)]
+        calls = [hosts.call(i, "run", seconds, actions) for i in range(workers)]
+        results = [hosts.get(c, i) for i, c in enumerate(calls)]
         elapsed = time.perf_counter() - start
     finally:
-        actors.close(timeout=60)
+        hosts.close(timeout=60)
         if backend == "ray":
             import ray
 

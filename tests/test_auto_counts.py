@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rl.collection.actors import ProcessActors
+from rl.collection.hosts import ProcessHosts
 from rl.engine import run
 from rl.sampling import MultiprocessSampler
 from rl.sampling.factory import sampler_num_envs
@@ -88,7 +88,7 @@ class CoreCounts:
 
 def test_a_process_collection_worker_counts_one_core() -> None:
     """A worker's ``auto`` (a multiprocess sampler inside it): one process, not one a core."""
-    actors = ProcessActors(CoreCounts, [{}], start_timeout=120)
+    actors = ProcessHosts(CoreCounts, [{}], start_timeout=120)
     try:
         assert actors.get(actors.call(0, "counts"), 0) == (1, 1)
     finally:

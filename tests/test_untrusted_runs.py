@@ -110,7 +110,7 @@ def test_a_run_folder_config_yaml_is_data_too(
         {"_target_": "rl.tasks.gym.resolve_wrapper", "path": "this.Nope"},
         {"_target_": "rl.collection.ray_runtime._set_env", "env": {"BASH_ENV": "$(touch x)"}},
         {
-            "_target_": "rl.collection.actors.ProcessActors",
+            "_target_": "rl.collection.hosts.ProcessHosts",
             "cls": {"_target_": "builtins.open", "_args_": ["victim", "w"]},
         },  # fmt: skip
         {"_target_": "gymnasium.make", "_args_": ["this:Nope-v0"]},
@@ -120,7 +120,7 @@ def test_a_run_folder_config_yaml_is_data_too(
             "_args_": [{"_target_": "builtins.open", "_args_": ["victim", "w"]}],
         },  # fmt: skip
     ],
-    ids=["resolve_wrapper", "set_env", "ProcessActors", "make_args", "module_id", "nested_args"],
+    ids=["resolve_wrapper", "set_env", "ProcessHosts", "make_args", "module_id", "nested_args"],
 )
 def test_the_project_s_own_callables_and_gymnasium_ids_are_not_for_a_file_to_choose(
     smoke_run: Path, tmp_path: Path, compose_cfg: Any, task: dict[str, Any]

@@ -6,7 +6,7 @@ learner's own policy through the step runner, :mod:`rl.sampling.runner`, with ``
 recording actor; ``teacher_forcing``; forced scene advance, straggler preemption); ``episodes``
 runs fixed lists of seeded episodes (evaluation) with ``acting``'s policy actor, which probe
 videos and the inference agent share. Collection workers (``collector=process``
-or ``collector=ray``) are :mod:`rl.collection.worker` (one worker), :mod:`rl.collection.actors`
+or ``collector=ray``) are :mod:`rl.collection.worker` (one worker), :mod:`rl.collection.hosts`
 (its process or Ray actor), :mod:`rl.collection.worker_set` (the set a learner drives, with
 :mod:`~rl.collection.worker_calls`: its calls and watchdog, :mod:`~rl.collection.async_collection`:
 barrier-free collection, :mod:`~rl.collection.worker_config`: its settings,

@@ -1,7 +1,7 @@
 """A collection worker (PyTorchRL's ``CWorker``): a policy copy, its environments, its storage.
 
 :class:`CollectionWorker` runs as a Ray actor or in a child process
-(:mod:`rl.collection.worker_set` starts it; :mod:`rl.collection.actors` hosts it), or
+(:mod:`rl.collection.worker_set` starts it; :mod:`rl.collection.hosts` hosts it), or
 in-process. It builds, from plain configs, its own copy of the policy and a sampler over its
 share of the training environments (``env_offset`` in the run's global seed stream), and
 collects rollouts with an :class:`~rl.collection.InProcessCollector` (teacher forcing, recurrent
@@ -245,7 +245,7 @@ class CollectionWorker:
         """End rollout ``rollout_index`` early (ignored once it is over).
 
         Rollouts are counted from 0 over the worker's life, resumes included. Both backends
-        serve this call while a rollout is being collected (:mod:`rl.collection.actors`).
+        serve this call while a rollout is being collected (:mod:`rl.collection.hosts`).
         """
         if self.stop_request is not None:
             self.stop_request.request(rollout_index)

@@ -1,7 +1,7 @@
 """Calls to collection workers and their watchdog: how the learner talks to its workers.
 
 :class:`WorkerCalls` starts the workers (Ray actors or child processes,
-:mod:`rl.collection.actors`), names them in messages (rank, index, pid, environments), and
+:mod:`rl.collection.hosts`), names them in messages (rank, index, pid, environments), and
 waits for their answers under the hang watchdog (:class:`~rl.utils.deadline.Deadline`): a
 worker silent for half of its budget is named in a warning, one silent for all of it is a
 :class:`CollectionWorkerError`. Calls whose outcome nobody waits for at once (settings,
@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rl.collection.actors import Actors, CollectionWorkerError, ProcessActors, RayActors
 from rl.collection.episodes import EvalResult, summarise_episodes
+from rl.collection.hosts import CollectionWorkerError, ProcessHosts, RayHosts, WorkerHosts
 from rl.collection.worker import CollectionWorker
 from rl.utils.deadline import Deadline
 from rl.utils.misc import evenly_distribute_count_into_bins
@@ -42,7 +42,7 @@ class WorkerCalls:
         kwargs: Each worker's :class:`~rl.collection.worker.CollectionWorker` arguments.
         env_slices: Each worker's environments (for messages).
         backend: ``ray`` or ``process``.
-        ray_options: Ray only: :class:`~rl.collection.actors.RayActors`' placement arguments
+        ray_options: Ray only: :class:`~rl.collection.hosts.RayHosts`' placement arguments
             (``address``, ``cpus_per_worker``, ...).
         timeout: The watchdog's seconds per call unit (None: none; see :meth:`budget`).
         owner: ``"rank 1 "`` under DDP: every message names the rank that owns the worker.
@@ -60,9 +60,9 @@ class WorkerCalls:
     ) -> None:
         self.env_slices = list(env_slices)
         self.timeout, self.owner = timeout, owner
-        self.actors: Actors
+        self.hosts: WorkerHosts
         if backend == "ray":
-            self.actors = RayActors(
+            self.hosts = RayHosts(
                 CollectionWorker,
                 list(kwargs),
                 start_timeout=START_TIMEOUT_S,
@@ -70,10 +70,10 @@ class WorkerCalls:
                 **ray_options,
             )
         else:
-            self.actors = ProcessActors(
+            self.hosts = ProcessHosts(
                 CollectionWorker, list(kwargs), start_timeout=START_TIMEOUT_S, owner=owner
             )
-        self.pids: list[int] = list(self.actors.pids)
+        self.pids: list[int] = list(self.hosts.pids)
         self.num_workers = len(kwargs)
         self.acks: list[tuple[int, Any]] = []  # (worker, call) checked with its next results
         self.unread: list[list[Any]] = [[] for _ in kwargs]  # each worker's calls, in order
@@ -106,7 +106,7 @@ class WorkerCalls:
     # ------------------------------------------------------------------ calls
     def call(self, worker: int, method: str, *args: Any) -> Any:
         """``method(*args)`` on ``worker``; its handle (its result read with :meth:`get`)."""
-        ref = self.actors.call(worker, method, *args)
+        ref = self.hosts.call(worker, method, *args)
         self.unread[worker].append(ref)
         return ref
 
@@ -124,7 +124,7 @@ class WorkerCalls:
 
     def share(self, value: Any) -> Any:
         """``value`` shared once for every worker (Ray's object store)."""
-        return self.actors.share(value)
+        return self.hosts.share(value)
 
     def get(self, handle: Any, worker: int) -> Any:
         """A finished call's result (its worker's error, named, if it raised).
@@ -136,7 +136,7 @@ class WorkerCalls:
         among the unread ones before ``handle`` is the one raised.
         """
         try:
-            return self.actors.get(handle, worker)
+            return self.hosts.get(handle, worker)
         except CollectionWorkerError as e:
             raise self._first_failure(worker, handle) or e from None
         finally:
@@ -157,10 +157,10 @@ class WorkerCalls:
         unread = self.unread[worker]
         earlier = next((unread[:i] for i, ref in enumerate(unread) if ref is handle), [])
         for ref in earlier:
-            if not self.actors.wait([ref], 1, 0)[0]:
+            if not self.hosts.wait([ref], 1, 0)[0]:
                 continue  # (a control call served alongside, still running)
             try:
-                self.actors.get(ref, worker)
+                self.hosts.get(ref, worker)
             except CollectionWorkerError as e:
                 return e
             finally:
@@ -194,7 +194,7 @@ class WorkerCalls:
         deadline = Deadline(budget)
         finished = 0
         while finished < num_returns:
-            ready, waiting = self.actors.wait(
+            ready, waiting = self.hosts.wait(
                 waiting, num_returns=1, timeout=deadline.seconds_left()
             )
             for ref in ready:
@@ -282,9 +282,7 @@ class WorkerCalls:
                 seconds = deadline.seconds_left(now)
                 if seconds is not None:
                     left = seconds if left is None else min(left, seconds)
-            ready, _ = self.actors.wait(
-                [ref for _, ref, _ in flights], num_returns=1, timeout=left
-            )
+            ready, _ = self.hosts.wait([ref for _, ref, _ in flights], num_returns=1, timeout=left)
             if ready:
                 done = {owner[r] for r in ready}
                 return [worker for worker, _, _ in flights if worker in done]
@@ -325,4 +323,4 @@ class WorkerCalls:
 
     def close(self) -> None:
         """End every worker (a hung one is not waited for long)."""
-        self.actors.close(timeout=2 if self.hung else 10)
+        self.hosts.close(timeout=2 if self.hung else 10)

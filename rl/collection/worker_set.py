@@ -42,10 +42,10 @@ from typing import Annotated, Any, ClassVar
 
 import torch
 
-from rl.collection.actors import CollectionWorkerError
 from rl.collection.async_collection import AsyncCollection, as_sent
 from rl.collection.base import CollectionSpec, Rollout, RolloutRequest
 from rl.collection.episodes import EvalResult, EvalSampler, evaluate_policy
+from rl.collection.hosts import CollectionWorkerError
 from rl.collection.transport import RolloutAssembler, ShippedRollout
 from rl.collection.worker import ALGORITHM_PARAMETERS, CollectionWorker
 from rl.collection.worker_calls import START_TIMEOUT_S, WorkerCalls

@@ -1,11 +1,11 @@
-"""Where collection workers live: Ray actors, or child processes of this one.
+"""Where collection workers live (their hosts): Ray actors, or child processes of this one.
 
 :class:`~rl.collection.worker_set.CollectionWorkerSet` drives its workers through
-:class:`Actors`: ``call`` a worker's method (a handle comes back at once), ``wait`` for some
+:class:`WorkerHosts`: ``call`` a worker's method (a handle comes back at once), ``wait`` for some
 handles, ``get`` a result. Two implementations:
 
-- :class:`RayActors` (``backend: ray``): one Ray actor per worker, on this machine or a cluster;
-- :class:`ProcessActors` (``backend: process``): one child process per worker on this machine,
+- :class:`RayHosts` (``backend: ray``): one Ray actor per worker, on this machine or a cluster;
+- :class:`ProcessHosts` (``backend: process``): one child process per worker on this machine,
   no Ray, through the process runtime the multiprocess sampler and validation use too
   (:class:`~rl.utils.processes.ChildProcesses`).
 
@@ -39,7 +39,7 @@ class CollectionWorkerError(ChildFailed):
         super().__init__(message, child=child, **details)
 
 
-class Actors(Protocol):
+class WorkerHosts(Protocol):
     """Workers of one class, each a remote object whose methods are called asynchronously."""
 
     pids: list[int]
@@ -63,7 +63,7 @@ class Actors(Protocol):
 
 
 # ---------------------------------------------------------------------------------------- Ray
-class RayActors:
+class RayHosts:
     """One Ray actor per worker (``backend: ray``).
 
     Args:
@@ -187,7 +187,7 @@ class RayActors:
 
 
 # ------------------------------------------------------------------------------ processes
-class ProcessActors:
+class ProcessHosts:
     """One child process per worker on this machine (``backend: process``).
 
     The workers are children of the process runtime (:class:`~rl.utils.processes.ChildProcesses`,
@@ -264,4 +264,4 @@ class ProcessActors:
         self._children.close(grace=timeout)
 
 
-__all__ = ["Actors", "CollectionWorkerError", "ProcessActors", "RayActors"]
+__all__ = ["WorkerHosts", "CollectionWorkerError", "ProcessHosts", "RayHosts"]
