@@ -8,9 +8,14 @@ order they were typed: :func:`run_choices`); a checkpoint's choices are read bac
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import copy
 import dataclasses
+import hashlib
+import os
 import re
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,15 @@ _PROJECT_CONF = Path(__file__).resolve().parents[2] / "conf"
 # Bounds of a checkpoint's recorded config sources (a search path has a few entries).
 _MAX_SOURCES = 32
 _MAX_SOURCE_CHARS = 4096
+# Trees composed in this process (ConfigTree.compose), by everything a composition reads
+# (:meth:`ConfigTree._cache_key`): evaluating a run's checkpoints, or one command's entries,
+# composes the same tree with the same choices again (0.3 s or more each). A tree larger than
+# this is not read for a key (a search path entry that is a home folder): it is composed anew.
+_COMPOSED: collections.OrderedDict[tuple[Any, ...], tuple[Any, ...]] = collections.OrderedDict()
+_COMPOSED_LOCK = threading.Lock()
+_MAX_COMPOSED = 32
+_MAX_TREE_FILES = 2000
+_MAX_TREE_BYTES = 16 * 2**20
 
 
 def saved_choices(value: Any, where: str) -> dict[str, str] | None:
@@ -208,11 +222,76 @@ class ConfigTree:
         ``overrides`` (typed by the user now) are composed after the choices; one that does
         not apply to the run's config (a key its groups lack) is left out. ``recorded`` (the
         run's own sources, :func:`saved_sources`) is only quoted in the message of a choice
-        the tree lacks.
+        the tree lacks. The same tree (its files as they are now) with the same choices and
+        overrides is composed once in a process; each call gets a copy of its own.
 
         Raises:
             CheckpointError: A choice names an option the tree does not have.
         """
+        held = _store_nodes()  # (alive while keys name them by identity)
+        key = self._cache_key(choices, overrides)
+        if key is not None:
+            with _COMPOSED_LOCK:
+                kept = _COMPOSED.get(key)
+                if kept is not None:
+                    _COMPOSED.move_to_end(key)
+            if kept is not None:
+                return copy.deepcopy(kept[0]), dict(kept[1])
+        raw, used = self._compose(choices, where, overrides, recorded)
+        if key is not None and key == self._cache_key(choices, overrides):  # (files unchanged)
+            with _COMPOSED_LOCK:
+                _COMPOSED[key] = (copy.deepcopy(raw), dict(used), held)
+                while len(_COMPOSED) > _MAX_COMPOSED:
+                    _COMPOSED.popitem(last=False)
+        return raw, used
+
+    def _cache_key(
+        self, choices: Mapping[str, str] | None, overrides: Sequence[str]
+    ) -> tuple[Any, ...] | None:
+        """Everything :meth:`_compose` reads, as a key of :data:`_COMPOSED` (None: not kept).
+
+        The working folder, the primary folder and the search path as given, what each folder
+        holds (every name, every YAML file's bytes), Hydra's config store (its nodes, by
+        identity: an entry holds them) and the choices and overrides in order. Not kept: a
+        running app's tree (its folder is the app's), a search path entry that is not a
+        folder or a package of folders, a search path given in an override or a YAML file
+        (its folders are not read for the key), an interpolation in an override or in a
+        defaults list (it may read the environment: ``${oc.env:...}``). Hydra's own configs
+        and its search path plugins are installed packages: the same for the whole process.
+        """
+        from hydra.core.global_hydra import GlobalHydra
+
+        if self.config_dir is None and GlobalHydra.instance().is_initialized():
+            return None
+        if any("${" in str(o) or "searchpath" in str(o) for o in overrides):
+            return None
+        folders = [Path(self.config_dir or _PROJECT_CONF).expanduser().resolve()]
+        for entry in self.searchpath:
+            folder = _entry_folder(entry)
+            if folder is None:
+                return None
+            folders.append(folder)
+        prints = [_folder_print(folder) for folder in folders]
+        if None in prints:
+            return None
+        return (
+            os.getcwd(),
+            str(folders[0]),
+            self.config_name,
+            self.searchpath,
+            tuple(prints),
+            tuple((path, id(node)) for path, node in _store_nodes()),
+            None if choices is None else tuple(choices.items()),
+            tuple(overrides),
+        )
+
+    def _compose(
+        self,
+        choices: Mapping[str, str] | None,
+        where: str,
+        overrides: Sequence[str],
+        recorded: Mapping[str, Any] | None,
+    ) -> tuple[dict[str, Any], dict[str, str]]:
         from hydra import compose
 
         search = self._searchpath_override()
@@ -308,6 +387,94 @@ def _group_options(gh: Any, config_name: str, search: list[str]) -> Callable[[st
             loader.get_group_options(group, config_name=config_name, overrides=search)
         )
     return lambda group: list(repo.get_group_options(group, ObjectType.CONFIG))
+
+
+def _entry_folder(entry: str) -> Path | None:
+    """The folder of a search path entry (``file://...``, ``pkg://...``; None: another)."""
+    import importlib.util
+
+    scheme, sep, path = entry.partition("://")
+    if not sep or not path:
+        return None
+    if scheme == "file":
+        return Path(path).expanduser().resolve()
+    if scheme != "pkg":
+        return None
+    try:  # (Hydra imports the package to read it too)
+        spec = importlib.util.find_spec(path.replace("/", "."))
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or ()) if spec else []
+    return Path(locations[0]).resolve() if len(locations) == 1 else None
+
+
+# Whether a YAML file's defaults list holds an interpolation, by the file's digest.
+_DEFAULTS_INTERPOLATED: dict[str, bool] = {}
+
+
+def _folder_print(folder: Path) -> str | None:
+    """A digest of every name under ``folder`` and its YAML files' bytes (None: not kept).
+
+    None for a folder larger than the bounds, a link to a folder in it (Hydra follows it), a
+    YAML file that sets a search path, or one whose defaults list holds an interpolation.
+    """
+    digest = hashlib.sha256(str(folder).encode())
+    files = size = 0
+    for root, dirs, names in os.walk(folder):
+        dirs.sort()
+        if any(os.path.islink(os.path.join(root, d)) for d in dirs):
+            return None
+        digest.update(f"\0{os.path.relpath(root, folder)}\0{dirs}\0{sorted(names)}".encode())
+        for name in sorted(names):
+            if not name.endswith((".yaml", ".yml")):
+                continue
+            try:
+                data = Path(root, name).read_bytes()
+            except OSError:
+                return None
+            files, size = files + 1, size + len(data)
+            if files > _MAX_TREE_FILES or size > _MAX_TREE_BYTES:
+                return None
+            file_digest = hashlib.sha256(data).hexdigest()
+            if b"searchpath" in data or _defaults_interpolated(file_digest, data):
+                return None
+            digest.update(f"\0{name}\0{file_digest}".encode())
+    return digest.hexdigest()
+
+
+def _defaults_interpolated(file_digest: str, data: bytes) -> bool:
+    """Whether the YAML ``data``'s defaults list holds an interpolation (or it cannot be read)."""
+    if b"${" not in data or b"defaults" not in data:
+        return False
+    if file_digest not in _DEFAULTS_INTERPOLATED:
+        import yaml
+
+        try:
+            loaded = yaml.load(data, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        except yaml.YAMLError:
+            loaded = {"defaults": "${"}
+        defaults = loaded.get("defaults") if isinstance(loaded, dict) else None
+        if len(_DEFAULTS_INTERPOLATED) > 10_000:
+            _DEFAULTS_INTERPOLATED.clear()
+        _DEFAULTS_INTERPOLATED[file_digest] = "${" in repr(defaults)
+    return _DEFAULTS_INTERPOLATED[file_digest]
+
+
+def _store_nodes() -> tuple[tuple[str, Any], ...]:
+    """The nodes of Hydra's config store (structured configs registered in Python), by path."""
+    from hydra.core.config_store import ConfigStore
+
+    nodes: list[tuple[str, Any]] = []
+
+    def walk(repo: Mapping[str, Any], prefix: str) -> None:
+        for name in sorted(repo):
+            if isinstance(repo[name], Mapping):
+                walk(repo[name], f"{prefix}{name}/")
+            else:
+                nodes.append((f"{prefix}{name}", repo[name]))
+
+    walk(ConfigStore.instance().repo, "")
+    return tuple(nodes)
 
 
 def _composes(config_name: str, overrides: list[str]) -> bool:
