@@ -180,7 +180,7 @@ def test_the_add_a_model_pages_policies_train(compose_cfg, tmp_path, module, cls
         ("LeakyCore", "cores", "core", "leaky",
          ["+model/core@model.core=leaky", "model.rnn=null"]),
         ("GatedHead", "heads", "head", "gated",
-         ["+model/head@model.actor_head=gated", "+model/head@model.critic_head=gated"]),
+         ["+model/head@model.policy_head=gated", "+model/head@model.value_head=gated"]),
     ],
     ids=["encoder", "core", "head"],
 )  # fmt: skip

@@ -179,7 +179,7 @@ class GatedHead(nn.Module):
 
 def test_heads_from_the_config_train_end_to_end(compose_cfg: Callable, tmp_path: Path) -> None:
     head = "{_target_:tests.test_model_parts.GatedHead,_partial_:true,size:%d}"
-    overrides = [f"model.actor_head={head % 6}", f"model.critic_head={head % 5}"]
+    overrides = [f"model.policy_head={head % 6}", f"model.value_head={head % 5}"]
     metrics = run.train(compose_cfg([*SMOKE, *overrides]))
     assert metrics["eval/episodic_length"] > 0
     weights = load_checkpoint(latest_checkpoint(tmp_path / "run"))["model"]
@@ -199,7 +199,7 @@ def test_a_centralised_critics_head_reads_the_critic_entries() -> None:
     model = ActorCritic(
         observation_space=space, action_space=gym.spaces.Discrete(2), rnn=None,
         trunk_layers=[8], critic_keys=["state"],
-        critic_head=lambda input_size: GatedHead(input_size, 3),
+        value_head=lambda input_size: GatedHead(input_size, 3),
     )  # fmt: skip
     assert model.critic.input_size == 8  # the global state's 2 x 4, not the actor's features
     obs = {"own": torch.zeros(1, 5, 3), "state": torch.ones(1, 5, 2, 4)}
@@ -215,14 +215,14 @@ class NoSizeHead(nn.Module):
 @pytest.mark.parametrize(
     ("head", "message"),
     [
-        ("NoSizeHead", r"model.actor_head: NoSizeHead needs an integer out_size >= 1"),
-        ("NoSize", r"model.actor_head: building a head from \(input_size=...\) failed: "
+        ("NoSizeHead", r"model.policy_head: NoSizeHead needs an integer out_size >= 1"),
+        ("NoSize", r"model.policy_head: building a head from \(input_size=...\) failed: "
                    r".*unexpected keyword argument 'input_size'"),
     ],
 )  # fmt: skip
 def test_a_wrong_head_is_named_before_training(
     compose_cfg: Callable, head: str, message: str
 ) -> None:
-    bad = f"model.actor_head={{_target_:tests.test_model_parts.{head},_partial_:true}}"
+    bad = f"model.policy_head={{_target_:tests.test_model_parts.{head},_partial_:true}}"
     with pytest.raises((ConfigError, TypeError), match=message):
         run.train(compose_cfg([*SMOKE, bad]))

@@ -15,7 +15,7 @@ encoded by its kind:
 
 The encodings are concatenated, passed through a shared trunk MLP, optionally a GRU or an LSTM
 (the state is reset where ``episode_starts`` is set), then separate actor and critic heads (an
-MLP each, or a network of one's own: ``actor_head``, ``critic_head``). The actor's network is
+MLP each, or a network of one's own: ``policy_head``, ``value_head``). The policy's network is
 followed by an :class:`~rl.models.distributions.ActionHead` for the action space
 (categorical, diagonal Gaussian, independent categoricals). Entries named in ``ignore_keys`` are
 not encoded (they are still recorded with the rollout, e.g. depth for a depth-prediction loss).
@@ -99,12 +99,12 @@ class ActorCritic(PolicyBase):
             ``forward(x [T, N, F], episode_starts [T, N], state)`` returning
             ``(out [T, N, out_size], state after)``; it resets its state where
             ``episode_starts`` is set (see :class:`Core`).
-        actor_head: The actor's network of your own in place of ``head_layers``' MLP: a
+        policy_head: The policy's network of your own in place of ``head_layers``' MLP: a
             callable (a ``_partial_`` ``_target_``) that takes ``input_size`` (the core's
             output, or the trunk's) and returns an ``nn.Module`` with an integer ``out_size``
             mapping ``[B, input_size]`` to ``[B, out_size]``; the action head (the
             distribution for the action space) follows it.
-        critic_head: The critic's network of your own, likewise (``input_size``: the actor's
+        value_head: The critic's network of your own, likewise (``input_size``: the policy's
             input, or the ``critic_keys`` entries' flattened size for a centralised critic);
             one linear layer to the value follows it.
     """
@@ -133,8 +133,8 @@ class ActorCritic(PolicyBase):
         value_norm_beta: Annotated[float, Check(gt=0)] = 0.99999,
         encoders: Mapping[str, Any] | None = None,
         core: Any = None,
-        actor_head: Any = None,
-        critic_head: Any = None,
+        policy_head: Any = None,
+        value_head: Any = None,
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -196,11 +196,11 @@ class ActorCritic(PolicyBase):
             feat = rnn_hidden_size
         self.actor: nn.Module
         self.critic: nn.Module
-        if actor_head is None:
+        if policy_head is None:
             self.actor, a_feat = mlp(feat, head_layers, activation)
         else:
             self.actor, a_feat = _own_part(
-                actor_head, "model.actor_head", "a head", input_size=feat
+                policy_head, "model.policy_head", "a head", input_size=feat
             )
         critic_in = feat
         if self.critic_keys:  # a centralised critic: its own network on its own entries
@@ -208,9 +208,9 @@ class ActorCritic(PolicyBase):
                 int(math.prod(cast(gym.spaces.Box, observation_space[k]).shape))
                 for k in self.critic_keys  # Box entries (_check_critic_keys)
             )
-        if critic_head is not None:
+        if value_head is not None:
             self.critic, c_feat = _own_part(
-                critic_head, "model.critic_head", "a head", input_size=critic_in
+                value_head, "model.value_head", "a head", input_size=critic_in
             )
         else:
             layers = critic_layers if self.critic_keys else head_layers
