@@ -50,7 +50,7 @@ class MLP(PolicyBase):
     ("mistake", "message"),
     [
         ("values", r"policy MLP: forward\(\)'s values has shape \[3, 2, 1\]; expected \[3, 2\]"),
-        ("state", r"policy MLP: initial_state\(2\) returned TensorDict .*expected a TensorDict of "
+        ("state", r"policy MLP: initial_state\(2\) is TensorDict .*expected a TensorDict of "
                   r"batch \[2\]"),
     ],
 )  # fmt: skip

@@ -1,12 +1,9 @@
 """The Policy protocol's shapes, checked once where a policy is built (:func:`check_policy`).
 
-A policy of a researcher's own that returns values of shape ``[T, N, 1]``, or actions without
-their environment dimension, would otherwise fail far from its cause (inside the advantage
-estimator, or in the sampler). :func:`~rl.models.factory.build_policy` runs the policy once on
-a small batch of observations drawn from the task's space (``T = 3`` steps of ``N = 2``
-environments, an episode start at the second step) and checks every output against the
-protocol (:class:`~rl.models.policy.Policy`), naming the class, the output and the expected
-shape. The probe changes nothing: no gradients, evaluation mode, its own random stream.
+A policy of a researcher's own that returns values of shape ``[T, N, 1]`` would otherwise fail
+far from its cause. The probe runs on ``T = 3`` steps of ``N = 2`` environments drawn from the
+task's space (an episode start at the second step) and changes nothing: no gradients,
+evaluation mode, its own random stream.
 """
 
 from __future__ import annotations
@@ -34,15 +31,10 @@ _T, _N = 3, 2  # the probe's steps and environments
 
 
 class PolicyShapeError(ConfigError, TypeError):
-    """A policy's output does not have the shape the protocol asks for.
-
-    A :class:`~rl.utils.config.ConfigError` (the model chosen cannot run: ``train.py`` prints
-    the message alone and leaves no run folder) and a ``TypeError``.
-    """
+    """A policy's output does not have the shape the protocol asks for (a config error)."""
 
 
 def _batch(space: gym.spaces.Dict, lead: tuple[int, ...]) -> dict[str, torch.Tensor]:
-    """Observations of ``space`` with leading dimensions ``lead``, drawn from it (seeded)."""
     rng = np.random.default_rng(0)
     out = {}
     for key, sub in space.spaces.items():
@@ -69,11 +61,7 @@ def _expect(policy: Any, what: str, value: Any, shape: tuple[int, ...], hint: st
 
 
 def check_policy(policy: Any, observation_space: gym.spaces.Dict) -> None:
-    """Run ``policy`` once on a small batch and check its outputs' shapes (see the module).
-
-    Raises:
-        PolicyShapeError: An output of the wrong shape, naming the class and the output.
-    """
+    """Run ``policy`` once on a small batch; a :class:`PolicyShapeError` names a wrong output."""
     was_training = policy.training
     policy.eval()
     try:
@@ -86,19 +74,14 @@ def check_policy(policy: Any, observation_space: gym.spaces.Dict) -> None:
 def _probe(policy: Any, observation_space: gym.spaces.Dict) -> None:
     device = next((p.device for p in policy.parameters()), torch.device("cpu"))
     state = policy.initial_state(_N, device)
-    if not isinstance(state, TensorDict) or tuple(state.batch_size) != (_N,):
-        raise PolicyShapeError(
-            f"policy {type(policy).__name__}: initial_state({_N}) returned "
-            f"{type(state).__name__} {getattr(state, 'batch_size', '')}; expected a TensorDict "
-            f"of batch [{_N}] (batch-first: one entry per environment)"
-        )
+    _check_state(policy, f"initial_state({_N})", state)
     obs = {k: v.to(device) for k, v in _batch(observation_space, (_T, _N)).items()}
     starts = torch.zeros(_T, _N, dtype=torch.bool, device=device)
     starts[1, 0] = True
     output, after = policy(obs, starts, state)
     _expect(policy, "forward()'s values", output.values, (_T, _N), "one value per step and "
             "environment: [T, N], not [T, N, 1]")  # fmt: skip
-    _check_state(policy, "forward()", after)
+    _check_state(policy, "forward()'s state after", after)
     step = policy.act(policy_input(_first(obs), starts[0], state), deterministic=True)
     if not isinstance(step, TensorDict):
         raise PolicyShapeError(
@@ -114,7 +97,7 @@ def _probe(policy: Any, observation_space: gym.spaces.Dict) -> None:
         )
     _expect(policy, "act()'s values", step.get(VALUES), (_N,), "one per environment: [N]")
     _expect(policy, "act()'s logprobs", step.get(LOGPROBS), (_N,), "one per environment: [N]")
-    _check_state(policy, "act()", step.get(NEXT_STATE))
+    _check_state(policy, "act()'s next_state", step.get(NEXT_STATE))
     actions = step.get(ACTIONS)
     actions = actions.unsqueeze(0).expand(_T, *actions.shape)
     _expect(policy, "forward()'s dist.log_prob(actions)", output.dist.log_prob(actions),
@@ -134,7 +117,7 @@ def _first(obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def _check_state(policy: Any, where: str, state: Any) -> None:
     if not isinstance(state, TensorDict) or tuple(state.batch_size) != (_N,):
         raise PolicyShapeError(
-            f"policy {type(policy).__name__}: {where} returned a state "
-            f"{type(state).__name__} {getattr(state, 'batch_size', '')}; expected a TensorDict "
-            f"of batch [{_N}] (the state after, batch-first)"
+            f"policy {type(policy).__name__}: {where} is {type(state).__name__} "
+            f"{getattr(state, 'batch_size', '')}; expected a TensorDict of batch [{_N}] "
+            "(batch-first: one entry per environment)"
         )

@@ -1,20 +1,13 @@
 """Action distributions chosen from the action space, written for the hot path.
 
 No ``torch.distributions`` objects (their argument validation and broadcasting cost more than
-the arithmetic at these sizes). Each distribution is over a batch of any leading shape
-(``[N]`` when acting, ``[T, n]`` in the update):
-
-- :class:`Categorical` (``Discrete``): logits ``[..., A]``; actions ``[...]`` int64.
-- :class:`DiagGaussian` (``Box``): mean ``[..., A]`` and a log standard deviation that does not
-  depend on the state (CleanRL's ``ppo_continuous_action``); actions ``[..., A]`` float32,
-  their log-probability summed over the action's components. Environments receive the actions
-  clipped to the space's bounds (:func:`rl.tasks.spaces.to_env_actions`); the log-probability is
-  of the unclipped sample, which is what the policy drew.
-- :class:`MultiCategorical` (``MultiDiscrete``): independent categoricals; actions ``[..., K]``
-  int64, log-probabilities and entropies summed over the components.
-
-:class:`ActionHead` builds the right one from the action space; ``mode()`` is the action of
-deterministic evaluation (argmax, or the mean).
+the arithmetic at these sizes). Each is over a batch of any leading shape (``[N]`` when acting,
+``[T, n]`` in the update): :class:`Categorical` (``Discrete``), :class:`DiagGaussian` (``Box``:
+a state-independent log standard deviation, as CleanRL's ``ppo_continuous_action``; the
+log-probability is of the unclipped draw, environments receive it clipped) and
+:class:`MultiCategorical` (``MultiDiscrete``; log-probabilities and entropies summed over the
+components). :class:`ActionHead` builds the right one; ``mode()`` is deterministic evaluation's
+action.
 """
 
 from __future__ import annotations
@@ -102,10 +95,7 @@ class Categorical:
 
 
 class DiagGaussian:
-    """A Gaussian with independent components.
-
-    ``mean`` is ``[..., A]``; ``log_std`` is ``[A]`` (state-independent) or ``mean``'s shape.
-    """
+    """Independent Gaussians: ``mean [..., A]``, ``log_std [A]`` (or ``[..., A]``)."""
 
     def __init__(self, mean: torch.Tensor, log_std: torch.Tensor) -> None:
         self.mean = mean
@@ -142,10 +132,7 @@ class DiagGaussian:
 
 
 class MultiCategorical:
-    """Independent categoricals of sizes ``nvec``.
-
-    ``logits`` are the components' logits concatenated: ``[..., sum(nvec)]``.
-    """
+    """Independent categoricals of sizes ``nvec``; ``logits [..., sum(nvec)]`` concatenated."""
 
     def __init__(self, logits: torch.Tensor, nvec: tuple[int, ...]) -> None:
         self.logits, self.nvec = logits, nvec
@@ -179,15 +166,7 @@ class ActionHead(nn.Linear):
 
     A linear layer (orthogonal init, gain 0.01, so the first policy is near uniform or near
     its mean) to the distribution's parameters, plus a learned state-independent log standard
-    deviation for ``Box`` actions (``log_std``).
-
-    Args:
-        action_space: ``Discrete``, ``Box`` (1-D) or ``MultiDiscrete``.
-        in_features: Size of the features it reads.
-        log_std_init: Initial log standard deviation of a Gaussian (``Box`` only).
-
-    Raises:
-        ValueError: Another kind of action space.
+    deviation for ``Box`` actions (``log_std``, from ``log_std_init``).
     """
 
     def __init__(

@@ -40,11 +40,7 @@ def mlp(in_size: int, layers: Sequence[int], activation: str) -> tuple[nn.Sequen
 
 
 class ImageEncoder(nn.Module):
-    """An image entry ``[B, H, W, C]`` encoded (one-hot, embedded or scaled) through a CNN.
-
-    See :class:`~rl.models.ActorCritic` for ``image_encoding``; ``out_size`` is the feature
-    size.
-    """
+    """A CNN from an image entry ``[B, H, W, C]`` to ``[B, out_size]`` features."""
 
     # Buffers, registered in __init__ for the encodings that use them
     onehot_offsets: torch.Tensor

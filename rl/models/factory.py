@@ -23,18 +23,11 @@ def build_policy(
 ) -> Any:
     """Instantiate a model config (a ``_partial_`` ``_target_``) for the given spaces.
 
-    The one way every part of the framework builds a policy (training, collection workers,
-    validation, evaluation, inference). Callers get the spaces of a task with
-    :func:`rl.tasks.task_spaces`: ``build_policy(cfg["model"], *task_spaces(cfg["task"]))``.
-    A multi-agent task with groups of agents (:attr:`rl.tasks.TaskLayout.groups`) passes
-    ``groups`` too: the policy takes them (:class:`~rl.models.grouped.GroupedPolicy`).
-
-    Raises:
-        TypeError: The target did not build a ``torch.nn.Module`` implementing
-            :class:`~rl.models.policy.Policy` (``initial_state``, ``forward``, ``act``), or
-            one whose outputs do not have the protocol's shapes
-            (:class:`~rl.models.checks.PolicyShapeError`, naming the output: checked once, on
-            a small batch, by :func:`~rl.models.checks.check_policy`).
+    The one way every part of the framework builds a policy:
+    ``build_policy(cfg["model"], *task_spaces(cfg["task"]))``; a task with groups of agents
+    (:attr:`rl.tasks.TaskLayout.groups`) passes ``groups`` too. The policy built is checked
+    against the :class:`~rl.models.policy.Policy` protocol, its outputs' shapes included
+    (:func:`~rl.models.checks.check_policy`).
     """
     build = hydra.utils.instantiate(dict(model_cfg))
     kwargs: dict[str, Any] = {}
@@ -61,7 +54,6 @@ def build_policy(
 
 
 def _parameters(build: Any) -> set[str]:
-    """The keyword parameters ``build`` (a class or a partial of one) takes."""
     try:
         return set(inspect.signature(build).parameters)
     except (TypeError, ValueError):  # (no signature to read: pass nothing more)

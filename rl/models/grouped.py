@@ -1,24 +1,10 @@
 """One policy per group of agents: a multi-agent task's agents of different kinds.
 
-A task whose agents differ in their spaces (a predator and its prey) declares groups of agents
-(:mod:`rl.tasks.agents`: each group's observation in an entry of its own, ``agent_group`` with
-each row's group, the rows' actions in the groups' union space). :class:`GroupedPolicy` holds
-one policy per group, each built for its group's own spaces (any policy, the default
-:class:`~rl.models.actor_critic.ActorCritic` or a researcher's), and runs each on its group's
-rows: a row is one agent, so a column of a time-major batch ``[T, N]`` is of one group
-throughout. Parameters are shared within a group, not across groups.
-
-``model=grouped`` configures it: ``policy`` is every group's policy (``conf/model/mlp.yaml`` by
-default; ``model@model.policy=nav_cnn_gru`` picks another), ``group_policies`` overrides its
-settings for a group by name (or gives a group a policy of its own, with a ``_target_``)::
-
-    python train.py +experiment=mappo_speaker_listener \
-        model.group_policies='{listener: {head_layers: [128, 128]}}'
-
-The groups' distributions are joined by :class:`GroupedDistribution` (each row's
-log-probability and entropy under its group's distribution); the values are each group's
-critic's (a centralised critic per group with ``critic_keys``; value normalisation per group).
-Auxiliary losses that read the policy's features do not apply (``extras`` is empty).
+:class:`GroupedPolicy` (``model=grouped``) holds one policy per group, each built for its
+group's own spaces, and runs each on its group's rows: a row is one agent, so a column of a
+time-major batch ``[T, N]`` is of one group throughout. :class:`GroupedDistribution` joins
+their distributions. Auxiliary losses that read the policy's features do not apply (``extras``
+is empty). Groups are described once, in docs/concepts/multi-agent.md ("Groups of agents").
 """
 
 from __future__ import annotations
@@ -65,9 +51,8 @@ class _ActionFit:
 class GroupedDistribution:
     """The action distribution of rows of several groups: each row's under its group's.
 
-    Args:
-        parts: ``(columns, distribution over those columns, fit)`` per group with rows.
-        batch_shape: ``[T, N]`` (or ``[N]`` for one step).
+    ``parts``: ``(columns, distribution over those columns, fit)`` per group with rows, over
+    ``batch_shape`` ``[T, N]`` (or ``[N]`` for one step).
     """
 
     def __init__(
@@ -127,17 +112,16 @@ def _group_builder(policy: Callable[..., Any], override: Any, name: str) -> Call
 
 
 class GroupedPolicy(PolicyBase):
-    """One policy per group of agents, each on its group's rows (see the module docstring).
+    """One policy per group of agents, each on its group's rows.
 
     Args:
         observation_space: The rows' flat observation space (every group's entries).
         action_space: The rows' action space (the groups' union).
-        groups: The task's groups (filled in by the engine, :attr:`rl.tasks.TaskLayout.groups`),
-            each with the spaces its policy sees.
-        policy: Every group's policy: a builder taking ``observation_space`` and
-            ``action_space`` (a ``_partial_`` model config).
+        groups: The task's groups (:attr:`rl.tasks.TaskLayout.groups`, passed by
+            :func:`~rl.models.build_policy`), each with the spaces its policy sees.
+        policy: Every group's policy: a ``_partial_`` model config.
         group_policies: By group name: settings that override ``policy``'s for that group,
-            or a policy builder of its own.
+            or a policy config of its own.
     """
 
     def __init__(
@@ -186,7 +170,7 @@ class GroupedPolicy(PolicyBase):
         )
 
     def _policy(self, name: str) -> Policy:
-        """Group ``name``'s policy (a module checked to be a :class:`Policy` when built)."""
+        """Group ``name``'s policy (checked to be a :class:`Policy` when built)."""
         return cast(Policy, self.policies[name])
 
     def _columns(self, obs: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:

@@ -96,13 +96,9 @@ class _GRULayer(torch.autograd.Function):
 def gru_sequence(
     rnn: nn.GRU, x: torch.Tensor, episode_starts: torch.Tensor, hidden: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run ``rnn``'s layers over ``x [T, B, F]``, zeroing each state before its episode starts.
+    """``rnn`` (unidirectional, time-major) over ``x [T, B, F]`` from ``hidden [L, B, H]``.
 
-    Args:
-        rnn: A unidirectional ``torch.nn.GRU`` (its parameters; ``batch_first=False``).
-        x: Inputs ``[T, B, F]``.
-        episode_starts: ``[T, B]`` bool: every layer's state is zeroed before such steps.
-        hidden: ``[L, B, H]`` state before ``x[0]``.
+    Every layer's state is zeroed before the steps where ``episode_starts [T, B]``.
 
     Returns:
         ``(outputs [T, B, H] of the last layer, final state [L, B, H])``.

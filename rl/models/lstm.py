@@ -13,10 +13,7 @@ import torch
 from torch import nn
 
 
-# Eager under torch.compile (pipeline.compile): which steps reset is data (a list read from
-# the tensor), and compiled it would be one graph per reset pattern, recompiled minibatch after
-# minibatch up to dynamo's limit. The layers around it are compiled.
-@torch.compiler.disable
+@torch.compiler.disable  # (eager under torch.compile: see rl.models.gru.gru_sequence)
 def lstm_sequence(
     lstm: nn.LSTM,
     x: torch.Tensor,
@@ -24,9 +21,7 @@ def lstm_sequence(
     h: torch.Tensor,
     c: torch.Tensor,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """``lstm`` over ``x [T, N, F]`` from ``(h, c)`` (``[L, N, H]`` each).
-
-    The state of environment ``n`` is zeroed before step ``t`` where ``episode_starts[t, n]``.
+    """``lstm`` over ``x [T, N, F]`` from ``(h, c)`` ``[L, N, H]``, zeroed before episode starts.
 
     Returns:
         ``(outputs [T, N, H], (h, c) after the last step)``.

@@ -1,17 +1,8 @@
 """Value normalisation: the critic learns value targets at zero mean and unit variance.
 
-MAPPO's ``ValueNorm`` (Yu et al., 2022, "The Surprising Effectiveness of PPO in Cooperative
-Multi-Agent Games", their recommendation 1): the critic's head predicts values in normalised
-units; the policy returns them denormalised with running statistics of the value targets (so
-advantage estimation, storage and collection see values in the reward's units, unchanged), and
-the value loss compares both in normalised units (:func:`rl.losses.base.value_terms`, through
-:attr:`rl.models.PolicyOutput.value_norm`).
-
-The statistics are a debiased exponential moving average of the targets' mean and mean square,
-as MAPPO's (``beta = 0.99999``: nearly the mean over all targets seen). They are updated once a
-rollout, before its update, with the rollout's returns of the steps that count (the learner
-calls a policy's ``value_norms``; all ranks' returns under DDP), and are buffers of the policy:
-checkpoints, resume and collection workers carry them with the weights.
+MAPPO's ``ValueNorm`` (Yu et al., 2022, recommendation 1), as a debiased exponential moving
+average of the targets' mean and mean square; how policies, losses and the learner use it is
+described once, in docs/concepts/multi-agent.md ("Value normalisation").
 """
 
 from __future__ import annotations
