@@ -45,7 +45,7 @@ from rl.engine import run
 from rl.loggers import MetricsLogger
 from rl.losses import PPOLoss
 from rl.pipeline import PipelineStage, TrainingPipeline
-from rl.sampling import MultiprocessSampler, SamplerWorkerError
+from rl.sampling import MultiprocessSampler, SamplerProcessError
 from rl.training import OnPolicyTrainer
 from rl.utils.seeding import worker_seeds
 
@@ -81,15 +81,15 @@ def test_a_hung_environment_of_a_multiprocess_sampler_is_named_after_a_warning(
     caplog.set_level(logging.WARNING)
     task = hanging(4, 0, env=3, at_step=2)  # worker 1's second environment
     with MultiprocessSampler(task=task, num_processes=2, num_envs=4, seed=0, timeout=2.0) as s:
-        label = f"sampler worker 1 (pid {s.worker_pids[1]}, environments 2..3)"
+        label = f"sampler process 1 (pid {s.process_pids[1]}, environments 2..3)"
         s.reset()
         s.step(np.zeros(4, dtype=np.int64))
         start = time.monotonic()
-        with pytest.raises(SamplerWorkerError) as err:
+        with pytest.raises(SamplerProcessError) as err:
             s.step(np.zeros(4, dtype=np.int64))
         waited = time.monotonic() - start
     assert f"no reply within 2.0 s while stepping from {label}" in str(err.value)
-    assert err.value.worker_index == 1
+    assert err.value.process_index == 1
     assert 2.0 <= waited < 30  # the watchdog ended it, not anything else
     (warning,) = warnings_naming(caplog, label)  # once, before the error
     assert "no reply for" in warning.message and "sampler.timeout" in warning.message
@@ -134,7 +134,7 @@ def forkserver_tree(pids: set[int]) -> set[int]:
 @pytest.mark.timeout(240)
 def test_sigterm_to_the_learner_stops_workers_and_their_samplers(tmp_path: Path) -> None:
     """The learner saves a checkpoint and exits 143; its worker, the worker's fork server and
-    sampler workers are all gone."""
+    sampler processes are all gone."""
     code, err, tree = sigterm_a_running_train(
         tmp_path / "run", ["collector=process", "sampler=multiprocess"], ENV, whole_group=False
     )
@@ -151,7 +151,7 @@ def test_kill_9_of_a_learner_whose_worker_waits_on_a_hung_sampler_leaves_no_proc
     tmp_path: Path,
 ) -> None:
     """SIGKILL of the learner while its collection worker waits, with no timeout, for a
-    sampler worker stuck in an environment (the learner's watchdog has just warned about the
+    sampler process stuck in an environment (the learner's watchdog has just warned about the
     worker): neither reads its closed pipe, yet the worker, its fork server and its sampler
     workers all go at once."""
     fail_seed = worker_seeds(4, 1)[1]  # +debug=smoke: 4 environments, seed 1
@@ -173,7 +173,7 @@ def test_kill_9_of_a_learner_whose_worker_waits_on_a_hung_sampler_leaves_no_proc
         assert "collection worker 0 (pid" in line and "collecting a rollout" in line
         tree = processes_below(proc.pid)
         # The learner's fork server, the collection worker it forked, the worker's fork server
-        # and the two sampler workers that one forked.
+        # and the two sampler processes that one forked.
         assert len(forkserver_tree(tree)) == 5, tree
         proc.kill()
         proc.wait(timeout=30)
@@ -249,16 +249,16 @@ def test_an_async_run_with_multiprocess_samplers_ends_at_its_budget(
 def test_sigterm_to_the_process_group_mid_rollout_spares_a_multiprocess_sampler(
     tmp_path: Path,
 ) -> None:
-    """SLURM's SIGTERM reaches every process of the run, sampler workers included: they ignore
+    """SLURM's SIGTERM reaches every process of the run, sampler processes included: they ignore
     it, the trainer finishes the rollout it is in, saves, exits 143, and closes them. (Workers
-    that died of it failed the run mid-rollout: "sampler worker 1 ... exited while stepping".)
+    that died of it failed the run mid-rollout: "sampler process 1 ... exited while stepping".)
     Rollouts of 4 x 512 steps: the signal lands inside one."""
     env = {**os.environ, "WANDB_MODE": "disabled"}
     overrides = ["sampler=multiprocess", "sampler.num_envs=4", "pipeline.num_steps=512"]
     code, err, workers = sigterm_a_running_train(tmp_path / "run", overrides, env,
                                                  whole_group=True)  # fmt: skip
-    assert workers, "the run started no sampler worker"
+    assert workers, "the run started no sampler process"
     assert code == 143, err
-    assert "stopped by SIGTERM" in err and "SamplerWorkerError" not in err
+    assert "stopped by SIGTERM" in err and "SamplerProcessError" not in err
     assert latest_checkpoint(tmp_path / "run") is not None
     assert wait_until_gone(workers) == []

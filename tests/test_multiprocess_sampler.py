@@ -18,7 +18,7 @@ from small import assert_same_step, small_nav
 
 from rl.sampling import (
     MultiprocessSampler,
-    SamplerWorkerError,
+    SamplerProcessError,
     SerialSampler,
     build_sampler,
     finished_episodes,
@@ -157,9 +157,9 @@ def test_state_dict_round_trips_between_layouts_and_serial() -> None:
 
 def test_envs_per_process_and_num_envs_precedence() -> None:
     with MultiprocessSampler(task=SMALL, num_processes=2, envs_per_process=3, seed=0) as s:
-        assert s.num_envs == 6 and s.worker_envs == [(0, 3), (3, 6)]
+        assert s.num_envs == 6 and s.process_envs == [(0, 3), (3, 6)]
     with MultiprocessSampler(task=SMALL, num_processes=3, envs_per_process=8, num_envs=4) as s:
-        assert s.num_envs == 4 and s.worker_envs == [(0, 2), (2, 3), (3, 4)]
+        assert s.num_envs == 4 and s.process_envs == [(0, 2), (2, 3), (3, 4)]
     with MultiprocessSampler(task=SMALL, num_processes=4, num_envs=2) as s:
         assert s.num_processes == 2
 
@@ -231,17 +231,17 @@ def step_until_error(sampler: MultiprocessSampler, steps: int = 20) -> None:
 def test_raising_env_names_worker_env_and_traceback() -> None:
     task = faulty(5, 3, fail_at_step=4)
     sampler = MultiprocessSampler(task=task, num_processes=2, num_envs=5, seed=0)
-    pids = sampler.worker_pids
+    pids = sampler.process_pids
     start = time.monotonic()
-    with pytest.raises(SamplerWorkerError) as info:
+    with pytest.raises(SamplerProcessError) as info:
         step_until_error(sampler)
     assert time.monotonic() - start < 10
     message = str(info.value)
-    assert "sampler worker 1" in message and "environment 3 raised" in message
+    assert "sampler process 1" in message and "environment 3 raised" in message
     assert "Traceback (most recent call last)" in message
     assert "ValueError: FaultyEnv failed on purpose at step 4" in message
     assert "rl_envs/toys/debug.py" in message
-    assert info.value.worker_index == 1 and info.value.env_index == 3
+    assert info.value.process_index == 1 and info.value.env_index == 3
     assert not any(psutil.pid_exists(p) and _alive(p) for p in pids)
     assert_no_children()
     sampler.close()  # idempotent after a failure
@@ -250,7 +250,7 @@ def test_raising_env_names_worker_env_and_traceback() -> None:
 def test_raising_on_reset_is_reported() -> None:
     task = faulty(4, 0, fail_on_reset=True)
     with MultiprocessSampler(task=task, num_processes=2, num_envs=4, seed=0) as sampler:
-        with pytest.raises(SamplerWorkerError, match=r"worker 0 .*environment 0 raised while"):
+        with pytest.raises(SamplerProcessError, match=r"process 0 .*environment 0 raised while"):
             sampler.reset()
     assert_no_children()
 
@@ -265,10 +265,10 @@ def _alive(pid: int) -> bool:
 def test_killed_worker_is_detected_quickly() -> None:
     sampler = MultiprocessSampler(task=SMALL, num_processes=3, num_envs=6, seed=0)
     sampler.reset()
-    pids = sampler.worker_pids
+    pids = sampler.process_pids
     os.kill(pids[1], signal.SIGKILL)
     start = time.monotonic()
-    with pytest.raises(SamplerWorkerError, match=r"worker 1 .*died with SIGKILL while stepping"):
+    with pytest.raises(SamplerProcessError, match=r"process 1 .*died with SIGKILL while stepping"):
         for _ in range(100):
             sampler.step(np.zeros(6, dtype=np.int64))
     assert time.monotonic() - start < 10
@@ -281,7 +281,7 @@ def test_worker_crash_inside_env_step(mode: str, reason: str) -> None:
     task = faulty(4, 2, fail_at_step=3, mode=mode)
     start = time.monotonic()
     with MultiprocessSampler(task=task, num_processes=2, num_envs=4, seed=0) as sampler:
-        with pytest.raises(SamplerWorkerError, match=rf"worker 1 .*{reason}"):
+        with pytest.raises(SamplerProcessError, match=rf"process 1 .*{reason}"):
             step_until_error(sampler)
     assert time.monotonic() - start < 10
     assert_no_children()
@@ -291,7 +291,7 @@ def test_hung_worker_times_out() -> None:
     task = faulty(2, 1, fail_at_step=2, mode="hang")
     start = time.monotonic()
     with MultiprocessSampler(task=task, num_processes=2, num_envs=2, seed=0, timeout=1.0) as s:
-        with pytest.raises(SamplerWorkerError, match=r"no reply within 1.0 s while stepping"):
+        with pytest.raises(SamplerProcessError, match=r"no reply within 1.0 s while stepping"):
             step_until_error(s)
     assert time.monotonic() - start < 10
     assert_no_children()
@@ -299,7 +299,7 @@ def test_hung_worker_times_out() -> None:
 
 def test_close_and_garbage_collection_end_every_worker() -> None:
     sampler = MultiprocessSampler(task=SMALL, num_processes=2, num_envs=4, seed=0)
-    pids = sampler.worker_pids
+    pids = sampler.process_pids
     assert all(_alive(p) for p in pids)
     sampler.close()
     sampler.close()
@@ -307,7 +307,7 @@ def test_close_and_garbage_collection_end_every_worker() -> None:
     with pytest.raises(RuntimeError, match="closed"):
         sampler.reset()
     sampler = MultiprocessSampler(task=SMALL, num_processes=2, num_envs=4, seed=0)
-    pids = sampler.worker_pids
+    pids = sampler.process_pids
     del sampler
     gc.collect()
     assert not any(_alive(p) for p in pids)
@@ -315,7 +315,7 @@ def test_close_and_garbage_collection_end_every_worker() -> None:
 
 
 def test_interrupted_main_process_leaves_no_worker(tmp_path: Path) -> None:
-    """Ctrl-C (SIGINT) in a script using the sampler: the workers end with it."""
+    """Ctrl-C (SIGINT) in a script using the sampler: the processes end with it."""
     script = tmp_path / "loop.py"
     script.write_text(
         "import faulthandler, signal\n"
@@ -329,7 +329,7 @@ def test_interrupted_main_process_leaves_no_worker(tmp_path: Path) -> None:
         "    faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
         "    s = MultiprocessSampler(task=TASK, num_processes=2, num_envs=4)\n"
         "    s.reset()\n"
-        "    print(*s.worker_pids, flush=True)\n"
+        "    print(*s.process_pids, flush=True)\n"
         "    while True:\n"
         "        s.step(np.zeros(4, dtype=np.int64))\n"
     )
@@ -383,3 +383,10 @@ def test_training_smoke_run_with_multiprocess_sampler(tmp_path: Path) -> None:
         "ckpt_stage00_step000000000256.pt"
     )
     assert (run_dir / "metrics.jsonl").read_text().count("charts/SPS") >= 4
+
+
+def test_the_old_error_name_warns_and_is_the_new_class() -> None:
+    import rl.sampling
+
+    with pytest.warns(DeprecationWarning, match=r"now rl\.sampling\.SamplerProcessError"):
+        assert rl.sampling.SamplerWorkerError is SamplerProcessError

@@ -27,7 +27,7 @@ from rl.loggers import MetricsLogger
 from rl.losses import PPOLoss
 from rl.models import ActorCritic, build_policy
 from rl.pipeline import PipelineStage
-from rl.sampling import MultiprocessSampler, SamplerWorkerError, SerialSampler
+from rl.sampling import MultiprocessSampler, SamplerProcessError, SerialSampler
 from rl.tasks import task_spaces
 from rl.training import OnPolicyTrainer, RunRecord
 from rl.utils.finite import NonFiniteError
@@ -58,14 +58,14 @@ def test_the_sampler_names_the_environment_step_and_field(
                                                                     num_processes=2)  # fmt: skip
     with make(task=faulty(mode), num_envs=NUM_ENVS, seed=0) as sampler:
         sampler.reset()
-        error = NonFiniteError if kind == "serial" else SamplerWorkerError
+        error = NonFiniteError if kind == "serial" else SamplerProcessError
         with pytest.raises(error) as info:
             for _ in range(20):
                 sampler.step(np.zeros(NUM_ENVS, dtype=np.int64))
     message = str(info.value)
     assert f"environment 2 returned a {field} at step 3 of its episode" in message
     if kind == "multiprocess":  # and which worker process, with its pid
-        assert f"sampler worker 1 (pid {sampler.worker_pids[1]}" in message
+        assert f"sampler process 1 (pid {sampler.process_pids[1]}" in message
 
 
 @pytest.mark.timeout(120)

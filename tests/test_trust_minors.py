@@ -179,7 +179,7 @@ def test_a_nan_in_a_rollout_asked_ahead_is_named_not_the_closed_sampler(
     while the worker's next rollout is in flight; that rollout meets a NaN reward, the worker's
     sampler closes, and the ``state_dict`` call queued behind it fails with "the sampler is
     closed". The error raised is the worker's first: the NaN, named with its environment,
-    sampler worker and collection worker."""
+    sampler process and collection worker."""
     from rl.utils.seeding import worker_seeds
 
     seed = worker_seeds(2, 1 + seed_offset)[0]  # (environment 0's, of the run's seed)
@@ -196,7 +196,7 @@ def test_a_nan_in_a_rollout_asked_ahead_is_named_not_the_closed_sampler(
     message = str(info.value)
     assert "sampler is closed" not in message
     assert "environment 0 returned a non-finite reward (nan)" in message
-    assert "sampler worker 0 (pid" in message and "collection worker 0 (pid" in message
+    assert "sampler process 0 (pid" in message and "collection worker 0 (pid" in message
 
 
 # ------------------------------------------------------------ 5: one run folder, two runs

@@ -1,35 +1,35 @@
-"""Multiprocess sampler: worker processes each step several environments into shared memory.
+"""Multiprocess sampler: child processes each step several environments into shared memory.
 
-Modelled on AllenAct's ``VectorSampledTasks`` (worker processes each running several tasks,
+Modelled on AllenAct's ``VectorSampledTasks`` (child processes each running several tasks,
 ``max_sampler_processes_per_worker``) and PyTorchRL's collection workers, with Sample Factory's
 transport: every observation, reward, flag and action lives in one shared-memory block (numpy
 views over a ``multiprocessing.RawArray``), indexed by the global environment index, so only a
-``step`` call goes to each worker per step and a ``None`` (or the finished episodes) comes
+``step`` call goes to each process per step and a ``None`` (or the finished episodes) comes
 back.
 
-Each worker runs a :class:`~rl.sampling.SerialSampler` over its contiguous block of
-environments, built in the worker from the plain task config (``hydra.utils.instantiate`` runs
+Each process runs a :class:`~rl.sampling.SerialSampler` over its contiguous block of
+environments, built in the process from the plain task config (``hydra.utils.instantiate`` runs
 in the child), with the global seed stream (``env_offset``/``total_envs``) or its contiguous
 share of the evaluation episode list. The result is therefore bitwise what one
 ``SerialSampler`` over all environments returns, whatever the process layout (tested).
 
-The workers are children of the process runtime (:class:`~rl.utils.processes.ChildProcesses`),
+The processes are children of the process runtime (:class:`~rl.utils.processes.ChildProcesses`),
 started, called, watched and ended as process collection workers and validation are. Faults
-never hang: a worker that dies (killed, segfault, ``os._exit``) is noticed at once; an
-environment that raises sends its traceback. Both end every worker and raise
-:class:`SamplerWorkerError` naming the worker, the global environment index and the original
+never hang: a process that dies (killed, segfault, ``os._exit``) is noticed at once; an
+environment that raises sends its traceback. Both end every process and raise
+:class:`SamplerProcessError` naming the process, the global environment index and the original
 traceback. An environment that hangs is caught by ``timeout`` (:data:`DEFAULT_TIMEOUT_S` seconds
-per step by default): a warning names the silent worker, its pid and its environments after half
-of it, and the timeout ends every worker with a ``SamplerWorkerError`` naming them. ``close()``
-(also run by the garbage collector and at interpreter exit) stops every worker, escalating to
-SIGKILL after a short grace period. Workers ignore SIGINT and SIGTERM, so Ctrl-C and a SIGTERM
+per step by default): a warning names the silent process, its pid and its environments after half
+of it, and the timeout ends every process with a ``SamplerProcessError`` naming them. ``close()``
+(also run by the garbage collector and at interpreter exit) stops every process, escalating to
+SIGKILL after a short grace period. Processes ignore SIGINT and SIGTERM, so Ctrl-C and a SIGTERM
 to the process group (SLURM's) reach only the main process, which finishes its rollout, saves
 and closes the sampler; on Linux they are killed with the process
 that started them (:func:`~rl.utils.processes.die_with_parent`), even one killed with SIGKILL.
 
-This module is the sampler itself: the environment layout over the workers, the shared arrays
-and the :class:`~rl.sampling.Sampler` interface. What a worker process runs is
-:class:`~rl.sampling.mp_worker.SamplerWorker`.
+This module is the sampler itself: the environment layout over the processes, the shared arrays
+and the :class:`~rl.sampling.Sampler` interface. What a child process runs is
+:class:`~rl.sampling.sampler_process.SamplerProcess`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from rl.sampling.base import (
     split_episode_seeds,
     step_tensordict,
 )
-from rl.sampling.mp_worker import SamplerWorker, final_key, obs_key, sampler_array_specs
+from rl.sampling.sampler_process import SamplerProcess, final_key, obs_key, sampler_array_specs
 from rl.tasks.agents import num_agents
 from rl.tasks.factory import build_env, dict_space, env_name
 from rl.tasks.fields import step_fields_of
@@ -71,11 +71,11 @@ log = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "MultiprocessSampler",
-    "SamplerWorkerError",
+    "SamplerProcessError",
     "sampler_processes",
 ]
 
-# Seconds a worker may take to reply to one step (or reset, or save) before it counts as hung.
+# Seconds a process may take to reply to one step (or reset, or save) before it counts as hung.
 # Generous: the slowest shipped task (nav3d) steps in about 2 ms and resets in about 30 ms
 # (first reset of a process 0.3 s), so a step of 8 environments that all reset takes well under
 # 1 s and a first reset of 16 about 5 s, even on a loaded machine.
@@ -107,18 +107,18 @@ def sampler_processes(num_processes: int | str, num_envs: int | None) -> int:
     return auto_count(num_processes, num_envs, "sampler.num_processes")
 
 
-class SamplerWorkerError(ChildFailed):
-    """A sampler worker failed: an environment raised, or the process died or hung.
+class SamplerProcessError(ChildFailed):
+    """A sampler process failed: an environment raised, or the process died or hung.
 
     Attributes:
-        worker_index: Index of the worker process.
+        process_index: Index of the child process.
         env_index: Global index of the environment that raised (None if unknown, e.g. a
-            worker that died).
+            process that died).
     """
 
     @property
-    def worker_index(self) -> int:
-        """Index of the worker process."""
+    def process_index(self) -> int:
+        """Index of the child process."""
         return self.child
 
     @property
@@ -129,19 +129,19 @@ class SamplerWorkerError(ChildFailed):
 
 # ---------------------------------------------------------------------------- sampler
 class MultiprocessSampler(Sampler):
-    """Steps environments in ``num_processes`` worker processes through shared memory.
+    """Steps environments in ``num_processes`` child processes through shared memory.
 
-    Environment ``i`` (global index) lives in the worker whose contiguous block holds it; the
+    Environment ``i`` (global index) lives in the process whose contiguous block holds it; the
     blocks are ``evenly_distribute_count_into_bins(num_envs, num_processes)`` (larger first).
     Observations, rewards, flags and actions are ``[N, ...]`` shared arrays; results are bitwise
     those of a :class:`~rl.sampling.SerialSampler` with the same arguments.
 
     Args:
         task: Plain (resolved) task config with a ``_target_`` returning a ``gymnasium.Env``;
-            every worker instantiates it itself.
-        num_processes: Worker processes (capped at the number of environments).
-        envs_per_process: Environments per worker when ``num_envs`` is not given.
-        num_envs: Total environments, split as evenly as possible over the workers (takes
+            every process instantiates it itself.
+        num_processes: Child processes (capped at the number of environments).
+        envs_per_process: Environments per process when ``num_envs`` is not given.
+        num_envs: Total environments, split as evenly as possible over the processes (takes
             precedence over ``envs_per_process``).
         seed: Seeds environment ``i``'s first reset with ``worker_seeds(total_envs, seed)[i]``.
         episode_seeds: Evaluation mode: a fixed list of episode seeds, split into contiguous
@@ -152,10 +152,10 @@ class MultiprocessSampler(Sampler):
         env_offset: Global index of this sampler's first environment (samplers sharing one
             seed stream, e.g. one per distributed rank).
         total_envs: Size of the global seed stream (default ``env_offset + num_envs``).
-        timeout: Seconds a live worker may take to reply to one step, reset or save before
+        timeout: Seconds a live process may take to reply to one step, reset or save before
             it counts as hung (a warning names it after half of that; None: wait as long as
-            the workers live). Dead workers are detected at once regardless.
-        start_timeout: Seconds allowed for the workers to build their environments (and to
+            the processes live). Dead processes are detected at once regardless.
+        start_timeout: Seconds allowed for the processes to build their environments (and to
             restore saved episodes, which replays them, if longer than ``timeout``).
     """
 
@@ -191,8 +191,8 @@ class MultiprocessSampler(Sampler):
         self.start_method = resolve_start_method(mp_start_method, "sampler.mp_start_method")
         blocks = evenly_distribute_count_into_bins(num_envs, self.num_processes)
         starts = np.cumsum([0, *blocks])
-        #: ``(first, end)`` local environment indices of each worker.
-        self.worker_envs: list[tuple[int, int]] = [
+        #: ``(first, end)`` local environment indices of each process.
+        self.process_envs: list[tuple[int, int]] = [
             (int(starts[w]), int(starts[w + 1])) for w in range(self.num_processes)
         ]
         self._probe_spaces(task)
@@ -212,7 +212,7 @@ class MultiprocessSampler(Sampler):
         self._stepping: list[Call] | None = None
 
     def _probe_spaces(self, task: Mapping[str, Any]) -> None:
-        """Set the spaces from one probe environment (the workers build their own)."""
+        """Set the spaces from one probe environment (the processes build their own)."""
         probe = build_env(task)
         try:
             name = env_name(task, probe)
@@ -237,7 +237,7 @@ class MultiprocessSampler(Sampler):
         shares: list[list[int]] | None,
         start_timeout: float,
     ) -> None:
-        """Start a worker process per block; wait until all have built their environments."""
+        """Start a child process per block; wait until all have built their environments."""
         off = self.env_offset
         kwargs = [
             {
@@ -253,32 +253,32 @@ class MultiprocessSampler(Sampler):
                 if shares is None
                 else [s for sh in shares[lo:hi] for s in sh],
             }
-            for lo, hi in self.worker_envs
+            for lo, hi in self.process_envs
         ]
         self._pool = ChildProcesses(
-            SamplerWorker,
+            SamplerProcess,
             kwargs,
             name="rl-sampler",
             label=self._label,
             start_method=self.start_method,
             start_timeout=start_timeout,
-            error=SamplerWorkerError,
+            error=SamplerProcessError,
             timeout_key="sampler.timeout",
         )
 
     def _label(self, w: int, pid: int | None) -> str:
-        lo, hi = self.worker_envs[w]
+        lo, hi = self.process_envs[w]
         lo, hi = self.env_offset + lo, self.env_offset + hi - 1
         envs = f"environment {lo}" if lo == hi else f"environments {lo}..{hi}"
-        return f"sampler worker {w} (pid {pid}, {envs})"
+        return f"sampler process {w} (pid {pid}, {envs})"
 
     @property
-    def worker_pids(self) -> list[int | None]:
-        """Process ids of the workers."""
+    def process_pids(self) -> list[int | None]:
+        """Process ids of the child processes."""
         return [] if self._pool is None else list(self._pool.pids)
 
     def _open_pool(self) -> ChildProcesses:
-        """The worker pool, checking that the sampler is open (RuntimeError if closed)."""
+        """The process pool, checking that the sampler is open (RuntimeError if closed)."""
         if self._pool is None or self._pool.closed:
             raise RuntimeError("the sampler is closed")
         return self._pool
@@ -327,7 +327,7 @@ class MultiprocessSampler(Sampler):
         return self.step_wait()
 
     def step_async(self, actions: np.ndarray) -> None:
-        """Start a step and return at once (the workers step while the caller computes).
+        """Start a step and return at once (the processes step while the caller computes).
 
         Finish it with :meth:`step_wait` before the next ``step``/``reset``. Two samplers over
         halves of the environments (``env_offset``/``total_envs``) give double-buffered
@@ -349,14 +349,14 @@ class MultiprocessSampler(Sampler):
         idx: slice | np.ndarray = slice(None) if self._all_active else self._active
         self._shared.arrays["actions"][idx] = actions
         if self._all_active:
-            workers = list(range(self.num_processes))
+            processes = list(range(self.num_processes))
         else:
-            workers = [
+            processes = [
                 w
-                for w, (lo, hi) in enumerate(self.worker_envs)
+                for w, (lo, hi) in enumerate(self.process_envs)
                 if np.any((self._active >= lo) & (self._active < hi))
             ]
-        self._stepping = pool.call_each(workers, "step")
+        self._stepping = pool.call_each(processes, "step")
 
     def step_wait(self) -> TensorDict:
         """Wait for the step started by :meth:`step_async`; return its results."""
@@ -393,7 +393,7 @@ class MultiprocessSampler(Sampler):
     def state_dict(self) -> dict[str, Any]:
         """The episodes in flight, in :class:`~rl.sampling.SerialSampler`'s format.
 
-        Each worker saves its block (how each episode started and the actions since); the
+        Each process saves its block (how each episode started and the actions since); the
         blocks are concatenated, so the state loads into a ``SerialSampler`` or a
         ``MultiprocessSampler`` of any layout over the same environments.
 
@@ -443,12 +443,12 @@ class MultiprocessSampler(Sampler):
                     "episodes": state["episodes"][lo:hi],
                 },
             )
-            for w, (lo, hi) in enumerate(self.worker_envs)
+            for w, (lo, hi) in enumerate(self.process_envs)
         ]
         pool.gather(calls, self._restore_timeout, "restoring its state")
         return self._restarted()
 
     def close(self) -> None:
-        """Stop every worker (idempotent; never hangs: SIGKILL after a grace period)."""
+        """Stop every process (idempotent; never hangs: SIGKILL after a grace period)."""
         if self._pool is not None:
             self._pool.close()

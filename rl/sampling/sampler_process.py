@@ -1,7 +1,7 @@
-"""A multiprocess sampler's worker process: its block of environments and their shared rows.
+"""A multiprocess sampler's child process: its block of environments and their shared rows.
 
-Each worker process of a :class:`~rl.sampling.MultiprocessSampler` serves one
-:class:`SamplerWorker` through the process runtime (:class:`~rl.utils.processes.ChildProcesses`,
+Each child process of a :class:`~rl.sampling.MultiprocessSampler` serves one
+:class:`SamplerProcess` through the process runtime (:class:`~rl.utils.processes.ChildProcesses`,
 the same one process collection workers and validation use): a
 :class:`~rl.sampling.SerialSampler` over its contiguous block of environments whose results go
 straight into its rows of the sampler's shared arrays. Nothing but the step's finished episodes
@@ -29,7 +29,7 @@ from rl.tasks.fields import StepField
 from rl.tasks.spaces import action_array_spec
 from rl.utils.shared_memory import SharedArrays
 
-__all__ = ["SamplerWorker", "final_key", "obs_key", "sampler_array_specs", "step_key"]
+__all__ = ["SamplerProcess", "final_key", "obs_key", "sampler_array_specs", "step_key"]
 
 
 def obs_key(key: str) -> str:
@@ -88,19 +88,19 @@ def sampler_array_specs(
     return specs
 
 
-class SamplerWorker:
-    """The object a sampler worker process serves: its environments, writing their shared rows.
+class SamplerProcess:
+    """The object a sampler's child process serves: its environments, writing their shared rows.
 
     Args:
         raw: The sampler's shared block (a ``RawArray`` of bytes).
         layout: Its layout (:meth:`~rl.utils.shared_memory.SharedArrays.plan`).
         task: Plain (resolved) task config.
-        row_offset: Shared-array row of this worker's first environment.
+        row_offset: Shared-array row of this process's first environment.
         env_offset: Global index of its first environment.
         num_envs: Its environments.
         total_envs: Size of the global seed stream.
         seed: The sampler's seed.
-        episode_seeds: Evaluation mode: this worker's share of the episode seeds.
+        episode_seeds: Evaluation mode: this process's share of the episode seeds.
     """
 
     def __init__(
@@ -165,7 +165,7 @@ def _is_final(key: str | tuple[str, str]) -> bool:
 
 
 class _Rows:
-    """One worker's writer into its rows (``row_offset ..``) of the shared arrays.
+    """One process's writer into its rows (``row_offset ..``) of the shared arrays.
 
     Every shared array but the actions and the final observations holds the step
     ``TensorDict`` entry of its name (:func:`step_key`), so a task's own step fields are written
@@ -173,7 +173,7 @@ class _Rows:
 
     Args:
         arrays: The shared arrays, by name.
-        row_offset: Shared-array row of the worker's first environment.
+        row_offset: Shared-array row of the process's first environment.
     """
 
     def __init__(self, arrays: dict[str, np.ndarray], row_offset: int) -> None:
