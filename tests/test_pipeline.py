@@ -19,11 +19,9 @@ from rl.pipeline import (
     PipelineStage,
     ScalarMeanTracker,
     TrainingPipeline,
-    evenly_distribute_count_into_bins,
-    set_seed,
     step_lr_scheduler_to,
-    worker_seeds,
 )
+from rl.utils import evenly_distribute_count_into_bins, set_seed, worker_seeds
 
 # ----------------------------------------------------------------- schedules
 

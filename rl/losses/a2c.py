@@ -26,7 +26,7 @@ class A2CLoss(Loss):
     Args:
         value_loss_coef: Weight of the value loss.
         entropy_coef: Weight of the entropy bonus.
-        normalize_advantage: Normalise advantages per minibatch (A2C usually does not).
+        normalize_advantage: Normalise advantages (A2C usually does not).
     """
 
     def __init__(

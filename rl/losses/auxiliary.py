@@ -1,18 +1,9 @@
 """Auxiliary losses: losses with heads of their own, trained beside the policy's losses.
 
-Self-supervised objectives shape the policy's representation (Ye et al. 2020, "Auxiliary Tasks
-Speed Up Learning PointGoal Navigation"; AllenAct's and habitat-baselines' auxiliary losses). An
-:class:`AuxiliaryLoss` is a named pipeline loss like PPO's, combined with the others by a stage's
-``loss_weights``, and a ``torch.nn.Module``: it owns the parameters of its head. The engine binds
-it to the policy before training (:func:`bind_losses`: the head is sized from the policy's
-features and the task's spaces), the learner's optimizer covers its parameters beside the
-policy's, and checkpoints save its state (``losses``).
-
-A loss reads the policy's per-step features from :attr:`~rl.models.PolicyOutput.extras` of the
-policy re-run on the minibatch (``[T, n, F]`` each; :class:`~rl.models.ActorCritic` gives
-:data:`POLICY_FEATURES`), and what it needs of the rollout from the minibatch (``actions``,
-``episode_starts``, observation entries). A researcher's own policy feeds these losses by returning
-the same named features in its ``extras``.
+An :class:`AuxiliaryLoss` is a named pipeline loss and a ``torch.nn.Module`` that owns its head;
+:func:`bind_losses` sizes the head from the policy's per-step features
+(:attr:`~rl.models.PolicyOutput.extras`, :data:`POLICY_FEATURES`) before training. How the
+engine, the optimizer and checkpoints treat them is described once, in docs/concepts/pipeline.md.
 """
 
 from __future__ import annotations
@@ -49,17 +40,13 @@ POLICY_FEATURES = {
 
 
 class LossBindError(ConfigError, ValueError):
-    """An auxiliary loss that does not fit the policy or the task (a feature it lacks, a space).
-
-    A refused config: the run stops before its folder is written, with the message alone.
-    """
+    """An auxiliary loss that does not fit the policy or the task (a refused config)."""
 
 
 class AuxiliaryLoss(nn.Module, Loss):
     """A loss with a head of its own (a ``torch.nn.Module``), bound to the policy before use.
 
-    Subclasses build their head in :meth:`build` and compute the loss in :meth:`forward`
-    (called as ``loss(batch=..., output=..., step_count=...)``, like every loss).
+    Subclasses build their head in :meth:`build` and compute the loss in :meth:`forward`.
     """
 
     def __init__(self) -> None:
@@ -78,16 +65,9 @@ class AuxiliaryLoss(nn.Module, Loss):
         observation_space: gym.spaces.Dict,
         action_space: gym.Space,
     ) -> None:
-        """Build the head for a policy's features and a task's spaces (once).
+        """Build the head, once, for the sizes of the policy's ``extras`` and the task's spaces.
 
-        Args:
-            features: Size of each per-step feature the policy returns in its ``extras``.
-            observation_space: The task's flat dict observation space.
-            action_space: The task's action space.
-
-        Raises:
-            ValueError: The policy or the task lacks what this loss needs (the message says
-                what and how to get it).
+        A ``ValueError`` says what the policy or the task lacks and how to get it.
         """
         if self.bound:
             return
@@ -141,13 +121,9 @@ class AuxiliaryLoss(nn.Module, Loss):
 
 
 def same_episode(episode_starts: torch.Tensor, horizon: int) -> torch.Tensor:
-    """``[T, horizon, n]`` bool: whether step ``t + k`` (k = 1..horizon) is in step t's episode.
+    """``[T, horizon, n]``: whether step ``t + k`` (k = 1..horizon) is in step t's episode.
 
     False past the sequence's end and from the first episode start after ``t`` on.
-
-    Args:
-        episode_starts: ``[T, n]`` bool, as stored with the rollout.
-        horizon: How many steps ahead.
     """
     t_len = episode_starts.shape[0]
     starts = torch.cumsum(episode_starts.long(), dim=0)  # episodes begun up to and at each step
@@ -167,10 +143,7 @@ def loss_modules(losses: Mapping[str, Loss]) -> dict[str, nn.Module]:
 
 @torch.no_grad()
 def probe_features(policy: Policy, observation_space: gym.spaces.Dict) -> dict[str, int]:
-    """The size of each per-step feature in ``policy``'s extras: one step on a sample observation.
-
-    Uses no global random generator (the sample comes from a generator of its own).
-    """
+    """The size of each per-step feature in ``policy``'s extras (one step, its own sample)."""
     space = gym.spaces.Dict(dict(observation_space.spaces), seed=0)
     device = next((p.device for p in policy.parameters()), torch.device("cpu"))
     obs = {
@@ -191,11 +164,8 @@ def bind_losses(
     """Bind every auxiliary loss of ``losses`` to ``policy``; their parameters.
 
     Heads are created on the policy's device, initialised from the global torch generator (call
-    this at the same point of every run, as the engine does, for reproducible runs).
-
-    Raises:
-        LossBindError: A loss's :meth:`AuxiliaryLoss.bind` refused the policy or the task
-            (its ``ValueError``), named by its key ``pipeline.named_losses.<name>``.
+    this at the same point of every run, as the engine does, for reproducible runs). A loss
+    that refuses the policy or the task raises :class:`LossBindError`, naming its key.
     """
     aux = {name: loss for name, loss in losses.items() if isinstance(loss, AuxiliaryLoss)}
     if not aux:

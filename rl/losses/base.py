@@ -1,10 +1,8 @@
 """The loss protocol: ``loss(batch=..., output=..., step_count=...) -> LossOutput``.
 
-A loss reads what it needs from the minibatch, a ``tensordict.TensorDict`` ``[T, n]`` of the
-rollout's fields (:mod:`rl.storage.rollout`: ``actions``, ``logprobs`` and ``values`` of the
-behaviour policy, ``advantages``, ``returns``, ``expert_actions``, ``obs``, ... and any field a
-component recorded), and from the policy re-run on it (:class:`~rl.models.PolicyOutput`: the
-action distribution and the values).
+A loss reads the minibatch (a ``TensorDict`` ``[T, n]`` of the rollout's fields,
+:mod:`rl.storage.rollout`) and the policy re-run on it (:class:`~rl.models.PolicyOutput`);
+docs/howto/add-a-loss.md shows one. The helpers below weigh out the steps that do not count.
 """
 
 from __future__ import annotations
@@ -41,12 +39,9 @@ class Loss(abc.ABC):
 
     @abc.abstractmethod
     def __call__(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
-        """Compute the loss.
+        """The loss on ``batch`` (``[T, n]``) and ``output`` (the policy re-run on it).
 
-        Args:
-            batch: Minibatch of the rollout, time-major ``[T, n]`` (or an off-policy batch).
-            output: The policy re-run on ``batch`` (distribution over ``[T, n]``, values).
-            step_count: Global env steps so far (for schedules such as the clip decay).
+        ``step_count``: the run's env steps so far, for schedules such as the clip decay.
         """
 
 
@@ -59,10 +54,9 @@ def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> float:
 
 
 def step_weights(batch: TensorDict) -> torch.Tensor | None:
-    """The weight of each step of ``batch`` ``[T, n]``, or None where every step counts.
+    """The weight of each step of ``batch`` ``[T, n]`` (None: every step counts).
 
-    A multi-agent task's rows of agents out of their episode (``agent_active`` false,
-    :mod:`rl.tasks.agents`) weigh 0: their steps carry nothing into a loss or its statistics.
+    Rows of agents out of their episode (``agent_active`` false) weigh 0.
     """
     if AGENT_ACTIVE not in batch.keys():
         return None
@@ -86,10 +80,7 @@ def weighted_var(x: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
 def policy_terms(
     dist: ActionDistribution, actions: torch.Tensor, weights: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(log-probabilities of actions [T, n], mean entropy [])`` under ``dist``.
-
-    The entropy's mean is over the steps that count (``weights``, :func:`step_weights`).
-    """
+    """``(log-probabilities of actions [T, n], mean entropy over the steps that count)``."""
     return dist.log_prob(actions), weighted_mean(dist.entropy(), weights)
 
 
@@ -98,8 +89,7 @@ def value_terms(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(values, old values, returns)`` ``[T, n]`` in the units the critic learns in.
 
-    The reward's units, or normalised ones, ``(x - mean) / std``, for a policy with value
-    normalisation (:attr:`~rl.models.PolicyOutput.value_norm`).
+    Normalised, ``(x - mean) / std``, for a policy with value normalisation.
     """
     values, old, returns = output.values, batch["values"], batch["returns"]
     if output.value_norm is None:
@@ -111,9 +101,8 @@ def value_terms(
 def normalized_advantages(batch: TensorDict) -> torch.Tensor:
     """Advantages ``[T, n]`` at zero mean and unit std.
 
-    Uses the rollout-wide statistics the batch carries when the engine set them (global
-    statistics under DDP, :func:`~rl.storage.advantage_stats_of`), else this minibatch's own
-    (over the steps that count, :func:`step_weights`).
+    With the rollout-wide statistics the batch carries where the engine set them
+    (:func:`~rl.storage.advantage_stats_of`), else this minibatch's (over the steps that count).
     """
     adv = batch["advantages"]
     stats = advantage_stats_of(batch)

@@ -27,13 +27,10 @@ from rl.utils.config import Check
 class CPCALoss(AuxiliaryLoss):
     """Binary cross-entropy of real vs. drawn future embeddings, ``horizon`` steps ahead.
 
-    For each step ``t``, horizon ``k`` and environment of a minibatch ``[T, n]``: ``z`` is the
-    action GRU's output after ``a_t .. a_{t+k-1}`` from ``b_t``; the positive is
-    ``phi(o_{t+k})``, each of the ``num_negatives`` negatives ``phi`` of a step drawn uniformly
-    from the minibatch (the global torch generator: checkpoints resume it exactly). The loss is
-    the mean BCE of the positives (label 1) plus that of the negatives (label 0), over the
-    ``(t, k)`` whose ``t + k`` lies in ``t``'s episode and the minibatch's sequence. Needs a
-    ``Discrete`` action space.
+    The negatives are ``phi`` of steps drawn uniformly from the minibatch (the global torch
+    generator: checkpoints resume it exactly). The loss is the mean BCE of the positives plus
+    that of the negatives, over the ``(t, k)`` whose ``t + k`` lies in ``t``'s episode and the
+    minibatch's sequence. Needs a ``Discrete`` action space.
 
     Args:
         horizon: How many steps ahead (Ye et al.'s CPC|A-k).

@@ -29,10 +29,9 @@ class DepthPredictionLoss(AuxiliaryLoss):
 
     Args:
         key: The depth observation entry (``[H, W, 1]`` floats, metres).
-        feature: The policy feature decoded (``visual``: the image encoders' output; with
-            ``model.ignore_keys=[depth]`` that is the RGB encoder's alone).
-        size: ``[height, width]`` of the predicted map (the depth image is average-pooled to
-            it).
+        feature: The policy feature decoded (``visual``: with ``model.ignore_keys=[depth]``,
+            the RGB encoder's output).
+        size: ``[height, width]`` of the predicted map (the depth image average-pooled).
         hidden_size: Hidden layer of the decoder (0: linear).
     """
 

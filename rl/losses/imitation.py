@@ -26,25 +26,20 @@ class ImitationLoss(Loss):
     """Mean negative log-likelihood of the expert's action, over steps that have one.
 
     Reads ``expert_actions`` (``[T, n]``, -1 where the task gave none) of a rollout minibatch
-    or an off-policy expert batch. Steps without an expert action are masked out; a batch
-    without any gives a zero loss. The expert gives one discrete action per step, so this loss
-    needs a ``Discrete`` action space.
+    or an off-policy expert batch; a batch without any gives a zero loss. Needs a ``Discrete``
+    action space.
 
     Args:
-        value_loss_coef: Weight of a value regression on the rollout's returns, ``0.5 * (V -
-            R)^2`` over every step (0: none, the default). Imitation alone leaves the critic
-            untrained, so a PPO stage after it starts from random values and its first
-            advantages are noise; with a weight here the critic learns the returns of the
-            policy being imitated (mixed with the expert's actions while teacher forcing
-            lasts), and PPO starts from a critic that fits them. On-policy rollouts only: an
-            off-policy expert batch has no returns (an error says so).
+        value_loss_coef: Weight of a value regression on the rollout's returns (0: none).
+            Imitation alone leaves the critic untrained, so a PPO stage after it would start
+            from random values; on-policy rollouts only (an expert batch has no returns).
     """
 
     def __init__(self, *, value_loss_coef: Annotated[float, Check(ge=0)] = 0.0) -> None:
         self.value_loss_coef = value_loss_coef
 
     def __call__(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
-        """Cross-entropy on ``batch["expert_actions"]`` ``[T, n]`` (-1: none); the value term."""
+        """Cross-entropy on the expert's actions, and the value term."""
         if not _discrete(output.dist):
             raise ValueError(
                 "imitation: the expert gives one discrete action per step, but the policy's "

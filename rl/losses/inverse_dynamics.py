@@ -29,8 +29,7 @@ class InverseDynamicsLoss(AuxiliaryLoss):
     there is no next observation of it). Needs a ``Discrete`` action space.
 
     Args:
-        feature: The policy feature ``phi`` (:data:`~rl.losses.auxiliary.POLICY_FEATURES`):
-            ``visual`` (the image encoders' output) by default.
+        feature: The policy feature ``phi`` (:data:`~rl.losses.auxiliary.POLICY_FEATURES`).
         hidden_size: Hidden layer of the classifier (0: linear).
     """
 

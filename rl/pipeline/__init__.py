@@ -16,7 +16,6 @@ from rl.pipeline.schedules import (
 from rl.pipeline.stages import PipelineStage, TrainingPipeline, TrainingSettings
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.pipeline.verify import pipeline_errors
-from rl.utils import evenly_distribute_count_into_bins, set_seed, worker_seeds
 
 __all__ = [
     "ConstantSchedule",
@@ -31,9 +30,6 @@ __all__ = [
     "Schedule",
     "TrainingPipeline",
     "TrainingSettings",
-    "evenly_distribute_count_into_bins",
     "pipeline_errors",
-    "set_seed",
     "step_lr_scheduler_to",
-    "worker_seeds",
 ]

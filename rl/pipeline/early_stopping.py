@@ -15,12 +15,8 @@ class EarlyStoppingCriterion(abc.ABC):
     ) -> bool:
         """Return True to end the stage.
 
-        Args:
-            stage_steps: Env steps taken in the current stage.
-            total_steps: Env steps taken in the whole pipeline.
-            training_metrics: The mean of each metric logged since the previous check (e.g.
-                ``charts/success`` at a log point, ``eval/success`` after an evaluation); empty
-                when nothing was logged since, so every logged value is judged once.
+        ``training_metrics`` holds the mean of each metric logged since the previous check
+        (``charts/success``, ``eval/success``, ...): every logged value is judged once.
         """
 
 

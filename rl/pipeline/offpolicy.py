@@ -65,11 +65,7 @@ class OffPolicyPipelineComponent:
         return dict(zip(self.loss_names, self.loss_weights, strict=True))
 
     def shard(self, rank: int, world_size: int) -> None:
-        """Give distributed worker ``rank`` its own share of the data (when the iterator can).
-
-        Data iterators that implement :class:`ShardableData` split their data; others give
-        every worker the same stream, and a warning says so.
-        """
+        """Give worker ``rank`` its own share of the data where the iterator can, else warn."""
         if isinstance(self.data_iterator, ShardableData):
             self.data_iterator.shard(rank, world_size)
         elif rank == 0:
@@ -81,11 +77,7 @@ class OffPolicyPipelineComponent:
 
     @property
     def generator(self) -> torch.Generator | None:
-        """The torch generator the data iterator draws from, saved in checkpoints (None: none).
-
-        That is ``data_iterator.generator``, as :class:`~rl.storage.ExpertTrajectoryIterator`
-        has it.
-        """
+        """``data_iterator.generator`` where it has one (checkpoints save it)."""
         generator = getattr(self.data_iterator, "generator", None)
         return generator if isinstance(generator, torch.Generator) else None
 

@@ -1,9 +1,7 @@
-"""Schedules: functions of the global env-step count (AllenAct's ``LinearDecay`` semantics).
+"""Schedules: ``schedule(env_steps) -> float`` (AllenAct's ``LinearDecay`` semantics).
 
-Every schedule in this project (learning rate, PPO clip, teacher forcing) is a callable
-``schedule(env_steps) -> float``. The LR scheduler is a ``torch.optim.lr_scheduler.LambdaLR``
-whose ``lr_lambda`` is such a schedule and which the engine steps *to* the total env-step count
-(see :func:`step_lr_scheduler_to`), exactly as AllenAct steps its scheduler with env steps.
+The learning rate, the PPO clip and teacher forcing follow them; the LR scheduler is a
+``LambdaLR`` over such a schedule, stepped *to* the env-step count (:func:`step_lr_scheduler_to`).
 """
 
 from __future__ import annotations
@@ -51,15 +49,10 @@ class LinearDecay:
 
 
 class MultiLinearDecay:
-    """Concatenate several :class:`LinearDecay` pieces, each starting where the last one ended.
+    """Several :class:`LinearDecay` pieces in order, each starting where the last one ended.
 
-    Piece ``i`` covers env steps ``[sum(steps[:i]), sum(steps[:i+1]))``, evaluated at the steps
-    elapsed since its start; after the last piece the value stays at its ``endp``. Typically the
-    pieces line up with pipeline stage budgets (e.g. teacher forcing 1 -> 0.5 during stage 0, then
-    0.5 -> 0 during stage 1).
-
-    Args:
-        schedule: The pieces, in order.
+    Each piece is evaluated at the steps elapsed since its start; after the last piece the value
+    stays at its ``endp``.
     """
 
     def __init__(self, *, schedule: Sequence[LinearDecay]) -> None:
@@ -82,11 +75,7 @@ class MultiLinearDecay:
 
 
 class ConstantSchedule:
-    """A schedule that always returns ``value``.
-
-    Args:
-        value: The constant.
-    """
+    """A schedule that always returns ``value``."""
 
     def __init__(self, *, value: float) -> None:
         self.value = float(value)
@@ -99,7 +88,7 @@ class ConstantSchedule:
 def step_lr_scheduler_to(scheduler: torch.optim.lr_scheduler.LRScheduler, env_steps: int) -> None:
     """Set ``scheduler`` (a ``LambdaLR`` over env steps) to the value at ``env_steps``.
 
-    Equivalent to the deprecated ``scheduler.step(epoch=env_steps)`` that AllenAct uses.
+    AllenAct's deprecated ``scheduler.step(epoch=env_steps)``.
     """
     scheduler.last_epoch = env_steps - 1
     with warnings.catch_warnings():

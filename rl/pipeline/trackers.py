@@ -15,12 +15,7 @@ class ScalarMeanTracker:
     def add_scalars(
         self, scalars: Mapping[str, float], n: float | Mapping[str, float] = 1
     ) -> None:
-        """Add ``scalars``, each weighted by ``n`` (a number, or one per key).
-
-        Args:
-            scalars: Values to add, by name.
-            n: Weight of each value: the number of samples it is a mean over.
-        """
+        """Add ``scalars``, each weighted by ``n`` (samples it is a mean over; or one per key)."""
         for key, value in scalars.items():
             weight = n[key] if isinstance(n, Mapping) else n
             self._sums[key] = self._sums.get(key, 0.0) + float(value) * weight
@@ -36,10 +31,6 @@ class ScalarMeanTracker:
     def means(self) -> dict[str, float]:
         """Weighted means of everything added since the last reset."""
         return {k: self._sums[k] / self._counts[k] for k in self._sums if self._counts[k] > 0}
-
-    def sums(self) -> dict[str, float]:
-        """Weighted sums since the last reset."""
-        return dict(self._sums)
 
     def counts(self) -> dict[str, float]:
         """Total weights since the last reset."""

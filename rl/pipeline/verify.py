@@ -18,10 +18,7 @@ def stage_errors(
     component_loss_names: Sequence[str] | None,
     known_losses: Collection[str] | None,
 ) -> list[str]:
-    """A stage's losses: named, known (``known_losses``, None: not checked), one weight each.
-
-    ``component_loss_names`` is None for a stage without an off-policy component.
-    """
+    """A stage's losses: named, known (``known_losses``, None: not checked), one weight each."""
     named = [(f"{where}.loss_names", n) for n in loss_names]
     named += [(f"{where}.offpolicy_component.loss_names", n) for n in component_loss_names or ()]
     errors = [
@@ -43,10 +40,7 @@ def stage_errors(
 
 
 def budget_errors(budgets: Sequence[int | None], total_env_steps: int | None) -> list[str]:
-    """The stages' budgets against the run's: one may be open (the rest), else they sum to it.
-
-    ``total_env_steps`` None: only the number of open budgets is checked.
-    """
+    """The stages' budgets against the run's: one may be open (the rest), else they sum to it."""
     unset = [i for i, b in enumerate(budgets) if b is None]
     given = [b for b in budgets if b is not None]
     if len(unset) > 1:
@@ -118,16 +112,10 @@ def _stage_errors(pipe: Mapping[str, Any], i: int, num_envs: int) -> list[str]:
 def pipeline_errors(
     pipe: Mapping[str, Any], *, num_envs: int, total_env_steps: int | None
 ) -> list[str]:
-    """Problems of a resolved ``pipeline`` config.
+    """One message per problem of a resolved, plain ``pipeline`` config.
 
-    Args:
-        pipe: The plain pipeline section (``named_losses``, ``stages``, default settings).
-        num_envs: Environments of one worker (minibatches are split by environment).
-        total_env_steps: The run's budget, which the stage budgets must sum to (None: skip).
-
-    Returns:
-        One message per problem: unknown loss names, stages without losses, weights that do
-        not match, impossible rollout/minibatch settings, budgets that do not add up.
+    ``num_envs``: the environments of one worker (minibatches are split by environment);
+    ``total_env_steps``: the run's budget, which the stages' must sum to (None: not checked).
     """
     stages = pipe.get("stages") or []
     if not stages:
