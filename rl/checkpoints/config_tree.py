@@ -99,12 +99,7 @@ def ordered_choices(choices: Any, overrides: Any) -> dict[str, str] | None:
 
 
 def run_choices(cfg: DictConfig | Mapping[str, Any]) -> dict[str, str] | None:
-    """The config group choices of the composed config ``cfg`` (None: not composed by Hydra).
-
-    Taken from ``cfg.hydra`` when the config carries it, else from the running Hydra app
-    (:func:`ordered_choices`): only while one runs (a ``HydraConfig`` left behind by an earlier
-    composition is not this config's).
-    """
+    """The config group choices of the composed config ``cfg`` (None: not composed by Hydra)."""
     hydra = _hydra_node(cfg)
     if hydra is None:
         return None
@@ -114,10 +109,7 @@ def run_choices(cfg: DictConfig | Mapping[str, Any]) -> dict[str, str] | None:
 
 
 def config_sources(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any] | None:
-    """Where the composed config ``cfg`` came from (None: not composed by Hydra).
-
-    :func:`run_sources` of the ``hydra`` node :func:`run_choices` takes its choices from.
-    """
+    """Where the composed config ``cfg`` came from (:func:`run_sources`; None: not by Hydra)."""
     hydra = _hydra_node(cfg)
     return None if hydra is None else run_sources(hydra)
 
@@ -142,11 +134,10 @@ def _hydra_node(cfg: DictConfig | Mapping[str, Any]) -> Any:
 class ConfigTree:
     """The user's config tree: where :func:`rebuild_config` composes a saved run's config.
 
-    A tree is a primary folder (``conf/``, with ``train.yaml``) and the folders or packages of
-    the user's own configs laid beside it (Hydra's ``hydra.searchpath``: an experiment, a task
-    or a model of one's own kept in one's own repository). Both come from the invocation, never
-    from a checkpoint: a run records where its configs came from (:func:`run_sources`) only so
-    that a message can say what to type.
+    A primary folder (``conf/``) and the folders or packages of the user's own configs on
+    Hydra's search path. Both come from the invocation, never from a checkpoint: a run records
+    where its configs came from (:func:`run_sources`) only so that a message can say what to
+    type.
 
     Attributes:
         config_dir: The primary folder (None: the running Hydra app's, else the project's own
@@ -164,8 +155,7 @@ class ConfigTree:
     def current(cls) -> ConfigTree:
         """The tree of this invocation: the running (or last composed) Hydra config's.
 
-        Its search path (``hydra.searchpath``, what ``--config-dir`` added too) and, outside a
-        running app (:mod:`rl.api`, a config composed in Python), its primary folder; the
+        Outside a running app (a config composed in Python) its primary folder too; the
         project's ``conf/`` when nothing was composed.
         """
         from hydra.core.global_hydra import GlobalHydra
@@ -506,12 +496,8 @@ def _is_project_conf(folder: str) -> bool:
 def run_sources(hydra: Any) -> dict[str, Any]:
     """Where a composed config's configs came from: ``{"config_dir", "searchpath"}``.
 
-    ``config_dir`` is the primary folder (None: the project's own ``conf/``, or not a folder);
-    ``searchpath`` the user's entries of Hydra's search path: ``hydra.searchpath`` and the
-    folders ``--config-dir`` added (as ``file://`` entries).
-
-    Args:
-        hydra: A composed config's ``hydra`` node (``HydraConfig.get()``).
+    ``config_dir`` is the primary folder (None: the project's own ``conf/``); ``searchpath``
+    ``hydra.searchpath`` and the folders ``--config-dir`` added, of the ``hydra`` node.
     """
     searchpath = [str(e) for e in (hydra.searchpath or ())]
     config_dir = None
