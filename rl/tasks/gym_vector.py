@@ -300,9 +300,7 @@ class GymVectorEnv(BatchedEnv):
     def reset(self, seeds: Sequence[int | None]) -> TensorDict:
         """Reset every environment, each with its seed (None: its own random stream)."""
         obs, infos = self.env.reset(seed=list(seeds))  # type: ignore[arg-type]  # one each
-        flat = self._obs(obs)
-        fields = self._read_fields([(infos, None)], None)
-        return _tensordict({"obs": flat, **fields}, self.num_envs)
+        return self._first_step(obs, infos)
 
     def step(
         self, actions: torch.Tensor, next_seeds: Sequence[int | None] | None = None
@@ -373,10 +371,7 @@ class GymVectorEnv(BatchedEnv):
                 f"{self.name}: this vector environment cannot restore episodes in flight "
                 "(no load_state_dict())"
             )
-        obs, infos = own(state)
-        return _tensordict(
-            {"obs": self._obs(obs), **self._read_fields([(infos, None)], None)}, self.num_envs
-        )
+        return self._first_step(*own(state))
 
     def render(self, index: int = 0) -> Any:
         """Environment ``index``'s frame (built with ``render_mode``), else None."""
@@ -394,6 +389,12 @@ class GymVectorEnv(BatchedEnv):
             self.env.close()
 
     # --------------------------------------------------------------- helpers
+    def _first_step(self, obs: Any, infos: Mapping[str, Any]) -> TensorDict:
+        """What a reset returns: the observations and the fields that come with them."""
+        return _tensordict(
+            {"obs": self._obs(obs), **self._read_fields([(infos, None)], None)}, self.num_envs
+        )
+
     def _obs(self, obs: Any) -> dict[str, np.ndarray]:
         flat = self._flatten(obs)
         return {k: np.array(v) for k, v in flat.items()} if self._copy else dict(flat)
