@@ -1,16 +1,16 @@
-"""Distributed training throughput: ``ppo_nav`` with 1 process vs N DDP workers (CLI runs).
+"""Distributed training throughput: ``ppo_nav`` with 1 process vs N DDP ranks (CLI runs).
 
 Each run is the real command line (``python train.py +experiment=ppo_nav ...``; with
-``distributed=ddp distributed.workers=N`` for N > 1), every worker with ``num_envs`` envs
-and one torch thread, so N workers collect N times the env steps per rollout. FPS is the mean
+``distributed=ddp distributed.world_size=N`` for N > 1), every rank with ``num_envs`` envs
+and one torch thread, so N ranks collect N times the env steps per rollout. FPS is the mean
 ``charts/SPS`` of the logged intervals after the first (start-up excluded), in global env
 steps per second. Optionally ``--preempt`` adds the ``ddp_preempt`` preset (sync_frac 0.5).
 
-``--smoke``: the same runs with tiny budgets (4 envs per worker, 16-step rollouts, 256 env
+``--smoke``: the same runs with tiny budgets (4 envs per rank, 16-step rollouts, 256 env
 steps, FPS logged every 64), to check that the benchmark runs (``tests/test_bench.py``), not to
 measure.
 
-    python bench/ddp_fps.py [--steps 32768] [--workers 1 2] [--num-envs 8] [--num-steps 128]
+    python bench/ddp_fps.py [--steps 32768] [--ranks 1 2] [--num-envs 8] [--num-steps 128]
                             [--log-interval 4096] [--preempt] [--smoke]
 """
 
@@ -31,7 +31,7 @@ SMOKE = {"steps": 256, "num_envs": 4, "num_steps": 16, "log_interval": 64}
 
 
 def run(
-    workers: int,
+    ranks: int,
     steps: int,
     num_envs: int,
     preempt: bool,
@@ -53,9 +53,9 @@ def run(
             "eval.num_episodes=0",
             "logger.sinks.console.progress_bar=false",
         ]
-        if workers > 1:
+        if ranks > 1:
             preset = "ddp_preempt" if preempt else "ddp"
-            args += [f"distributed={preset}", f"distributed.workers={workers}"]
+            args += [f"distributed={preset}", f"distributed.world_size={ranks}"]
             if preempt:
                 args.append("distributed.sync_frac=0.5")
         env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
@@ -71,11 +71,11 @@ def run(
 
 
 def main() -> None:
-    """Print a table of FPS by worker count."""
+    """Print a table of FPS by rank count."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=32768)
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--num-envs", type=int, default=8, help="environments per worker")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--num-envs", type=int, default=8, help="environments per rank")
     parser.add_argument("--num-steps", type=int, default=128, help="rollout length")
     parser.add_argument(
         "--log-interval", type=int, default=4096, help="env steps between logged FPS figures"
@@ -87,15 +87,15 @@ def main() -> None:
         parser.set_defaults(**SMOKE)
         args = parser.parse_args()
     print(
-        f"ppo_nav, {args.num_envs} envs/worker, {args.num_steps}-step rollouts, "
+        f"ppo_nav, {args.num_envs} envs/rank, {args.num_steps}-step rollouts, "
         f"{args.steps} env steps"
     )
-    print(f"{'workers':>7}  {'FPS':>8}  {'wall s':>7}")
-    for workers in args.workers:
+    print(f"{'ranks':>7}  {'FPS':>8}  {'wall s':>7}")
+    for ranks in args.ranks:
         result = run(
-            workers, args.steps, args.num_envs, args.preempt, args.num_steps, args.log_interval
+            ranks, args.steps, args.num_envs, args.preempt, args.num_steps, args.log_interval
         )
-        print(f"{workers:>7}  {result['fps']:>8.0f}  {result['wall_s']:>7.1f}", flush=True)
+        print(f"{ranks:>7}  {result['fps']:>8.0f}  {result['wall_s']:>7.1f}", flush=True)
 
 
 if __name__ == "__main__":

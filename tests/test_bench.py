@@ -188,8 +188,8 @@ TABLES: dict[str, list[str]] = {
         ),
     ],
     "ddp_fps": [
-        r"^ppo_nav, 4 envs/worker, 16-step rollouts, 256 env steps$",
-        r"^workers\s+FPS\s+wall s$",
+        r"^ppo_nav, 4 envs/rank, 16-step rollouts, 256 env steps$",
+        r"^\s*ranks\s+FPS\s+wall s$",
         rf"^\s+1\s+{NUM}\s+{NUM}$",
         rf"^\s+2\s+{NUM}\s+{NUM}$",
     ],

@@ -26,6 +26,7 @@ import yaml
 from pipelines import ppo_pipeline
 from small import SMALL
 
+from rl.checkpoints.migrations import migrate
 from rl.collection import InProcessCollector
 from rl.distributed import (
     DistContext,
@@ -34,11 +35,11 @@ from rl.distributed import (
     distributed_weighted_sum,
     weighted_mean,
 )
-from rl.distributed.launch import free_port, spawn_workers
+from rl.distributed.launch import free_port, spawn_ranks
 from rl.distributed.reduce import reduce_tracker_states
-from rl.distributed.settings import DistributedSettings
+from rl.distributed.settings import DistributedSettings, distributed_errors
 from rl.distributed.setup import checksums_across_ranks, teardown
-from rl.engine.run import _train_worker
+from rl.engine.run import _train_rank
 from rl.engine.settings import verify_train_cfg
 from rl.loggers import MetricsLogger
 from rl.losses import PPOLoss
@@ -322,7 +323,7 @@ def test_preemption_cuts_the_straggler_at_the_configured_fractions(tmp_path: Pat
 
 # ---------------------------------------------------------------- config, faults
 def test_distributed_config_is_verified(compose_cfg: Any, resolve_cfg: Any) -> None:
-    plain = resolve_cfg(compose_cfg(["+experiment=ppo_nav", "distributed.workers=2"]))
+    plain = resolve_cfg(compose_cfg(["+experiment=ppo_nav", "distributed.world_size=2"]))
     with pytest.raises(ConfigError, match="needs distributed=ddp"):
         verify_train_cfg(plain)
     plain = resolve_cfg(
@@ -330,9 +331,25 @@ def test_distributed_config_is_verified(compose_cfg: Any, resolve_cfg: Any) -> N
     )
     with pytest.raises(ConfigError, match="sync_frac"):
         verify_train_cfg(plain)
+    # The former name of world_size is named with the new one, before anything starts.
+    old_name = ["+experiment=ppo_nav", "distributed=ddp", "distributed.workers=3"]
+    plain = resolve_cfg(compose_cfg(old_name))
+    with pytest.raises(ConfigError, match=r"distributed.workers: renamed distributed.world_size"
+                       r" .*write distributed.world_size=3"):  # fmt: skip
+        verify_train_cfg(plain)
 
 
-def test_a_killed_worker_ends_the_job_with_an_error(
+def test_a_saved_config_of_the_former_key_is_read_under_the_new_one() -> None:
+    """A checkpoint saved when world_size was ``workers`` resumes with its value renamed."""
+    section = yaml.safe_load((ROOT / "conf" / "distributed" / "none.yaml").read_text())
+    old = {k: v for k, v in section.items() if k != "world_size"}
+    saved, _ = migrate({"distributed": {**old, "enabled": True, "workers": 2}}, None)
+    assert saved["distributed"]["world_size"] == 2 and saved["distributed"]["workers"] is None
+    assert distributed_errors(saved["distributed"]) == []
+    assert migrate(saved, None) == (saved, None)  # today's layout passes unchanged
+
+
+def test_a_killed_rank_ends_the_job_with_an_error(
     compose_cfg: Any, resolve_cfg: Any, tmp_path: Path
 ) -> None:
     plain = resolve_cfg(
@@ -353,9 +370,9 @@ def test_a_killed_worker_ends_the_job_with_an_error(
     plain["logger"] = {"sinks": {}}
     payload = {"config": plain, "choices": None, "resume": None, "init_from": None}
     start = time.monotonic()
-    with pytest.raises(RuntimeError, match="worker 1 .*SIGKILL"):
+    with pytest.raises(RuntimeError, match="rank 1 .*SIGKILL"):
         settings = DistributedSettings.from_config(plain["distributed"])
-        spawn_workers(2, settings, "cpu", payload, _train_worker)
+        spawn_ranks(2, settings, "cpu", payload, _train_rank)
     assert time.monotonic() - start < 60
 
 
@@ -371,10 +388,10 @@ def _rank_1_fails_then_exits_slowly(plan: dict[str, Any], ctx: Any) -> dict[str,
 
 def test_a_failure_is_named_by_its_rank_not_by_the_peer_it_disconnected(tmp_path: Path) -> None:
     section = yaml.safe_load((ROOT / "conf" / "distributed" / "none.yaml").read_text())
-    settings = DistributedSettings.from_config({**section, "enabled": True, "workers": 2})
+    settings = DistributedSettings.from_config({**section, "enabled": True, "world_size": 2})
     plan = {"config": {"output_dir": str(tmp_path)}}
-    with pytest.raises(RuntimeError, match=r"(?s)worker 1 \(.*the cause, on rank 1") as err:
-        spawn_workers(2, settings, "cpu", plan, _rank_1_fails_then_exits_slowly)
+    with pytest.raises(RuntimeError, match=r"(?s)rank 1 \(.*the cause, on rank 1") as err:
+        spawn_ranks(2, settings, "cpu", plan, _rank_1_fails_then_exits_slowly)
     assert "Connection closed" not in str(err.value)
 
 
@@ -397,7 +414,7 @@ def _cli(tmp_path: Path, launcher: list[str], *overrides: str) -> Path:
 
 
 def test_cli_spawned_workers(tmp_path: Path) -> None:
-    _cli(tmp_path, [sys.executable], "distributed.workers=2")
+    _cli(tmp_path, [sys.executable], "distributed.world_size=2")
 
 
 def test_cli_torchrun(tmp_path: Path) -> None:
@@ -411,7 +428,7 @@ def test_cli_spawned_workers_with_several_agents(tmp_path: Path) -> None:
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "train.py", "+experiment=mappo_nav_multi", "+debug=smoke",
-         "distributed=ddp", "distributed.workers=2", f"hydra.run.dir={run_dir}",
+         "distributed=ddp", "distributed.world_size=2", f"hydra.run.dir={run_dir}",
          "eval.num_episodes=4", "model.value_norm=true"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip

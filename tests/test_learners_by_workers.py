@@ -29,10 +29,10 @@ from small import MODEL, SERIAL, SMALL
 from rl.collection import CollectionSpec, RolloutRequest
 from rl.collection.worker_set import CollectionWorkerSet
 from rl.distributed import DistContext
-from rl.distributed.launch import free_port, spawn_workers
+from rl.distributed.launch import free_port, spawn_ranks
 from rl.distributed.settings import DistributedSettings
 from rl.distributed.setup import checksums_across_ranks, teardown
-from rl.engine.run import _train_worker
+from rl.engine.run import _train_rank
 from rl.loggers import MetricsLogger
 from rl.losses import PPOLoss
 from rl.models import build_policy
@@ -284,7 +284,7 @@ def test_a_killed_worker_of_rank_1_names_the_rank_and_leaves_no_process(
     start = time.monotonic()
     with pytest.raises(RuntimeError, match=r"rank 1 collection worker 1 \(pid \d+\)") as err:
         settings = DistributedSettings.from_config(plain["distributed"])
-        spawn_workers(2, settings, "cpu", payload, _train_worker)
+        spawn_ranks(2, settings, "cpu", payload, _train_rank)
     assert time.monotonic() - start < 30, "the fault took too long to surface"
     assert "died with SIGKILL" in str(err.value)
 

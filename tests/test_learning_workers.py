@@ -32,7 +32,7 @@ TWO_BY_TWO = [
     # each a wait for both ranks on a busy machine) of ppo_nav's 4, the same 4 epochs.
     "pipeline.num_mini_batch=2",
     "distributed=ddp",
-    "distributed.workers=2",
+    "distributed.world_size=2",
     "collector.num_workers=2",
     "logger.sinks.console.progress_bar=false",
 ]

@@ -256,7 +256,7 @@ def test_evaluation_and_the_inference_agent_reuse_the_saved_statistics(
 
 @pytest.mark.slow
 def test_ddp_ranks_merge_every_ranks_moments(compose_cfg: Any, tmp_path: Path) -> None:
-    overrides = [*SMOKE, "distributed=ddp", "distributed.workers=2"]
+    overrides = [*SMOKE, "distributed=ddp", "distributed.world_size=2"]
     run.train(compose_cfg(overrides))
     saved = _final(tmp_path / "run")
     # The budget counts both ranks' steps (2 x 4 envs x 32 steps): every rank summed both

@@ -94,7 +94,7 @@ def test_non_finite_float_settings_are_refused_by_name(
         ("sampler=multiprocess sampler.num_processes=1025", "sampler.num_processes"),
         ("sampler=multiprocess sampler.envs_per_process=5000", "sampler.envs_per_process"),
         ("collector=process collector.num_workers=1025", "collector.num_workers"),
-        ("distributed=ddp distributed.workers=1025", "distributed.workers"),
+        ("distributed=ddp distributed.world_size=1025", "distributed.world_size"),
     ],
 )
 def test_out_of_range_settings_are_refused_before_anything_starts(

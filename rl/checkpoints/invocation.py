@@ -33,7 +33,7 @@ _INVOCATION_ONLY: tuple[tuple[str, str], ...] = (
     ("collector.cpus_per_worker", "a resource size"),
     ("collector.gpus_per_worker", "a resource size"),
     ("collector.memory_per_worker", "a resource size"),
-    ("distributed.workers", "a resource size"),
+    ("distributed.world_size", "a resource size"),
     ("eval.num_envs", "a resource size"),
     ("eval.num_episodes", "a resource size"),
     ("valid.num_envs", "a resource size"),
@@ -49,7 +49,7 @@ RUN_SHAPE = (
     "sampler.num_processes",
     "sampler.envs_per_process",
     "collector.num_workers",
-    "distributed.workers",
+    "distributed.world_size",
 )
 
 

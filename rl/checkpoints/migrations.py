@@ -3,8 +3,8 @@
 Each migration takes the saved config (data) and its group choices and returns both in today's
 form; a config already in it passes unchanged. They cover the pipeline settings' defaults of
 before they lived in the YAML alone, the advantage settings of before the estimator became
-an object (``conf/pipeline/advantage/``), and moved callables
-(:data:`~rl.utils.config.MOVED_TARGETS`).
+an object (``conf/pipeline/advantage/``), moved callables
+(:data:`~rl.utils.config.MOVED_TARGETS`) and renamed keys (:data:`RENAMED_KEYS`).
 """
 
 from __future__ import annotations
@@ -120,11 +120,25 @@ def _moved_targets(
     return _moved(saved), choices
 
 
+# Keys renamed since (section, old name, new name): "worker" names a collection worker only.
+RENAMED_KEYS = (("distributed", "workers", "world_size"),)
+
+
+def _renamed_keys(
+    saved: dict[str, Any], choices: dict[str, str] | None
+) -> tuple[dict[str, Any], dict[str, str] | None]:
+    for section, old, new in RENAMED_KEYS:
+        node = saved.get(section)
+        if isinstance(node, dict) and old in node and new not in node:
+            saved = {**saved, section: {**node, new: node[old], old: None}}
+    return saved, choices
+
+
 def migrate(
     saved: Mapping[str, Any], choices: Mapping[str, str] | None
 ) -> tuple[dict[str, Any], dict[str, str] | None]:
     """A saved config and its group choices in today's layout (see the module's docstring)."""
     out, out_choices = dict(saved), None if choices is None else dict(choices)
-    for step in (_moved_targets, _settings_defaults, _advantage_settings):
+    for step in (_moved_targets, _renamed_keys, _settings_defaults, _advantage_settings):
         out, out_choices = step(out, out_choices)
     return out, out_choices

@@ -60,7 +60,7 @@ class InProcessCollector:
             are copied from ``model`` before every rollout.
         acting_model: That copy, given (None: made here where ``inference_device`` differs
             from ``device``); it takes ``model``'s weights before every rollout all the same.
-        dist: This worker's place among distributed workers (straggler preemption through the
+        dist: This process's place among the ranks (straggler preemption through the
             process group's store when ``dist.sync_frac`` is set; None: one process).
         preemption: Another rule that may end a rollout early (e.g. a collection worker's
             :class:`~rl.collection.worker.StopRequest`); it wins over ``dist``'s.
@@ -142,7 +142,7 @@ class InProcessCollector:
             spec: What to collect from (the sampler is built from it here).
             model: The learner's policy.
             device: The learner's device.
-            dist: This worker's place among distributed workers (None: one process).
+            dist: This process's place among the ranks (None: one process).
             inference_device: ``auto`` (the learner's ``device``), ``cpu``, ``cuda`` (the
                 learner's GPU if it has one, else the current one) or ``cuda:N``.
 

@@ -1,6 +1,6 @@
 """Distributed training over processes and machines (torch.distributed; gloo or nccl).
 
-``launch`` starts the workers, ``setup`` joins them in a process group, ``reduce`` holds the
+``launch`` starts the ranks, ``setup`` joins them in a process group, ``reduce`` holds the
 collectives the trainer uses, ``preemption`` ends stragglers' rollouts early (DD-PPO).
 docs/howto/distributed.md describes what training does with them.
 """

@@ -1,10 +1,10 @@
-"""Starting distributed training: under torchrun, or as workers spawned by ``train.py``.
+"""Starting distributed training: under torchrun, or as ranks spawned by ``train.py``.
 
 Under torchrun every rank composed the config itself, but only rank 0 plans the start (resume,
 ``init_from``, run folder: Hydra's ``${hydra:runtime.output_dir}`` may differ between ranks) and
-broadcasts the plan. With ``distributed.workers=N`` this process plans the start and spawns the
-workers with the plain plan (never a live ``DictConfig``: Hydra's resolvers do not work in
-children). The launcher knows nothing of training: a worker runs ``train_fn(plan, ctx)``.
+broadcasts the plan. With ``distributed.world_size=N`` this process plans the start and spawns the
+ranks with the plain plan (never a live ``DictConfig``: Hydra's resolvers do not work in
+children). The launcher knows nothing of training: a rank runs ``train_fn(plan, ctx)``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_torchrun_worker(
+def run_torchrun_rank(
     settings: DistributedSettings,
     device: str,
     make_plan: Callable[[], dict[str, Any]],
@@ -79,7 +79,7 @@ def run_torchrun_worker(
         teardown()
 
 
-def _spawned_worker(
+def _spawned_rank(
     index: int,
     world_size: int,
     port: int,
@@ -89,8 +89,8 @@ def _spawned_worker(
     train_fn: TrainFn,
     results: Any,
 ) -> None:
-    """Entry point of a spawned worker (rank ``index``)."""
-    # The imports' objects (millions) live as long as the worker: frozen, as train.py does, the
+    """Entry point of spawned rank ``index``."""
+    # The imports' objects (millions) live as long as the rank: frozen, as train.py does, the
     # collector never walks them again, nor does the exit (~1 s the launcher would wait).
     gc.freeze()
     os.environ.update(
@@ -122,7 +122,7 @@ def _spawned_worker(
 
 @contextlib.contextmanager
 def _forward_signals(context: Any) -> Iterator[None]:
-    """Forward SIGTERM/SIGUSR1 to the workers (Ctrl-C reaches them through the terminal)."""
+    """Forward SIGTERM/SIGUSR1 to the ranks (Ctrl-C reaches them through the terminal)."""
 
     def handler(signum: int, frame: Any) -> None:
         for p in context.processes:
@@ -142,16 +142,16 @@ def _forward_signals(context: Any) -> Iterator[None]:
             signal.signal(sig, old)
 
 
-# A worker that fails closes its sockets, and the others then fail inside their next collective
+# A rank that fails closes its sockets, and the others then fail inside their next collective
 # with an error that names no cause (gloo's "Connection closed by peer"). Which failure the
 # launcher sees first is a race (on a loaded machine both have exited by the time it looks).
 _ECHOES = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
 
 
 def _first_cause(context: Any, error: ProcessException) -> tuple[int, str]:
-    """The failed worker to report: ``error``'s, unless it only echoes another's failure.
+    """The failed rank to report: ``error``'s, unless it only echoes another's failure.
 
-    Every worker that raised left its traceback in its error file (torch's spawn wrapper);
+    Every rank that raised left its traceback in its error file (torch's spawn wrapper);
     the first one that is not an echo of a closed peer names the cause.
     """
     if not any(echo in str(error) for echo in _ECHOES):
@@ -160,35 +160,35 @@ def _first_cause(context: Any, error: ProcessException) -> tuple[int, str]:
         if index == error.error_index or not os.access(path, os.R_OK):
             continue
         with contextlib.suppress(Exception), open(path, "rb") as fh:
-            # Written by the worker process this launcher started (torch.multiprocessing).
+            # Written by a process this launcher started (torch.multiprocessing).
             trace = str(pickle.load(fh))
             if not any(echo in trace for echo in _ECHOES):
                 return index, f"\n\n-- Process {index} failed with:\n{trace}"
     return error.error_index, str(error)
 
 
-def spawn_workers(
-    workers: int,
+def spawn_ranks(
+    ranks: int,
     settings: DistributedSettings,
     device: str,
     plan: dict[str, Any],
     train_fn: TrainFn,
 ) -> Any:
-    """Run ``train_fn(plan, ctx)`` on local spawned workers; return what it returned on rank 0.
+    """Run ``train_fn(plan, ctx)`` on local spawned ranks; return what it returned on rank 0.
 
-    A free local port is the rendezvous; SIGTERM and SIGUSR1 are forwarded to the workers.
+    A free local port is the rendezvous; SIGTERM and SIGUSR1 are forwarded to the ranks.
 
     Raises:
-        RuntimeError: A worker failed or died (the others are terminated), named.
+        RuntimeError: A rank failed or died (the others are terminated), named.
     """
     port = free_port()
     mpctx = mp.get_context("spawn")
     results = mpctx.SimpleQueue()
-    log.info("spawning %d distributed workers (rendezvous 127.0.0.1:%d)", workers, port)
+    log.info("spawning %d ranks (rendezvous 127.0.0.1:%d)", ranks, port)
     context = mp.start_processes(
-        _spawned_worker,
-        args=(workers, port, settings, device, plan, train_fn, results),
-        nprocs=workers,
+        _spawned_rank,
+        args=(ranks, port, settings, device, plan, train_fn, results),
+        nprocs=ranks,
         join=False,
         start_method="spawn",
     )
@@ -199,8 +199,8 @@ def spawn_workers(
     except ProcessException as e:
         index, detail = _first_cause(context, e)
         raise RuntimeError(
-            f"distributed training failed: worker {index} ({detail}); the other "
-            "workers were terminated"
+            f"distributed training failed: rank {index} ({detail}); the other "
+            "ranks were terminated"
         ) from None
     if results.empty():
         raise RuntimeError("distributed training: rank 0 exited without a result")

@@ -1,8 +1,8 @@
 """Straggler preemption (DD-PPO; PyTorchRL's ``fraction_samples``) through the group's store.
 
 Shortened rollouts are fine downstream: the storage keeps the steps recorded and the gradient
-average weighs each worker by its batch size. Polling costs one store round trip a step, and
-only once a worker has its minimum.
+average weighs each rank by its batch size. Polling costs one store round trip a step, and
+only once a rank has its minimum.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch.distributed as dist
 
 
 class RolloutPreemption:
-    """Per-rollout "how many workers are done" counters in the process group's store.
+    """Per-rollout "how many ranks are done" counters in the process group's store.
 
-    A straggler ends its rollout once ``sync_frac`` of the ``world_size`` workers have finished
+    A straggler ends its rollout once ``sync_frac`` of the ``world_size`` ranks have finished
     theirs and it has at least ``min_rollout_frac`` of its steps.
     """
 
@@ -49,15 +49,15 @@ class RolloutPreemption:
         self._key = f"rl/preempt/{rollout_index}"
 
     def min_steps(self, num_steps: int) -> int:
-        """The fewest steps a worker collects in a rollout of ``num_steps`` (at least 1)."""
+        """The fewest steps a rank collects in a rollout of ``num_steps`` (at least 1)."""
         return max(1, math.ceil(self.min_rollout_frac * num_steps - 1e-9))
 
     def should_stop(self, steps_done: int, num_steps: int) -> bool:
-        """True if enough workers are done and this one has its minimum of ``num_steps``."""
+        """True if enough ranks are done and this one has its minimum of ``num_steps``."""
         if steps_done >= num_steps or steps_done < self.min_steps(num_steps):
             return False
         return int(self.store.add(self._key, 0)) >= self.threshold
 
     def finished(self) -> None:
-        """Count this worker as done with the rollout (it collected every step)."""
+        """Count this rank as done with the rollout (it collected every step)."""
         self.store.add(self._key, 1)

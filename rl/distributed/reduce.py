@@ -1,4 +1,4 @@
-"""Reductions across distributed workers: weighted sums, gradients, advantage stats, metrics.
+"""Reductions across ranks: weighted sums, gradients, advantage stats, metrics.
 
 All are collectives (every rank calls them in the same order) and no-ops on one process, so the
 trainer calls them unconditionally.

@@ -11,10 +11,14 @@ from rl.utils.config import MAX_WORKERS, Check, load_section, section_errors
 
 @dataclasses.dataclass(frozen=True)
 class DistributedSettings:
-    """How training is spread over workers (conf/distributed/none.yaml documents each key)."""
+    """How training is spread over ranks (conf/distributed/none.yaml documents each key).
+
+    ``workers`` is the former name of ``world_size``: set, it is an error naming the new key.
+    """
 
     enabled: bool
-    workers: Annotated[int | None, Check(ge=1, le=MAX_WORKERS)]
+    world_size: Annotated[int | None, Check(ge=1, le=MAX_WORKERS)]
+    workers: int | None
     backend: Annotated[str, Check(choices=("auto", "gloo", "nccl", "mpi"))]
     device: str | None
     timeout_s: Annotated[float, Check(gt=0)]
@@ -30,6 +34,13 @@ class DistributedSettings:
 def distributed_errors(section: Any) -> list[str]:
     """Problems of a resolved ``distributed`` section."""
     errors = section_errors(DistributedSettings, section, "distributed")
-    if not errors and section["workers"] is not None and not section["enabled"]:
-        errors.append("distributed.workers: needs distributed=ddp (distributed.enabled=true)")
+    if errors:
+        return errors
+    if section["workers"] is not None:
+        errors.append(
+            "distributed.workers: renamed distributed.world_size (the number of training "
+            f"processes, ranks); write distributed.world_size={section['workers']}"
+        )
+    elif section["world_size"] is not None and not section["enabled"]:
+        errors.append("distributed.world_size: needs distributed=ddp (distributed.enabled=true)")
     return errors

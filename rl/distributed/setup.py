@@ -1,7 +1,7 @@
-"""Process-group setup and teardown, per-worker devices, identical model initialisation.
+"""Process-group setup and teardown, per-rank devices, identical model initialisation.
 
-A worker joins with the ``env://`` rendezvous, from the variables torchrun sets (and
-:mod:`rl.distributed.launch` for the workers it spawns). gloo fails at once when a peer's
+A rank joins with the ``env://`` rendezvous, from the variables torchrun sets (and
+:mod:`rl.distributed.launch` for the ranks it spawns). gloo fails at once when a peer's
 connection closes and after ``timeout_s`` when a peer hangs: a job never hangs forever.
 """
 
@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class DistContext:
-    """Where this worker stands in the world (rank 0 logs and writes), and its preemption.
+    """Where this rank stands in the world (rank 0 logs and writes), and its preemption.
 
     ``local_rank`` is the rank on this machine (it picks the GPU); ``sync_frac`` and
     ``min_rollout_frac`` are :class:`~rl.distributed.settings.DistributedSettings`'.
@@ -45,14 +45,14 @@ class DistContext:
 
     @property
     def enabled(self) -> bool:
-        """True with more than one worker."""
+        """True with more than one rank."""
         return self.world_size > 1
 
 
 def init_distributed(settings: DistributedSettings, device: str) -> DistContext:
     """Join the process group described by the environment (``env://``) on ``device``.
 
-    ``cuda`` is ``cuda:LOCAL_RANK``: one GPU per local worker.
+    ``cuda`` is ``cuda:LOCAL_RANK``: one GPU per local rank.
 
     Raises:
         RuntimeError: The launcher's environment variables are missing.
@@ -63,7 +63,7 @@ def init_distributed(settings: DistributedSettings, device: str) -> DistContext:
         raise RuntimeError(
             f"distributed=ddp needs {', '.join(missing)} in the environment: launch with "
             "`torchrun --nproc_per_node=N train.py ... distributed=ddp`, or set "
-            "distributed.workers=N to spawn N local workers"
+            "distributed.world_size=N to spawn N local ranks"
         )
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))

@@ -3,7 +3,7 @@
 ``train.py`` and ``evaluate.py`` call :func:`train` and :func:`evaluate`; nothing in ``rl/``
 imports this module. :func:`train` verifies the config (every problem at once, before anything
 starts), plans the start (fresh, ``resume=``, ``init_from=``), dispatches to distributed
-workers when asked, and for each worker builds the parts from their own config sections (model,
+ranks when asked, and for each rank builds the parts from their own config sections (model,
 pipeline, collector with its environments, logger, callbacks), hands them to the trainer, and
 closes them all whatever happens. :func:`evaluate` hands ``evaluate.py``'s config to
 :mod:`rl.evaluation.runs`.
@@ -28,7 +28,7 @@ from rl.checkpoints.files import CheckpointError, load_checkpoint
 from rl.checkpoints.resume import StartPlan, plan_start
 from rl.collection.base import CollectionSpec, Collector
 from rl.collection.episodes import EvalSampler
-from rl.distributed.launch import launched_by_torchrun, run_torchrun_worker, spawn_workers
+from rl.distributed.launch import launched_by_torchrun, run_torchrun_rank, spawn_ranks
 from rl.distributed.settings import DistributedSettings
 from rl.distributed.setup import DistContext, synchronize_model
 from rl.engine.cli import hydra_record, write_hydra_record
@@ -70,8 +70,8 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
 
     ``resume=RUN_DIR|CHECKPOINT`` continues a run exactly in its own folder, ``init_from=`` starts
     a new one from a checkpoint's weights (see :mod:`rl.checkpoints.resume`).
-    ``distributed=ddp`` trains on several workers (:mod:`rl.distributed.launch`): under
-    torchrun, or spawned here with ``distributed.workers=N``; the metrics are rank 0's.
+    ``distributed=ddp`` trains on several ranks (:mod:`rl.distributed.launch`): under
+    torchrun, or spawned here with ``distributed.world_size=N``; the metrics are rank 0's.
 
     Raises:
         ConfigError: The config cannot run (every problem listed).
@@ -95,18 +95,18 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
         planned.append(_verified_plan(cfg, plain))
         return {**_plan_payload(planned[0]), "hydra_record": record}
 
-    if dist.workers is None or launched_by_torchrun():
+    if dist.world_size is None or launched_by_torchrun():
         try:
-            outcome = run_torchrun_worker(dist, plain["device"], make_plan, _train_worker)
+            outcome = run_torchrun_rank(dist, plain["device"], make_plan, _train_rank)
         finally:
             for start in planned:
                 start.close()
     else:
         start = _verified_plan(cfg, plain)
-        try:  # this process waits for the workers with the run's log file attached
+        try:  # this process waits for the ranks with the run's log file attached
             payload = {**_plan_payload(start), "hydra_record": record}
-            outcome = spawn_workers(
-                dist.workers, dist, start.config["device"], payload, _train_worker
+            outcome = spawn_ranks(
+                dist.world_size, dist, start.config["device"], payload, _train_rank
             )
         finally:
             start.close()
@@ -134,7 +134,7 @@ def _verified_plan(cfg: DictConfig | dict[str, Any], plain: dict[str, Any]) -> S
     """How the run starts; a resumed run's config (rebuilt from its checkpoint) checked too.
 
     The config is checked once per process: ``plain`` by :func:`train`, a rebuilt one here or
-    in :func:`_train_body`; distributed workers train on the config their launcher checked.
+    in :func:`_train_body`; ranks train on the config their launcher checked.
     """
     start = plan_start(cfg, plain)
     if start.config is not plain:
@@ -147,7 +147,7 @@ def _verified_plan(cfg: DictConfig | dict[str, Any], plain: dict[str, Any]) -> S
 
 
 def _plan_payload(start: StartPlan) -> dict[str, Any]:
-    """A start plan as plain data for other workers (they reload its checkpoint)."""
+    """A start plan as plain data for the other ranks (they reload its checkpoint)."""
     return {
         "config": start.config,
         "choices": start.choices,
@@ -157,8 +157,8 @@ def _plan_payload(start: StartPlan) -> dict[str, Any]:
     }
 
 
-def _train_worker(payload: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
-    """One distributed worker: rebuild the start plan from ``payload``, train; the outcome."""
+def _train_rank(payload: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
+    """One rank: rebuild the start plan from ``payload``, train; the outcome."""
     resume, init_from = payload["resume"], payload["init_from"]
     start = StartPlan(  # (the parent rebuilt the config: only the training state is read)
         payload["config"],
@@ -184,7 +184,7 @@ def _train(
     checked: bool = True,
     record: dict[str, str] | None = None,
 ) -> dict[str, float]:
-    """Train from a start plan; ``ctx``: this distributed worker (None: one process).
+    """Train from a start plan; ``ctx``: this rank (None: one process).
 
     ``checked``: the plan's config was checked (:func:`verify_train_cfg`) in this process or by
     the launcher (False: a resumed run's rebuilt config, checked here). ``record``: Hydra's
@@ -326,7 +326,7 @@ def _distribute(
     """Distributed: rank 0's weights (and auxiliary heads) everywhere, per-rank seeds.
 
     Returns:
-        ``(env_offset, total_envs)`` of this worker's sampler in the global seed stream.
+        ``(env_offset, total_envs)`` of this rank's sampler in the global seed stream.
     """
     if ctx is None or not ctx.enabled:
         return 0, None

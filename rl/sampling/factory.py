@@ -44,8 +44,8 @@ def build_sampler(
         seed: Seed of the environments' first resets (training mode).
         episode_seeds: Evaluation mode: the fixed episode list.
         num_envs: Overrides the config's environment count (e.g. ``eval.num_envs``).
-        env_offset: Global index of the first environment (distributed workers share one seed
-            stream: worker ``r`` of ``W`` with ``n`` envs each has offset ``r * n``).
+        env_offset: Global index of the first environment (ranks share one seed
+            stream: rank ``r`` of ``W`` with ``n`` envs each has offset ``r * n``).
         total_envs: Size of that global seed stream (default ``env_offset + num_envs``).
 
     Returns:

@@ -25,15 +25,15 @@ class RolloutInfo:
 
     Attributes:
         stage_index: The stage the rollout belonged to.
-        num_steps: Rollout length per environment of this worker (shortened at a stage's end,
+        num_steps: Rollout length per environment of this rank (shortened at a stage's end,
             or by straggler preemption).
-        env_steps: Env steps of the rollout over all workers (``num_steps * num_envs`` on one
+        env_steps: Env steps of the rollout over all ranks (``num_steps * num_envs`` on one
             process).
         total_steps: Global env steps after the rollout.
         settings: The stage's effective training settings.
         teacher_forced: Steps whose action was the expert's by teacher forcing.
         offpolicy_updates: Off-policy optimiser steps after the rollout.
-        rollout: The rollout itself (storage, episodes, timing) of this worker; its storage is
+        rollout: The rollout itself (storage, episodes, timing) of this rank; its storage is
             reused by the next rollout, so read it during the callback, do not keep it.
     """
 

@@ -6,7 +6,7 @@ all-reduce -> clip -> optimiser step) serves both updates:
 - :meth:`Learner.update`, on-policy: returns and advantages of the rollout (by the stage's
   ``advantage`` estimator, :mod:`rl.storage.estimators`: GAE, discounted returns, V-trace
   with the current policy, or a researcher's own; per-rollout advantage statistics over
-  every distributed worker), then ``update_repeats`` epochs of
+  every rank), then ``update_repeats`` epochs of
   ``num_mini_batch`` minibatches of sequences (whole rollouts of some environments, re-run from
   the rollout's first state, or ``recurrence``-step chunks re-run from the states stored at
   their starts: truncated BPTT), each optimising the stage's losses.
@@ -76,7 +76,7 @@ class Learner:
         pipeline: Named losses and the optimizer / LR-scheduler builders.
         device: Where the model lives.
         seed: Seed of the minibatch shuffling generator.
-        dist: This worker's place among distributed workers (None: one process).
+        dist: This process's place among the ranks (None: one process).
     """
 
     def __init__(
@@ -120,7 +120,7 @@ class Learner:
         self._compile_proven = False  # a compiled call returned (errors after it are not its)
         if pipeline.compile:
             self._forward = compiled_forward(model, self.device)
-        if self.dist.enabled:  # each worker draws its own off-policy data
+        if self.dist.enabled:  # each rank draws its own off-policy data
             for stage in pipeline.stages:
                 if stage.offpolicy_component is not None:
                     stage.offpolicy_component.shard(self.dist.rank, self.dist.world_size)
@@ -178,14 +178,14 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
         if self.dist.enabled:
-            # ALGO: the gradient of the mean over every worker's batch (weighted by size).
+            # ALGO: the gradient of the mean over every rank's batch (weighted by size).
             average_gradients(self._params, num_samples)
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params, max_grad_norm)
         logged[f"{prefix}/total"] = total.item()
         for name, value in totals.items():  # (computed already: no further device sync)
             logged[f"{prefix}/{name}/total"] = value.item()
         logged[f"{prefix}/grad_norm"] = grad_norm.item()
-        # HARNESS: judged after the gradient all-reduce, so every DDP worker decides alike.
+        # HARNESS: judged after the gradient all-reduce, so every rank decides alike.
         finite = math.isfinite(logged[f"{prefix}/total"]) and math.isfinite(
             logged[f"{prefix}/grad_norm"]
         )
@@ -254,7 +254,7 @@ class Learner:
         tracker.add_scalars(dict(scalars))
         tracker.add_scalars(self._update_value_norms(storage.recorded()))
         if self.dist.enabled:
-            # ALGO: per-rollout advantage normalisation with every worker's rollout (sum, sum of
+            # ALGO: per-rollout advantage normalisation with every rank's rollout (sum, sum of
             # squares and count all-reduced), independent of how the data is split over ranks.
             active = storage.data.get(AGENT_ACTIVE, None)  # several agents: those in play
             mean, std, _ = advantage_stats(

@@ -3,10 +3,10 @@
 :class:`TrainingMetrics` accumulates between log points: finished episodes' metrics (as
 ``charts/*``), the rollouts' per-step statistics and the updates' loss terms (weighted means,
 AllenAct's ``ScalarMeanTracker``), and the seconds spent stepping environments, in inference and
-in updates. At a log point it reduces the means over every distributed worker, adds
+in updates. At a log point it reduces the means over every rank, adds
 ``charts/SPS`` and ``time/*_fraction`` over the interval, and rank 0's view is what every
-worker keeps as :attr:`TrainingMetrics.last`. The return's spread over the interval's episodes
-of every worker goes beside its mean (``charts/episodic_return_std``, ``_min``, ``_max``), and
+rank keeps as :attr:`TrainingMetrics.last`. The return's spread over the interval's episodes
+of every rank goes beside its mean (``charts/episodic_return_std``, ``_min``, ``_max``), and
 the episodes themselves to the sinks that keep them (``episodes.csv``).
 
 Early-stopping criteria see every logged value once: :meth:`TrainingMetrics.since_last_check`
@@ -45,7 +45,7 @@ class TrainingMetrics:
 
     Args:
         logger: Where metrics go.
-        dist: This worker's place among distributed workers (None: one process).
+        dist: This process's place among the ranks (None: one process).
     """
 
     def __init__(self, logger: MetricsLogger, dist: DistContext | None = None) -> None:
@@ -105,7 +105,7 @@ class TrainingMetrics:
         now = time.perf_counter()
         elapsed = max(now - self._interval_start[0], 1e-9)
         metrics: dict[str, float] = {**self._pop(self.episodes), **self._pop(self.train)}
-        finished = gather_lists(self.finished)  # (every worker's, in rank order)
+        finished = gather_lists(self.finished)  # (every rank's, in rank order)
         self.finished = []
         returns = [e[RETURN] for e in finished if RETURN in e]
         if returns:
@@ -118,7 +118,7 @@ class TrainingMetrics:
             metrics[f"time/{name}_fraction"] = seconds / elapsed
             self.timers[name] = 0.0
         if self.distributed:
-            # Rank 0's view (its timers and SPS): identical `last` on every worker keeps
+            # Rank 0's view (its timers and SPS): identical `last` on every rank keeps
             # metric-based stage advances in step.
             metrics = broadcast_object(metrics)
         self.logger.log(steps, metrics)
@@ -141,7 +141,7 @@ class TrainingMetrics:
         return self.unchecked.pop_and_reset()
 
     def _pop(self, tracker: ScalarMeanTracker) -> dict[str, float]:
-        """The tracker's means (over every worker when distributed), then reset it."""
+        """The tracker's means (over every rank when distributed), then reset it."""
         if not self.distributed:
             return tracker.pop_and_reset()
         state = reduce_tracker_states(tracker.state_dict())

@@ -16,7 +16,7 @@ The layout (:data:`CHECKPOINT_FORMAT` 5) is flat and ``torch.load(weights_only=T
 
 Distributed, saving is a collective: rank 0's checkpoint also holds every rank's ``sampler``,
 ``rollout`` and ``rng`` (the top-level ones are rank 0's), and each rank resumes from its own
-view (:func:`rank_view`) when the number of workers is the same.
+view (:func:`rank_view`) when the number of ranks is the same.
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ def _to_cpu(value: Any) -> Any:
 def rank_view(state: Mapping[str, Any], dist: DistContext) -> dict[str, Any]:
     """``state`` with this rank's ``sampler``, ``rollout``, ``rng`` and collection workers.
 
-    A checkpoint saved with another number of workers (or by one process) has no entries for
-    this layout: every worker then starts fresh episodes (a warning says so).
+    A checkpoint saved with another number of ranks (or by one process) has no entries for
+    this layout: every rank then starts fresh episodes (a warning says so).
     """
     saved = state.get("distributed") or {}
     ranks = saved.get("ranks")
@@ -89,8 +89,8 @@ def rank_view(state: Mapping[str, Any], dist: DistContext) -> dict[str, Any]:
         return {**state, **ranks[dist.rank]}
     if dist.is_main:
         log.warning(
-            "the checkpoint holds no per-worker state for %d workers (saved with %s): "
-            "every worker starts fresh episodes",
+            "the checkpoint holds no per-rank state for %d ranks (saved with %s): "
+            "every rank starts fresh episodes",
             dist.world_size,
             saved.get("world_size", "one process"),
         )

@@ -6,7 +6,7 @@ stop; ``train`` then raises :class:`TrainingStopped` whose ``exit_code`` is
 Ctrl-C does the same with :data:`EXIT_SIGINT` (130); a second Ctrl-C or SIGTERM aborts at once
 (the last checkpoint on disk stays valid: checkpoints are written atomically).
 
-Under DDP every worker must leave the loop at the same rollout: :class:`StopAgreement` folds
+Under DDP every rank must leave the loop at the same rollout: :class:`StopAgreement` folds
 the stop requests into the one all-reduce each rollout already makes (its env-step count), and
 the loop ends on the agreed request, the highest-ranking one if several arrived.
 """
@@ -35,7 +35,7 @@ EXIT_REQUEUE = 3  # SIGUSR1: "checkpointed, requeue me" for a scheduler's requeu
 EXIT_SIGINT = 130  # 128 + SIGINT (Ctrl-C)
 _EXIT_CODES = {"SIGTERM": EXIT_SIGTERM, "SIGUSR1": EXIT_REQUEUE, "SIGINT": EXIT_SIGINT}
 
-# Stop requests agreed across workers: the highest code wins (4: any other reason).
+# Stop requests agreed across ranks: the highest code wins (4: any other reason).
 _STOP_CODES = {"SIGINT": 1, "SIGTERM": 2, "SIGUSR1": 3}
 _STOP_NAMES = {v: k for k, v in _STOP_CODES.items()}
 
@@ -60,16 +60,16 @@ class TrainingStopped(Exception):
 
 
 class StopAgreement:
-    """Stop requests of this worker, and the one every worker agreed on.
+    """Stop requests of this rank, and the one every rank agreed on.
 
     Args:
-        dist: This worker's place among distributed workers (None: one process, where a
+        dist: This process's place among the ranks (None: one process, where a
             request is agreed at once).
     """
 
     def __init__(self, dist: DistContext | None = None) -> None:
         self.distributed = dist is not None and dist.enabled
-        self.stop_reason: str | None = None  # this worker's request (the first one is kept)
+        self.stop_reason: str | None = None  # this rank's request (the first one is kept)
         self.agreed: str | None = None
 
     def request_stop(self, reason: str) -> None:
@@ -86,13 +86,13 @@ class StopAgreement:
         """Global env steps of a rollout, agreeing on stop requests (one all-reduce).
 
         Args:
-            local_steps: Env steps this worker collected.
+            local_steps: Env steps this rank collected.
             device: Where the collective's tensor lives (CUDA under nccl).
         """
         if not self.distributed:
             return local_steps
         code = _STOP_CODES.get(self.stop_reason, 4) if self.stop_reason else 0
-        # [steps, how many workers asked to stop with code 1, 2, 3, 4]; the highest code wins.
+        # [steps, how many ranks asked to stop with code 1, 2, 3, 4]; the highest code wins.
         requests = [float(code == c) for c in range(1, 5)]
         steps, *counts = all_reduce_sum([float(local_steps), *requests], device)
         asked = [c for c in range(1, 5) if counts[c - 1] > 0]
@@ -104,7 +104,7 @@ class StopAgreement:
         """The reason training stopped once the loop has ended (None: it finished).
 
         Distributed, a request that came after the last agreement is ignored (with a warning),
-        so that every worker takes the same path.
+        so that every rank takes the same path.
         """
         if self.distributed and self.stop_reason != self.agreed:
             if self.stop_reason is not None:

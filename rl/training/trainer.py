@@ -15,10 +15,10 @@ marks the best and ``keep_last`` keeps the newest N: :mod:`rl.checkpoints.retent
 rollout boundary with a checkpoint. Checkpoints hold everything needed to continue exactly
 (:mod:`rl.training.state`).
 
-Distributed (``dist`` with several workers, :mod:`rl.distributed`): every worker collects its
-own rollout and the workers meet after it in one all-reduce (global env steps, stop requests,
+Distributed (``dist`` with several ranks, :mod:`rl.distributed`): every rank collects its
+own rollout and the ranks meet after it in one all-reduce (global env steps, stop requests,
 :class:`~rl.training.stopping.StopAgreement`). Budgets and step counts are in global env steps.
-Advantages are normalised over all workers' rollouts, gradients are averaged weighted by batch
+Advantages are normalised over all ranks' rollouts, gradients are averaged weighted by batch
 size, metrics are reduced before rank 0 logs, and only rank 0 writes checkpoints.
 """
 
@@ -63,8 +63,8 @@ class OnPolicyTrainer:
         device: Torch device of the model.
         seed: Seed of the minibatch shuffling generator.
         callbacks: :class:`~rl.training.callbacks.Callback` objects, called in order.
-        dist: This worker's place among distributed workers (None: a single process). Every
-            worker needs the same pipeline, model and number of environments.
+        dist: This process's place among the ranks (None: a single process). Every
+            rank needs the same pipeline, model and number of environments.
         stop: Where stop requests land (the run's signal handlers may have been given it
             before the trainer existed); None: a new one.
     """
@@ -163,7 +163,7 @@ class OnPolicyTrainer:
                 pipe.current_stage,
                 pipe.current_settings,
             )
-            # 1. Collect a rollout; every worker learns the rollout's global env steps.
+            # 1. Collect a rollout; every rank learns the rollout's global env steps.
             t0 = time.perf_counter()
             rollout = self.collector.collect(self._rollout_request())
             self.metrics.add_rollout(rollout, time.perf_counter() - t0)
@@ -270,7 +270,7 @@ class OnPolicyTrainer:
         """Whether the stage ends now: its budget is spent or its criterion fires.
 
         The criterion judges the values logged since its last check. Distributed, rank 0's
-        decision holds for every worker (only rank 0 evaluates, so only it sees ``eval/*``).
+        decision holds for every rank (only rank 0 evaluates, so only it sees ``eval/*``).
         """
         done = self.pipeline.should_advance(self.metrics.since_last_check())
         if self.dist.enabled:
