@@ -42,7 +42,7 @@ def row(model: str, steps: int, overrides: list[str]) -> tuple[float, dict[str, 
 
 def slow_worker(steps: int, delay: float, max_policy_lag: int = 4) -> None:
     """Barrier vs barrier-free async with one straggler worker (see the module docstring)."""
-    from rl.utils.seeding import worker_seeds
+    from rl.utils.seeding import env_seeds
 
     seed, envs = 1, train_fps.NUM_ENVS
     slow_env = envs // 2  # worker 1's first environment
@@ -53,7 +53,7 @@ def slow_worker(steps: int, delay: float, max_policy_lag: int = 4) -> None:
         "~task.env_kwargs",
         "~task.wrappers",
         f"+task.delay={delay}",
-        f"+task.slow_seed={worker_seeds(envs, seed)[slow_env]}",
+        f"+task.slow_seed={env_seeds(envs, seed)[slow_env]}",
         "+task.max_steps=50",
     ]
     common = [

@@ -32,7 +32,7 @@ from rl.sampling import BatchedSampler, SerialSampler, finished_episodes
 from rl.tasks.batched import BatchedEnv
 from rl.tasks.gym_vector import GymVectorEnv
 from rl.utils.finite import NonFiniteError
-from rl.utils.seeding import worker_seeds
+from rl.utils.seeding import env_seeds
 from rl_envs.toys.corridor import BatchedCorridor, CorridorEnv
 
 # CartPole cut at 12 steps: episodes end by termination and by truncation.
@@ -201,7 +201,7 @@ def test_a_nan_reward_is_named_as_the_serial_sampler_names_it(form: str) -> None
 
 def test_a_nan_observation_is_named_as_the_serial_sampler_names_it() -> None:
     task = {"_target_": "rl_envs.toys.debug.FaultyEnv", "mode": "nan_obs", "fail_at_step": 3,
-            "fail_seed": worker_seeds(2, 0)[1]}  # fmt: skip
+            "fail_seed": env_seeds(2, 0)[1]}  # fmt: skip
     errors = []
     for sampler in both(task, num_envs=2):
         with sampler, pytest.raises(NonFiniteError) as info:

@@ -42,7 +42,7 @@ from rl.models import ActorCritic, build_policy
 from rl.pipeline import PipelineStage
 from rl.tasks import task_spaces
 from rl.training import Callback, OnPolicyTrainer, RolloutInfo
-from rl.utils.seeding import set_seed, worker_seeds
+from rl.utils.seeding import env_seeds, set_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = [
@@ -246,7 +246,7 @@ def test_sync_workers_resume_exactly(ray_instance: Any, tmp_path: Path) -> None:
 def test_fraction_samples_cuts_a_slow_worker(backend: str) -> None:
     # Environment 3 (worker 1's second) sleeps 50 ms a step: worker 1 is the straggler.
     slow = {"_target_": "rl_envs.toys.debug.SlowEnv", "delay": 0.05, "max_steps": 10,
-            "slow_seed": worker_seeds(4, 5)[3]}  # fmt: skip
+            "slow_seed": env_seeds(4, 5)[3]}  # fmt: skip
     spec = CollectionSpec(task=slow, sampler=SERIAL, model=MODEL, seed=5)
     workers, _ = make_set(
         spec, backend, num_workers=2, mode="sync", fraction_samples=0.5, min_rollout_frac=0.25
@@ -279,7 +279,7 @@ def test_evaluation_over_two_workers_runs_each_episode_once(backend: str) -> Non
 
 # -------------------------------------------------------------------------- faults
 def test_a_killed_worker_is_a_clear_error_and_nothing_is_left(backend: str) -> None:
-    doomed = worker_seeds(4, 2)[3]  # worker 1's second environment
+    doomed = env_seeds(4, 2)[3]  # worker 1's second environment
     task = {"_target_": "rl_envs.toys.debug.FaultyEnv", "fail_seed": doomed, "fail_at_step": 6,
             "mode": "kill", "max_steps": 10}  # fmt: skip
     spec = CollectionSpec(task=task, sampler=SERIAL, model=MODEL, seed=2)
@@ -302,7 +302,7 @@ def test_a_killed_worker_is_a_clear_error_and_nothing_is_left(backend: str) -> N
 
 
 def test_a_raising_worker_names_itself_and_the_traceback(backend: str) -> None:
-    doomed = worker_seeds(4, 2)[0]
+    doomed = env_seeds(4, 2)[0]
     task = {"_target_": "rl_envs.toys.debug.FaultyEnv", "fail_seed": doomed, "fail_at_step": 3,
             "mode": "raise", "max_steps": 10}  # fmt: skip
     spec = CollectionSpec(task=task, sampler=SERIAL, model=MODEL, seed=2)

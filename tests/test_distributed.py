@@ -48,7 +48,7 @@ from rl.pipeline import PipelineStage
 from rl.sampling import SerialSampler
 from rl.training import Callback, OnPolicyTrainer
 from rl.utils.config import ConfigError
-from rl.utils.seeding import worker_seeds
+from rl.utils.seeding import env_seeds
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,7 +184,7 @@ def _train_stop_resume(rank: int, tmp: str) -> None:
     full = make_trainer(rank, base / "full")
     seeds = [None] * WORLD
     dist.all_gather_object(seeds, full.collector.sampler._seeds)
-    assert seeds[0] == worker_seeds(8, 3)[:4] and seeds[1] == worker_seeds(8, 3)[4:]
+    assert seeds[0] == env_seeds(8, 3)[:4] and seeds[1] == env_seeds(8, 3)[4:]
     assert len(set(seeds[0]) | set(seeds[1])) == 8  # unique across ranks and environments
     obs = [None] * WORLD
     dist.all_gather_object(obs, full.collector.sampler.reset()["obs", "image"].numpy())
@@ -360,7 +360,7 @@ def test_a_killed_rank_ends_the_job_with_an_error(
     plain["total_env_steps"] = plain["pipeline"]["total_env_steps"] = 100_000
     plain["pipeline"]["stages"][0]["max_stage_steps"] = 100_000
     # Rank 1's first environment (global env 4 of 8) SIGKILLs its process at its 40th step.
-    doomed = worker_seeds(8, plain["seed"])[4]
+    doomed = env_seeds(8, plain["seed"])[4]
     plain["task"] = {
         "_target_": "rl_envs.toys.debug.FaultyEnv",
         "fail_seed": doomed,

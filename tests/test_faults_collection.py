@@ -47,7 +47,7 @@ from rl.losses import PPOLoss
 from rl.pipeline import PipelineStage, TrainingPipeline
 from rl.sampling import MultiprocessSampler, SamplerProcessError
 from rl.training import OnPolicyTrainer
-from rl.utils.seeding import worker_seeds
+from rl.utils.seeding import env_seeds
 
 # The environments of the learner's processes (this one's are set by pytest's own runs).
 ENV = {**os.environ, "WANDB_MODE": "disabled", "WANDB_SILENT": "true"}
@@ -59,7 +59,7 @@ def hanging(num_envs: int, seed: int, env: int, at_step: int) -> dict[str, Any]:
     """A FaultyEnv task whose environment ``env`` (of ``num_envs`` seeded with ``seed``)
     sleeps for an hour in its ``at_step``-th step."""
     return {"_target_": "rl_envs.toys.debug.FaultyEnv", "mode": "hang", "max_steps": 10,
-            "fail_seed": worker_seeds(num_envs, seed)[env], "fail_at_step": at_step}  # fmt: skip
+            "fail_seed": env_seeds(num_envs, seed)[env], "fail_at_step": at_step}  # fmt: skip
 
 
 def warnings_naming(caplog: pytest.LogCaptureFixture, label: str) -> list[logging.LogRecord]:
@@ -154,7 +154,7 @@ def test_kill_9_of_a_learner_whose_worker_waits_on_a_hung_sampler_leaves_no_proc
     sampler process stuck in an environment (the learner's watchdog has just warned about the
     worker): neither reads its closed pipe, yet the worker, its fork server and its sampler
     workers all go at once."""
-    fail_seed = worker_seeds(4, 1)[1]  # +debug=smoke: 4 environments, seed 1
+    fail_seed = env_seeds(4, 1)[1]  # +debug=smoke: 4 environments, seed 1
     proc = subprocess.Popen(
         [sys.executable, "train.py", "+experiment=ppo_cartpole", "+debug=smoke",
          "collector=process", "collector.timeout=8", "sampler=multiprocess",

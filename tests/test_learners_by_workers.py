@@ -39,7 +39,7 @@ from rl.models import build_policy
 from rl.pipeline import PipelineStage
 from rl.tasks import task_spaces
 from rl.training import Callback, OnPolicyTrainer, RolloutInfo
-from rl.utils.seeding import set_seed, worker_seeds
+from rl.utils.seeding import env_seeds, set_seed
 
 WORLD = 2
 
@@ -71,7 +71,7 @@ def test_barrier_free_async_takes_the_first_ready_rollouts(backend: str) -> None
     # worker 0's a few ms (the margin is for a busy machine: the test passed beside two
     # CPU-bound processes). With one rollout per update the learner never waits for worker 1.
     slow = {"_target_": "rl_envs.toys.debug.SlowEnv", "delay": 0.15, "max_steps": 10,
-            "slow_seed": worker_seeds(4, 5)[2]}  # fmt: skip
+            "slow_seed": env_seeds(4, 5)[2]}  # fmt: skip
     spec = CollectionSpec(task=slow, sampler=SERIAL, model=MODEL, seed=5)
     workers = make_set(
         spec, backend=backend, num_workers=2, mode="async", rollouts_per_update=1,
@@ -274,7 +274,7 @@ def test_a_killed_worker_of_rank_1_names_the_rank_and_leaves_no_process(
     plain["total_env_steps"] = plain["pipeline"]["total_env_steps"] = 100_000
     plain["pipeline"]["stages"][0]["max_stage_steps"] = 100_000
     # Rank 1's environments are global 4..7; its worker 1 has 6 and 7: 7 kills its process.
-    doomed = worker_seeds(8, plain["seed"])[7]
+    doomed = env_seeds(8, plain["seed"])[7]
     plain["task"] = {"_target_": "rl_envs.toys.debug.FaultyEnv", "fail_seed": doomed,
                      "fail_at_step": 40, "mode": "kill"}  # fmt: skip
     plain["logger"] = {"sinks": {}}

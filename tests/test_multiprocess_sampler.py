@@ -23,7 +23,7 @@ from rl.sampling import (
     build_sampler,
     finished_episodes,
 )
-from rl.utils.seeding import worker_seeds
+from rl.utils.seeding import env_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = small_nav(max_steps=12)
@@ -219,7 +219,7 @@ def test_spawn_start_method_works() -> None:
 # ---------------------------------------------------------------------------------- faults
 def faulty(num_envs: int, env_index: int, **kwargs: object) -> dict:
     """A FaultyEnv task whose environment ``env_index`` fails (seed 0 stream)."""
-    return {**FAULTY, "fail_seed": worker_seeds(num_envs, 0)[env_index], **kwargs}
+    return {**FAULTY, "fail_seed": env_seeds(num_envs, 0)[env_index], **kwargs}
 
 
 def step_until_error(sampler: MultiprocessSampler, steps: int = 20) -> None:

@@ -31,7 +31,7 @@ from rl.sampling import MultiprocessSampler, SamplerProcessError, SerialSampler
 from rl.tasks import task_spaces
 from rl.training import OnPolicyTrainer, RunRecord
 from rl.utils.finite import NonFiniteError
-from rl.utils.seeding import worker_seeds
+from rl.utils.seeding import env_seeds
 
 NUM_ENVS = 4
 MLP = {"_target_": "rl.models.ActorCritic", "_partial_": True, "cnn_channels": [],
@@ -42,7 +42,7 @@ def faulty(mode: str, env: int = 2, life_step: int = 13) -> dict[str, Any]:
     """Environment ``env`` of 4 returns a NaN on its ``life_step``-th step (13: step 3 of its
     second episode, since episodes of action 0 are truncated after 10 steps)."""
     return {"_target_": "rl_envs.toys.debug.FaultyEnv",
-            "fail_seed": worker_seeds(NUM_ENVS, 0)[env], "fail_at_step": life_step,
+            "fail_seed": env_seeds(NUM_ENVS, 0)[env], "fail_at_step": life_step,
             "mode": mode, "max_steps": 10}  # fmt: skip
 
 

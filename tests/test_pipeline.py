@@ -21,7 +21,7 @@ from rl.pipeline import (
     TrainingPipeline,
     step_lr_scheduler_to,
 )
-from rl.utils import evenly_distribute_count_into_bins, set_seed, worker_seeds
+from rl.utils import env_seeds, evenly_distribute_count_into_bins, set_seed
 
 # ----------------------------------------------------------------- schedules
 
@@ -123,21 +123,21 @@ def test_evenly_distribute_errors(count: int, nbins: int) -> None:
         evenly_distribute_count_into_bins(count, nbins)
 
 
-def test_worker_seeds_deterministic_distinct_prefix_stable() -> None:
-    seeds = worker_seeds(64, 123)
-    assert seeds == worker_seeds(64, 123)
+def test_env_seeds_deterministic_distinct_prefix_stable() -> None:
+    seeds = env_seeds(64, 123)
+    assert seeds == env_seeds(64, 123)
     assert len(set(seeds)) == 64
     assert all(0 <= s < 2**31 for s in seeds)
-    assert worker_seeds(5, 123) == seeds[:5]
-    assert worker_seeds(5, 124) != seeds[:5]
+    assert env_seeds(5, 123) == seeds[:5]
+    assert env_seeds(5, 124) != seeds[:5]
 
 
-def test_worker_seeds_leave_global_rngs_untouched() -> None:
+def test_env_seeds_leave_global_rngs_untouched() -> None:
     set_seed(7)
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
     set_seed(7)
-    worker_seeds(32, 0)
-    worker_seeds(4, None)
+    env_seeds(32, 0)
+    env_seeds(4, None)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
 
 

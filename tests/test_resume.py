@@ -51,7 +51,7 @@ from rl.training import (
     RunRecord,
 )
 from rl.utils.config import ConfigError, to_plain
-from rl.utils.seeding import worker_seeds
+from rl.utils.seeding import env_seeds
 
 
 class StopAt(Callback):
@@ -262,7 +262,7 @@ def test_inference_agent_reproduces_the_engines_argmax_actions(tmp_path: Path) -
     env = build_env(SMALL)
     agent_actions = []
     for episode in range(2):
-        obs, _ = env.reset(seed=worker_seeds(1, seed)[0] if episode == 0 else None)
+        obs, _ = env.reset(seed=env_seeds(1, seed)[0] if episode == 0 else None)
         agent.reset()
         actions, done = [], False
         while not done:

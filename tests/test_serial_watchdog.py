@@ -20,7 +20,7 @@ import pytest
 
 from rl.sampling import SerialSampler
 from rl.sampling.watchdog import SamplerTimeoutError
-from rl.utils.seeding import worker_seeds
+from rl.utils.seeding import env_seeds
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _hanging(num_envs: int, env: int, seed: int = 0) -> dict:
     """Environment ``env`` of ``num_envs`` sleeps an hour on its second step."""
     return {"_target_": "rl_envs.toys.debug.FaultyEnv", "mode": "hang", "fail_at_step": 2,
-            "fail_seed": worker_seeds(num_envs, seed)[env]}  # fmt: skip
+            "fail_seed": env_seeds(num_envs, seed)[env]}  # fmt: skip
 
 
 @pytest.mark.timeout(60)
@@ -47,7 +47,7 @@ def test_the_watchdog_ends_a_hung_step_naming_the_environment() -> None:
 
 
 def _train(tmp_path: Path, *overrides: str) -> subprocess.Popen:
-    seed = worker_seeds(4, 1)[2]
+    seed = env_seeds(4, 1)[2]
     task = ("+task={_target_: rl_envs.toys.debug.FaultyEnv, mode: hang, fail_at_step: 2, "
             f"fail_seed: {seed}}}")  # fmt: skip
     return subprocess.Popen(

@@ -180,9 +180,9 @@ def test_a_nan_in_a_rollout_asked_ahead_is_named_not_the_closed_sampler(
     sampler closes, and the ``state_dict`` call queued behind it fails with "the sampler is
     closed". The error raised is the worker's first: the NaN, named with its environment,
     sampler process and collection worker."""
-    from rl.utils.seeding import worker_seeds
+    from rl.utils.seeding import env_seeds
 
-    seed = worker_seeds(2, 1 + seed_offset)[0]  # (environment 0's, of the run's seed)
+    seed = env_seeds(2, 1 + seed_offset)[0]  # (environment 0's, of the run's seed)
     task = ("+task={_target_: rl_envs.toys.debug.FaultyEnv, mode: nan_reward, fail_at_step: 17, "
             f"fail_seed: {seed}, max_steps: 10}}")  # fmt: skip
     workers = ["collector=process", "collector.num_workers=1", "sampler=multiprocess",

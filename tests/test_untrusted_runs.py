@@ -585,9 +585,9 @@ def test_a_nan_reward_with_process_workers_and_multiprocess_samplers_is_named(
 ) -> None:
     """collector=process sampler=multiprocess: the first worker's error names the value
     (the issue saw "the sampler is closed"; not reproduced here, pinned by this test)."""
-    from rl.utils.seeding import worker_seeds
+    from rl.utils.seeding import env_seeds
 
-    seed = worker_seeds(4, 1)[2]
+    seed = env_seeds(4, 1)[2]
     task = ("+task={_target_: rl_envs.toys.debug.FaultyEnv, mode: nan_reward, fail_at_step: 3, "
             f"fail_seed: {seed}, max_steps: 10}}")  # fmt: skip
     workers = ["collector=process", "collector.num_workers=2", "sampler=multiprocess",

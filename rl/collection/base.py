@@ -37,7 +37,7 @@ class CollectionSpec:
         sampler: Plain sampler config (``conf/sampler``); its ``num_envs`` are this
             collector's environments.
         model: Plain model config (remote collectors build their own copy of the policy).
-        seed: The run's seed (environment ``i`` first resets with ``worker_seeds(total, seed)[i]``
+        seed: The run's seed (environment ``i`` first resets with ``env_seeds(total, seed)[i]``
             of the global index; action sampling draws from the seeded global generators).
         env_offset: Global index of this collector's first environment (distributed ranks).
         total_envs: Size of the global seed stream (None: ``env_offset + num_envs``).

@@ -58,7 +58,7 @@ from rl.utils.config import (
 from rl.utils.files import write_atomic
 from rl.utils.logs import log_fatal
 from rl.utils.provenance import git_state
-from rl.utils.seeding import deterministic_mode, set_seed, worker_seeds
+from rl.utils.seeding import deterministic_mode, env_seeds, set_seed
 from rl.utils.threads import set_torch_threads
 
 log = logging.getLogger(__name__)
@@ -339,7 +339,7 @@ def _distribute(
     set_seed(run.seed + ctx.rank)
     if ctx.is_main:
         log.info(
-            "distributed seeds: env seeds from worker_seeds(%d, %d) by global env index "
+            "distributed seeds: env seeds from env_seeds(%d, %d) by global env index "
             "rank * %d + i; torch/numpy/python generators seeded with seed + rank",
             ctx.world_size * n,
             run.seed,
@@ -383,7 +383,7 @@ def _callbacks(
         callbacks.append(TrainingEvaluation(evaluation))
     if run.video_interval:
         # The same episode every time (environment 0's first training seed), to compare policies.
-        seed = worker_seeds(sampler_num_envs(cfg["sampler"]), run.seed)[0]
+        seed = env_seeds(sampler_num_envs(cfg["sampler"]), run.seed)[0]
         video = ProbeVideo(
             task=cfg["task"],
             output_dir=Path(run.output_dir),

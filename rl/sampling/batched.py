@@ -26,7 +26,7 @@ truncated, is the sum of the rewards and of each floating-point observation fini
 in a step where an episode ended are that step's rows of returns, lengths and metrics copied
 to the host, to build the :class:`~rl.sampling.base.EpisodeRecord` of each. Seeds are
 :class:`~rl.sampling.SerialSampler`'s: environment ``i``'s first reset with
-``worker_seeds(total_envs, seed)[env_offset + i]``, then its own random stream; in evaluation
+``env_seeds(total_envs, seed)[env_offset + i]``, then its own random stream; in evaluation
 each environment runs its contiguous share of the episode list (each episode's seed passed as
 the environment's next seed) and then pauses: it leaves the batch as in the serial sampler,
 and the actions of the rows it no longer has are a filler the environment ignores.
@@ -61,7 +61,7 @@ from rl.tasks.factory import FRAMEWORK_KEYS
 from rl.tasks.gym_vector import VECTORIZATION_MODES, GymVectorEnv, builds_vector_env
 from rl.tasks.spaces import action_array_spec, check_action_space, to_env_actions
 from rl.utils.config import Check, import_target
-from rl.utils.seeding import worker_seeds
+from rl.utils.seeding import env_seeds
 
 __all__ = ["BatchedSampler", "build_batched_env"]
 
@@ -166,7 +166,7 @@ class BatchedSampler(FiniteChecks, Sampler):
         task: Plain (resolved) task config with a ``_target_``
             (:func:`build_batched_env` says which forms).
         num_envs: Number of environments.
-        seed: Seeds environment ``i``'s first reset with ``worker_seeds(num_envs, seed)[i]``
+        seed: Seeds environment ``i``'s first reset with ``env_seeds(num_envs, seed)[i]``
             (``env_offset`` shifts the global index, for samplers sharing one seed stream).
         episode_seeds: Evaluation mode: a fixed list of episode seeds, split into contiguous
             shares (one per environment), as :class:`~rl.sampling.SerialSampler` splits it.
@@ -208,7 +208,7 @@ class BatchedSampler(FiniteChecks, Sampler):
         self.num_envs = num_envs
         self.env_offset = env_offset
         total = env_offset + num_envs if total_envs is None else total_envs
-        self._seeds = worker_seeds(total, seed)[env_offset : env_offset + num_envs]
+        self._seeds = env_seeds(total, seed)[env_offset : env_offset + num_envs]
         self._timeout = timeout
         self.env = build_batched_env(
             task,

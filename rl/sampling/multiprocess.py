@@ -143,7 +143,7 @@ class MultiprocessSampler(Sampler):
         envs_per_process: Environments per process when ``num_envs`` is not given.
         num_envs: Total environments, split as evenly as possible over the processes (takes
             precedence over ``envs_per_process``).
-        seed: Seeds environment ``i``'s first reset with ``worker_seeds(total_envs, seed)[i]``.
+        seed: Seeds environment ``i``'s first reset with ``env_seeds(total_envs, seed)[i]``.
         episode_seeds: Evaluation mode: a fixed list of episode seeds, split into contiguous
             shares over all environments exactly as ``SerialSampler`` splits it; an
             environment that has run its share is paused.

@@ -29,7 +29,7 @@ from rl.tasks.spaces import (
 )
 from rl.utils.config import Check
 from rl.utils.misc import evenly_distribute_count_into_bins
-from rl.utils.seeding import worker_seeds
+from rl.utils.seeding import env_seeds
 
 
 def _scatter_rows(rows: np.ndarray, positions: list[int], like: np.ndarray) -> np.ndarray:
@@ -50,7 +50,7 @@ class SerialSampler(FiniteChecks, Sampler):
     Args:
         task: Plain (resolved) task config with a ``_target_`` returning a ``gymnasium.Env``.
         num_envs: Number of environments.
-        seed: Seeds environment ``i``'s first reset with ``worker_seeds(num_envs, seed)[i]``
+        seed: Seeds environment ``i``'s first reset with ``env_seeds(num_envs, seed)[i]``
             (``env_offset`` shifts the global index, for samplers sharing one seed stream).
         episode_seeds: Evaluation mode: a fixed list of episode seeds, split into contiguous
             shares (one per environment); each episode resets with its own seed, and an
@@ -93,7 +93,7 @@ class SerialSampler(FiniteChecks, Sampler):
         self.num_envs = num_envs
         self.env_offset = env_offset
         total = env_offset + num_envs if total_envs is None else total_envs
-        self._seeds = worker_seeds(total, seed)[env_offset : env_offset + num_envs]
+        self._seeds = env_seeds(total, seed)[env_offset : env_offset + num_envs]
         try:
             for _ in range(num_envs):
                 self.envs.append(build_env(task))

@@ -21,16 +21,16 @@ def set_seed(seed: int | None) -> None:
     torch.manual_seed(seed)
 
 
-def worker_seeds(nprocesses: int, initial_seed: int | None) -> list[int]:
-    """``nprocesses`` distinct seeds in ``[0, 2**31)``, one per environment, from ``initial_seed``.
+def env_seeds(num_envs: int, initial_seed: int | None) -> list[int]:
+    """``num_envs`` distinct seeds in ``[0, 2**31)``, one per environment, from ``initial_seed``.
 
-    From a private generator (AllenAct's semantics: the global RNGs are untouched; None: OS
-    entropy); the first ``k`` seeds do not depend on ``nprocesses``.
+    From a private generator (AllenAct's ``worker_seeds`` semantics: the global RNGs are
+    untouched; None: OS entropy); the first ``k`` seeds do not depend on ``num_envs``.
     """
     rng = random.Random(initial_seed)
     seeds: list[int] = []
     seen: set[int] = set()
-    while len(seeds) < nprocesses:
+    while len(seeds) < num_envs:
         s = rng.randint(0, 2**31 - 1)
         if s not in seen:
             seen.add(s)

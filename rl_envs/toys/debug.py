@@ -4,7 +4,7 @@
 ``fail_seed`` reaches its ``fail_at_step``-th step (counted over its whole life, across
 auto-resets); it then raises, exits the process with ``os._exit``, kills itself with
 ``SIGSEGV`` or ``SIGKILL``, hangs, or returns a NaN reward or observation, as chosen.
-Samplers seed environment ``i`` with ``worker_seeds(num_envs, seed)[i]``, so a test picks the
+Samplers seed environment ``i`` with ``env_seeds(num_envs, seed)[i]``, so a test picks the
 failing environment by its seed.
 :class:`SlowEnv` is the same counter task sleeping ``delay`` seconds per step (a straggler for
 distributed preemption tests). The module is importable in worker processes (no torch, no
