@@ -115,22 +115,36 @@ def ray_instance() -> Iterator[Any]:
         runtime.shutdown()
 
 
-# The longest files, longest first (test-seconds of `pytest --durations=0` on 2 cores). With
-# `--dist loadfile` a file runs whole on one test process and the processes take files in the
-# collected order, so starting with the long ones keeps one from running alone at the end.
+# The longest files, longest first (test-seconds per file of a full run on 2 cores). With
+# `--dist loadfile --no-loadscope-reorder` a file runs whole on one test process and the
+# processes take files in the collected order, so starting with the long ones keeps one from
+# running alone at the end.
 LONGEST_FILES = (
+    "test_bench.py",
     "test_collection_workers.py",
     "test_learning_workers.py",
-    "test_bench.py",
+    "test_untrusted_runs.py",
     "test_learning.py",
-    "test_learners_by_workers.py",
+    "test_auxiliary_losses.py",
     "test_distributed.py",
+    "test_spaces.py",
     "test_sweeps.py",
     "test_faults_collection.py",
-    "test_auxiliary_losses.py",
-    "test_learning_lstm.py",
     "test_experiment_smoke.py",
+    "test_learners_by_workers.py",
+    "test_resume.py",
     "test_cli.py",
+    "test_nav3d_task.py",
+    "test_export.py",
+    "test_ray_security.py",
+    "test_multiprocess_sampler.py",
+    "test_open_core.py",
+    "test_stages.py",
+    "test_configs.py",
+    "test_run_lock.py",
+    "test_docs_examples.py",
+    "test_checkpoint_trust.py",
+    "test_wandb.py",
 )
 
 
