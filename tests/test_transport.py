@@ -57,7 +57,7 @@ def test_a_process_workers_rollout_crosses_as_names_and_is_copied_before_reuse()
         # The worker's next rollout (async: asked for as this one was taken) is written into
         # the same blocks; once it is done, the learner's rollout is still what it took.
         (flight,) = workers._async.in_flight.values()
-        ready, _ = workers.calls.actors.wait([flight.ref], 1, 60.0)
+        ready, _ = workers.calls.hosts.wait([flight.ref], 1, 60.0)
         assert ready, "the worker's next rollout did not finish"
         assert all(torch.equal(first.storage.rows()[k], held[k]) for k in held.keys(True, True))
         second = workers.collect(request)
