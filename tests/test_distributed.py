@@ -26,6 +26,7 @@ import yaml
 from pipelines import ppo_pipeline
 from small import SMALL
 
+from rl.checkpoints.invocation import invocation_only
 from rl.checkpoints.migrations import migrate
 from rl.collection import InProcessCollector
 from rl.distributed import (
@@ -347,6 +348,29 @@ def test_a_saved_config_of_the_former_key_is_read_under_the_new_one() -> None:
     assert saved["distributed"]["world_size"] == 2 and saved["distributed"]["workers"] is None
     assert distributed_errors(saved["distributed"]) == []
     assert migrate(saved, None) == (saved, None)  # today's layout passes unchanged
+
+
+@pytest.mark.parametrize(
+    ("crafted", "message"),
+    [
+        ({"_target_": "os.system", "command": "x"}, "expected int | None"),
+        ("2", "expected int | None"),
+        (True, "expected int | None"),
+        (10**9, "must be <= 1024"),
+        (-1, "must be >= 1"),
+    ],
+    ids=["target", "str", "bool", "huge", "negative"],
+)
+def test_a_crafted_former_key_is_judged_under_the_new_name(crafted: Any, message: str) -> None:
+    """A re-signed checkpoint's ``distributed.workers`` is renamed, then checked as typed: it
+    builds nothing, and the count of ranks is the command's, never the file's."""
+    section = yaml.safe_load((ROOT / "conf" / "distributed" / "none.yaml").read_text())
+    old = {k: v for k, v in section.items() if k != "world_size"}
+    saved, _ = migrate({"distributed": {**old, "workers": crafted}}, None)
+    errors = distributed_errors(saved["distributed"])
+    assert len(errors) == 1 and errors[0].startswith("distributed.world_size: ")
+    assert message in errors[0]
+    assert invocation_only("distributed.world_size") == "a resource size"
 
 
 def test_a_killed_rank_ends_the_job_with_an_error(
