@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 from small import small_nav
+from tensordict import TensorDict
 
-from rl.sampling import SerialSampler, finished_episodes
+from rl.sampling import EpisodeRecord, SerialSampler, decode_episodes, finished_episodes
+from rl.sampling.base import episode_entries
 
 SMALL = small_nav(max_steps=12)
 CARTPOLE = {"_target_": "rl.tasks.make_gym_env", "env_id": "CartPole-v1"}
@@ -154,3 +156,25 @@ def test_a_steps_episodes_are_entries_that_indexing_and_copies_keep() -> None:
     assert finished_episodes(step[keep]) == [episodes[0], episodes[2]]  # indexing keeps its rows'
     assert finished_episodes(step[~step["episodes", "ended"]]) == []
     assert step["episodes", "metrics", "return"].dtype == torch.float64
+
+
+def test_many_steps_episodes_decode_at_once_in_step_then_row_order() -> None:
+    # What a rollout's recorder does: keep the steps' entries, decode them once at its end.
+    ended = np.array([False, True, True])
+    first = episode_entries(
+        [EpisodeRecord(1, {"return": 1.0, "success": 1.0}), EpisodeRecord(2, {"return": 2.0})],
+        ended,
+    )
+    second = episode_entries([EpisodeRecord(0, {"return": 3.0, "success": 0.0}, 9)], ~ended)
+    records = decode_episodes([first, second])
+    assert records == finished_episodes(TensorDict({"episodes": first}, [3])) + [
+        EpisodeRecord(0, {"return": 3.0, "success": 0.0}, 9)
+    ]
+    assert records[1].metrics == {"return": 2.0}  # (NaN in its success entry: not its metric)
+    # Steps whose episodes have other metrics than the first's are each read by themselves.
+    other = episode_entries([EpisodeRecord(0, {"length": 4.0})], ~ended)
+    assert decode_episodes([first, other, second])[2:] == [
+        EpisodeRecord(0, {"length": 4.0}),
+        EpisodeRecord(0, {"return": 3.0, "success": 0.0}, 9),
+    ]
+    assert decode_episodes([]) == []

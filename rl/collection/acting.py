@@ -47,7 +47,7 @@ from rl.models.policy import (
     policy_input,
 )
 from rl.pipeline.trackers import ScalarMeanTracker
-from rl.sampling.base import EpisodeRecord, finished_episodes
+from rl.sampling.base import EPISODES, decode_episodes
 from rl.sampling.runner import ExpertActor, NoExpertError
 from rl.storage.rollout import RolloutStorage
 from rl.utils.staging import PinnedTransfers
@@ -263,7 +263,8 @@ class RolloutRecorder:
         self.normalizer, self.preemption = normalizer, preemption
         self.transfers = transfers
         self.stats = ScalarMeanTracker()
-        self.episodes: list[EpisodeRecord] = []
+        # The steps' ``episodes`` entries, decoded once a rollout (summary).
+        self._episodes: list[TensorDict] = []
         self.teacher_forced, self.env_seconds, self.inference_seconds = 0, 0.0, 0.0
         self._acted = 0.0  # when the last action was handed to the sampler
 
@@ -388,7 +389,9 @@ class RolloutRecorder:
         for key in self.transition_names:  # a value of this step, like its reward
             fields[key] = moved[key]
         self.storage.insert(fields, obs, state)
-        self.episodes.extend(finished_episodes(result))
+        entries = result.get(EPISODES, None)
+        if entries is not None:
+            self._episodes.append(entries)
         self.inference_seconds += time.perf_counter() - t2
         return TensorDict._new_unsafe(nxt, batch_size=step.batch_size)
 
@@ -433,7 +436,7 @@ class RolloutRecorder:
     def summary(self) -> dict[str, Any]:
         """The statistics and timings of the rollout, for :class:`~rl.collection.Rollout`."""
         return {
-            "episodes": self.episodes,
+            "episodes": decode_episodes(self._episodes),
             "stats": self.stats.state_dict(),
             "teacher_forced": self.teacher_forced,
             "env_seconds": self.env_seconds,

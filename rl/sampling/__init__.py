@@ -10,7 +10,13 @@ rewards, flags and the task's own step fields, :mod:`rl.tasks.fields`); :func:`b
 builds any of them from a sampler config. ``convert`` names their episode metrics.
 """
 
-from rl.sampling.base import EpisodeRecord, Sampler, finished_episodes, step_tensordict
+from rl.sampling.base import (
+    EpisodeRecord,
+    Sampler,
+    decode_episodes,
+    finished_episodes,
+    step_tensordict,
+)
 from rl.sampling.batched import BatchedSampler
 from rl.sampling.convert import episode_metric_key
 from rl.sampling.factory import build_sampler, sampler_num_envs
@@ -25,6 +31,7 @@ __all__ = [
     "SamplerProcessError",
     "SerialSampler",
     "build_sampler",
+    "decode_episodes",
     "episode_metric_key",
     "finished_episodes",
     "sampler_num_envs",

@@ -53,27 +53,30 @@ def episode_entries(
     """
     on = ended.device if isinstance(ended, torch.Tensor) else torch.device("cpu")
     flags = ended.cpu().numpy() if isinstance(ended, torch.Tensor) else np.asarray(ended)
-    n, rows = len(flags), np.flatnonzero(flags)
+    n, rows = len(flags), np.flatnonzero(flags).tolist()
     if len(rows) != len(records):
         raise ValueError(f"{len(records)} episode records for {len(rows)} rows that ended")
     names = list(dict.fromkeys(k for r in records for k in r.metrics))
-    # NumPy for these few rows, one table (metrics by name, then the ints): a torch call per
-    # entry would cost more than the step's own bookkeeping. Its rows are the entries (views).
+    # NumPy for these few rows, one table (metrics by name, then the ints), filled a row of
+    # the step at a time: a torch call per value would cost more than the step's own
+    # bookkeeping. Its rows are the entries (views).
     table = np.full((len(names), n), math.nan)
-    table[:, rows] = [[r.metrics.get(k, math.nan) for r in records] for k in names]
     ints = np.full((2, n), -1, dtype=np.int64)
-    ints[0, rows] = [r.env_index for r in records]
-    ints[1, rows] = [-1 if r.episode_seed is None else r.episode_seed for r in records]
+    for row, record in zip(rows, records, strict=True):
+        table[:, row] = [record.metrics.get(k, math.nan) for k in names]
+        seed = record.episode_seed
+        ints[:, row] = (record.env_index, -1 if seed is None else seed)
     metrics, index_seed = torch.from_numpy(table), torch.from_numpy(ints)
     flags_t = torch.from_numpy(np.array(flags, dtype=bool))
     if on.type != "cpu":
         metrics, index_seed, flags_t = metrics.to(on), index_seed.to(on), flags_t.to(on)
     size = torch.Size([n])
+    columns = metrics.unbind(0)
     data: dict[NestedKey, Any] = {
         "ended": flags_t,
         "env_index": index_seed[0],
         "seed": index_seed[1],
-        "metrics": TensorDict._new_unsafe(dict(zip(names, metrics, strict=True)), batch_size=size),
+        "metrics": TensorDict._new_unsafe(dict(zip(names, columns, strict=True)), batch_size=size),
     }
     return TensorDict._new_unsafe(data, batch_size=size)
 
@@ -138,19 +141,38 @@ def finished_episodes(step: TensorDict) -> list[EpisodeRecord]:
     Read from its ``episodes`` entries ([] where it has none: a reset, or no episode ended).
     """
     entries = step.get(EPISODES, None)
-    if entries is None:
+    return [] if entries is None else decode_episodes([entries])
+
+
+def decode_episodes(entries: Sequence[TensorDict]) -> list[EpisodeRecord]:
+    """The episodes of several steps' ``episodes`` entries, in step order, then row order.
+
+    One decode for them all: a concatenation and one host copy a column, not a few each step
+    (a rollout's recorder keeps its steps' entries and decodes them once). Steps whose
+    episodes have other metric names than the first's are decoded by themselves.
+    """
+    if not entries:
         return []
-    rows = np.flatnonzero(entries.get("ended").cpu().numpy())
+    # Each entry's tensors read once (a TensorDict get per column and step would cost more).
+    tops: list[dict[Any, Any]] = [dict(e.items()) for e in entries]
+    metrics: list[dict[Any, Any]] = [dict(top["metrics"].items()) for top in tops]
+    names = list(metrics[0])
+    if len(entries) > 1 and any(list(m) != names for m in metrics):
+        return [ep for e in entries for ep in decode_episodes([e])]
+
+    def column(parts: list[torch.Tensor]) -> torch.Tensor:
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    rows = np.flatnonzero(column([top["ended"] for top in tops]).cpu().numpy())
     if len(rows) == 0:
         return []
-    metrics = entries.get("metrics")
-    names = list(metrics.keys())
-    # One stack of the entries, one copy to the host, one list of these rows.
-    columns = [entries.get("env_index"), entries.get("seed")]
-    ints = torch.stack(columns).cpu().numpy()[:, rows].T.tolist()
+    # One stack of the columns, one copy to the host, one list of these rows.
+    index_seed = [column([top[k] for top in tops]) for k in ("env_index", "seed")]
+    ints = torch.stack(index_seed).cpu().numpy()[:, rows].T.tolist()
     values: list[list[float]] = [[] for _ in ints]
     if names:
-        values = torch.stack([metrics.get(k) for k in names]).cpu().numpy()[:, rows].T.tolist()
+        table = torch.stack([column([m[k] for m in metrics]) for k in names])
+        values = table.cpu().numpy()[:, rows].T.tolist()
     return [
         EpisodeRecord(
             env_index,
