@@ -272,17 +272,20 @@ def test_a_full_disk_on_metrics_jsonl_is_said_as_such(tmp_path: Path) -> None:
     sink.close()
 
 
-def test_the_cli_reports_a_full_disk_as_its_message_alone(tmp_path: Path) -> None:
-    code = (
-        "import errno, sys\n"
-        "from rl.engine.cli import config_errors_reported\n"
-        "with config_errors_reported():\n"
-        "    raise OSError(errno.ENOSPC, 'cannot write x: the disk is full')\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
-    assert proc.returncode == 1
-    assert proc.stderr.strip() == "error: cannot write x: the disk is full"
+def test_the_cli_reports_a_full_disk_as_its_message_alone(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ``train.py`` and ``evaluate.py`` run their work in (in process: the exit and stderr
+    are the command's; a single run, not a job of a multirun that an earlier test composed)."""
+    import errno
+
+    from rl.engine.cli import config_errors_reported
+
+    monkeypatch.setattr(HydraConfig.instance(), "cfg", None)
+    with pytest.raises(SystemExit) as exited, config_errors_reported():
+        raise OSError(errno.ENOSPC, "cannot write x: the disk is full")
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.strip() == "error: cannot write x: the disk is full"
 
 
 # --------------------------------------------------------------------------- the fuzz test
