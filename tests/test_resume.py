@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import SMOKE_RUN
 from pipelines import ppo_pipeline
 from small import SMALL, obs_of
 
@@ -332,13 +333,14 @@ def test_resume_accepts_safe_overrides_and_refuses_unsafe_ones(
     assert "resuming" in (run_dir / "train.log").read_text()
 
 
-def test_init_from_loads_weights_and_restarts_the_pipeline(compose_cfg, tmp_path: Path) -> None:
-    first = tmp_path / "run"
-    run.train(compose_cfg(SMOKE))
+def test_init_from_loads_weights_and_restarts_the_pipeline(
+    compose_cfg, smoke_run: Path, tmp_path: Path
+) -> None:
+    first = smoke_run  # (read only: init_from takes its weights)
     ckpt = latest_checkpoint(first)
     weights = load_checkpoint(ckpt)["model"]
     cfg = compose_cfg(
-        [*SMOKE, f"init_from={ckpt}", f"output_dir={tmp_path / 'new'}"], set_output_dir=False
+        [*SMOKE_RUN, f"init_from={ckpt}", f"output_dir={tmp_path / 'new'}"], set_output_dir=False
     )
     start = plan_start(cfg, to_plain(cfg))
     start.close()  # the plan holds the new run folder's lock until closed
@@ -353,7 +355,7 @@ def test_init_from_loads_weights_and_restarts_the_pipeline(compose_cfg, tmp_path
     # A fresh optimizer: 2 rollouts x 2 minibatches so far, not the first run's count too.
     assert int(state["optimizer"]["state"][0]["step"]) == 4
     with pytest.raises(ConfigError, match="exclude each other"):
-        run.train(compose_cfg([*SMOKE, f"init_from={ckpt}", f"resume={first}"]))
+        run.train(compose_cfg([*SMOKE_RUN, f"init_from={ckpt}", f"resume={first}"]))
 
 
 # ------------------------------------------------------------ the real CLI: signals
