@@ -275,7 +275,7 @@ def _trainer(path: Path, sampler: SerialSampler, callbacks=()) -> OnPolicyTraine
             PipelineStage(
                 loss_names=["ppo", "id", "cpca"],
                 loss_weights=[1.0, 0.1, 0.1],
-                max_stage_steps=192,
+                max_stage_steps=128,  # 4 rollouts: stopped after 2, resumed for the other 2
             )
         ],
         optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
