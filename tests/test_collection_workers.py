@@ -103,17 +103,32 @@ SMOKE_GROUPS = [
 SMOKES = {"one_agent": SMOKE, "three_agents": SMOKE_AGENTS, "two_groups": SMOKE_GROUPS}
 
 
+@pytest.fixture(scope="module")
+def local_weights() -> dict[str, dict[str, torch.Tensor]]:
+    """Each task's final weights with local collection: trained by the first test that needs
+    them, then compared with by both backends."""
+    return {}
+
+
 @pytest.mark.parametrize("task", list(SMOKES))
 def test_one_sync_worker_trains_bitwise_like_local_collection(
-    backend: str, task: str, compose_cfg: Any, tmp_path: Path
+    backend: str,
+    task: str,
+    compose_cfg: Any,
+    tmp_path: Path,
+    local_weights: dict[str, dict[str, torch.Tensor]],
 ) -> None:
-    smoke = SMOKES[task]
-    run.train(compose_cfg([*smoke, f"output_dir={tmp_path / 'local'}"], set_output_dir=False))
+    # Two updates (PointNav's rollouts are 64 steps, the agents' 132 and 128): the worker
+    # collects the second rollout with the weights and statistics the first update sent it.
+    smoke = [*SMOKES[task], "total_env_steps=128"] if task == "one_agent" else SMOKES[task]
+    if task not in local_weights:
+        run.train(compose_cfg([*smoke, f"output_dir={tmp_path / 'local'}"], set_output_dir=False))
+        local_weights[task] = final_weights(tmp_path / "local")
     workers = [f"collector={backend}", "collector.num_workers=1", "collector.mode=sync"]
     run.train(
         compose_cfg([*smoke, *workers, f"output_dir={tmp_path / backend}"], set_output_dir=False)
     )
-    assert same_weights(final_weights(tmp_path / "local"), final_weights(tmp_path / backend))
+    assert same_weights(local_weights[task], final_weights(tmp_path / backend))
 
 
 def test_async_workers_collect_for_groups_of_agents(compose_cfg: Any, tmp_path: Path) -> None:
@@ -138,8 +153,13 @@ def test_async_workers_collect_for_groups_of_agents(compose_cfg: Any, tmp_path: 
 def test_two_sync_workers_are_reproducible(
     ray_instance: Any, compose_cfg: Any, tmp_path: Path
 ) -> None:
-    for name in ("a", "b"):
-        overrides = [*SMOKE, "collector=ray", f"output_dir={tmp_path / name}"]
+    for name in ("a", "b"):  # two updates each
+        overrides = [
+            *SMOKE,
+            "collector=ray",
+            "total_env_steps=128",
+            f"output_dir={tmp_path / name}",
+        ]
         run.train(compose_cfg(overrides, set_output_dir=False))
     assert same_weights(final_weights(tmp_path / "a"), final_weights(tmp_path / "b"))
 
@@ -204,11 +224,12 @@ def test_a_stage_switch_changes_what_the_workers_collect(backend: str, tmp_path:
 
 
 def train_with_workers(out: Path, callbacks: list[Callback], resume: bool = False) -> Any:
+    """Two rollouts of 64 steps with two sync Ray workers (and what ``callbacks`` stop)."""
     spec = CollectionSpec(task=SMALL, sampler=SERIAL, model=MODEL, seed=4)
     workers, model = make_set(spec, num_workers=2, mode="sync")
     pipe = ppo_pipeline(
         named_losses={"ppo": PPOLoss()},
-        stages=[PipelineStage(loss_names=["ppo"], max_stage_steps=256)],
+        stages=[PipelineStage(loss_names=["ppo"], max_stage_steps=128)],
         optimizer=functools.partial(torch.optim.Adam, lr=1e-3),
         num_steps=16,
         num_mini_batch=2,
@@ -234,12 +255,13 @@ def train_with_workers(out: Path, callbacks: list[Callback], resume: bool = Fals
 
 def test_sync_workers_resume_exactly(ray_instance: Any, tmp_path: Path) -> None:
     reference = train_with_workers(tmp_path / "a", [])
-    stopped = train_with_workers(tmp_path / "b", [StopAt(128)])
-    assert stopped.stop_reason == "test" and stopped.pipeline.total_steps == 128
+    # Stopped after the first rollout, episodes in flight in the workers (30 steps at most).
+    stopped = train_with_workers(tmp_path / "b", [StopAt(64)])
+    assert stopped.stop_reason == "test" and stopped.pipeline.total_steps == 64
     saved = load_checkpoint(latest_checkpoint(tmp_path / "b"))
     assert saved["collection_workers"]["num_workers"] == 2
     resumed = train_with_workers(tmp_path / "b", [], resume=True)
-    assert resumed.pipeline.total_steps == 256
+    assert resumed.pipeline.total_steps == 128
     assert same_weights(reference.model.state_dict(), resumed.model.state_dict())
 
 
@@ -423,13 +445,13 @@ def test_cli_joins_a_running_ray_head(tmp_path: Path) -> None:
                     break
             time.sleep(0.2)
         done = subprocess.run(
-            [sys.executable, "train.py", *SMOKE, "collector=ray",
+            [sys.executable, "train.py", *SMOKE, "collector=ray", "total_env_steps=128",
              f"collector.address=127.0.0.1:{port}", f"hydra.run.dir={tmp_path / 'run'}"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         assert (
-            load_checkpoint(latest_checkpoint(tmp_path / "run"))["pipeline"]["total_steps"] == 256
+            load_checkpoint(latest_checkpoint(tmp_path / "run"))["pipeline"]["total_steps"] == 128
         )
         assert head.poll() is None  # the cluster we joined is still there after the run
     finally:
