@@ -16,8 +16,9 @@ at worker 1's pace; barrier-free (``rollouts_per_update: 1``) updates on whichev
 ready first. Learner FPS (env steps the learner consumes per second), policy lag and drops.
 
 ``--smoke``: every layout but the uncompressed one with tiny budgets (512 env steps in 16-step
-rollouts), the MLP only, to check that the benchmark runs (``tests/test_bench.py``), not to
-measure.
+rollouts), the MLP only, then the straggler comparison with the same budgets in the same process
+(one interpreter start for both tables; ``--smoke --slow-worker``: that one only), to check that
+the benchmark runs (``tests/test_bench.py``), not to measure.
 
     python bench/collector_fps.py [--steps 40960] [--workers 1] [--skip-sb3] [--smoke]
     python bench/collector_fps.py --slow-worker [--delay 0.002] [--steps 81920]
@@ -102,6 +103,13 @@ def main() -> None:
             train_fps.use_smoke_rollouts()
         slow_worker(train_fps.SMOKE["steps"] if args.smoke else args.steps * 2, args.delay)
         return
+    collectors(parser, args)
+    if args.smoke:  # the straggler table too, without a second interpreter start
+        slow_worker(train_fps.SMOKE["steps"], args.delay)
+
+
+def collectors(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The default mode's table: every collector layout, then stable-baselines3's row."""
     models: tuple[str, ...] = ("mlp", "nav_cnn_gru")
     if args.smoke:  # its defaults; flags given explicitly still win
         parser.set_defaults(steps=train_fps.SMOKE["steps"])

@@ -37,17 +37,27 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "bench").glob("*.py"))
 RUN_TIMEOUT = 300  # seconds per run (alone, the longest takes under a minute here)
 PARALLEL = 2  # runs at a time on two cores (they wait for Ray and worker processes to start)
+# Every run by its time alone (a run missing here starts last): the long ones first, so that no
+# long run starts near the end while the other slot idles (2026-11, wall and CPU seconds alone).
 LONGEST_FIRST = [
-    "nav3d_fps",
     "gpu_box",
+    "atari_fps",  # with bench/atari_fps.py's reference environment (CleanRL's rows) made
     "published",
-    "atari_fps",
-    "collector_fps",
-    "learning_comparison",
     "ddp_fps",
-    "sampler_fps",
+    "learning_comparison",
+    "nav3d_fps",
+    "collector_fps",
+    "continuous_vs_sb3",
     "threads",
+    "mujoco_differences",
+    "sampler_fps",
     "train_fps",
+    "multiagent_fps",
+    "eval_fps",
+    "device_path",
+    "profile_split",
+    "nav_batched_fps",
+    "time_to_success",
 ]
 NUM = r"-?[\d,]+(?:\.\d+)?"  # a figure: 1,234 or 0.95 (its value is not checked)
 _FIG = rf"(?:{NUM}|n/a)"  # a figure, or n/a where nothing was measured
@@ -55,22 +65,25 @@ _FIG = rf"(?:{NUM}|n/a)"  # a figure, or n/a where nothing was measured
 
 @dataclass(frozen=True)
 class SmokeRun:
-    """One command line: ``python bench/<script> --smoke <args>``."""
+    """One command line: ``python bench/<script> --smoke``.
+
+    A script with more than one mode prints every mode's table under ``--smoke`` (one
+    interpreter start for all: ``collector_fps``'s straggler comparison follows its collectors).
+    """
 
     script: str
-    args: tuple[str, ...] = ()
 
     @property
     def id(self) -> str:
-        return " ".join([self.script.removesuffix(".py"), *self.args])
+        return self.script.removesuffix(".py")
 
 
-# More than one run for a script with more than one mode.
-MODES: dict[str, list[tuple[str, ...]]] = {
-    # The straggler comparison of barrier and barrier-free asynchronous collection.
-    "collector_fps.py": [(), ("--slow-worker",)],
-}
-RUNS = [SmokeRun(s.name, args) for s in SCRIPTS for args in MODES.get(s.name, [()])]
+def _start_order(run: SmokeRun) -> int:
+    return LONGEST_FIRST.index(run.id) if run.id in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+# In start order, so that each test's duration is about its own run's share of the file's time.
+RUNS = sorted((SmokeRun(s.name) for s in SCRIPTS), key=_start_order)
 # A test waits for the runs started before its own: at worst all of them, to the end.
 TEST_TIMEOUT = RUN_TIMEOUT * math.ceil(len(RUNS) / PARALLEL) + 60
 
@@ -139,8 +152,7 @@ TABLES: dict[str, list[str]] = {
             value=f"{NUM} FPS   {_SPLIT}{_RAY}",
         ),
         *_rows("stable-baselines3 PPO, MLP", value=f"{NUM} FPS"),
-    ],
-    "collector_fps --slow-worker": [
+        # the straggler comparison (--slow-worker's table), in the same run
         r"^learner FPS with a straggler: 2 process workers x 8 envs of "
         r"rl_envs.toys.debug.SlowEnv, ",
         *_rows(
@@ -382,10 +394,6 @@ def _kill(procs: list[psutil.Process]) -> None:
             continue
 
 
-def _start_order(run: SmokeRun) -> int:
-    return LONGEST_FIRST.index(run.id) if run.id in LONGEST_FIRST else len(LONGEST_FIRST)
-
-
 class SmokeRunner:
     """Runs ``PARALLEL`` at a time, outputs in ``out_dir``; :meth:`result` waits for one."""
 
@@ -402,7 +410,7 @@ class SmokeRunner:
 
     def folder(self, run: SmokeRun) -> Path:
         """Where a run of ``LOGS`` keeps its files (``--out``)."""
-        return self.out_dir / run.id.replace(" ", "_")
+        return self.out_dir / run.id
 
     def close(self) -> None:
         self.stopping.set()  # the runs still going are killed
@@ -416,13 +424,13 @@ class SmokeRunner:
             "WANDB_SILENT": "true",
             "RAY_ADDRESS": "",  # a private Ray instance, never a cluster that happens to run
         }
-        name = run.id.replace(" ", "_")
+        name = run.id
         out, err = self.out_dir / f"{name}.out", self.out_dir / f"{name}.err"
         start = time.monotonic()
         with out.open("wb") as stdout, err.open("wb") as stderr:
             folder = ["--out", str(self.folder(run))] if run.id in LOGS else []
             proc = subprocess.Popen(
-                [sys.executable, str(ROOT / "bench" / run.script), "--smoke", *run.args, *folder],
+                [sys.executable, str(ROOT / "bench" / run.script), "--smoke", *folder],
                 cwd=ROOT,
                 env=env,
                 stdout=stdout,
@@ -485,7 +493,7 @@ def test_every_script_has_smoke_and_every_table_a_run() -> None:
 @pytest.mark.parametrize("run", RUNS, ids=[r.id for r in RUNS])
 def test_smoke_run(run: SmokeRun, smoke_runs: SmokeRunner) -> None:
     done = smoke_runs.result(run)
-    command = f"python bench/{run.script} --smoke {' '.join(run.args)}".rstrip()
+    command = f"python bench/{run.script} --smoke"
     assert done.returncode is not None, f"{command} still running after {RUN_TIMEOUT} s"
     if done.returncode == 2 and "unrecognized arguments: --smoke" in done.stderr:
         pytest.fail(f"bench/{run.script} has no --smoke flag")
