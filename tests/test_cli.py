@@ -48,19 +48,8 @@ def train(tmp_path: Path, *overrides: str, **env: str) -> tuple[Path, subprocess
     return run_dir, proc
 
 
-@pytest.fixture(scope="module")
-def smoke_cli_run(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """One ``train.py`` smoke run with the wandb sink (offline) on top of the default sinks:
-    test_train_then_evaluate reads its folder and console, the wandb test its run file."""
-    return train(tmp_path_factory.mktemp("cli"), "logger=wandb", WANDB_MODE="offline")
-
-
-def test_train_then_evaluate(
-    tmp_path: Path, smoke_cli_run: tuple[Path, subprocess.CompletedProcess[str]]
-) -> None:
-    run_dir, proc = smoke_cli_run
+def test_train_then_evaluate(tmp_path: Path) -> None:
+    run_dir, proc = train(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "success" in proc.stderr  # the summary line
     # Piped (not a terminal): the line carries the elapsed time and an ETA, and train.log has
@@ -161,10 +150,8 @@ def test_train_then_evaluate(
     assert len(list(ckpts[-1].parent.glob(f"{ckpts[-1].stem}.eval*.json"))) == 3
 
 
-def test_wandb_offline_run_file_holds_metrics_and_config(
-    smoke_cli_run: tuple[Path, subprocess.CompletedProcess[str]],
-) -> None:
-    run_dir, proc = smoke_cli_run
+def test_wandb_offline_run_file_holds_metrics_and_config(tmp_path: Path) -> None:
+    run_dir, proc = train(tmp_path, "logger=wandb", WANDB_MODE="offline")
     assert proc.returncode == 0, proc.stderr
     files = list(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 1, list(run_dir.rglob("*"))
