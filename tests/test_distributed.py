@@ -373,6 +373,19 @@ def test_a_crafted_former_key_is_judged_under_the_new_name(crafted: Any, message
     assert invocation_only("distributed.world_size") == "a resource size"
 
 
+@pytest.mark.parametrize(
+    "crafted", [{"_target_": "os.system", "command": "x"}, "2", 3], ids=["target", "str", "int"]
+)
+def test_a_crafted_former_key_beside_the_new_one_is_refused_not_renamed(crafted: Any) -> None:
+    """Both names in one re-signed file: the new one is not overwritten by the former, and
+    the former is still refused (typed, or named as renamed), so it never reaches a launcher."""
+    section = yaml.safe_load((ROOT / "conf" / "distributed" / "none.yaml").read_text())
+    saved, _ = migrate({"distributed": {**section, "world_size": 2, "workers": crafted}}, None)
+    assert saved["distributed"]["world_size"] == 2
+    errors = distributed_errors(saved["distributed"])
+    assert len(errors) == 1 and errors[0].startswith("distributed.workers: "), errors
+
+
 def test_a_killed_rank_ends_the_job_with_an_error(
     compose_cfg: Any, resolve_cfg: Any, tmp_path: Path
 ) -> None:
