@@ -137,9 +137,11 @@ def test_a_private_instance_listens_on_loopback_only(tmp_path: Path) -> None:
 
 
 # A private instance started with RAY_AUTH_MODE=disabled in the environment: it comes up in
-# token mode. Calls to its GCS without the token (or with a wrong one) are refused.
+# token mode. Calls to its GCS without the token (or with a wrong one) are refused. The
+# process's own SIGTERM handler (a run's: save, then exit 143) still runs once Ray is up, not
+# the stack dump and abort Ray's core worker installs.
 PRIVATE_WITH_AUTH_DISABLED = """
-    import json, logging, os
+    import json, logging, os, signal, time
     import grpc, psutil, ray
     from pathlib import Path
     from ray._raylet import AuthenticationMode, get_authentication_mode
@@ -147,8 +149,12 @@ PRIVATE_WITH_AUTH_DISABLED = """
     from rl.collection.ray_runtime import init_ray
 
     logging.basicConfig(level=logging.WARNING)
+    received = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
     runtime = init_ray(address=None, num_cpus=1)
     try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
         gcs = ray.get_runtime_context().gcs_address
         token_file = Path.home() / ".ray" / "auth_token"
         token = token_file.read_text().strip()
@@ -174,6 +180,7 @@ PRIVATE_WITH_AUTH_DISABLED = """
             "anonymous": call(None),
             "wrong_token": call("Bearer " + "0" * 64),
             "token": call("Bearer " + token),
+            "sigterm_handled": received == [signal.SIGTERM],
         }
     finally:
         runtime.shutdown()
@@ -197,6 +204,7 @@ def test_auth_mode_disabled_in_the_environment_still_starts_a_token_instance(
     assert result["token"] == "OK"
     assert result["token_file_mode"] == "0o600"  # generated in the (temporary) HOME
     assert result["auth_mode_after"] == "disabled"  # the environment is restored at shutdown
+    assert result["sigterm_handled"] is True  # (without the fix: exit -6, Ray's abort)
 
 
 # Joining a cluster: ray.init is replaced by a stub, so nothing is joined or started.

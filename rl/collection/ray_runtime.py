@@ -22,7 +22,9 @@
   its operator's to secure.
 
 The environment variables changed for the instance are restored by
-:meth:`RayRuntime.shutdown`.
+:meth:`RayRuntime.shutdown`. The process's signal handlers are put back as soon as ``ray.init``
+returns: Ray's core worker installs its own for SIGTERM (a stack dump, then an abort), which
+would otherwise end a run that is asked to stop while its workers start.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import contextlib
 import ipaddress
 import logging
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,7 +107,7 @@ def init_ray(
     try:
         if address is None:
             _force_token_auth(saved)
-            with _local_only():
+            with _local_only(), _signal_handlers_kept():
                 ray.init(
                     address="local",
                     num_cpus=num_cpus,
@@ -127,7 +131,8 @@ def init_ray(
             )
         else:
             _require_cluster_auth(saved, address, allow_unauthenticated)
-            ray.init(address=address, logging_level=logging_level)
+            with _signal_handlers_kept():
+                ray.init(address=address, logging_level=logging_level)
     except BaseException:
         _restore_env(saved)
         raise
@@ -197,6 +202,27 @@ def _local_only() -> Iterator[None]:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = before
+
+
+@contextlib.contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """Put this process's SIGTERM, SIGINT and SIGUSR1 handlers back after the block.
+
+    ``ray.init`` installs C-level handlers behind Python's back (``signal.getsignal`` still
+    names the old ones): setting them again makes Python's handlers the ones that run. Only in
+    the main thread, where Python allows it.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    names = ("SIGTERM", "SIGINT", "SIGUSR1")
+    before = {sig: signal.getsignal(sig) for sig in (getattr(signal, n) for n in names)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            if handler is not None:  # (None: not set from Python; nothing to put back)
+                signal.signal(sig, handler)
 
 
 def _has_token() -> bool:
