@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import gc
-
 import hydra
 from omegaconf import DictConfig
 
-import rl.engine.run
-from rl.engine.cli import config_errors_reported, discard_hydra_folder
+import rl.utils.config  # noqa: F401  (light: its resolvers, before Hydra composes)
+from rl.engine.sweeps import load_engine
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
@@ -18,13 +16,13 @@ def main(cfg: DictConfig) -> None:
     Hydra's folder for the command (``outputs/evaluate/<time>``) is removed afterwards unless
     something was written into it (``test_expert`` without a run writes its result there).
     """
+    engine = load_engine()
+    from rl.engine.cli import config_errors_reported, discard_hydra_folder
+
     with config_errors_reported():
-        rl.engine.run.evaluate(cfg)
+        engine.evaluate(cfg)
     discard_hydra_folder()
 
 
 if __name__ == "__main__":
-    # What the imports made (torch's and tensordict's objects, millions) lives as long as the
-    # process: frozen, the collector never walks it again, nor does Python's exit (~1 s).
-    gc.freeze()
     main()

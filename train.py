@@ -8,25 +8,28 @@ failing job is logged and the sweep goes on; it exits 1 at the end (see rl/engin
 
 from __future__ import annotations
 
-import gc
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
-import rl.engine.run
-from rl.engine.cli import config_errors_reported
-from rl.engine.sweeps import check_objective, failures_logged, objective
-from rl.training.stopping import EXIT_SIGINT, TrainingStopped
+# Light, and imported before Hydra composes: their resolvers (${task_name:}, ${job_dir_name:...})
+# name the run's folder, in a launcher's job processes too. The engine (torch) loads in main().
+import rl.utils.config  # noqa: F401
+from rl.engine.sweeps import check_objective, failures_logged, load_engine, objective
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     """Compose, verify and run; return the sweep objective (``optimized_metric``), if set."""
+    engine = load_engine()
+    from rl.engine.cli import config_errors_reported
+    from rl.training.stopping import EXIT_SIGINT, TrainingStopped
+
     try:
         with config_errors_reported(), failures_logged():  # a failed job: in its train.log
             check_objective(cfg)
-            return objective(rl.engine.run.train(cfg), cfg.get("optimized_metric"))
+            return objective(engine.train(cfg), cfg.get("optimized_metric"))
     except TrainingStopped as e:
         print(e, file=sys.stderr)
         sys.exit(e.exit_code)
@@ -36,7 +39,4 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    # What the imports made (torch's and tensordict's objects, millions) lives as long as the
-    # process: frozen, the collector never walks it again, nor does Python's exit (~1 s).
-    gc.freeze()
     main()

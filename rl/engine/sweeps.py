@@ -1,23 +1,27 @@
-"""Sweep support for ``train.py``: job folder names, the sweep objective, failing jobs.
+"""What ``train.py`` needs before and around a run: sweep support, and the engine's import.
 
 A Hydra multirun runs every job of a batch even when one raises, and raises the first error
 only after the batch; what it does not do is say which job failed and why in that job's folder:
-:func:`failures_logged` does.
+:func:`failures_logged` does. Job folder names and the sweep objective are here too, and
+:func:`load_engine`, the CLIs' import of the engine once Hydra has composed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
+import importlib
 import logging
 import math
 import re
+import sys
+import types
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from omegaconf import OmegaConf
 
-from rl.training.stopping import TrainingStopped
 from rl.utils.config import ConfigError
 from rl.utils.logs import log_fatal
 
@@ -52,6 +56,22 @@ def job_dir_name(num: int, overrides: str) -> str:
 # (Registered on import: train.py and evaluate.py import this module, so Hydra's launchers find
 # it for ``hydra.sweep.subdir``, in the job's own process too.)
 OmegaConf.register_new_resolver("job_dir_name", job_dir_name, replace=True)
+
+
+def load_engine() -> types.ModuleType:
+    """:mod:`rl.engine.run`, imported on the first call; what train.py and evaluate.py run.
+
+    They import only this module and :mod:`rl.utils.config` before Hydra composes (their
+    resolvers), so ``--help``, ``--cfg`` and Hydra's own errors never load torch. What the
+    engine's imports made (torch's and tensordict's objects, millions) lives as long as the
+    process: frozen once, the garbage collector never walks it again, nor does Python's exit
+    (about 1 s). (Not on later calls: a sweep's finished jobs are not frozen.)
+    """
+    if "rl.engine.run" not in sys.modules:
+        importlib.import_module("rl.engine.run")
+        gc.freeze()
+    return sys.modules["rl.engine.run"]
+
 
 # Sections of `optimized_metric` that only exist with a setting on (checked before training).
 _NEEDS = {
@@ -115,9 +135,11 @@ def failures_logged() -> Iterator[None]:
     """
     try:
         yield
-    except TrainingStopped:
-        raise
     except Exception as e:
+        from rl.training.stopping import TrainingStopped  # (loaded by the run, by now)
+
+        if isinstance(e, TrainingStopped):
+            raise
         if in_multirun():
             from hydra.core.hydra_config import HydraConfig
 

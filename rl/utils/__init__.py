@@ -1,6 +1,23 @@
-"""Small helpers shared across the library."""
+"""Small helpers shared across the library.
 
-from rl.utils.misc import evenly_distribute_count_into_bins
-from rl.utils.seeding import env_seeds, set_seed
+The names below load their modules on first use: ``rl.utils.config`` (imported by ``train.py``
+before Hydra composes, for its resolvers) does not load torch.
+"""
 
-__all__ = ["env_seeds", "evenly_distribute_count_into_bins", "set_seed"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "env_seeds": "rl.utils.seeding",
+    "set_seed": "rl.utils.seeding",
+    "evenly_distribute_count_into_bins": "rl.utils.misc",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'rl.utils' has no attribute {name!r}")
