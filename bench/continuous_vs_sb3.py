@@ -148,6 +148,7 @@ def sb3(steps: int, seed: int, eval_episodes: int) -> tuple[float, float]:
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.utils import LinearSchedule
     from stable_baselines3.common.vec_env import VecNormalize
 
@@ -210,6 +211,7 @@ def sb3(steps: int, seed: int, eval_episodes: int) -> tuple[float, float]:
         verbose=0,
     )
     clock = Clock()
+    agent.set_logger(Logger(None, []))  # (SB3's default makes a /tmp/SB3-<time> folder)
     agent.learn(total_timesteps=steps, callback=clock)
     assert clock.start is not None and clock.end is not None, "fewer than two rollouts"
     fps = (clock.end[0] - clock.start[0]) / (clock.end[1] - clock.start[1])

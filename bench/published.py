@@ -474,6 +474,7 @@ def sb3_child(env_id: str, steps: int, seed: int, eval_episodes: int, folder: Pa
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.logger import Logger
     from stable_baselines3.common.vec_env import VecNormalize
 
     torch.set_num_threads(1)
@@ -509,6 +510,7 @@ def sb3_child(env_id: str, steps: int, seed: int, eval_episodes: int, folder: Pa
 
     env = VecNormalize(make_vec_env(env_id, n_envs=1, seed=seed))
     agent = PPO("MlpPolicy", env, seed=seed, device="cpu", verbose=0)
+    agent.set_logger(Logger(None, []))  # (SB3's default makes a /tmp/SB3-<time> folder)
     agent.learn(total_timesteps=steps, callback=Recorder())
     eval_env = VecNormalize(
         make_vec_env(env_id, n_envs=1, seed=EVAL_SEED), training=False, norm_reward=False

@@ -170,6 +170,8 @@ def main() -> None:
                 p.join(timeout=10)
         if before is not None:
             remove_worktree(before)
+        if args.out is None:  # (a folder of our own: the runs are measured, nothing to keep)
+            shutil.rmtree(out, ignore_errors=True)
     a, b = (v.name for v in variants)
     unit = "s per 100k env steps (training), s per call (evaluate.py)"
     what = (

@@ -256,6 +256,10 @@ SB3_SETTINGS: dict[str, Any] = dict(
 
 def _timed_learn(agent: Any, steps: int) -> float:
     """FPS of ``agent.learn`` over the last three quarters of ``steps`` (warm-up like ours)."""
+    from stable_baselines3.common.logger import Logger
+
+    # (its own logger, writing nothing: SB3's default makes a /tmp/SB3-<time> folder per run)
+    agent.set_logger(Logger(None, []))
     agent.learn(total_timesteps=steps // 4)
     warm = agent.num_timesteps
     start = time.perf_counter()

@@ -7,7 +7,6 @@ carries (``rl.checkpoints.files``).
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,10 +17,14 @@ from hypothesis import strategies as st
 from rl.checkpoints import CheckpointError, load_checkpoint, save_checkpoint
 from rl.evaluation import InferenceAgent
 
-FOLDER = Path(tempfile.mkdtemp(prefix="rl-ckpt-"))
 STATE = {"model": {"w": torch.arange(256.0).reshape(16, 16)}, "config": {"a": 1},
          "pipeline": {"total_steps": 7}}  # fmt: skip
-GOOD = save_checkpoint(FOLDER / "good", STATE, 0, 7).read_bytes()
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An intact checkpoint of ``STATE``, in this module's own temporary folder."""
+    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "good", STATE, 0, 7)
 
 
 def damaged(data: bytes, kind: str, draw: st.DrawFn) -> bytes:
@@ -42,11 +45,11 @@ def damaged(data: bytes, kind: str, draw: st.DrawFn) -> bytes:
 
 @settings(max_examples=300, deadline=2_000, derandomize=True)  # the same cases in every CI run
 @given(st.data())
-def test_damaged_files_are_clear_errors(data: st.DataObject) -> None:
+def test_damaged_files_are_clear_errors(good: Path, data: st.DataObject) -> None:
     kind = data.draw(st.sampled_from(["truncated", "bit flips", "extended", "empty", "random"]))
-    path = FOLDER / "checkpoints" / "ckpt_stage00_step000000000001.pt"
+    path = good.parent.parent.parent / "checkpoints" / "ckpt_stage00_step000000000001.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(damaged(GOOD, kind, data.draw))
+    path.write_bytes(damaged(good.read_bytes(), kind, data.draw))
     with pytest.raises(CheckpointError, match=str(path)):
         load_checkpoint(path)
 
@@ -80,7 +83,7 @@ def test_weights_of_another_model_are_a_clear_error(tmp_path: Path) -> None:
         InferenceAgent.from_checkpoint(path)
 
 
-def test_an_intact_file_loads_exactly() -> None:
-    path = FOLDER / "good" / "checkpoints" / "ckpt_stage00_step000000000007.pt"
-    loaded = load_checkpoint(path)
+def test_an_intact_file_loads_exactly(good: Path) -> None:
+    assert good.name == "ckpt_stage00_step000000000007.pt"
+    loaded = load_checkpoint(good)
     assert torch.equal(loaded["model"]["w"], STATE["model"]["w"])

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -423,13 +424,19 @@ def _rank_1_fails_then_exits_slowly(plan: dict[str, Any], ctx: Any) -> dict[str,
     return {}
 
 
-def test_a_failure_is_named_by_its_rank_not_by_the_peer_it_disconnected(tmp_path: Path) -> None:
+def test_a_failure_is_named_by_its_rank_not_by_the_peer_it_disconnected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     section = yaml.safe_load((ROOT / "conf" / "distributed" / "none.yaml").read_text())
     settings = DistributedSettings.from_config({**section, "enabled": True, "world_size": 2})
-    plan = {"config": {"output_dir": str(tmp_path)}}
+    plan = {"config": {"output_dir": str(tmp_path / "run")}}
+    errors = tmp_path / "tmp"  # where torch's spawn puts the ranks' error files
+    errors.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(errors))
     with pytest.raises(RuntimeError, match=r"(?s)rank 1 \(.*the cause, on rank 1") as err:
         spawn_ranks(2, settings, "cpu", plan, _rank_1_fails_then_exits_slowly)
     assert "Connection closed" not in str(err.value)
+    assert list(errors.iterdir()) == []  # the tracebacks were read, then removed
 
 
 # --------------------------------------------------------------------------- CLI

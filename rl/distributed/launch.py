@@ -198,6 +198,9 @@ def spawn_ranks(
                 pass
     except ProcessException as e:
         index, detail = _first_cause(context, e)
+        for path in context.error_files:  # (the failed ranks' tracebacks, read: not left in /tmp)
+            with contextlib.suppress(OSError, TypeError):
+                os.unlink(path)
         raise RuntimeError(
             f"distributed training failed: rank {index} ({detail}); the other "
             "ranks were terminated"
