@@ -7,7 +7,6 @@ the workers (a failing one surfaces as the parent's ``ProcessRaisedException``).
 from __future__ import annotations
 
 import atexit
-import faulthandler
 import functools
 import json
 import os
@@ -15,16 +14,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import yaml
 from pipelines import ppo_pipeline
+from ranks import WORLD, run_ranks
 from small import SMALL
 
 from rl.checkpoints.invocation import invocation_only
@@ -40,7 +38,7 @@ from rl.distributed import (
 from rl.distributed.launch import free_port, spawn_ranks
 from rl.distributed.reduce import reduce_tracker_states
 from rl.distributed.settings import DistributedSettings, distributed_errors
-from rl.distributed.setup import checksums_across_ranks, teardown
+from rl.distributed.setup import checksums_across_ranks
 from rl.engine.run import _train_rank
 from rl.engine.settings import verify_train_cfg
 from rl.loggers import MetricsLogger
@@ -54,23 +52,6 @@ from rl.utils.seeding import env_seeds
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
-WORLD = 2
-
-
-def _entry(rank: int, port: int, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-    faulthandler.enable()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    fn(rank, *args)
-    teardown(wait=True)
-
-
-def run_workers(fn: Callable[..., None], *args: Any) -> None:
-    """Run ``fn(rank, *args)`` on 2 gloo workers."""
-    mp.start_processes(
-        _entry, args=(free_port(), fn, args), nprocs=WORLD, join=True, start_method="spawn"
-    )
 
 
 # ------------------------------------------------------------------ collectives
@@ -106,7 +87,7 @@ def _check_reductions(rank: int) -> None:
 
 
 def test_weighted_gradients_and_global_advantage_stats() -> None:
-    run_workers(_check_reductions)
+    run_ranks(_check_reductions)
 
 
 # ----------------------------------------------------------------- trainer level
@@ -287,11 +268,11 @@ def _eval_criterion(rank: int, tmp: str) -> None:
 
 
 def test_an_eval_criterion_on_rank_zero_ends_the_stage_on_every_rank(tmp_path: Path) -> None:
-    run_workers(_eval_criterion, str(tmp_path))
+    run_ranks(_eval_criterion, str(tmp_path))
 
 
 def test_trainer_identical_parameters_unique_seeds_stop_and_exact_resume(tmp_path: Path) -> None:
-    run_workers(_train_stop_resume, str(tmp_path))
+    run_ranks(_train_stop_resume, str(tmp_path))
 
 
 def _preempt(rank: int, tmp: str) -> None:
@@ -320,7 +301,7 @@ def _preempt(rank: int, tmp: str) -> None:
 
 
 def test_preemption_cuts_the_straggler_at_the_configured_fractions(tmp_path: Path) -> None:
-    run_workers(_preempt, str(tmp_path))
+    run_ranks(_preempt, str(tmp_path))
 
 
 # ---------------------------------------------------------------- config, faults

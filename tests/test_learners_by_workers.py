@@ -9,9 +9,7 @@
 
 from __future__ import annotations
 
-import faulthandler
 import functools
-import os
 import time
 from multiprocessing import resource_tracker
 from pathlib import Path
@@ -21,17 +19,17 @@ import psutil
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from collectors import worker_settings
 from pipelines import ppo_pipeline
+from ranks import WORLD, run_ranks
 from small import MODEL, SERIAL, SMALL
 
 from rl.collection import CollectionSpec, RolloutRequest
 from rl.collection.worker_set import CollectionWorkerSet
 from rl.distributed import DistContext
-from rl.distributed.launch import free_port, spawn_ranks
+from rl.distributed.launch import spawn_ranks
 from rl.distributed.settings import DistributedSettings
-from rl.distributed.setup import checksums_across_ranks, teardown
+from rl.distributed.setup import checksums_across_ranks
 from rl.engine.run import _train_rank
 from rl.loggers import MetricsLogger
 from rl.losses import PPOLoss
@@ -40,8 +38,6 @@ from rl.pipeline import PipelineStage
 from rl.tasks import task_spaces
 from rl.training import Callback, OnPolicyTrainer, RolloutInfo
 from rl.utils.seeding import env_seeds, set_seed
-
-WORLD = 2
 
 
 def make_set(spec: CollectionSpec, **settings: Any) -> CollectionWorkerSet:
@@ -170,15 +166,6 @@ def test_uneven_environments_with_fewer_rollouts_per_update_are_refused() -> Non
 
 
 # ------------------------------------------------------------- learners x workers
-def _entry(rank: int, port: int, fn: Any, args: tuple[Any, ...]) -> None:
-    faulthandler.enable()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    fn(rank, *args)
-    teardown(wait=True)
-
-
 class StopAt(Callback):
     def __init__(self, rollouts: int | None) -> None:
         self.rollouts, self.seen = rollouts, 0
@@ -252,13 +239,7 @@ def _ranks_own_workers_and_resume_exactly(rank: int, tmp: str) -> None:
 
 @pytest.mark.slow
 def test_ranks_own_their_workers_and_a_sync_run_resumes_bitwise(tmp_path: Path) -> None:
-    mp.start_processes(
-        _entry,
-        args=(free_port(), _ranks_own_workers_and_resume_exactly, (str(tmp_path),)),
-        nprocs=WORLD,
-        join=True,
-        start_method="spawn",
-    )
+    run_ranks(_ranks_own_workers_and_resume_exactly, str(tmp_path))
 
 
 @pytest.mark.slow
