@@ -226,6 +226,25 @@ def test_cfg_job_shows_what_runs(tmp_path: Path) -> None:
     assert "_target_: rl.losses.PPOLoss" in proc.stdout
 
 
+def test_the_clis_load_torch_only_once_hydra_has_composed() -> None:
+    """What train.py and evaluate.py import before Hydra composes (their resolvers) is light:
+    ``--help``, ``--cfg`` and Hydra's own errors answer in well under a second."""
+    code = (
+        "import sys; import rl.utils.config, rl.engine.sweeps, rl.engine, rl.utils; "
+        "print(sorted(m for m in ('torch', 'tensordict', 'rl.engine.run') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+    for script in ("train.py", "evaluate.py"):  # (nothing heavier at the scripts' top)
+        tops = [
+            line
+            for line in (ROOT / script).read_text().splitlines()
+            if line.startswith(("import ", "from "))
+        ]
+        assert all("rl.engine.run" not in line and "torch" not in line for line in tops), tops
+
+
 def test_evaluate_without_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     proc = run(["evaluate.py", f"run_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'e'}"], tmp_path)
     assert proc.returncode != 0
