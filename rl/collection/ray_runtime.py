@@ -215,8 +215,9 @@ def _signal_handlers_kept() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    names = ("SIGTERM", "SIGINT", "SIGUSR1")
-    before = {sig: signal.getsignal(sig) for sig in (getattr(signal, n) for n in names)}
+    names = ("SIGTERM", "SIGINT", "SIGUSR1")  # (as stop_on_signals: those this platform has)
+    sigs = [getattr(signal, n) for n in names if hasattr(signal, n)]
+    before = {sig: signal.getsignal(sig) for sig in sigs}
     try:
         yield
     finally:
