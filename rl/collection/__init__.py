@@ -1,17 +1,8 @@
 """Collection: producing filled rollouts for the learner.
 
-``base`` holds the seam (:class:`Collector`, :class:`RolloutRequest`, :class:`Rollout`);
-``local`` its in-process implementation (:class:`InProcessCollector`: a sampler stepped with the
-learner's own policy through the step runner, :mod:`rl.sampling.runner`, with ``acting``'s
-recording actor; ``teacher_forcing``; forced scene advance, straggler preemption); ``episodes``
-runs fixed lists of seeded episodes (evaluation) with ``acting``'s policy actor, which probe
-videos and the inference agent share. Collection workers (``collector=process``
-or ``collector=ray``) are :mod:`rl.collection.worker` (one worker), :mod:`rl.collection.hosts`
-(its process or Ray actor), :mod:`rl.collection.worker_set` (the set a learner drives, with
-:mod:`~rl.collection.worker_calls`: its calls and watchdog, :mod:`~rl.collection.async_collection`:
-barrier-free collection, :mod:`~rl.collection.worker_config`: its settings,
-:mod:`~rl.collection.transport` and :mod:`~rl.utils.shared_memory`: how rollouts travel),
-imported on demand.
+``base`` is the seam (:class:`Collector`, :class:`RolloutRequest`, :class:`Rollout`), ``local``
+collects in this process and ``episodes`` runs seeded episode lists (evaluation). The collection
+workers (``collector=process`` or ``ray``: ``worker_set`` and its modules) are imported on demand.
 """
 
 from rl.collection.acting import NoExpertError, PolicyActor

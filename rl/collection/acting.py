@@ -1,23 +1,11 @@
 """The learner's policy as the step runner's actor: collecting, evaluating, serving.
 
-Both actors keep everything they carry in the step (:func:`~rl.sampling.runner.run_steps`):
-
-- :class:`RolloutRecorder` collects. Its step, on the policy's device, holds the observations
-  (normalised where the run normalises them, ``raw_obs`` beside them), episode starts, the
-  recurrent state and the task's step fields; the policy writes its action, log-probability,
-  value, state after and extras into it (teacher-forced where the request asks), and
-  :meth:`~RolloutRecorder.next_step` records the step in the
-  :class:`~rl.storage.RolloutStorage` and makes the next one. The last step is what one rollout
-  hands the next (:func:`carried_step` makes the first of a sampler's reset). On CUDA what it
-  reads of a sampler's step arrives in one copy a step and the actions go back in one
-  (:class:`~rl.utils.staging.PinnedTransfers`); on the CPU the step's tensors are used as
-  they are.
-- :class:`PolicyActor` acts for fixed episode lists
-  (:func:`~rl.collection.episodes.evaluate_policy`) and probe videos
-  (:func:`~rl.evaluation.video.record_episode`), dropping environments that are done;
-  :func:`policy_step` is the same step for :class:`~rl.evaluation.InferenceAgent`. So a policy
-  acts the same wherever it runs; :class:`ExpertActor` is the task's expert in the same place
-  of the same loop.
+:class:`RolloutRecorder` collects: the policy writes its outputs into the step and
+:meth:`~RolloutRecorder.next_step` records them in the storage. On CUDA what it reads of a
+sampler's step arrives in one copy and the actions go back in one
+(:class:`~rl.utils.staging.PinnedTransfers`). :class:`PolicyActor` acts for fixed episode lists
+and probe videos, dropping environments that are done; :func:`policy_step` is the same step for
+:class:`~rl.evaluation.InferenceAgent`. So a policy acts the same wherever it runs.
 """
 
 from __future__ import annotations
@@ -33,7 +21,6 @@ from tensordict.utils import NestedKey
 
 from rl.collection.base import Preemption, RolloutRequest
 from rl.collection.normalization import Normalizer
-from rl.collection.teacher_forcing import check_field_names, check_forced, forced_actions
 from rl.models.policy import (
     ACTIONS,
     EPISODE_STARTS,
@@ -50,6 +37,7 @@ from rl.pipeline.trackers import ScalarMeanTracker
 from rl.sampling.base import EPISODES, decode_episodes
 from rl.sampling.runner import ExpertActor, NoExpertError
 from rl.storage.rollout import RolloutStorage
+from rl.tasks.fields import EXPERT_ACTIONS
 from rl.utils.staging import PinnedTransfers
 
 __all__ = [
@@ -61,6 +49,9 @@ __all__ = [
     "RolloutRecorder",
     "actions_for",
     "carried_step",
+    "check_field_names",
+    "check_forced",
+    "forced_actions",
     "obs_on",
     "policy_step",
     "raw_obs",
@@ -81,8 +72,7 @@ def policy_step(
 ) -> tuple[torch.Tensor, TensorDict]:
     """The one policy step: ``(actions [N, ...], the state after)`` for ``[N, ...]`` inputs.
 
-    The observations are normalised as the run normalised them (``normalizer``, frozen), then
-    the policy acts: the argmax (``deterministic``) or a draw from ``generator``.
+    ``normalizer``: the run's, applied frozen.
     """
     if normalizer is not None:
         obs = normalizer.observations(obs)
@@ -105,10 +95,9 @@ def actions_for(
 ) -> np.ndarray | torch.Tensor:
     """``actions`` as a sampler whose steps live ``steps_on`` takes them.
 
-    A sampler whose steps live on the actions' accelerator (a batched environment on the GPU)
-    takes the tensor where it is: nothing goes to the host. Every sampler takes NumPy
-    (a CPU tensor's is a view, not a copy); ``to_host`` brings accelerator actions to the host
-    (None: ``Tensor.cpu``; collection's pinned copy, :class:`~rl.utils.staging.PinnedTransfers`).
+    A sampler on the actions' accelerator takes the tensor where it is; any other takes NumPy
+    (a view of a CPU tensor). ``to_host`` brings accelerator actions to the host (None:
+    ``Tensor.cpu``).
     """
     if actions.device.type != "cpu":
         if steps_on == actions.device:
@@ -120,19 +109,12 @@ def actions_for(
 class PolicyActor:
     """A policy acting for ``num_envs`` environments; its state and episode starts in the step.
 
-    :meth:`start` makes its first step of a sampler's reset (the observations on ``device``,
-    normalised, every environment starting an episode, the policy's initial state); the policy
-    writes into the step (:meth:`act`), and :meth:`next_step` makes the next one of the
-    sampler's result, the state after and the episode starts carried, environments that are done
-    dropped (their state too).
+    :meth:`next_step` drops the environments not kept (their state too).
 
     Args:
-        model: The policy (put in eval mode by the caller where it matters).
-        num_envs: Environments it acts for (each starts an episode).
-        device: Where the model runs.
-        deterministic: Argmax actions instead of sampled ones.
+        model: The policy (the caller puts it in eval mode).
         generator: Generator of sampled actions (None: the global one).
-        normalizer: The run's observation normalisation, applied frozen (None: none).
+        normalizer: The run's observation normalisation, applied frozen.
     """
 
     def __init__(
@@ -147,7 +129,7 @@ class PolicyActor:
     ) -> None:
         self.model, self.num_envs, self.device = model, num_envs, torch.device(device)
         self.deterministic, self.generator, self.normalizer = deterministic, generator, normalizer
-        self.steps_on = torch.device("cpu")  # where the sampler's steps live (start says)
+        self.steps_on = torch.device("cpu")  # where the sampler's steps live (set by start)
 
     def _obs(self, step: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         obs = {k: torch.as_tensor(v).to(self.device) for k, v in step["obs"].items()}
@@ -178,24 +160,20 @@ class PolicyActor:
         return policy_input(obs, done, state)
 
 
-# The key of the truncated positions among the tensors moved with a step (beside its str keys
-# and the ("obs" | "final_obs", key) pairs).
+# The carried step's own entries: raw observations (where the policy reads normalised ones) and
+# reward scaling's running returns.
+RAW_OBS, RETURNS = "raw_obs", "returns"
+# Key of the truncated rows among a step's moved tensors (beside str keys and ("obs", k) pairs).
 _TRUNCATED_AT = ("truncated_at",)
-# What the policy reads of a step, the state it writes after it and what the step carries for
-# the next: not recorded with the step (the storage has the observations and state by row).
+# Step entries not recorded as fields: the storage keeps observations and state by row.
 _NOT_RECORDED = frozenset(
-    {OBS, EPISODE_STARTS, STATE, NEXT_STATE, FORCED_ACTIONS, "raw_obs", "returns"}
+    {OBS, EPISODE_STARTS, STATE, NEXT_STATE, FORCED_ACTIONS, RAW_OBS, RETURNS}
 )
 
 
-# The carried step's own entries besides the policy's inputs: the raw observations (where the
-# policy reads normalised ones) and reward scaling's running returns.
-RAW_OBS, RETURNS = "raw_obs", "returns"
-
-
-def obs_on(step: TensorDict, device: torch.device, key: str = "obs") -> dict[str, torch.Tensor]:
-    """A step's observations (``obs`` or ``final_obs``) by key, on ``device``."""
-    obs = step.get(key)
+def obs_on(step: TensorDict, device: torch.device) -> dict[str, torch.Tensor]:
+    """A step's observations by key, on ``device``."""
+    obs = step.get("obs")
     if device.type == "cpu":
         return dict(obs.items())
     return {k: v.to(device, non_blocking=True) for k, v in obs.items()}
@@ -224,23 +202,68 @@ def carried_step(
     return step
 
 
+def forced_actions(
+    prob: float, task_fields: Mapping[str, torch.Tensor], device: torch.device
+) -> torch.Tensor:
+    """ALGO: AllenAct's teacher forcing: the expert's action with probability ``prob``, else -1.
+
+    The policy takes them in place of a draw (the step's ``forced_actions``) and records their
+    log-probabilities under itself, so the update sees what the environment saw.
+
+    Raises:
+        ValueError: The task declares no ``expert_actions`` step field.
+    """
+    expert = task_fields.get(EXPERT_ACTIONS)
+    if expert is None:
+        raise ValueError(
+            f"teacher forcing takes the task's expert actions (step field {EXPERT_ACTIONS!r}, "
+            "info['expert_action']), but the task declares no such field "
+            "(rl.tasks.fields: StepField); teacher forcing needs a task with an expert"
+        )
+    forced = (torch.rand(expert.shape).to(device) < prob) & (expert >= 0)
+    return torch.where(forced, expert, torch.full_like(expert, -1))
+
+
+def check_forced(forced: torch.Tensor, actions: torch.Tensor, policy: object) -> int:
+    """How many actions were forced; a ValueError where the policy's cannot be forced."""
+    if actions.shape != forced.shape or actions.is_floating_point():
+        raise ValueError(
+            "teacher forcing takes the task's expert actions (one discrete action per "
+            f"environment), but the policy's actions have shape {tuple(actions.shape)} "
+            f"and dtype {actions.dtype}: teacher forcing needs a Discrete action space"
+        )
+    where = forced >= 0
+    if not torch.equal(actions[where], forced[where].to(actions.dtype)):
+        raise ValueError(
+            f"policy {type(policy).__name__} did not take the step's forced_actions (teacher "
+            "forcing): its act() must take them where >= 0 (rl.models.policy.write_step does)"
+        )
+    return int(where.sum())
+
+
+def check_field_names(task_fields: Mapping[str, torch.Tensor], step: Any) -> None:
+    """A ValueError where the policy wrote over a task's step field (both are recorded)."""
+    clash = sorted(k for k, v in task_fields.items() if step.get(k) is not v)
+    if clash:
+        raise ValueError(
+            f"the policy's act() wrote the task's step field(s) {clash}: both are recorded in "
+            "the rollout; rename the policy's (rl.tasks.fields / the keys act() writes)"
+        )
+
+
 class RolloutRecorder:
     """The policy acting for collection, recording each step (a runner's actor).
 
     Args:
-        model: The policy.
         storage: The rollout storage, reset for this rollout.
-        request: The rollout's settings (teacher forcing).
-        field_names: The task's step fields (the sampler's ``step_fields``) that come with an
-            observation: recorded beside the action taken on it.
+        field_names: The task's step fields that come with an observation: recorded beside the
+            action taken on it.
         transition_names: Its transition fields (``StepField.transition``): recorded with the
             step that reported them, beside its reward.
         device: Where the model and the storage live.
         steps_on: Where the sampler's steps live (actions go back there).
-        normalizer: Observation and reward normalisation (None: none).
-        preemption: A rule that may end the rollout early (None: none).
-        transfers: The host <-> device staging of a CUDA ``device`` (None: each tensor moved
-            by itself, or, on the CPU, not at all).
+        preemption: A rule that may end the rollout early.
+        transfers: The pinned staging of a CUDA ``device`` (None: each tensor moved by itself).
     """
 
     def __init__(
@@ -263,7 +286,6 @@ class RolloutRecorder:
         self.normalizer, self.preemption = normalizer, preemption
         self.transfers = transfers
         self.stats = ScalarMeanTracker()
-        # The steps' ``episodes`` entries, decoded once a rollout (summary).
         self._episodes: list[TensorDict] = []
         self.teacher_forced, self.env_seconds, self.inference_seconds = 0, 0.0, 0.0
         self._acted = 0.0  # when the last action was handed to the sampler
@@ -282,7 +304,7 @@ class RolloutRecorder:
         return step
 
     def _set_obs(self, step: TensorDict, raw: Mapping[str, torch.Tensor]) -> None:
-        """``step``'s observations: ``raw``, and what the policy reads (normalised) where not."""
+        """``step``'s observations, and the raw ones beside them where they are normalised."""
         if self.normalizer is None:
             step.set(OBS, _entries(raw, step.batch_size))
             return
@@ -290,13 +312,10 @@ class RolloutRecorder:
         step.set(OBS, _entries(self.normalizer.observations(raw), step.batch_size))
 
     def _arrived(self, step: TensorDict) -> dict[Any, torch.Tensor]:
-        """What the recorder reads of a sampler's ``step``, on the device.
+        """What the recorder reads of a sampler's ``step``, on the device (one copy on CUDA).
 
-        ``("obs", key)`` for each observation entry, the task's step fields, ``rewards``,
-        ``terminated``, ``truncated`` and the transition fields and, where episodes were
-        truncated, their positions (``_TRUNCATED_AT``) and final observations
-        (``("final_obs", key)``, those rows only). One copy on CUDA (``transfers``); on the CPU
-        the step's own tensors (no copy).
+        Final observations come as ``("final_obs", key)`` of the truncated rows only, their
+        positions under ``_TRUNCATED_AT``.
         """
         tensors: dict[Any, torch.Tensor] = {("obs", k): v for k, v in step.get("obs").items()}
         tensors.update((k, step.get(k)) for k in self.field_names)
@@ -314,14 +333,8 @@ class RolloutRecorder:
             return self.transfers.to_device(tensors)
         return {k: v.to(self.device, non_blocking=True) for k, v in tensors.items()}
 
-    # ----------------------------------------------------------------- acting
     def act(self, step: TensorDict) -> np.ndarray | torch.Tensor:
-        """The policy's actions for ``step`` (teacher-forced maybe), written into it.
-
-        The policy reads the step (observations, episode starts, state, the task's step fields)
-        and writes its actions, log-probabilities, values, the state after and its extras into
-        it; every entry it writes but the state is recorded.
-        """
+        """The policy's actions for ``step`` (teacher-forced where asked), written into it."""
         t0 = time.perf_counter()
         if self.normalizer is not None:
             self.normalizer.record_observations(dict(step.get(RAW_OBS).items()))
@@ -330,7 +343,7 @@ class RolloutRecorder:
             prob = self.request.teacher_forcing_probability(self.storage.step)
             forced = forced_actions(prob, {k: step.get(k) for k in self.field_names}, self.device)
             step.set(FORCED_ACTIONS, forced)
-        # What the task reported, before the policy wrote: checked on a rollout's first step.
+        # The task's fields before the policy writes: checked for clashes on the first step.
         fields = {k: step.get(k) for k in self.field_names} if self.storage.step == 0 else None
         self.model.act(step)
         actions = step.get(ACTIONS)
@@ -352,13 +365,12 @@ class RolloutRecorder:
         self.inference_seconds += self._acted - t0
         return host
 
-    # -------------------------------------------------------------- recording
     def next_step(
         self, step: TensorDict, result: TensorDict, keep: torch.Tensor | None = None
     ) -> TensorDict:
         """Record ``step`` and the sampler's ``result`` of it; the step to act on next.
 
-        (Training environments never pause: ``keep`` is None.)
+        ``keep`` is always None: training environments never pause.
         """
         t2 = time.perf_counter()
         self.env_seconds += t2 - self._acted
@@ -371,8 +383,7 @@ class RolloutRecorder:
         terminated, truncated = moved["terminated"], moved["truncated"]
         rewards = moved["rewards"]
         starts = terminated | truncated
-        # The state after the step is the one before the next observation: truncated-BPTT
-        # chunks start from it.
+        # The state before the next observation: truncated-BPTT chunks start from it.
         state = step.get(NEXT_STATE)
         nxt: dict[NestedKey, Any] = {}
         if self.normalizer is not None:
@@ -404,10 +415,9 @@ class RolloutRecorder:
     def _truncation_values(
         self, moved: Mapping[Any, torch.Tensor], step: TensorDict
     ) -> torch.Tensor:
-        """ALGO: values of the final observations of truncated episodes (bootstrapped).
+        """ALGO: values of truncated episodes' final observations, to bootstrap from.
 
-        ``moved``: the sampler's step as :meth:`_arrived` gives it; ``step``: the one acted on
-        (its state after is the one the final observations follow).
+        They follow ``step``'s state after; ``moved`` is :meth:`_arrived`'s.
         """
         values = torch.zeros(step.batch_size[0], device=self.device)
         idx = moved.get(_TRUNCATED_AT)
@@ -425,10 +435,7 @@ class RolloutRecorder:
         return values
 
     def bootstrap_value(self, step: TensorDict) -> torch.Tensor:
-        """ALGO: the value the returns bootstrap from, by the policy that collected.
-
-        ``step``: the step after the rollout's last (what the runner returned).
-        """
+        """ALGO: the value the returns bootstrap from: of ``step``, the one after the last."""
         obs = {k: v.unsqueeze(0) for k, v in step.get(OBS).items()}
         out, _ = self.model(obs, step.get(EPISODE_STARTS).unsqueeze(0), step.get(STATE))
         return out.values[0]

@@ -1,13 +1,10 @@
 """Barrier-free collection: every worker always has a rollout in flight (``collector.mode=async``).
 
-:class:`AsyncCollection` keeps the rollouts in flight of a
-:class:`~rl.collection.CollectionWorkerSet`, plans what each is collected for, and hands an
-update the first ``rollouts_per_update`` acceptable ones (first come, first served). A rollout
-more than ``max_policy_lag`` weight versions behind the learner, or collected for another stage
-than the learner's, is dropped (``dropped``) and its worker asked again with the current weights; a
-rollout longer than the update asked for is cut. What is collected ahead is what the learner
-will ask for: the trainer's plan (:meth:`AsyncCollection.set_plan`) is followed in the order
-rollouts were asked for, so nothing is collected past a stage's budget or the run's.
+An update takes the first ``rollouts_per_update`` acceptable rollouts (first come, first
+served). A rollout more than ``max_policy_lag`` weight versions behind the learner, or collected
+for another stage, is dropped and its worker asked again; a longer one is cut. Rollouts are
+collected ahead by the trainer's plan (:meth:`AsyncCollection.set_plan`), in the order they are
+asked for, so nothing is collected past a stage's budget or the run's.
 """
 
 from __future__ import annotations
@@ -22,8 +19,6 @@ from rl.collection.worker_calls import WorkerCalls
 from rl.utils.deadline import Deadline
 
 __all__ = ["AsyncCollection", "InFlight", "as_sent"]
-
-Results = list[ShippedRollout]
 
 
 @dataclasses.dataclass
@@ -44,10 +39,8 @@ class AsyncCollection:
     """The rollouts in flight of a worker set, and which of them an update takes.
 
     Args:
-        calls: The workers.
         request: ``request(workers, rollout_request)``: ask ``workers`` for a rollout with the
             learner's current weights and settings; the calls' handles.
-        rollouts_per_update: Worker rollouts an update takes.
         max_policy_lag: Largest accepted ``learner version - data version``.
     """
 
@@ -85,13 +78,10 @@ class AsyncCollection:
     ) -> None:
         """Ask every idle worker for a rollout, planned in the order they are asked for.
 
-        The rollouts in flight are planned for the coming updates in the order they were asked
-        for, ``rollouts_per_update`` each, though an update takes the first ready ones (a short
-        rollout cut to the stage's budget may overtake a full one asked for before it);
-        ``taken``: rollouts already taken for ``current``'s update (the next one asked for is
-        planned for the update after it once it has them all); ``holding``: workers whose
-        taken rollout is not copied out yet (asked again after the update's
-        :meth:`refill`: a process worker writes its next rollout where this one lies).
+        Rollouts in flight are planned for the coming updates in asking order,
+        ``rollouts_per_update`` each, though an update takes the first ready ones. ``taken``:
+        rollouts already taken for ``current``'s update; ``holding``: workers whose taken
+        rollout is not copied out yet (a process worker writes its next one where it lies).
         """
         for i in range(self.calls.num_workers):
             if i in self.in_flight or i in holding:
@@ -103,12 +93,13 @@ class AsyncCollection:
             (ref,) = self.request([i], planned)
             self.in_flight[i] = InFlight(ref, planned, Deadline(self.calls.budget()))
 
-    def take(self, request: RolloutRequest, version: int) -> tuple[list[int], Results]:
+    def take(
+        self, request: RolloutRequest, version: int
+    ) -> tuple[list[int], list[ShippedRollout]]:
         """The first ``rollouts_per_update`` acceptable rollouts, in worker order.
 
-        Each is cut to ``request``'s length; ``version`` is the learner's weights version. Their
-        workers are idle afterwards: :meth:`refill` them (after the statistics they get
-        with the weights are merged).
+        Each is cut to ``request``'s length; ``version`` is the learner's. Their workers are
+        idle afterwards: :meth:`refill` them once the statistics they get are merged.
         """
         need = self.rollouts_per_update
         self.refill(request)
@@ -135,10 +126,7 @@ class AsyncCollection:
         return workers, [taken[i].cut(steps) for i in workers]
 
     def _take_ready(self) -> list[int]:
-        """Workers whose rollout in flight is done (at least one; the watchdog per rollout).
-
-        Rollouts already received (kept for the next update) come first, oldest first.
-        """
+        """Workers whose rollout in flight is done: those kept from before first, oldest first."""
         kept = sorted(self.ready, key=lambda i: self.in_flight[i].since)
         if kept:
             return kept
@@ -148,7 +136,7 @@ class AsyncCollection:
         )
 
     def _result(self, worker: int, flight: InFlight) -> ShippedRollout:
-        """A rollout in flight that is done, and the outcomes of the worker's calls before it."""
+        """A done rollout in flight, the outcomes of the worker's calls before it checked."""
         if worker in self.ready:
             return self.ready.pop(worker)
         self.calls.check_acks(worker)

@@ -1,10 +1,8 @@
 """The seam between collecting and learning: a :class:`Collector` fills rollouts.
 
-The trainer asks for one rollout at a time with a :class:`RolloutRequest` (the current stage's
-rollout length and teacher forcing) and gets a :class:`Rollout`: the filled storage, the value
-to bootstrap from, the episodes that finished, and what collecting cost. Where and how the
-steps are taken (in the trainer's process, in worker processes, on other machines) is the
-collector's business; the training loop is the same for every collector.
+The trainer asks for one rollout at a time with a :class:`RolloutRequest` and gets a
+:class:`Rollout`; where the steps are taken (this process, worker processes, other machines) is
+the collector's business.
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from rl.storage.rollout import RolloutStorage
 from rl.tasks.agents import AgentGroup
 from rl.tasks.factory import task_spaces
 
-if TYPE_CHECKING:  # (episodes acts through acting, which needs this module's request)
+if TYPE_CHECKING:  # (an import cycle: episodes -> acting -> base)
     from rl.collection.episodes import EvalResult
 
 
@@ -33,20 +31,16 @@ class CollectionSpec:
     """What a collector collects from, as plain configs (each collector builds where it runs).
 
     Attributes:
-        task: Plain task config (``_target_`` returning a ``gymnasium.Env``).
-        sampler: Plain sampler config (``conf/sampler``); its ``num_envs`` are this
-            collector's environments.
+        sampler: Plain sampler config; its ``num_envs`` are this collector's environments.
         model: Plain model config (remote collectors build their own copy of the policy).
         seed: The run's seed (environment ``i`` first resets with ``env_seeds(total, seed)[i]``
-            of the global index; action sampling draws from the seeded global generators).
+            of its global index).
         env_offset: Global index of this collector's first environment (distributed ranks).
         total_envs: Size of the global seed stream (None: ``env_offset + num_envs``).
-        normalize: The run's ``normalize`` section (None: no normalisation).
-        spaces: The task's flat observation space and its action space, read once by the run
-            (None: read from the task where needed, by building one environment).
-        agents: Agents per environment (a multi-agent task's: each is a row of the batch).
-        groups: A multi-agent task's groups of agents, one policy each
-            (:attr:`rl.tasks.TaskLayout.groups`; None: one policy for all).
+        spaces: The task's flat observation space and action space, read once by the run
+            (None: read where needed, by building one environment).
+        agents: Agents per environment (each is a row of the batch).
+        groups: A multi-agent task's groups of agents, one policy each (None: one for all).
     """
 
     task: dict[str, Any]
@@ -65,7 +59,7 @@ class CollectionSpec:
         return self.spaces if self.spaces is not None else task_spaces(self.task)
 
     def with_task(self, task: Mapping[str, Any]) -> CollectionSpec:
-        """The spec for another task (its spaces read again when needed; the same agents)."""
+        """The spec for another task (its spaces read again when needed)."""
         return dataclasses.replace(self, task=dict(task), spaces=None)
 
     def build_normalizer(self, observation_space: gym.spaces.Dict) -> Normalizer | None:
@@ -93,15 +87,12 @@ class RolloutRequest:
         num_steps: Steps per environment (a collector may stop early: straggler preemption).
         teacher_forcing: Probability of taking the expert's action, as a function of the
             stage's env steps (None: never).
-        stage_steps: Env steps the stage had taken before this rollout (the schedule's
-            position at the rollout's first step).
-        steps_per_step: Env steps one collection step adds to the stage over every worker
-            (``num_envs * world_size``): step ``t`` of the rollout is at stage step
-            ``stage_steps + t * steps_per_step``.
+        stage_steps: Env steps the stage had taken before this rollout.
+        steps_per_step: Env steps one collection step adds to the stage over every worker:
+            step ``t`` of the rollout is at stage step ``stage_steps + t * steps_per_step``.
         stage: Index of the pipeline stage the rollout is for (asynchronous collection drops
             data collected for another stage).
-        gamma: The stage's discount: reward normalisation accumulates its returns with it
-            (unless ``normalize.gamma`` names one). None: no stage (a worker's placeholder).
+        gamma: The stage's discount, for reward normalisation's returns (None: no stage).
     """
 
     num_steps: int
@@ -120,20 +111,14 @@ class RolloutRequest:
 
 @dataclasses.dataclass
 class Rollout:
-    """One collected rollout, ready for advantages and the update.
-
-    A collector may reuse its storage for the next rollout: a ``Rollout`` is valid until the
-    collector's next :meth:`~Collector.collect`.
+    """One collected rollout, valid until the collector's next :meth:`~Collector.collect`.
 
     Attributes:
         storage: The filled storage (``storage.step`` steps of every environment).
         next_value: ``[N]`` value of the observation after the last step, from the policy
             that collected the rollout (what the returns bootstrap from).
-        episodes: Episodes that finished during the rollout.
-        stats: Per-step statistics as ``{"sums": ..., "counts": ...}`` of a
-            :class:`~rl.pipeline.ScalarMeanTracker` (e.g. ``pipeline/teacher_ratio``).
+        stats: A :class:`~rl.pipeline.ScalarMeanTracker` state of per-step statistics.
         teacher_forced: Steps whose action was the expert's by teacher forcing.
-        env_seconds: Time spent stepping environments.
         inference_seconds: Time spent in the policy and in storage inserts.
     """
 
@@ -174,14 +159,13 @@ class Preemption(Protocol):
 
 
 class Collector(Protocol):
-    """Produces rollouts for the learner (PyTorchRL's collection workers, seen from the loop).
+    """Produces rollouts for the learner.
 
-    A collector owns its environments and whatever is carried from one rollout into the next
-    (observations, recurrent state), and saves and restores that for exact resume.
+    A collector owns its environments and what one rollout carries into the next (observations,
+    recurrent state), and saves and restores that for exact resume.
 
     Attributes:
-        supports_distributed: Whether each DDP rank may drive its own collector (checked
-            before a run starts).
+        supports_distributed: Whether each DDP rank may drive its own collector.
     """
 
     supports_distributed: ClassVar[bool]
@@ -208,18 +192,16 @@ class Collector(Protocol):
         action_seed: int,
         split: str | None = None,
     ) -> EvalResult:
-        """Run the learner's current policy on a fixed episode list, each episode once.
+        """Run the learner's current policy once on each episode of a fixed list.
 
-        ``split``: the task's episode split to draw them from (None: the training task's own).
+        ``split``: the task's episode split (None: the training task's own).
         """
         ...
 
     def state_dict(self) -> dict[str, Any]:
         """What the collector carries between rollouts, as top-level checkpoint entries.
 
-        In-process collection saves ``{"sampler": episodes in flight, "rollout": carried
-        state}``; either may be None when it cannot be saved (a resume then starts fresh
-        episodes). The result must load with ``torch.load(weights_only=True)``.
+        It must load with ``torch.load(weights_only=True)``.
         """
         ...
 

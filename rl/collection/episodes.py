@@ -1,10 +1,9 @@
 """Running fixed lists of seeded episodes (evaluation), every episode counted exactly once.
 
-:func:`evaluate_policy` runs a model, :func:`evaluate_expert` the task's expert, on the same
-episode list split the same way over environments; an environment that has run its share is
-paused (dropped from the batch, recurrent state included) until all are done. They step the
-environments serially, or all at once through the batched sampler where the run trained with
-one (:class:`EvalSampler`, the one place that decides): the same episodes, the same results.
+Each environment runs a contiguous share of the list and is paused (dropped from the batch,
+recurrent state included) once done, until all are. The environments step serially, or as one
+batch where the run trained with ``sampler=batched`` (:class:`EvalSampler`): the same episodes,
+the same results.
 """
 
 from __future__ import annotations
@@ -29,8 +28,7 @@ from rl.sampling.runner import Actor, ExpertActor, run_steps
 from rl.sampling.watchdog import DEFAULT_TIMEOUT_S
 from rl.utils.config import Check, load_section
 
-# The run's sampler configs that evaluation follows: the batched sampler's public names (a
-# saved run's config is data: its ``_target_`` is compared, never imported).
+# The batched sampler's public names (a saved run's ``_target_`` is compared, never imported).
 BATCHED_SAMPLERS = ("rl.sampling.BatchedSampler", "rl.sampling.batched.BatchedSampler")
 # What evaluation takes of a batched run's sampler config (its ``num_envs`` is evaluation's own).
 _TAKEN = ("device", "vectorization_mode", "mp_start_method", "timeout")
@@ -58,17 +56,12 @@ class EvalResult:
 
 @dataclasses.dataclass(frozen=True)
 class EvalSampler:
-    """How evaluation steps its environments: one by one (:meth:`serial`), or all at once.
-
-    :meth:`of_run` decides from the run's sampler config: a run that trained with
-    ``sampler=batched`` evaluates through the :class:`~rl.sampling.BatchedSampler` with its
-    settings (the environment count is evaluation's own), any other run through the
-    :class:`~rl.sampling.SerialSampler`. Both give the same episodes and per-episode results.
+    """How evaluation steps its environments: one by one (:meth:`serial`), or as one batch.
 
     Attributes:
-        batched: Step the environments as one batch (``sampler=batched``); False: serially.
-        device: Where a task's own batched environment lives (``cpu``, ``cuda``, ``cuda:N``;
-            no default: the run's ``sampler.device`` or evaluation's own).
+        batched: Step the environments as one batch (``sampler=batched``).
+        device: Where a task's own batched environment lives (no default: the run's
+            ``sampler.device`` or evaluation's own).
         vectorization_mode: ``auto``, ``sync`` or ``async`` (``conf/sampler/batched.yaml``).
         mp_start_method: The start method of ``async``'s worker processes.
         timeout: Seconds one step of the batch may take (None: wait forever).
@@ -82,26 +75,21 @@ class EvalSampler:
 
     @classmethod
     def serial(cls) -> EvalSampler:
-        """Step the environments one by one (gymnasium's, on the CPU).
-
-        ``device`` is a batched environment's only: the serial sampler's live on the CPU.
-        """
+        """Step the environments one by one (on the CPU)."""
         return cls(batched=False, device="cpu")
 
     @classmethod
     def of_run(
         cls, sampler: Mapping[str, Any] | None, *, device: str | None = None
     ) -> EvalSampler:
-        """Evaluation's sampler for a run whose (plain) sampler config is ``sampler``.
+        """Evaluation's sampler for a run whose plain sampler config is ``sampler``.
 
-        Args:
-            sampler: The run's ``sampler`` section (None: serial).
-            device: Where the batched environment lives instead of the run's
-                ``sampler.device`` (``evaluate.py``: its own ``device``, where the model runs).
+        A ``sampler=batched`` run evaluates batched with its settings (the environment count is
+        evaluation's own), any other serially. ``device`` replaces the run's ``sampler.device``
+        (``evaluate.py``: where the model runs).
 
         Raises:
-            ConfigError: A batched run's setting out of range or missing (``device``: no
-                default; named ``sampler.<key>``).
+            ConfigError: A batched run's setting out of range or missing.
         """
         if not isinstance(sampler, Mapping) or sampler.get("_target_") not in BATCHED_SAMPLERS:
             return cls.serial()
@@ -152,24 +140,16 @@ def evaluate_policy(
 ) -> EvalResult:
     """Run ``model`` on every episode of ``episode_seeds`` once.
 
-    Each environment runs a contiguous share of the list; one that has finished its share is
-    paused (dropped from the batch, its recurrent state included) until all are done.
-
     Args:
         model: The policy.
-        task: Plain task config (``_target_`` + arguments).
+        task: Plain task config.
         episode_seeds: Seeds of the episodes to run.
         num_envs: Environments stepped together (capped at the number of episodes).
         deterministic: Argmax actions instead of sampled ones.
-        action_seed: Seed of the generator that samples actions (sampled mode).
+        action_seed: Seed of the generator that samples actions.
         device: Where the model runs.
-        normalizer: The training run's observation normalisation, applied frozen (None:
-            observations as the environments return them).
-        sampler: How the environments are stepped (None: serially;
-            :meth:`EvalSampler.of_run` of the run's sampler config).
-
-    Returns:
-        Mean metrics and per-episode records.
+        normalizer: The training run's observation normalisation, applied frozen.
+        sampler: How the environments are stepped (None: serially).
     """
     device = torch.device(device)
     model.eval()
@@ -191,22 +171,12 @@ def evaluate_expert(
     num_envs: int = 16,
     sampler: EvalSampler | None = None,
 ) -> EvalResult:
-    """Run the task's expert (``expert_actions``) on every episode of ``episode_seeds``.
+    """Run the task's expert (``expert_actions``) on every episode of ``episode_seeds`` once.
 
-    The reference for a policy's evaluation: the same episode list, split and paused the same
-    way as :func:`evaluate_policy`, with the expert's action taken at every step.
-
-    Args:
-        task: Plain task config (``_target_`` + arguments).
-        episode_seeds: Seeds of the episodes to run.
-        num_envs: Environments stepped together (capped at the number of episodes).
-        sampler: How the environments are stepped (None: serially).
-
-    Returns:
-        Mean metrics and per-episode records.
+    The reference for :func:`evaluate_policy`: the same episodes, split the same way.
 
     Raises:
-        NoExpertError: If the task gives no expert action at some step.
+        NoExpertError: The task gives no expert action at some step.
     """
     expert = ExpertActor(str(task.get("_target_")))
     return run_episode_list(task, episode_seeds, num_envs, lambda _: expert, sampler)
@@ -219,12 +189,7 @@ def run_episode_list(
     make_actor: Callable[[int], Actor],
     sampler: EvalSampler | None = None,
 ) -> EvalResult:
-    """The one loop over a fixed episode list: ``make_actor(N)`` acts for the environments.
-
-    Each environment runs a contiguous share of the list; one that has run its share is paused
-    (the actor drops it) until all are done, so every episode counts exactly once. ``sampler``
-    says how the environments are stepped (None: serially).
-    """
+    """The one loop over a fixed episode list: ``make_actor(N)`` acts for the environments."""
     records: dict[int, dict[str, Any]] = {}
     config = None if sampler is None else sampler.config()
     with build_sampler(
@@ -251,8 +216,8 @@ def summarise_episodes(
             f"evaluation finished {len(records)} episodes, expected {len(episode_seeds)}"
         )
     episodes = [records[s] for s in episode_seeds]
-    # Every metric any episode has (a metric of some episodes only, e.g. an Atari game's score
-    # where a game ended in a life's episode, is the mean over those that have it).
+    # A metric of some episodes only (an Atari game's score, where a game ended in a life's
+    # episode) is the mean over those that have it.
     keys = list(dict.fromkeys(k for e in episodes for k in e if k != "episode_seed"))
     metrics = {}
     for k in keys:

@@ -1,13 +1,4 @@
-"""Where collection workers live (their hosts): Ray actors, or child processes of this one.
-
-:class:`~rl.collection.worker_set.CollectionWorkerSet` drives its workers through
-:class:`WorkerHosts`: ``call`` a worker's method (a handle comes back at once), ``wait`` for some
-handles, ``get`` a result. Two implementations:
-
-- :class:`RayHosts` (``backend: ray``): one Ray actor per worker, on this machine or a cluster;
-- :class:`ProcessHosts` (``backend: process``): one child process per worker on this machine,
-  no Ray, through the process runtime the multiprocess sampler and validation use too
-  (:class:`~rl.utils.processes.ChildProcesses`).
+"""Where collection workers live: Ray actors, or child processes of this one.
 
 A failed call or a dead worker is a :class:`CollectionWorkerError` naming the worker, its pid
 and the original traceback.
@@ -24,6 +15,8 @@ from typing import Any, Protocol
 
 from rl.utils.processes import Call, ChildFailed, ChildProcesses
 from rl.utils.threads import CORES_ENV
+
+__all__ = ["CollectionWorkerError", "ProcessHosts", "RayHosts", "WorkerHosts"]
 
 log = logging.getLogger(__name__)
 
@@ -62,21 +55,15 @@ class WorkerHosts(Protocol):
         """Call every worker's ``close``, then end them (and what this object started)."""
 
 
-# ---------------------------------------------------------------------------------------- Ray
 class RayHosts:
     """One Ray actor per worker (``backend: ray``).
 
     Args:
-        cls: The worker class.
         kwargs: Constructor arguments, one mapping per worker.
         address: None: start a private Ray instance with ``len(kwargs) * cpus_per_worker``
-            CPUs, on loopback with token authentication (shut down by :meth:`close`); ``auto``
-            or ``HOST:PORT``: join that cluster (see :func:`~rl.collection.ray_runtime.init_ray`).
-        cpus_per_worker: Ray CPUs reserved per worker.
-        gpus_per_worker: Ray GPUs reserved per worker (PyTorchRL's ``worker_remote_config``).
+            CPUs (shut down by :meth:`close`); ``auto`` or ``HOST:PORT``: join that cluster
+            (:func:`~rl.collection.ray_runtime.init_ray`).
         memory_per_worker: Ray memory reserved per worker, in bytes (None: none reserved).
-        start_timeout: Seconds the workers may take to start.
-        allow_unauthenticated: Join a cluster even without token authentication.
         owner: Prefix of the workers' names in errors (``"rank 1 "`` under DDP).
     """
 
@@ -95,10 +82,9 @@ class RayHosts:
     ) -> None:
         import ray
 
-        self.owner = owner
-
         from rl.collection.ray_runtime import RayRuntime, init_ray
 
+        self.owner = owner
         self._ray = ray
         self._runtime: RayRuntime | None = None  # the Ray this object started or joined
         if not ray.is_initialized():
@@ -186,25 +172,18 @@ class RayHosts:
                 runtime.shutdown()  # Ray ends here, the environment it changed is restored
 
 
-# ------------------------------------------------------------------------------ processes
 class ProcessHosts:
     """One child process per worker on this machine (``backend: process``).
 
-    The workers are children of the process runtime (:class:`~rl.utils.processes.ChildProcesses`,
-    the one the multiprocess sampler and validation use): forked from a ``forkserver`` that has
-    imported the worker's modules once, so a worker starts in the time it takes to build its
-    environments; calls run in order in the child, ``stop_collecting`` (the straggler rule,
-    :data:`CONTROL_METHODS`) is served at once by the child's receiving thread. The workers are
-    not daemonic, so they may start processes of their own (a ``sampler=multiprocess`` in each
-    worker), and they ignore SIGTERM (the learner's signal to save, then close them). None
-    outlives this process: :meth:`close` ends them, so does interpreter exit, and on Linux each
-    worker is killed with this process, SIGKILL included.
+    Calls run in order in the child; :data:`CONTROL_METHODS` are served at once by its
+    receiving thread. The workers are not daemonic, so they may start processes of their own (a
+    ``sampler=multiprocess``), and they ignore SIGTERM (the learner's signal to save, then close
+    them). None outlives this process: :meth:`close`, interpreter exit, and on Linux the death
+    of this process, SIGKILL included, end them.
 
     Args:
-        cls: The worker class (importable: the children are started with ``forkserver``,
-            ``spawn`` where it is missing).
+        cls: The worker class (importable: the children start with ``forkserver``).
         kwargs: Constructor arguments, one mapping per worker (picklable).
-        start_timeout: Seconds the workers may take to build.
         owner: Prefix of the workers' names in errors (``"rank 1 "`` under DDP).
     """
 
@@ -223,7 +202,7 @@ class ProcessHosts:
                 kwargs,
                 name="collection-worker",
                 label=lambda i, pid: f"{owner}collection worker {i} (pid {pid})",
-                daemon=False,  # it may have children of its own (a multiprocess sampler)
+                daemon=False,
                 start_timeout=start_timeout,
                 control=CONTROL_METHODS,
                 error=CollectionWorkerError,
@@ -262,6 +241,3 @@ class ProcessHosts:
     def close(self, timeout: float) -> None:
         """``close`` on every worker; those not done within ``timeout`` (busy, hung) are killed."""
         self._children.close(grace=timeout)
-
-
-__all__ = ["WorkerHosts", "CollectionWorkerError", "ProcessHosts", "RayHosts"]

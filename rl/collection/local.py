@@ -1,16 +1,9 @@
 """Collection in the trainer's process: a sampler stepped with the learner's own policy.
 
-:class:`InProcessCollector` runs the step runner with a
-:class:`~rl.collection.acting.RolloutRecorder` (which acts, teacher-forces and records each
-step) and keeps what one rollout hands the next, saved with the sampler's episodes in flight so
-that a resumed run continues exactly. Under DDP with ``distributed.sync_frac`` set, a straggler
-ends its rollout early once enough workers are done
-(:class:`~rl.distributed.RolloutPreemption`).
-
-The policy acts where ``inference_device`` says (the learner's device by default). Elsewhere (a
-CPU copy beside a CUDA learner), the acting copy takes the learner's weights before every
-rollout (on-policy learning needs the current policy), records where it acts, and hands the
-rollout over on the learner's device.
+What one rollout hands the next is saved with the sampler's episodes in flight, so a resumed
+run continues exactly. Where ``inference_device`` is not the learner's device (a CPU copy beside
+a CUDA learner), the acting copy takes the learner's weights before every rollout (on-policy)
+and the rollout is handed over on the learner's device.
 """
 
 from __future__ import annotations
@@ -52,27 +45,20 @@ class InProcessCollector:
     """Collect rollouts from ``sampler`` with ``model`` in this process.
 
     Args:
-        model: The policy (the learner's own module: always the current weights).
-        sampler: The training environments.
+        model: The learner's own module (always the current weights).
         device: Where the model lives and the rollouts are handed to the learner.
         inference_device: Where the policy acts and the rollout is recorded (None:
-            ``device``). Another device acts with a copy of ``model`` there, whose weights
-            are copied from ``model`` before every rollout.
-        acting_model: That copy, given (None: made here where ``inference_device`` differs
-            from ``device``); it takes ``model``'s weights before every rollout all the same.
-        dist: This process's place among the ranks (straggler preemption through the
-            process group's store when ``dist.sync_frac`` is set; None: one process).
-        preemption: Another rule that may end a rollout early (e.g. a collection worker's
+            ``device``); elsewhere a copy of ``model`` acts, synced before every rollout.
+        acting_model: That copy, given (None: made here where needed).
+        dist: This process's place among the ranks; with ``dist.sync_frac`` a straggler ends
+            its rollout early once enough ranks are done.
+        preemption: Another rule that may end a rollout early (a collection worker's
             :class:`~rl.collection.worker.StopRequest`); it wins over ``dist``'s.
-        task: The task config, for :meth:`evaluate` (None: evaluation needs it).
-        normalizer: Observation and reward normalisation (None: none).
-        update_normalizer: Merge each rollout's moments into the normalizer's statistics
-            after the rollout (summed over DDP ranks first); False for a collection worker,
-            whose learner merges them (:meth:`take_normalizer_moments`).
-        allocate: The storage's allocator (:class:`~rl.storage.RolloutStorage`; a process
-            collection worker's puts it in shared memory).
-        eval_sampler: How :meth:`evaluate` steps its environments (None: serially; the run's
-            :meth:`EvalSampler.of_run <rl.collection.episodes.EvalSampler.of_run>`).
+        task: The task config, which :meth:`evaluate` needs.
+        update_normalizer: Merge each rollout's moments into the statistics after it (summed
+            over DDP ranks first); False for a collection worker, whose learner merges them.
+        allocate: The storage's allocator (shared memory for a process collection worker).
+        eval_sampler: How :meth:`evaluate` steps its environments (None: serially).
     """
 
     supports_distributed: ClassVar[bool] = True
@@ -105,13 +91,10 @@ class InProcessCollector:
         self.inference_device = (
             self.device if inference_device is None else torch.device(inference_device)
         )
-        if acting_model is None:
-            acting_model = self._acting_copy(model)
-        self.acting_model = acting_model
+        self.acting_model = self._acting_copy(model) if acting_model is None else acting_model
         copied = self.acting_model is not model
         if copied and allocate is None and self.inference_device.type == "cpu":
             self.allocate = _pinned_zeros if self.device.type == "cuda" else None
-        # One copy each way a step on CUDA (pinned staging); None elsewhere.
         self.transfers = pinned_transfers(self.inference_device)
         self.storage: RolloutStorage | None = None
         self._handed: RolloutStorage | None = None  # (the rollout, on the learner's device)
@@ -136,18 +119,9 @@ class InProcessCollector:
         dist: DistContext | None = None,
         inference_device: str = "auto",
     ) -> InProcessCollector:
-        """The collector of ``conf/collector/local.yaml``: its sampler built from ``spec``.
+        """The collector of ``conf/collector/local.yaml``, its sampler built from ``spec``.
 
-        Args:
-            spec: What to collect from (the sampler is built from it here).
-            model: The learner's policy.
-            device: The learner's device.
-            dist: This process's place among the ranks (None: one process).
-            inference_device: ``auto`` (the learner's ``device``), ``cpu``, ``cuda`` (the
-                learner's GPU if it has one, else the current one) or ``cuda:N``.
-
-        Raises:
-            ConfigError: ``inference_device`` is none of those, or asks for CUDA without it.
+        ``inference_device``: see :func:`resolve_inference_device`.
         """
         acting = resolve_inference_device(inference_device, torch.device(device))
         sampler = build_sampler(
@@ -176,10 +150,9 @@ class InProcessCollector:
 
     @property
     def num_envs(self) -> int:
-        """Environments of the sampler."""
+        """The sampler's environments."""
         return self.sampler.num_envs
 
-    # ------------------------------------------------------------ collection
     def _storage_for(self, num_steps: int) -> RolloutStorage:
         """The storage, (re)allocated when a rollout is longer than its capacity."""
         if self.storage is None or self.storage.capacity < num_steps:
@@ -228,8 +201,8 @@ class InProcessCollector:
             value.copy_(source[key])
 
     # Inference mode, not just no_grad: no version counters or view tracking on collection's
-    # many small tensors (5-7% of an MLP rollout). What it makes are inference tensors; the
-    # storage and the carried state are copied into or used only under it or no_grad.
+    # many small tensors (5-7% of an MLP rollout). The inference tensors it makes (storage,
+    # carried state) are used only under it or no_grad.
     @torch.inference_mode()
     def _collect(self, request: RolloutRequest) -> Rollout:
         if self._carry is None:
@@ -268,7 +241,7 @@ class InProcessCollector:
         return Rollout(storage=storage, next_value=next_value, **recorder.summary())
 
     def _hand_over(self, storage: RolloutStorage) -> RolloutStorage:
-        """``storage`` as the learner takes it: on its device (one copy an entry, or none)."""
+        """``storage`` on the learner's device (one copy an entry, or none)."""
         if self.acting_model is self.model:
             return storage
         handed = self._handed
@@ -329,23 +302,19 @@ class InProcessCollector:
         """The moments recorded since the last call (a worker sends them to its learner)."""
         return None if self.normalizer is None else self.normalizer.moments()
 
-    # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """What the collector carries, as top-level checkpoint entries.
+        """``{"sampler": episodes in flight, "rollout": carried state, "normalizer"}``.
 
-        ``{"sampler": episodes in flight or None, "rollout": carried state or None,
-        "normalizer": its statistics or None}``. Before the first rollout (a stop that comes
-        first: SIGTERM during start-up) nothing is in flight: no sampler state, and a resume
-        starts where this run would have (:meth:`load_state_dict`).
+        Each may be None. Before the first rollout (SIGTERM during start-up) nothing is in
+        flight, and a resume starts where this run would have.
         """
         sampler_state: dict[str, Any] | None = None
-        if self._carry is not None:  # (the sampler was reset: episodes are in flight)
+        rollout: dict[str, Any] | None = None
+        if self._carry is not None:
             try:
                 sampler_state = self.sampler.state_dict()
             except NotImplementedError:
-                sampler_state = None
-        rollout = None
-        if self._carry is not None:
+                pass
             rollout = {
                 "episode_starts": self._carry.get(EPISODE_STARTS),
                 "state": self._carry.get(STATE).to_dict(),
@@ -358,9 +327,8 @@ class InProcessCollector:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Replay the sampler's episodes in flight and restore the carried state.
 
-        A sampler that cannot restore episodes, or a checkpoint without them, gets fresh
-        episodes (with a warning): the only case where a resumed run differs from an
-        uninterrupted one.
+        Without saved episodes (or a sampler that cannot restore them) fresh ones start, with a
+        warning: the only case where a resumed run differs from an uninterrupted one.
         """
         rollout, sampler_state = state.get("rollout"), state.get("sampler")
         if self.normalizer is not None and state.get("normalizer") is not None:
@@ -401,8 +369,8 @@ class InProcessCollector:
     def _saved_state(self, rollout: Mapping[str, Any]) -> TensorDict:
         """The carried recurrent state of a checkpoint's ``rollout`` entry.
 
-        Checkpoint format 2 saved a GRU's state as ``hidden`` ``[L, N, H]`` (a dummy
-        ``[1, N, 1]`` for memoryless policies); format 3 saves the policy's state as a dict.
+        Format 2 saved a GRU's state as ``hidden`` ``[L, N, H]`` (a dummy ``[1, N, 1]`` for
+        memoryless policies); format 3 saves the policy's state as a dict.
         """
         fresh = self.acting_model.initial_state(self.num_envs, self.inference_device)
         if "state" in rollout:
@@ -426,13 +394,11 @@ def _pinned_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 def resolve_inference_device(value: str, device: torch.device) -> torch.device:
     """Where the policy acts for ``collector.inference_device=value``, the learner on ``device``.
 
-    ``auto``: ``device`` itself (a batched environment on it never leaves it; CPU environments
-    beside a CUDA learner too: ``cpu`` is the alternative to measure, ``bench/device_path.py``).
-    ``cuda`` on a CUDA learner is its GPU.
+    ``auto`` is ``device`` (``cpu`` beside a CUDA learner is the alternative to measure,
+    ``bench/device_path.py``); ``cuda`` on a CUDA learner is its GPU.
 
     Raises:
-        ConfigError: Naming ``collector.inference_device``: not ``auto``, ``cpu``, ``cuda`` or
-            ``cuda:N``, or CUDA asked for where there is none.
+        ConfigError: Not ``auto``, ``cpu``, ``cuda`` or ``cuda:N``, or CUDA where there is none.
     """
     text = str(value)
     if text == "auto":

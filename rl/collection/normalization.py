@@ -1,21 +1,13 @@
 """Observation and reward normalisation, owned by the collector (SB3's ``VecNormalize``).
 
-With ``normalize.observations`` the floating-point ``Box`` entries of the observation (not
-images stored as bytes, not discrete entries) reach the policy as ``(x - mean) / std``, clipped
-to ``[-clip, clip]``, from running statistics of what the environments returned. With
-``normalize.rewards`` the rewards the update learns from are divided by the running standard
-deviation of the discounted return (each environment's return accumulated with the current
-stage's ``gamma``, or ``normalize.gamma`` where it names one, reset at episode ends), and
-clipped; episode returns are still logged as the environments gave them.
-
-The statistics are frozen during a rollout and updated after it with the rollout's moments
-(count, mean, variance of the raw values, merged with Chan et al.'s parallel rule), so the
+Float ``Box`` observation entries reach the policy as ``(x - mean) / std`` clipped to
+``[-clip, clip]``; rewards are divided by the running std of each environment's discounted
+return (clipped; episode returns are logged as the environments gave them). The statistics are
+frozen during a rollout and merged after it from the rollout's moments (Chan et al.), so the
 policy sees the same inputs when it acts and when the update re-runs it, and an in-process
-collector, one synchronous collection worker and every DDP rank (the moments are summed over
-ranks first) hold bitwise the same statistics. Collection workers send their rollout's moments
-with the data; the learner merges them in worker order and sends the statistics back with the
-weights. The statistics are saved in the checkpoint (``normalizer``) and reused, frozen, by
-evaluation, ``evaluate.py``, validation, probe videos and :class:`~rl.evaluation.InferenceAgent`.
+collector, one synchronous worker and every DDP rank hold bitwise the same statistics. Workers
+send their moments with the data; the learner merges them in worker order. Evaluation reuses
+the checkpoint's statistics, frozen.
 """
 
 from __future__ import annotations
@@ -44,8 +36,7 @@ class NormalizeSettings:
         observations: Normalise the float observation entries.
         rewards: Scale the rewards by the running std of the discounted return.
         clip: Clip normalised observations and scaled rewards to ``[-clip, clip]``.
-        gamma: Discount of the return whose std scales the rewards; None: the current stage's
-            (``pipeline.gamma`` or a stage's own, sent with each rollout request).
+        gamma: Discount of that return (None: the current stage's).
         epsilon: Added to the variance before the square root.
     """
 
@@ -126,13 +117,7 @@ def _merge_sums(stats: RunningMeanStd, sums: Mapping[str, Any]) -> None:
 
 
 class Normalizer:
-    """The normalisation of one run (see the module docstring).
-
-    Args:
-        observation_space: The flat observation space (its float ``Box`` entries are the ones
-            normalised).
-        settings: What to normalise and how.
-    """
+    """The normalisation of one run: ``observation_space``'s float ``Box`` entries and rewards."""
 
     def __init__(self, observation_space: gym.spaces.Dict, settings: NormalizeSettings) -> None:
         self.settings = settings
@@ -145,7 +130,6 @@ class Normalizer:
             if settings.observations
             else []
         )
-        # (the keys are Box entries)
         shapes = {
             k: tuple(cast(gym.spaces.Box, observation_space[k]).shape) for k in self.obs_keys
         }
@@ -166,12 +150,6 @@ class Normalizer:
             return None
         return cls(observation_space, settings)
 
-    @property
-    def active(self) -> bool:
-        """Whether anything is normalised."""
-        return bool(self.obs_keys) or self.settings.rewards
-
-    # ---------------------------------------------------------------- applying
     def _freeze(self) -> None:
         """Take the statistics the next rollout normalises with (float32 on the CPU)."""
         eps, self._frozen = self.settings.epsilon, {}
@@ -181,11 +159,7 @@ class Normalizer:
         self._reward_scale = 1.0 / math.sqrt(float(self.return_stats.var) + eps)
 
     def observation_transform(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """``{entry: (mean, 1 / std)}`` (float32) of the frozen statistics.
-
-        The normalised entry is ``((x - mean) * inv_std).clamp(-clip, clip)`` (an export folds
-        this in).
-        """
+        """``{entry: (mean, 1 / std)}`` (float32) of the frozen statistics, for an export."""
         return {k: (mean.clone(), inv_std.clone()) for k, (mean, inv_std) in self._frozen.items()}
 
     def observations(self, obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -212,19 +186,9 @@ class Normalizer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Scale a step's rewards ``[N]``; move the discounted returns ``[N]`` (float64) on.
 
-        Args:
-            rewards: The step's rewards.
-            returns: Each environment's discounted return before the step.
-            done: Where an episode ended with the step.
-            stage_gamma: The current stage's discount, used unless ``settings.gamma`` names one.
-
-        Returns:
-            ``(the rewards to learn from, the returns after this step)``: each environment's
-            return accumulates ``gamma * return + reward`` and is counted into this rollout's
-            moments, then restarts at 0 where its episode ended (``done``).
-
-        Raises:
-            ValueError: Neither the settings nor the stage give a discount.
+        Each return accumulates ``gamma * return + reward`` and is counted into this rollout's
+        moments, then restarts at 0 where ``done``. ``stage_gamma`` is used unless
+        ``settings.gamma`` names one (a ValueError where neither does).
         """
         if not self.settings.rewards:
             return rewards, returns
@@ -237,7 +201,6 @@ class Normalizer:
         clip = self.settings.clip
         return (rewards * self._reward_scale).clamp(-clip, clip), returns
 
-    # ---------------------------------------------------------------- updating
     def moments(self) -> dict[str, Any]:
         """The moments recorded since the last call (what a worker sends with its rollout)."""
         out = {
@@ -249,12 +212,10 @@ class Normalizer:
         return out
 
     def merge(self, moments: Sequence[Mapping[str, Any]], distributed: bool = False) -> None:
-        """Merge rollouts' moments (in order) into the statistics; freeze them for the next.
+        """Merge rollouts' moments (in worker order) into the statistics; freeze them.
 
-        Args:
-            moments: What :meth:`moments` returned, one per collector (worker order).
-            distributed: Sum each one's moments over every DDP rank first (a collective:
-                every rank calls it with the same number of moments).
+        ``distributed``: sum each one over every DDP rank first (a collective: every rank calls
+        it with the same number of moments).
         """
         for part in moments:
             if distributed and is_distributed():
@@ -271,9 +232,8 @@ class Normalizer:
         """Merge this collector's own rollout moments (an in-process collector's update)."""
         self.merge([self.moments()], distributed)
 
-    # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Settings and statistics (``weights_only``-safe): what evaluation needs to rebuild it."""
+        """Settings and statistics (``weights_only``-safe)."""
         return {
             "settings": dataclasses.asdict(self.settings),
             "obs": {k: s.state_dict() for k, s in self.obs_stats.items()},
@@ -306,11 +266,7 @@ class Normalizer:
 
 
 def _check_finite(stats: RunningMeanStd, what: str) -> None:
-    """A :class:`NonFiniteError` if ``stats`` became NaN or infinite.
-
-    Values beyond float64's range once squared (1e200) do that: nothing is normalised, or
-    saved, with such statistics.
-    """
+    """A :class:`NonFiniteError` if ``stats`` became NaN or infinite (values around 1e200)."""
     if not (bool(torch.isfinite(stats.mean).all()) and bool(torch.isfinite(stats.var).all())):
         raise NonFiniteError(
             f"normalize: the running statistics of {what} are not finite (mean "

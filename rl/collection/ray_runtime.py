@@ -1,30 +1,20 @@
 """Starting or joining Ray safely: a private instance on loopback with token authentication.
 
-:func:`init_ray` replaces ``ray.init`` for the collection workers (``collector=ray``):
+:func:`init_ray` replaces ``ray.init`` for ``collector=ray``:
 
-- ``address=None``, a private instance on this machine: every Ray process (GCS, raylet with
-  its node and object managers, workers, driver, runtime-env and dashboard agents) binds
-  to ``127.0.0.1`` only, and token authentication is on whatever ``RAY_AUTH_MODE`` says
-  (a value other than ``token`` is overridden, with a warning naming it). Ray listens on
-  loopback only when its node IP address is exactly ``127.0.0.1`` (its gRPC servers then bind
-  ``127.0.0.1`` instead of ``0.0.0.0``/``::``; the agents follow the node IP too), but
-  ``ray.init(_node_ip_address="127.0.0.1")`` turns a loopback address into the machine's
-  network address, except in Ray's "local only" mode (its default on Windows and macOS,
-  ``ray_constants.ENABLE_RAY_CLUSTER`` false). That mode is switched on in this process for
-  the ``ray.init`` call only: the processes it starts get ``--node-ip-address=127.0.0.1``.
-  (Not through ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: Ray has read it at import, and in the
-  environment it would make ``ray start --address`` refuse in child processes.)
-- ``auto`` or ``HOST:PORT``, a running cluster: token authentication is required
-  (``RAY_AUTH_MODE=token``, or unset with a token available, which then turns it on) unless
-  ``allow_unauthenticated`` opts out, which logs a loud warning. This is the joining side's
-  mode: a cluster started with ``RAY_AUTH_MODE=disabled`` accepts a token-mode client too
-  (Ray 2.60 offers no way to ask a cluster for its mode), so the cluster's own settings stay
-  its operator's to secure.
+- ``address=None``, a private instance: every Ray process binds to ``127.0.0.1`` only and token
+  authentication is on, whatever ``RAY_AUTH_MODE`` says (with a warning). Ray binds loopback
+  only when its node IP is exactly ``127.0.0.1``, which ``ray.init`` keeps only in its "local
+  only" mode (``ray_constants.ENABLE_RAY_CLUSTER`` false), so that mode is switched on for the
+  call. (Not through ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``: Ray reads it at import, and in the
+  environment it makes ``ray start --address`` refuse in child processes.)
+- ``auto`` or ``HOST:PORT``, a cluster: token authentication is required unless
+  ``allow_unauthenticated`` opts out (a loud warning). A cluster with authentication disabled
+  accepts a token-mode client too, so securing the cluster stays its operator's job.
 
-The environment variables changed for the instance are restored by
-:meth:`RayRuntime.shutdown`. The process's signal handlers are put back as soon as ``ray.init``
-returns: Ray's core worker installs its own for SIGTERM (a stack dump, then an abort), which
-would otherwise end a run that is asked to stop while its workers start.
+:meth:`RayRuntime.shutdown` restores the environment variables changed. The signal handlers are
+put back once ``ray.init`` returns: Ray's core worker installs its own for SIGTERM (a stack
+dump, then an abort), which would end a run asked to stop while its workers start.
 """
 
 from __future__ import annotations
@@ -54,13 +44,11 @@ class RayRuntime:
     """The Ray instance :func:`init_ray` started or joined.
 
     Args:
-        address: None for a private instance; the cluster address otherwise.
         saved_env: The environment variables changed for it, with their previous values
             (None: unset before).
     """
 
-    def __init__(self, *, address: str | None, saved_env: dict[str, str | None]) -> None:
-        self.address = address
+    def __init__(self, *, saved_env: dict[str, str | None]) -> None:
         self._saved_env = saved_env
         self._active = True
 
@@ -87,15 +75,11 @@ def init_ray(
     """Start a private Ray instance (``address=None``) or join a cluster, safely.
 
     Args:
-        address: None: a private instance on this machine, bound to loopback, with token
-            authentication; ``auto`` or ``HOST:PORT``: join that cluster.
+        address: None: a private instance on this machine; ``auto`` or ``HOST:PORT``: join that
+            cluster.
         num_cpus: CPUs of a private instance (None: Ray counts them).
-        allow_unauthenticated: Cluster only: join even without token authentication (a loud
-            warning). A private instance always uses token authentication.
+        allow_unauthenticated: Cluster only: join even without token authentication.
         logging_level: Ray's log level in this process.
-
-    Returns:
-        The handle whose :meth:`RayRuntime.shutdown` ends Ray in this process.
 
     Raises:
         RaySecurityError: Joining a cluster without token authentication and without the
@@ -136,7 +120,7 @@ def init_ray(
     except BaseException:
         _restore_env(saved)
         raise
-    return RayRuntime(address=address, saved_env=saved)
+    return RayRuntime(saved_env=saved)
 
 
 def _force_token_auth(saved: dict[str, str | None]) -> None:
@@ -209,8 +193,8 @@ def _signal_handlers_kept() -> Iterator[None]:
     """Put this process's SIGTERM, SIGINT and SIGUSR1 handlers back after the block.
 
     ``ray.init`` installs C-level handlers behind Python's back (``signal.getsignal`` still
-    names the old ones): setting them again makes Python's handlers the ones that run. Only in
-    the main thread, where Python allows it.
+    names the old ones): setting them again makes Python's run. Main thread only, as Python
+    allows.
     """
     if threading.current_thread() is not threading.main_thread():
         yield

@@ -1,21 +1,10 @@
 """Rollouts across process and machine boundaries: the rollout's ``TensorDict``, as it is.
 
-A collection worker ships its :class:`~rl.collection.Rollout` as a :class:`ShippedRollout`
-(:func:`ship`): the storage's rows ``[T + 1, n]`` (every field the collector recorded, by nested
-key, with no list of fields here), the value to bootstrap from, the finished episodes and the
-statistics. The rows travel in one of three forms:
-
-- a worker that is a child process (``collector.backend=process``) keeps its storage in shared
-  memory and sends only the blocks' names (:class:`~rl.utils.shared_memory.SharedRows`): the
-  learner copies the rows from there into its own storage, with no pickling in between;
-- a Ray worker sends the ``TensorDict`` itself (Ray pickles its tensors);
-- with ``collector.compress`` each leaf's bytes are lz4-compressed (:class:`CompressedRows`,
-  lz4's frame format, as RLlib compresses observations: grid observations and flags shrink
-  several-fold, floats little), for rollouts that cross a network.
-
-The learner writes the rollouts of all workers side by side into one storage
-(:class:`RolloutAssembler`), each worker's environments in their own columns, so the update
-sees one ``[T, N]`` rollout whatever the layout.
+A worker ships the storage's rows ``[T + 1, n]`` (every field, by nested key) in one of three
+forms: a process worker's shared-memory block names (:class:`~rl.utils.shared_memory.SharedRows`,
+no pickling); a Ray worker's ``TensorDict`` itself; or, with ``collector.compress``, each leaf
+lz4-compressed (:class:`CompressedRows`, for rollouts that cross a network). The learner writes
+the workers' rollouts side by side into one ``[T, N]`` storage (:class:`RolloutAssembler`).
 """
 
 from __future__ import annotations
@@ -43,11 +32,7 @@ __all__ = ["CompressedRows", "RolloutAssembler", "ShippedRollout", "ship"]
 
 @dataclasses.dataclass(frozen=True)
 class CompressedRows:
-    """Rows ``[T + 1, n]`` with each leaf's bytes lz4-compressed.
-
-    Attributes:
-        leaves: ``(key, dtype name, shape, compressed bytes)`` of each leaf.
-    """
+    """Rows ``[T + 1, n]``: ``(key, dtype name, shape, lz4-compressed bytes)`` of each leaf."""
 
     leaves: tuple[tuple[NestedKey, str, tuple[int, ...], bytes], ...]
 
@@ -79,25 +64,12 @@ class ShippedRollout:
     """A worker's rollout on its way to the learner.
 
     Attributes:
-        rows: The storage's rows ``0..steps``: a ``TensorDict``, or its shared-memory or
-            compressed form (:meth:`tensors` gives the ``TensorDict``).
+        rows: The storage's rows ``0..steps``, in one of three forms (:meth:`tensors`).
         next_value: ``[n]`` value of the observation after the rollout.
-        steps: Steps recorded.
-        episodes: Episodes that ended during the rollout.
-        stats: The collector's statistics (a ``ScalarMeanTracker`` state).
-        teacher_forced: Steps whose action the expert chose.
-        env_seconds: Seconds spent stepping environments.
-        inference_seconds: Seconds spent in the policy.
         nbytes: Size of the rows.
         sent_bytes: Size of what carries them (names only for shared memory).
-        ship_seconds: Time spent preparing the rows.
-        worker: The worker that collected it.
-        rollout_index: Its index among the worker's rollouts.
-        actor_version: The version of the weights it was collected with (the learner's update
-            count when it sent them).
-        fps: The worker's environment steps per second over it.
-        normalizer_moments: The normalisation moments it recorded (None without
-            normalisation), which its learner merges.
+        actor_version: The learner's update count when it sent the weights that collected it.
+        normalizer_moments: The normalisation moments it recorded, which the learner merges.
     """
 
     rows: TensorDict | SharedRows | CompressedRows
@@ -128,9 +100,9 @@ class ShippedRollout:
     def cut(self, steps: int) -> ShippedRollout:
         """The rollout cut to its first ``steps`` steps (a straggler rule's common length).
 
-        The cut environments bootstrap from the value the collecting policy stored for the
-        observation at the cut (``values[steps]``); where the step before the cut ended an
-        episode, GAE does not bootstrap there anyway. Episodes and statistics stay whole.
+        The cut environments bootstrap from the value stored for the observation at the cut
+        (``values[steps]``; unused where the step before ended an episode). Episodes and
+        statistics stay whole.
         """
         if steps >= self.steps:
             return self
@@ -143,14 +115,7 @@ class ShippedRollout:
 def ship(
     rollout: Rollout, *, compress: bool = False, shared: SharedBuffers | None = None
 ) -> ShippedRollout:
-    """``rollout`` as it leaves its worker.
-
-    Args:
-        rollout: The collected rollout.
-        compress: lz4-compress the rows (:class:`CompressedRows`).
-        shared: The allocator of the storage's shared-memory blocks (names are sent instead
-            of the rows; ignored when ``compress``).
-    """
+    """``rollout`` as it leaves its worker: compressed, or as ``shared``'s block names."""
     t0 = time.perf_counter()
     storage = rollout.storage
     rows = storage.rows()
@@ -181,12 +146,7 @@ def ship(
 
 
 class RolloutAssembler:
-    """Writes the rollouts of several workers into one learner-side storage.
-
-    Args:
-        num_envs: Environments over all workers.
-        device: Where the storage lives (the learner's device).
-    """
+    """Writes the rollouts of several workers into one storage on the learner's ``device``."""
 
     def __init__(self, *, num_envs: int, device: torch.device | str) -> None:
         self.num_envs = num_envs
@@ -207,13 +167,9 @@ class RolloutAssembler:
         widths: Sequence[int],
         extra_stats: dict[str, float] | None = None,
     ) -> Rollout:
-        """One rollout from each worker's, side by side.
+        """One rollout of the workers' (all as long), side by side, ``widths`` columns each.
 
-        Args:
-            shipped: Each worker's rollout, all of the same number of steps.
-            widths: Each one's environments (their columns follow in this order).
-            extra_stats: More statistics to log with the rollout's (``collection/*``); the
-                transfer's own (``collection/{bytes_sent,compression,pack_seconds}``) are added.
+        ``extra_stats`` are logged with the rollout's and the transfer's own.
         """
         bounds = [sum(widths[:i]) for i in range(len(widths) + 1)]
         env_slices = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
@@ -243,7 +199,7 @@ class RolloutAssembler:
         )
 
     def close(self) -> None:
-        """Unmap every shared block of the workers' (their rollouts were copied out)."""
+        """Unmap every shared block of the workers'."""
         for names in self._blocks.values():
             forget(names)
         self._blocks.clear()

@@ -1,29 +1,9 @@
 """A collection worker (PyTorchRL's ``CWorker``): a policy copy, its environments, its storage.
 
-:class:`CollectionWorker` runs as a Ray actor or in a child process
-(:mod:`rl.collection.worker_set` starts it; :mod:`rl.collection.hosts` hosts it), or
-in-process. It builds, from plain configs, its own copy of the policy and a sampler over its
-share of the training environments (``env_offset`` in the run's global seed stream), and
-collects rollouts with an :class:`~rl.collection.InProcessCollector` (teacher forcing, recurrent
-state carried across rollouts, the sampler's episodes in flight). The learner drives it:
-
-- :meth:`~CollectionWorker.set_weights` installs new weights and their version (the learner's
-  update count), which :meth:`~CollectionWorker.collect_data` reports with each rollout so the
-  learner knows how stale the data is;
-- :meth:`~CollectionWorker.update_algorithm_parameter` changes a collection setting at run time
-  (a stage's ``num_steps``, its teacher-forcing schedule and position): stage changes reach the
-  workers this way;
-- :meth:`~CollectionWorker.update_storage_parameter` changes what the worker computes its
-  stored data with (``gamma``: the discount of reward normalisation's returns);
-- :meth:`~CollectionWorker.replace_agent_component` swaps the policy (a model config: the
-  learner then sends weights that fit it) or the environments (a task config: fresh episodes of
-  the same environment seeds) of a running worker, PyTorchRL's run-time hook;
-- :meth:`~CollectionWorker.stop_collecting` (its own concurrency group, so it is served while a
-  rollout is being collected) ends the current rollout early once ``min_rollout_frac`` of it is
-  done (the straggler rule of ``fraction_samples``);
-- :meth:`~CollectionWorker.evaluate` runs an exact episode list on test environments;
-- :meth:`~CollectionWorker.state_dict` / :meth:`~CollectionWorker.load_state_dict` save and
-  restore the episodes in flight, the carried state and the worker's random generators.
+:class:`CollectionWorker` runs as a Ray actor, in a child process or in-process. It builds its
+own copy of the policy and a sampler over its share of the training environments from plain
+configs, and collects with an :class:`~rl.collection.InProcessCollector`. The learner drives it
+through its public methods (PyTorchRL's names).
 
 Worker 0 seeds its generators with the run's seed and builds the policy exactly as the trainer
 does, so one worker collects bitwise what in-process collection collects; worker ``w > 0``
@@ -52,25 +32,15 @@ from rl.tasks.factory import with_split
 from rl.utils.seeding import rng_state, set_rng_state, set_seed
 from rl.utils.shared_memory import SharedBuffers
 
-# Collection settings a learner may change at run time (`update_algorithm_parameter`).
 ALGORITHM_PARAMETERS = tuple(f.name for f in dataclasses.fields(RolloutRequest))
-# What a worker computes its stored data with (`update_storage_parameter`).
 STORAGE_PARAMETERS = ("gamma",)
-# What `replace_agent_component` replaces.
 AGENT_COMPONENTS = ("policy", "environments")
-# Where a worker's copy of the policy lives and acts: it is built on the CPU, never moved (the
-# learner receives the rollouts on its own device).
+# The worker's policy is built on the CPU and never moved; the learner moves the rollouts.
 WORKER_DEVICE = torch.device("cpu")
 
 
 class StopRequest:
-    """A rollout that ends once the learner asks and ``min_rollout_frac`` of it is done.
-
-    Implements the collector's preemption hooks (``start``, ``should_stop``, ``finished``).
-
-    Args:
-        min_rollout_frac: Fraction of its steps a stopped rollout collects at least.
-    """
+    """A rollout that ends once the learner asks and ``min_rollout_frac`` of it is done."""
 
     metric = "collection/rollout_frac"
 
@@ -94,7 +64,7 @@ class StopRequest:
             self._stop = max(self._stop, rollout_index)
 
     def should_stop(self, steps_done: int, num_steps: int) -> bool:
-        """True if asked for this rollout and it has its minimum of steps."""
+        """Whether this rollout was asked to stop and has its minimum of steps."""
         minimum = max(1, math.ceil(self.min_rollout_frac * num_steps - 1e-9))
         with self._lock:
             asked = self._stop >= self._current
@@ -109,15 +79,12 @@ class CollectionWorker:
 
     Args:
         index: The worker's index (its seed offset and its name in errors).
-        spec: What to build: task, sampler and model configs, the run's seed.
-        num_envs: Environments of this worker.
         env_offset: Index of its first environment among the collector's.
         min_rollout_frac: Minimum fraction of a rollout collected before an early stop (None:
-            rollouts are never stopped early).
+            never stopped early).
         compress: lz4-compress the rollouts it returns.
         shared_memory: Keep the rollout storage in shared memory and send the learner its
-            blocks' names (a worker that is a child process of the learner's machine).
-        torch_threads: Torch threads of this worker.
+            blocks' names (a child process of the learner).
     """
 
     def __init__(
@@ -144,7 +111,7 @@ class CollectionWorker:
             set_seed(spec.seed + index)
         self.stop_request = None if min_rollout_frac is None else StopRequest(min_rollout_frac)
         sampler = self._sampler(spec.task)
-        # The learner merges the statistics (every worker's moments) and sends them back.
+        # The learner merges every worker's moments and sends the statistics back.
         self.normalizer = spec.build_normalizer(sampler.observation_space)
         self.collector = self._collector(sampler)
         self.request = RolloutRequest(num_steps=1)
@@ -177,7 +144,6 @@ class CollectionWorker:
         """The worker's process id."""
         return os.getpid()
 
-    # ------------------------------------------------------------ learner -> worker
     def set_weights(
         self,
         weights: Mapping[str, torch.Tensor],
@@ -202,8 +168,7 @@ class CollectionWorker:
     def update_storage_parameter(self, name: str, value: Any) -> None:
         """Change what the worker computes its stored data with (:data:`STORAGE_PARAMETERS`).
 
-        ``gamma``: the discount of the returns whose std scales the rewards (reward
-        normalisation; without it the value is kept and has no effect).
+        ``gamma``: reward normalisation's discount (no effect without normalisation).
         """
         if name not in STORAGE_PARAMETERS:
             raise ValueError(
@@ -217,12 +182,9 @@ class CollectionWorker:
     def replace_agent_component(self, name: str, config: Mapping[str, Any]) -> None:
         """Replace the worker's ``policy`` or ``environments`` (:data:`AGENT_COMPONENTS`).
 
-        Args:
-            name: ``policy``: ``config`` is a model config (``conf/model``); the new policy
-                collects once the learner sends weights that fit it. ``environments``:
-                ``config`` is a task config; the worker's environments are closed and rebuilt
-                from it with the same seeds (fresh episodes; the policy's state starts anew).
-            config: The new component's plain config.
+        ``policy``: ``config`` is a model config; the new policy collects once the learner sends
+        weights that fit it. ``environments``: a task config; the environments are rebuilt with
+        the same seeds (fresh episodes, the policy's state anew).
         """
         if name not in AGENT_COMPONENTS:
             raise ValueError(
@@ -245,7 +207,7 @@ class CollectionWorker:
         """End rollout ``rollout_index`` early (ignored once it is over).
 
         Rollouts are counted from 0 over the worker's life, resumes included. Both backends
-        serve this call while a rollout is being collected (:mod:`rl.collection.hosts`).
+        serve this call while a rollout is being collected.
         """
         if self.stop_request is not None:
             self.stop_request.request(rollout_index)
@@ -254,15 +216,8 @@ class CollectionWorker:
         """Every environment starts a new episode before the next rollout."""
         self.collector.new_episodes()
 
-    # ------------------------------------------------------------ worker -> learner
     def collect_data(self) -> ShippedRollout:
-        """Collect one rollout with the current weights and settings.
-
-        Returns:
-            The rollout as shipped (:func:`~rl.collection.transport.ship`), with this worker,
-            its index, the weights' version, the worker's FPS and the normalisation moments it
-            recorded (None without normalisation).
-        """
+        """Collect one rollout with the current weights and settings, as shipped."""
         t0 = time.perf_counter()
         if self.stop_request is not None:
             self.stop_request.begin(self.rollouts)
@@ -301,11 +256,10 @@ class CollectionWorker:
         )
         return result.episodes
 
-    # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """Episodes in flight, carried state, generators and version (``weights_only``-safe).
 
-        The collection settings are not saved: the learner sends them before every rollout.
+        Not the collection settings: the learner sends them before every rollout.
         """
         return {
             **self.collector.state_dict(),

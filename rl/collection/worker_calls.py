@@ -1,13 +1,8 @@
 """Calls to collection workers and their watchdog: how the learner talks to its workers.
 
-:class:`WorkerCalls` starts the workers (Ray actors or child processes,
-:mod:`rl.collection.hosts`), names them in messages (rank, index, pid, environments), and
-waits for their answers under the hang watchdog (:class:`~rl.utils.deadline.Deadline`): a
-worker silent for half of its budget is named in a warning, one silent for all of it is a
-:class:`CollectionWorkerError`. Calls whose outcome nobody waits for at once (settings,
-weights) are kept as *acks* and checked with the worker's next results, so a failure is never
-left unread. :class:`~rl.collection.worker_set.CollectionWorkerSet` decides what to ask; this
-module only asks and waits.
+A worker silent for half of its budget is named in a warning, one silent for all of it is a
+:class:`CollectionWorkerError`. Calls whose outcome nobody waits for at once (settings, weights)
+are kept as *acks* and checked with the worker's next results, so no failure is left unread.
 """
 
 from __future__ import annotations
@@ -28,11 +23,8 @@ __all__ = ["ROLLOUT_UNIT_STEPS", "START_TIMEOUT_S", "WorkerCalls"]
 
 log = logging.getLogger(__name__)
 
-# Seconds to wait for workers to start (building environments) before failing.
-START_TIMEOUT_S = 120.0
-# The watchdog's unit (collector.timeout): seconds a worker may take to answer a call, per
-# ROLLOUT_UNIT_STEPS steps of a rollout and per round of evaluation episodes.
-ROLLOUT_UNIT_STEPS = 128
+START_TIMEOUT_S = 120.0  # for workers to start (build their environments)
+ROLLOUT_UNIT_STEPS = 128  # collector.timeout is seconds per this many steps of a rollout
 
 
 class WorkerCalls:
@@ -41,9 +33,7 @@ class WorkerCalls:
     Args:
         kwargs: Each worker's :class:`~rl.collection.worker.CollectionWorker` arguments.
         env_slices: Each worker's environments (for messages).
-        backend: ``ray`` or ``process``.
-        ray_options: Ray only: :class:`~rl.collection.hosts.RayHosts`' placement arguments
-            (``address``, ``cpus_per_worker``, ...).
+        ray_options: Ray only: :class:`~rl.collection.hosts.RayHosts`' placement arguments.
         timeout: The watchdog's seconds per call unit (None: none; see :meth:`budget`).
         owner: ``"rank 1 "`` under DDP: every message names the rank that owns the worker.
     """
@@ -80,7 +70,6 @@ class WorkerCalls:
         self.longest = 1  # the longest rollout asked for (steps): the watchdog's scale
         self.hung = False  # a worker did not answer in time (close does not wait long)
 
-    # ------------------------------------------------------------------ names
     def label(self, worker: int) -> str:
         """``collection worker 1 (pid 4242, environments 8-15)``, for messages."""
         envs = self.env_slices[worker]
@@ -103,9 +92,8 @@ class WorkerCalls:
         rollout = max(1, math.ceil(self.longest / ROLLOUT_UNIT_STEPS))
         return self.timeout * (rollout + max(0.0, units - 1.0))
 
-    # ------------------------------------------------------------------ calls
     def call(self, worker: int, method: str, *args: Any) -> Any:
-        """``method(*args)`` on ``worker``; its handle (its result read with :meth:`get`)."""
+        """``method(*args)`` on ``worker``; its handle."""
         ref = self.hosts.call(worker, method, *args)
         self.unread[worker].append(ref)
         return ref
@@ -115,7 +103,7 @@ class WorkerCalls:
         return [self.call(i, method, *args) for i in range(self.num_workers)]
 
     def on_all(self, method: str, *args: Any, what: str, budget: float | None = None) -> list[Any]:
-        """``method(*args)`` on every worker, waited for: their results (see :meth:`gather`)."""
+        """``method(*args)`` on every worker, waited for: their results."""
         return self.gather(self.call_all(method, *args), what=what, budget=budget)
 
     def ack(self, worker: int, method: str, *args: Any) -> None:
@@ -127,13 +115,11 @@ class WorkerCalls:
         return self.hosts.share(value)
 
     def get(self, handle: Any, worker: int) -> Any:
-        """A finished call's result (its worker's error, named, if it raised).
+        """A finished call's result; if it raised, the worker's first failed unread call's error.
 
-        If it raised, the error raised is the worker's first: a worker runs its calls in
-        order, and one failure explains the calls after it (a rollout asked ahead whose
-        environment returned NaN closes the worker's sampler, and the checkpoint's
-        ``state_dict`` asked next then finds "the sampler is closed"), so the first failed call
-        among the unread ones before ``handle`` is the one raised.
+        A worker runs its calls in order and one failure explains those after it (a rollout
+        whose environment returned NaN closes the sampler; the ``state_dict`` asked next then
+        finds "the sampler is closed").
         """
         try:
             return self.hosts.get(handle, worker)
@@ -150,10 +136,7 @@ class WorkerCalls:
                 return
 
     def _first_failure(self, worker: int, handle: Any) -> CollectionWorkerError | None:
-        """The failure of ``worker``'s first failed call before ``handle`` (None: none failed).
-
-        Those calls have finished (they ran before ``handle``'s), so nothing is waited for.
-        """
+        """The failure of ``worker``'s first failed call before ``handle`` (None: none failed)."""
         unread = self.unread[worker]
         earlier = next((unread[:i] for i, ref in enumerate(unread) if ref is handle), [])
         for ref in earlier:
@@ -168,13 +151,12 @@ class WorkerCalls:
         return None
 
     def check_acks(self, worker: int) -> None:
-        """The outcomes of ``worker``'s calls not yet checked (raises a failure among them)."""
+        """Check the outcomes of ``worker``'s acks (raises a failure among them)."""
         mine = [ref for w, ref in self.acks if w == worker]
         self.acks = [(w, ref) for w, ref in self.acks if w != worker]
         for ref in mine:
             self.get(ref, worker)
 
-    # ------------------------------------------------------------------ waits
     def wait(
         self,
         calls: Sequence[tuple[int, Any]],
@@ -183,11 +165,9 @@ class WorkerCalls:
         what: str,
         done: Callable[[Any], None] | None = None,
     ) -> None:
-        """Wait until ``num_returns`` of ``calls`` (``(worker, ref)``) are done: the deadline.
+        """Wait until ``num_returns`` of ``calls`` (``(worker, ref)``) are done, under ``budget``.
 
-        A worker silent for half of ``budget`` is named in a warning (once); one silent for all
-        of it is a :class:`CollectionWorkerError`. ``done(ref)`` runs for each call as it
-        completes.
+        ``done(ref)`` runs for each call as it completes.
         """
         owner = {ref: w for w, ref in calls}
         waiting = [ref for _, ref in calls]
@@ -228,16 +208,14 @@ class WorkerCalls:
         what: str = "answering the learner",
         budget: float | None = None,
     ) -> list[Any]:
-        """The results of calls to workers, a failure named after its worker.
+        """The results of calls to workers (and the acks' outcomes), a failure named.
 
         Args:
             refs: The calls' handles.
             workers: The worker of each call (default: call ``i`` is worker
-                ``i % num_workers``, as for one call per worker, or several in turn).
+                ``i % num_workers``).
             what: What the workers are doing, for the watchdog's messages.
             budget: The watchdog's seconds (None: :meth:`budget`'s for one call).
-
-        The acks (settings sent before) are checked with them.
         """
         n = max(1, self.num_workers)
         owner = list(workers) if workers is not None else [i % n for i in range(len(refs))]
@@ -257,8 +235,8 @@ class WorkerCalls:
     def first_done(self, flights: Sequence[tuple[int, Any, Deadline]], what: str) -> list[int]:
         """Workers of ``flights`` (``(worker, call, its deadline)``) whose call is done.
 
-        Waits for at least one; each call is judged by its own deadline (a warning once, then
-        a :class:`CollectionWorkerError`), its budget raised to :meth:`budget`'s of now.
+        Waits for at least one; each call is judged by its own deadline, its budget raised to
+        :meth:`budget`'s of now.
         """
         owner = {ref: worker for worker, ref, _ in flights}
         while True:
@@ -297,9 +275,8 @@ class WorkerCalls:
     ) -> EvalResult:
         """Episodes ``episode_seeds`` split into contiguous shares, one per worker, each once.
 
-        Each worker runs its share with the weights it has (its own action generator seeded
-        with ``action_seed``); the watchdog gives it a round of episodes over its environments
-        at a time, plus one for building them (behind a rollout in flight).
+        Each worker seeds its own action generator with ``action_seed``. The watchdog allows a
+        rollout's budget plus a unit per round of episodes and one to build the environments.
         """
         k = min(self.num_workers, len(episode_seeds))
         shares = evenly_distribute_count_into_bins(len(episode_seeds), k)

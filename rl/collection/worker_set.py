@@ -1,35 +1,20 @@
 """Collection workers (PyTorchRL's ``CWorkerSet``): the learner's :class:`Collector`.
 
-:class:`CollectionWorkerSet` starts ``num_workers`` :class:`CollectionWorker` s, as Ray actors
-(``collector=ray``, on this machine or a cluster) or as child processes of the learner
-(``collector=process``, this machine, no Ray), splits the run's environments over them
-(contiguous blocks of the global seed stream), and hands the trainer one ``[T, N]`` rollout per
-:meth:`~CollectionWorkerSet.collect`:
+:class:`CollectionWorkerSet` starts ``num_workers`` :class:`CollectionWorker` s (Ray actors or
+child processes), splits the run's environments over them in contiguous blocks of the global
+seed stream, and hands the trainer one ``[T, N]`` rollout per ``collect``:
 
-- **sync** (on-policy): the current weights go to every worker (shared once), every worker
-  collects a rollout with them, and the learner waits for all. With ``fraction_samples < 1``,
-  once that fraction of workers is done the others end their rollouts early (after
-  ``min_rollout_frac`` of it); the learner then keeps the steps every worker has (the shortest
-  rollout), each environment bootstrapped from its stored value at the cut.
-- **async** (no barrier, :mod:`rl.collection.async_collection`): every worker always has a
-  rollout in flight; an update takes the first ``rollouts_per_update`` that are ready, their
-  workers get the weights of that moment and go on at once; data more than ``max_policy_lag``
-  versions old is dropped (``collection/dropped``), and ``collection/policy_lag{,_max}`` are
-  logged. PPO's ratio uses the behaviour log-probabilities stored with the data
-  (``pipeline/advantage=vtrace`` corrects the advantages too).
+- **sync**: every worker collects with the current weights and the learner waits for all. With
+  ``fraction_samples < 1``, once that fraction is done the rest stop early (after
+  ``min_rollout_frac`` of their steps) and the rollouts are cut to the shortest, each
+  environment bootstrapped from its stored value at the cut (DD-PPO's straggler rule).
+- **async** (:mod:`rl.collection.async_collection`): every worker always has a rollout in
+  flight; an update takes the first ``rollouts_per_update`` that are ready and drops data more
+  than ``max_policy_lag`` weight versions old.
 
-Stage changes reach each worker through ``update_algorithm_parameter`` (rollout length,
-teacher forcing) with its next request, and so does a forced scene advance
-(:meth:`~CollectionWorkerSet.new_episodes`). Under DDP (``distributed=ddp``) every rank owns a
-set of its own (PyTorchRL's ``index_parent`` is the rank): environment ``i`` of worker ``w`` of
-rank ``r`` is global environment ``r * num_envs + w's first + i`` of one seed stream, errors
-name the rank, and each rank's workers' state goes into the checkpoint.
-
-A worker that raises or dies is a :class:`CollectionWorkerError` naming it, with the original
-traceback; one that does not answer within ``timeout`` is a hang
-(:mod:`rl.collection.worker_calls`). :meth:`~CollectionWorkerSet.close` ends every worker, and
-the Ray instance when this set started it (``address: null``: a private instance sized by the
-config; ``auto`` or ``HOST:PORT`` joins a cluster, which is left running).
+Under DDP every rank owns a set: environment ``i`` of worker ``w`` of rank ``r`` is global
+environment ``r * num_envs + w's first + i``, and errors name the rank. The settings' rules
+(:func:`collector_errors`) run in the config check and in the constructor.
 """
 
 from __future__ import annotations
@@ -49,58 +34,133 @@ from rl.collection.hosts import CollectionWorkerError
 from rl.collection.transport import RolloutAssembler, ShippedRollout
 from rl.collection.worker import ALGORITHM_PARAMETERS, CollectionWorker
 from rl.collection.worker_calls import START_TIMEOUT_S, WorkerCalls
-from rl.collection.worker_config import BACKENDS, MODES, collector_errors, worker_kwargs
 from rl.distributed.setup import DistContext
 from rl.models.policy import Policy
 from rl.tasks.factory import with_split
 from rl.utils.config import MAX_WORKERS, Check, ConfigError, argument_errors
+from rl.utils.misc import evenly_distribute_count_into_bins
 from rl.utils.threads import AUTO, auto_count
 
+__all__ = ["CollectionWorker", "CollectionWorkerError", "CollectionWorkerSet"]
+
 log = logging.getLogger(__name__)
+
+MODES = ("sync", "async")
+BACKENDS = ("ray", "process")
+
+
+def collector_errors(
+    *,
+    num_workers: int | str,
+    num_envs: int,
+    mode: str,
+    rollouts_per_update: int | None,
+    address: str | None,
+) -> list[str]:
+    """The rules between the ``collector`` settings and ``sampler.num_envs``, one message each.
+
+    Single settings' types and ranges are :class:`CollectionWorkerSet`'s annotations.
+    """
+    if num_workers == AUTO and address is not None:
+        return [
+            "collector.num_workers: auto counts this machine's cores; joining a cluster "
+            f"(collector.address={address}) needs a number"
+        ]
+    if num_workers == AUTO:
+        num_workers = auto_count(num_workers, num_envs, "collector.num_workers")
+    if not isinstance(num_workers, int) or num_workers < 1:
+        return []  # (its annotation names it)
+    errors = []
+    if num_envs < num_workers:
+        errors.append(
+            f"collector.num_workers={num_workers} > sampler.num_envs={num_envs}: every "
+            "worker needs at least one environment"
+        )
+    per_update = num_workers if rollouts_per_update is None else rollouts_per_update
+    if not isinstance(per_update, int):
+        return errors
+    if per_update > num_workers:
+        errors.append(
+            f"collector.rollouts_per_update: must be in [1, num_workers={num_workers}] or null "
+            f"(every worker's), got {rollouts_per_update}"
+        )
+    elif mode == "async" and per_update < num_workers and num_envs % num_workers:
+        errors.append(
+            f"collector.rollouts_per_update={per_update} < num_workers={num_workers} "
+            f"needs the environments split evenly: sampler.num_envs={num_envs} is not a "
+            f"multiple of {num_workers}"
+        )
+    return errors
+
+
+def worker_kwargs(
+    spec: CollectionSpec,
+    num_workers: int,
+    *,
+    compress: bool,
+    shared_memory: bool,
+    cpus_per_worker: float,
+    min_rollout_frac: float | None,
+) -> tuple[list[slice], list[dict[str, Any]]]:
+    """Each worker's rows (its environments' agents, a contiguous block) and arguments."""
+    shares = evenly_distribute_count_into_bins(spec.num_envs, num_workers)
+    starts = [sum(shares[:i]) for i in range(num_workers)]
+    rows = spec.agents
+    slices = [slice(a * rows, (a + n) * rows) for a, n in zip(starts, shares, strict=True)]
+    kwargs = [
+        {
+            "index": i,
+            "spec": spec,
+            "num_envs": shares[i],
+            "env_offset": starts[i],
+            "min_rollout_frac": min_rollout_frac,
+            "compress": compress,
+            "shared_memory": shared_memory,
+            "torch_threads": max(1, int(cpus_per_worker)),
+        }
+        for i in range(num_workers)
+    ]
+    return slices, kwargs
 
 
 class CollectionWorkerSet:
     """Rollouts from ``num_workers`` workers, each with its share of the environments.
 
     Args:
-        spec: What to collect from (task, sampler and model configs, seeds); ``sampler``'s
-            ``num_envs`` are split over the workers.
+        spec: What to collect from; ``sampler``'s ``num_envs`` are split over the workers.
         model: The learner's policy (its weights are sent to the workers).
         device: The learner's device (the assembled rollout lives there).
-        dist: This learner's place among DDP ranks (each its own workers; None: one learner).
-        num_workers: Remote collection workers (of this rank); ``auto``: one a core this
-            process may use, less the learner's, at most one a given environment (on this
-            machine: a private Ray instance or child processes).
+        dist: This learner's place among DDP ranks (None: one learner).
+        num_workers: Collection workers of this rank; ``auto``: one a core this process may
+            use, less the learner's, at most one an environment.
         mode: ``sync`` or ``async`` (see the module docstring).
         rollouts_per_update: Async: worker rollouts per update, first come first served
-            (None: every worker's, the barrier). Fewer than ``num_workers`` needs the
-            environments split evenly (``sampler.num_envs`` a multiple of ``num_workers``).
+            (None: every worker's). Fewer than ``num_workers`` needs ``sampler.num_envs`` a
+            multiple of ``num_workers``.
         backend: ``ray`` (Ray actors) or ``process`` (child processes of this one).
-        address: Ray only: None starts a private Ray instance with
-            ``num_workers * cpus_per_worker`` CPUs; ``auto`` or ``HOST:PORT`` joins that cluster.
+        address: Ray only: None starts a private instance with ``num_workers *
+            cpus_per_worker`` CPUs, ended by :meth:`close`; ``auto`` or ``HOST:PORT`` joins
+            that cluster, left running.
         cpus_per_worker: Ray CPUs reserved per worker (also its torch threads, at least 1).
-        gpus_per_worker: Ray GPUs reserved per worker (a cluster's GPU nodes).
+        gpus_per_worker: Ray GPUs reserved per worker.
         memory_per_worker: Ray memory reserved per worker, in bytes (None: none).
         fraction_samples: Sync: fraction of workers that must finish before the rest stop.
         min_rollout_frac: ... once they have this fraction of their steps.
         max_policy_lag: Async: largest accepted ``learner version - data version``.
         timeout: The hang watchdog: seconds a worker may take to answer a call, per 128 steps
-            of a rollout and per round of evaluation episodes (``WorkerCalls.budget``); a
-            warning at half of it, a :class:`CollectionWorkerError` at its end. None: no limit.
+            of a rollout and per round of evaluation episodes; a warning at half of it, a
+            :class:`CollectionWorkerError` at its end (None: no limit).
         compress: Workers lz4-compress the rollouts they send.
         evaluate_on_workers: Spread evaluations (``eval``) over the workers.
         allow_unauthenticated: Ray only: join a cluster even without token authentication
-            (a loud warning); the private instance always uses it.
+            (a loud warning); a private instance always uses it.
     """
 
     supports_distributed: ClassVar[bool] = True
 
     @staticmethod
     def config_errors(section: Mapping[str, Any], num_envs: int) -> list[str]:
-        """The rules between the ``collector`` settings and ``sampler.num_envs``.
-
-        For the config check before anything is built (types and ranges: the annotations).
-        """
+        """:func:`collector_errors` of a ``collector`` config section, for the config check."""
         return collector_errors(
             num_workers=section.get("num_workers", 1),
             num_envs=num_envs,
@@ -109,9 +169,8 @@ class CollectionWorkerSet:
             address=section.get("address"),
         )
 
-    # The settings have no defaults here: their values come from conf/collector/ray.yaml (the
-    # one place of the defaults; process.yaml changes a few), and these annotations are their
-    # types and ranges (what the config check reads before anything is built).
+    # No defaults: conf/collector/ray.yaml holds them (process.yaml changes a few); the
+    # annotations are the types and ranges the config check reads before anything is built.
     def __init__(
         self,
         *,
@@ -149,12 +208,10 @@ class CollectionWorkerSet:
         )  # fmt: skip
         if errors:
             raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
-        # auto: one worker a core this process may use, less the learner's
         num_workers = auto_count(num_workers, spec.num_envs, "collector.num_workers")
         per_update = num_workers if rollouts_per_update is None else rollouts_per_update
         self.spec, self.model, self.device = spec, model, torch.device(device)
         self.dist = dist if dist is not None and dist.enabled else None
-        # "rank 1 " under DDP: every message names the rank that owns the worker.
         self.owner = "" if self.dist is None else f"rank {self.dist.rank} "
         self.rollouts_per_update = per_update if mode == "async" else num_workers
         self.mode, self.backend, self.fraction_samples = mode, backend, fraction_samples
@@ -176,10 +233,8 @@ class CollectionWorkerSet:
         self.assembler = RolloutAssembler(num_envs=self.num_envs, device=self.device)
         # The run's normalisation statistics: the workers' moments merged, sent with the weights.
         self.normalizer = spec.build_normalizer(spec.task_spaces()[0])
-        # The learner's weights version: one more per collect() (every rollout is followed by
-        # an update), and the version the workers last received.
-        self.version = 0
-        self._versions = [-1] * num_workers  # the weights' version each worker last received
+        self.version = 0  # the learner's weights: one more per collect (an update follows each)
+        self._versions = [-1] * num_workers  # the version each worker last received
         self._shared: tuple[int, Any] | None = None  # (version, its weights shared once)
         self._sent: list[dict[str, Any]] = [{} for _ in range(num_workers)]
         self._new_episodes_due: set[int] = set()  # workers to start new episodes first
@@ -216,12 +271,11 @@ class CollectionWorkerSet:
             return self.spec.num_rows
         return self.rollouts_per_update * (self.spec.num_rows // self.num_workers)
 
-    # ------------------------------------------------------------- collection
     def _send_parameters(self, request: RolloutRequest, workers: Sequence[int]) -> None:
         """``update_algorithm_parameter`` on ``workers`` for each setting that changed.
 
-        Not waited for: a worker runs its calls in order, so its next rollout sees them, and
-        their outcomes are checked with that rollout's (:class:`WorkerCalls` acks).
+        Not waited for: a worker runs its calls in order, so its next rollout sees them; their
+        outcomes are checked with that rollout's.
         """
         request = as_sent(request)
         self.calls.longest = max(self.calls.longest, request.num_steps)
@@ -234,10 +288,7 @@ class CollectionWorkerSet:
                     self.calls.ack(i, "update_algorithm_parameter", name, value)
 
     def _send_weights(self, workers: Sequence[int]) -> None:
-        """The learner's weights to ``workers`` that lack them (queued behind their work).
-
-        Shared once per version (Ray's object store: one copy for every worker).
-        """
+        """The learner's weights to ``workers`` that lack them, shared once per version."""
         workers = [i for i in workers if self._versions[i] != self.version]
         if not workers:
             return
@@ -251,14 +302,10 @@ class CollectionWorkerSet:
         normalizer = None if self.normalizer is None else self.normalizer.state_dict()
         for i in workers:
             self._versions[i] = self.version
-            # Checked with the next results, like the settings (and not left unread).
             self.calls.ack(i, "set_weights", self._shared[1], self.version, normalizer)
 
     def _request(self, workers: Sequence[int], request: RolloutRequest) -> list[Any]:
-        """Ask ``workers`` for a rollout as ``request`` says, with the current weights.
-
-        A forced scene advance (:meth:`new_episodes`) reaches a worker with this request.
-        """
+        """Ask ``workers`` for a rollout with the current weights (and a due scene advance)."""
         self._send_parameters(request, workers)
         self._send_weights(workers)
         refs = []
@@ -270,7 +317,6 @@ class CollectionWorkerSet:
             refs.append(self.calls.call(i, "collect_data"))
         return refs
 
-    # ------------------------------------------------------------ run-time hooks
     def update_storage_parameter(self, name: str, value: Any) -> None:
         """``update_storage_parameter`` on every worker (e.g. ``gamma``; checked at once)."""
         self.calls.on_all(
@@ -282,14 +328,8 @@ class CollectionWorkerSet:
     ) -> None:
         """Replace every worker's ``policy`` or ``environments`` (PyTorchRL's hook).
 
-        Args:
-            name: ``policy`` or ``environments`` (see
-                :meth:`~rl.collection.worker.CollectionWorker.replace_agent_component`).
-            config: The new component's plain config (a model or a task config).
-            model: ``policy``: the learner's new policy, built from ``config``; its weights
-                go to the workers with their next request.
-
-        Asynchronous collection: the rollouts in flight finish with the old component.
+        ``model``: for ``policy``, the learner's new policy built from ``config``; its weights
+        go with the next request. Rollouts in flight (async) finish with the old component.
         """
         if name == "policy":
             if model is None:
@@ -309,12 +349,9 @@ class CollectionWorkerSet:
     def set_request_plan(self, plan: Callable[[int], RolloutRequest | None]) -> None:
         """Tell asynchronous collection what to collect ahead (the trainer's budget).
 
-        Args:
-            plan: ``plan(k)``: the request of the update ``k`` updates after the one being
-                collected (``k >= 1``; each stage's last one cut to its budget, the next
-                stage's first after it), or None when none will come (the run's budget is
-                spent, or it is stopping): nothing is collected for it. Without a plan, the
-                same request is collected ahead (its teacher-forcing position moved on).
+        ``plan(k)``: the request of the update ``k >= 1`` updates after the one being collected,
+        or None when none will come: nothing is collected for it. Without a plan the same
+        request is collected ahead (its teacher-forcing position moved on).
         """
         self._async.set_plan(plan)
 
@@ -324,16 +361,13 @@ class CollectionWorkerSet:
         request = as_sent(request)
         if self.mode == "async":
             return self._collect_async(request)
-        refs = self._request(range(self.num_workers), request)
         workers = list(range(self.num_workers))
-        results = self._collect_sync(refs)
-        return self._assemble(workers, results)
+        return self._assemble(workers, self._collect_sync(self._request(workers, request)))
 
     def _collect_sync(self, refs: list[Any]) -> list[Any]:
         what = "collecting a rollout"
         if self.fraction_samples >= 1.0:
             return self.calls.gather(refs, what=what)
-        # DD-PPO's straggler rule across workers: once enough are done, the rest stop early.
         enough = math.ceil(self.fraction_samples * len(refs) - 1e-9)
         self.calls.wait(list(enumerate(refs)), enough, self.calls.budget(), what)
         for i, requested in enumerate(self._requested):
@@ -342,12 +376,13 @@ class CollectionWorkerSet:
         return self.calls.gather(refs, what=what)
 
     def _collect_async(self, request: RolloutRequest) -> Rollout:
-        """The first acceptable rollouts (:mod:`rl.collection.async_collection`)."""
+        """The first acceptable rollouts."""
         workers, results = self._async.take(request, self.version)
         if self.normalizer is not None:  # the statistics the taken workers get with the weights
             self.normalizer.merge(_moments(results), distributed=self._ddp)
-        rollout = self._assemble(workers, results, merged=True)  # copied out of shared memory:
-        self._async.refill(request, taken=len(workers))  # the workers may write their next
+        # Refilled once assembled: a process worker writes its next rollout where this one lies.
+        rollout = self._assemble(workers, results, merged=True)
+        self._async.refill(request, taken=len(workers))
         return rollout
 
     def _assemble(
@@ -376,17 +411,12 @@ class CollectionWorkerSet:
         return self.dist is not None
 
     def new_episodes(self) -> None:
-        """Every worker's environments start new episodes before its next rollout.
-
-        Sync: at once. Async: with each worker's next request (a rollout in flight is not
-        interrupted).
-        """
+        """Every worker starts new episodes: at once (sync) or with its next request (async)."""
         if self.mode == "async":
             self._new_episodes_due = set(range(self.num_workers))
             return
         self.calls.on_all("new_episodes", what="starting new episodes")
 
-    # ------------------------------------------------------------- evaluation
     def evaluate(
         self,
         *,
@@ -396,10 +426,9 @@ class CollectionWorkerSet:
         action_seed: int,
         split: str | None = None,
     ) -> EvalResult:
-        """Run the learner's current policy on ``episode_seeds``, each episode exactly once.
+        """Run the learner's current policy once on each of ``episode_seeds``.
 
-        With ``evaluate_on_workers`` the list is split into contiguous shares, one per worker
-        (each its own action generator seeded with ``action_seed``), else it runs here.
+        With ``evaluate_on_workers`` the list is split over the workers, else it runs here.
         """
         if not self.evaluate_on_workers:
             return evaluate_policy(
@@ -416,12 +445,11 @@ class CollectionWorkerSet:
         self._send_weights(range(self.num_workers))
         return self.calls.evaluate(episode_seeds, num_envs, deterministic, action_seed, split)
 
-    # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Every worker's episodes in flight, carried state and generators.
 
-        In async mode the rollouts in flight are not part of it: a resumed run continues from
-        the workers' state after them, so it is not bitwise the same as an uninterrupted one.
+        Async rollouts in flight are not saved: a resumed run is not bitwise an uninterrupted
+        one.
         """
         states = self.calls.on_all("state_dict", what="saving its state")
         return {
@@ -470,12 +498,9 @@ class CollectionWorkerSet:
         calls = getattr(self, "calls", None)
         if calls is not None:
             del self.calls
-            calls.close()  # (a hung worker is not waited for long)
+            calls.close()
         if getattr(self, "assembler", None) is not None:
             self.assembler.close()  # unmap the workers' shared blocks
-
-
-__all__ = ["CollectionWorker", "CollectionWorkerError", "CollectionWorkerSet"]
 
 
 def _moments(results: Sequence[ShippedRollout]) -> list[dict[str, Any]]:
