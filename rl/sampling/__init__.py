@@ -1,13 +1,8 @@
 """Samplers: batches of environments stepped for the engine.
 
-``SerialSampler`` steps every environment in this process (debugging, tests);
-``MultiprocessSampler`` steps them in child processes through shared memory;
-``BatchedSampler`` steps one batched environment (:mod:`rl.tasks.batched`: a task's own, written
-in torch on any device, or gymnasium's vector environments over copies of the task's). They take
-the same keyword arguments (``task``, ``num_envs``, ``seed``, ``episode_seeds``, ...) and return
-bitwise the same results, one ``TensorDict`` per step (:func:`step_tensordict`: observations,
-rewards, flags and the task's own step fields, :mod:`rl.tasks.fields`); :func:`build_sampler`
-builds any of them from a sampler config. ``convert`` names their episode metrics.
+``SerialSampler`` steps them in this process, ``MultiprocessSampler`` in child processes through
+shared memory, ``BatchedSampler`` as one batched environment. All take the same keyword arguments
+and return bitwise the same step ``TensorDict`` (:func:`step_tensordict`).
 """
 
 from rl.sampling.base import (
@@ -41,7 +36,7 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     """Old names of this package, with a warning naming the new one."""
-    if name == "SamplerWorkerError":  # (renamed: "worker" means a collection worker)
+    if name == "SamplerWorkerError":
         import warnings
 
         warnings.warn(

@@ -1,23 +1,17 @@
-"""Every agent of a multi-agent task as one row of the batch.
+"""A multi-agent task's sampler with every agent as one row of the batch (parameter sharing).
 
-:class:`AgentRows` wraps a sampler over a multi-agent task (:mod:`rl.tasks.agents`: entries
-stacked over ``A`` agents) and presents each agent as a row: environment ``e``'s agent ``i`` is
-row ``e * A + i``. One agent's spaces are the sampler's spaces, so one policy acts for every
-agent (parameter sharing), and the rollout, its storage, the losses and collection workers see
-an ordinary batch of ``N * A`` rows:
+Environment ``e``'s agent ``i`` is row ``e * A + i``; one policy acts for every agent, and
+everything downstream sees an ordinary batch of ``N * A`` rows:
 
-- ``obs`` and ``final_obs`` entries ``[N, A, ...]`` become ``[N * A, ...]`` (views, no copy);
-- ``rewards`` are the agents' own (``agent_rewards``), not the team's;
-- a row's ``terminated`` / ``truncated`` are its agent's end (``agent_done``) or the
-  environment's, so an agent that leaves early ends its own episode there (no bootstrapping
-  past it) and its recurrent state starts anew;
-- ``agent_active`` (with the observations) says which rows act; the steps of the others carry
-  no weight in losses (:func:`rl.losses.base.step_weights`);
-- the task's other step fields are per agent (their leading axis is ``A``) and become per row;
-- the finished episodes (the team's, with the task's per-agent metrics) stay per environment.
+- ``obs``/``final_obs`` ``[N, A, ...]`` become ``[N * A, ...]`` views; the task's other step
+  fields (leading axis ``A``) become per row;
+- ``rewards`` are the agent's own (``agent_rewards``), not the team's;
+- a row ends where its agent ends (``agent_done``) or its environment does, so an agent that
+  leaves early is not bootstrapped past and its recurrent state starts anew; ``agent_active``
+  says which rows act (the others carry no weight in losses);
+- finished episodes (the team's) stay per environment, on its first agent's row.
 
-Exact resume, evaluation episode lists and the multiprocess sampler's layout are the wrapped
-sampler's, per environment.
+Exact resume and evaluation episode lists are the wrapped sampler's, per environment.
 """
 
 from __future__ import annotations
@@ -52,12 +46,7 @@ def agent_rows(sampler: Sampler) -> Sampler:
 
 
 class AgentRows(Sampler):
-    """A multi-agent task's sampler with one row per agent (see the module docstring).
-
-    Args:
-        sampler: A sampler over a task stacked over ``agents`` agents.
-        agents: How many.
-    """
+    """``sampler`` (over a task stacked over ``agents`` agents) with one row per agent."""
 
     def __init__(self, sampler: Sampler, agents: int) -> None:
         self.inner, self.agents = sampler, agents
@@ -79,7 +68,6 @@ class AgentRows(Sampler):
                 )
         self.eval_mode = getattr(sampler, "eval_mode", False)
 
-    # ------------------------------------------------------------------ rows
     def _rows(self, value: torch.Tensor) -> torch.Tensor:
         """``[n, A, ...]`` as ``[n * A, ...]``."""
         return value.reshape(-1, *value.shape[2:])
@@ -88,8 +76,7 @@ class AgentRows(Sampler):
         """``[n]`` repeated for each agent: ``[n * A]``."""
         return value.repeat_interleave(self.agents)
 
-    def _observed(self, step: TensorDict) -> dict[str, Any]:
-        """The rows of ``obs`` and of the task's fields of ``step``."""
+    def _convert(self, step: TensorDict) -> TensorDict:
         n = step.batch_size[0] * self.agents
         obs = step.get("obs")
         data: dict[str, Any] = {
@@ -97,12 +84,7 @@ class AgentRows(Sampler):
         }
         for key in self.step_fields:
             data[key] = self._rows(step.get(key))
-        return data
-
-    def _convert(self, step: TensorDict) -> TensorDict:
-        data = self._observed(step)
-        n = step.batch_size[0] * self.agents
-        if "rewards" not in step.keys():  # a reset's
+        if "rewards" not in step.keys():  # a reset
             return TensorDict(data, batch_size=[n])
         done = self._rows(step.get(AGENT_DONE))
         terminated = (done == DONE_TERMINATED) | self._per_env(step.get("terminated"))
@@ -112,8 +94,8 @@ class AgentRows(Sampler):
         data["terminated"], data["truncated"] = terminated, truncated
         data["paused"] = self._per_env(step.get("paused"))
         if truncated.any():
-            # The environment's final observations where it was cut; an agent cut alone (the
-            # environment goes on) reports its last observation as this step's.
+            # The environment's final observations; an agent cut alone (its environment goes
+            # on) has this step's.
             env_cut = self._per_env(step.get("truncated"))
             final = step.get("final_obs") if "final_obs" in step.keys() else None
             rows = {}
@@ -123,7 +105,7 @@ class AgentRows(Sampler):
                     row[env_cut] = self._rows(final.get(key))[env_cut]
                 rows[key] = row
             data["final_obs"] = TensorDict(rows, batch_size=[n])
-        if EPISODES in step.keys():  # each environment's episode on its first agent's row
+        if EPISODES in step.keys():  # on each environment's first agent's row
             episodes = TensorDict({}, batch_size=[n])
             for key, value in step.get(EPISODES).items(include_nested=True, leaves_only=True):
                 episodes.set(key, self._per_env(value))
@@ -134,7 +116,6 @@ class AgentRows(Sampler):
             data[EPISODES] = episodes
         return TensorDict(data, batch_size=[n])
 
-    # ------------------------------------------------------------- interface
     @property
     def num_active(self) -> int:
         """Rows still running (every agent of the active environments)."""

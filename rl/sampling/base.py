@@ -25,7 +25,7 @@ class EpisodeRecord:
     Attributes:
         env_index: Global index of the environment that ran it.
         metrics: ``return``, ``length`` and the task's own ``info["episode_metrics"]``.
-        episode_seed: The seed the episode was reset with (evaluation mode), else None.
+        episode_seed: Its reset seed in evaluation mode, else None.
     """
 
     env_index: int
@@ -33,23 +33,18 @@ class EpisodeRecord:
     episode_seed: int | None = None
 
 
-STEP_KEYS = ("obs", "rewards", "terminated", "truncated", "paused")
-"""The entries of every step ``TensorDict`` (besides the task's fields and ``final_obs``)."""
-
-EPISODES = "episodes"
-"""The entry of the episodes that ended in a step (:func:`episode_entries`)."""
+EPISODES = "episodes"  # the step entry of the episodes that ended (episode_entries)
 
 
 def episode_entries(
     records: Sequence[EpisodeRecord], ended: torch.Tensor | np.ndarray
 ) -> TensorDict:
-    """The episodes ``records`` as entries of a step: row ``i`` holds the one that ended there.
+    """``records`` as a step's entries, batch ``[N]``: row ``i`` holds the episode ended there.
 
-    ``ended``: ``[N]`` bool, the rows where an episode ended, one record each, in row order.
-    Entries (batch ``[N]``, on ``ended``'s device): ``ended``, ``env_index`` (int64),
-    ``seed`` (int64, -1 for none) and ``metrics`` (float64 by name, NaN where an episode has
-    none of that name). Indexing the step indexes them with it: an episode is never dropped
-    silently with a copy of the step.
+    ``ended``: ``[N]`` bool, one record per true row, in row order. Entries (on ``ended``'s
+    device): ``ended``, ``env_index`` (int64), ``seed`` (int64, -1: none) and ``metrics``
+    (float64 by name, NaN where an episode lacks one). Being rows, they follow any indexing of
+    the step, so no episode is silently dropped.
     """
     on = ended.device if isinstance(ended, torch.Tensor) else torch.device("cpu")
     flags = ended.cpu().numpy() if isinstance(ended, torch.Tensor) else np.asarray(ended)
@@ -57,9 +52,7 @@ def episode_entries(
     if len(rows) != len(records):
         raise ValueError(f"{len(records)} episode records for {len(rows)} rows that ended")
     names = list(dict.fromkeys(k for r in records for k in r.metrics))
-    # NumPy for these few rows, one table (metrics by name, then the ints), filled a row of
-    # the step at a time: a torch call per value would cost more than the step's own
-    # bookkeeping. Its rows are the entries (views).
+    # Filled in NumPy, then viewed as tensors: a torch call per value costs more than the step.
     table = np.full((len(names), n), math.nan)
     ints = np.full((2, n), -1, dtype=np.int64)
     for row, record in zip(rows, records, strict=True):
@@ -92,24 +85,19 @@ def step_tensordict(
     final_obs: Mapping[str, np.ndarray] | None = None,
     episodes: Sequence[EpisodeRecord] = (),
 ) -> TensorDict:
-    """What a sampler returns: one ``TensorDict`` of batch ``[N]`` over NumPy rows (no copy).
+    """What a sampler returns: a ``TensorDict`` of batch ``[N]`` viewing the arrays (no copy).
 
-    Entries (``torch`` tensors over the given arrays):
+    - ``obs`` (nested by key): what to act on next; after an episode ended, already the next
+      episode's first observation (auto-reset);
+    - the task's step fields (:mod:`rl.tasks.fields`), reported with those observations;
+    - after a step: ``rewards`` (float32), ``terminated`` and ``truncated`` (bool, never both),
+      ``paused`` (bool, evaluation: out of episodes, the row leaves after this step and its
+      ``obs`` is meaningless);
+    - ``final_obs`` (only if an episode was truncated): each truncated episode's last
+      observation, to bootstrap from (zeros elsewhere);
+    - ``episodes`` (only if an episode ended): :func:`episode_entries`.
 
-    - ``obs``: the observations to act on next, by key (nested). For an environment whose
-      episode just ended it is already the first observation of its next episode (auto-reset).
-    - the task's step fields (:mod:`rl.tasks.fields`), e.g. ``expert_actions``: what the
-      environment reported with those observations.
-    - after a step, ``rewards`` (float32), ``terminated`` and ``truncated`` (bool, never both)
-      and ``paused`` (bool, evaluation mode: the environment ran out of episodes and leaves the
-      active set after this step; its ``obs`` row is meaningless);
-    - ``final_obs`` (nested, only in steps where an episode was truncated): the last
-      observation of each truncated episode, so its value can be bootstrapped (other rows are
-      zeros);
-    - ``episodes`` (only in steps where an episode ended): the episodes that ended, one a row
-      where ``terminated | truncated`` (:func:`episode_entries`, :func:`finished_episodes`).
-
-    A reset's ``TensorDict`` holds ``obs`` and the task's fields only.
+    A reset holds ``obs`` and the task's fields only.
     """
     n = len(next(iter(obs.values())))
     data: dict[NestedKey, Any] = {
@@ -136,10 +124,7 @@ def step_tensordict(
 
 
 def finished_episodes(step: TensorDict) -> list[EpisodeRecord]:
-    """The episodes that ended in ``step`` (a sampler's step ``TensorDict``), in row order.
-
-    Read from its ``episodes`` entries ([] where it has none: a reset, or no episode ended).
-    """
+    """The episodes that ended in a sampler's ``step``, in row order ([] for none)."""
     entries = step.get(EPISODES, None)
     return [] if entries is None else decode_episodes([entries])
 
@@ -147,13 +132,11 @@ def finished_episodes(step: TensorDict) -> list[EpisodeRecord]:
 def decode_episodes(entries: Sequence[TensorDict]) -> list[EpisodeRecord]:
     """The episodes of several steps' ``episodes`` entries, in step order, then row order.
 
-    One decode for them all: a concatenation and one host copy a column, not a few each step
-    (a rollout's recorder keeps its steps' entries and decodes them once). Steps whose
-    episodes have other metric names than the first's are decoded by themselves.
+    Decoded together (one host copy a column, not a few each step); steps whose metric names
+    differ from the first's are decoded one by one.
     """
     if not entries:
         return []
-    # Each entry's tensors read once (a TensorDict get per column and step would cost more).
     tops: list[dict[Any, Any]] = [dict(e.items()) for e in entries]
     metrics: list[dict[Any, Any]] = [dict(top["metrics"].items()) for top in tops]
     names = list(metrics[0])
@@ -166,7 +149,6 @@ def decode_episodes(entries: Sequence[TensorDict]) -> list[EpisodeRecord]:
     rows = np.flatnonzero(column([top["ended"] for top in tops]).cpu().numpy())
     if len(rows) == 0:
         return []
-    # One stack of the columns, one copy to the host, one list of these rows.
     index_seed = [column([top[k] for top in tops]) for k in ("env_index", "seed")]
     ints = torch.stack(index_seed).cpu().numpy()[:, rows].T.tolist()
     values: list[list[float]] = [[] for _ in ints]
@@ -176,7 +158,7 @@ def decode_episodes(entries: Sequence[TensorDict]) -> list[EpisodeRecord]:
     return [
         EpisodeRecord(
             env_index,
-            {k: v for k, v in zip(names, row, strict=True) if v == v},  # (NaN: not this one's)
+            {k: v for k, v in zip(names, row, strict=True) if v == v},  # NaN: not this one's
             None if seed < 0 else seed,
         )
         for (env_index, seed), row in zip(ints, values, strict=True)
@@ -184,14 +166,9 @@ def decode_episodes(entries: Sequence[TensorDict]) -> list[EpisodeRecord]:
 
 
 def split_episode_seeds(episode_seeds: Sequence[int], num_envs: int) -> list[list[int]]:
-    """Contiguous shares of the evaluation episodes, one per environment (every sampler's split).
+    """Contiguous shares of the evaluation episodes, larger first, one per environment.
 
-    Args:
-        episode_seeds: The evaluation episodes' seeds (at least one).
-        num_envs: Environments wanted; capped at the number of episodes.
-
-    Returns:
-        ``min(num_envs, len(episode_seeds))`` shares, larger first.
+    There are ``min(num_envs, len(episode_seeds))`` shares (at least one episode is required).
     """
     if len(episode_seeds) == 0:
         raise ValueError("evaluation needs at least one episode")
@@ -201,8 +178,16 @@ def split_episode_seeds(episode_seeds: Sequence[int], num_envs: int) -> list[lis
     return [[int(s) for s in episode_seeds[bounds[i] : bounds[i + 1]]] for i in range(num_envs)]
 
 
-# The most environments one sampler runs: far above any experiment (16 to 256), far below what
-# exhausts memory before the first step (100,000 ran 176 s into a MemoryError).
+def check_state_layout(state: Mapping[str, Any], num_envs: int, env_offset: int) -> None:
+    """Raise ValueError unless ``state`` is a sampler's of ``num_envs`` at ``env_offset``."""
+    if int(state["num_envs"]) != num_envs or int(state["env_offset"]) != env_offset:
+        raise ValueError(
+            f"sampler state for {state['num_envs']} envs at offset {state['env_offset']}, "
+            f"but this sampler has {num_envs} at offset {env_offset}"
+        )
+
+
+# Far above any experiment's 16-256 environments, far below what exhausts memory at startup.
 MAX_NUM_ENVS = 4096
 
 
@@ -216,7 +201,7 @@ class Sampler(abc.ABC):
     num_envs: int
     observation_space: gym.spaces.Dict
     action_space: gym.Space
-    step_fields: dict[str, StepField]  # the task's per-step fields (rl.tasks.fields)
+    step_fields: dict[str, StepField]
 
     @abc.abstractmethod
     def reset(self) -> TensorDict:
@@ -224,10 +209,9 @@ class Sampler(abc.ABC):
 
     @abc.abstractmethod
     def step(self, actions: np.ndarray) -> TensorDict:
-        """Step the active environments with ``actions`` (``[N_active, ...]``).
+        """Step the active environments with ``[N_active, ...]`` actions (:func:`step_tensordict`).
 
-        Returns:
-            The step (:func:`step_tensordict`), batch ``[N_active]`` as before the step.
+        The batch is the environments active before the step.
         """
 
     @property
@@ -236,10 +220,9 @@ class Sampler(abc.ABC):
         """Environments still running (all of them in training mode)."""
 
     def new_episodes(self) -> TensorDict:
-        """Cut every environment's episode and start a new one (training mode).
+        """Cut every episode and start new ones, as :meth:`reset` (training mode).
 
-        AllenAct's forced scene advance (``advance_scene_rollout_period``): the interrupted
-        episodes are not reported as finished. Returns what :meth:`reset` returns.
+        AllenAct's forced scene advance: the cut episodes are not reported as finished.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot start new episodes on demand")
 
@@ -248,14 +231,10 @@ class Sampler(abc.ABC):
         """Release the environments (idempotent)."""
 
     def state_dict(self) -> dict[str, Any]:
-        """What is needed to restore the episodes in flight (for exact resume).
+        """What restores the episodes in flight (exact resume).
 
-        The result must load with ``torch.load(weights_only=True)`` (plain containers, numbers,
-        strings, tensors). Samplers that cannot do this keep this default, and a resumed run
-        starts fresh episodes instead.
-
-        Raises:
-            NotImplementedError: This sampler cannot save its episodes in flight.
+        It must load with ``torch.load(weights_only=True)``. Samplers that cannot save keep this
+        default (NotImplementedError), and a resumed run starts fresh episodes.
         """
         raise NotImplementedError(
             f"{type(self).__name__} cannot save its episodes in flight (no state_dict); "
@@ -263,17 +242,9 @@ class Sampler(abc.ABC):
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> TensorDict:
-        """Restore the episodes in flight saved by :meth:`state_dict` (instead of :meth:`reset`).
+        """Restore :meth:`state_dict`'s episodes on a sampler built alike; replaces :meth:`reset`.
 
-        Args:
-            state: What :meth:`state_dict` returned, on a sampler built with the same arguments.
-
-        Returns:
-            What :meth:`reset` returns: the observations (and fields) the saved sampler was
-            about to act on.
-
-        Raises:
-            NotImplementedError: This sampler cannot restore episodes.
+        Returns what :meth:`reset` does: what the saved sampler was about to act on.
         """
         raise NotImplementedError(
             f"{type(self).__name__} cannot restore episodes in flight (no load_state_dict)"

@@ -1,35 +1,11 @@
 """A sampler over one batched environment: N environments stepped at once, tensors throughout.
 
-:class:`BatchedSampler` drives a :class:`~rl.tasks.batched.BatchedEnv` (the contract: one call
-steps every environment, auto-resets inside, one ``TensorDict`` of ``N`` rows on the
-environment's device) and gives the engine what every :class:`~rl.sampling.base.Sampler`
-gives: the step ``TensorDict`` of :func:`~rl.sampling.base.step_tensordict` (the same keys and
-dtypes as :class:`~rl.sampling.SerialSampler`'s), finished episodes, evaluation episode lists,
-finite checks, the hang watchdog and exact resume. Which batched environment a task config
-gives (:func:`build_batched_env`):
-
-1. a task whose ``_target_`` is a ``BatchedEnv`` class: built with the task's keys,
-   ``num_envs`` and ``device``;
-2. a task whose ``_target_`` class names a batched twin in its ``batched_env`` class attribute
-   (a dotted path): that class, built the same way (``vectorization_mode=auto`` only, and
-   only for a task without ``observations`` transforms or ``step_fields``, which act on a
-   gymnasium environment's wrappers and infos);
-3. a task whose ``_target_`` builds a ``gymnasium.vector.VectorEnv`` itself (such a class, or
-   a callable annotated to return one, e.g. ``gymnasium.make_vec``): built with the task's
-   keys and ``num_envs``, adapted by :class:`~rl.tasks.gym_vector.GymVectorEnv`;
-4. any other gymnasium task: gymnasium's ``SyncVectorEnv`` (``async``: ``AsyncVectorEnv``) over
-   copies of the task's environment (:meth:`GymVectorEnv.from_task`).
-
-The sampler counts returns and lengths itself, on tensors where the environment lives, and
-reads the device once a step: one small tensor of flags (did an episode end, was one
-truncated, is the sum of the rewards and of each floating-point observation finite). Only
-in a step where an episode ended are that step's rows of returns, lengths and metrics copied
-to the host, to build the :class:`~rl.sampling.base.EpisodeRecord` of each. Seeds are
-:class:`~rl.sampling.SerialSampler`'s: environment ``i``'s first reset with
-``env_seeds(total_envs, seed)[env_offset + i]``, then its own random stream; in evaluation
-each environment runs its contiguous share of the episode list (each episode's seed passed as
-the environment's next seed) and then pauses: it leaves the batch as in the serial sampler,
-and the actions of the rows it no longer has are a filler the environment ignores.
+:class:`BatchedSampler` drives a :class:`~rl.tasks.batched.BatchedEnv` (one call steps every
+environment and auto-resets, on the environment's device) and returns what
+:class:`~rl.sampling.SerialSampler` does, with the same seeds and episode lists. Returns and
+lengths are counted on the device, which is read once a step (a few flags: ended, truncated,
+finite sums); episode records are copied to the host only in steps where an episode ended.
+Paused evaluation environments leave the batch and are stepped with a filler action.
 """
 
 from __future__ import annotations
@@ -50,6 +26,7 @@ from rl.sampling.base import (
     MAX_NUM_ENVS,
     EpisodeRecord,
     Sampler,
+    check_state_layout,
     episode_entries,
     split_episode_seeds,
 )
@@ -78,15 +55,20 @@ def build_batched_env(
     vectorization_mode: str = "auto",
     mp_start_method: str | None = "forkserver",
 ) -> BatchedEnv:
-    """The batched environment of a task config (the module docstring's four forms).
+    """The batched environment of a task config (``docs/concepts/samplers.md``).
+
+    A ``BatchedEnv`` class is built with the task's keys, ``num_envs`` and ``device``; so is the
+    batched twin a gymnasium env class names in its ``batched_env`` attribute (``auto`` mode, no
+    ``observations`` or ``step_fields``, which act on gymnasium wrappers and infos); a target
+    that builds a ``gymnasium.vector.VectorEnv`` is adapted; any other gymnasium task is stepped
+    as copies in gymnasium's ``SyncVectorEnv`` (``async``: ``AsyncVectorEnv``).
 
     Args:
         task: Plain task config with a ``_target_``.
         num_envs: How many environments.
         device: Where a ``BatchedEnv`` of the task's lives (gymnasium's step on the CPU).
         vectorization_mode: ``auto`` (the task's batched environment if it has one, else
-            ``sync``), ``sync`` or ``async`` (gymnasium's vector environments over copies of
-            the task's environment, even where it has a batched twin).
+            ``sync``), ``sync`` or ``async`` (gymnasium's, even where a twin exists).
         mp_start_method: The start method of ``async``'s worker processes.
 
     Raises:
@@ -150,33 +132,26 @@ def _instantiate(
 
 def _filler_action(space: gym.Space) -> np.ndarray:
     """A valid action of ``space``, what paused environments are stepped with."""
-    if isinstance(space, gym.spaces.Discrete):
-        return np.asarray(space.start, dtype=np.int64)
-    if isinstance(space, gym.spaces.MultiDiscrete):
+    if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete):
         return np.asarray(space.start, dtype=np.int64)
     if isinstance(space, gym.spaces.Box):
         return np.clip(np.zeros(space.shape), space.low, space.high).astype(space.dtype)
-    return np.asarray(space.sample())  # (a multi-agent task's stacked space)
+    return np.asarray(space.sample())  # a multi-agent task's stacked space
 
 
 class BatchedSampler(FiniteChecks, Sampler):
-    """Steps a batched environment of ``num_envs`` environments (see the module docstring).
+    """Steps a batched environment of ``num_envs`` environments.
 
     Args:
-        task: Plain (resolved) task config with a ``_target_``
-            (:func:`build_batched_env` says which forms).
+        task: Plain (resolved) task config (:func:`build_batched_env`).
         num_envs: Number of environments.
-        seed: Seeds environment ``i``'s first reset with ``env_seeds(num_envs, seed)[i]``
-            (``env_offset`` shifts the global index, for samplers sharing one seed stream).
-        episode_seeds: Evaluation mode: a fixed list of episode seeds, split into contiguous
-            shares (one per environment), as :class:`~rl.sampling.SerialSampler` splits it.
+        seed: Seed of the first resets, as :class:`~rl.sampling.SerialSampler`'s.
+        episode_seeds: Evaluation mode: fixed episode seeds, split as the serial sampler does.
         env_offset: Global index of this sampler's first environment.
         total_envs: Size of the global seed stream (default ``env_offset + num_envs``).
-        timeout: Seconds one ``reset`` or ``step`` of the batch may take before the run ends
-            with a :class:`~rl.sampling.watchdog.SamplerTimeoutError` (None: wait forever).
-        device: Where a batched environment of the task's own lives (``cpu``, ``cuda``,
-            ``cuda:N``); environments stepped through gymnasium's vector environments live
-            on the CPU whatever it says.
+        timeout: Seconds one ``reset`` or ``step`` of the batch may take before a
+            :class:`~rl.sampling.watchdog.SamplerTimeoutError` (None: wait forever).
+        device: Where a task's own batched environment lives (gymnasium's are on the CPU).
         vectorization_mode: ``auto``, ``sync`` or ``async`` (:func:`build_batched_env`).
         mp_start_method: The start method of ``async``'s worker processes.
     """
@@ -241,7 +216,7 @@ class BatchedSampler(FiniteChecks, Sampler):
             self._action_dtype = torch.int64
         self._filler = torch.as_tensor(_filler_action(self.action_space), device=self.device)
         keys = list(self.observation_space.spaces)
-        self._dict_obs = keys != ["obs"]  # (for messages, as the serial sampler names them)
+        self._dict_obs = keys != ["obs"]  # messages name keys as the serial sampler does
         self._float_keys = [
             k for k, space in self.observation_space.spaces.items() if is_float(space.dtype)
         ]
@@ -250,12 +225,11 @@ class BatchedSampler(FiniteChecks, Sampler):
         self._active_rows: torch.Tensor | None = None  # None: all of them
         self._returns = torch.zeros(num_envs, dtype=torch.float64, device=self.device)
         self._lengths = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
-        self._start_seeds: list[int | None] = [None] * num_envs  # each episode's (messages)
+        self._start_seeds: list[int | None] = [None] * num_envs  # each episode's, for messages
         self._queues: list[list[int]] = []
         self._next_seeds: list[int | None] | None = None
         self.current_env: int | None = None
 
-    # --------------------------------------------------------------- interface
     @property
     def num_active(self) -> int:
         """Environments still running."""
@@ -269,7 +243,7 @@ class BatchedSampler(FiniteChecks, Sampler):
     def reset(self) -> TensorDict:
         """Reset every environment (training: with its seed; evaluation: its first episode).
 
-        In evaluation mode every environment starts its share of the episode list again.
+        Evaluation starts each share of the episode list again.
         """
         if self.eval_mode:
             self._queues = [list(share) for share in self._episode_lists]
@@ -306,11 +280,9 @@ class BatchedSampler(FiniteChecks, Sampler):
         return TensorDict._new_unsafe(data, batch_size=torch.Size([self.num_envs]))
 
     def step(self, actions: np.ndarray | torch.Tensor) -> TensorDict:
-        """Step the active environments (:func:`~rl.sampling.base.step_tensordict`).
+        """Step the active environments with ``[N_active, ...]`` actions (:meth:`Sampler.step`).
 
-        Args:
-            actions: ``[N_active, ...]``: NumPy, or torch tensors (on the environment's
-                device, they are not copied).
+        Torch actions on the environment's device are not copied.
         """
         with self._guard("stepping"):
             return self._step(actions)
@@ -340,7 +312,7 @@ class BatchedSampler(FiniteChecks, Sampler):
             raw = raw[rows]
         rewards = raw if raw.dtype == torch.float32 else raw.to(torch.float32)
         ended = terminated | truncated
-        # One read of the device a step: episodes ended, truncated; rewards, observations finite
+        # The one device read a step: episodes ended, truncated; rewards, observations finite
         checks = [ended.any(), truncated.any(), _finite(rewards)]
         checks += [_finite(obs.get(k)) for k in self._float_keys]
         ended_any, truncated_any, *finite = torch.stack(checks).tolist()
@@ -370,10 +342,9 @@ class BatchedSampler(FiniteChecks, Sampler):
     def _episodes(
         self, out: TensorDict, ended: torch.Tensor
     ) -> tuple[list[EpisodeRecord], list[int]]:
-        """The records of the episodes that ended, and the positions that pause.
+        """The records of the episodes that ended (one host copy), and the positions that pause.
 
-        One copy to the host. A position pauses in evaluation where its environment's share
-        of the episode list is done.
+        In evaluation a position pauses where its share of the episode list is done.
         """
         positions = ended.nonzero().squeeze(1)
         envs = positions if self._active_rows is None else self._active_rows[positions]
@@ -389,7 +360,7 @@ class BatchedSampler(FiniteChecks, Sampler):
             record.update((k, v) for k, v in zip(names, values, strict=True) if v == v)  # not NaN
             episode_seed = self._start_seeds[i] if self.eval_mode else None
             records.append(EpisodeRecord(self.env_offset + i, record, episode_seed))
-            next_seed = None  # (training: auto-resets go on with each environment's stream)
+            next_seed = None  # training: auto-resets go on with each environment's stream
             if self.eval_mode:
                 queue = self._queues[i]
                 if not queue:
@@ -426,7 +397,6 @@ class BatchedSampler(FiniteChecks, Sampler):
             )
         return acts
 
-    # ------------------------------------------------------------ finite checks
     def _start_seed(self, env: int) -> int | None:
         return self._start_seeds[env]
 
@@ -434,8 +404,7 @@ class BatchedSampler(FiniteChecks, Sampler):
         self, rewards: torch.Tensor, obs: TensorDict, finite: list[bool], ended: torch.Tensor
     ) -> None:
         """Name the first non-finite reward or observation (as the serial sampler does)."""
-        steps = self._lengths if self._active_rows is None else self._lengths[self._active_rows]
-        steps_list, reset = steps.tolist(), ended.tolist()
+        steps_list, reset = self._active_lengths(), ended.tolist()
         if self.eval_mode:  # an environment out of episodes pauses without a reset
             reset = [r and bool(self._queues[i]) for r, i in zip(reset, self._active, strict=True)]
         if not finite[0]:
@@ -456,18 +425,22 @@ class BatchedSampler(FiniteChecks, Sampler):
         )
 
     def _check_final(self, final: TensorDict) -> None:
-        """Every floating-point final observation finite (zeros where none was truncated)."""
+        """Every float final observation finite (zeros where none was truncated)."""
         flags = [_finite(final.get(k)) for k in self._float_keys]
         if not flags or all(torch.stack(flags).tolist()):
             return
-        steps = self._lengths if self._active_rows is None else self._lengths[self._active_rows]
-        steps_list = steps.tolist()
+        steps_list = self._active_lengths()
         self._raise_obs(
             final,
             self._active,
             lambda row: f"step {steps_list[row]} of its episode (truncated)",
             "final observation",
         )
+
+    def _active_lengths(self) -> list[int]:
+        """The active environments' steps of their episodes."""
+        steps = self._lengths if self._active_rows is None else self._lengths[self._active_rows]
+        return steps.tolist()
 
     def _raise_obs(
         self, obs: TensorDict, envs: Sequence[int], when: Any, what: str = "observation"
@@ -505,13 +478,8 @@ class BatchedSampler(FiniteChecks, Sampler):
                 + "; ".join(problems)
             )
 
-    # ------------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """The episodes in flight: the environment's state, and the returns and lengths so far.
-
-        Raises:
-            NotImplementedError: In evaluation mode, or where the environment cannot save.
-        """
+        """The environment's state and the returns and lengths so far (not in evaluation)."""
         if self.eval_mode:
             raise NotImplementedError("a BatchedSampler in evaluation mode cannot be saved")
         assert self.env is not None
@@ -525,19 +493,11 @@ class BatchedSampler(FiniteChecks, Sampler):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> TensorDict:
-        """Restore the episodes in flight saved by :meth:`state_dict` (replaces :meth:`reset`).
-
-        Raises:
-            ValueError: The state belongs to a different sampler layout.
-        """
+        """Restore the episodes saved by :meth:`state_dict`; returns what :meth:`reset` would."""
         if self.eval_mode:
             raise NotImplementedError("a BatchedSampler in evaluation mode cannot be restored")
         assert self.env is not None
-        if int(state["num_envs"]) != self.num_envs or int(state["env_offset"]) != self.env_offset:
-            raise ValueError(
-                f"sampler state for {state['num_envs']} envs at offset {state['env_offset']}, "
-                f"but this sampler has {self.num_envs} at offset {self.env_offset}"
-            )
+        check_state_layout(state, self.num_envs, self.env_offset)
         self._set_active(list(range(self.num_envs)))
         with self._guard("restoring"):
             first = self._first(self.env.load_state_dict(state["env"]), "its restored episode")
@@ -546,7 +506,6 @@ class BatchedSampler(FiniteChecks, Sampler):
         self._start_seeds = [None if s is None else int(s) for s in state["start_seeds"]]
         return first
 
-    # ------------------------------------------------------------------ others
     def _guard(self, what: str) -> contextlib.AbstractContextManager[None]:
         """The hang watchdog around one call of the environments (started on first use)."""
         if self._watchdog is None:

@@ -13,11 +13,7 @@ from rl.utils.threads import auto_count
 
 
 def sampler_num_envs(config: Mapping[str, Any]) -> int:
-    """Total environments a sampler config asks for.
-
-    ``num_envs``, else processes x environments each (``num_processes: auto`` counted as on
-    this machine).
-    """
+    """Total environments of a sampler config: ``num_envs``, else processes x envs each."""
     if config.get("num_envs") is not None:
         return int(config["num_envs"])
     processes = auto_count(config.get("num_processes", 1), None, "sampler.num_processes")
@@ -34,23 +30,21 @@ def build_sampler(
     env_offset: int = 0,
     total_envs: int | None = None,
 ) -> Sampler:
-    """Instantiate a sampler config (``_target_``, ``_partial_``, its keys) for ``task``.
+    """Instantiate a plain sampler config (None: a ``SerialSampler``) for ``task``.
 
     Args:
-        config: Plain sampler config, e.g. ``{"_target_": "rl.sampling.MultiprocessSampler",
-            "_partial_": True, "num_processes": 2, "envs_per_process": 8}``; None builds a
-            :class:`~rl.sampling.SerialSampler`.
+        config: Plain sampler config (``_target_`` and its keys).
         task: Plain task config with a ``_target_``.
         seed: Seed of the environments' first resets (training mode).
         episode_seeds: Evaluation mode: the fixed episode list.
         num_envs: Overrides the config's environment count (e.g. ``eval.num_envs``).
-        env_offset: Global index of the first environment (ranks share one seed
-            stream: rank ``r`` of ``W`` with ``n`` envs each has offset ``r * n``).
-        total_envs: Size of that global seed stream (default ``env_offset + num_envs``).
+        env_offset: Global index of the first environment (rank ``r`` of ranks with ``n``
+            envs each: ``r * n``; they share one seed stream).
+        total_envs: Size of that seed stream (default ``env_offset + num_envs``).
 
     Returns:
-        The sampler (a context manager; close it); for a multi-agent task, with one row per
-        agent (:class:`~rl.sampling.agents.AgentRows`).
+        The sampler (a context manager); a multi-agent task's has one row per agent
+        (:class:`~rl.sampling.agents.AgentRows`).
     """
     cfg = dict(config or {"_target_": "rl.sampling.SerialSampler"})
     cfg["_partial_"] = True
@@ -62,4 +56,4 @@ def build_sampler(
     if env_offset or total_envs is not None:
         kwargs.update(env_offset=env_offset, total_envs=total_envs)
     sampler = hydra.utils.instantiate(cfg)(**kwargs)
-    return agent_rows(sampler)  # several agents: one row each
+    return agent_rows(sampler)

@@ -1,11 +1,8 @@
-"""The check that what environments return is finite, once per step over the whole batch.
+"""Finite checks of what environments return, once per step over the whole batch.
 
-A NaN or infinite reward or floating-point observation would poison the update, so it stops the
-run with a :class:`~rl.utils.finite.NonFiniteError` naming the environment, the step of its
-episode and the field. :class:`FiniteChecks` is the part of
-:class:`~rl.sampling.SerialSampler` that checks (a multiprocess sampler's workers run that
-sampler, so every sampler checks the same way); :class:`~rl.sampling.BatchedSampler` reduces
-its tensors where they live and names what it finds with the same words.
+A NaN or infinite reward or float observation would poison the update, so it stops the run
+with a :class:`~rl.utils.finite.NonFiniteError` naming the environment, its episode's step and
+the field. Every sampler words it alike (the multiprocess one runs serial samplers).
 """
 
 from __future__ import annotations
@@ -23,19 +20,12 @@ __all__ = ["FiniteChecks", "all_finite", "first_nonfinite_row", "is_float"]
 
 
 def all_finite(values: np.ndarray) -> bool:
-    """No NaN or infinity in ``values`` (one reduction on the hot path).
-
-    A NaN or infinity makes the sum non-finite; so can an overflow of large finite values, and
-    then the element-wise check decides.
-    """
+    """No NaN or infinity in ``values``: one sum, checked element-wise only if it overflowed."""
     return math.isfinite(values.sum()) or bool(np.isfinite(values).all())
 
 
 def first_nonfinite_row(values: torch.Tensor) -> int | None:
-    """The first row of ``values`` (``[K, ...]``, any device) holding a NaN or infinity.
-
-    The slow path, after a sum came out non-finite: an overflow of finite values does too.
-    """
+    """The first row of ``values`` (``[K, ...]``, any device) holding a NaN or infinity."""
     bad = ~torch.isfinite(values.reshape(len(values), -1)).all(1)
     rows = bad.nonzero()
     return int(rows[0, 0]) if len(rows) else None
@@ -47,14 +37,9 @@ def is_float(dtype: Any) -> bool:
 
 
 class FiniteChecks:
-    """Finite checks of a sampler's step (mixed into :class:`~rl.sampling.SerialSampler`).
+    """Finite checks mixed into a sampler; sets ``current_env`` to the environment at fault."""
 
-    It reads the sampler's ``_float_keys`` (observation keys of a float dtype), ``_dict_obs``,
-    ``env_offset``, ``_episode_start`` (each environment's episode seed) and sets
-    ``current_env`` to the environment that returned a non-finite value.
-    """
-
-    _float_keys: list[str]
+    _float_keys: list[str]  # observation keys of a float dtype
     _dict_obs: bool
     env_offset: int
     _episode_start: list[dict[str, Any]]
@@ -67,7 +52,7 @@ class FiniteChecks:
         when: Callable[[int], str],
         what: str = "observation",
     ) -> None:
-        """Raise :class:`NonFiniteError` for the first non-finite float observation entry.
+        """Raise :class:`NonFiniteError` for the first non-finite float observation.
 
         Args:
             obs: ``[K, ...]`` observation rows by key.
@@ -88,7 +73,7 @@ class FiniteChecks:
         return self._episode_start[env].get("seed")
 
     def _nonfinite(self, env: int, field: str, value: Any, when: str) -> None:
-        self.current_env = self.env_offset + env  # named by a multiprocess worker's error too
+        self.current_env = self.env_offset + env  # a sampler process's error names it too
         bad = np.asarray(value, dtype=np.float64).ravel()
         bad = bad[~np.isfinite(bad)]
         seed = self._start_seed(env)
@@ -104,21 +89,21 @@ class FiniteChecks:
         self,
         obs: dict[str, np.ndarray],
         rewards: np.ndarray,
-        final: tuple[dict[str, np.ndarray], list[int]],
+        final_obs: dict[str, np.ndarray],
+        final_idx: list[int],
         active: list[int],
         steps: Sequence[int],
         reset: Sequence[bool],
     ) -> None:
-        """Every reward and float observation of a step finite (else :class:`NonFiniteError`).
+        """Raise :class:`NonFiniteError` for a step's first non-finite reward or observation.
 
-        ``final``: the final observations of the truncated episodes and their positions.
+        ``final_obs``: the truncated episodes' final observations, at positions ``final_idx``.
         """
         if not all_finite(rewards):
             pos = int(np.flatnonzero(~np.isfinite(rewards))[0])
             self._nonfinite(
                 active[pos], "reward", rewards[pos], f"step {steps[pos]} of its episode"
             )
-        final_obs, final_idx = final
         self._check_obs(
             obs,
             active,

@@ -1,40 +1,21 @@
-"""Multiprocess sampler: child processes each step several environments into shared memory.
+"""Multiprocess sampler: child processes each step a block of environments into shared memory.
 
-Modelled on AllenAct's ``VectorSampledTasks`` (child processes each running several tasks,
-``max_sampler_processes_per_worker``) and PyTorchRL's collection workers, with Sample Factory's
-transport: every observation, reward, flag and action lives in one shared-memory block (numpy
-views over a ``multiprocessing.RawArray``), indexed by the global environment index, so only a
-``step`` call goes to each process per step and a ``None`` (or the finished episodes) comes
-back.
+AllenAct's ``VectorSampledTasks`` layout with Sample Factory's transport: every observation,
+reward, flag and action lives in one shared-memory block (NumPy views over a ``RawArray``) with
+a row per environment, so a step sends each process a ``step`` call and gets back ``None`` or the
+finished episodes. Each process runs a :class:`~rl.sampling.SerialSampler` over its contiguous
+block (building it from the plain task config) with the global seed stream, so the result is
+bitwise one ``SerialSampler``'s over all environments, whatever the layout.
 
-Each process runs a :class:`~rl.sampling.SerialSampler` over its contiguous block of
-environments, built in the process from the plain task config (``hydra.utils.instantiate`` runs
-in the child), with the global seed stream (``env_offset``/``total_envs``) or its contiguous
-share of the evaluation episode list. The result is therefore bitwise what one
-``SerialSampler`` over all environments returns, whatever the process layout (tested).
-
-The processes are children of the process runtime (:class:`~rl.utils.processes.ChildProcesses`),
-started, called, watched and ended as process collection workers and validation are. Faults
-never hang: a process that dies (killed, segfault, ``os._exit``) is noticed at once; an
-environment that raises sends its traceback. Both end every process and raise
-:class:`SamplerProcessError` naming the process, the global environment index and the original
-traceback. An environment that hangs is caught by ``timeout`` (:data:`DEFAULT_TIMEOUT_S` seconds
-per step by default): a warning names the silent process, its pid and its environments after half
-of it, and the timeout ends every process with a ``SamplerProcessError`` naming them. ``close()``
-(also run by the garbage collector and at interpreter exit) stops every process, escalating to
-SIGKILL after a short grace period. Processes ignore SIGINT and SIGTERM, so Ctrl-C and a SIGTERM
-to the process group (SLURM's) reach only the main process, which finishes its rollout, saves
-and closes the sampler; on Linux they are killed with the process
-that started them (:func:`~rl.utils.processes.die_with_parent`), even one killed with SIGKILL.
-
-This module is the sampler itself: the environment layout over the processes, the shared arrays
-and the :class:`~rl.sampling.Sampler` interface. What a child process runs is
-:class:`~rl.sampling.sampler_process.SamplerProcess`.
+The processes run on :class:`~rl.utils.processes.ChildProcesses`: a process that dies or an
+environment that raises ends them all with a :class:`SamplerProcessError` naming the process,
+the environment and the traceback; one silent past ``timeout`` is named at half of it, then
+ends them all. Processes ignore SIGINT and SIGTERM (the main process finishes its rollout, saves
+and closes the sampler) and die with their parent on Linux, even one killed with SIGKILL.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
@@ -46,13 +27,15 @@ from rl.sampling.base import (
     MAX_NUM_ENVS,
     EpisodeRecord,
     Sampler,
+    check_state_layout,
+    finished_episodes,
     split_episode_seeds,
     step_tensordict,
 )
-from rl.sampling.sampler_process import SamplerProcess, final_key, obs_key, sampler_array_specs
+from rl.sampling.serial import SerialSampler
 from rl.tasks.agents import num_agents
 from rl.tasks.factory import build_env, dict_space, env_name
-from rl.tasks.fields import step_fields_of
+from rl.tasks.fields import StepField, step_fields_of
 from rl.tasks.spaces import action_array_spec, check_action_space
 from rl.utils.config import MAX_WORKERS, Check
 from rl.utils.misc import evenly_distribute_count_into_bins
@@ -66,27 +49,71 @@ from rl.utils.processes import (
 from rl.utils.shared_memory import SharedArrays
 from rl.utils.threads import auto_count
 
-log = logging.getLogger(__name__)
-
 __all__ = [
     "DEFAULT_TIMEOUT_S",
     "MultiprocessSampler",
+    "SamplerProcess",
     "SamplerProcessError",
+    "final_key",
+    "obs_key",
+    "sampler_array_specs",
     "sampler_processes",
+    "step_key",
 ]
 
-# Seconds a process may take to reply to one step (or reset, or save) before it counts as hung.
-# Generous: the slowest shipped task (nav3d) steps in about 2 ms and resets in about 30 ms
-# (first reset of a process 0.3 s), so a step of 8 environments that all reset takes well under
-# 1 s and a first reset of 16 about 5 s, even on a loaded machine.
+# Seconds a process may take to reply to one step, reset or save: the slowest shipped task
+# (nav3d) takes well under 1 s for a step of 8 environments that all reset.
 DEFAULT_TIMEOUT_S = 60.0
 
 
-def _count_envs(num_processes: int, envs_per_process: int, num_envs: int | None) -> int:
-    """Total environments: ``num_envs``, else ``num_processes * envs_per_process`` (validated).
+def obs_key(key: str) -> str:
+    """The shared array holding observation ``key``."""
+    return f"obs/{key}"
 
-    ``num_processes`` is a number here (``auto`` resolved by :func:`sampler_processes`).
+
+def final_key(key: str) -> str:
+    """The shared array holding the final observation ``key`` of truncated episodes."""
+    return f"final_obs/{key}"
+
+
+def step_key(name: str) -> str | tuple[str, str]:
+    """The step ``TensorDict`` key of shared array ``name`` (``obs/k`` -> ``("obs", "k")``)."""
+    head, sep, tail = name.partition("/")
+    return (head, tail) if sep else name
+
+
+def sampler_array_specs(
+    observation_space: gym.spaces.Dict,
+    num_envs: int,
+    action_space: gym.Space,
+    step_fields: Mapping[str, StepField],
+) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """The shared arrays, ``name -> (shape, dtype)`` with ``num_envs`` rows each.
+
+    Observations and final observations by key, actions, rewards, flags, and the step fields,
+    named by their step ``TensorDict`` keys (:func:`step_key`).
     """
+    n = num_envs
+    action_shape, action_dtype = action_array_spec(action_space)
+    specs: dict[str, tuple[tuple[int, ...], Any]] = {}
+    for key, space in observation_space.spaces.items():
+        shape = tuple(space.shape or ())
+        specs[obs_key(key)] = ((n, *shape), space.dtype)
+        specs[final_key(key)] = ((n, *shape), space.dtype)
+    specs.update(
+        actions=((n, *action_shape), action_dtype),
+        rewards=((n,), np.float32),
+        terminated=((n,), np.bool_),
+        truncated=((n,), np.bool_),
+        paused=((n,), np.bool_),
+    )
+    for key, field in step_fields.items():
+        specs[key] = ((n, *field.shape), field.dtype)
+    return specs
+
+
+def _count_envs(num_processes: int, envs_per_process: int, num_envs: int | None) -> int:
+    """Total environments: ``num_envs``, else ``num_processes * envs_per_process`` (validated)."""
     if num_processes < 1:
         raise ValueError(f"sampler.num_processes must be >= 1, got {num_processes}")
     if num_envs is None:
@@ -99,22 +126,12 @@ def _count_envs(num_processes: int, envs_per_process: int, num_envs: int | None)
 
 
 def sampler_processes(num_processes: int | str, num_envs: int | None) -> int:
-    """``sampler.num_processes`` as a number.
-
-    ``auto`` is the cores this process may use less one (the learner's), at most one a given
-    environment (:func:`rl.utils.threads.auto_count`).
-    """
+    """``sampler.num_processes`` as a number (``auto``: :func:`rl.utils.threads.auto_count`)."""
     return auto_count(num_processes, num_envs, "sampler.num_processes")
 
 
 class SamplerProcessError(ChildFailed):
-    """A sampler process failed: an environment raised, or the process died or hung.
-
-    Attributes:
-        process_index: Index of the child process.
-        env_index: Global index of the environment that raised (None if unknown, e.g. a
-            process that died).
-    """
+    """A sampler process failed: an environment raised, or the process died or hung."""
 
     @property
     def process_index(self) -> int:
@@ -127,36 +144,26 @@ class SamplerProcessError(ChildFailed):
         return self.site_index
 
 
-# ---------------------------------------------------------------------------- sampler
 class MultiprocessSampler(Sampler):
     """Steps environments in ``num_processes`` child processes through shared memory.
 
-    Environment ``i`` (global index) lives in the process whose contiguous block holds it; the
-    blocks are ``evenly_distribute_count_into_bins(num_envs, num_processes)`` (larger first).
-    Observations, rewards, flags and actions are ``[N, ...]`` shared arrays; results are bitwise
-    those of a :class:`~rl.sampling.SerialSampler` with the same arguments.
+    Each process holds a contiguous block of environments (larger blocks first); results are
+    bitwise a :class:`~rl.sampling.SerialSampler`'s with the same arguments.
 
     Args:
-        task: Plain (resolved) task config with a ``_target_`` returning a ``gymnasium.Env``;
-            every process instantiates it itself.
+        task: Plain (resolved) task config; every process instantiates it itself.
         num_processes: Child processes (capped at the number of environments).
         envs_per_process: Environments per process when ``num_envs`` is not given.
-        num_envs: Total environments, split as evenly as possible over the processes (takes
-            precedence over ``envs_per_process``).
-        seed: Seeds environment ``i``'s first reset with ``env_seeds(total_envs, seed)[i]``.
-        episode_seeds: Evaluation mode: a fixed list of episode seeds, split into contiguous
-            shares over all environments exactly as ``SerialSampler`` splits it; an
-            environment that has run its share is paused.
-        mp_start_method: ``forkserver`` (falls back to ``spawn`` where unavailable), ``spawn``
-            or ``fork``.
-        env_offset: Global index of this sampler's first environment (samplers sharing one
-            seed stream, e.g. one per distributed rank).
+        num_envs: Total environments, split as evenly as possible over the processes.
+        seed: Seed of the first resets, as :class:`~rl.sampling.SerialSampler`'s.
+        episode_seeds: Evaluation mode: fixed episode seeds, split as the serial sampler does.
+        mp_start_method: ``forkserver`` (else ``spawn`` where unavailable), ``spawn`` or ``fork``.
+        env_offset: Global index of this sampler's first environment.
         total_envs: Size of the global seed stream (default ``env_offset + num_envs``).
-        timeout: Seconds a live process may take to reply to one step, reset or save before
-            it counts as hung (a warning names it after half of that; None: wait as long as
-            the processes live). Dead processes are detected at once regardless.
-        start_timeout: Seconds allowed for the processes to build their environments (and to
-            restore saved episodes, which replays them, if longer than ``timeout``).
+        timeout: Seconds a live process may take to reply to one call before it counts as hung
+            (warning at half; None: wait while it lives). A dead process is noticed at once.
+        start_timeout: Seconds for the processes to build their environments (and to restore
+            saved episodes, which replays them, if longer than ``timeout``).
     """
 
     def __init__(
@@ -191,11 +198,21 @@ class MultiprocessSampler(Sampler):
         self.start_method = resolve_start_method(mp_start_method, "sampler.mp_start_method")
         blocks = evenly_distribute_count_into_bins(num_envs, self.num_processes)
         starts = np.cumsum([0, *blocks])
-        #: ``(first, end)`` local environment indices of each process.
+        # (first, end) local environment indices of each process
         self.process_envs: list[tuple[int, int]] = [
             (int(starts[w]), int(starts[w + 1])) for w in range(self.num_processes)
         ]
-        self._probe_spaces(task)
+        probe = build_env(task)  # for the spaces; the processes build their own
+        try:
+            name = env_name(task, probe)
+            self.observation_space = dict_space(probe.observation_space, name)
+            self.step_fields = step_fields_of(task, probe, name)
+            self.action_space: gym.Space = check_action_space(
+                probe.action_space, name, num_agents(self.step_fields)
+            )
+            self._action_shape = action_array_spec(self.action_space)[0]
+        finally:
+            probe.close()
 
         ctx = process_context(self.start_method)
         layout, nbytes = SharedArrays.plan(
@@ -206,46 +223,13 @@ class MultiprocessSampler(Sampler):
         raw = ctx.RawArray("B", nbytes)
         self._shared = SharedArrays(raw, layout)
         self._obs_keys = list(self.observation_space.spaces)
-        self._start_workers(raw, layout, task, seed, shares, start_timeout)
-        self._active = np.arange(num_envs, dtype=np.int64)
-        self._all_active = True
-        self._stepping: list[Call] | None = None
-
-    def _probe_spaces(self, task: Mapping[str, Any]) -> None:
-        """Set the spaces from one probe environment (the processes build their own)."""
-        probe = build_env(task)
-        try:
-            name = env_name(task, probe)
-            self._dict_obs = isinstance(
-                probe.observation_space, gym.spaces.Dict | gym.spaces.Tuple
-            )
-            self.observation_space = dict_space(probe.observation_space, name)
-            self.step_fields = step_fields_of(task, probe, name)
-            self.action_space: gym.Space = check_action_space(
-                probe.action_space, name, num_agents(self.step_fields)
-            )
-            self._action_shape = action_array_spec(self.action_space)[0]
-        finally:
-            probe.close()
-
-    def _start_workers(
-        self,
-        raw: Any,
-        layout: dict[str, tuple[int, tuple[int, ...], str]],
-        task: Mapping[str, Any],
-        seed: int | None,
-        shares: list[list[int]] | None,
-        start_timeout: float,
-    ) -> None:
-        """Start a child process per block; wait until all have built their environments."""
-        off = self.env_offset
         kwargs = [
             {
                 "raw": raw,
                 "layout": layout,
                 "task": dict(task),
                 "row_offset": lo,
-                "env_offset": off + lo,
+                "env_offset": env_offset + lo,
                 "num_envs": hi - lo,
                 "total_envs": self.total_envs,
                 "seed": seed,
@@ -255,6 +239,7 @@ class MultiprocessSampler(Sampler):
             }
             for lo, hi in self.process_envs
         ]
+        # Returns once every process has built its environments.
         self._pool = ChildProcesses(
             SamplerProcess,
             kwargs,
@@ -265,6 +250,9 @@ class MultiprocessSampler(Sampler):
             error=SamplerProcessError,
             timeout_key="sampler.timeout",
         )
+        self._active = np.arange(num_envs, dtype=np.int64)
+        self._all_active = True
+        self._stepping: list[Call] | None = None
 
     def _label(self, w: int, pid: int | None) -> str:
         lo, hi = self.process_envs[w]
@@ -278,12 +266,11 @@ class MultiprocessSampler(Sampler):
         return [] if self._pool is None else list(self._pool.pids)
 
     def _open_pool(self) -> ChildProcesses:
-        """The process pool, checking that the sampler is open (RuntimeError if closed)."""
+        """The process pool (RuntimeError if the sampler is closed)."""
         if self._pool is None or self._pool.closed:
             raise RuntimeError("the sampler is closed")
         return self._pool
 
-    # ----------------------------------------------------------------- interface
     @property
     def num_active(self) -> int:
         """Environments still running."""
@@ -315,26 +302,15 @@ class MultiprocessSampler(Sampler):
         return step_tensordict(obs, {k: arr[k].copy() for k in self.step_fields})
 
     def step(self, actions: np.ndarray) -> TensorDict:
-        """Step the active environments (:func:`~rl.sampling.base.step_tensordict`).
-
-        Args:
-            actions: ``[N_active, ...]`` actions, in the order of the active environments.
-
-        Returns:
-            The step's results for the environments that were active before it.
-        """
+        """Step the active environments with ``[N_active, ...]`` actions (:meth:`Sampler.step`)."""
         self.step_async(actions)
         return self.step_wait()
 
     def step_async(self, actions: np.ndarray) -> None:
-        """Start a step and return at once (the processes step while the caller computes).
+        """Start a step with ``[N_active, ...]`` actions and return; :meth:`step_wait` ends it.
 
-        Finish it with :meth:`step_wait` before the next ``step``/``reset``. Two samplers over
-        halves of the environments (``env_offset``/``total_envs``) give double-buffered
-        sampling: one half steps while the policy acts on the other.
-
-        Args:
-            actions: ``[N_active, ...]`` actions, in the order of the active environments.
+        Two samplers over halves of the environments (``env_offset``/``total_envs``) give
+        double-buffered sampling: one half steps while the policy acts on the other.
         """
         pool = self._open_pool()
         if self._stepping is not None:
@@ -393,12 +369,8 @@ class MultiprocessSampler(Sampler):
     def state_dict(self) -> dict[str, Any]:
         """The episodes in flight, in :class:`~rl.sampling.SerialSampler`'s format.
 
-        Each process saves its block (how each episode started and the actions since); the
-        blocks are concatenated, so the state loads into a ``SerialSampler`` or a
-        ``MultiprocessSampler`` of any layout over the same environments.
-
-        Raises:
-            NotImplementedError: In evaluation mode.
+        The processes' blocks are concatenated, so the state loads into a sampler of any layout
+        over the same environments. Not in evaluation mode.
         """
         pool = self._open_pool()
         if self.eval_mode:
@@ -412,25 +384,16 @@ class MultiprocessSampler(Sampler):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> TensorDict:
-        """Restore the episodes in flight saved by :meth:`state_dict` (replaces :meth:`reset`).
+        """Restore a serial or multiprocess ``state_dict`` of the same environments.
 
-        Args:
-            state: From this class's or ``SerialSampler``'s ``state_dict`` over the same
-                environments (``num_envs`` and ``env_offset`` must match).
-
-        Returns:
-            What :meth:`reset` returns: what the saved sampler was about to act on.
+        Returns what :meth:`reset` would: what the saved sampler was about to act on.
         """
         pool = self._open_pool()
         if self.eval_mode:
             raise NotImplementedError(
                 "a MultiprocessSampler in evaluation mode cannot be restored"
             )
-        if int(state["num_envs"]) != self.num_envs or int(state["env_offset"]) != self.env_offset:
-            raise ValueError(
-                f"sampler state for {state['num_envs']} envs at offset {state['env_offset']}, "
-                f"but this sampler has {self.num_envs} at offset {self.env_offset}"
-            )
+        check_state_layout(state, self.num_envs, self.env_offset)
         if self._stepping is not None:
             self.step_wait()
         calls = [
@@ -452,3 +415,92 @@ class MultiprocessSampler(Sampler):
         """Stop every process (idempotent; never hangs: SIGKILL after a grace period)."""
         if self._pool is not None:
             self._pool.close()
+
+
+# ------------------------------------------------------------------ child process
+class SamplerProcess:
+    """What a child process serves: a serial sampler over its block, writing its shared rows.
+
+    ``row_offset`` is the block's first row in the shared arrays (``raw`` laid out as
+    ``layout``), ``env_offset`` its global index; the other arguments are the serial sampler's.
+    Every array but the actions holds the step entry of its name (:func:`step_key`), so the
+    task's step fields need no list here. Only finished episodes go back through the pipe.
+    """
+
+    def __init__(
+        self,
+        *,
+        raw: Any,
+        layout: dict[str, tuple[int, tuple[int, ...], str]],
+        task: dict[str, Any],
+        row_offset: int,
+        env_offset: int,
+        num_envs: int,
+        total_envs: int,
+        seed: int | None,
+        episode_seeds: list[int] | None,
+    ) -> None:
+        arrays = SharedArrays(raw, layout).arrays
+        self.row_offset = row_offset
+        self.actions, self.paused = arrays["actions"], arrays["paused"]
+        named = [(a, step_key(k)) for k, a in arrays.items() if k != "actions"]
+        self.finals = [(a, key) for a, key in named if _is_final(key)]
+        self.per_step = [(a, key) for a, key in named if not _is_final(key)]
+        flags = ("rewards", "terminated", "truncated", "paused")
+        self.on_reset = [(a, key) for a, key in self.per_step if key not in flags]
+        self.sampler = SerialSampler(
+            task=task,
+            num_envs=num_envs,
+            seed=seed,
+            episode_seeds=episode_seeds,
+            env_offset=env_offset,
+            total_envs=total_envs,
+        )
+
+    def step(self) -> list[EpisodeRecord] | None:
+        """Step the active environments with their shared actions; the finished episodes."""
+        rows = np.asarray(self.sampler.active_indices, dtype=np.int64) + self.row_offset
+        step = self.sampler.step(self.actions[rows])
+        for buf, key in self.per_step:
+            buf[rows] = step.get(key).numpy()
+        if "final_obs" in step.keys():
+            truncated = step.get("truncated").numpy()
+            for buf, key in self.finals:
+                buf[rows[truncated]] = step.get(key).numpy()[truncated]
+        return finished_episodes(step) or None
+
+    def reset(self) -> None:
+        """Reset every environment; write the first observations."""
+        self._restart(self.sampler.reset())
+
+    def new_episodes(self) -> None:
+        """Cut every episode and start new ones; write the first observations."""
+        self._restart(self.sampler.new_episodes())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The episodes in flight of this block (:meth:`SerialSampler.state_dict`)."""
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore this block's episodes; write what the saved sampler was about to act on."""
+        self._restart(self.sampler.load_state_dict(state))
+
+    def _restart(self, first: TensorDict) -> None:
+        """Write every environment's first observations and fields."""
+        rows = np.arange(self.row_offset, self.row_offset + self.sampler.num_envs)
+        for buf, key in self.on_reset:
+            buf[rows] = first.get(key).numpy()
+        self.paused[rows] = False
+
+    def failure_site(self) -> tuple[str | None, int | None]:
+        """The environment that was running when a call raised (global index)."""
+        env = self.sampler.current_env
+        return (None, None) if env is None else (f"environment {env}", env)
+
+    def close(self) -> None:
+        """Close the environments."""
+        self.sampler.close()
+
+
+def _is_final(key: str | tuple[str, str]) -> bool:
+    return isinstance(key, tuple) and key[0] == "final_obs"

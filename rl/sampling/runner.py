@@ -1,18 +1,8 @@
-"""The one loop that runs an actor against a sampler's environments: act, step, next.
+"""The one loop that runs an actor against a sampler: act, step, next step.
 
-:func:`run_steps` is that loop: the actor acts on its step (what it made of the sampler's
-last: observations, the task's step fields, whatever it carries, such as a policy's recurrent
-state), the sampler steps, the caller's ``on_step`` sees both, and the actor makes the next
-step from the sampler's result, environments that ran out of episodes (evaluation) left out.
-Everything an actor carries from one step to the next is in the step; nothing is kept beside
-it. Collection (:class:`~rl.collection.acting.RolloutRecorder`, which records each step
-into the rollout storage as it makes the next), evaluation on fixed episode lists
-(:func:`~rl.collection.episodes.run_episode_list`: a policy,
-:class:`~rl.collection.acting.PolicyActor`, or :class:`ExpertActor`, the task's expert), probe
-videos (:func:`~rl.evaluation.video.record_episode`, a frame after each step) and expert
-trajectories (:func:`~rl.storage.expert_data.generate_expert_trajectories`) all run through
-it. (:class:`~rl.evaluation.InferenceAgent` takes one step at a time for a caller's own loop,
-through the same policy step.)
+Collection, evaluation on episode lists, probe videos and expert trajectories all run through
+:func:`run_steps`. Everything an actor carries between steps (e.g. a recurrent state) is in
+its step, nothing beside it.
 """
 
 from __future__ import annotations
@@ -43,20 +33,15 @@ class Actor(Protocol):
         ...
 
     def act(self, step: TensorDict) -> np.ndarray | torch.Tensor:
-        """Actions ``[N, ...]`` for the actor's ``step`` (written into it where it records them).
-
-        NumPy, or a tensor on the device of the sampler's steps (a batched sampler's on an
-        accelerator takes it there: :func:`~rl.collection.acting.actions_for`).
-        """
+        """Actions ``[N, ...]`` for ``step``: NumPy, or a tensor on the sampler's device."""
         ...
 
     def next_step(
         self, step: TensorDict, result: TensorDict, keep: torch.Tensor | None
     ) -> TensorDict:
-        """The step to act on next, after the sampler's ``result`` of acting on ``step``.
+        """The step to act on next, from the sampler's ``result`` of acting on ``step``.
 
-        ``keep``: the environments that stay (``[N]`` bool; None: all). Episode starts are
-        ``result["terminated"] | result["truncated"]``.
+        ``keep``: ``[N]`` bool, the environments that stay (None: all).
         """
         ...
 
@@ -72,21 +57,21 @@ def run_steps(
 
     Args:
         sampler: The environments.
-        actor: What acts (:class:`Actor`).
-        step: The actor's first step (made from a reset's, or the last step of a previous run).
-        on_step: ``on_step(t, step, result)`` after each step ``t`` (the step acted on and the
-            sampler's result, before paused environments leave it); True ends the run.
+        actor: What acts.
+        step: The actor's first step (from a reset, or a previous run's last step).
+        on_step: ``on_step(t, step, result)`` after each step ``t`` (before paused
+            environments leave); True ends the run.
         max_steps: Steps at most (None: until every environment is paused).
 
     Returns:
-        The actor's next step (the active environments'), for a run that goes on.
+        The actor's next step, for a run that goes on.
     """
     t = 0
     while sampler.num_active and (max_steps is None or t < max_steps):
-        # A tensor only for a sampler whose steps are on its device (one that takes tensors).
+        # A tensor only for a sampler that takes tensors.
         result = sampler.step(actor.act(step))  # type: ignore[arg-type]
         stop = on_step is not None and on_step(t, step, result)
-        # Some environments paused (evaluation) when fewer are active than were stepped.
+        # Fewer active than stepped: some paused (evaluation).
         keep = None if sampler.num_active == len(result) else ~result.get("paused")
         step = actor.next_step(step, result, keep)
         t += 1
@@ -99,7 +84,7 @@ class ExpertActor:
     """The task's expert (its ``expert_actions`` step field) in a policy's place.
 
     Args:
-        task: The task's name, for the error of a task without an expert.
+        task: The task's name, for errors.
     """
 
     def __init__(self, task: str) -> None:
@@ -123,7 +108,7 @@ class ExpertActor:
                 f'task {self.task!r} gave no expert action (info["expert_action"]) at a step; '
                 "running the expert needs one at every step"
             )
-        return np.asarray(expert.cpu())  # (a batched environment's may be on an accelerator)
+        return np.asarray(expert.cpu())  # a batched environment's may be on an accelerator
 
     def start(self, first: TensorDict) -> TensorDict:
         """The sampler's reset itself."""
@@ -132,5 +117,5 @@ class ExpertActor:
     def next_step(
         self, step: TensorDict, result: TensorDict, keep: torch.Tensor | None = None
     ) -> TensorDict:
-        """The sampler's result itself (the active environments'): nothing to carry."""
+        """The sampler's result itself: nothing to carry."""
         return result if keep is None else result[keep]

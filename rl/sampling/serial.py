@@ -1,7 +1,6 @@
-"""Single-process vectorised sampler: every environment stepped in a loop in this process.
+"""The reference sampler: every environment stepped in a loop in this process.
 
-The reference implementation of :class:`rl.sampling.Sampler` (for debugging, tests, and small
-tasks); multiprocess samplers must produce exactly what this one does for the same seeds.
+The other samplers must return bitwise what this one does for the same seeds.
 """
 
 from __future__ import annotations
@@ -14,7 +13,14 @@ import gymnasium as gym
 import numpy as np
 from tensordict import TensorDict
 
-from rl.sampling.base import MAX_NUM_ENVS, EpisodeRecord, Sampler, step_tensordict
+from rl.sampling.base import (
+    MAX_NUM_ENVS,
+    EpisodeRecord,
+    Sampler,
+    check_state_layout,
+    split_episode_seeds,
+    step_tensordict,
+)
 from rl.sampling.finite_checks import FiniteChecks, is_float
 from rl.sampling.watchdog import DEFAULT_TIMEOUT_S, Watchdog
 from rl.tasks.agents import num_agents
@@ -28,7 +34,6 @@ from rl.tasks.spaces import (
     to_env_actions,
 )
 from rl.utils.config import Check
-from rl.utils.misc import evenly_distribute_count_into_bins
 from rl.utils.seeding import env_seeds
 
 
@@ -42,25 +47,21 @@ def _scatter_rows(rows: np.ndarray, positions: list[int], like: np.ndarray) -> n
 class SerialSampler(FiniteChecks, Sampler):
     """Steps ``num_envs`` environments one after the other.
 
-    What the environments return is checked once per step over the whole batch: a NaN or
-    infinite reward or floating-point observation is a :class:`~rl.utils.finite.NonFiniteError`
-    naming the environment, the step of its episode and the field (a multiprocess sampler or a
-    collection worker running this sampler adds its own name and pid).
+    Each step's rewards and float observations must be finite (else a
+    :class:`~rl.utils.finite.NonFiniteError` naming the environment, step and field).
 
     Args:
         task: Plain (resolved) task config with a ``_target_`` returning a ``gymnasium.Env``.
         num_envs: Number of environments.
-        seed: Seeds environment ``i``'s first reset with ``env_seeds(num_envs, seed)[i]``
-            (``env_offset`` shifts the global index, for samplers sharing one seed stream).
-        episode_seeds: Evaluation mode: a fixed list of episode seeds, split into contiguous
-            shares (one per environment); each episode resets with its own seed, and an
-            environment that has run its share is paused.
+        seed: Environment ``i``'s first reset has seed ``env_seeds(total_envs, seed)[i]``
+            (``i`` global: counted from ``env_offset``).
+        episode_seeds: Evaluation mode: fixed episode seeds, split into contiguous shares (one
+            per environment); an environment that has run its share is paused.
         env_offset: Global index of this sampler's first environment.
         total_envs: Size of the global seed stream (default ``env_offset + num_envs``).
-        timeout: Seconds one ``reset`` or ``step`` of all the environments may take before
-            a hung environment ends the run with a
-            :class:`~rl.sampling.watchdog.SamplerTimeoutError` naming it (a warning at half
-            of it; None: wait forever). See :mod:`rl.sampling.watchdog`.
+        timeout: Seconds one ``reset`` or ``step`` of all the environments may take before a
+            :class:`~rl.sampling.watchdog.SamplerTimeoutError` (warning at half; None: wait
+            forever).
     """
 
     def __init__(
@@ -81,28 +82,18 @@ class SerialSampler(FiniteChecks, Sampler):
             raise ValueError(f"sampler.num_envs must be >= 1, got {num_envs}")
         self.eval_mode = episode_seeds is not None
         if episode_seeds is not None:
-            if len(episode_seeds) == 0:
-                raise ValueError("evaluation needs at least one episode")
-            num_envs = min(num_envs, len(episode_seeds))
-            shares = evenly_distribute_count_into_bins(len(episode_seeds), num_envs)
-            bounds = np.cumsum([0, *shares])
-            self._episode_lists = [
-                tuple(episode_seeds[bounds[i] : bounds[i + 1]]) for i in range(num_envs)
-            ]
+            self._episode_lists = split_episode_seeds(episode_seeds, num_envs)
             self._queues = [list(share) for share in self._episode_lists]
+            num_envs = len(self._episode_lists)
         self.num_envs = num_envs
         self.env_offset = env_offset
         total = env_offset + num_envs if total_envs is None else total_envs
         self._seeds = env_seeds(total, seed)[env_offset : env_offset + num_envs]
+        self._timeout = timeout
         try:
             for _ in range(num_envs):
                 self.envs.append(build_env(task))
-        except Exception:
-            self.close()
-            raise
-        first = self.envs[0]
-        self._timeout = timeout
-        try:
+            first = self.envs[0]
             name = env_name(task, first)
             self._name = name
             self._flatten = ObservationFlattener(first.observation_space, name)
@@ -120,24 +111,19 @@ class SerialSampler(FiniteChecks, Sampler):
         self._discrete = isinstance(self.action_space, gym.spaces.Discrete)
         self._action_dtype = getattr(self.action_space, "dtype", np.int64)
         self._active = list(range(num_envs))
-        # Python numbers, not arrays: the hot loop below updates them one environment at a time
+        # Python numbers, not arrays: the hot loop updates them one environment at a time
         self._returns: list[float] = [0.0] * num_envs
         self._lengths: list[int] = [0] * num_envs
         self._current_seed: list[int | None] = [None] * num_envs
         self._float_keys = [
             k for k, space in self.observation_space.spaces.items() if is_float(space.dtype)
         ]
-        # How each environment's current episode started and the actions taken since, so the
-        # episodes in flight can be saved and replayed (state_dict / load_state_dict).
+        # How each current episode started and its actions since, to save and replay it.
         self._episode_start: list[dict[str, Any]] = [{} for _ in range(num_envs)]
         self._episode_actions: list[list[Any]] = [[] for _ in range(num_envs)]
-        # Global index of the environment being reset or stepped (None between calls), so a
-        # caller catching an environment's exception can name the environment that raised.
+        # Global index of the environment being reset or stepped (None between calls): a
+        # caller catching an environment's exception names it.
         self.current_env: int | None = None
-
-    # --------------------------------------------------------------- helpers
-    def _as_dict(self, obs: Any) -> dict[str, Any]:
-        return self._flatten(obs)
 
     def _env_action(self, action: Any) -> Any:
         """An action as the environment takes it, from what was recorded for replay."""
@@ -150,9 +136,8 @@ class SerialSampler(FiniteChecks, Sampler):
     ) -> dict[str, np.ndarray]:
         """The task's step fields ``[N, ...]`` from each environment's ``info``.
 
-        ``infos`` came with the observations (a reset's after an episode ended), ``step_infos``
-        with the steps (for :attr:`~rl.tasks.fields.StepField.transition` fields; None after a
-        reset: their ``missing`` value).
+        ``infos`` came with the observations (a reset's after an episode ended); ``step_infos``
+        with the steps, for ``transition`` fields (None after a reset: their ``missing`` value).
         """
         out = {}
         for key, field in self.step_fields.items():
@@ -175,7 +160,7 @@ class SerialSampler(FiniteChecks, Sampler):
     def _stack(self, rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
         out = {}
         for key, space in self.observation_space.spaces.items():
-            # np.array of the rows, not np.stack: a third of the time for small arrays
+            # np.array, not np.stack: a third of the time for small arrays
             out[key] = np.array([r[key] for r in rows], dtype=space.dtype)
         return out
 
@@ -188,15 +173,14 @@ class SerialSampler(FiniteChecks, Sampler):
         self.current_env = self.env_offset + i
         self._episode_start[i] = {"seed": seed, "np_random": np_random_state(self.envs[i])}
         env_state = reset_state(self.envs[i])
-        if env_state is not None:  # only for tasks that keep state across episodes
+        if env_state is not None:  # a task that keeps state across episodes
             self._episode_start[i]["env_state"] = env_state
         self._episode_actions[i] = []
         obs, info = self.envs[i].reset(seed=seed)
         self._returns[i] = 0.0
         self._lengths[i] = 0
-        return self._as_dict(obs), info
+        return self._flatten(obs), info
 
-    # ------------------------------------------------------------- interface
     @property
     def num_active(self) -> int:
         """Environments still running."""
@@ -210,8 +194,7 @@ class SerialSampler(FiniteChecks, Sampler):
     def reset(self) -> TensorDict:
         """Reset every environment (training: with its seed; evaluation: its first episode).
 
-        In evaluation mode every environment starts its share of the episode list again, so
-        one sampler can run the same episodes several times (a probe video each interval).
+        Evaluation starts each share of the episode list again (the same episodes each time).
         """
         self._active = list(range(self.num_envs))
         if self.eval_mode:
@@ -259,8 +242,7 @@ class SerialSampler(FiniteChecks, Sampler):
                 f"expected {n} actions of shape {self._action_shape} for {self.action_space}, "
                 f"got shape {actions.shape}"
             )
-        # Python lists in the loop (an element of a NumPy array costs ~10x more to set), made
-        # arrays once after it.
+        # Python lists in the loop (setting a NumPy element costs ~10x more), arrays after it.
         rows: list[dict[str, Any]] = []
         rewards: list[float] = []
         terminated: list[bool] = []
@@ -281,7 +263,7 @@ class SerialSampler(FiniteChecks, Sampler):
             self._episode_actions[i].append(action if self._discrete else action.tolist())
             obs, reward, term, trunc, info = self.envs[i].step(action)
             step_info = info
-            obs = self._as_dict(obs)
+            obs = self._flatten(obs)
             reward = float(reward)
             self._returns[i] += reward
             self._lengths[i] += 1
@@ -307,44 +289,24 @@ class SerialSampler(FiniteChecks, Sampler):
                 step_infos.append(step_info)  # the step's own, even where a reset followed
             rows.append(obs)
         self.current_env = None
-        return self._finish_step(
-            rows, (infos, step_infos), rewards, (terminated, truncated, paused),
-            (final_rows, final_idx), episodes, (active, steps, reset),
-        )  # fmt: skip
-
-    def _finish_step(
-        self,
-        rows: list[dict[str, Any]],
-        infos: tuple[list[Mapping[str, Any]], list[Mapping[str, Any]] | None],
-        reward_list: list[float],
-        flags: tuple[list[bool], list[bool], list[bool]],
-        finals: tuple[list[dict[str, Any]], list[int]],
-        episodes: list[EpisodeRecord],
-        where: tuple[list[int], list[int], list[bool]],
-    ) -> TensorDict:
-        """The step's arrays and its ``TensorDict`` from what the loop over the envs gathered."""
-        rewards = np.asarray(reward_list, dtype=np.float32)
-        terminated = np.asarray(flags[0], dtype=bool)
-        truncated = np.asarray(flags[1], dtype=bool)
-        paused = np.asarray(flags[2], dtype=bool)
-        final_rows, final_idx = finals
-        active, steps, reset = where
+        reward_array = np.asarray(rewards, dtype=np.float32)
+        paused_array = np.asarray(paused, dtype=bool)
         obs_batch = self._stack(rows)
         final_obs = self._stack(final_rows) if final_rows else {}
-        self._check_step(obs_batch, rewards, (final_obs, final_idx), active, steps, reset)
+        self._check_step(obs_batch, reward_array, final_obs, final_idx, active, steps, reset)
         if final_rows:  # every row, zeros where the episode was not truncated
             final_obs = {
                 k: _scatter_rows(v, final_idx, obs_batch[k]) for k, v in final_obs.items()
             }
-        if paused.any():
+        if paused_array.any():
             self._active = [i for pos, i in enumerate(self._active) if not paused[pos]]
         return step_tensordict(
             obs_batch,
-            self._fields(*infos),
-            rewards=rewards,
-            terminated=terminated,
-            truncated=truncated,
-            paused=paused,
+            self._fields(infos, step_infos),
+            rewards=reward_array,
+            terminated=np.asarray(terminated, dtype=bool),
+            truncated=np.asarray(truncated, dtype=bool),
+            paused=paused_array,
             final_obs=final_obs,
             episodes=episodes,
         )
@@ -352,15 +314,9 @@ class SerialSampler(FiniteChecks, Sampler):
     def state_dict(self) -> dict[str, Any]:
         """The episodes in flight: per environment, how it started and the actions since.
 
-        An episode started with a seed is restored by resetting with that seed; one started
-        without (an auto-reset) by restoring the environment's ``np_random`` bit-generator state
-        from just before that reset, and its ``reset_state()`` where it has one (state a reset
-        depends on besides ``np_random``, :mod:`rl.sampling.env_state`). Either way the
-        recorded actions are then replayed, so this is exact for environments that are
-        deterministic given their ``np_random`` (and reset state).
-
-        Raises:
-            NotImplementedError: In evaluation mode (episode lists are not resumable).
+        Restoring resets with the episode's seed or, for an auto-reset, the ``np_random`` state
+        (and ``reset_state()``, :mod:`rl.tasks.env_state`) from just before it, then replays the
+        actions: exact for environments deterministic given those. Not in evaluation mode.
         """
         if self.eval_mode:
             raise NotImplementedError("a SerialSampler in evaluation mode cannot be saved")
@@ -374,23 +330,15 @@ class SerialSampler(FiniteChecks, Sampler):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> TensorDict:
-        """Restore the episodes in flight saved by :meth:`state_dict` (replaces :meth:`reset`).
-
-        Returns:
-            What :meth:`reset` returns: what the saved sampler was about to act on.
+        """Restore the episodes saved by :meth:`state_dict`; returns what :meth:`reset` would.
 
         Raises:
             ValueError: The state belongs to a different sampler layout.
-            RuntimeError: Replaying an episode ended it (the environment is not deterministic
-                given its seed and ``np_random``).
+            RuntimeError: Replaying an episode ended it (a nondeterministic environment).
         """
         if self.eval_mode:
             raise NotImplementedError("a SerialSampler in evaluation mode cannot be restored")
-        if int(state["num_envs"]) != self.num_envs or int(state["env_offset"]) != self.env_offset:
-            raise ValueError(
-                f"sampler state for {state['num_envs']} envs at offset {state['env_offset']}, "
-                f"but this sampler has {self.num_envs} at offset {self.env_offset}"
-            )
+        check_state_layout(state, self.num_envs, self.env_offset)
         self._active = list(range(self.num_envs))
         rows, infos = [], []
         for i, episode in enumerate(state["episodes"]):
@@ -398,7 +346,7 @@ class SerialSampler(FiniteChecks, Sampler):
             self.current_env = self.env_offset + i
             seed = episode["seed"]
             self._episode_start[i] = {"seed": seed, "np_random": episode["np_random"]}
-            if "env_state" in episode:  # a task that keeps state across episodes
+            if "env_state" in episode:
                 env.unwrapped.set_reset_state(episode["env_state"])  # type: ignore[attr-defined]
                 self._episode_start[i]["env_state"] = episode["env_state"]
             if seed is None and episode["np_random"] is not None:
@@ -418,7 +366,7 @@ class SerialSampler(FiniteChecks, Sampler):
                         "not deterministic given its seed and np_random"
                     )
             self._episode_actions[i] = actions
-            rows.append(self._as_dict(obs))
+            rows.append(self._flatten(obs))
             infos.append(info)
         self.current_env = None
         batch = self._stack(rows)

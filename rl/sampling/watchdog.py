@@ -1,17 +1,11 @@
-"""A hang watchdog for environments stepped in this process (``sampler=serial``).
+"""A hang watchdog for environments stepped in this process (serial and batched samplers).
 
-A multiprocess sampler waits for its workers with a timeout; a serial sampler runs the
-environment in the calling thread, where a hung ``step`` would stall the run for good (and a
-SIGTERM's checkpoint, taken at the next rollout boundary, would never come). :class:`Watchdog`
-watches each guarded call from a thread (its :class:`~rl.utils.deadline.Deadline`, the rule every
-watchdog here follows): at half the timeout it logs a warning naming the environment, at the
-timeout it sends ``SIGUSR2`` to the main thread, whose handler raises
-:class:`SamplerTimeoutError` there. That ends an environment stuck in Python code or in a
-blocking call that releases the GIL (``time.sleep``, I/O, a socket); one spinning in C while
-holding the GIL cannot be interrupted from inside the process (use ``sampler=multiprocess``).
-
-It works in the main thread of the main interpreter only (where Python runs signal handlers);
-elsewhere, and with ``timeout=None``, it watches nothing.
+A hung ``step`` in the calling thread would stall the run for good (and a SIGTERM's checkpoint,
+taken at the next rollout boundary, would never come). A thread watches each guarded call: at
+half the timeout it warns, at the timeout it sends ``SIGUSR2`` to the main thread, whose
+handler raises :class:`SamplerTimeoutError`. That interrupts Python code and blocking calls that
+release the GIL; C code holding the GIL cannot be (use ``sampler=multiprocess``). It watches
+only from the main thread (where Python runs signal handlers), and nothing with ``timeout=None``.
 """
 
 from __future__ import annotations
@@ -29,8 +23,7 @@ from rl.utils.deadline import Deadline
 log = logging.getLogger(__name__)
 
 _SIGNAL = signal.SIGUSR2
-# Seconds one call of a serial sampler's environments may take by default (as a multiprocess
-# sampler's step): far above a step of 16 environments that all reset (about 5 s for nav3d).
+# Far above a step of 16 environments that all reset (about 5 s for nav3d).
 DEFAULT_TIMEOUT_S = 60.0
 
 
@@ -38,8 +31,8 @@ class SamplerTimeoutError(RuntimeError):
     """An environment stepped in this process took longer than the sampler's timeout."""
 
 
-# One SIGUSR2 handler for every watchdog of the process, installed while any is open: it raises
-# the message the firing watchdog left (a stray SIGUSR2 with no message does nothing).
+# One SIGUSR2 handler for all watchdogs, installed while any is open: it raises the message the
+# firing watchdog left (a stray SIGUSR2 with no message does nothing).
 _lock = threading.Lock()
 _open = 0
 _previous: Any = None
@@ -64,7 +57,7 @@ def _uninstall() -> None:
     with _lock:
         _open -= 1
         if _open == 0:
-            with contextlib.suppress(ValueError, TypeError):  # (not the main thread any more)
+            with contextlib.suppress(ValueError, TypeError):  # not the main thread any more
                 signal.signal(_SIGNAL, _previous)
 
 

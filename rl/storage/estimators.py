@@ -1,23 +1,12 @@
 """Advantage estimation: pure functions over time-major tensors, and the configured estimators.
 
-The functions: :func:`compute_gae`, generalised advantage estimation (Schulman et al., 2016);
-:func:`compute_discounted_returns`, n-step returns bootstrapped at the rollout's end;
-:func:`compute_vtrace`, V-trace (Espeholt et al., 2018, "IMPALA", section 4), the off-policy
-correction of the n-step targets with truncated importance weights between the behaviour
-policy (which collected the rollout) and the learner's current one. Terminations and
-truncations are kept apart (Pardo et al., 2018, "Time Limits in Reinforcement Learning"): at a
-termination the next state's value is 0; at a truncation the value of the final observation
-(``truncation_values``) is bootstrapped; after either, the trace does not flow into the next
-episode.
+:func:`compute_gae` (Schulman et al., 2016), :func:`compute_discounted_returns` and
+:func:`compute_vtrace` (Espeholt et al., 2018, IMPALA) keep terminations and truncations apart
+(Pardo et al., 2018): after a termination the next value is 0, after a truncation it is the
+final observation's (``truncation_values``), and no trace flows into the next episode.
 
-The estimators: ``pipeline.advantage`` (a training setting a stage may override) is one of
-:class:`GAE`, :class:`DiscountedReturns` or :class:`VTrace`, built from its ``_target_``
-(``conf/pipeline/advantage/``). The learner calls it once per rollout, before the update's
-epochs (``scalars = estimator(storage, model=model, next_value=next_value, gamma=gamma)``): it
-reads the recorded steps (:meth:`RolloutStorage.recorded`), writes ``[T, N]`` advantages and
-value targets with :meth:`RolloutStorage.set_advantages`, and returns scalars to log. A new
-estimator is a class with that ``__call__`` in a file of one's own, named by a YAML
-``_target_`` (``docs/concepts/pipeline.md``).
+``pipeline.advantage`` builds :class:`GAE`, :class:`DiscountedReturns` or :class:`VTrace`
+(:class:`AdvantageEstimator`); the learner calls it once per rollout, before the update.
 """
 
 from __future__ import annotations
@@ -70,11 +59,11 @@ def compute_gae(
     """Generalised advantage estimation (Schulman et al., 2016) with value bootstrap at truncation.
 
     Args:
-        rewards: ``[T, N]`` reward received after the action at step t.
+        rewards: ``[T, N]`` reward after the action at step t.
         values: ``[T, N]`` V(s_t) from the rollout.
-        next_value: ``[N]`` V(s_T) of the observation following the rollout.
-        terminated: ``[T, N]`` bool, the episode ended at step t by reaching a terminal state.
-        truncated: ``[T, N]`` bool, the episode was cut at step t (time limit); never both.
+        next_value: ``[N]`` V(s_T) of the observation after the rollout.
+        terminated: ``[T, N]`` bool, step t reached a terminal state.
+        truncated: ``[T, N]`` bool, the episode was cut at step t (never both).
         truncation_values: ``[T, N]`` V(final observation) where ``truncated`` (ignored elsewhere).
         gamma: Discount factor.
         gae_lambda: GAE's lambda (1: Monte-Carlo advantages, 0: one-step TD errors).
@@ -103,19 +92,17 @@ def compute_discounted_returns(
     truncation_values: torch.Tensor,
     gamma: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """N-step discounted returns bootstrapped from ``next_value`` (``use_gae=False``).
-
-    Same arguments and shapes as :func:`compute_gae`.
+    """N-step discounted returns bootstrapped from ``next_value`` (arguments: :func:`compute_gae`).
 
     Returns:
-        ``(advantages, returns)`` with ``advantages = returns - values``.
+        ``(advantages, returns)``, both ``[T, N]``, with ``advantages = returns - values``.
     """
     next_values = _next_state_values(values, next_value, terminated, truncated, truncation_values)
     ended = terminated | truncated
     returns = torch.empty_like(values)
     running = next_value
     for t in range(values.shape[0] - 1, -1, -1):
-        # Within an episode the return flows on; where it ended, restart from the bootstrap.
+        # Where the episode ended, restart from the bootstrap.
         running = rewards[t] + gamma * torch.where(ended[t], next_values[t], running)
         returns[t] = running
     return returns - values, returns
@@ -138,46 +125,36 @@ def compute_vtrace(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """V-trace targets and policy-gradient advantages (Espeholt et al., 2018), time-major.
 
-    With ``ratio_t = pi(a_t|x_t) / mu(a_t|x_t)`` (target over behaviour), ``rho_t =
-    min(rho_bar, ratio_t)``, ``c_t = vtrace_lambda * min(c_bar, ratio_t)`` and
-    ``delta_t = rho_t * (r_t + gamma * V(x_{t+1}) - V(x_t))``, the targets are
+    With ``ratio_t = pi(a_t|x_t) / mu(a_t|x_t)``, ``rho_t = min(rho_bar, ratio_t)``,
+    ``c_t = vtrace_lambda * min(c_bar, ratio_t)`` and
+    ``delta_t = rho_t * (r_t + gamma * V(x_{t+1}) - V(x_t))``:
 
         ``v_s = V(x_s) + sum_{t >= s} gamma^(t - s) * (c_s ... c_{t-1}) * delta_t``,
 
-    the sum running to the end of ``s``'s episode within the rollout (to the last step, whose
-    ``V(x_T)`` is ``next_value``): the trace does not flow across an episode boundary, and
-    ``V(x_{t+1})`` is 0 after a termination and the final observation's value after a
-    truncation (as in :func:`compute_gae`). The advantages are IMPALA's policy-gradient ones,
-    ``rho_s * (r_s + gamma * v_{s+1} - V(x_s))``, where ``v_{s+1}`` is the next target within
-    the episode, ``truncation_values`` at a truncation, 0 at a termination and ``next_value``
-    after the rollout's last step. The policy-gradient weight is clipped at ``rho_bar`` as
-    well (IMPALA's default for its separate threshold).
-
-    ``vtrace_lambda`` is the paper's optional lambda (its remark 2, ``c_i = lambda *
-    min(c_bar, ratio_i)``); at 1 (the paper's definition and the default) on-policy V-trace
-    (``target_logprobs == behaviour_logprobs``, ``rho_bar, c_bar >= 1``) gives the n-step
-    returns of :func:`compute_discounted_returns`; below 1 its on-policy targets are GAE's
-    ``lambda``-returns (:func:`compute_gae`'s ``returns``). The paper assumes ``rho_bar >=
-    c_bar``. The result is meant as fixed targets: call it without gradients.
+    summed to the end of ``s``'s episode within the rollout, with ``V(x_{t+1})`` as in
+    :func:`compute_gae` (the paper assumes ``rho_bar >= c_bar``). The advantages are IMPALA's
+    ``rho_s * (r_s + gamma * v_{s+1} - V(x_s))`` (``rho_s`` clipped at ``rho_bar`` too, IMPALA's
+    default), ``v_{s+1}`` being the bootstrap value where the episode or rollout ends.
+    On-policy with ``rho_bar, c_bar >= 1``, the targets are :func:`compute_discounted_returns`'
+    at ``vtrace_lambda = 1`` and GAE's lambda-returns below. Call it without gradients.
 
     Args:
-        rewards: ``[T, N]`` reward received after the action at step t.
-        values: ``[T, N]`` V(x_t) (IMPALA: of the target policy's value function).
-        next_value: ``[N]`` V(x_T) of the observation following the rollout.
-        terminated: ``[T, N]`` bool, the episode ended at step t by reaching a terminal state.
-        truncated: ``[T, N]`` bool, the episode was cut at step t (time limit); never both.
+        rewards: ``[T, N]`` reward after the action at step t.
+        values: ``[T, N]`` V(x_t) (IMPALA: the target policy's value function).
+        next_value: ``[N]`` V(x_T) of the observation after the rollout.
+        terminated: ``[T, N]`` bool, step t reached a terminal state.
+        truncated: ``[T, N]`` bool, the episode was cut at step t (never both).
         truncation_values: ``[T, N]`` V(final observation) where ``truncated`` (ignored elsewhere).
         behaviour_logprobs: ``[T, N]`` log mu(a_t|x_t), of the policy that collected the rollout.
         target_logprobs: ``[T, N]`` log pi(a_t|x_t), of the policy being learnt.
         gamma: Discount factor.
-        rho_bar: Truncation of the importance weight in ``delta_t`` (and of the advantages'):
-            the fixed point's policy lies between mu and pi, pi at ``rho_bar = inf``.
-        c_bar: Truncation of the trace coefficients ``c_t`` (how fast the trace is cut).
-        vtrace_lambda: The paper's lambda in ``c_t`` (1: V-trace as defined).
+        rho_bar: Truncation of the importance weights in ``delta_t`` and the advantages (the
+            fixed point's policy lies between mu and pi, pi at ``rho_bar = inf``).
+        c_bar: Truncation of the trace coefficients ``c_t``.
+        vtrace_lambda: The paper's lambda in ``c_t`` (its remark 2; 1: V-trace as defined).
 
     Returns:
-        ``(advantages, vs)``, both ``[T, N]``: the policy-gradient advantages and the value
-        targets ``v_s`` (in general ``vs != advantages + values``).
+        ``(advantages, vs)``, both ``[T, N]`` (in general ``vs != advantages + values``).
     """
     next_values = _next_state_values(values, next_value, terminated, truncated, truncation_values)
     ended = terminated | truncated
@@ -192,7 +169,7 @@ def compute_vtrace(
         last = deltas[t] + carry[t] * last
         corrections[t] = last
     vs = values + corrections
-    # v_{s+1} within the episode; at an episode's end the bootstrap V(x_{s+1}) (0 if terminal).
+    # v_{s+1} within the episode; at its end the bootstrap V(x_{s+1}) (0 if terminal).
     following = torch.cat([vs[1:], next_value.unsqueeze(0)], dim=0)
     vs_next = torch.where(ended, next_values, following)
     return rhos * (rewards + gamma * vs_next - values), vs
@@ -210,16 +187,13 @@ class AdvantageEstimator(Protocol):
         next_value: torch.Tensor,
         gamma: float,
     ) -> Mapping[str, float]:
-        """Fill ``storage``'s ``advantages`` and ``returns``; what to log.
+        """Fill ``storage``'s ``advantages`` and ``returns``; return scalars to log.
 
         Args:
-            storage: The rollout (:meth:`RolloutStorage.recorded` are its steps).
+            storage: The rollout.
             model: The learner's policy as it is now (V-trace re-runs it; most ignore it).
             next_value: ``[N]`` V(s_T) of the observation after the rollout, from collection.
-            gamma: The discount factor (the ``gamma`` training setting).
-
-        Returns:
-            Scalars to log with the update's (``{}``: none).
+            gamma: The discount factor.
         """
         ...
 
@@ -239,7 +213,7 @@ def _inputs(storage: RolloutStorage, next_value: torch.Tensor) -> dict[str, torc
 
 @dataclasses.dataclass(frozen=True)
 class GAE:
-    """Generalised advantage estimation (Schulman et al., 2016) from the rollout's values.
+    """Generalised advantage estimation (:func:`compute_gae`) from the rollout's values.
 
     Args:
         gae_lambda: The bias-variance trade-off (1: Monte-Carlo advantages, 0: one-step TD).
@@ -285,28 +259,23 @@ class DiscountedReturns:
 
 @dataclasses.dataclass(frozen=True)
 class VTrace:
-    """V-trace (Espeholt et al., 2018): off-policy corrected targets with the current policy.
+    """V-trace (:func:`compute_vtrace`): off-policy corrected targets with the current policy.
 
-    The policy as it is now is re-run (without gradients) over the recorded steps from the
-    rollout's first state, as the update's whole-rollout minibatches are, and one step
-    further, over the observation after the rollout. That gives the target policy's
-    log-probabilities of the recorded actions and, as in IMPALA, the learner's current values
-    V(x_t) and V(x_T) (not the values recorded by the behaviour policy, which the value-loss
-    clipping still uses). The behaviour log-probabilities are the recorded ``logprobs`` (PPO's
-    ratio keeps using them too); under teacher forcing they are the policy's log-probabilities
-    of the expert's actions, so forced steps count as the policy's own. A truncated episode
-    bootstraps from the recorded ``truncation_values``: its final observation is not stored.
+    The current policy is re-run without gradients over the recorded steps from the rollout's
+    first state, and one step further: the target log-probabilities and, as in IMPALA, the
+    current values (the recorded ones still serve value clipping). The behaviour
+    log-probabilities are the recorded ``logprobs``; under teacher forcing those are of the
+    expert's actions, so forced steps count as the policy's own. Truncated episodes bootstrap
+    from the recorded ``truncation_values`` (final observations are not stored).
 
     Args:
         rho_bar: Truncation of the importance weights of the TD errors and advantages.
         c_bar: Truncation of the trace coefficients.
         vtrace_lambda: The paper's lambda in the trace coefficients (1: V-trace as defined).
 
-    Logged: ``losses/vtrace/rho_mean`` (the mean importance weight pi/mu before clipping, 1 in
-    expectation), ``losses/vtrace/rho_clipfrac`` (the fraction above ``rho_bar``; at
-    ``rho_bar=1`` on-policy ratios that rounding puts just above 1 count too) and
-    ``losses/vtrace/behaviour_kl`` (an estimate of KL(mu || pi) from the recorded actions: 0
-    on-policy, it grows with the policy lag).
+    Logs ``losses/vtrace/rho_mean`` (mean pi/mu before clipping), ``rho_clipfrac`` (the fraction
+    above ``rho_bar``; rounding puts some on-policy ratios just above 1) and ``behaviour_kl``
+    (KL(mu || pi) estimated on the recorded actions: grows with the policy lag).
     """
 
     rho_bar: Annotated[float, Check(gt=0)] = 1.0

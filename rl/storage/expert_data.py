@@ -1,10 +1,8 @@
 """Stored expert trajectories for off-policy updates (e.g. offline behaviour cloning).
 
-:func:`generate_expert_trajectories` runs a task's expert (its ``expert_actions`` step field,
-``info["expert_action"]``) through the step runner on seeded episodes and writes them to one
-``.npz`` file; :class:`ExpertTrajectoryIterator` yields endless time-major minibatches of
-windows from such a file, for an :class:`~rl.pipeline.OffPolicyPipelineComponent`.
-``python -m rl.storage.expert_data`` is the command-line generator.
+:func:`generate_expert_trajectories` records a task's expert on seeded episodes into a ``.npz``;
+:class:`ExpertTrajectoryIterator` yields endless time-major windows of it. Command line:
+``python -m rl.storage.expert_data``.
 """
 
 from __future__ import annotations
@@ -32,11 +30,9 @@ def expert_batch(
     expert_actions: torch.Tensor,
     steps: torch.Tensor,
 ) -> TensorDict:
-    """A window of expert steps, time-major ``[T, B]``, as a ``TensorDict`` (what losses read).
+    """A window of expert steps as a ``[T, B]`` ``TensorDict`` (what losses read).
 
-    Entries: ``obs`` (by key, ``[T, B, *shape]``), ``episode_starts`` (the first step of every
-    window is marked, so the recurrent state starts from zeros there), ``expert_actions``, and
-    ``steps`` (where in the file each step comes from).
+    ``obs`` entries are ``[T, B, *shape]``; ``steps`` are the steps' indices in the file.
     """
     return TensorDict(
         {
@@ -55,17 +51,11 @@ def generate_expert_trajectories(
     """Run the task's expert on ``num_episodes`` seeded episodes and save them to ``path``.
 
     Args:
-        task: Plain task config (``_target_`` + arguments) whose env reports
-            ``info["expert_action"]``.
-        num_episodes: Episodes to record; episode ``i`` resets with seed ``seed + i``.
+        task: Plain task config whose env reports ``info["expert_action"]``.
+        num_episodes: Episodes to record, in ``[1, MAX_EPISODES]`` (else ConfigError, checked
+            first); episode ``i`` resets with seed ``seed + i``.
         seed: First episode seed.
         path: Output ``.npz`` (written atomically).
-
-    Returns:
-        ``path``.
-
-    Raises:
-        ConfigError: ``num_episodes`` is not in ``[1, MAX_EPISODES]`` (checked first).
     """
     if not isinstance(num_episodes, int) or isinstance(num_episodes, bool):
         raise ConfigError(f"generate.num_episodes: expected an int, got {num_episodes!r}")
@@ -76,7 +66,7 @@ def generate_expert_trajectories(
     starts: list[bool] = [True]  # whether each recorded step starts an episode
 
     def record(t: int, step: TensorDict, result: TensorDict) -> bool:
-        for key, value in step["obs"].items():  # the entries policies are given
+        for key, value in step["obs"].items():
             steps.setdefault(key, []).append(value[0].numpy())
         actions.append(int(step[EXPERT_ACTIONS][0]))
         starts.append(bool(result["terminated"][0] | result["truncated"][0]))
@@ -100,15 +90,16 @@ def generate_expert_trajectories(
 class ExpertTrajectoryIterator:
     """Endless minibatches of random ``seq_len``-step windows from an expert-trajectory file.
 
+    Each window's first step is marked an episode start, so the recurrent state starts there.
+
     Args:
         path: The ``.npz`` written by :func:`generate_expert_trajectories`.
         batch_size: Windows per minibatch (B).
         seq_len: Steps per window (T).
         seed: Seed of the window sampler.
-        generate: If the file is missing, generate it with these arguments of
-            :func:`generate_expert_trajectories` (``task``, ``num_episodes``, ``seed``); None
-            makes a missing file an error (a resumed run always has None: it never generates
-            data, :mod:`rl.checkpoints.invocation`).
+        generate: A missing file is generated with these arguments of
+            :func:`generate_expert_trajectories`; None makes it an error (always, in a resumed
+            run: it never generates data).
     """
 
     def __init__(
@@ -147,11 +138,7 @@ class ExpertTrajectoryIterator:
         self.window = (0, self.num_steps)  # the steps this iterator's windows lie in
 
     def shard(self, rank: int, world_size: int) -> None:
-        """Draw only from this worker's share of the data (AllenAct's per-worker iterators).
-
-        Worker ``rank`` of ``world_size`` takes the ``rank``-th contiguous block of the steps
-        (windows lie inside it, so the workers' blocks cover the file between them) and seeds
-        its sampler with ``seed + rank``.
+        """Draw only from the ``rank``-th contiguous block of the steps, seeded ``seed + rank``.
 
         Raises:
             ValueError: A block is shorter than ``seq_len``.

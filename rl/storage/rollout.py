@@ -1,32 +1,16 @@
-"""Time-major rollout storage: one ``tensordict.TensorDict`` of ``[T + 1, N]`` rows.
+"""Time-major rollout storage: one ``TensorDict`` whose entries are ``[T + 1, N, ...]``.
 
-The rollout is the carrier from the collector to the loss (and, as it is, what collection
-workers send): a ``TensorDict`` whose every entry has leading dimensions ``[T + 1, N]``.
-Row ``t`` holds
+Row ``t`` holds ``obs`` (nested by key) and ``episode_starts`` (the recurrent state is reset
+before that observation), ``state`` (nested: the policy's state before processing ``obs[t]`` and
+before its reset; truncated-BPTT chunks start from it) and step ``t``'s fields: ``actions``,
+``logprobs``, ``values``, ``rewards``, ``terminated``, ``truncated``, ``truncation_values`` (the
+value of a truncated episode's final observation), ``expert_actions`` (-1: none), then
+``advantages`` and ``returns`` (:meth:`RolloutStorage.set_advantages`). Row ``T`` holds the
+observation the returns bootstrap from; its step fields are unused. An entry is allocated when
+first written, so a new per-step field needs no declaration: losses read ``batch["its_name"]``.
 
-- ``obs`` (nested, one entry per observation key) and ``episode_starts``: the observation the
-  action at step ``t`` was taken on, and whether it is the first of an episode (the recurrent
-  state is reset before it is processed); row ``T`` is the observation after the rollout,
-  which the returns bootstrap from;
-- ``state`` (nested, the policy's own structure: ``h`` for a GRU, ``h`` and ``c`` for an
-  LSTM, nothing for a memoryless policy): the state the policy held before processing
-  ``obs[t]`` (before its reset at an episode start); truncated-BPTT chunks start from it;
-- the per-step fields of step ``t`` (row ``T``'s are unused): ``actions``, ``logprobs`` and
-  ``values`` of the behaviour policy, ``rewards``, ``terminated``, ``truncated``,
-  ``truncation_values`` (the value of a truncated episode's final observation),
-  ``expert_actions`` (-1 where the task gives none), then ``advantages`` and ``returns`` once
-  computed (by the run's advantage estimator, :mod:`rl.storage.estimators`, through
-  :meth:`RolloutStorage.set_advantages`), and any other field a component records
-  (:meth:`RolloutStorage.insert` takes every key it is given).
-
-Entries are allocated the first time they are written, with the shape and dtype of what is
-written, so a new per-step field needs no declaration here: the component that produces it
-records it (a key a policy's ``act`` writes into the step), minibatches and transport carry
-it, and the loss that needs it reads ``batch["its_name"]``.
-
-Minibatches are ``TensorDict`` slices ``[T, n]`` of sequences: whole rollouts of a subset of
-environments by default, or chunks of ``recurrence`` steps (truncated BPTT, Sample Factory's
-``recurrence``); :func:`sequence_start_state` is the state each sequence starts from.
+Minibatches are ``[T, n]`` slices of sequences: whole rollouts of some environments, or chunks
+of ``recurrence`` steps (truncated BPTT, Sample Factory's ``recurrence``).
 """
 
 from __future__ import annotations
@@ -43,14 +27,14 @@ from rl.utils.misc import evenly_distribute_count_into_bins
 
 __all__ = ["ADVANTAGE_STATS", "RolloutStorage", "advantage_stats_of", "sequence_start_state"]
 
-# The non-tensor entry of a minibatch holding the rollout's (mean, std) of advantages.
+# The non-tensor minibatch entry holding the rollout's (mean, std) of advantages.
 ADVANTAGE_STATS = "advantage_stats"
 
 
 def sequence_start_state(batch: TensorDict) -> TensorDict:
     """The recurrent state each sequence of a minibatch ``[T, n]`` starts from (batch ``[n]``)."""
     state = batch.get("state", None)
-    if state is None:  # (a memoryless policy's: empty, where the minibatch is)
+    if state is None:  # a memoryless policy's: empty, where the minibatch is
         return empty_state(batch.batch_size[1], batch["episode_starts"].device)
     return state[0]
 
@@ -65,7 +49,6 @@ def advantage_stats_of(batch: TensorDict) -> tuple[float, float] | None:
 def _state_leaves(state: TensorDict) -> Iterator[tuple[NestedKey, torch.Tensor]]:
     """``(("state", *key), tensor)`` for every leaf of a policy state."""
     for k, v in state.items(include_nested=True, leaves_only=True):
-        # (a state's leaves are tensors)
         yield ("state", *k) if isinstance(k, tuple) else ("state", k), cast(torch.Tensor, v)
 
 
@@ -77,15 +60,14 @@ class RolloutStorage:
         num_envs: Number of environments (N).
         device: Where the entries live.
         allocate: ``allocate(shape, dtype)``: a zeroed CPU tensor for an entry (None:
-            ``torch.zeros`` on ``device``); a process collection worker's allocates in shared
-            memory (:class:`~rl.utils.shared_memory.SharedBuffers`).
+            ``torch.zeros`` on ``device``); a process collection worker's is in shared memory.
 
     Attributes:
-        data: The ``TensorDict`` (see the module docstring); rows ``0..step`` are this rollout's.
+        data: The ``TensorDict``; rows ``0..step`` are this rollout's.
         step: Steps recorded so far.
         states_recorded: False once a step was inserted without the state after it (chunks
             cannot start there).
-        advantage_stats: ``(mean, std)`` of the rollout's advantages handed to every minibatch
+        advantage_stats: ``(mean, std)`` of the rollout's advantages given to every minibatch
             (None: per-minibatch normalisation); the distributed trainer sets global ones.
     """
 
@@ -110,12 +92,8 @@ class RolloutStorage:
         self.states_recorded = True
         self.advantage_stats: tuple[float, float] | None = None
 
-    # ------------------------------------------------------------------ entries
     def buffer(self, key: NestedKey, row: torch.Tensor) -> torch.Tensor:
-        """The entry ``key``, ``[capacity + 1, N, ...]``.
-
-        Allocated the first time with the shape and dtype of ``row`` (``[N, ...]``).
-        """
+        """The entry ``key``, ``[capacity + 1, N, ...]``; allocated like ``row`` (``[N, ...]``)."""
         buf = self._buffers.get(key)
         if buf is None:
             if tuple(row.shape[:1]) != (self.num_envs,):
@@ -145,12 +123,10 @@ class RolloutStorage:
         """The entry ``key``, every row (``[capacity + 1, N, ...]``); KeyError if never written."""
         return self._buffers[key]
 
-    # ---------------------------------------------------------------- recording
     def reset(self, num_steps: int | None = None) -> None:
         """Start a new rollout of ``num_steps`` (default: capacity) steps.
 
-        A rollout may end after fewer steps (straggler preemption): everything downstream
-        (returns, minibatches, packing) uses the :attr:`step` steps actually recorded.
+        It may end after fewer (straggler preemption): everything downstream uses :attr:`step`.
         """
         num_steps = self.capacity if num_steps is None else num_steps
         if not 0 < num_steps <= self.capacity:
@@ -182,11 +158,11 @@ class RolloutStorage:
         """Record step ``t``'s fields (``[N, ...]`` each) and what follows it (row ``t + 1``).
 
         Args:
-            step: The step's fields: at least ``terminated`` and ``truncated`` (the next row's
-                ``episode_starts``); every key is recorded (allocated on first sight).
+            step: The step's fields, every key recorded; ``terminated | truncated`` is the next
+                row's ``episode_starts``.
             next_obs: The observation after the step, by key.
-            next_state: The policy's state after the step (the state before ``obs[t + 1]``);
-                None: not recorded (only whole-rollout minibatches can then be drawn).
+            next_state: The policy's state before ``obs[t + 1]``; None: not recorded (only
+                whole-rollout minibatches can then be drawn).
         """
         t = self.step
         if t >= self.num_steps:
@@ -208,8 +184,8 @@ class RolloutStorage:
     def write_envs(self, envs: slice, rows: TensorDict) -> None:
         """Copy a block of environments' rows (``[T + 1, n]``) into columns ``envs``.
 
-        Used to assemble one rollout from several collectors' rollouts (call
-        :meth:`reset` first and set :attr:`step` after).
+        Assembles one rollout from several collectors' (:meth:`reset` before, set :attr:`step`
+        after).
         """
         for key, value in rows.items(include_nested=True, leaves_only=True):
             if value.shape[1] != envs.stop - envs.start:
@@ -220,23 +196,18 @@ class RolloutStorage:
             if buf is None:
                 like = torch.empty((self.num_envs, *value.shape[2:]), dtype=value.dtype)
                 buf = self.buffer(key, like)
-            buf[: value.shape[0], envs].copy_(cast(torch.Tensor, value))  # (a leaf: a tensor)
+            buf[: value.shape[0], envs].copy_(cast(torch.Tensor, value))
 
     def rows(self) -> TensorDict:
         """The rows ``0..step`` of this rollout (a view of :attr:`data`)."""
         return self.data[: self.step + 1]
 
-    # ------------------------------------------------------------------ returns
     def recorded(self) -> TensorDict:
         """The recorded steps, rows ``0..step - 1`` (``[T, N]``, a view of :attr:`data`)."""
         return self.data[: self.step]
 
     def set_advantages(self, advantages: torch.Tensor, returns: torch.Tensor) -> None:
-        """Record the rollout's ``advantages`` and value targets ``returns`` (``[T, N]`` each).
-
-        What an advantage estimator (:mod:`rl.storage.estimators`) computes from
-        :meth:`recorded`; the losses read them per minibatch.
-        """
+        """Record the rollout's ``advantages`` and value targets ``returns`` (``[T, N]`` each)."""
         t = self.step
         for key, value in (("advantages", advantages), ("returns", returns)):
             if tuple(value.shape) != (t, self.num_envs):
@@ -246,13 +217,11 @@ class RolloutStorage:
                 )
             self.buffer(key, value[0])[:t] = value
 
-    # -------------------------------------------------------------- minibatches
     def sequence_length(self, recurrence: int) -> int:
         """Length of the minibatch sequences for BPTT chunks of ``recurrence`` steps.
 
-        ``0`` (or a chunk at least as long as the rollout) gives whole rollouts. A rollout
-        whose length ``recurrence`` does not divide (one a straggler rule cut short) gets the
-        longest chunk up to ``recurrence`` that does.
+        ``0`` (or at least the rollout's length) gives whole rollouts. Otherwise the longest
+        chunk up to ``recurrence`` that divides the rollout (a straggler rule may cut it short).
         """
         t = self.step
         if recurrence <= 0 or recurrence >= t:
@@ -267,10 +236,9 @@ class RolloutStorage:
     ) -> Iterator[TensorDict]:
         """Yield ``num_mini_batch`` minibatches ``[T, n]`` of sequences, drawn without replacement.
 
-        With ``recurrence=0`` a sequence is a whole rollout of one environment and the update
-        re-runs the RNN from the rollout's first state (exact full-sequence BPTT). Otherwise
-        the rollout is cut into chunks of :meth:`sequence_length` steps, each starting from the
-        recurrent state stored at its first step (truncated BPTT).
+        ``recurrence=0``: a sequence is one environment's whole rollout (full BPTT from its first
+        state); otherwise chunks of :meth:`sequence_length` steps, each from the state stored at
+        its first step (truncated BPTT).
         """
         length = self.sequence_length(recurrence)
         if length < self.step and not self.states_recorded:
@@ -314,11 +282,10 @@ class RolloutStorage:
         return self._gather(times * self.num_envs + env_indices.to(self.device))
 
     def _gather(self, rows: torch.Tensor) -> TensorDict:
-        """The entries at flat ``rows`` (``row * num_envs + env``), batch ``rows.shape``.
+        """The entries at flat ``rows`` (``t * num_envs + env``), batch ``rows.shape``.
 
-        One gather per leaf from a flat view: about half the time of indexing the
-        ``TensorDict`` with two index tensors, for the many small minibatches of a
-        memoryless policy (``recurrence: 1``).
+        One gather per leaf of a flat view: half the time of indexing the ``TensorDict`` with two
+        index tensors, for a memoryless policy's many small minibatches.
         """
         out: dict[NestedKey, Any] = {}
         for key, buf in self._buffers.items():
@@ -330,7 +297,7 @@ class RolloutStorage:
             for part in key[:-1]:
                 node = node.setdefault(part, {})
             node[key[-1]] = value
-        return TensorDict(out, batch_size=rows.shape)  # (the leaves are on self.device)
+        return TensorDict(out, batch_size=rows.shape)  # the leaves are on self.device
 
     def __repr__(self) -> str:
         fields: dict[str, Any] = {
