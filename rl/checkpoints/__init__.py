@@ -1,10 +1,6 @@
-"""Checkpoints: the files (sortable names, atomic writes, safe loading) and resuming runs.
+"""Checkpoint files (sortable names, atomic writes, safe loading) and how runs start or resume.
 
-``files`` writes and finds checkpoint files; ``resume`` plans how a run starts (fresh,
-``resume=`` or ``init_from=``); ``resume_config`` decides which settings a resume may change;
-``retention`` marks the best checkpoint and keeps only the last N.
-What goes *into* a checkpoint is the trainer's business (:mod:`rl.training.state`). A run's
-``checkpoints`` that is a link or not a folder is an :class:`~rl.utils.files.UnsafePathError`.
+What goes *into* a checkpoint is the trainer's business (:mod:`rl.training.state`).
 """
 
 from rl.checkpoints.files import (

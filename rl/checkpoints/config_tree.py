@@ -1,9 +1,8 @@
 """Config group choices and the user's config tree a saved config is rebuilt on.
 
-A run records which option of each config group it used (Hydra's ``runtime.choices``, in the
-order they were typed: :func:`run_choices`); a checkpoint's choices are read back as names only
-(:func:`saved_choices`); :class:`ConfigTree` composes the user's ``conf/`` with them, which
-:func:`~rl.checkpoints.saved_config.rebuild_config` lays the saved values over.
+A run records its group choices in the order they were typed (:func:`run_choices`); a
+checkpoint's are read back as names only (:func:`saved_choices`); :class:`ConfigTree` composes
+the user's ``conf/`` with them.
 """
 
 from __future__ import annotations
@@ -32,10 +31,9 @@ _PROJECT_CONF = Path(__file__).resolve().parents[2] / "conf"
 # Bounds of a checkpoint's recorded config sources (a search path has a few entries).
 _MAX_SOURCES = 32
 _MAX_SOURCE_CHARS = 4096
-# Trees composed in this process (ConfigTree.compose), by everything a composition reads
-# (:meth:`ConfigTree._cache_key`): evaluating a run's checkpoints, or one command's entries,
-# composes the same tree with the same choices again (0.3 s or more each). A tree larger than
-# this is not read for a key (a search path entry that is a home folder): it is composed anew.
+# Trees composed in this process, by everything a composition reads (ConfigTree._cache_key):
+# evaluating a run's checkpoints composes the same tree again and again (0.3 s or more each).
+# A tree larger than the bounds (a search path entry that is a home folder) is composed anew.
 _COMPOSED: collections.OrderedDict[tuple[Any, ...], tuple[Any, ...]] = collections.OrderedDict()
 _COMPOSED_LOCK = threading.Lock()
 _MAX_COMPOSED = 32
@@ -78,10 +76,9 @@ def _is_choice(group: Any, option: Any) -> bool:
 
 
 def ordered_choices(choices: Any, overrides: Any) -> dict[str, str] | None:
-    """Hydra's ``runtime.choices`` in the order they were typed, Hydra's own groups left out.
+    """Hydra's ``runtime.choices``, those typed first and in order, Hydra's own left out.
 
-    Appended groups (``+experiment=ppo_nav +debug=smoke``) apply in the order they were
-    typed, so the choices typed on the command line come first, in that order.
+    Appended groups (``+experiment=ppo_nav +debug=smoke``) apply in the order they were typed.
     """
     if not isinstance(choices, Mapping):
         return None
@@ -117,8 +114,7 @@ def config_sources(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any] | None
 def _hydra_node(cfg: DictConfig | Mapping[str, Any]) -> Any:
     """``cfg.hydra`` when the config carries it, else the running Hydra app's (None: none).
 
-    Only while an app runs: a ``HydraConfig`` left behind by an earlier composition is not
-    this config's.
+    Only while an app runs: a ``HydraConfig`` left by an earlier composition is not this one's.
     """
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
@@ -134,10 +130,9 @@ def _hydra_node(cfg: DictConfig | Mapping[str, Any]) -> Any:
 class ConfigTree:
     """The user's config tree: where :func:`rebuild_config` composes a saved run's config.
 
-    A primary folder (``conf/``) and the folders or packages of the user's own configs on
-    Hydra's search path. Both come from the invocation, never from a checkpoint: a run records
-    where its configs came from (:func:`run_sources`) only so that a message can say what to
-    type.
+    A primary folder (``conf/``) and Hydra search path entries. Both come from the invocation,
+    never from a checkpoint: a run records where its configs came from (:func:`run_sources`)
+    only so that a message can say what to type.
 
     Attributes:
         config_dir: The primary folder (None: the running Hydra app's, else the project's own
@@ -155,8 +150,8 @@ class ConfigTree:
     def current(cls) -> ConfigTree:
         """The tree of this invocation: the running (or last composed) Hydra config's.
 
-        Outside a running app (a config composed in Python) its primary folder too; the
-        project's ``conf/`` when nothing was composed.
+        Outside a running app its primary folder too; the project's ``conf/`` when nothing was
+        composed.
         """
         from hydra.core.global_hydra import GlobalHydra
         from hydra.core.hydra_config import HydraConfig
@@ -209,11 +204,10 @@ class ConfigTree:
     ) -> tuple[dict[str, Any], dict[str, str]]:
         """The tree's config (interpolations kept) with ``choices``, and the choices it used.
 
-        ``overrides`` (typed by the user now) are composed after the choices; one that does
-        not apply to the run's config (a key its groups lack) is left out. ``recorded`` (the
-        run's own sources, :func:`saved_sources`) is only quoted in the message of a choice
-        the tree lacks. The same tree (its files as they are now) with the same choices and
-        overrides is composed once in a process; each call gets a copy of its own.
+        ``overrides`` (typed by the user now) are composed after the choices; one the run's
+        groups cannot take is left out. ``recorded`` (the run's sources) is only quoted in the
+        message of a choice the tree lacks. A composition is cached while the tree's files are
+        unchanged; each call gets its own copy.
 
         Raises:
             CheckpointError: A choice names an option the tree does not have.
@@ -240,14 +234,12 @@ class ConfigTree:
     ) -> tuple[Any, ...] | None:
         """Everything :meth:`_compose` reads, as a key of :data:`_COMPOSED` (None: not kept).
 
-        The working folder, the primary folder and the search path as given, what each folder
-        holds (every name, every YAML file's bytes), Hydra's config store (its nodes, by
-        identity: an entry holds them) and the choices and overrides in order. Not kept: a
-        running app's tree (its folder is the app's), a search path entry that is not a
-        folder or a package of folders, a search path given in an override or a YAML file
-        (its folders are not read for the key), an interpolation in an override or in a
-        defaults list (it may read the environment: ``${oc.env:...}``). Hydra's own configs
-        and its search path plugins are installed packages: the same for the whole process.
+        The working folder, the tree's folders and every YAML file's bytes, Hydra's config
+        store (its nodes by identity: an entry holds them), the choices and overrides in order.
+        Not kept: a running app's tree, a search path entry that is not a folder or a package of
+        folders, a search path set in an override or a YAML file (its folders are not read for
+        the key), an interpolation in an override or a defaults list (it may read the
+        environment: ``${oc.env:...}``). Hydra's own configs and plugins are fixed per process.
         """
         from hydra.core.global_hydra import GlobalHydra
 
@@ -295,8 +287,7 @@ class ConfigTree:
             for group, option in (choices or {}).items():  # (in the order they were typed)
                 # Every choice is passed, defaults too: an experiment may override a group
                 # that the run then set back to its default.
-                # (a group at a package of its own, model@model.policy: the group's options)
-                options = group_options(group.partition("@")[0])
+                options = group_options(group.partition("@")[0])  # (model@model.policy)
                 if option not in options:
                     if defaults.get(group) == option:
                         continue  # an optional default the tree lacks (``optional local``)
@@ -312,19 +303,15 @@ class ConfigTree:
                 else:
                     appended.append(f"+{group}={option}")
             if packaged:  # those the other choices' options choose are replaced, others added
+                so_far = [*search, *appended, *replaced]
                 options_chose = (
-                    run_choices(
-                        compose(
-                            self.config_name,
-                            [*search, *appended, *replaced],
-                            return_hydra_config=True,
-                        )
-                    )
-                    or {}
+                    run_choices(compose(self.config_name, so_far, return_hydra_config=True)) or {}
                 )
                 for group, option in packaged.items():
-                    plus = "" if group in options_chose else "+"
-                    (replaced if not plus else appended).append(f"{plus}{group}={option}")
+                    if group in options_chose:
+                        replaced.append(f"{group}={option}")
+                    else:
+                        appended.append(f"+{group}={option}")
             chosen = [*search, *appended, *replaced]
             try:
                 cfg = compose(self.config_name, [*chosen, *overrides], return_hydra_config=True)
@@ -364,8 +351,8 @@ class ConfigTree:
 def _group_options(gh: Any, config_name: str, search: list[str]) -> Callable[[str], list[str]]:
     """A group's options in the tree, its config repository read once for every group.
 
-    Hydra's public ``get_group_options`` builds the repository (the primary config, the search
-    path) anew on each call: most of a rebuild's time for a run of ten groups.
+    Hydra's public ``get_group_options`` builds the repository anew on each call: most of a
+    rebuild's time for a run of ten groups.
     """
     from hydra.core.object_type import ObjectType
 
@@ -497,7 +484,7 @@ def run_sources(hydra: Any) -> dict[str, Any]:
     """Where a composed config's configs came from: ``{"config_dir", "searchpath"}``.
 
     ``config_dir`` is the primary folder (None: the project's own ``conf/``); ``searchpath``
-    ``hydra.searchpath`` and the folders ``--config-dir`` added, of the ``hydra`` node.
+    holds ``hydra.searchpath`` and the folders ``--config-dir`` added.
     """
     searchpath = [str(e) for e in (hydra.searchpath or ())]
     config_dir = None

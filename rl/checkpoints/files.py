@@ -1,12 +1,10 @@
 """Checkpoint files: sortable names, atomic writes, safe loading (:func:`load_checkpoint`).
 
-Names are ``ckpt_stage{SS}_step{NNNNNNNNNNNN}.pt`` so that a plain sort is step order; a
-``latest`` file beside them names the newest (and ``best`` the best by the run's chosen metric:
-:mod:`rl.checkpoints.retention`). Writes are atomic (:func:`~rl.utils.files.write_atomic`) and
-carry a SHA-256 of the archive in its zip comment: ``torch.load`` ignores the comment and does
-not check the archive's CRCs, so without it a flipped bit would load silently. Every function
-that reads a run's ``checkpoints/`` raises :class:`~rl.utils.files.UnsafePathError` where it is
-a link (a copied run pointing at another run's files) or not a folder.
+A ``latest`` file beside the checkpoints names the newest (``best``: :mod:`.retention`). Each
+archive carries its SHA-256 in the zip comment: ``torch.load`` checks no CRCs, so without it a
+flipped bit would load silently. Every function that reads a run's ``checkpoints/`` raises
+:class:`~rl.utils.files.UnsafePathError` where it is a link (a copied run pointing at another
+run's files) or not a folder.
 """
 
 from __future__ import annotations
@@ -29,11 +27,9 @@ from rl.utils.files import TMP_SUFFIX, read_regular_file, run_subdir, write_atom
 from rl.utils.finite import NonFiniteError, nonfinite_tensors
 
 CHECKPOINT_DIR = "checkpoints"
-# Version of the checkpoint layout (written by rl.training.state.TrainerState.state_dict); 2 to
-# 5 load. 3: the policy's recurrent state as a dict (``rollout.state``, not a GRU's
-# ``rollout.hidden``) and the collector's ``normalizer`` statistics. 4: ``losses``, the state
-# of losses with parameters. 5: ``choices`` (the config group choices the saved config is
-# rebuilt with) replaces ``config_unresolved``, never read; ``config_sources`` (messages only).
+# Layout version (written by rl.training.state.TrainerState.state_dict); 2 to 5 load.
+# 3: recurrent state as a dict (``rollout.state``) and the collector's ``normalizer``;
+# 4: ``losses``; 5: ``choices`` replaces ``config_unresolved`` (never read), ``config_sources``.
 CHECKPOINT_FORMAT = 5
 LATEST = "latest"
 BEST = "best"  # (written by rl.checkpoints.retention, with its record best.json)
@@ -41,7 +37,7 @@ _NAME_RE = re.compile(r"^ckpt_stage(\d+)_step(\d+)\.pt$")
 
 
 def checkpoint_name(stage: int, env_steps: int) -> str:
-    """Sortable file name for a checkpoint at ``stage`` and global ``env_steps``."""
+    """File name of a checkpoint at ``stage`` and global ``env_steps`` (zero-padded: sortable)."""
     return f"ckpt_stage{stage:02d}_step{env_steps:012d}.pt"
 
 
@@ -131,10 +127,9 @@ def _entries_problem(f: BinaryIO, size: int) -> str | None:
 def archive_problem(f: BinaryIO) -> str | None:
     """Why an open checkpoint file cannot be loaded safely (None: it can), in bounded memory.
 
-    The end record closes the file; the SHA-256 in its comment matches (none: a file from
-    before digests, loaded unverified); its directory declares only stored entries
-    (``torch.save`` compresses none) that fit in the file, so a sparse multi-GB file or a zip
-    bomb is refused before anything is inflated.
+    The end record must close the file and the digest match (no digest: an older file, loaded
+    unverified). Entries must be stored (``torch.save`` compresses none) and fit in the file, so
+    a sparse multi-GB file or a zip bomb is refused before anything is inflated.
     """
     size = f.seek(0, os.SEEK_END)
     end = _archive_end(f, size)
@@ -149,8 +144,8 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps:
     Raises:
         NonFiniteError: The weights, the optimizer state or the normalisation statistics hold
             NaN or infinity (nothing is written: it would load as valid and be resumed from).
-        CheckpointError: The file cannot be written (a full disk, permissions); the message
-            names the file and the run folder and says which earlier checkpoint is intact.
+        CheckpointError: The file cannot be written; the message says which earlier
+            checkpoint is intact.
     """
     run_dir = Path(run_dir)
     path = run_dir / CHECKPOINT_DIR / checkpoint_name(stage, env_steps)
@@ -230,8 +225,7 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return sorted(found, key=order)
 
 
-# ``latest`` (or ``best``) holds one checkpoint file name; anything longer is not a pointer this
-# code wrote.
+# ``latest``/``best`` hold one file name; anything longer is not a pointer this code wrote.
 _MAX_POINTER_BYTES = 256
 
 
@@ -254,9 +248,9 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
 def pointed_checkpoint(folder: Path, pointer: str) -> Path | None:
     """The checkpoint that ``folder/pointer`` (``latest``, ``best``) names, or None.
 
-    None unless the pointer is a small regular file (not a link) holding only a checkpoint file
-    name, of a regular file (not a link) in ``folder``: a copied run whose pointer names
-    ``../../elsewhere/foreign.pt`` never sends evaluation or resume out of the run.
+    Only a small regular file holding a checkpoint name of a regular file in ``folder`` counts
+    (no links): a copied run whose pointer names ``../../elsewhere/foreign.pt`` never sends
+    evaluation or resume out of the run.
     """
     raw = read_regular_file(folder / pointer, _MAX_POINTER_BYTES + 1)
     if raw is None or len(raw) > _MAX_POINTER_BYTES:
@@ -272,9 +266,8 @@ def best_checkpoint(run_dir: str | Path) -> Path:
     """The best checkpoint of a run by its ``pipeline.best_metric`` (``checkpoints/best``).
 
     Raises:
-        CheckpointError: The run has no ``best`` pointer naming a checkpoint beside it (best
-            tracking was off, nothing was better yet, or the pointer is not one this code
-            wrote: a link, a path, another file's name).
+        CheckpointError: No ``best`` pointer names a checkpoint beside it (tracking off,
+            nothing better yet, or a pointer this code never wrote).
     """
     folder = run_subdir(run_dir, CHECKPOINT_DIR, create=False)
     found = pointed_checkpoint(folder, BEST)
@@ -291,9 +284,6 @@ def checkpoint_file(path: str | Path) -> Path:
 
     A file is itself (:func:`checked_file_path`); a run folder or its ``checkpoints/latest``
     names the run's newest checkpoint, ``checkpoints/best`` its best.
-
-    Raises:
-        CheckpointError: ``checkpoints/best`` names no checkpoint beside it.
     """
     path = Path(path).expanduser()
     in_run = path.parent.name == CHECKPOINT_DIR
@@ -309,10 +299,9 @@ def checkpoint_file(path: str | Path) -> Path:
 def checked_file_path(path: str | Path) -> Path:
     """``path``, a file a user named (``ckpt=``, ``export_path=``), with its folders checked.
 
-    A file in a folder named ``checkpoints`` lies in a run, whose ``checkpoints`` must be a real
-    folder (:func:`~rl.utils.files.run_subdir`: a copied run linking to another run's is
-    refused); any other file's folder is resolved. The file's own name is kept (a link the user
-    names is theirs to follow).
+    A file in ``checkpoints/`` lies in a run, whose ``checkpoints`` must be a real folder (a
+    copied run linking to another run's is refused); any other file's folder is resolved. The
+    file's own name is kept: a link the user names is theirs to follow.
     """
     path = Path(path).expanduser()
     if path.parent.name == CHECKPOINT_DIR:
@@ -338,15 +327,12 @@ def _open_regular(path: Path) -> BinaryIO:
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint, treated as untrusted input; a :class:`CheckpointError` names the file.
+    """Load a checkpoint as untrusted input; a :class:`CheckpointError` names the file.
 
-    In order: the archive's shape and digest (:func:`archive_problem`, before anything is
-    unpickled); ``torch.load(weights_only=True)``; the saved ``config`` is plain data
-    (:func:`~rl.checkpoints.saved_config.config_data`: nothing is built from it here, it is
-    rebuilt on the user's config tree) and ``choices`` are names; weights, optimizer state and
-    normalisation statistics are finite, else an :class:`UntrustedCheckpointError` (and
-    ``resume=RUN`` never falls back to an older checkpoint). ``map_location`` is the CPU by
-    default, where a file loads whatever device saved it.
+    The archive is checked before anything is unpickled, then loaded ``weights_only``. The saved
+    config must be plain data (never built from here: it is rebuilt on the user's config tree)
+    and ``choices`` names. Non-finite weights or statistics are an
+    :class:`UntrustedCheckpointError`, so ``resume=RUN`` never falls back to an older checkpoint.
     """
     path = Path(path)
     with _open_regular(path) as f:

@@ -1,10 +1,9 @@
 """Saved configs of earlier versions, brought to today's layout before they are rebuilt.
 
-Each migration takes the saved config (data) and its group choices and returns both in today's
-form; a config already in it passes unchanged. They cover the pipeline settings' defaults of
-before they lived in the YAML alone, the advantage settings of before the estimator became
-an object (``conf/pipeline/advantage/``), moved callables
-(:data:`~rl.utils.config.MOVED_TARGETS`) and renamed keys (:data:`RENAMED_KEYS`).
+A config already in today's layout passes unchanged. Covered: moved callables
+(:data:`~rl.utils.config.MOVED_TARGETS`), renamed keys (:data:`RENAMED_KEYS`), pipeline settings
+saved before their defaults lived in ``conf/pipeline/`` alone, and advantage settings saved
+before the estimator became an object (``conf/pipeline/advantage/``).
 """
 
 from __future__ import annotations
@@ -64,6 +63,7 @@ def _estimator(old: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
 def _advantage_settings(
     saved: dict[str, Any], choices: dict[str, str] | None
 ) -> tuple[dict[str, Any], dict[str, str] | None]:
+    """The old advantage settings as an estimator node, and its ``pipeline/advantage`` choice."""
     pipe = saved.get("pipeline")
     if not isinstance(pipe, dict):
         return saved, choices
@@ -89,16 +89,12 @@ def _advantage_settings(
     return saved, choices
 
 
-def _settings_defaults(
-    saved: dict[str, Any], choices: dict[str, str] | None
-) -> tuple[dict[str, Any], dict[str, str] | None]:
+def _settings_defaults(saved: dict[str, Any]) -> dict[str, Any]:
     pipe = saved.get("pipeline")
     if not isinstance(pipe, dict) or pipe.get("_target_") != _PIPELINE_TARGET:
-        return saved, choices
+        return saved
     missing = {k: v for k, v in _FORMER_DEFAULTS.items() if k not in pipe}
-    if not missing:
-        return saved, choices
-    return {**saved, "pipeline": {**pipe, **missing}}, choices
+    return {**saved, "pipeline": {**pipe, **missing}} if missing else saved
 
 
 def _moved(node: Any) -> Any:
@@ -114,31 +110,21 @@ def _moved(node: Any) -> Any:
     return node
 
 
-def _moved_targets(
-    saved: dict[str, Any], choices: dict[str, str] | None
-) -> tuple[dict[str, Any], dict[str, str] | None]:
-    return _moved(saved), choices
-
-
 # Keys renamed since (section, old name, new name): "worker" names a collection worker only.
 RENAMED_KEYS = (("distributed", "workers", "world_size"),)
 
 
-def _renamed_keys(
-    saved: dict[str, Any], choices: dict[str, str] | None
-) -> tuple[dict[str, Any], dict[str, str] | None]:
+def _renamed_keys(saved: dict[str, Any]) -> dict[str, Any]:
     for section, old, new in RENAMED_KEYS:
         node = saved.get(section)
         if isinstance(node, dict) and old in node and new not in node:
             saved = {**saved, section: {**node, new: node[old], old: None}}
-    return saved, choices
+    return saved
 
 
 def migrate(
     saved: Mapping[str, Any], choices: Mapping[str, str] | None
 ) -> tuple[dict[str, Any], dict[str, str] | None]:
-    """A saved config and its group choices in today's layout (see the module's docstring)."""
-    out, out_choices = dict(saved), None if choices is None else dict(choices)
-    for step in (_moved_targets, _renamed_keys, _settings_defaults, _advantage_settings):
-        out, out_choices = step(out, out_choices)
-    return out, out_choices
+    """A saved config and its group choices in today's layout."""
+    out = _settings_defaults(_renamed_keys(_moved(dict(saved))))
+    return _advantage_settings(out, None if choices is None else dict(choices))

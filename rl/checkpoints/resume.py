@@ -1,8 +1,8 @@
 """How a training run starts: fresh, resumed (``resume=``) or from weights (``init_from=``).
 
-:func:`plan_start` works it out before anything is built. ``resume=RUN_DIR`` (or a checkpoint
-file) continues a run in its own folder with the config saved in it plus the safe changes typed
-now (:mod:`rl.checkpoints.resume_config`); ``init_from=CHECKPOINT`` takes its weights only.
+``resume=RUN_DIR`` (or a checkpoint file) continues a run in its own folder with its saved
+config plus the safe changes typed now (:mod:`.resume_config`); ``init_from=CHECKPOINT`` takes
+the weights only.
 """
 
 from __future__ import annotations
@@ -76,10 +76,9 @@ def resolve_resume_path(path: str | Path) -> tuple[Path, Path, dict[str, Any]]:
     if path.is_file():
         path = checked_file_path(path)
         return run_dir, path, load_checkpoint(path)
-    path = run_dir
-    candidates = list(reversed(list_checkpoints(path)))
+    candidates = list(reversed(list_checkpoints(run_dir)))
     if not candidates:
-        latest_checkpoint(path)  # raises the usual "no checkpoint in ..." error
+        latest_checkpoint(run_dir)  # raises the usual "no checkpoint in ..." error
     for candidate in candidates:
         try:
             state = load_checkpoint(candidate)
@@ -88,21 +87,19 @@ def resolve_resume_path(path: str | Path) -> tuple[Path, Path, dict[str, Any]]:
         except CheckpointError as e:
             log.warning("skipping unreadable checkpoint: %s", e)
             continue
-        return path, candidate, state
-    raise CheckpointError(f"resume={path}: no readable checkpoint")
+        return run_dir, candidate, state
+    raise CheckpointError(f"resume={run_dir}: no readable checkpoint")
 
 
 @dataclasses.dataclass
 class StartPlan:
-    """How a training run starts: fresh, resumed (``resume=``) or from weights (``init_from=``).
+    """How a training run starts, worked out by :func:`plan_start`.
 
     Attributes:
         config: The resolved config to run (for a resume: the saved one plus safe changes).
         choices: The config group choices it was composed with, and ``sources`` where its
             configs came from (both saved in checkpoints; None: not composed by Hydra).
-        resume_state: The checkpoint resumed from (None unless resuming).
-        checkpoint: Its path (or the ``init_from`` checkpoint's).
-        init_state: The ``init_from`` checkpoint (None unless given).
+        checkpoint: The path of ``resume_state`` or of ``init_state`` (``init_from``).
         lock: The run folder's lock, held until :meth:`close` (None: a distributed worker,
             running under the lock of the process that planned the start).
     """
@@ -149,8 +146,7 @@ class StartPlan:
 def plan_start(cfg: DictConfig | Mapping[str, Any], plain: dict[str, Any]) -> StartPlan:
     """Work out how the run starts from its composed config ``cfg`` (``plain``: resolved).
 
-    The run folder (the new one, or the resumed run's) is locked before anything in it is
-    touched; the plan holds the lock until :meth:`StartPlan.close`.
+    The run folder is locked before anything in it is touched; the plan holds the lock.
 
     Raises:
         ConfigError: Both ``resume`` and ``init_from``, or unsafe changes on resume.
@@ -216,15 +212,13 @@ def _resume_plan(
 ) -> StartPlan:
     """The plan of ``resume=``, once the run folder is locked."""
     _check_training_state(state, path)
-    # The run's own train.log gets this invocation's log too (Hydra's goes to a new folder);
-    # a link, a folder or a FIFO under its name (a copied folder) is refused by name, never
-    # written through.
+    # The run's own train.log gets this invocation's log too (Hydra's goes to a new folder); a
+    # link, folder or FIFO under its name (a copied folder) is refused, never written through.
     check_file_target(run_dir / "train.log")
     handler = NoFollowFileHandler(run_dir / "train.log", encoding="utf-8", delay=True)
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
     logging.getLogger().addHandler(handler)
     try:
-        # The saved config is data: rebuilt on the user's config tree with the run's choices.
         saved = rebuild_config(
             state["config"],
             state["choices"],
@@ -251,7 +245,7 @@ def _resume_plan(
 
 
 def _move_later_checkpoints_aside(run_dir: Path, path: Path) -> None:
-    """Move the checkpoints after ``path`` aside (resuming from an older one branches the run).
+    """Move the checkpoints after ``path`` aside: resuming from an older one branches the run.
 
     Step order then stays the run's history, and ``resume=RUN_DIR`` finds the right one.
     """

@@ -1,10 +1,9 @@
 """Which settings a resumed run may change, and the config it runs with.
 
-``resume=RUN_DIR`` continues a run with the config saved in its checkpoint, rebuilt on the
-user's config tree (:mod:`rl.checkpoints.saved_config`). Settings typed now that differ from
-the saved ones apply only where that is safe (:data:`SAFE_RESUME_KEYS`); anything else is a
-:class:`~rl.utils.config.ConfigError` naming the keys. The tree's interpolations are kept where
-the saved value is what they give, so a new budget moves every budget derived from it.
+Settings typed now that differ from the saved run's apply only where that is safe
+(:data:`SAFE_RESUME_KEYS`); anything else is a :class:`~rl.utils.config.ConfigError` naming the
+keys. The tree's interpolations are kept where the saved value is what they give, so a new
+budget moves every budget derived from it.
 """
 
 from __future__ import annotations
@@ -35,8 +34,7 @@ from rl.utils.config import ConfigError
 
 log = logging.getLogger(__name__)
 
-# Config keys that a resume may change (dotted paths, fnmatch patterns; a pattern also covers
-# everything below it). Everything else must match the saved run.
+# Config keys a resume may change (fnmatch patterns over dotted paths, covering everything below).
 SAFE_RESUME_KEYS = (
     "total_env_steps",
     "pipeline.total_env_steps",
@@ -86,9 +84,8 @@ def _typed(cfg: DictConfig | Mapping[str, Any]) -> list[str] | None:
 def typed_overrides(cfg: DictConfig | Mapping[str, Any]) -> list[str]:
     """What a saved run's config is rebuilt with beside its own choices, on ``resume=``.
 
-    The overrides of keys typed now (what they name is the user's to name) and this command's
-    choice of the groups a saved run never chooses (``logger=...``); not group choices,
-    ``hydra.*`` or the invocation's own keys.
+    The key overrides typed now (what they name is the user's to name) and this command's choice
+    of the groups a saved run never chooses (``logger=...``).
     """
     choices = run_choices(cfg) or {}
     out = [f"{g}={o}" for g, o in choices.items() if g in INVOCATION_GROUPS]
@@ -173,9 +170,8 @@ def _added_since(
 ) -> dict[str, tuple[Any, Any]]:
     """The differences that are settings added to conf/ since the run was saved (today's apply).
 
-    Whole new groups and sections, and new keys of settings sections (which have no defaults);
-    a key missing from a component's config (task, model) means its constructor's default,
-    which is what the saved run used.
+    Whole new sections, and new keys of settings sections. A key missing from a component's
+    config (task, model) is not one: it means the constructor's default, which the run used.
     """
     return {
         k: v
@@ -196,7 +192,6 @@ def _is_new_setting(key: str, saved: Mapping[str, Any]) -> bool:
 
 
 def _changes(keys: list[str], diff: Mapping[str, tuple[Any, Any]]) -> str:
-    """``key: old -> new`` lines, one per key."""
     return "".join(f"\n  {k}: {_show(diff[k][0])} -> {_show(diff[k][1])}" for k in keys)
 
 
@@ -231,7 +226,7 @@ def resume_config(
         run_dir: The run folder (the new ``output_dir``).
 
     Raises:
-        ConfigError: A typed change is unsafe (listing every such key with both values).
+        ConfigError: A typed change, or a setting it derives, is unsafe.
     """
     saved_resolved = saved_run.config
     saved = copy.deepcopy(saved_run.unresolved)

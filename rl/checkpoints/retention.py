@@ -1,6 +1,5 @@
 """Which checkpoints a run marks and keeps: the best by a chosen metric, and the last N.
 
-The rules of ``pipeline.best_metric`` and ``pipeline.keep_last``: docs/concepts/checkpoints.md.
 Neither changes what a checkpoint holds, so resuming stays exact. On resume the best so far
 comes from ``best.json``, read as untrusted input (:func:`load_best_record`).
 """
@@ -47,11 +46,7 @@ def _metric_value(value: Any) -> float | None:
 
 @dataclasses.dataclass(frozen=True)
 class BestRecord:
-    """The best checkpoint so far (``checkpoints/best.json``).
-
-    Its file name in the run's ``checkpoints/``, the metric and mode it is best by, its finite
-    value and its env step.
-    """
+    """The best checkpoint so far (``checkpoints/best.json``), by ``metric`` and ``mode``."""
 
     checkpoint: str
     metric: str
@@ -89,9 +84,8 @@ def load_best_record(run_dir: str | Path) -> BestRecord | None:
     """The run's ``checkpoints/best.json``, checked; None when there is none.
 
     Raises:
-        CheckpointError: It is not a record this code wrote (a link, too large, a checkpoint
-            named with a path, a value that is not a finite number, ...) or names a checkpoint
-            that is not a regular file beside it (moved aside by a resume, deleted).
+        CheckpointError: It is not a record this code wrote (a link, too large, a path, a
+            non-finite value, ...) or names no regular file beside it (moved aside, deleted).
         UnsafePathError: The run's ``checkpoints`` is a link or not a folder.
     """
     folder = run_subdir(run_dir, CHECKPOINT_DIR, create=False)
@@ -147,8 +141,7 @@ class CheckpointRetention:
         self.keep_last = keep_last or 0
         self.best_metric = best_metric or None
         self.best_mode = best_mode
-        #: The best checkpoint so far (None: none yet, or tracking off).
-        self.best: BestRecord | None = None
+        self.best: BestRecord | None = None  # (None: none yet, or tracking off)
         self._held: dict[str, int] = {}  # checkpoint name -> pending validations
         self._missing_said = False
 
@@ -164,8 +157,8 @@ class CheckpointRetention:
     def start(self) -> None:
         """Take the best so far from the run's ``best.json`` (a resumed run).
 
-        A record that fails :func:`load_best_record`, or of another metric or mode, is ignored
-        with a warning; a ``best`` pointer that disagrees with a sound record is rewritten.
+        An unsound record, or one of another metric or mode, is ignored with a warning; a
+        ``best`` pointer that disagrees with a sound record is rewritten.
         """
         self.best = None
         if not self.best_metric:
@@ -232,10 +225,7 @@ class CheckpointRetention:
 
     # ------------------------------------------------------------------ best
     def consider(self, path: Path, metrics: Mapping[str, Any]) -> bool:
-        """Make ``path`` the best if its value of ``best_metric`` beats the best; whether it did.
-
-        A missing metric is said once per run.
-        """
+        """Make ``path`` the best if its ``best_metric`` beats the best; whether it did."""
         assert self.best_metric is not None
         parsed = parse_checkpoint_name(path)
         if parsed is None:
@@ -280,7 +270,7 @@ class CheckpointRetention:
         """
         if not self.keep_last:
             return []
-        found = list_checkpoints(self.run_dir)  # (regular files under checkpoint names)
+        found = list_checkpoints(self.run_dir)
         if len(found) <= self.keep_last:
             return []
         folder = found[0].parent

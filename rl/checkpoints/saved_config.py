@@ -1,11 +1,10 @@
 """A config read from a checkpoint or a run folder: data only, rebuilt on the user's config tree.
 
-Nothing in a saved config is ever turned into code (the promise and its rules:
-docs/concepts/checkpoints.md, "Trust"). It is loaded as bounded data (:func:`config_data`),
-then the user's ``conf/`` is composed with the run's group choices and the saved values are
-laid over it (:func:`rebuild_config`): each of the kind the tree has at its place, never the
-command's own values (:mod:`rl.checkpoints.invocation`), and every callable it names the one
-the tree names there or one the user's ``trusted_targets`` allow (:mod:`rl.checkpoints.trust`).
+Nothing in a saved config is ever turned into code (docs/concepts/checkpoints.md, "Trust"). It
+is loaded as bounded data (:func:`config_data`), then laid over the user's ``conf/`` composed
+with the run's group choices (:func:`rebuild_config`): each value of the kind the tree has at its
+place, never the command's own values (:mod:`.invocation`), and every callable the one the tree
+names there or one the user's ``trusted_targets`` allow (:mod:`.trust`).
 """
 
 from __future__ import annotations
@@ -156,9 +155,9 @@ def _overlay(raw: Any, tree: Any, saved: Any, key: str, where: str) -> Any:
     """``raw`` (the user's config there, unresolved; ``tree`` resolved) with ``saved`` laid over.
 
     A leaf equal to the saved value keeps the user's node (an interpolation stays one); another
-    saved value replaces it (typed later, where the config is verified). Inside a ``_target_``
-    node, keys the saved config lacks are dropped (the run used the callable's default), but
-    for the command's own (withheld from ``saved``); settings it lacks keep the tree's value.
+    saved value replaces it. Inside a ``_target_`` node, keys the saved config lacks are dropped
+    (the run used the callable's default), but for the command's own (withheld from ``saved``);
+    settings it lacks keep the tree's value.
     """
     _check_kind(tree, saved, key, where)
     if isinstance(raw, dict) and isinstance(saved, dict) and isinstance(tree, dict):
@@ -299,15 +298,15 @@ def rebuild_config(
             they are judged (None: every section, as for ``resume=``).
         overrides: Overrides typed by the user now (``task.wrappers=[my.Wrapper]``), composed
             into the tree: what they name is the user's to name.
-        sources: Where the run's configs came from, as recorded with it: only quoted in the
-            message when the tree lacks one of its choices, never composed.
+        sources: Where the run's configs came from, as recorded: only quoted in a message
+            when the tree lacks one of its choices, never composed.
 
     Raises:
         UntrustedCheckpointError: The saved config names code the tree does not name there,
             or holds a value of another kind than the tree's.
         CheckpointError: A choice the tree lacks.
     """
-    saved, choices = migrate(saved, choices)  # an earlier version's layout, brought to today's
+    saved, choices = migrate(saved, choices)
     if choices is not None:
         choices = {
             g: o for g, o in choices.items() if g.partition("@")[0] not in INVOCATION_GROUPS
@@ -347,10 +346,7 @@ def rebuild_config(
 
 
 def fill_app_interpolations(node: Any, values: Any) -> Any:
-    """``node`` with each ``${hydra:...}`` / ``${now:...}`` replaced by ``values`` there (or None).
-
-    Those resolve only inside a Hydra app.
-    """
+    """``node`` with each app-only ``${hydra:...}``/``${now:...}`` replaced by ``values`` there."""
     if isinstance(node, dict):
         olds = values if isinstance(values, dict) else {}
         return {k: fill_app_interpolations(v, olds.get(k)) for k, v in node.items()}
