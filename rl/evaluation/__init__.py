@@ -1,9 +1,8 @@
 """Evaluation: of checkpoints, of the policy while it trains, and of the task's expert.
 
-The fixed, seeded episode lists are :mod:`rl.collection.episodes`' (re-exported here). ``runs``
-is ``evaluate.py`` (``compare``: ``python -m rl.compare``); ``training_eval``, ``validation`` and
-``video`` are the trainer callbacks watching a run; ``inference`` and ``export`` use a trained
-policy outside the engine.
+``runs`` is ``evaluate.py``, ``compare`` is ``python -m rl.compare``; ``training_eval``,
+``validation`` and ``video`` are trainer callbacks; ``inference`` and ``export`` use a trained
+policy outside the engine. The seeded episode lists are :mod:`rl.collection.episodes`'.
 """
 
 from rl.collection.acting import NoExpertError

@@ -1,6 +1,6 @@
 """The task's expert on the evaluation episodes (``evaluate.py test_expert=true``).
 
-Its result, ``<run>/expert.eval.json``, is the reference row and dashed line of that run's later
+Its result, ``<run>/expert.eval.json``, is the reference row and dashed line of the run's later
 summaries and plots on the same episodes. A run folder may come from anywhere: what is read of it
 is bounded data (:mod:`rl.checkpoints.saved_config`).
 """
@@ -29,8 +29,8 @@ from rl.utils.files import read_regular_file
 log = logging.getLogger(__name__)
 
 EXPERT_NAME = "expert.eval.json"
-# The most read of an ``expert.eval.json`` (a real one is ~250 bytes an episode), of a run
-# folder's config.yaml or .hydra/hydra.yaml (a few KB), and of its overrides (a few dozen).
+# Read limits: a real expert.eval.json has ~250 bytes an episode, a config.yaml or hydra.yaml a
+# few KB, a run's overrides a few dozen entries.
 _MAX_EXPERT_BYTES = 64 * 2**20
 _MAX_CONFIG_BYTES = 4 * 2**20
 _MAX_OVERRIDES = 1_000
@@ -150,25 +150,14 @@ def evaluate_expert_reference(
     task = with_split(task, cfg.split)
     if folder is None:
         folder = Path(cfg.output_dir).resolve()
-    with RunLock(folder, "evaluation"):
-        return _evaluate_expert_into(cfg, task, folder, sampler)
-
-
-def _evaluate_expert_into(
-    cfg: EvaluateSettings, task: dict[str, Any], folder: Path, sampler: EvalSampler
-) -> dict[str, float]:
     episode_seeds = episode_seed_list(cfg.num_episodes, cfg.episode_seed)
-    result = evaluate_expert(
-        task=task, episode_seeds=episode_seeds, num_envs=cfg.num_envs, sampler=sampler
-    )
     out = folder / EXPERT_NAME
-    settings = {
-        "num_episodes": cfg.num_episodes,
-        "episode_seed": cfg.episode_seed,
-        "expert": True,
-        "task": task,
-    }
-    write_eval_json(out, result, settings)
+    with RunLock(folder, "evaluation"):
+        result = evaluate_expert(
+            task=task, episode_seeds=episode_seeds, num_envs=cfg.num_envs, sampler=sampler
+        )
+        settings = {"num_episodes": cfg.num_episodes, "episode_seed": cfg.episode_seed}
+        write_eval_json(out, result, {**settings, "expert": True, "task": task})
     logged = result.as_logged("expert")
     print(
         format_table(logged, f"expert on {task.get('_target_')} ({len(episode_seeds)} episodes)")

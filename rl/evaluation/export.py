@@ -1,19 +1,10 @@
 """Export a trained policy for use without the framework: ONNX or a ``torch.export`` program.
 
-``python evaluate.py ckpt=<run>/checkpoints/latest export=onnx`` writes ``<checkpoint>.onnx``
-(``export=pt2``: ``<checkpoint>.pt2``, ``torch.export.load(path).module()``) and ``<file>.json``
-describing its inputs and outputs. The exported function is the policy's deterministic step,
-with the run's frozen observation normalisation and a ``Box``'s action bounds folded in, so raw
-observations go in and the environment's actions come out:
-
-- inputs: the flat observation entries ``[N, ...]`` as the environment returns them
-  (``obs`` for a single array), ``episode_start`` ``[N]`` bool, then the recurrent state
-  entries ``state.<name>`` (none for a memoryless policy);
-- outputs: ``action`` ``[N, ...]``, then ``next_state.<name>`` to feed back.
-
-The batch dimension ``N`` is dynamic. The written file is run on sampled observations and must
-give the framework's actions. (``torch.jit`` is deprecated in the pinned torch; ``pt2`` is its
-successor.)
+The exported function is the policy's deterministic step with the run's frozen observation
+normalisation and a ``Box``'s action bounds folded in: raw observations in, the environment's
+actions out. Inputs: the flat observation entries ``[N, ...]``, ``episode_start`` ``[N]`` bool,
+then ``state.<name>``; outputs: ``action`` ``[N, ...]``, then ``next_state.<name>`` to feed back
+(``N`` dynamic). docs/concepts/evaluation.md describes the files.
 """
 
 from __future__ import annotations
@@ -64,8 +55,7 @@ class ExportError(RuntimeError):
 class ExportedPolicy(nn.Module):
     """A policy's deterministic step as a function of tensors alone (what is exported).
 
-    The inputs are ``observation_space``'s entries, then ``episode_start``, then the state's
-    ``state_keys``; the normalizer's statistics and a ``Box`` action space's bounds are buffers.
+    The normalizer's statistics and a ``Box`` action space's bounds are buffers.
     """
 
     def __init__(
@@ -176,10 +166,11 @@ def export_policy(
 ) -> ExportInfo:
     """Write ``agent``'s deterministic policy to ``path`` and check it acts as the agent does.
 
+    A CPU copy of the agent's model is exported; ``<path>.json`` describes the file.
+
     Args:
-        agent: The policy, its spaces and its normalisation (e.g.
-            :meth:`InferenceAgent.from_checkpoint`); a CPU copy of its model is exported.
-        path: The file to write (``.onnx`` or ``.pt2``), atomically; ``<path>.json`` describes it.
+        agent: The policy, its spaces and its normalisation.
+        path: The file to write (``.onnx`` or ``.pt2``), atomically.
         fmt: ``onnx`` or ``pt2`` (``torch.export``).
         check_observations: Sampled observations on which the written file must give the
             agent's own deterministic actions (0: no check).
@@ -194,7 +185,7 @@ def export_policy(
     path = checked_file_path(path)
     if agent.action_space is None:
         raise ExportError("export needs the environment's action space (the agent has none)")
-    # A CPU copy: the agent keeps its model where it runs (the check below acts with it).
+    # A copy: the agent keeps its model where it runs (the check below acts with it).
     model = copy.deepcopy(agent.model).to("cpu").eval()
     state_keys = _state_keys(model.initial_state(1, "cpu"))
     wrapper = ExportedPolicy(
@@ -212,7 +203,7 @@ def export_policy(
                 wrapper, example, dynamic_shapes=(dynamic,), strict=False
             )
             outputs_example = wrapper(*example)
-    except Exception as e:  # what torch.export cannot trace in the policy: its own message
+    except Exception as e:  # what torch.export cannot trace in the policy: torch's message
         raise ExportError(f"{type(model).__name__} could not be exported: {e}") from e
     output_names = ["action", *(f"next_state.{_key_name(k)}" for k in state_keys)]
     inputs, outputs = _describe(names, example), _describe(output_names, outputs_example)

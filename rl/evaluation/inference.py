@@ -58,9 +58,8 @@ def load_trained_policy(
 ) -> tuple[Policy, Normalizer | None]:
     """A loaded checkpoint's policy with its weights, and its observation normalisation (frozen).
 
-    How every user of a trained policy gets it: ``model`` reused (it stays where it is), or built
-    from ``model_config`` for ``spaces`` (flat observation space, action space) and ``groups``
-    (a task's groups of agents) on ``device``.
+    ``model`` is reused (it stays where it is), else built from ``model_config`` for ``spaces``
+    (flat observation space, action space) and ``groups`` (the task's agents) on ``device``.
 
     Raises:
         CheckpointError: The weights do not fit the model, or the statistics are malformed
@@ -88,16 +87,12 @@ class InferenceAgent:
     """A policy that acts on single observations, with its recurrent state handled.
 
     Args:
-        model: The policy.
-        observation_space: The environment's observation space (flattened for the policy as
-            samplers flatten it).
+        observation_space: The environment's (flattened for the policy as samplers flatten it).
         action_space: The environment's (``Box`` actions are clipped to its bounds; None:
             actions as the policy draws them).
         normalizer: The training run's observation normalisation, applied frozen.
-        device: Where the model runs (the CPU by default: this is the deployment API for a
-            user's own program; the framework's callers pass theirs).
+        device: Where the model runs (the CPU by default: this is the deployment API).
         deterministic: Argmax actions, or actions sampled with a generator seeded by ``seed``.
-        seed: Seed of the action-sampling generator.
     """
 
     def __init__(
@@ -141,7 +136,7 @@ class InferenceAgent:
         Args:
             path: A checkpoint file, a run's ``checkpoints/latest`` pointer or a run folder
                 (both: the run's newest checkpoint).
-            device: Where the model runs (the CPU by default).
+            device: Where the model runs.
             deterministic: Argmax or seeded sampled actions.
             seed: Seed of the action-sampling generator.
             trusted_targets: Patterns of callables the saved config may name where your

@@ -1,8 +1,7 @@
 """What ``evaluate.py`` runs: checkpoints in bulk, an export, or the task's expert.
 
-The checkpoints are chosen, read and their configs rebuilt before any is evaluated, so none is
-skipped silently (habitat-baselines' "evaluate every checkpoint" skips what it cannot read).
-docs/concepts/evaluation.md describes the files written.
+Every checkpoint is read and its config rebuilt before any is evaluated, so an unreadable one
+fails the command instead of being skipped silently (as habitat-baselines' evaluation does).
 """
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt")
 _GLOB_CHARS = frozenset("*?[")
-# What evaluation builds from a checkpoint's config (the rest is never built: not judged).
+# What evaluation builds from a checkpoint's config (the rest is never built, so not judged).
 BUILT_FOR_EVALUATION = ("task", "model")
 
 
@@ -228,7 +227,7 @@ def evaluate_checkpoints(cfg: EvaluateSettings) -> dict[str, float]:
             len(refs),
         )
     models = _ModelCache(torch.device(cfg.device), cfg.trusted_targets)
-    for ref in selected:  # every one readable, its config rebuilt, before anything is done
+    for ref in selected:  # every one readable, its config rebuilt, before any is evaluated
         eval_sampler(ref, models.config(ref), cfg.device)
     if cfg.deterministic is None:  # as the runs evaluated while they trained
         cfg = dataclasses.replace(cfg, deterministic=_as_trained(selected, models))
@@ -369,9 +368,8 @@ def export_from_settings(cfg: EvaluateSettings) -> dict[str, float]:
 def evaluate_from_config(cfg: Mapping[str, Any]) -> dict[str, float]:
     """What ``evaluate.py`` runs: checkpoints, an export or the expert.
 
-    Args:
-        cfg: The plain conf/evaluate.yaml config; ``task`` is there only when a task was
-            chosen (``task=NAME``, for ``test_expert``).
+    ``cfg`` is the plain conf/evaluate.yaml config; ``task`` is there only when a task was chosen
+    (``task=NAME``, for ``test_expert``).
 
     Raises:
         ConfigError: A key is unknown, missing, mistyped or out of range (each named).

@@ -20,8 +20,7 @@ class TrainingEvaluation(Callback):
     """Trainer callback: ``eval/*`` every ``settings.interval`` env steps and at the end.
 
     The episodes run with their own action generator (training's random streams are untouched);
-    the values reach early-stopping criteria (``MetricThresholdCriterion(metric=eval/success)``)
-    and, at the end, ``<final checkpoint>.eval.json``.
+    the values reach early-stopping criteria and, at the end, ``<final checkpoint>.eval.json``.
     """
 
     def __init__(self, settings: EvalSettings) -> None:

@@ -1,18 +1,15 @@
 """Validation during training: every new checkpoint evaluated in a separate process.
 
-AllenAct's valid mode looked for the newest checkpoint and so skipped checkpoints whenever it fell
-behind. Here the trainer hands each saved checkpoint's path to one validation process, which
-validates them in order on the fixed validation episode list; ``valid/*`` is logged at each
-checkpoint's env step. Nothing is skipped: a warning says how many are pending when it falls
-behind, a run stopped with validations pending queues them again when it resumes (each result
-is also ``<checkpoint>.valid.json``), and the trainer's
-:class:`~rl.checkpoints.retention.CheckpointRetention` holds a checkpoint until its result
-arrives (``pipeline.keep_last`` never deletes it meanwhile; ``pipeline.best_metric=valid/...``
-judges it by the result).
+Each saved checkpoint goes to one validation process, which validates them in order on the fixed
+validation episode list and logs ``valid/*`` at the checkpoint's env step. None is skipped
+(AllenAct's valid mode took the newest and skipped those it fell behind on): a resumed run queues
+again the checkpoints without a ``<checkpoint>.valid.json``, and the trainer's
+:class:`~rl.checkpoints.retention.CheckpointRetention` holds each until its result arrives
+(``keep_last`` never deletes it first; ``best_metric=valid/...`` judges it by the result).
 
-The process is a child of the process runtime (:class:`~rl.utils.processes.ChildProcesses`):
-it gets plain data only, its death is noticed at once and it never outlives the run. A
-checkpoint whose validation raises is logged as an error and the next one is validated.
+The process is a :class:`~rl.utils.processes.ChildProcesses` child: it gets plain data only, its
+death is noticed at once and it never outlives the run. A checkpoint whose validation raises is
+logged as an error and the next one is validated.
 """
 
 from __future__ import annotations
@@ -27,10 +24,11 @@ from typing import Any
 
 import torch
 
-from rl.checkpoints.files import list_checkpoints, load_checkpoint, parse_checkpoint_name
+from rl.checkpoints.files import list_checkpoints, load_checkpoint
 from rl.checkpoints.retention import CheckpointRetention
 from rl.collection.episodes import EvalSampler, episode_seed_list, evaluate_policy
 from rl.evaluation.inference import load_trained_policy
+from rl.evaluation.runs import checkpoint_ref
 from rl.evaluation.settings import ValidSettings
 from rl.loggers.base import MetricsLogger
 from rl.models.factory import build_policy
@@ -48,13 +46,6 @@ _POLL_SECONDS = 0.5
 def result_path(checkpoint: Path) -> Path:
     """``<checkpoint>.valid.json``: the checkpoint's validation result."""
     return checkpoint.with_suffix(".valid.json")
-
-
-def _checkpoint_step(path: Path) -> int:
-    parsed = parse_checkpoint_name(path)
-    if parsed is not None:
-        return parsed[1]
-    return int(load_checkpoint(path).get("pipeline", {}).get("total_steps", 0))
 
 
 class Validator:
@@ -109,12 +100,10 @@ class Validator:
 class BackgroundValidation(Callback):
     """Trainer callback that validates every checkpoint in a separate process.
 
-    ``on_checkpoint`` queues each saved checkpoint, ``on_rollout_end`` logs finished
-    validations, ``on_train_end`` waits for every pending one (their ``valid/*`` join the
-    trainer's last metrics); call :meth:`close` in a ``finally``.
-
-    ``task`` and ``model`` are plain resolved configs; ``layout`` is the task's spaces and
-    agents as the run read them (None: read in the process); ``sampler`` None: serially.
+    ``on_train_end`` waits for every pending validation (their ``valid/*`` join the trainer's
+    last metrics); call :meth:`close` in a ``finally``. ``task`` and ``model`` are plain resolved
+    configs; ``layout`` is the task's spaces and agents as the run read them (None: read in the
+    process); ``sampler`` None: serially.
     """
 
     def __init__(
@@ -131,7 +120,6 @@ class BackgroundValidation(Callback):
         self.settings = settings
         self.sampler = sampler or EvalSampler.serial()
         self.logger = logger
-        #: The task config the process builds: the run's, on the validation split.
         self.task = with_split(task, settings.split)
         self._kwargs = {
             "task": self.task,
@@ -143,8 +131,6 @@ class BackgroundValidation(Callback):
         }
         self.submitted: list[tuple[str, int]] = []
         self.completed: list[tuple[str, int]] = []
-        self.failed: list[str] = []
-        self.last_metrics: dict[str, float] = {}
         self._unobserved: list[dict[str, float]] = []  # results the trainer has not seen yet
         self._process: ChildProcesses | None = None
         self._calls: list[Call] = []  # in the order submitted; the done ones are dropped
@@ -179,7 +165,6 @@ class BackgroundValidation(Callback):
         """Process id of the validation process (None before the first checkpoint)."""
         return None if self._process is None else self._process.pids[0]
 
-    # ------------------------------------------------------------------ hooks
     def submit(self, path: Path) -> None:
         """Queue a checkpoint for validation (starts the process with the first one)."""
         if self._finished:
@@ -187,7 +172,7 @@ class BackgroundValidation(Callback):
         if self._process is None:
             self._start()
         path = Path(path)
-        step = _checkpoint_step(path)
+        step = checkpoint_ref(path).step
         assert self._process is not None
         self._calls.append(self._process.call(0, "validate", str(path)))
         self.submitted.append((str(path), step))
@@ -213,7 +198,7 @@ class BackgroundValidation(Callback):
         pending = [
             p
             for p in list_checkpoints(trainer.output_dir)
-            if _checkpoint_step(p) <= steps and not result_path(p).exists()
+            if checkpoint_ref(p).step <= steps and not result_path(p).exists()
         ]
         if pending:
             log.info(
@@ -240,7 +225,6 @@ class BackgroundValidation(Callback):
         for metrics in results:
             trainer.metrics.observe(metrics)
 
-    # ------------------------------------------------------------- results
     def poll(self, timeout: float | None = None) -> int:
         """Log finished validations, waiting up to ``timeout`` seconds for one; return how many."""
         if self._process is None:
@@ -266,14 +250,12 @@ class BackgroundValidation(Callback):
                     "its error"
                 ) from None
             self.completed.append((path, step))
-            self.failed.append(path)
             log.error("validation of %s (step %d) failed:\n%s", path, step, e.traceback)
             if self._retention is not None:
                 self._retention.validated(path, None)
             return
         self.completed.append((path, step))
         self.logger.log(step, metrics)
-        self.last_metrics = dict(metrics)
         self._unobserved.append(dict(metrics))
         write_atomic(
             result_path(Path(path)),
@@ -283,27 +265,18 @@ class BackgroundValidation(Callback):
         if self._retention is not None:  # the best by valid/*, then keep-last-N
             self._retention.validated(path, metrics)
 
-    def finish(self, timeout: float | None = None) -> None:
-        """Wait up to ``timeout`` seconds in all for every pending result, then stop the process.
+    def finish(self) -> None:
+        """Wait for every pending result, then stop the process.
 
         Raises:
-            RuntimeError: The process died or the timeout passed with checkpoints pending.
+            RuntimeError: The process died with checkpoints pending.
         """
         if self._finished:
             return
-        if self._process is None:
-            self._finished = True
-            return
         if self.pending:
             log.info("waiting for validation of %d checkpoint(s)", self.pending)
-        deadline = None if timeout is None else time.monotonic() + timeout
         while self.pending:
-            if not self.poll(timeout=_POLL_SECONDS):
-                if deadline is not None and time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"validation timed out with {self.pending} checkpoint(s) pending"
-                    )
-        self._finished = True
+            self.poll(timeout=_POLL_SECONDS)
         self.close()
 
     def close(self) -> None:

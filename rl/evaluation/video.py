@@ -1,10 +1,9 @@
 """Probe videos (AllenAct's ``probe``): one full episode of the current policy, as a video.
 
-Every ``video_interval`` env steps, :class:`ProbeVideo` plays environment 0's episode with the
-current policy through the one step loop (actions from its own generator: training's random
-streams are untouched) and writes ``<run>/videos/step_<N>.mp4`` (a GIF without ffmpeg), each
-frame captioned with the step, action, reward and return. The logger hands it to the sinks that
-show videos.
+Every ``video_interval`` env steps, :class:`ProbeVideo` plays the same episode with the current
+policy (actions from its own generator: training's random streams are untouched) and writes
+``<run>/videos/step_<N>.mp4`` (a GIF without ffmpeg), each frame captioned with the step, action,
+reward and return.
 """
 
 from __future__ import annotations
@@ -70,8 +69,7 @@ def _action_text(action: np.ndarray) -> str:
 def write_video(frames: Sequence[np.ndarray], path: Path, fps: int = 8) -> Path:
     """Write ``[H, W, 3]`` uint8 frames as the MP4 ``path``, else (no ffmpeg) a GIF beside it.
 
-    Returns the path written. Atomic (:mod:`rl.utils.files`): a link under the name is replaced,
-    never written through.
+    Returns the path written. Atomic: a link under the name is replaced, never written through.
 
     Raises:
         UnsafePathError: ``path``'s folder is a link, or ``path`` is a folder.
@@ -145,7 +143,6 @@ def record_episode(
     model: Policy,
     sampler: Sampler,
     device: torch.device | str,
-    deterministic: bool = False,
     generator: torch.Generator | None = None,
     max_frames: int = 2_000,
     normalizer: Normalizer | None = None,
@@ -153,11 +150,10 @@ def record_episode(
 ) -> tuple[list[np.ndarray], dict[str, float]]:
     """Run ``model`` for the episode of a :func:`rendering_sampler`, one frame per step.
 
-    The policy acts as in evaluation (:func:`~rl.sampling.runner.run_steps`,
-    :class:`~rl.collection.acting.PolicyActor`), sampled actions drawn from ``generator`` (the
-    global RNG untouched), for at most ``max_frames`` steps; its train/eval mode is restored
-    afterwards. ``captions``: each frame shows the step, the action taken to reach it, its
-    reward and the return so far, the last one the episode's metrics.
+    The policy acts as in evaluation, its sampled actions drawn from ``generator`` (the global RNG
+    untouched), for at most ``max_frames`` steps; its train/eval mode is restored afterwards.
+    ``captions``: each frame shows the step, the action taken to reach it, its reward and the
+    return so far, the last one the episode's metrics.
 
     Returns:
         The frames (the first observation's included) and ``{"return", "length"}`` plus the
@@ -166,7 +162,7 @@ def record_episode(
     was_training = model.training
     model.eval()
     actor = PolicyActor(
-        model, sampler.num_envs, device=device, deterministic=deterministic, generator=generator,
+        model, sampler.num_envs, device=device, deterministic=False, generator=generator,
         normalizer=normalizer,
     )  # fmt: skip
     frames = []
@@ -207,10 +203,9 @@ class ProbeVideo(Callback):
 
     Args:
         task: Plain task config (its ``_target_`` must accept ``render_mode``).
-        output_dir: The run folder; videos go to ``output_dir/videos/step_<N>.mp4``.
-        interval: Env steps between videos.
-        seed: Reset seed of the recorded episode (the run gives environment 0's training seed:
-            the same episode every time, to compare policies).
+        output_dir: The run folder.
+        seed: Reset seed of the recorded episode: the same episode every time, to compare
+            policies.
     """
 
     def __init__(
@@ -221,8 +216,6 @@ class ProbeVideo(Callback):
         interval: int,
         seed: int = 0,
         device: torch.device | str,
-        fps: int = 8,
-        deterministic: bool = False,
     ) -> None:
         if interval < 1:
             raise ValueError(f"video_interval must be >= 1, got {interval}")
@@ -231,9 +224,6 @@ class ProbeVideo(Callback):
         self.interval = interval
         self.seed = seed
         self.device = torch.device(device)
-        self.fps = fps
-        self.deterministic = deterministic
-        self.videos: list[Path] = []
         self._sampler: Sampler | None = None
 
     def on_rollout_end(self, trainer: OnPolicyTrainer, info: RolloutInfo) -> None:
@@ -262,13 +252,11 @@ class ProbeVideo(Callback):
             model=model,
             sampler=self._sampler,
             device=self.device,
-            deterministic=self.deterministic,
             generator=generator,
             normalizer=normalizer,
             captions=True,
         )
-        path = write_video(frames, folder / f"step_{step:012d}.mp4", fps=self.fps)
-        self.videos.append(path)
+        path = write_video(frames, folder / f"step_{step:012d}.mp4")
         log.info(
             "probe video %s (%d frames, return %.2f)", path.name, len(frames), metrics["return"]
         )

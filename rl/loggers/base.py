@@ -18,9 +18,6 @@ class RunContext:
     Attributes:
         output_dir: The run folder.
         config: The resolved config as a plain dict.
-        exp_name: Experiment name.
-        task_id: Task identifier (e.g. ``rl/PointNav-v0``).
-        seed: Run seed.
         total_steps: Env-step budget of the whole pipeline.
         run_name: ``{task_id}__{exp_name}__{seed}__{unix_time}``.
         resume_id: Id of the dashboard run a resumed run continues (None: a new run).

@@ -74,7 +74,7 @@ class ConsoleSink(MetricsSink):
         )
 
     def progress(self, step: int, status: Mapping[str, Any]) -> None:
-        """Advance the bar to ``step`` and show ``status`` (e.g. stage, fps) beside it."""
+        """Advance the bar to ``step`` and show ``status`` beside it."""
         if self._first is None:  # (a resumed run starts past 0)
             self._first = (step, time.monotonic())
         self._bar.update(step - self._bar.n)

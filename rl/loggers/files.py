@@ -18,13 +18,9 @@ MAX_HEADER_BYTES = 64 * 2**10  # a resumed run's episodes.csv header: read up to
 
 
 class RunFile:
-    """A file in the run folder that a sink appends to.
+    """A file in the run folder that a sink appends to (``what`` names it in messages).
 
-    Args:
-        context: The run.
-        filename: The name from the sink's config, relative to the run folder (checked by
-            :meth:`RunContext.path`; a link in a folder on the way is refused too).
-        what: What the file is, for messages (``metrics file``).
+    ``filename`` is checked by :meth:`RunContext.path`; a link in a folder on the way is refused.
 
     Raises:
         UnsafePathError: A link, a folder or a FIFO under the file's name.
@@ -37,7 +33,7 @@ class RunFile:
         self._file = open_append(self.path)
 
     def write(self, text: str) -> None:
-        """Append ``text`` and flush (a full disk is said as such, as for checkpoints)."""
+        """Append ``text`` and flush (a full disk is said as such)."""
         try:
             self._file.write(text)
             self._file.flush()

@@ -50,18 +50,16 @@ def sweep_of_current_job() -> tuple[str, int] | None:
 class WandbSink(MetricsSink):
     """Log to wandb; every chart's x-axis is ``global_step`` (env steps over all workers).
 
-    Built on rank 0 only under DDP (by the engine).
+    Built on rank 0 only under DDP.
 
     Args:
         context: The run (filled in by the engine).
-        project: wandb project.
         entity: wandb entity (None: the logged-in user's default).
         mode: ``online``, ``offline`` (``wandb sync`` later) or ``disabled``.
         group: Run group (None: ``exp_name``, or ``<exp_name>__sweep_<time>`` for sweep jobs).
         tags: Run tags (sweep jobs also get ``sweep``).
         name: Run name (None: ``context.run_name``).
         id: Run id, to continue a run (None: ``context.resume_id``).
-        job_type: wandb job type.
         log_checkpoint: Upload the final checkpoint (:meth:`log_checkpoint`).
 
     Raises:
