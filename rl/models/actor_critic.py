@@ -1,35 +1,18 @@
 """The default policy: an actor-critic that adapts to the observation and action spaces.
 
-:class:`ActorCritic` implements :class:`~rl.models.policy.Policy`. Observations arrive as a
-mapping of flat entries of time-major tensors ``[T, N, *shape]`` (:mod:`rl.tasks.spaces`: a
-non-dict space is ``{"obs": ...}``, nested entries are named by key path). Each entry is
-encoded by its kind:
-
-* image (3-D ``Box``, ``H x W x C``): a small CNN; ``uint8`` images are one-hot encoded per
-  channel value (``image_encoding="onehot"``, for categorical grids such as minigrid's: channel
-  ``c`` takes the values ``0..high[c]`` of the space, so the vocabulary is small), embedded per
-  channel value (``"embed"``: a learned table over all 256 byte values) or scaled to ``[0, 1]``
-  (``"scale"``, right for pixels); with ``cnn_channels=[]`` the image is flattened instead;
-* other ``Box`` entries (vectors, matrices) and ``MultiBinary``: flattened, as floats;
-* ``Discrete``: one-hot; ``MultiDiscrete``: one one-hot per component, concatenated.
-
-The encodings are concatenated, passed through a shared trunk MLP, optionally a GRU or an LSTM
-(the state is reset where ``episode_starts`` is set), then separate actor and critic heads (an
-MLP each, or a network of one's own: ``policy_head``, ``value_head``). The policy's network is
-followed by an :class:`~rl.models.distributions.ActionHead` for the action space
-(categorical, diagonal Gaussian, independent categoricals). Entries named in ``ignore_keys`` are
-not encoded (they are still recorded with the rollout, e.g. depth for a depth-prediction loss).
-
-:meth:`ActorCritic.forward` returns the per-step features auxiliary losses read in
-:attr:`~rl.models.PolicyOutput.extras` (:data:`rl.losses.auxiliary.POLICY_FEATURES`):
-``visual`` (the image encoders' outputs, when there are images), ``embedding`` (after the
-trunk) and ``belief`` (the heads' input).
+Each observation entry ``[T, N, *shape]`` is encoded by its kind (images: a CNN; other ``Box``
+and ``MultiBinary``: flattened; ``Discrete``/``MultiDiscrete``: one-hot per component); the
+encodings are concatenated and go through a shared trunk MLP, an optional GRU or LSTM (reset
+where ``episode_starts`` is set), then separate actor and critic heads. ``forward`` returns
+the features auxiliary losses read in ``extras``: ``visual`` (the image encoders' outputs,
+with images), ``embedding`` (after the trunk) and ``belief`` (the heads' input).
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Protocol, cast, runtime_checkable
 
 import gymnasium as gym
@@ -60,53 +43,47 @@ RNNS = ("gru", "lstm")
 class ActorCritic(PolicyBase):
     """Actor-critic over a flat dict observation space and any supported action space.
 
+    Parts of one's own (``encoders``, ``core``, ``policy_head``, ``value_head``) are callables
+    (in the config a ``_partial_`` ``_target_``) returning an ``nn.Module`` with an integer
+    ``out_size``, its output's feature size.
+
     Args:
         observation_space: A flat ``gymnasium.spaces.Dict`` (filled in by the engine).
         action_space: ``Discrete``, 1-D ``Box`` or ``MultiDiscrete`` (filled in by the engine).
-        cnn_channels: Output channels of the conv layers for image entries; ``[]`` flattens
-            images instead.
+        cnn_channels: Output channels of the conv layers for image entries (3-D ``Box``,
+            ``H x W x C``); ``[]`` flattens images instead.
         cnn_kernels: Kernel size of each conv layer (None: 3, or 1 for images under 3x3).
         cnn_strides: Stride of each conv layer (None: 1).
-        image_encoding: ``onehot`` or ``embed`` (categorical uint8 grids), ``scale`` (pixels).
+        image_encoding: For uint8 images: ``onehot`` per channel value (categorical grids such
+            as minigrid's: channel ``c`` takes the values ``0..high[c]`` of the space),
+            ``embed`` (a learned table over all 256 byte values per channel) or ``scale`` to
+            ``[0, 1]`` (pixels).
         embed_dim: Embedding size per image channel value (``embed`` only).
         trunk_layers: Hidden sizes of the shared MLP after the encoders.
         rnn: ``gru`` or ``lstm`` for a recurrent policy, ``null`` for a memoryless one.
-        rnn_hidden_size: Recurrent state size.
-        rnn_layers: Recurrent layers.
         head_layers: Hidden sizes of the (separate) actor and critic MLP heads.
-        activation: ``relu``, ``tanh`` or ``elu``.
         log_std_init: Initial log standard deviation of a Gaussian policy (``Box`` actions).
-        ignore_keys: Observation entries the policy does not see (recorded all the same, for
-            losses that read them).
+        ignore_keys: Observation entries the policy does not see (still recorded with the
+            rollout, for losses that read them, e.g. depth).
         critic_keys: Observation entries only the critic sees, through a network of its own
             (``critic_layers`` on their flattened concatenation): a centralised critic that
             reads a multi-agent task's global ``state`` (MAPPO) while the actor sees only the
             agent's own entries. Empty: actor and critic share the features.
         critic_layers: Hidden sizes of that critic network.
-        value_norm: The critic learns values in normalised units (MAPPO's value
-            normalisation, :mod:`rl.models.value_norm`); its values are returned in the
-            reward's units all the same.
+        value_norm: The critic learns values in normalised units (:mod:`rl.models.value_norm`);
+            its values are returned in the reward's units all the same.
         value_norm_beta: Decay of the normalisation's moving averages, once a rollout.
-        encoders: Encoders of your own, by observation entry (``{"image": MyCNN}``): each a
-            callable (in the config a ``_partial_`` ``_target_``) that takes the entry's
-            ``space`` and returns an ``nn.Module`` with an integer ``out_size``, mapping the
-            entry's ``[B, ...]`` values (as the task gives them: a uint8 image stays uint8) to
-            features ``[B, out_size]``. An entry without one is encoded as above.
-        core: A recurrent core of your own in place of ``rnn``'s (which must then be null): a
-            callable (a ``_partial_`` ``_target_``) that takes ``input_size`` (the trunk's
-            output) and returns an ``nn.Module`` with an integer ``out_size``,
-            ``initial_state(num_envs, device)`` (a ``TensorDict`` of batch ``[N]``) and
-            ``forward(x [T, N, F], episode_starts [T, N], state)`` returning
-            ``(out [T, N, out_size], state after)``; it resets its state where
-            ``episode_starts`` is set (see :class:`Core`).
-        policy_head: The policy's network of your own in place of ``head_layers``' MLP: a
-            callable (a ``_partial_`` ``_target_``) that takes ``input_size`` (the core's
-            output, or the trunk's) and returns an ``nn.Module`` with an integer ``out_size``
-            mapping ``[B, input_size]`` to ``[B, out_size]``; the action head (the
-            distribution for the action space) follows it.
+        encoders: Encoders of your own by observation entry (``{"image": MyCNN}``), built from
+            the entry's ``space``, mapping its ``[B, ...]`` values as the task gives them (a
+            uint8 image stays uint8) to ``[B, out_size]``.
+        core: A recurrent core of your own in place of ``rnn``'s (which must then be null),
+            built from ``input_size`` (the trunk's output); see :class:`Core`.
+        policy_head: The policy's network of your own in place of ``head_layers``' MLP, built
+            from ``input_size`` (the core's output, or the trunk's), mapping
+            ``[B, input_size]`` to ``[B, out_size]``; the action head follows it.
         value_head: The critic's network of your own, likewise (``input_size``: the policy's
-            input, or the ``critic_keys`` entries' flattened size for a centralised critic);
-            one linear layer to the value follows it.
+            input, or the ``critic_keys`` entries' flattened size); one linear layer to the
+            value follows it.
     """
 
     def __init__(
@@ -163,17 +140,17 @@ class ActorCritic(PolicyBase):
                 f"model.encoders: {unknown} are not observation entries the actor sees "
                 f"({self.keys})"
             )
+        image_encoder = functools.partial(
+            ImageEncoder,
+            channels=cnn_channels,
+            kernels=cnn_kernels,
+            strides=cnn_strides,
+            image_encoding=image_encoding,
+            embed_dim=embed_dim,
+            activation=activation,
+        )
         feat = self._build_encoders(
-            observation_space,
-            own,
-            dict(
-                channels=cnn_channels,
-                kernels=cnn_kernels,
-                strides=cnn_strides,
-                encoding=image_encoding,
-                embed_dim=embed_dim,
-                activation=activation,
-            ),
+            observation_space, own, image_encoder if cnn_channels else None
         )
         self.trunk, feat = mlp(feat, trunk_layers, activation)
         self.rnn_kind = rnn
@@ -256,13 +233,14 @@ class ActorCritic(PolicyBase):
         return values
 
     def _build_encoders(
-        self, observation_space: gym.spaces.Dict, own: Mapping[str, Any], cnn: dict[str, Any]
+        self,
+        observation_space: gym.spaces.Dict,
+        own: Mapping[str, Any],
+        image_encoder: Callable[..., ImageEncoder] | None,
     ) -> int:
         """One encoder (or encoding) per observation entry of :attr:`keys`; their feature size.
 
-        An entry with an encoder of ``own`` goes through it; images (3-D boxes, with ``cnn``
-        channels) go through a CNN; other boxes and binaries are flattened; discrete entries
-        one-hot encoded (a multi-discrete one per component).
+        ``image_encoder``: None flattens images.
         """
         self.encoders = nn.ModuleDict()
         self._kinds: dict[str, str] = {}
@@ -270,24 +248,16 @@ class ActorCritic(PolicyBase):
         feat = 0
         for key in self.keys:
             space = observation_space[key]
+            is_image = isinstance(space, gym.spaces.Box) and len(space.shape) == 3
             if key in own:
                 encoder, size = _own_part(
                     own[key], f"model.encoders.{key}", "an encoder", space=space
                 )
                 self.encoders[key] = encoder
-                is_image = isinstance(space, gym.spaces.Box) and len(space.shape) == 3
                 self._kinds[key] = "image" if is_image else "encoded"
                 feat += size
-            elif isinstance(space, gym.spaces.Box) and len(space.shape) == 3 and cnn["channels"]:
-                enc = ImageEncoder(
-                    space,
-                    cnn["channels"],
-                    cnn["kernels"],
-                    cnn["strides"],
-                    cnn["encoding"],
-                    cnn["embed_dim"],
-                    cnn["activation"],
-                )
+            elif is_image and image_encoder is not None:
+                enc = image_encoder(space)
                 self.encoders[key] = enc
                 self._kinds[key] = "image"
                 feat += enc.out_size
@@ -312,12 +282,8 @@ class ActorCritic(PolicyBase):
                 raise ValueError(f"observation entry {key!r}: unsupported space {space}")
         return feat
 
-    # ------------------------------------------------------------------ state
     def initial_state(self, num_envs: int, device: torch.device | str) -> TensorDict:
-        """Zero state of batch ``[num_envs]``.
-
-        ``{"h"}`` (GRU) or ``{"h", "c"}`` (LSTM), ``[N, L, H]`` each; empty (memoryless).
-        """
+        """Zeros: ``{"h"}`` (GRU) or ``{"h", "c"}`` (LSTM), ``[N, L, H]`` each; empty without."""
         if self.rnn is None:
             return empty_state(num_envs, device)
         if self.rnn_kind == "own":
@@ -330,7 +296,6 @@ class ActorCritic(PolicyBase):
             device=torch.device(device),
         )
 
-    # ---------------------------------------------------------------- forward
     def _encode(
         self, obs: Mapping[str, torch.Tensor], lead: int
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -366,10 +331,9 @@ class ActorCritic(PolicyBase):
     ) -> tuple[torch.Tensor, TensorDict]:
         """The recurrent layers over ``x [T, N, F]``, resetting states at episode starts.
 
-        GRU: one step (collection) is one ``nn.GRU`` call; sequences (the update) go through
-        :func:`~rl.models.gru.gru_sequence`, which resets states mid-sequence and has a
-        hand-written BPTT. Both reproduce step-by-step collection to float32 rounding. LSTM:
-        :func:`~rl.models.lstm.lstm_sequence` (``nn.LSTM`` per segment between resets).
+        A GRU step (collection) is one ``nn.GRU`` call, a sequence (the update) goes through
+        :func:`~rl.models.gru.gru_sequence`: both reproduce step-by-step collection to float32
+        rounding.
         """
         assert self.rnn is not None
         if self.rnn_kind == "own":
@@ -418,11 +382,7 @@ class ActorCritic(PolicyBase):
         episode_starts: torch.Tensor,
         state: TensorDict,
     ) -> tuple[torch.Tensor, TensorDict, dict[str, torch.Tensor]]:
-        """The heads' input ``[T * N, F]``, the state after, and the features by name.
-
-        Encoders, trunk, recurrence; the features are ``[T * N, ...]``: ``visual`` (with
-        images), ``embedding``, ``belief``.
-        """
+        """The heads' input ``[T * N, F]``, the state after, and the features ``[T * N, ...]``."""
         t_len, n = episode_starts.shape
         x, visual = self._encode(obs, t_len * n)
         if len(self.trunk):  # (an empty trunk costs a module call)
@@ -451,27 +411,26 @@ class ActorCritic(PolicyBase):
 
 @runtime_checkable
 class Core(Protocol):
-    """A recurrent core of one's own (``model.core``): what :class:`ActorCritic` calls on it."""
+    """A recurrent core of one's own (``model.core``): what :class:`ActorCritic` calls on it.
+
+    It resets its state where ``episode_starts`` is set.
+    """
 
     out_size: int
 
     def initial_state(self, num_envs: int, device: torch.device | str) -> TensorDict:
-        """The state before any step, batch ``[num_envs]``."""
+        """The state before any step, a ``TensorDict`` of batch ``[num_envs]``."""
         ...
 
     def __call__(
         self, x: torch.Tensor, episode_starts: torch.Tensor, state: TensorDict
     ) -> tuple[torch.Tensor, TensorDict]:
-        """``x [T, N, F]`` from ``state`` (reset where ``episode_starts``): outputs and state."""
+        """``x [T, N, F]`` from ``state``: ``(out [T, N, out_size], state after)``."""
         ...
 
 
 def _own_part(build: Any, where: str, what: str, **inputs: Any) -> tuple[nn.Module, int]:
-    """A part of one's own (``where``: its config key), built from ``inputs``, checked; its size.
-
-    A part is a callable (a ``_partial_`` ``_target_``) returning an ``nn.Module`` with an
-    integer ``out_size`` (its output's feature size).
-    """
+    """A part of one's own (``where``: its config key) built from ``inputs``, checked; its size."""
     if not callable(build):
         raise ValueError(
             f"{where}: expected a callable that builds {what} (a _partial_ _target_), got "

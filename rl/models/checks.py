@@ -1,15 +1,13 @@
 """The Policy protocol's shapes, checked once where a policy is built (:func:`check_policy`).
 
-A policy of a researcher's own that returns values of shape ``[T, N, 1]`` would otherwise fail
-far from its cause. The probe runs on ``T = 3`` steps of ``N = 2`` environments drawn from the
-task's space (an episode start at the second step) and changes nothing: no gradients,
-evaluation mode, its own random stream.
+A policy of one's own returning values ``[T, N, 1]`` would otherwise fail far from its cause.
+The probe (``T = 3`` steps of ``N = 2`` environments drawn from the task's space, an episode
+start at the second step) changes nothing: no gradients, evaluation mode, its own random stream.
 """
 
 from __future__ import annotations
 
-import copy as copy_module
-from collections.abc import Mapping
+import copy
 from typing import Any
 
 import gymnasium as gym
@@ -17,14 +15,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rl.models.policy import (
-    ACTIONS,
-    LOGPROBS,
-    NEXT_STATE,
-    STEP_KEYS,
-    VALUES,
-    policy_input,
-)
+from rl.models.policy import ACTIONS, LOGPROBS, NEXT_STATE, STEP_KEYS, VALUES, policy_input
 from rl.utils.config import ConfigError
 
 _T, _N = 3, 2  # the probe's steps and environments
@@ -38,16 +29,11 @@ def _batch(space: gym.spaces.Dict, lead: tuple[int, ...]) -> dict[str, torch.Ten
     rng = np.random.default_rng(0)
     out = {}
     for key, sub in space.spaces.items():
-        sub = _seeded(sub, int(rng.integers(2**31)))
+        sub = copy.deepcopy(sub)  # (the task's space keeps its own random stream)
+        sub.seed(int(rng.integers(2**31)))
         samples = [np.asarray(sub.sample()) for _ in range(int(np.prod(lead)))]
         out[key] = torch.as_tensor(np.stack(samples)).reshape(*lead, *samples[0].shape)
     return out
-
-
-def _seeded(space: gym.Space, seed: int) -> gym.Space:
-    copy = copy_module.deepcopy(space)  # (the task's space keeps its own random stream)
-    copy.seed(seed)
-    return copy
 
 
 def _expect(policy: Any, what: str, value: Any, shape: tuple[int, ...], hint: str) -> None:
@@ -82,7 +68,8 @@ def _probe(policy: Any, observation_space: gym.spaces.Dict) -> None:
     _expect(policy, "forward()'s values", output.values, (_T, _N), "one value per step and "
             "environment: [T, N], not [T, N, 1]")  # fmt: skip
     _check_state(policy, "forward()'s state after", after)
-    step = policy.act(policy_input(_first(obs), starts[0], state), deterministic=True)
+    first = {k: v[0] for k, v in obs.items()}
+    step = policy.act(policy_input(first, starts[0], state), deterministic=True)
     if not isinstance(step, TensorDict):
         raise PolicyShapeError(
             f"policy {type(policy).__name__}: act() returned {type(step).__name__}; expected the "
@@ -108,10 +95,6 @@ def _probe(policy: Any, observation_space: gym.spaces.Dict) -> None:
     for name in set(step.keys()) - STEP_KEYS:  # (a TensorDict keeps its entries [N, ...])
         if not isinstance(step.get(name), torch.Tensor):
             _expect(policy, f"act()'s extra {name!r}", step.get(name), (_N,), "a [N, ...] tensor")
-
-
-def _first(obs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v[0] for k, v in obs.items()}
 
 
 def _check_state(policy: Any, where: str, state: Any) -> None:

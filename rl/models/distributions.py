@@ -1,13 +1,8 @@
-"""Action distributions chosen from the action space, written for the hot path.
+"""Action distributions for each action space, written for the hot path.
 
-No ``torch.distributions`` objects (their argument validation and broadcasting cost more than
-the arithmetic at these sizes). Each is over a batch of any leading shape (``[N]`` when acting,
-``[T, n]`` in the update): :class:`Categorical` (``Discrete``), :class:`DiagGaussian` (``Box``:
-a state-independent log standard deviation, as CleanRL's ``ppo_continuous_action``; the
-log-probability is of the unclipped draw, environments receive it clipped) and
-:class:`MultiCategorical` (``MultiDiscrete``; log-probabilities and entropies summed over the
-components). :class:`ActionHead` builds the right one; ``mode()`` is deterministic evaluation's
-action.
+No ``torch.distributions`` objects: their argument validation and broadcasting cost more than
+the arithmetic at these sizes. Each is over a batch of any leading shape (``[N]`` when acting,
+``[T, n]`` in the update); :class:`ActionHead` builds the right one.
 """
 
 from __future__ import annotations
@@ -95,7 +90,10 @@ class Categorical:
 
 
 class DiagGaussian:
-    """Independent Gaussians: ``mean [..., A]``, ``log_std [A]`` (or ``[..., A]``)."""
+    """Independent Gaussians: ``mean [..., A]``, ``log_std [A]`` (or ``[..., A]``).
+
+    The log-probability is of the unclipped draw; environments receive it clipped.
+    """
 
     def __init__(self, mean: torch.Tensor, log_std: torch.Tensor) -> None:
         self.mean = mean
@@ -132,7 +130,10 @@ class DiagGaussian:
 
 
 class MultiCategorical:
-    """Independent categoricals of sizes ``nvec``; ``logits [..., sum(nvec)]`` concatenated."""
+    """Independent categoricals of sizes ``nvec``; ``logits [..., sum(nvec)]`` concatenated.
+
+    Log-probabilities and entropies are summed over the components.
+    """
 
     def __init__(self, logits: torch.Tensor, nvec: tuple[int, ...]) -> None:
         self.logits, self.nvec = logits, nvec
@@ -165,15 +166,14 @@ class ActionHead(nn.Linear):
     """The policy's last layer for an action space: features ``[..., F]`` -> a distribution.
 
     A linear layer (orthogonal init, gain 0.01, so the first policy is near uniform or near
-    its mean) to the distribution's parameters, plus a learned state-independent log standard
-    deviation for ``Box`` actions (``log_std``, from ``log_std_init``).
+    its mean) to the distribution's parameters; ``Box`` actions add a learned
+    state-independent ``log_std``, as CleanRL's ``ppo_continuous_action``.
     """
 
     def __init__(
         self, action_space: gym.Space, in_features: int, log_std_init: float = 0.0
     ) -> None:
-        self.kind: str
-        self.nvec: tuple[int, ...] = ()
+        nvec: tuple[int, ...] = ()
         if isinstance(action_space, gym.spaces.Discrete):
             kind, size = "categorical", int(action_space.n)
         elif isinstance(action_space, gym.spaces.MultiDiscrete):
@@ -186,9 +186,7 @@ class ActionHead(nn.Linear):
                 f"no action distribution for {action_space} (Discrete, 1-D Box, MultiDiscrete)"
             )
         super().__init__(in_features, size)
-        self.kind = kind
-        if kind == "multi_categorical":
-            self.nvec = nvec
+        self.kind, self.nvec = kind, nvec
         nn.init.orthogonal_(self.weight, 0.01)
         nn.init.zeros_(self.bias)
         if kind == "gaussian":

@@ -1,9 +1,4 @@
-"""The default policy's building blocks: initialisation, MLPs, the image encoder, RNN cores.
-
-:class:`~rl.models.ActorCritic` assembles them: :func:`mlp` (orthogonal weights, zero
-biases) for the trunk, heads and a centralised critic; :class:`ImageEncoder` for image entries
-(one-hot, embedded or scaled, then a small CNN); :func:`recurrent_core` for the GRU or LSTM.
-"""
+"""Building blocks of :class:`~rl.models.ActorCritic`: initialisation, MLPs, CNN, RNN cores."""
 
 from __future__ import annotations
 
@@ -42,7 +37,7 @@ def mlp(in_size: int, layers: Sequence[int], activation: str) -> tuple[nn.Sequen
 class ImageEncoder(nn.Module):
     """A CNN from an image entry ``[B, H, W, C]`` to ``[B, out_size]`` features."""
 
-    # Buffers, registered in __init__ for the encodings that use them
+    # Buffers of the encodings that use them
     onehot_offsets: torch.Tensor
     offsets: torch.Tensor
 

@@ -23,11 +23,10 @@ def build_policy(
 ) -> Any:
     """Instantiate a model config (a ``_partial_`` ``_target_``) for the given spaces.
 
-    The one way every part of the framework builds a policy:
-    ``build_policy(cfg["model"], *task_spaces(cfg["task"]))``; a task with groups of agents
-    (:attr:`rl.tasks.TaskLayout.groups`) passes ``groups`` too. The policy built is checked
-    against the :class:`~rl.models.policy.Policy` protocol, its outputs' shapes included
-    (:func:`~rl.models.checks.check_policy`).
+    The one way the framework builds a policy: ``build_policy(cfg["model"],
+    *task_spaces(cfg["task"]))``, with ``groups`` for a task with groups of agents
+    (:attr:`rl.tasks.TaskLayout.groups`). The policy is checked against the
+    :class:`~rl.models.policy.Policy` protocol, its outputs' shapes included.
     """
     build = hydra.utils.instantiate(dict(model_cfg))
     kwargs: dict[str, Any] = {}

@@ -1,10 +1,9 @@
 """One policy per group of agents: a multi-agent task's agents of different kinds.
 
-:class:`GroupedPolicy` (``model=grouped``) holds one policy per group, each built for its
-group's own spaces, and runs each on its group's rows: a row is one agent, so a column of a
-time-major batch ``[T, N]`` is of one group throughout. :class:`GroupedDistribution` joins
-their distributions. Auxiliary losses that read the policy's features do not apply (``extras``
-is empty). Groups are described once, in docs/concepts/multi-agent.md ("Groups of agents").
+:class:`GroupedPolicy` (``model=grouped``) runs each group's policy, built for the group's own
+spaces, on its group's rows: a row is one agent, so a column of ``[T, N]`` is of one group
+throughout. ``extras`` is empty, so auxiliary losses that read policy features do not apply.
+Groups are described in docs/concepts/multi-agent.md ("Groups of agents").
 """
 
 from __future__ import annotations
@@ -51,8 +50,8 @@ class _ActionFit:
 class GroupedDistribution:
     """The action distribution of rows of several groups: each row's under its group's.
 
-    ``parts``: ``(columns, distribution over those columns, fit)`` per group with rows, over
-    ``batch_shape`` ``[T, N]`` (or ``[N]`` for one step).
+    ``parts``: ``(columns, distribution over those columns, fit)`` per group with rows;
+    ``batch_shape``: ``[T, N]`` (or ``[N]`` for one step).
     """
 
     def __init__(

@@ -1,12 +1,10 @@
 """A GRU over time-major sequences with per-step state resets, and its hand-written BPTT.
 
-The update re-runs the policy's GRU over minibatches of sequences in which environments start
-new episodes at arbitrary steps: the state is zeroed before such a step. ``torch.nn.GRU`` cannot
-reset mid-sequence, and calling it once per segment (or per step) leaves autograd to record
-some thirty small operations per step. :func:`gru_sequence` takes the input projection of every
-step in one matrix product, runs the recurrence without recording it, and computes the gradient
-with one hand-derived backward pass (nine operations per step, weight gradients in one product).
-It computes exactly what ``torch.nn.GRU`` computes, cell for cell, and uses its parameters, so
+``torch.nn.GRU`` cannot reset mid-sequence, and calling it once per segment (or per step)
+leaves autograd to record some thirty small operations per step. :func:`gru_sequence` takes the
+input projection of every step in one matrix product, runs the recurrence without recording it,
+and computes the gradient in one hand-derived backward pass (nine operations per step). It
+computes exactly what ``torch.nn.GRU`` computes, cell for cell, with its parameters, so
 checkpoints and the collection-time ``nn.GRU`` calls are unchanged.
 """
 

@@ -1,10 +1,8 @@
 """An LSTM over time-major sequences with per-step state resets.
 
-``torch.nn.LSTM`` cannot zero an environment's state in the middle of a sequence. The sequence
-is cut where any environment starts an episode and each segment goes through ``nn.LSTM`` in one
-call, the starting environments' states zeroed between segments (the recurrence inside a
-segment is the library's fused one). A minibatch of a few environments has a handful of such
-cuts per chunk; with one environment starting at every step it degrades to one call per step.
+``torch.nn.LSTM`` cannot zero an environment's state mid-sequence, so the sequence is cut where
+any environment starts an episode, each segment is one fused ``nn.LSTM`` call and the starting
+environments' states are zeroed between segments (one call per step at worst).
 """
 
 from __future__ import annotations

@@ -1,36 +1,23 @@
 """The policy protocol: what collectors, losses, evaluation and checkpoints need of a model.
 
-A policy is a ``torch.nn.Module`` (its ``state_dict`` is the checkpoint's ``model``) that
+A policy is a ``torch.nn.Module`` (its ``state_dict`` is the checkpoint's ``model``) with
 
-- starts each environment from :meth:`Policy.initial_state`, a ``TensorDict`` of batch size
-  ``[N]`` of any structure: ``{"h": [N, L, H]}`` for a GRU, ``{"h", "c"}`` for an LSTM, empty
-  for a memoryless policy. Collectors carry it from step to step, store it with every step
-  (truncated-BPTT chunks start from it), save it in checkpoints and pause environments by
-  indexing it; they never look inside;
-- acts for a batch of environments (:meth:`Policy.act`): it reads the step, a ``TensorDict`` of
-  batch ``[N]`` with the fixed keys ``obs`` (the observations), ``episode_starts`` (``[N]``
-  bool) and ``state`` (the recurrent state before the step), and writes into it ``actions``,
-  ``logprobs`` (``[N]``), ``values`` (``[N]``), ``next_state`` (the state after) and any extras
-  of its own (a key it adds, ``[N, ...]``): the collector records every entry the policy writes
-  with the step, so a loss of the policy's own reads it from its minibatch. Where the step holds
-  ``forced_actions`` (teacher forcing: the expert's action, ``-1`` where the policy draws), those
-  actions are taken and ``logprobs`` are theirs;
-- evaluates time-major sequences for the update (:meth:`Policy.forward`: ``[T, N, ...]``
-  inputs, the state before the first step), resetting its state before every step whose
-  ``episode_starts`` is set.
+- :meth:`Policy.initial_state`: a ``TensorDict`` of batch ``[N]`` of any structure
+  (``{"h": [N, L, H]}`` for a GRU, empty for a memoryless policy). Collectors carry it from
+  step to step, store it with every step (truncated-BPTT chunks start from it), save it in
+  checkpoints and pause environments by indexing it; they never look inside.
+- :meth:`Policy.act`: reads a step (batch ``[N]``: ``obs``, ``episode_starts`` ``[N]`` bool,
+  ``state``) and writes into it ``actions``, ``logprobs`` ``[N]``, ``values`` ``[N]``,
+  ``next_state`` and any extras of its own (``[N, ...]``: recorded with the step, so a loss of
+  the policy's own reads them from its minibatch). Where the step holds ``forced_actions``
+  (teacher forcing: ``-1`` where the policy draws), those actions are taken and ``logprobs``
+  are theirs.
+- :meth:`Policy.forward`: time-major sequences ``[T, N, ...]`` for the update, from the state
+  before the first step, resetting the state before every step whose ``episode_starts`` is set.
 
-Optionally, a policy whose critic learns normalised values (:mod:`rl.models.value_norm`) has
-``value_norms(obs)``: its :class:`~rl.models.value_norm.ValueNorm` statistics, each with the
-``[T, N]`` mask of the rows whose returns it follows (None: every row); the learner updates them
-with each rollout's returns before the update.
-
-Observations arrive as a mapping of flat entries (:mod:`rl.tasks.spaces`). The action
-distribution follows the action space (:mod:`rl.models.distributions`).
-
-:class:`PolicyBase` gives a policy :meth:`~PolicyBase.act` from its ``forward``; the framework's
-default policy is :class:`~rl.models.actor_critic.ActorCritic`. A researcher's own policy class
-is a ``_target_`` in ``conf/model/`` built with :func:`~rl.models.factory.build_policy`, which
-passes it ``observation_space`` and ``action_space``.
+Optionally, a critic that learns normalised values has ``value_norms(obs)``: its
+:class:`~rl.models.value_norm.ValueNorm` statistics, each with the ``[T, N]`` mask of the rows
+whose returns it follows (None: every row); the learner updates them with each rollout's returns.
 """
 
 from __future__ import annotations
@@ -85,8 +72,7 @@ class PolicyOutput:
     value_norm: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
-# The step's fixed keys (Policy.act reads the first three, writes the next four; FORCED_ACTIONS
-# is there under teacher forcing only).
+# The step's fixed keys: Policy.act reads the first three and writes the next four.
 OBS, EPISODE_STARTS, STATE = "obs", "episode_starts", "state"
 ACTIONS, LOGPROBS, VALUES, NEXT_STATE = "actions", "logprobs", "values", "next_state"
 FORCED_ACTIONS = "forced_actions"
@@ -100,18 +86,10 @@ _P = TypeVar("_P", bound="Policy")
 
 @runtime_checkable
 class Policy(Protocol):
-    """What the framework calls on a model (see the module docstring).
-
-    A policy is an ``nn.Module``: besides the methods below, the framework calls the module
-    methods listed last (calling the module runs :meth:`forward`).
-    """
+    """What the framework calls on a model (see the module docstring), ``nn.Module``'s included."""
 
     def initial_state(self, num_envs: int, device: torch.device | str) -> TensorDict:
-        """The state before any observation, batch size ``[num_envs]``, on ``device``.
-
-        The framework always passes the device (an implementation with a default for it
-        satisfies the protocol all the same).
-        """
+        """The state before any observation, batch ``[num_envs]``, on ``device`` (always given)."""
         ...
 
     def forward(
@@ -130,11 +108,7 @@ class Policy(Protocol):
         deterministic: bool = False,
         generator: torch.Generator | None = None,
     ) -> TensorDict:
-        """One step of ``N`` environments, written into ``step``, which it returns.
-
-        Writes actions, log-probabilities, values, the state after and the policy's extras (see
-        the module docstring).
-        """
+        """One step of ``N`` environments, written into ``step``, which it returns."""
         ...
 
     # What the framework uses of ``nn.Module``.
@@ -217,11 +191,10 @@ def write_step(
     deterministic: bool = False,
     generator: torch.Generator | None = None,
 ) -> TensorDict:
-    """Draw from ``dist`` (batch ``[N]``) and write the step's actions, values and state after.
+    """Draw from ``dist`` (batch ``[N]``, the mode where ``deterministic``) into ``step``.
 
-    Writes ``actions`` (the mode where ``deterministic``), ``logprobs``, ``values`` and
-    ``next_state``; ``forced_actions`` where the step has them (``>= 0``) are taken instead of a
-    draw.
+    Writes ``actions``, ``logprobs``, ``values`` and ``next_state``; ``forced_actions`` ``>= 0``
+    are taken instead of a draw.
     """
     actions = dist.mode() if deterministic else dist.sample(generator)
     forced = step.get(FORCED_ACTIONS, None)

@@ -1,8 +1,7 @@
 """Value normalisation: the critic learns value targets at zero mean and unit variance.
 
-MAPPO's ``ValueNorm`` (Yu et al., 2022, recommendation 1), as a debiased exponential moving
-average of the targets' mean and mean square; how policies, losses and the learner use it is
-described once, in docs/concepts/multi-agent.md ("Value normalisation").
+MAPPO's ``ValueNorm`` (Yu et al., 2022), a debiased exponential moving average of the targets'
+mean and mean square; how it is used: docs/concepts/multi-agent.md ("Value normalisation").
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ class ValueNorm(nn.Module):
         min_var: Floor of the variance.
     """
 
-    # Buffers (registered in __init__)
     running_mean: torch.Tensor
     running_mean_sq: torch.Tensor
     debiasing: torch.Tensor

@@ -1,10 +1,9 @@
 """Tasks: the API an environment is written against, and building one from a config.
 
-``factory`` builds an environment from a task config and reads its spaces and name; ``spaces``,
-``fields``, ``observations``, ``splits`` and ``gym`` are the parts of a task config;
-``batched`` and ``gym_vector`` step N environments at once; ``agents`` and ``pettingzoo`` make
-several agents in one environment rows of one batch. The example environments are the package
-:mod:`rl_envs`, written against this API alone.
+``factory`` builds environments from task configs; ``spaces``, ``fields``, ``observations``,
+``splits`` and ``gym`` are the parts of a task config; ``batched`` and ``gym_vector`` step N
+environments at once; ``agents`` and ``pettingzoo`` make a multi-agent environment's agents
+rows of one batch. The example environments (:mod:`rl_envs`) use this API alone.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
 """Several agents in one environment: how they travel as one environment and as rows.
 
-A multi-agent task is, to the samplers, one ``gymnasium.Env`` whose every entry is stacked over
-its ``A`` agents (:func:`stack_space`), with three per-agent step fields (:func:`agent_fields`;
-declaring ``agent_rewards`` makes a task multi-agent). Samplers present every agent as a row of
-the batch, and the policy sees one agent's spaces (:func:`unstack_space`). Agents of different
-kinds form groups (:class:`AgentGroup`), one policy each. The rules are described once, in
-docs/concepts/multi-agent.md.
+To the samplers a multi-agent task is one ``gymnasium.Env`` whose every entry is stacked over
+its ``A`` agents (:func:`stack_space`), with the per-agent step fields of :func:`agent_fields`
+(declaring ``agent_rewards`` makes a task multi-agent). Each agent is a row of the batch and the
+policy sees one agent's spaces (:func:`unstack_space`); agents of different kinds form groups
+(:class:`AgentGroup`), one policy each. The rules: docs/concepts/multi-agent.md.
 """
 
 from __future__ import annotations
@@ -47,8 +46,7 @@ def agent_fields(count: int) -> dict[str, StepField]:
 
     ``agent_rewards`` (each agent's reward; the env's own is their sum) and ``agent_done``
     (:data:`DONE_TERMINATED` or :data:`DONE_TRUNCATED` in the step an agent's episode ends)
-    are values of the step; ``agent_active`` comes with the observation (the agent is still in
-    the episode).
+    are values of the step; ``agent_active`` (still in the episode) comes with the observation.
     """
     return {
         AGENT_REWARDS: StepField(AGENT_REWARDS, (count,), "float32", transition=True),

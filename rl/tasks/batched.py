@@ -2,9 +2,8 @@
 
 A :class:`BatchedEnv` runs ``num_envs`` environments of one task on one device and resets an
 episode that ends inside the same call (auto-reset); nothing is copied to the host per step.
-:class:`~rl.sampling.batched.BatchedSampler` turns one into a sampler. Implementations: the
-grid PointNav in torch (:mod:`rl_envs.pointnav.batched`), any ``gymnasium.vector.VectorEnv``
-(:mod:`rl.tasks.gym_vector`), and a researcher's own (docs/concepts/samplers.md).
+Implementations: the torch grid PointNav (:mod:`rl_envs.pointnav.batched`), any gymnasium
+``VectorEnv`` (:mod:`rl.tasks.gym_vector`), and one's own (docs/concepts/samplers.md).
 """
 
 from __future__ import annotations
@@ -21,15 +20,13 @@ from rl.tasks.fields import StepField
 
 __all__ = ["BatchedEnv", "EPISODE_KEY"]
 
-# The entry of a step holding the task's metrics of the episodes that ended in it.
-EPISODE_KEY = "episode"
+EPISODE_KEY = "episode"  # a step's metrics of the episodes that ended in it
 
 
 class BatchedEnv(abc.ABC):
     """``num_envs`` environments of one task, stepped together on :attr:`device`.
 
     Attributes:
-        num_envs: How many environments.
         device: Where observations, actions and everything returned live.
         observation_space: One environment's observations: a flat ``gymnasium.spaces.Dict``.
         action_space: One environment's action space.
@@ -72,9 +69,9 @@ class BatchedEnv(abc.ABC):
             float64 as Python environments give them), ``terminated`` and ``truncated``
             (never both), ``final_obs`` (each truncated episode's last observation, zeros in
             other rows; may be left out where none was), the task's step fields, and
-            ``episode`` (:data:`EPISODE_KEY`): the metrics of the episodes that ended, floats
-            by name (NaN where an ended episode has no such metric; may be left out where
-            none ended).
+            ``episode`` (:data:`EPISODE_KEY`): the ended episodes' metrics, floats by name
+            (NaN where an ended episode has no such metric; may be left out where none
+            ended).
         """
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """What an environment's next episode depends on, saved with each episode in flight.
 
-Samplers save, per environment, how its episode in flight started (its seed, or the state of its
-``np_random`` for an unseeded reset, and a task's own reset state) and replay the actions taken
-since on resume: with these, a resumed run is exact.
+Samplers save how each environment's episode in flight started (its seed, or its ``np_random``
+state for an unseeded reset, and a task's own reset state) and replay the actions taken since
+on resume: with these, a resumed run is exact.
 """
 
 from __future__ import annotations

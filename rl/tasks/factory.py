@@ -1,9 +1,8 @@
 """Environments from task configs: build one, read a task's spaces, name it.
 
 A task config is a plain mapping whose ``_target_`` returns a ``gymnasium.Env``
-(``conf/task/<name>.yaml``), with optionally ``observations`` (:mod:`rl.tasks.observations`)
-and ``step_fields`` (:mod:`rl.tasks.fields`). Everything that builds an environment from a
-config goes through here.
+(``conf/task/<name>.yaml``), with optional ``observations`` (:mod:`rl.tasks.observations`) and
+``step_fields`` (:mod:`rl.tasks.fields`).
 """
 
 from __future__ import annotations
@@ -19,15 +18,14 @@ from rl.tasks.agents import AgentGroup, group_layouts, num_agents, unstack_space
 from rl.tasks.fields import step_fields_of
 from rl.tasks.spaces import check_action_space, dict_space
 
-# Keys of a task config the framework reads itself (not passed to the task's ``_target_``).
+# Keys of a task config the framework reads itself, not passed to its ``_target_``.
 FRAMEWORK_KEYS = frozenset({"observations", "step_fields"})
 
 
 def build_env(task: Mapping[str, Any], **kwargs: Any) -> gym.Env:
-    """The environment of a plain task config, its ``observations`` transforms applied.
+    """The environment of a plain task config, its ``observations`` transforms applied in order.
 
-    ``kwargs`` go to the constructor (e.g. ``render_mode="rgb_array"``); the transforms
-    (partial wrappers) are applied in order, innermost first.
+    ``kwargs`` go to the constructor (e.g. ``render_mode="rgb_array"``).
     """
     transforms = task.get("observations") or ()
     if not isinstance(transforms, (list, tuple)):
@@ -69,7 +67,7 @@ class TaskLayout:
     Attributes:
         observation_space: The flat observation ``Dict`` space a policy sees (one agent's).
         action_space: The action space a policy acts in (one agent's).
-        agents: Agents per environment (each is a row of the batch, :mod:`rl.tasks.agents`).
+        agents: Agents per environment (each a row of the batch, :mod:`rl.tasks.agents`).
         groups: A multi-agent task's groups of agents, one policy each, with the spaces their
             policies see; None: one policy shared by all.
     """
@@ -95,7 +93,6 @@ def task_layout(task: Mapping[str, Any]) -> TaskLayout:
         action_space = check_action_space(env.action_space, name, agents)
         if agents is None:
             return TaskLayout(observation_space, action_space)
-        # A multi-agent task: one agent's spaces (every agent is a row of the batch).
         row_space = gym.spaces.Dict(
             {k: unstack_space(s) for k, s in observation_space.spaces.items()}
         )

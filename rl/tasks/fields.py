@@ -1,9 +1,8 @@
 """Per-step fields a task reports in ``info``: declared once, carried to the losses.
 
-A task declares, by rollout field name, the values of ``info`` that should reach the rollout
-(:class:`StepField`): on its environment class (``step_fields``) or in its config's
-``step_fields`` entry, which adds to and overrides the class's. How samplers read them and where
-collection records them is described once, in docs/howto/add-a-task.md ("step fields").
+A task declares the :class:`StepField` s that reach the rollout, by field name, on its
+environment class (``step_fields``) or in its config's ``step_fields``, which adds to and
+overrides the class's. How samplers read them: docs/howto/add-a-task.md ("step fields").
 """
 
 from __future__ import annotations
@@ -24,10 +23,10 @@ __all__ = [
     "step_fields_of",
 ]
 
-# The rollout field of the task's expert actions (imitation losses and teacher forcing read it).
+# The rollout field of the task's expert actions (imitation losses, teacher forcing).
 EXPERT_ACTIONS = "expert_actions"
 
-# Names the framework itself uses in a sampler's step or in the rollout.
+# Names the framework uses itself in a sampler's step or in the rollout.
 RESERVED_FIELDS = frozenset(
     {
         "obs", "rewards", "terminated", "truncated", "paused", "final_obs", "episodes",

@@ -1,9 +1,8 @@
 """Any ``gymnasium.vector.VectorEnv`` as a :class:`~rl.tasks.batched.BatchedEnv` on the CPU.
 
-How each of gymnasium's autoreset modes is turned into the contract's, what the vector
-environments the framework builds itself (:class:`TaskEnv` copies of a task's environment)
-record for exact resume, and which vector environments a task config gives, are described
-once in docs/concepts/samplers.md ("Gymnasium's vector environments").
+How each of gymnasium's autoreset modes becomes the contract's, and what :class:`TaskEnv` (the
+framework's own copies of a task's environment) records for exact resume, are described in
+docs/concepts/samplers.md ("Gymnasium's vector environments").
 """
 
 from __future__ import annotations
@@ -67,14 +66,13 @@ def builds_vector_env(target: Any) -> bool:
     return isinstance(returned, type) and issubclass(returned, VectorEnv)
 
 
-# ------------------------------------------------------------------ our environments
 def typed_info(
     info: Mapping[str, Any], fields: Mapping[str, StepField], name: str
 ) -> dict[str, Any]:
     """The task's step fields of one ``info``, typed as the serial sampler records them.
 
-    Typed here, a batch of infos mixing an ``int`` and a ``float`` cannot take the first one's
-    type.
+    (Typed per environment, so that a batch mixing an ``int`` and a ``float`` cannot take the
+    first one's type.)
     """
     out: dict[str, Any] = {}
     for key, field in fields.items():
@@ -177,7 +175,6 @@ def _task_env(
     return TaskEnv(build_env(task), index=index, fields=fields, name=name)
 
 
-# ------------------------------------------------------------------------- adapter
 class GymVectorEnv(BatchedEnv):
     """A ``gymnasium.vector.VectorEnv`` as a :class:`~rl.tasks.batched.BatchedEnv` on the CPU.
 
@@ -219,15 +216,13 @@ class GymVectorEnv(BatchedEnv):
         self.observation_space = self._flatten.space
         self.action_space = env.single_action_space
         self.step_fields = dict(step_fields or {})
-        # Field -> the infos key it is read from: the `info` key, or (TaskEnv's typed infos)
-        # the field's own name.
+        # Each field's infos key: TaskEnv's typed infos use the field's own name.
         self._typed = typed_infos
         self._info_keys = {k: k if typed_infos else f.info for k, f in self.step_fields.items()}
         # A vector environment that hands out its own buffers is copied (the step keeps them).
         self._copy = getattr(env.unwrapped, "copy", True) is False
         self._closed = False
 
-    # -------------------------------------------------------------- building
     @classmethod
     def from_task(
         cls,
@@ -244,7 +239,7 @@ class GymVectorEnv(BatchedEnv):
         """
         if mode not in VECTORIZATION_MODES:
             raise ValueError(f"vectorization mode {mode!r}: expected one of {VECTORIZATION_MODES}")
-        probe = build_env(task)  # its spaces, name and fields (and, sync, environment 0)
+        probe = build_env(task)  # its name and fields (and, sync, environment 0)
         try:
             name = env_name(task, probe)
             fields = step_fields_of(task, probe, name)
@@ -296,7 +291,6 @@ class GymVectorEnv(BatchedEnv):
             vector.close()
             raise
 
-    # ------------------------------------------------------------ interface
     def reset(self, seeds: Sequence[int | None]) -> TensorDict:
         """Reset every environment, each with its seed (None: its own random stream)."""
         obs, infos = self.env.reset(seed=list(seeds))  # type: ignore[arg-type]  # one each
@@ -388,7 +382,6 @@ class GymVectorEnv(BatchedEnv):
         else:
             self.env.close()
 
-    # --------------------------------------------------------------- helpers
     def _first_step(self, obs: Any, infos: Mapping[str, Any]) -> TensorDict:
         """What a reset returns: the observations and the fields that come with them."""
         return _tensordict(

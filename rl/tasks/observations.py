@@ -1,8 +1,7 @@
 """Observation transforms: partial gymnasium wrappers a task config's ``observations`` lists.
 
 :func:`rl.tasks.factory.build_env` applies them in order, innermost first, where the
-environments run, so the rollout holds what the policy sees; docs/concepts/policies.md ("The
-observation pipeline") shows a config::
+environments run, so the rollout holds what the policy sees::
 
     observations:
       - {_target_: rl.tasks.observations.ResizeImages, _partial_: true, size: [48, 64]}
@@ -69,7 +68,6 @@ class ResizeImages(_ImageWrapper):
     Bilinear for ``uint8`` images (RGB), nearest for float images (depth: no mixed edges).
 
     Args:
-        env: A task with a dict observation space.
         size: ``[height, width]`` after resizing.
         keys: The image entries to resize (None: every image entry).
     """
@@ -106,7 +104,6 @@ class StackFrames(_ImageWrapper):
     exact: samplers replay an episode's actions, which refills the stack.
 
     Args:
-        env: A task with a dict observation space.
         frames: How many frames (k >= 1).
         keys: The image entries to stack (None: every image entry).
     """

@@ -1,11 +1,10 @@
 """Any PettingZoo environment as a multi-agent task (``task=pettingzoo``).
 
 :class:`ParallelEnvAdapter` makes a PettingZoo Parallel (or AEC) environment one
-``gymnasium.Env`` stacked over its agents, as :mod:`rl.tasks.agents` describes. Its options
-(``global_state``, ``agent_index``, ``groups``) are described in docs/howto/pettingzoo.md.
-Every random draw comes from the adapter's own ``np_random`` (an unseeded reset seeds the inner
-environment from it), so samplers save and replay its episodes in flight as any task's. The
-inner environment's own per-agent ``step_fields`` are stacked over the agents.
+``gymnasium.Env`` stacked over its agents (:mod:`rl.tasks.agents`); its options are described
+in docs/howto/pettingzoo.md. Every random draw comes from the adapter's own ``np_random`` (an
+unseeded reset seeds the inner environment from it), so samplers save and replay its episodes
+in flight as any task's.
 """
 
 from __future__ import annotations
@@ -110,7 +109,6 @@ class ParallelEnvAdapter(gym.Env):
         global_state: ``auto``, ``state``, ``concat`` or ``false``: the entry ``state``.
         agent_index: Add each agent's index to its observation (``agent_index``).
         groups: ``prefix``, ``{group: [agent, ...]}``, or None (one policy shared by all).
-        render_mode: Passed to the constructor.
     """
 
     metadata = {"render_modes": ["rgb_array"]}
@@ -135,7 +133,7 @@ class ParallelEnvAdapter(gym.Env):
         self.render_mode = render_mode
         self.agents = list(self.env.possible_agents)
         count = len(self.agents)
-        # The inner env's own per-agent fields (e.g. an expert), stacked over the agents.
+        # The inner env's own per-agent fields (e.g. an expert's action), stacked over agents.
         inner = getattr(self.env, "unwrapped", self.env)
         self._agent_step_fields: dict[str, StepField] = dict(
             getattr(inner, "step_fields", None) or {}

@@ -2,9 +2,8 @@
 
 Observations reach samplers, storage and policies as one flat ``Dict`` of arrays: a non-dict
 space is the entry ``obs``, the leaves of nested ``Dict``/``Tuple`` spaces are named by their
-``/``-joined key path. The spaces supported, and what a policy makes of each, are listed once
-in docs/concepts/policies.md ("Supported spaces"); anything else is refused before training,
-naming the task, the key path and the space.
+``/``-joined key path. Anything else (docs/concepts/policies.md, "Supported spaces") is refused
+before training, naming the task, the key path and the space.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rl.tasks.agents import unstack_space
 from rl.utils.config import ConfigError
 
 __all__ = [
@@ -114,8 +114,6 @@ def check_action_space(space: gym.Space, task: str = "?", agents: int | None = N
     ``agents``: the space is stacked over that many agents (:mod:`rl.tasks.agents`).
     """
     if agents is not None:
-        from rl.tasks.agents import unstack_space  # (agents builds on this module's peers)
-
         try:
             check_action_space(unstack_space(space), task)
         except ValueError as e:

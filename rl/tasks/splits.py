@@ -16,8 +16,7 @@ __all__ = ["MAX_SPLIT_DRAWS", "SPLITS", "draw_in_split", "split_of"]
 
 SPLITS = ("train", "valid", "test")
 _BUCKETS = ("train",) * 8 + ("valid", "test")
-# Draws before a split is declared empty (the task has too few layouts to split).
-MAX_SPLIT_DRAWS = 10_000
+MAX_SPLIT_DRAWS = 10_000  # draws before a split is declared empty (too few layouts)
 
 T = TypeVar("T")
 
