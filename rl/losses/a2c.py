@@ -11,7 +11,6 @@ from rl.losses.base import (
     LossOutput,
     explained_variance,
     normalized_advantages,
-    policy_terms,
     step_weights,
     value_terms,
     weighted_mean,
@@ -41,12 +40,13 @@ class A2CLoss(Loss):
         self.normalize_advantage = normalize_advantage
 
     def __call__(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
-        """A2C on a minibatch; see :class:`rl.losses.Loss`."""
+        """A2C on a minibatch ``[T, n]``."""
         weights = step_weights(batch)  # None but for agents out of their episode
-        logprobs, entropy = policy_terms(output.dist, batch["actions"], weights)
+        logprobs = output.dist.log_prob(batch["actions"])
+        entropy = weighted_mean(output.dist.entropy(), weights)
         adv = normalized_advantages(batch) if self.normalize_advantage else batch["advantages"]
         policy_loss = -weighted_mean(logprobs * adv.detach(), weights)
-        values, _, returns = value_terms(batch, output)  # (normalised with value normalisation)
+        values, _, returns = value_terms(batch, output)  # normalised with value normalisation
         value_loss = 0.5 * weighted_mean((values - returns).pow(2), weights)
         total = policy_loss + self.value_loss_coef * value_loss - self.entropy_coef * entropy
         return LossOutput(

@@ -1,9 +1,7 @@
-"""Auxiliary losses: losses with heads of their own, trained beside the policy's losses.
+"""Auxiliary losses: named pipeline losses that own a head (``torch.nn.Module``).
 
-An :class:`AuxiliaryLoss` is a named pipeline loss and a ``torch.nn.Module`` that owns its head;
-:func:`bind_losses` sizes the head from the policy's per-step features
-(:attr:`~rl.models.PolicyOutput.extras`, :data:`POLICY_FEATURES`) before training. How the
-engine, the optimizer and checkpoints treat them is described once, in docs/concepts/pipeline.md.
+:func:`bind_losses` sizes each head from the policy's per-step features (:data:`POLICY_FEATURES`)
+before training; docs/concepts/pipeline.md says how the optimizer and checkpoints treat them.
 """
 
 from __future__ import annotations
@@ -44,7 +42,7 @@ class LossBindError(ConfigError, ValueError):
 
 
 class AuxiliaryLoss(nn.Module, Loss):
-    """A loss with a head of its own (a ``torch.nn.Module``), bound to the policy before use.
+    """A loss with a head of its own, bound to the policy before use.
 
     Subclasses build their head in :meth:`build` and compute the loss in :meth:`forward`.
     """
@@ -65,9 +63,10 @@ class AuxiliaryLoss(nn.Module, Loss):
         observation_space: gym.spaces.Dict,
         action_space: gym.Space,
     ) -> None:
-        """Build the head, once, for the sizes of the policy's ``extras`` and the task's spaces.
+        """Build the head, once, for the policy's feature sizes and the task's spaces.
 
-        A ``ValueError`` says what the policy or the task lacks and how to get it.
+        Raises:
+            ValueError: What the policy or the task lacks, and how to get it.
         """
         if self.bound:
             return
@@ -110,7 +109,7 @@ class AuxiliaryLoss(nn.Module, Loss):
         return value
 
     def __call__(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
-        """:meth:`forward` (with the module's hooks); a RuntimeError before :meth:`bind`."""
+        """:meth:`forward` through the module's hooks; a RuntimeError before :meth:`bind`."""
         if not self.bound:
             raise RuntimeError(
                 f"{self.name} has no head yet: bind it to the policy first "
@@ -126,7 +125,7 @@ def same_episode(episode_starts: torch.Tensor, horizon: int) -> torch.Tensor:
     False past the sequence's end and from the first episode start after ``t`` on.
     """
     t_len = episode_starts.shape[0]
-    starts = torch.cumsum(episode_starts.long(), dim=0)  # episodes begun up to and at each step
+    starts = torch.cumsum(episode_starts.long(), dim=0)  # episodes begun up to each step
     device = episode_starts.device
     ahead = torch.arange(t_len, device=device).unsqueeze(1) + torch.arange(
         1, horizon + 1, device=device
@@ -161,11 +160,13 @@ def bind_losses(
     observation_space: gym.spaces.Dict,
     action_space: gym.Space,
 ) -> list[nn.Parameter]:
-    """Bind every auxiliary loss of ``losses`` to ``policy``; their parameters.
+    """Bind every auxiliary loss of ``losses`` to ``policy``; return their parameters.
 
-    Heads are created on the policy's device, initialised from the global torch generator (call
-    this at the same point of every run, as the engine does, for reproducible runs). A loss
-    that refuses the policy or the task raises :class:`LossBindError`, naming its key.
+    Heads are created on the policy's device from the global torch generator: call this at the
+    same point of every run (the engine does) for reproducible runs.
+
+    Raises:
+        LossBindError: A loss refuses the policy or the task (naming its key).
     """
     aux = {name: loss for name, loss in losses.items() if isinstance(loss, AuxiliaryLoss)}
     if not aux:

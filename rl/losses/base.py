@@ -1,8 +1,8 @@
-"""The loss protocol: ``loss(batch=..., output=..., step_count=...) -> LossOutput``.
+"""The loss protocol, ``loss(batch=..., output=..., step_count=...) -> LossOutput``, and helpers.
 
-A loss reads the minibatch (a ``TensorDict`` ``[T, n]`` of the rollout's fields,
-:mod:`rl.storage.rollout`) and the policy re-run on it (:class:`~rl.models.PolicyOutput`);
-docs/howto/add-a-loss.md shows one. The helpers below weigh out the steps that do not count.
+A loss reads a rollout minibatch (``TensorDict`` ``[T, n]``, :mod:`rl.storage.rollout`) and the
+policy re-run on it (docs/howto/add-a-loss.md); the helpers weigh out the steps that do not
+count (agents out of play).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import dataclasses
 import torch
 from tensordict import TensorDict
 
-from rl.models.distributions import ActionDistribution
 from rl.models.policy import PolicyOutput
 from rl.storage.rollout import advantage_stats_of
 from rl.tasks.agents import AGENT_ACTIVE
@@ -39,9 +38,9 @@ class Loss(abc.ABC):
 
     @abc.abstractmethod
     def __call__(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
-        """The loss on ``batch`` (``[T, n]``) and ``output`` (the policy re-run on it).
+        """The loss on ``batch`` ``[T, n]`` and ``output``, the policy re-run on it.
 
-        ``step_count``: the run's env steps so far, for schedules such as the clip decay.
+        ``step_count`` (the run's env steps so far) drives schedules such as the clip decay.
         """
 
 
@@ -54,10 +53,7 @@ def explained_variance(predicted: torch.Tensor, target: torch.Tensor) -> float:
 
 
 def step_weights(batch: TensorDict) -> torch.Tensor | None:
-    """The weight of each step of ``batch`` ``[T, n]`` (None: every step counts).
-
-    Rows of agents out of their episode (``agent_active`` false) weigh 0.
-    """
+    """The weight ``[T, n]`` of each step: 0 for agents out of their episode (None: all count)."""
     if AGENT_ACTIVE not in batch.keys():
         return None
     return batch[AGENT_ACTIVE].to(torch.float32)
@@ -77,20 +73,10 @@ def weighted_var(x: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
     return weighted_mean((x - weighted_mean(x, weights)).pow(2), weights)
 
 
-def policy_terms(
-    dist: ActionDistribution, actions: torch.Tensor, weights: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(log-probabilities of actions [T, n], mean entropy over the steps that count)``."""
-    return dist.log_prob(actions), weighted_mean(dist.entropy(), weights)
-
-
 def value_terms(
     batch: TensorDict, output: PolicyOutput
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(values, old values, returns)`` ``[T, n]`` in the units the critic learns in.
-
-    Normalised, ``(x - mean) / std``, for a policy with value normalisation.
-    """
+    """``(values, old values, returns)`` ``[T, n]``, normalised if the policy normalises values."""
     values, old, returns = output.values, batch["values"], batch["returns"]
     if output.value_norm is None:
         return values, old, returns
@@ -101,8 +87,8 @@ def value_terms(
 def normalized_advantages(batch: TensorDict) -> torch.Tensor:
     """Advantages ``[T, n]`` at zero mean and unit std.
 
-    With the rollout-wide statistics the batch carries where the engine set them
-    (:func:`~rl.storage.advantage_stats_of`), else this minibatch's (over the steps that count).
+    By the rollout-wide statistics where the batch carries them
+    (:func:`~rl.storage.advantage_stats_of`), else by this minibatch's steps that count.
     """
     adv = batch["advantages"]
     stats = advantage_stats_of(batch)

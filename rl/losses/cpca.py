@@ -1,11 +1,8 @@
-"""CPC|A: contrastive prediction of future embeddings, conditioned on the actions taken.
+"""CPC|A: contrastive prediction of future embeddings given the actions taken.
 
-An auxiliary loss (:mod:`rl.losses.auxiliary`; Guo et al. 2018, "Neural Predictive Belief
-Representations"; Ye et al. 2020 report it the strongest auxiliary task for PointNav). From the
-belief ``b_t`` (the recurrent state after ``o_t``), a small GRU rolls the actions
-``a_t .. a_{t+k-1}`` forward; a classifier then tells the embedding of the real ``o_{t+k}`` from
-embeddings of other steps of the minibatch (negatives), for every ``k = 1..horizon`` that stays
-in ``t``'s episode. The belief learns to carry what the future looks like, given the actions.
+Guo et al. 2018, "Neural Predictive Belief Representations" (Ye et al. 2020's strongest auxiliary
+task for PointNav). A GRU rolls the actions ``a_t .. a_{t+k-1}`` forward from the belief ``b_t``;
+a classifier tells the real ``o_{t+k}``'s embedding from other steps' (negatives).
 """
 
 from __future__ import annotations
@@ -27,9 +24,9 @@ from rl.utils.config import Check
 class CPCALoss(AuxiliaryLoss):
     """Binary cross-entropy of real vs. drawn future embeddings, ``horizon`` steps ahead.
 
-    The negatives are ``phi`` of steps drawn uniformly from the minibatch (the global torch
-    generator: checkpoints resume it exactly). The loss is the mean BCE of the positives plus
-    that of the negatives, over the ``(t, k)`` whose ``t + k`` lies in ``t``'s episode and the
+    Negatives are ``phi`` of steps drawn uniformly from the minibatch by the global torch
+    generator (checkpoints resume it exactly). The loss is the mean BCE of the positives plus
+    that of the negatives, over the ``(t, k)`` whose ``t + k`` is in ``t``'s episode and the
     minibatch's sequence. Needs a ``Discrete`` action space.
 
     Args:
@@ -73,8 +70,8 @@ class CPCALoss(AuxiliaryLoss):
             discrete_actions(self, action_space), self.action_embed_dim
         )
         self.action_rnn = nn.GRU(self.action_embed_dim, belief_size)
-        # The classifier on [z, phi]: its first layer is W_z z + W_phi phi, applied to each
-        # term apart (phi once per step of the minibatch, not once per pair).
+        # The classifier's first layer on [z, phi] is W_z z + W_phi phi, applied to each term
+        # apart: phi once per step of the minibatch, not once per pair.
         self.z_layer = nn.Linear(belief_size, self.hidden_size)
         self.phi_layer = nn.Linear(phi_size, self.hidden_size, bias=False)
         self.out_layer = nn.Linear(self.hidden_size, 1)

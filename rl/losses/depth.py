@@ -1,10 +1,8 @@
-"""Depth prediction: decode the depth image from the policy's embedding of the RGB image.
+"""Depth prediction: decode a coarse depth map from the policy's embedding of the RGB image.
 
-An auxiliary loss (:mod:`rl.losses.auxiliary`): a linear decoder predicts a coarse depth map
-(the task's depth observation, average-pooled to ``size``) from the visual embedding, so the
-encoder learns geometry that a navigation reward teaches slowly (habitat's best PointNav agents
-see depth; this loss lets an RGB agent learn from it without seeing it). The task must give depth
-(``task.depth=true`` for nav3d), and the policy must not see it: ``model.ignore_keys=[depth]``.
+The encoder learns geometry that a navigation reward teaches slowly, so an RGB agent learns from
+depth without seeing it. The task must give depth (``task.depth=true`` for nav3d) and the policy
+must ignore it (``model.ignore_keys=[depth]``).
 """
 
 from __future__ import annotations

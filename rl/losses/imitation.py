@@ -39,7 +39,7 @@ class ImitationLoss(Loss):
         self.value_loss_coef = value_loss_coef
 
     def __call__(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
-        """Cross-entropy on the expert's actions, and the value term."""
+        """Cross-entropy on the expert's actions, plus the value term."""
         if not _discrete(output.dist):
             raise ValueError(
                 "imitation: the expert gives one discrete action per step, but the policy's "

@@ -1,9 +1,7 @@
-"""Inverse dynamics: predict the action taken between two consecutive observations.
+"""Inverse dynamics: predict ``a_t`` from the embeddings of ``o_t`` and ``o_{t+1}``.
 
-An auxiliary loss (:mod:`rl.losses.auxiliary`): a classifier on the embeddings of ``o_t`` and
-``o_{t+1}`` predicts ``a_t`` (Pathak et al. 2017's inverse model; one of the auxiliary tasks of
-Ye et al. 2020 for PointNav). It rewards an embedding that sees what the agent's actions change
-(the view turning, walls coming closer), which a navigation reward teaches slowly.
+Pathak et al. 2017's inverse model (an auxiliary task of Ye et al. 2020 for PointNav): it rewards
+an embedding that sees what the actions change, which a navigation reward teaches slowly.
 """
 
 from __future__ import annotations

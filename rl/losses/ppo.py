@@ -11,7 +11,6 @@ from rl.losses.base import (
     Loss,
     LossOutput,
     normalized_advantages,
-    policy_terms,
     step_weights,
     value_terms,
     weighted_mean,
@@ -31,10 +30,9 @@ class PPOLoss(Loss):
         value_loss_coef: Weight of the value loss.
         entropy_coef: Weight of the entropy bonus.
         use_clipped_value_loss: Clip the value update around the rollout's values.
-        normalize_advantage: Normalise advantages to zero mean, unit std: per minibatch, or
-            with the whole rollout's statistics when the batch carries them
-            (``batch.advantage_stats``; the distributed trainer sets them from every worker's
-            rollout, so that normalisation does not depend on how the data is split).
+        normalize_advantage: Normalise advantages to zero mean, unit std: with the whole
+            rollout's statistics when the batch carries them (distributed: every rank's, so the
+            result does not depend on how the data is split), else per minibatch.
     """
 
     def __init__(
@@ -60,10 +58,11 @@ class PPOLoss(Loss):
         return self.clip_param * decay
 
     def __call__(self, *, batch: TensorDict, output: PolicyOutput, step_count: int) -> LossOutput:
-        """PPO on a minibatch; see :class:`rl.losses.Loss`."""
+        """PPO on a minibatch ``[T, n]``."""
         clip = self.current_clip(step_count)
         weights = step_weights(batch)  # None but for agents out of their episode
-        logprobs, entropy = policy_terms(output.dist, batch["actions"], weights)
+        logprobs = output.dist.log_prob(batch["actions"])
+        entropy = weighted_mean(output.dist.entropy(), weights)
         adv = normalized_advantages(batch) if self.normalize_advantage else batch["advantages"]
 
         logratio = logprobs - batch["logprobs"]
@@ -72,7 +71,7 @@ class PPOLoss(Loss):
         surr2 = ratio.clamp(1.0 - clip, 1.0 + clip) * adv
         policy_loss = -weighted_mean(torch.min(surr1, surr2), weights)
 
-        # (in normalised units for a policy with value normalisation)
+        # In normalised units for a policy with value normalisation.
         values, old_values, returns = value_terms(batch, output)
         if self.use_clipped_value_loss:
             v_clipped = old_values + (values - old_values).clamp(-clip, clip)
@@ -89,23 +88,23 @@ class PPOLoss(Loss):
                     policy_loss,
                     value_loss,
                     entropy,
-                    weighted_mean(ratio_change - logratio, weights),  # approx_kl
-                    weighted_mean(-logratio, weights),  # old_approx_kl
-                    weighted_mean((ratio_change.abs() > clip).float(), weights),  # clipfrac
-                    weighted_var(batch["returns"], weights),  # explained variance's parts
+                    weighted_mean(ratio_change - logratio, weights),
+                    weighted_mean(-logratio, weights),
+                    weighted_mean((ratio_change.abs() > clip).float(), weights),
+                    weighted_var(batch["returns"], weights),
                     weighted_var(batch["returns"] - batch["values"], weights),
                 ]
             ).tolist()
-        var_returns, var_residual = logged[6], logged[7]
+        pg, vf, ent, approx_kl, old_approx_kl, clipfrac, var_returns, var_residual = logged
         return LossOutput(
             total=total,
-            terms=dict(zip(("policy_loss", "value_loss", "entropy"), logged[:3], strict=True)),
+            terms={"policy_loss": pg, "value_loss": vf, "entropy": ent},
             diagnostics={
-                "approx_kl": logged[3],
-                "old_approx_kl": logged[4],
-                "clipfrac": logged[5],
+                "approx_kl": approx_kl,
+                "old_approx_kl": old_approx_kl,
+                "clipfrac": clipfrac,
                 "clip_param": clip,
-                # explained_variance(old_values, returns): NaN for constant returns
+                # explained_variance(old values, returns): NaN for constant returns
                 "explained_variance": (
                     float("nan") if var_returns == 0 else 1.0 - var_residual / var_returns
                 ),

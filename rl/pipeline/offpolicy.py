@@ -1,8 +1,6 @@
 """Off-policy updates between on-policy rollouts (AllenAct's ``OffPolicyPipelineComponent``).
 
-A stage may carry one component: after each rollout's on-policy update, the trainer draws
-``updates`` minibatches from ``data_iterator`` and optimises the component's named losses
-(weighted) on them, e.g. behaviour cloning on stored expert trajectories.
+E.g. behaviour cloning on stored expert trajectories after each rollout's on-policy update.
 """
 
 from __future__ import annotations
@@ -29,9 +27,8 @@ class OffPolicyPipelineComponent:
     """Losses fed by a data iterator, run ``updates`` times per rollout.
 
     Args:
-        data_iterator: An iterable of batches with ``obs``, ``episode_starts`` (time-major
-            ``[T, B, ...]``) and whatever its losses read (e.g. ``expert_actions``); it is
-            iterated endlessly (restarted if it ends).
+        data_iterator: Batches with ``obs``, ``episode_starts`` (``[T, B, ...]``) and whatever
+            its losses read (e.g. ``expert_actions``); restarted whenever it ends.
         loss_names: Names of the losses (keys of the pipeline's ``named_losses``).
         updates: Optimiser steps on off-policy batches after every rollout.
         loss_weights: One weight per loss name (default: all 1).

@@ -1,7 +1,6 @@
-"""Schedules: ``schedule(env_steps) -> float`` (AllenAct's ``LinearDecay`` semantics).
+"""Schedules ``schedule(env_steps) -> float`` (AllenAct's ``LinearDecay`` semantics).
 
-The learning rate, the PPO clip and teacher forcing follow them; the LR scheduler is a
-``LambdaLR`` over such a schedule, stepped *to* the env-step count (:func:`step_lr_scheduler_to`).
+The LR (a ``LambdaLR`` stepped *to* the env-step count), PPO's clip and teacher forcing use them.
 """
 
 from __future__ import annotations
@@ -49,10 +48,9 @@ class LinearDecay:
 
 
 class MultiLinearDecay:
-    """Several :class:`LinearDecay` pieces in order, each starting where the last one ended.
+    """:class:`LinearDecay` pieces in order, each starting where the last one ended.
 
-    Each piece is evaluated at the steps elapsed since its start; after the last piece the value
-    stays at its ``endp``.
+    After the last piece the value stays at its ``endp``.
     """
 
     def __init__(self, *, schedule: Sequence[LinearDecay]) -> None:

@@ -1,11 +1,7 @@
 """Training pipelines as data: stages of named losses run in order (AllenAct's semantics).
 
-A :class:`TrainingPipeline` holds the named losses, the optimizer and LR-scheduler builders,
-default :class:`TrainingSettings`, and a list of :class:`PipelineStage`. Each stage names the
-losses it optimises (with weights), its budget in env steps, optional teacher forcing, an
-optional early-stopping criterion, and overrides of any training setting; unset values fall back
-to the pipeline's. The pipeline tracks where training is (stage index, stage and total env
-steps) and round-trips that position through :meth:`TrainingPipeline.state_dict`.
+Each :class:`PipelineStage` names its weighted losses and env-step budget and may override any
+:class:`TrainingSettings`; the :class:`TrainingPipeline` holds the defaults and where training is.
 """
 
 from __future__ import annotations
@@ -28,34 +24,30 @@ from rl.utils.config import Check, split_hint
 
 log = logging.getLogger(__name__)
 
-# An advantage estimator (rl.storage.AdvantageEstimator; that protocol lives above this layer).
+# rl.storage.AdvantageEstimator (that protocol lives above this layer).
 AdvantageEstimator = Callable[..., Mapping[str, float]]
+NONFINITE_POLICIES = ("error", "skip")  # TrainingPipeline's on_nonfinite
+BEST_MODES = ("max", "min")  # TrainingPipeline's best_mode
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrainingSettings:
     """Settings of the rollout/update loop: the one place each is declared, typed and ranged.
 
-    The pipeline takes every setting (their values for a run come from ``conf/pipeline/*.yaml``,
-    the one place of their defaults); a stage may override any of them. The constructors of
-    :class:`TrainingPipeline` and :class:`PipelineStage` take these fields as keyword
-    arguments, with these annotations (what the config check reads).
+    :class:`TrainingPipeline` and :class:`PipelineStage` take these fields as keyword arguments
+    with these annotations (what the config check reads); defaults live in ``conf/pipeline/``.
 
     Attributes:
         num_steps: Rollout length per environment (T).
         num_mini_batch: Minibatches per update epoch (split by sequence: see ``recurrence``).
         update_repeats: Update epochs over each rollout.
-        recurrence: Length of the sequences a recurrent policy is re-run over in the update
-            (truncated BPTT, Sample Factory's ``recurrence``): the rollout is cut into chunks of
-            this many steps, each starting from the recurrent state stored when it was
-            collected. ``0``: whole rollouts from the rollout's first state (exact
-            full-sequence BPTT). Must divide ``num_steps``.
+        recurrence: Truncated-BPTT length (Sample Factory's ``recurrence``): the update re-runs
+            chunks of this many steps from the recurrent states stored at their starts. ``0``:
+            whole rollouts from their first state (exact BPTT). Must divide ``num_steps``.
         max_grad_norm: Gradient-norm clipping threshold.
         gamma: Discount factor.
-        advantage: The advantage estimator, an object built from its ``_target_``
-            (:class:`~rl.storage.AdvantageEstimator`: :class:`~rl.storage.GAE`,
-            :class:`~rl.storage.DiscountedReturns`, :class:`~rl.storage.VTrace`, or one's
-            own; ``conf/pipeline/advantage/``).
+        advantage: An :class:`~rl.storage.AdvantageEstimator` built from its ``_target_``
+            (``conf/pipeline/advantage/``: GAE, discounted returns, V-trace, or one's own).
         advance_scene_rollout_period: Every this many rollouts, ask the sampler to move its
             environments to their next scenes (None: never).
         save_interval: Save a checkpoint every this many env steps (0: only at stage ends).
@@ -86,6 +78,16 @@ class TrainingSettings:
 _SETTING_HINTS = typing.get_type_hints(TrainingSettings, include_extras=True)
 
 
+def _checked(check: Check, value: Any, key: str) -> list[str]:
+    problem = check.problem(value)
+    return [] if problem is None else [f"{key}: {problem}"]
+
+
+def _raise(errors: list[str]) -> None:
+    if errors:
+        raise ValueError("\n".join(errors))
+
+
 def _problems(values: Mapping[str, Any], where: str) -> list[str]:
     """Range errors of settings values (their annotations' checks), each naming its key."""
     errors = [
@@ -105,11 +107,10 @@ def _problems(values: Mapping[str, Any], where: str) -> list[str]:
 
 
 def _settings_signature(cls: type, *, optional: bool) -> type:
-    """Give ``cls.__init__`` the settings as keyword parameters (declared once, above).
+    """Show ``cls.__init__``'s ``**settings`` as one typed, ranged keyword per setting.
 
-    ``**settings`` in the code; in the signature and annotations (``inspect.signature``,
-    ``typing.get_type_hints``: what the config check and the docs read) one keyword per
-    setting, with its type and range, defaulting to None (``optional``: a stage's "unset").
+    The config check and the docs read the signature and annotations. ``optional``: every
+    setting defaults to None (a stage's "unset").
     """
     init = cls.__init__  # type: ignore[misc]
     signature = inspect.signature(init)
@@ -135,39 +136,21 @@ def _settings_signature(cls: type, *, optional: bool) -> type:
     return cls
 
 
-# What a non-finite loss or gradient norm does (TrainingPipeline's ``on_nonfinite``).
-NONFINITE_POLICIES = ("error", "skip")
-# Which way the best checkpoint's metric is better (TrainingPipeline's ``best_mode``).
-BEST_MODES = ("max", "min")
-
-
-def _checked(check: Check, value: Any, key: str) -> list[str]:
-    problem = check.problem(value)
-    return [] if problem is None else [f"{key}: {problem}"]
-
-
-def _raise(errors: list[str]) -> None:
-    if errors:
-        raise ValueError("\n".join(errors))
-
-
 @functools.partial(_settings_signature, optional=True)
 class PipelineStage:
     """One stage of a pipeline.
 
     Args:
         loss_names: Names of the losses (keys of the pipeline's ``named_losses``) to optimise.
-        max_stage_steps: Budget of the stage in env steps (summed over all environments); None
-            (one stage at most): what the other stages leave of the pipeline's
-            ``total_env_steps``.
+        max_stage_steps: Budget of the stage in env steps over all environments; None (one
+            stage at most): what the other stages leave of ``total_env_steps``.
         loss_weights: One weight per loss name (default: all 1).
         teacher_forcing: Schedule over the stage's env steps giving the probability that the
             expert's action is taken instead of the policy's (None: never).
         early_stopping_criterion: Ends the stage before its budget (None: never).
-        offpolicy_component: Off-policy losses run after every rollout's update (None: none).
-            A stage with a component may have no on-policy losses (``loss_names: []``).
-        **overrides: Any :class:`TrainingSettings` field (``num_steps=64``, ``gamma=0.9``,
-            ...): this stage's value; None or absent: the pipeline's.
+        offpolicy_component: Off-policy losses run after every rollout's update (None: none);
+            with one, ``loss_names`` may be empty.
+        **overrides: Any :class:`TrainingSettings` field; None or absent: the pipeline's.
 
     Raises:
         TypeError: An override that is not a training setting.
@@ -230,25 +213,21 @@ class TrainingPipeline:
         optimizer: Builder of the optimizer, called as ``optimizer(params=...)`` (a Hydra
             ``_partial_``).
         lr_scheduler: Builder of the LR scheduler, called as ``lr_scheduler(optimizer=...)``
-            (e.g. a partial ``LambdaLR`` with ``lr_lambda: LinearDecay``); stepped with env steps.
+            (e.g. a partial ``LambdaLR`` over a ``LinearDecay``), stepped to the env-step count.
             None keeps the LR constant.
-        total_env_steps: The run's budget (``${total_env_steps}`` in ``conf/pipeline``): a stage
-            without ``max_stage_steps`` gets what the others leave of it; given, the stages'
-            budgets must sum to it.
+        total_env_steps: The run's budget: the stages' budgets must sum to it, and a stage
+            without ``max_stage_steps`` gets what the others leave.
         on_nonfinite: What a NaN or infinite loss or gradient norm does: ``error`` stops the
-            run naming the loss term (the default), ``skip`` drops that optimisation step
-            (counted as ``losses/nonfinite_skipped``, with a warning).
+            run naming the loss term, ``skip`` drops that optimisation step (counted as
+            ``losses/nonfinite_skipped``, with a warning).
         compile: Run the policy's forward in the on-policy update through ``torch.compile``
-            (the learner's :func:`~rl.training.learner.compiled_forward`: ``mode="default"``
-            on the CPU, ``"reduce-overhead"``, CUDA graphs, on CUDA). The first update pays
-            the compile time, and a new minibatch shape (a stage's shortened last rollout)
-            compiles again. False: eager.
+            (:func:`~rl.training.learner.compiled_forward`); each new minibatch shape pays the
+            compile time. False: eager.
         keep_last: Keep only the newest this many checkpoints, plus the best and any whose
             validation is pending (:mod:`rl.checkpoints.retention`); None or 0: keep all.
-        best_metric: The metric by which the best checkpoint is marked (``checkpoints/best``
-            and ``best.json``): a ``valid/*`` metric (judged when the checkpoint's validation
-            result arrives) or any logged one (``charts/episodic_return``: its latest value
-            when the checkpoint is saved). None: no best is tracked.
+        best_metric: The metric marking the best checkpoint (``checkpoints/best``,
+            ``best.json``): a ``valid/*`` metric, judged when its validation result arrives, or
+            any logged one, its latest value at the save. None: no best is tracked.
         best_mode: ``max``: a higher ``best_metric`` is better; ``min``: a lower one.
         **settings: Every :class:`TrainingSettings` field (``advance_scene_rollout_period``
             may be left out): the stages' defaults.
@@ -279,14 +258,13 @@ class TrainingPipeline:
             if settings.get(f.name) is None and f.default is dataclasses.MISSING
         ]
         unknown = sorted(set(settings) - set(TrainingSettings.names()))
-        if missing or unknown:
-            raise TypeError(
-                "pipeline: "
-                + "; ".join(
-                    [f"settings missing (or null): {missing}"] * bool(missing)
-                    + [f"not training settings: {unknown}"] * bool(unknown)
-                )
-            )
+        problems = []
+        if missing:
+            problems.append(f"settings missing (or null): {missing}")
+        if unknown:
+            problems.append(f"not training settings: {unknown}")
+        if problems:
+            raise TypeError("pipeline: " + "; ".join(problems))
         self.stages = list(stages)
         self.named_losses = dict(named_losses)
         errors = [] if self.stages else ["pipeline.stages: at least one stage is required"]
@@ -379,7 +357,7 @@ class TrainingPipeline:
         return self.current_stage.max_stage_steps - self.stage_steps
 
     def add_steps(self, env_steps: int) -> None:
-        """Count ``env_steps`` env steps (one finished rollout) towards the current stage."""
+        """Count one finished rollout of ``env_steps`` env steps towards the current stage."""
         self.stage_steps += env_steps
         self.total_steps += env_steps
         self.rollout_count += 1
@@ -388,7 +366,7 @@ class TrainingPipeline:
         """True if the current stage's budget is spent or its criterion fires.
 
         Args:
-            training_metrics: What the criterion judges: the values logged since its last check.
+            training_metrics: The values logged since the criterion's last check.
         """
         stage = self.current_stage
         if self.stage_steps >= stage.max_stage_steps:

@@ -8,9 +8,8 @@ from typing import Any
 from rl.utils.config import Check
 
 
-# --------------------------------------------------------------------------- rules
-# Each cross-field rule lives here once, over plain values: the config check before anything is
-# built (:func:`pipeline_errors`) and the constructors (rl.pipeline.stages) both apply them.
+# The cross-field rules, over plain values: both the config check (pipeline_errors) and the
+# constructors (rl.pipeline.stages) apply them.
 def stage_errors(
     where: str,
     loss_names: Sequence[str],
@@ -114,8 +113,10 @@ def pipeline_errors(
 ) -> list[str]:
     """One message per problem of a resolved, plain ``pipeline`` config.
 
-    ``num_envs``: the environments of one worker (minibatches are split by environment);
-    ``total_env_steps``: the run's budget, which the stages' must sum to (None: not checked).
+    Args:
+        pipe: The ``pipeline`` config.
+        num_envs: Environments of one worker (minibatches are split by environment).
+        total_env_steps: The run's budget, which the stages' must sum to (None: not checked).
     """
     stages = pipe.get("stages") or []
     if not stages:

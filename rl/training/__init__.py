@@ -1,11 +1,4 @@
-"""Training: the loop and what it owns.
-
-``trainer`` is the loop (:class:`OnPolicyTrainer`: collect -> advantages -> update -> after the
-rollout); ``learner`` the optimiser, LR schedule and the one optimisation step of the on- and
-off-policy updates; ``metrics`` what is logged and when; ``state`` the checkpoint layout;
-``callbacks`` the extension points; ``stopping`` signals, the stop agreement between ranks and
-the exit codes.
-"""
+"""Training: the loop, the updates, logging, checkpoint state, callbacks and stopping."""
 
 from rl.training.callbacks import Callback, RolloutInfo
 from rl.training.learner import Learner

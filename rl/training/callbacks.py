@@ -1,9 +1,7 @@
 """The trainer's extension points: the :class:`Callback` protocol and what each rollout did.
 
-A callback is any object with the five hooks below. Subclassing :class:`Callback` (a
-``Protocol`` whose hooks do nothing) lets a callback implement only the hooks it needs; the
-trainer calls every hook of every callback, in list order. Evaluation during training, probe
-videos and validation of each checkpoint are callbacks (:mod:`rl.evaluation`).
+Evaluation during training, probe videos and checkpoint validation are callbacks
+(:mod:`rl.evaluation`).
 """
 
 from __future__ import annotations
@@ -33,8 +31,8 @@ class RolloutInfo:
         settings: The stage's effective training settings.
         teacher_forced: Steps whose action was the expert's by teacher forcing.
         offpolicy_updates: Off-policy optimiser steps after the rollout.
-        rollout: The rollout itself (storage, episodes, timing) of this rank; its storage is
-            reused by the next rollout, so read it during the callback, do not keep it.
+        rollout: This rank's rollout; its storage is reused by the next rollout, so read it
+            during the callback, do not keep it.
     """
 
     stage_index: int
@@ -52,7 +50,10 @@ class RolloutInfo:
 
 
 class Callback(Protocol):
-    """Hooks the trainer calls; subclass to inherit no-op defaults for the hooks you skip."""
+    """Hooks the trainer calls on every callback, in list order.
+
+    Any object with these hooks is a callback; subclass to inherit no-op defaults.
+    """
 
     def on_train_start(self, trainer: OnPolicyTrainer) -> None:
         """Before the first rollout of :meth:`~OnPolicyTrainer.train` (after a resume's load)."""

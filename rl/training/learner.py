@@ -1,22 +1,10 @@
 """Learning from rollouts: the optimiser, the LR schedule, and the updates.
 
 One optimisation step (:meth:`Learner.optimize`: weighted losses -> backward -> gradient
-all-reduce -> clip -> optimiser step) serves both updates:
-
-- :meth:`Learner.update`, on-policy: returns and advantages of the rollout (by the stage's
-  ``advantage`` estimator, :mod:`rl.storage.estimators`: GAE, discounted returns, V-trace
-  with the current policy, or a researcher's own; per-rollout advantage statistics over
-  every rank), then ``update_repeats`` epochs of
-  ``num_mini_batch`` minibatches of sequences (whole rollouts of some environments, re-run from
-  the rollout's first state, or ``recurrence``-step chunks re-run from the states stored at
-  their starts: truncated BPTT), each optimising the stage's losses.
-- :meth:`Learner.update_off_policy`: a stage's off-policy component (AllenAct's
-  ``OffPolicyPipelineComponent``): ``updates`` steps on batches from its data iterator.
-
-The LR schedule is stepped to the env-step count (AllenAct's semantics), not the update count.
-With ``pipeline.compile`` the on-policy update runs the policy's forward through
-``torch.compile`` (:func:`compiled_forward`); the losses, the backward's bookkeeping and the
-optimiser step stay as they are.
+all-reduce -> clip -> optimiser step) serves both the on-policy update (:meth:`Learner.update`:
+advantages, then ``update_repeats`` epochs of ``num_mini_batch`` minibatches of sequences) and
+the off-policy one (:meth:`Learner.update_off_policy`). The LR schedule is stepped to the
+env-step count (AllenAct's semantics), not the update count.
 """
 
 from __future__ import annotations
@@ -52,13 +40,10 @@ UpdateForward = Callable[..., tuple[PolicyOutput, TensorDict]]
 def compiled_forward(model: Policy, device: torch.device) -> UpdateForward:
     """``model``'s forward for the update, through ``torch.compile`` (``pipeline.compile``).
 
-    On the CPU ``mode="default"`` (Inductor's C++ kernels); a second minibatch shape (an
-    uneven split into minibatches, a stage's shortened last rollout) compiles once more with
-    dynamic shapes (torch's automatic dynamic shapes). On CUDA ``mode="reduce-overhead"``:
-    CUDA graphs, one recorded per minibatch shape (``dynamic=False``: graphs need static
-    shapes; the regular minibatch is one shape, a shortened rollout adds one or two). The
-    first call of each shape pays the compile time (tens of seconds for ``ppo_nav``'s policy
-    on one CPU thread). ``model`` itself is unchanged (its ``state_dict`` and ``act``).
+    On the CPU ``mode="default"``: a second minibatch shape (an uneven split, a stage's shortened
+    last rollout) recompiles once with dynamic shapes. On CUDA ``mode="reduce-overhead"`` with
+    ``dynamic=False``: CUDA graphs need static shapes, so one graph is recorded per shape.
+    ``model`` itself is unchanged (its ``state_dict`` and ``act``).
     """
     module = cast(torch.nn.Module, model)
     if device.type == "cuda":
@@ -72,9 +57,6 @@ class Learner:
     """Optimise ``model`` with the losses of ``pipeline``.
 
     Args:
-        model: The policy (:class:`~rl.models.Policy`).
-        pipeline: Named losses and the optimizer / LR-scheduler builders.
-        device: Where the model lives.
         seed: Seed of the minibatch shuffling generator.
         dist: This process's place among the ranks (None: one process).
     """
@@ -114,12 +96,11 @@ class Learner:
         self.offpolicy_update_count = 0
         self.nonfinite_skips = 0  # optimisation steps dropped for a non-finite loss (``skip``)
         self._params = [p for p in params if p.requires_grad]
-        # The policy's forward in the on-policy update (pipeline.compile: compiled).
-        self._forward = cast(UpdateForward, model)
         self._compiled = pipeline.compile
         self._compile_proven = False  # a compiled call returned (errors after it are not its)
-        if pipeline.compile:
-            self._forward = compiled_forward(model, self.device)
+        self._forward = (  # the on-policy update's forward
+            compiled_forward(model, self.device) if self._compiled else cast(UpdateForward, model)
+        )
         if self.dist.enabled:  # each rank draws its own off-policy data
             for stage in pipeline.stages:
                 if stage.offpolicy_component is not None:
@@ -151,14 +132,14 @@ class Learner:
 
         Args:
             weighted_losses: ``{loss name: weight}`` (names of the pipeline's named losses).
-            batch: What the losses read (a rollout minibatch or an off-policy batch).
+            batch: A rollout minibatch or an off-policy batch.
             output: The model run on ``batch``.
             num_samples: Samples behind the losses' means (the gradient all-reduce weight).
             max_grad_norm: Gradient-norm clipping threshold.
             step_count: Global env steps (for the losses' schedules).
-            prefix: Logged keys are ``{prefix}/<loss>/<term>``, each loss's own (unweighted)
-                ``{prefix}/<loss>/total`` and its ``{prefix}/<loss>/weight`` in the step,
-                ``{prefix}/total`` (the sum of weight x total) and ``{prefix}/grad_norm``.
+            prefix: Logged keys are ``{prefix}/<loss>/<term>``, each loss's unweighted
+                ``{prefix}/<loss>/total`` and its ``{prefix}/<loss>/weight``, ``{prefix}/total``
+                (the sum of weight x total) and ``{prefix}/grad_norm``.
         """
         total: torch.Tensor | None = None
         logged: dict[str, float] = {}
@@ -182,7 +163,7 @@ class Learner:
             average_gradients(self._params, num_samples)
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params, max_grad_norm)
         logged[f"{prefix}/total"] = total.item()
-        for name, value in totals.items():  # (computed already: no further device sync)
+        for name, value in totals.items():  # computed already: no further device sync
             logged[f"{prefix}/{name}/total"] = value.item()
         logged[f"{prefix}/grad_norm"] = grad_norm.item()
         # HARNESS: judged after the gradient all-reduce, so every rank decides alike.
@@ -284,11 +265,10 @@ class Learner:
         return tracker, time.perf_counter() - t0
 
     def _update_forward(self, batch: TensorDict) -> PolicyOutput:
-        """The policy on a minibatch ``[T, n]`` from its sequences' start states (compiled or not).
+        """The policy on a minibatch ``[T, n]`` from its sequences' start states.
 
         Raises:
-            RuntimeError: ``pipeline.compile`` is on and ``torch.compile`` failed (named, with
-                the cause; ``pipeline.compile=false`` runs eagerly).
+            RuntimeError: ``torch.compile`` failed (named, with the cause).
         """
         args = (batch["obs"], batch["episode_starts"], sequence_start_state(batch))
         if not self._compiled:
@@ -309,11 +289,10 @@ class Learner:
         return output
 
     def _update_value_norms(self, rollout: TensorDict) -> dict[str, float]:
-        """Fold the rollout's returns into the policy's value normalisation; what to log.
+        """Fold the rollout's returns into each of the policy's value norms; return what to log.
 
-        Each :class:`~rl.models.value_norm.ValueNorm` of the policy (``value_norms``) with the
-        returns of its rows that count (every rank's under DDP: one all-reduce each, the same
-        on every rank, so the statistics stay equal).
+        Each norm takes the returns of its rows that count, over every rank under DDP (one
+        all-reduce each), so the statistics stay equal on every rank.
         """
         value_norms = getattr(self.model, "value_norms", None)
         norms = [] if value_norms is None else value_norms(rollout["obs"])
@@ -340,14 +319,13 @@ class Learner:
     ) -> tuple[ScalarMeanTracker, float]:
         """``component.updates`` off-policy steps: ``(logged means, seconds)``.
 
-        Logged as ``losses/<loss>/<term>`` like the on-policy losses, with the step's total and
-        gradient norm under ``losses/offpolicy/``, and ``pipeline/offpolicy_updates``.
+        Logged like the on-policy losses, but with the step's total and gradient norm under
+        ``losses/offpolicy/``.
         """
         t0 = time.perf_counter()
         model, tracker = self.model, ScalarMeanTracker()
         self._train_mode()
         for _ in range(component.updates):
-            # ALGO: e.g. behaviour cloning on stored expert trajectories.
             batch = component.next_batch().to(self.device)
             starts = batch["episode_starts"]
             output, _ = model(
@@ -361,7 +339,6 @@ class Learner:
                 max_grad_norm=settings.max_grad_norm,
                 step_count=step_count,
             )
-            # The step's total and gradient norm, apart from the on-policy update's.
             for key in ("total", "grad_norm"):
                 if f"losses/{key}" in logged:  # absent when a non-finite step was skipped
                     logged[f"losses/offpolicy/{key}"] = logged.pop(f"losses/{key}")
@@ -417,8 +394,8 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
             sched = dict(state["lr_scheduler"])
-            # The schedule functions come from the config (their horizon may have been
-            # extended on resume): keep them, restore only the scheduler's counters.
+            # Keep the config's schedule functions (a resume may extend their horizon); restore
+            # only the scheduler's counters.
             if "lr_lambdas" in sched:
                 sched["lr_lambdas"] = [None] * len(sched["lr_lambdas"])
             self.lr_scheduler.load_state_dict(sched)

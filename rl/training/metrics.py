@@ -1,17 +1,8 @@
 """What the trainer logs: episode and training means, throughput, time split, progress.
 
-:class:`TrainingMetrics` accumulates between log points: finished episodes' metrics (as
-``charts/*``), the rollouts' per-step statistics and the updates' loss terms (weighted means,
-AllenAct's ``ScalarMeanTracker``), and the seconds spent stepping environments, in inference and
-in updates. At a log point it reduces the means over every rank, adds
-``charts/SPS`` and ``time/*_fraction`` over the interval, and rank 0's view is what every
-rank keeps as :attr:`TrainingMetrics.last`. The return's spread over the interval's episodes
-of every rank goes beside its mean (``charts/episodic_return_std``, ``_min``, ``_max``), and
-the episodes themselves to the sinks that keep them (``episodes.csv``).
-
-Early-stopping criteria see every logged value once: :meth:`TrainingMetrics.since_last_check`
-returns the mean of each metric logged (or observed, e.g. ``eval/*`` from callbacks) since the
-previous check, AllenAct's tracker semantics, and nothing when nothing was logged since.
+Means accumulate between log points and are reduced over every rank at one; rank 0's view is
+what every rank keeps as :attr:`TrainingMetrics.last`. Early-stopping criteria see every logged
+value once (:meth:`TrainingMetrics.since_last_check`, AllenAct's tracker semantics).
 """
 
 from __future__ import annotations
@@ -29,9 +20,9 @@ from rl.loggers.base import MetricsLogger
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.sampling.convert import episode_metric_key
 
-# Timers reported as `time/<name>_fraction` of each logging interval: `collect` is the learner's
-# wall time in `Collector.collect` (waiting for rollouts); `env` and `inference` are the
-# collectors' own (in another process they overlap the learner's); `update` is learning.
+# Logged as `time/<name>_fraction` of each interval: `collect` is the learner's wait in
+# `Collector.collect`; `env` and `inference` are the collectors' own (in another process they
+# overlap the learner's).
 TIMERS = ("collect", "env", "inference", "update")
 RETURN = episode_metric_key("return")  # charts/episodic_return
 
@@ -58,11 +49,11 @@ class TrainingMetrics:
         self.last: dict[str, float] = {}  # the latest value of every logged metric
         self.unchecked = ScalarMeanTracker()  # values logged since the criteria's last check
         self.last_log_step = -1
-        self._interval_start = (time.perf_counter(), 0)
+        self._interval_time, self._interval_steps = time.perf_counter(), 0
 
     def start_interval(self, steps: int) -> None:
         """Start measuring throughput at global env step ``steps``."""
-        self._interval_start = (time.perf_counter(), steps)
+        self._interval_time, self._interval_steps = time.perf_counter(), steps
 
     def add_rollout(self, rollout: Rollout, seconds: float) -> None:
         """Record a rollout's finished episodes, per-step statistics and timing.
@@ -87,44 +78,42 @@ class TrainingMetrics:
 
     def progress(self, steps: int, stage: int) -> None:
         """Per-rollout progress (the console's bar): stage and FPS since the last log point."""
-        elapsed = time.perf_counter() - self._interval_start[0]
-        fps = (steps - self._interval_start[1]) / max(elapsed, 1e-9)
+        elapsed = time.perf_counter() - self._interval_time
+        fps = (steps - self._interval_steps) / max(elapsed, 1e-9)
         self.logger.progress(steps, {"stage": stage, "fps": f"{fps:,.0f}"})
 
     def log(self, steps: int, extra: Mapping[str, float]) -> None:
         """Log the interval's means at global env step ``steps`` (once per step).
 
-        Args:
-            steps: Global env steps.
-            extra: Values of this moment (learning rate, stage position), logged after
-                ``charts/SPS``.
+        Beside the means: the return's spread over every rank's episodes, ``charts/SPS``,
+        ``extra`` (values of this moment: learning rate, stage position) and the time split.
         """
         if steps == self.last_log_step:
             return
         self.last_log_step = steps
         now = time.perf_counter()
-        elapsed = max(now - self._interval_start[0], 1e-9)
+        elapsed = max(now - self._interval_time, 1e-9)
         metrics: dict[str, float] = {**self._pop(self.episodes), **self._pop(self.train)}
-        finished = gather_lists(self.finished)  # (every rank's, in rank order)
+        finished = gather_lists(self.finished)  # every rank's, in rank order
         self.finished = []
         returns = [e[RETURN] for e in finished if RETURN in e]
         if returns:
             metrics[f"{RETURN}_std"] = statistics.pstdev(returns)
             metrics[f"{RETURN}_min"] = min(returns)
             metrics[f"{RETURN}_max"] = max(returns)
-        metrics["charts/SPS"] = (steps - self._interval_start[1]) / elapsed
+        metrics["charts/SPS"] = (steps - self._interval_steps) / elapsed
         metrics.update(extra)
         for name, seconds in self.timers.items():
             metrics[f"time/{name}_fraction"] = seconds / elapsed
             self.timers[name] = 0.0
         if self.distributed:
-            # Rank 0's view (its timers and SPS): identical `last` on every rank keeps
+            # Rank 0's view (its timers and SPS): the same `last` on every rank keeps
             # metric-based stage advances in step.
             metrics = broadcast_object(metrics)
         self.logger.log(steps, metrics)
         self.logger.log_episodes(steps, finished)
         self.observe(metrics)
-        self._interval_start = (now, steps)
+        self._interval_time, self._interval_steps = now, steps
 
     def observe(self, values: Mapping[str, float]) -> None:
         """Take logged values (e.g. a callback's ``eval/*``) as the latest and for the criteria."""
@@ -137,7 +126,7 @@ class TrainingMetrics:
         self.observe(values)
 
     def since_last_check(self) -> dict[str, float]:
-        """Mean of each value logged since the previous call (what a criterion judges)."""
+        """Mean of each value logged (or observed) since the previous call; {} if none."""
         return self.unchecked.pop_and_reset()
 
     def _pop(self, tracker: ScalarMeanTracker) -> dict[str, float]:
@@ -173,7 +162,7 @@ class TrainingMetrics:
             self.unchecked.load_state_dict(trackers["criteria"])
         self.last = dict(state.get("last_metrics", {}))
         self.last_log_step = int(state.get("last_log_step", -1))
-        # (a checkpoint is untrusted: episodes of names and finite numbers only)
+        # A checkpoint is untrusted: episodes of names and finite numbers only.
         self.finished = [
             {str(k): float(v) for k, v in e.items() if _number(v)}
             for e in state.get("finished") or []

@@ -1,22 +1,18 @@
 """A trainer's checkpoint: what is saved, from which component, and how it comes back.
 
-Checkpoints are taken at rollout boundaries, after the stage bookkeeping, so a checkpoint holds
-a consistent position. :meth:`TrainerState.state_dict` gathers the model, the learner's
-optimizer, scheduler and generators, the pipeline position, the metrics not yet logged, every
-global RNG, the collector's episodes in flight and carried rollout state, and the run's config;
-:meth:`TrainerState.load_state_dict` restores all of it, so that a resumed run continues
-bitwise like an uninterrupted one (single-process sampler, CPU).
-
-The layout (:data:`CHECKPOINT_FORMAT` 5) is flat and ``torch.load(weights_only=True)``-safe::
+Checkpoints are taken at rollout boundaries, after the stage bookkeeping. They hold every
+generator and the collector's episodes in flight, so a resumed run continues bitwise like an
+uninterrupted one (single-process sampler, CPU). The layout (:data:`CHECKPOINT_FORMAT`) is flat
+and ``torch.load(weights_only=True)``-safe::
 
     format_version, model, losses, optimizer, lr_scheduler, pipeline,
-    trackers {episode, train}, trainer {last_metrics, last_log_step, offpolicy_update_count},
+    trackers {episode, train, criteria},
+    trainer {last_metrics, last_log_step, offpolicy_update_count, nonfinite_skips},
     rng {python, numpy, torch, shuffle, offpolicy}, sampler, rollout, normalizer,
     config, choices, config_sources, wandb_run_id, [distributed {world_size, ranks}]
 
 Distributed, saving is a collective: rank 0's checkpoint also holds every rank's ``sampler``,
-``rollout`` and ``rng`` (the top-level ones are rank 0's), and each rank resumes from its own
-view (:func:`rank_view`) when the number of ranks is the same.
+``rollout`` and ``rng``, and each rank resumes from its own (:func:`rank_view`).
 """
 
 from __future__ import annotations
@@ -40,8 +36,6 @@ from rl.utils.seeding import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
-# (CHECKPOINT_FORMAT, the version of the layout written by TrainerState.state_dict, and its
-# history: rl.checkpoints.files, which refuses files of a newer format.)
 # Per-rank entries of a distributed checkpoint.
 _RANK_KEYS = ("sampler", "rollout", "rng", "collection_workers")
 
@@ -55,9 +49,8 @@ class RunRecord:
         choices: Its config group choices (``task=nav_small``, ...), by which evaluation and
             resuming rebuild it on the user's config tree (None: not composed by Hydra).
         wandb_run_id: Id of the wandb run (so a resume continues the same run).
-        sources: Where its configs came from (``{"config_dir", "searchpath"}``:
-            :func:`~rl.checkpoints.config_tree.run_sources`), for the message of an
-            evaluation or resume given a tree without them (None: not composed by Hydra).
+        sources: Where its configs came from (:func:`~rl.checkpoints.config_tree.run_sources`),
+            named when a tree without them is given (None: not composed by Hydra).
     """
 
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -145,11 +138,7 @@ class TrainerState:
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from a checkpoint written by :meth:`state_dict` (before training starts).
-
-        Args:
-            state: A loaded checkpoint (see :func:`rl.checkpoints.load_checkpoint`).
-        """
+        """Continue from a loaded checkpoint written by :meth:`state_dict` (before training)."""
         if self.dist.enabled:
             state = rank_view(state, self.dist)
         self.model.load_state_dict(state["model"])

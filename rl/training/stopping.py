@@ -1,14 +1,9 @@
 """Stopping training cleanly: signals, the agreement between ranks, exit codes.
 
-SIGTERM and SIGUSR1 ask the trainer to save a checkpoint at the end of the current rollout and
-stop; ``train`` then raises :class:`TrainingStopped` whose ``exit_code`` is
-:data:`EXIT_SIGTERM` (143) or :data:`EXIT_REQUEUE` (3, for requeueing schedulers). A first
-Ctrl-C does the same with :data:`EXIT_SIGINT` (130); a second Ctrl-C or SIGTERM aborts at once
-(the last checkpoint on disk stays valid: checkpoints are written atomically).
-
-Under DDP every rank must leave the loop at the same rollout: :class:`StopAgreement` folds
-the stop requests into the one all-reduce each rollout already makes (its env-step count), and
-the loop ends on the agreed request, the highest-ranking one if several arrived.
+SIGTERM, SIGUSR1 and a first Ctrl-C save a checkpoint at the end of the current rollout and stop
+(:class:`TrainingStopped`); a second Ctrl-C or SIGTERM aborts at once (checkpoints are written
+atomically, so the last one on disk stays valid). Under DDP every rank must leave the loop at the
+same rollout: :class:`StopAgreement` folds the requests into the all-reduce each rollout makes.
 """
 
 from __future__ import annotations
@@ -45,7 +40,7 @@ class TrainingStopped(Exception):
 
     Attributes:
         reason: The signal's name (``SIGTERM``, ``SIGUSR1``, ``SIGINT``).
-        exit_code: What ``train.py`` exits with (see the module docstring).
+        exit_code: What ``train.py`` exits with (:data:`EXIT_SIGTERM` and the others).
         checkpoint: The checkpoint saved at the stop.
     """
 
@@ -130,10 +125,10 @@ class Stoppable(Protocol):
 def stop_on_signals(trainer: Stoppable) -> Iterator[None]:
     """Within the block, SIGTERM / SIGUSR1 / SIGINT call ``trainer.request_stop(name)``.
 
-    A second SIGINT raises ``KeyboardInterrupt``, a second SIGTERM ``SystemExit(143)`` (abort
-    without saving: the rollout boundary may never come, e.g. a hung environment; the parts
-    are closed on the way out). Handlers are only
-    installed in the main thread of the main interpreter and the previous ones are restored.
+    A second SIGINT raises ``KeyboardInterrupt``, a second SIGTERM ``SystemExit(143)``: abort
+    without saving, as the rollout boundary may never come (a hung environment); the parts are
+    closed on the way out. Handlers are installed only in the main thread, and the previous ones
+    are restored.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -144,7 +139,6 @@ def stop_on_signals(trainer: Stoppable) -> Iterator[None]:
         if name == "SIGINT" and trainer.stop_reason is not None:
             raise KeyboardInterrupt
         if name == "SIGTERM" and trainer.stop_reason is not None:
-            # A second SIGTERM: the rollout boundary never came (a hung environment, say).
             os.write(2, b"\nSIGTERM again: exiting now without saving (the last checkpoint on "
                         b"disk is valid)\n")  # fmt: skip
             raise SystemExit(EXIT_SIGTERM)

@@ -1,25 +1,13 @@
 """The on-policy training loop: collect -> advantages -> update -> after the rollout.
 
-:class:`OnPolicyTrainer` drives one model and one :class:`~rl.pipeline.TrainingPipeline` with
-rollouts from a :class:`~rl.collection.Collector`. Each iteration collects ``num_steps`` steps
-from every environment (the last rollout of a stage is shortened so the stage ends at its
-budget), runs the current stage's on-policy update and its off-policy component
-(:class:`~rl.training.learner.Learner`), steps the schedules with the env-step count, and then
-does the bookkeeping: callbacks, a log point every ``metric_accumulate_interval`` env steps, the
-stage's end when its budget is spent or its early-stopping criterion fires, and a checkpoint
-every ``save_interval`` env steps and at the end of every stage (the pipeline's ``best_metric``
-marks the best and ``keep_last`` keeps the newest N: :mod:`rl.checkpoints.retention`). A stage's
-``advance_scene_rollout_period`` makes every environment start a new episode every k rollouts.
+A stage's last rollout is cut so the stage ends at its budget. After each rollout: callbacks, a
+log point every ``metric_accumulate_interval`` env steps, the stage's end, and a checkpoint every
+``save_interval`` env steps and at every stage's end. :meth:`OnPolicyTrainer.request_stop` ends
+training at the next rollout boundary, with a checkpoint.
 
-:meth:`OnPolicyTrainer.request_stop` (called by signal handlers) ends training at the next
-rollout boundary with a checkpoint. Checkpoints hold everything needed to continue exactly
-(:mod:`rl.training.state`).
-
-Distributed (``dist`` with several ranks, :mod:`rl.distributed`): every rank collects its
-own rollout and the ranks meet after it in one all-reduce (global env steps, stop requests,
-:class:`~rl.training.stopping.StopAgreement`). Budgets and step counts are in global env steps.
-Advantages are normalised over all ranks' rollouts, gradients are averaged weighted by batch
-size, metrics are reduced before rank 0 logs, and only rank 0 writes checkpoints.
+Distributed, each rank collects its own rollout and the ranks meet after it in one all-reduce
+(global env steps and stop requests). Budgets and step counts are global env steps; advantages
+are normalised over every rank's rollout; only rank 0 writes checkpoints.
 """
 
 from __future__ import annotations
@@ -55,18 +43,14 @@ class OnPolicyTrainer:
 
     Args:
         model: The actor-critic (the collector acts with the same module).
-        pipeline: Stages, losses, optimizer and schedules.
-        collector: Where rollouts come from.
-        logger: Where metrics go.
         output_dir: The run folder (checkpoints go to ``output_dir/checkpoints``).
         run: The run's config and wandb id, stored in every checkpoint.
-        device: Torch device of the model.
         seed: Seed of the minibatch shuffling generator.
-        callbacks: :class:`~rl.training.callbacks.Callback` objects, called in order.
-        dist: This process's place among the ranks (None: a single process). Every
-            rank needs the same pipeline, model and number of environments.
-        stop: Where stop requests land (the run's signal handlers may have been given it
-            before the trainer existed); None: a new one.
+        callbacks: Called in order.
+        dist: This process's place among the ranks (None: one process). Every rank needs the
+            same pipeline, model and number of environments.
+        stop: Where stop requests land (signal handlers may hold it before the trainer exists);
+            None: a new one.
     """
 
     def __init__(
@@ -108,16 +92,14 @@ class OnPolicyTrainer:
         )
         self.last_checkpoint: Path | None = None
         self._last_saved_step = -1
-        #: The best checkpoint and keep-last-N of the pipeline's settings (rank 0 acts on them).
-        self.retention = CheckpointRetention(
+        self.retention = CheckpointRetention(  # best and keep-last-N; rank 0 acts on it
             self.output_dir,
             keep_last=pipeline.keep_last,
             best_metric=pipeline.best_metric,
             best_mode=pipeline.best_mode,
         )
-        # HARNESS: a collector that collects ahead (asynchronous collection workers) asks what
-        # the coming updates collect, so that nothing is collected past a stage's or the run's
-        # budget.
+        # HARNESS: a collector that collects ahead (asynchronous workers) asks what the coming
+        # updates collect, so that nothing is collected past a stage's or the run's budget.
         set_request_plan = getattr(collector, "set_request_plan", None)
         if set_request_plan is not None:
             set_request_plan(self._request_ahead)
@@ -146,23 +128,19 @@ class OnPolicyTrainer:
     def train(self) -> dict[str, float]:
         """Run every remaining stage; return the last logged metrics.
 
-        Returns early, with a checkpoint saved, when :meth:`request_stop` was called
-        (:attr:`stop_reason` says why). Otherwise the final checkpoint is saved and every
-        callback's ``on_train_end`` runs before this returns.
+        After :meth:`request_stop` this returns early with a checkpoint saved
+        (:attr:`stop_reason` says why) and without calling ``on_train_end``.
         """
         pipe = self.pipeline
         self.learner.step_schedules(pipe.total_steps)
         self.metrics.start_interval(pipe.total_steps)
         if self.dist.is_main:
-            self.retention.start()  # (a resumed run's best so far; reads best.json only)
+            self.retention.start()  # a resumed run's best so far (reads best.json only)
         for cb in self.callbacks:
             cb.on_train_start(self)
         while not pipe.finished and not self.stop.stopping:
-            stage_index, stage, settings = (
-                pipe.current_stage_index,
-                pipe.current_stage,
-                pipe.current_settings,
-            )
+            stage_index = pipe.current_stage_index
+            stage, settings = pipe.current_stage, pipe.current_settings
             # 1. Collect a rollout; every rank learns the rollout's global env steps.
             t0 = time.perf_counter()
             rollout = self.collector.collect(self._rollout_request())
@@ -178,7 +156,7 @@ class OnPolicyTrainer:
                 self.metrics.add_update(
                     *self.learner.update_off_policy(component, settings, pipe.total_steps)
                 )
-            # 4. After the rollout: count it, step the schedules, callbacks, log, stage, save.
+            # 4. Count the rollout, step the schedules, then callbacks, log, stage end, save.
             steps_before = pipe.total_steps
             pipe.add_steps(env_steps)
             self.learner.step_schedules(pipe.total_steps)
@@ -208,10 +186,8 @@ class OnPolicyTrainer:
     def _request_ahead(self, updates: int) -> RolloutRequest | None:
         """The request of the update ``updates`` after the current one (0: the current one).
 
-        What an asynchronous collector collects while the learner updates: the stage's next
-        rollouts (the last one cut to its budget), then the next stage's, or None past the
-        last budget or once a stop was requested. A stage ended early by its criterion is not
-        foreseen (the collector drops what it collected for the stage that follows it).
+        None past the last budget or once a stop was requested. A stage ended early by its
+        criterion is not foreseen: the collector drops what it collected past it.
         """
         pipe = self.pipeline
         if updates and (self.stop.stopping or pipe.finished):
@@ -245,8 +221,8 @@ class OnPolicyTrainer:
 
     def _after_rollout(self, steps_before: int, stage_index: int) -> None:
         # HARNESS: log, advance the stage if it is done, then save once. Saving after the
-        # advance keeps a checkpoint's position consistent (a resumed run never has to finish a
-        # half-done stage switch); a stage-end checkpoint is named after the stage that ended.
+        # advance means a resumed run never finishes a half-done stage switch; a stage-end
+        # checkpoint is named after the stage that ended.
         pipe = self.pipeline
         settings, steps = pipe.current_settings, pipe.total_steps
         self.metrics.progress(steps, pipe.current_stage_index)
@@ -269,8 +245,7 @@ class OnPolicyTrainer:
     def _stage_done(self) -> bool:
         """Whether the stage ends now: its budget is spent or its criterion fires.
 
-        The criterion judges the values logged since its last check. Distributed, rank 0's
-        decision holds for every rank (only rank 0 evaluates, so only it sees ``eval/*``).
+        Distributed, rank 0's decision holds for every rank (only rank 0 sees ``eval/*``).
         """
         done = self.pipeline.should_advance(self.metrics.since_last_check())
         if self.dist.enabled:
@@ -278,10 +253,10 @@ class OnPolicyTrainer:
         return done
 
     def _finish(self) -> dict[str, float]:
-        """End of the loop: a checkpoint at a stop, else the last log, final checkpoint, hooks."""
+        """A checkpoint at a stop; else the last log, the final checkpoint and ``on_train_end``."""
         reason = self.stop.settle()
         if reason is not None:
-            # HARNESS: preempted; the trackers stay in the checkpoint (no log, no double count).
+            # HARNESS: preempted; no log: the trackers stay in the checkpoint (no double count).
             path = self.save()
             log.warning(
                 "stopped (%s) at env step %d; checkpoint %s",
@@ -322,8 +297,7 @@ class OnPolicyTrainer:
         """Write a checkpoint at the current env step (once per step); return its path.
 
         Args:
-            stage: Stage index in the file name (default: the current stage; the trainer
-                passes the stage that just ended for stage-end checkpoints).
+            stage: Stage index in the file name (default: the current stage).
         """
         pipe = self.pipeline
         steps = pipe.total_steps
@@ -335,7 +309,7 @@ class OnPolicyTrainer:
         path: Path | None = None
         if self.dist.is_main:
             path = save_checkpoint(self.output_dir, state, stage, steps)
-            self.retention.saved(path, self.metrics.last)  # the best so far, keep-last-N
+            self.retention.saved(path, self.metrics.last)
         if self.dist.enabled:
             path = Path(broadcast_object(None if path is None else str(path)))
         assert path is not None
