@@ -1,7 +1,6 @@
 """rl: a Hydra-configured on-policy RL framework.
 
-From Python: ``rl.train("+experiment=ppo_nav", "seed=2")`` and ``rl.evaluate("run_dir=...")``
-(:mod:`rl.api`); a composed config runs through ``rl.engine.train(cfg)``.
+From Python: ``rl.train("+experiment=ppo_nav", "seed=2")`` and ``rl.evaluate("run_dir=...")``.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from typing import Any
 __all__ = ["Run", "compose", "evaluate", "train"]
 
 
-def __getattr__(name: str) -> Any:  # (lazy: ``import rl.tasks`` does not load the engine)
+def __getattr__(name: str) -> Any:  # lazy: ``import rl.tasks`` does not load the engine
     if name in __all__:
         from rl import api
 

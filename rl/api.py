@@ -9,13 +9,8 @@
     results = rl.evaluate(f"run_dir={run.run_dir}", "num_episodes=50")
 
 Each call composes ``conf/`` (or ``config_dir``) with the overrides exactly as ``train.py`` /
-``evaluate.py`` do, so a run made here is a run like any other: the same folder layout under
-``outputs/<exp_name>/<time>``, its group choices saved with its checkpoints (``evaluate.py`` and
-``resume=`` take it), the same config checks before anything starts. To use the policy of a
-run in your own loop, load it with :meth:`rl.evaluation.InferenceAgent.from_checkpoint` and
-call :meth:`~rl.evaluation.InferenceAgent.predict`.
-
-Torch runs on one thread unless ``torch_threads=`` says otherwise (``auto``: the CLI's default).
+``evaluate.py`` do, so a run made here is a run like any other. Torch runs on one thread unless
+``torch_threads=`` says otherwise (``auto``: the CLI's default).
 """
 
 from __future__ import annotations
@@ -65,11 +60,9 @@ def compose(
 ) -> DictConfig:
     """The config ``train.py`` (``config_name="evaluate"``: ``evaluate.py``) would run.
 
-    The run folder is set as Hydra sets it (``hydra.run.dir``: ``outputs/<exp_name>/<time>``)
-    unless ``output_dir=`` is among the overrides; torch runs on one thread unless
-    ``torch_threads=`` is among them. Edit the result in Python (``cfg.task = {...}``: a task,
-    a model or callbacks of your own, whole nodes an override cannot write) and pass it to
-    :func:`train` as ``cfg=``.
+    The run folder is Hydra's (``outputs/<exp_name>/<time>``) unless ``output_dir=`` is given.
+    Edit the result in Python (``cfg.task = {...}``: whole nodes an override cannot write) and
+    pass it to :func:`train` as ``cfg=``.
     """
     from hydra import compose as hydra_compose
     from hydra.core.hydra_config import HydraConfig
@@ -91,8 +84,6 @@ def train(
     *overrides: str, cfg: DictConfig | None = None, config_dir: str | Path | None = None
 ) -> Run:
     """Train as ``python train.py OVERRIDES...`` does; the run's folder and final metrics.
-
-    The folder is the one trained in: with ``resume=RUN`` the resumed run's.
 
     Args:
         *overrides: Hydra overrides, e.g. ``"+experiment=ppo_nav"``, ``"seed=2"``.
@@ -116,7 +107,7 @@ def train(
             cfg.hydra.runtime.output_dir = str(Path(cfg.hydra.run.dir).resolve())
         HydraConfig.instance().set_config(cfg)
     metrics = rl.engine.run.train(cfg)
-    if cfg.get("resume"):  # trained in the resumed run's folder, not in the one composed now
+    if cfg.get("resume"):  # trained in the resumed run's folder, not the one composed now
         from rl.checkpoints.resume import resume_run_dir
 
         return Run(resume_run_dir(cfg.resume), metrics)

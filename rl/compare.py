@@ -1,7 +1,4 @@
-"""``python -m rl.compare PATH ...``: runs compared by override.
-
-See :mod:`rl.evaluation.compare`.
-"""
+"""``python -m rl.compare PATH ...``: runs compared by override (:mod:`rl.evaluation.compare`)."""
 
 from __future__ import annotations
 

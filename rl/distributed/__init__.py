@@ -1,8 +1,7 @@
 """Distributed training over processes and machines (torch.distributed; gloo or nccl).
 
 ``launch`` starts the ranks, ``setup`` joins them in a process group, ``reduce`` holds the
-collectives the trainer uses, ``preemption`` ends stragglers' rollouts early (DD-PPO).
-docs/howto/distributed.md describes what training does with them.
+collectives, ``preemption`` ends stragglers' rollouts early (DD-PPO).
 """
 
 from rl.distributed.preemption import RolloutPreemption

@@ -1,10 +1,8 @@
 """Starting distributed training: under torchrun, or as ranks spawned by ``train.py``.
 
-Under torchrun every rank composed the config itself, but only rank 0 plans the start (resume,
-``init_from``, run folder: Hydra's ``${hydra:runtime.output_dir}`` may differ between ranks) and
-broadcasts the plan. With ``distributed.world_size=N`` this process plans the start and spawns the
-ranks with the plain plan (never a live ``DictConfig``: Hydra's resolvers do not work in
-children). The launcher knows nothing of training: a rank runs ``train_fn(plan, ctx)``.
+Under torchrun only rank 0 plans the start (resume, ``init_from``, run folder: Hydra's
+``${hydra:runtime.output_dir}`` may differ between ranks) and broadcasts it. Spawned ranks get
+the plan as plain data, never a live ``DictConfig``: Hydra's resolvers do not work in children.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ from rl.utils.files import NoFollowFileHandler
 
 log = logging.getLogger(__name__)
 
-# train_fn(plan, ctx) -> outcome; plan: the resolved start as plain data.
+# train_fn(plan, ctx) -> outcome; the launcher knows nothing of training.
 TrainFn = Callable[[dict[str, Any], DistContext], Any]
 
 
@@ -90,9 +88,7 @@ def _spawned_rank(
     results: Any,
 ) -> None:
     """Entry point of spawned rank ``index``."""
-    # The imports' objects (millions) live as long as the rank: frozen, as train.py does, the
-    # collector never walks them again, nor does the exit (~1 s the launcher would wait).
-    gc.freeze()
+    gc.freeze()  # the imports' objects live as long as the rank (as in load_engine)
     os.environ.update(
         RANK=str(index),
         LOCAL_RANK=str(index),
@@ -143,16 +139,15 @@ def _forward_signals(context: Any) -> Iterator[None]:
 
 
 # A rank that fails closes its sockets, and the others then fail inside their next collective
-# with an error that names no cause (gloo's "Connection closed by peer"). Which failure the
-# launcher sees first is a race (on a loaded machine both have exited by the time it looks).
+# with an error that names no cause. Which failure the launcher sees first is a race.
 _ECHOES = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
 
 
 def _first_cause(context: Any, error: ProcessException) -> tuple[int, str]:
     """The failed rank to report: ``error``'s, unless it only echoes another's failure.
 
-    Every rank that raised left its traceback in its error file (torch's spawn wrapper);
-    the first one that is not an echo of a closed peer names the cause.
+    The first traceback in the ranks' error files (torch's spawn wrapper) that is not an echo
+    of a closed peer names the cause.
     """
     if not any(echo in str(error) for echo in _ECHOES):
         return error.error_index, str(error)
@@ -198,7 +193,7 @@ def spawn_ranks(
                 pass
     except ProcessException as e:
         index, detail = _first_cause(context, e)
-        for path in context.error_files:  # (the failed ranks' tracebacks, read: not left in /tmp)
+        for path in context.error_files:  # read: not left in /tmp
             with contextlib.suppress(OSError, TypeError):
                 os.unlink(path)
         raise RuntimeError(

@@ -1,8 +1,7 @@
 """Straggler preemption (DD-PPO; PyTorchRL's ``fraction_samples``) through the group's store.
 
-Shortened rollouts are fine downstream: the storage keeps the steps recorded and the gradient
-average weighs each rank by its batch size. Polling costs one store round trip a step, and
-only once a rank has its minimum.
+Shortened rollouts are fine downstream: the gradient average weighs each rank by its batch
+size. Polling costs one store round trip a step, once a rank has its minimum.
 """
 
 from __future__ import annotations
@@ -35,13 +34,9 @@ class RolloutPreemption:
             raise ValueError(
                 f"distributed.min_rollout_frac must be in [0, 1], got {min_rollout_frac}"
             )
-        self.sync_frac = sync_frac
         self.min_rollout_frac = min_rollout_frac
-        self.world_size = world_size
         self.threshold = math.ceil(sync_frac * world_size - 1e-9)
-        if store is None:
-            store = dist.distributed_c10d._get_default_store()
-        self.store = store
+        self.store = dist.distributed_c10d._get_default_store() if store is None else store
         self._key = ""
 
     def start(self, rollout_index: int) -> None:

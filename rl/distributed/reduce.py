@@ -1,7 +1,6 @@
 """Reductions across ranks: weighted sums, gradients, advantage stats, metrics.
 
-All are collectives (every rank calls them in the same order) and no-ops on one process, so the
-trainer calls them unconditionally.
+All are collectives (every rank calls them in the same order) and no-ops on one process.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def _reduce_device(device: torch.device | None = None) -> torch.device:
+def _reduce_device(device: torch.device | None) -> torch.device:
     """Where collective tensors must live: CUDA for nccl, CPU for gloo."""
     if device is not None and device.type == "cuda":
         return device
@@ -53,8 +52,8 @@ def average_gradients(params: Iterable[torch.nn.Parameter], batch_size: float) -
     """Replace every gradient by the batch-size-weighted mean over ranks; return the total size.
 
     Each rank's loss is a mean over its own ``batch_size`` samples, so the weighted mean is the
-    gradient of the mean over the concatenated batch (preempted ranks weigh less). One flat
-    all-reduce carries all gradients and the batch size; missing gradients count as zeros.
+    gradient of the mean over the concatenated batch (preempted ranks weigh less). Missing
+    gradients count as zeros.
     """
     params = [p for p in params if p.requires_grad]
     if not is_distributed():
@@ -87,8 +86,8 @@ def weighted_moments(
 ) -> tuple[float, float, float]:
     """``(sum, sum of squares, count)`` of every rank's ``x`` together, in float64.
 
-    ``weights`` (shaped like ``x``; None: all count) is 0 for the steps that do not count
-    (agents out of their episode), 1 for the others.
+    ``weights`` (shaped like ``x``; None: all count) is 0 for steps that do not count (agents
+    out of their episode), 1 for the others.
     """
     a = x.detach().to(torch.float64)
     if weights is None:
@@ -143,20 +142,19 @@ def gather_lists(items: Sequence[Any]) -> list[Any]:
     return [item for part in gathered for item in part]
 
 
-def broadcast_object(obj: Any, src: int = 0) -> Any:
-    """Rank ``src``'s ``obj`` on every rank (``obj`` itself without a process group)."""
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (``obj`` itself without a process group)."""
     if not is_distributed():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=0)
     return box[0]
 
 
-def gather_objects(obj: Any, dst: int = 0) -> list[Any] | None:
-    """Every rank's ``obj`` in rank order on rank ``dst`` (None elsewhere; ``[obj]`` alone)."""
+def gather_objects(obj: Any) -> list[Any] | None:
+    """Every rank's ``obj`` in rank order on rank 0 (None elsewhere; ``[obj]`` alone)."""
     if not is_distributed():
         return [obj]
-    rank, world = dist.get_rank(), dist.get_world_size()
-    out: list[Any] | None = [None] * world if rank == dst else None
-    dist.gather_object(obj, out, dst=dst)
+    out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
     return out

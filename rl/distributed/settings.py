@@ -13,7 +13,7 @@ from rl.utils.config import MAX_WORKERS, Check, load_section, section_errors
 class DistributedSettings:
     """How training is spread over ranks (conf/distributed/none.yaml documents each key).
 
-    ``workers`` is the former name of ``world_size``: set, it is an error naming the new key.
+    ``workers``, the old name of ``world_size``, is refused with the new key's name.
     """
 
     enabled: bool

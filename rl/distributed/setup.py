@@ -1,8 +1,7 @@
 """Process-group setup and teardown, per-rank devices, identical model initialisation.
 
-A rank joins with the ``env://`` rendezvous, from the variables torchrun sets (and
-:mod:`rl.distributed.launch` for the ranks it spawns). gloo fails at once when a peer's
-connection closes and after ``timeout_s`` when a peer hangs: a job never hangs forever.
+Ranks join with the ``env://`` rendezvous. gloo fails at once when a peer's connection closes,
+and after ``timeout_s`` when a peer hangs: a job never hangs forever.
 """
 
 from __future__ import annotations
@@ -27,8 +26,7 @@ log = logging.getLogger(__name__)
 class DistContext:
     """Where this rank stands in the world (rank 0 logs and writes), and its preemption.
 
-    ``local_rank`` is the rank on this machine (it picks the GPU); ``sync_frac`` and
-    ``min_rollout_frac`` are :class:`~rl.distributed.settings.DistributedSettings`'.
+    ``local_rank`` is the rank on this machine (it picks the GPU).
     """
 
     rank: int = 0
@@ -112,8 +110,7 @@ def teardown(wait: bool = False) -> None:
     if dist.is_available() and dist.is_initialized():
         if wait and dist.get_world_size() > 1:
             dist.barrier()
-            # Rank 0 hosts the store: it leaves last (a rare SIGABRT in a peer was seen when the
-            # store went away while the peer was still tearing down).
+            # Rank 0 hosts the store: it leaves last, or a peer still tearing down may abort.
             store = dist.distributed_c10d._get_default_store()
             if dist.get_rank() != 0:
                 store.add("rl/teardown", 1)
@@ -145,8 +142,7 @@ def checksums_across_ranks(module: torch.nn.Module) -> list[str]:
 def synchronize_model(module: torch.nn.Module) -> None:
     """Give every rank rank 0's parameters and buffers, and check that they are identical.
 
-    Every rank seeded identically, so they should agree already: a warning says when they did
-    not (nondeterministic initialisation).
+    Identically seeded ranks should agree already: a warning says when they did not.
 
     Raises:
         RuntimeError: The weights still differ after the broadcast.

@@ -1,8 +1,7 @@
-"""The engine's entry: :func:`train` and :func:`evaluate`, the composition root behind the CLIs.
+"""The engine behind the CLIs: :func:`train` and :func:`evaluate` (from :mod:`rl.engine.run`).
 
-``run`` builds every part of a run from its config and drives it; ``settings`` verifies a whole
-training config; ``sweeps`` serves Hydra's multiruns. ``train`` and ``evaluate`` load ``run``
-(and torch) on first use: ``train.py`` imports ``sweeps`` for its resolver before Hydra composes.
+Both load ``run`` (and torch) on first use: ``train.py`` imports ``rl.engine.sweeps`` for its
+resolver before Hydra composes.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""What ``train.py`` and ``evaluate.py`` share around their work: errors a user can act on.
+"""What ``train.py`` and ``evaluate.py`` share: errors a user can act on, and Hydra's record.
 
-Hydra creates a command's folder (its ``.hydra/`` files and the log file) before the command's
-own code runs, so a config (or checkpoint) that is then refused would leave an empty run folder
-behind, and Hydra would print the error under a traceback. :func:`config_errors_reported` turns
-a refused config of a single run into its message alone on stderr and exit status 1, and removes
-the folder when it holds nothing but Hydra's files. :func:`discard_hydra_folder` does the same
-cleaning for a command whose results live elsewhere (``evaluate.py`` writes next to the
-checkpoints). Hydra's own record of a run (``.hydra/``) is written by the trainer once it holds
-the run folder's lock (:func:`hydra_record`, :func:`write_hydra_record`), not by Hydra before.
+Hydra creates a command's folder before the command's own code runs, so a refused config would
+leave an empty run folder behind and its message under a traceback; this module removes both.
 """
 
 from __future__ import annotations
@@ -28,29 +22,21 @@ from rl.engine.sweeps import in_multirun
 from rl.utils.config import ConfigError
 from rl.utils.files import is_run_folder_write_error, write_atomic
 
-# Hydra's record of an invocation, in <run>/.hydra/ (what hydra.core.utils.run_job writes).
-HYDRA_RECORD_DIR = ".hydra"
-
 
 def hydra_record(cfg: DictConfig | dict[str, Any]) -> dict[str, str] | None:
-    """The files Hydra would write to ``<run>/.hydra/`` for this invocation, by name.
+    """The files Hydra's ``run_job`` would write to ``<run>/.hydra/`` for this invocation.
 
-    ``config.yaml`` (the composed config, unresolved), ``hydra.yaml`` (Hydra's node) and
-    ``overrides.yaml`` (the overrides typed), with the content Hydra's ``run_job`` writes.
-    conf/hydra/default.yaml turns Hydra's own writing off (``hydra.output_subdir: null``):
-    Hydra writes them before the run takes its folder's lock, so a second run given the same
-    ``hydra.run.dir`` would rewrite a live run's record. The trainer writes them itself once it
-    holds the lock (:func:`write_hydra_record`).
-
-    None where there is nothing to write: not composed by Hydra (a plain dict, no Hydra
-    config), or Hydra writes them itself (a tree whose ``hydra.output_subdir`` is set).
+    conf/hydra/default.yaml turns Hydra's own writing off (``hydra.output_subdir: null``): Hydra
+    writes before the run takes its folder's lock, so a second run given the same
+    ``hydra.run.dir`` would rewrite a live run's record. The trainer writes these once it holds
+    the lock (:func:`write_hydra_record`). None when not composed by Hydra, or when Hydra writes
+    them itself (``hydra.output_subdir`` set).
     """
     from hydra.core.hydra_config import HydraConfig
 
     if not isinstance(cfg, DictConfig) or not HydraConfig.initialized():
         return None
-    # (set: the composed config's root, a DictConfig; Hydra annotates it as its HydraConf)
-    hydra = cast(DictConfig, HydraConfig.instance().cfg)
+    hydra = cast(DictConfig, HydraConfig.instance().cfg)  # (annotated HydraConf)
     if OmegaConf.select(hydra, "hydra.output_subdir", default=None) is not None:
         return None
     task = cfg
@@ -68,11 +54,10 @@ def hydra_record(cfg: DictConfig | dict[str, Any]) -> dict[str, str] | None:
 def write_hydra_record(output_dir: Path, record: dict[str, str] | None) -> None:
     """Write Hydra's record of this invocation into a new run's folder (its lock held)."""
     for name, text in (record or {}).items():
-        write_atomic(output_dir / HYDRA_RECORD_DIR / name, text)
+        write_atomic(output_dir / ".hydra" / name, text)
 
 
-# What a command's folder holds before its run writes anything: Hydra's own files and the run
-# lock's file (released by the time the folder is judged).
+# What a command's folder holds before its run writes anything (the lock released by then).
 _BOOKKEEPING_FILES = frozenset({".hydra", "train.log", "evaluate.log", LOCK_NAME})
 
 
@@ -86,10 +71,9 @@ def _only_bookkeeping(folder: Path) -> bool:
 def discard_hydra_folder() -> bool:
     """Remove this command's Hydra folder if it holds only Hydra's own files; whether it did.
 
-    The folder's run lock is taken first and held while it is removed: a folder another process
-    holds (a run sharing ``hydra.run.dir`` that is still building its task) is never removed,
-    nor its live lock file, whatever it holds. Its parent (``outputs/<exp_name>``) goes too when
-    that leaves it empty. Log handlers writing into the folder are closed first.
+    The run lock is held while removing: a folder another process holds (a run sharing
+    ``hydra.run.dir``, still building its task) is never removed. An emptied parent
+    (``outputs/<exp_name>``) goes too.
     """
     from hydra.core.hydra_config import HydraConfig
 
@@ -126,13 +110,10 @@ def discard_hydra_folder() -> bool:
 def config_errors_reported() -> Iterator[None]:
     """A refused config or checkpoint of a single run, or a full disk: its message, exit 1.
 
-    For :class:`~rl.utils.config.ConfigError` and
-    :class:`~rl.checkpoints.files.CheckpointError` (a missing, unreadable or untrusted
-    checkpoint): the message goes to stderr without a traceback, and the folder Hydra created
-    for the run is removed when nothing but Hydra's files is in it. A full disk or a link
-    where the run writes (:mod:`rl.utils.files`) is its message alone too (``train.log`` holds
-    the traceback). In a multirun the error
-    propagates (Hydra records the job as failed and the sweep goes on).
+    A :class:`~rl.utils.config.ConfigError` or :class:`~rl.checkpoints.files.CheckpointError`
+    also removes the run's folder if it holds only Hydra's files; a full disk or a link where
+    the run writes keeps it (``train.log`` holds the traceback). In a multirun the error
+    propagates: Hydra records the job as failed and the sweep goes on.
     """
     try:
         yield
@@ -142,7 +123,7 @@ def config_errors_reported() -> Iterator[None]:
         discard_hydra_folder()
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    except OSError as e:  # a full disk, or a link where the run writes: the message alone
+    except OSError as e:
         if in_multirun() or not is_run_folder_write_error(e):
             raise
         print(f"error: {e.strerror or e}", file=sys.stderr)

@@ -1,12 +1,7 @@
 """The composition root: the only code that sees the whole config.
 
 ``train.py`` and ``evaluate.py`` call :func:`train` and :func:`evaluate`; nothing in ``rl/``
-imports this module. :func:`train` verifies the config (every problem at once, before anything
-starts), plans the start (fresh, ``resume=``, ``init_from=``), dispatches to distributed
-ranks when asked, and for each rank builds the parts from their own config sections (model,
-pipeline, collector with its environments, logger, callbacks), hands them to the trainer, and
-closes them all whatever happens. :func:`evaluate` hands ``evaluate.py``'s config to
-:mod:`rl.evaluation.runs`.
+imports this module. Each part of a run is built from its own config section here.
 """
 
 from __future__ import annotations
@@ -64,20 +59,19 @@ from rl.utils.threads import set_torch_threads
 log = logging.getLogger(__name__)
 
 
-# --------------------------------------------------------------------------- train
 def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
     """Train from a composed config; return the final metrics (``eval/*`` included if run).
 
     ``resume=RUN_DIR|CHECKPOINT`` continues a run exactly in its own folder, ``init_from=`` starts
     a new one from a checkpoint's weights (see :mod:`rl.checkpoints.resume`).
-    ``distributed=ddp`` trains on several ranks (:mod:`rl.distributed.launch`): under
-    torchrun, or spawned here with ``distributed.world_size=N``; the metrics are rank 0's.
+    ``distributed=ddp`` trains on several ranks: under torchrun, or spawned here with
+    ``distributed.world_size=N``; the metrics are rank 0's.
 
     Raises:
         ConfigError: The config cannot run (every problem listed).
         TrainingStopped: SIGTERM / SIGUSR1 / Ctrl-C stopped training after a checkpoint.
     """
-    record = hydra_record(cfg)  # (as composed, before anything below changes it)
+    record = hydra_record(cfg)  # as composed, before anything below changes it
     if isinstance(cfg, DictConfig):  # total_env_steps=1e6: a whole number, for every interpolation
         integral_fields_to_int(cfg, RunSettings)
     plain = to_plain(cfg)
@@ -93,7 +87,7 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
 
     def make_plan() -> dict[str, Any]:
         planned.append(_verified_plan(cfg, plain))
-        return {**_plan_payload(planned[0]), "hydra_record": record}
+        return _plan_payload(planned[0], record)
 
     if dist.world_size is None or launched_by_torchrun():
         try:
@@ -104,7 +98,7 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
     else:
         start = _verified_plan(cfg, plain)
         try:  # this process waits for the ranks with the run's log file attached
-            payload = {**_plan_payload(start), "hydra_record": record}
+            payload = _plan_payload(start, record)
             outcome = spawn_ranks(
                 dist.world_size, dist, start.config["device"], payload, _train_rank
             )
@@ -117,7 +111,7 @@ def train(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
 
 
 def _warn_without_experiment(cfg: DictConfig | dict[str, Any], plain: dict[str, Any]) -> None:
-    """A warning when a new run was composed by Hydra without ``+experiment=``."""
+    """Warn when Hydra composed a new run without ``+experiment=``."""
     choices = run_choices(cfg)
     if choices is None or "experiment" in choices or plain.get("resume"):
         return
@@ -131,10 +125,9 @@ def _warn_without_experiment(cfg: DictConfig | dict[str, Any], plain: dict[str, 
 
 
 def _verified_plan(cfg: DictConfig | dict[str, Any], plain: dict[str, Any]) -> StartPlan:
-    """How the run starts; a resumed run's config (rebuilt from its checkpoint) checked too.
+    """How the run starts; a resumed run's config (rebuilt from its checkpoint) is checked too.
 
-    The config is checked once per process: ``plain`` by :func:`train`, a rebuilt one here or
-    in :func:`_train_body`; ranks train on the config their launcher checked.
+    Each config is checked once per process; ranks train on the config their launcher checked.
     """
     start = plan_start(cfg, plain)
     if start.config is not plain:
@@ -146,21 +139,22 @@ def _verified_plan(cfg: DictConfig | dict[str, Any], plain: dict[str, Any]) -> S
     return start
 
 
-def _plan_payload(start: StartPlan) -> dict[str, Any]:
-    """A start plan as plain data for the other ranks (they reload its checkpoint)."""
+def _plan_payload(start: StartPlan, record: dict[str, str] | None) -> dict[str, Any]:
+    """A start plan as plain data for the ranks (they reload its checkpoint themselves)."""
     return {
         "config": start.config,
         "choices": start.choices,
         "sources": start.sources,
         "resume": None if start.resume_state is None else str(start.checkpoint),
         "init_from": None if start.init_state is None else str(start.checkpoint),
+        "hydra_record": record,
     }
 
 
 def _train_rank(payload: dict[str, Any], ctx: DistContext) -> dict[str, Any]:
-    """One rank: rebuild the start plan from ``payload``, train; the outcome."""
+    """One rank: rebuild the start plan from ``payload`` and train; the outcome as plain data."""
     resume, init_from = payload["resume"], payload["init_from"]
-    start = StartPlan(  # (the parent rebuilt the config: only the training state is read)
+    start = StartPlan(  # the launcher rebuilt the config: only the training state is read
         payload["config"],
         payload.get("choices"),
         resume_state=None if resume is None else load_checkpoint(resume),
@@ -184,23 +178,19 @@ def _train(
     checked: bool = True,
     record: dict[str, str] | None = None,
 ) -> dict[str, float]:
-    """Train from a start plan; ``ctx``: this rank (None: one process).
+    """Train from a start plan on this rank (``ctx`` None: one process).
 
-    ``checked``: the plan's config was checked (:func:`verify_train_cfg`) in this process or by
-    the launcher (False: a resumed run's rebuilt config, checked here). ``record``: Hydra's
-    record of the invocation (:func:`~rl.engine.cli.hydra_record`), written into a new run's
-    folder.
-
-    A fatal error is logged to ``train.log`` here, while a resumed run's own log file is still
-    attached (:func:`rl.utils.logs.log_fatal`).
+    ``checked``: the plan's config was already checked (False: a resumed run's rebuilt config).
+    ``record``: Hydra's record of the invocation (:func:`~rl.engine.cli.hydra_record`), written
+    into a new run's folder. A fatal error is logged here, while a resumed run's own
+    ``train.log`` is still attached.
     """
     try:
         return _train_body(start, ctx, checked, record)
     except (TrainingStopped, KeyboardInterrupt):
         raise
     except ConfigError as e:
-        # Refused before anything was written (a task or policy that cannot be built): no
-        # folder left behind, as train.py's report does for Hydra's.
+        # Refused before anything was written: no folder left behind, as train.py does for Hydra's.
         if start.lock is None or not start.lock.discard_unused_folder():
             log_fatal(log, e, "training failed")
         raise
@@ -214,10 +204,10 @@ def _train(
 def _train_body(
     start: StartPlan, ctx: DistContext | None, checked: bool, record: dict[str, str] | None
 ) -> dict[str, float]:
-    """:func:`_train`'s work: build the parts from the plan's config, train, close them all."""
+    """Build the parts from the plan's config, train, and close them all."""
     with contextlib.ExitStack() as stack:
-        # Signals stop the run cleanly from here on (a checkpoint at the first rollout
-        # boundary), also while the parts below are being built.
+        # Signals stop the run cleanly (a checkpoint at the first rollout boundary) from here
+        # on, also while the parts below are being built.
         stop = StopAgreement(ctx)
         stack.enter_context(stop_on_signals(stop))
         cfg = start.config
@@ -227,8 +217,10 @@ def _train_body(
         stack.enter_context(deterministic_mode(run.deterministic))  # before any CUDA work
         main = ctx is None or ctx.is_main
         output_dir = Path(run.output_dir).resolve()  # (typed through a link, perhaps: once)
-        # A task whose spaces no policy can take is a refused config: found before the run
-        # folder is written (SpaceError is a ConfigError).
+        # Task, policy and losses that cannot work together are ConfigErrors, raised before the
+        # run folder is written: spaces no policy takes (here), outputs that break the policy
+        # protocol (build_policy runs a small batch), a feature a loss needs that the policy
+        # lacks (bind_losses).
         layout = task_layout(cfg["task"])
         device = torch.device(run.device) if ctx is None else ctx.device
         log.info(
@@ -238,12 +230,8 @@ def _train_body(
         )
         set_seed(run.seed)
         pipeline: TrainingPipeline = hydra.utils.instantiate(cfg["pipeline"])
-        # A policy whose outputs break the protocol is a refused config as well (checked by
-        # build_policy on a small batch): found before the run folder is written.
         model = build_policy(cfg["model"], *layout.spaces, groups=layout.groups).to(device)
-        # Auxiliary losses' heads, sized from the policy (before the per-rank seeds: every
-        # rank builds the same heads); a feature the policy lacks is a refused config
-        # (LossBindError), found before the run folder is written.
+        # Auxiliary heads are built before the per-rank seeds: every rank builds the same ones.
         bind_losses(pipeline.used_losses, model, *layout.spaces)
         if main:
             output_dir.mkdir(parents=True, exist_ok=True)
@@ -257,7 +245,7 @@ def _train_body(
             seed=run.seed,
             env_offset=env_offset,
             total_envs=total_envs,
-            spaces=layout.spaces,  # (read once: no collector builds an environment for them)
+            spaces=layout.spaces,  # read once: no collector builds an environment for them
             agents=layout.agents,
             groups=layout.groups,
         )
@@ -265,9 +253,9 @@ def _train_body(
             spec=spec, model=model, device=device, dist=ctx
         )
         stack.callback(collector.close)
-        if main:  # (once the collector took its settings: a refused one leaves no run folder)
+        if main:  # once the collector took its settings: a refused one leaves no run folder
             write_atomic(output_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
-            if start.resume_state is None:  # (a resumed run keeps its first invocation's)
+            if start.resume_state is None:  # a resumed run keeps its first invocation's
                 write_hydra_record(output_dir, record)
             _record_code(output_dir, first=start.resume_state is None)
         stack.enter_context(stop_on_signals(stop))  # again: Ray installs its own handlers
@@ -323,18 +311,19 @@ def _distribute(
     ctx: DistContext | None,
     losses: dict[str, torch.nn.Module],
 ) -> tuple[int, int | None]:
-    """Distributed: rank 0's weights (and auxiliary heads) everywhere, per-rank seeds.
+    """Distributed: rank 0's weights (and auxiliary heads) everywhere, then per-rank seeds.
+
+    Environment ``i`` of rank ``r`` is global environment ``r * num_envs + i`` of one seed
+    stream; action sampling and shuffling draw from ``seed + rank``.
 
     Returns:
         ``(env_offset, total_envs)`` of this rank's sampler in the global seed stream.
     """
     if ctx is None or not ctx.enabled:
         return 0, None
-    synchronize_model(model)  # rank 0's weights everywhere, checked bitwise
+    synchronize_model(model)
     for module in losses.values():
         synchronize_model(module)
-    # Seeds: environment i of rank r is global env r * num_envs + i of one seed stream;
-    # action sampling and shuffling draw from seed + rank.
     n = sampler_num_envs(cfg["sampler"])
     set_seed(run.seed + ctx.rank)
     if ctx.is_main:
@@ -346,6 +335,23 @@ def _distribute(
             n,
         )
     return ctx.rank * n, ctx.world_size * n
+
+
+def _record_code(output_dir: Path, *, first: bool) -> None:
+    """Log this invocation's git commit and whether it had uncommitted changes.
+
+    Only a new run (``first``) writes ``git.json``: a resumed one keeps its first invocation's,
+    and its log says which code each invocation ran.
+    """
+    state = git_state()
+    if not state:
+        log.info("code: not a git checkout (no commit to record)")
+        return
+    dirty = " with uncommitted changes" if state["git_dirty"] else ""
+    log.info("code: git commit %s%s", state["git_sha"], dirty)
+    if first:
+        code = {"commit": state["git_sha"], "dirty": state["git_dirty"]}
+        write_atomic(output_dir / "git.json", json.dumps(code) + "\n")
 
 
 def _run_context(
@@ -374,7 +380,7 @@ def _callbacks(
 ) -> list[Callback]:
     """The trainer callbacks the config asks for (closed with ``stack``), in calling order.
 
-    Evaluation comes first so that at the end of training the final evaluation runs while the
+    Evaluation comes first: at the end of training the final evaluation then runs while the
     validation process still works on the last checkpoints.
     """
     callbacks: list[Callback] = []
@@ -413,10 +419,10 @@ _HOOKS = ("on_train_start", "on_rollout_end", "on_stage_end", "on_checkpoint", "
 
 
 def _own_callbacks(nodes: list[Any], stack: contextlib.ExitStack) -> list[Callback]:
-    """The researcher's callbacks (``callbacks:``), built from their ``_target_``s.
+    """The researcher's ``callbacks:``, built from their ``_target_``s (closed with the run).
 
-    One with a ``close()`` is closed with the run. Raises ConfigError for an object that lacks
-    a hook of :class:`~rl.training.Callback` (naming its entry and the hooks).
+    Raises:
+        ConfigError: An object lacks a hook of :class:`~rl.training.Callback`.
     """
     built: list[Callback] = []
     for i, node in enumerate(nodes):
@@ -434,33 +440,14 @@ def _own_callbacks(nodes: list[Any], stack: contextlib.ExitStack) -> list[Callba
     return built
 
 
-# ------------------------------------------------------------------------ evaluate
 def evaluate(cfg: DictConfig | dict[str, Any]) -> dict[str, float]:
     """Evaluate checkpoints (``run_dir=``: every one of a run; ``ckpt=``: a file or a glob).
 
-    Each selected checkpoint runs the same fixed, seeded episode list and gets its
-    ``<checkpoint>.eval.<settings>.json``; a run also gets
-    ``eval_summary.<settings>.{csv,json,png}`` (and ``eval_summary.*``, the latest's).
-    ``test_expert=true`` evaluates the task's expert instead. See :mod:`rl.evaluation.runs`.
+    Each selected checkpoint runs the same fixed, seeded episode list (see
+    :mod:`rl.evaluation.runs` for the files written); ``test_expert=true`` evaluates the task's
+    expert instead.
 
     Returns:
         The last checkpoint's ``eval/*`` metrics (``expert/*`` with ``test_expert``).
     """
     return evaluate_from_config(to_plain(cfg))
-
-
-def _record_code(output_dir: Path, *, first: bool) -> None:
-    """Log this invocation's code: its git commit, and whether it had uncommitted changes.
-
-    A new run also writes ``git.json``; a resumed one keeps its first invocation's (as with
-    ``.hydra/``) and its log says which code each invocation ran.
-    """
-    state = git_state()
-    if not state:
-        log.info("code: not a git checkout (no commit to record)")
-        return
-    dirty = " with uncommitted changes" if state["git_dirty"] else ""
-    log.info("code: git commit %s%s", state["git_sha"], dirty)
-    if first:
-        code = {"commit": state["git_sha"], "dirty": state["git_dirty"]}
-        write_atomic(output_dir / "git.json", json.dumps(code) + "\n")

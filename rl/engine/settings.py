@@ -1,8 +1,7 @@
 """A training config's own keys, typed, and the check of the whole config before a run.
 
-:func:`verify_train_cfg` asks each package to check its own section and raises one
-:class:`~rl.utils.config.ConfigError` listing every problem, before anything is built. Defaults
-live in ``conf/train.yaml`` only.
+Each package checks its own section; one :class:`~rl.utils.config.ConfigError` lists every
+problem. Defaults live in ``conf/train.yaml`` only.
 """
 
 from __future__ import annotations
@@ -71,10 +70,7 @@ def _own_keys(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _collector_errors(cfg: Mapping[str, Any], num_envs: int | None) -> list[str]:
-    """The collector class's ``config_errors(section, num_envs)``, and its DDP support.
-
-    ``num_envs``: one learner's environments.
-    """
+    """The collector class's ``config_errors(section, num_envs)``, and its DDP support."""
     try:
         target = import_target(str(cfg["collector"].get("_target_")))
     except Exception:  # noqa: BLE001  (check_targets reports it)

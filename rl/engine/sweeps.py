@@ -1,9 +1,8 @@
 """What ``train.py`` needs before and around a run: sweep support, and the engine's import.
 
-A Hydra multirun runs every job of a batch even when one raises, and raises the first error
-only after the batch; what it does not do is say which job failed and why in that job's folder:
-:func:`failures_logged` does. Job folder names and the sweep objective are here too, and
-:func:`load_engine`, the CLIs' import of the engine once Hydra has composed.
+Job folder names, the sweep objective, and each failed job's error in its own folder (Hydra
+raises only the batch's first error, after the batch). Loads no torch: imported before Hydra
+composes.
 """
 
 from __future__ import annotations
@@ -41,9 +40,8 @@ def job_dir_name(num: int, overrides: str) -> str:
     """A sweep job's folder name: its number, then its overrides made safe for a file name.
 
     ``(3, "pipeline.optimizer.lr:0.003__seed:2")`` -> ``3_pipeline.optimizer.lr:0.003__seed:2``
-    (``overrides``: Hydra's ``hydra.job.override_dirname``); no overrides -> ``3``. A name
-    longer than :data:`MAX_JOB_DIR_NAME` keeps its beginning and ends in ``__`` and a hash of
-    all the overrides. The number first keeps the names unique and in launch order.
+    (``overrides``: Hydra's ``hydra.job.override_dirname``). A name longer than
+    :data:`MAX_JOB_DIR_NAME` is cut and ends in ``__`` and a hash of all the overrides.
     """
     text = str(overrides)
     name = f"{int(num)}_{_UNSAFE.sub('_', text)}" if text else str(int(num))
@@ -53,19 +51,17 @@ def job_dir_name(num: int, overrides: str) -> str:
     return f"{name[: MAX_JOB_DIR_NAME - _HASH_CHARS - 2]}__{digest}"
 
 
-# (Registered on import: train.py and evaluate.py import this module, so Hydra's launchers find
-# it for ``hydra.sweep.subdir``, in the job's own process too.)
+# Registered on import: train.py and evaluate.py import this module, so Hydra's launchers find
+# it for ``hydra.sweep.subdir``, in the job's own process too.
 OmegaConf.register_new_resolver("job_dir_name", job_dir_name, replace=True)
 
 
 def load_engine() -> types.ModuleType:
-    """:mod:`rl.engine.run`, imported on the first call; what train.py and evaluate.py run.
+    """:mod:`rl.engine.run`, imported on first call: ``--help`` and ``--cfg`` load no torch.
 
-    They import only this module and :mod:`rl.utils.config` before Hydra composes (their
-    resolvers), so ``--help``, ``--cfg`` and Hydra's own errors never load torch. What the
-    engine's imports made (torch's and tensordict's objects, millions) lives as long as the
-    process: frozen once, the garbage collector never walks it again, nor does Python's exit
-    (about 1 s). (Not on later calls: a sweep's finished jobs are not frozen.)
+    The imports' objects (millions) live as long as the process: frozen once, the garbage
+    collector never walks them again, nor does Python's exit (about 1 s). Later calls freeze
+    nothing: a sweep's finished jobs must stay collectable.
     """
     if "rl.engine.run" not in sys.modules:
         importlib.import_module("rl.engine.run")
@@ -73,7 +69,7 @@ def load_engine() -> types.ModuleType:
     return sys.modules["rl.engine.run"]
 
 
-# Sections of `optimized_metric` that only exist with a setting on (checked before training).
+# Prefixes of `optimized_metric` that are only logged with a setting on.
 _NEEDS = {
     "eval/": (
         "eval.num_episodes > 0",
@@ -130,13 +126,13 @@ def objective(metrics: Mapping[str, float], key: str | None) -> float | None:
 def failures_logged() -> Iterator[None]:
     """Log an exception with its traceback to the job's ``train.log`` before it propagates.
 
-    In a multirun job also to the console (a single run's gets Hydra's own error report).
+    A multirun job's also goes to the console (Hydra reports a single run's); a
     :class:`TrainingStopped` (a signal) is not a failure.
     """
     try:
         yield
     except Exception as e:
-        from rl.training.stopping import TrainingStopped  # (loaded by the run, by now)
+        from rl.training.stopping import TrainingStopped  # (loaded by the run by now)
 
         if isinstance(e, TrainingStopped):
             raise

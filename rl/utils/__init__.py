@@ -1,7 +1,7 @@
 """Small helpers shared across the library.
 
-The names below load their modules on first use: ``rl.utils.config`` (imported by ``train.py``
-before Hydra composes, for its resolvers) does not load torch.
+Names load their modules on first use, so ``rl.utils.config`` (imported by ``train.py`` before
+Hydra composes) loads no torch.
 """
 
 from __future__ import annotations

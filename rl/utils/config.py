@@ -1,11 +1,8 @@
 """Config checks that run before anything is built, so a bad config fails in seconds.
 
-Checks collect every problem as a message naming its key; the caller raises one
-:class:`ConfigError` listing them all. :func:`check_targets` checks ``_target_`` nodes (the
-target imports, takes the keys, and the values fit simple annotations); :func:`section_errors`
-checks a plain section (``eval``, ``valid``, the run's own keys) against the frozen dataclass
-that is its typed view, without defaults (those live in ``conf/`` only). In both a float must
-be finite (:func:`value_problems`) and counts have upper bounds.
+Checks return every problem as a message naming its key; the caller raises one
+:class:`ConfigError` listing them all. :func:`check_targets` checks ``_target_`` nodes against
+their signatures, :func:`section_errors` a plain section against its (default-free) dataclass.
 """
 
 from __future__ import annotations
@@ -44,8 +41,8 @@ OmegaConf.register_new_resolver("fraction_of_total", fraction_of_total, replace=
 def task_name(*, _root_: DictConfig) -> str:
     """``${task_name:}``: the task's ``env_id``, else its ``_target_``'s last part, else ``task``.
 
-    The generic presets name runs ``ppo_${task_name:}``, so a task of one's own is not filed
-    under the name of the environment the preset was written for.
+    The generic presets name runs ``ppo_${task_name:}``: a task of one's own is not filed under
+    the preset's environment.
     """
     task = _root_.get("task")
     if not isinstance(task, DictConfig):
@@ -60,10 +57,8 @@ def task_name(*, _root_: DictConfig) -> str:
 OmegaConf.register_new_resolver("task_name", task_name, replace=True)
 
 
-# Callables that moved, by dotted prefix: the example environments left ``rl.tasks`` for the
-# package ``rl_envs`` beside ``rl``. A saved config naming an old path is rewritten on load
-# (:mod:`rl.checkpoints.migrations`); a config of the user's naming one fails the up-front check
-# with the new path to write.
+# Callables that moved, by dotted prefix. A saved config naming an old path is rewritten on load
+# (:mod:`rl.checkpoints.migrations`); a user's config naming one is refused with the new path.
 MOVED_TARGETS: dict[str, str] = {
     "rl.tasks.nav_batched": "rl_envs.pointnav.batched",
     "rl.tasks.nav_checks": "rl_envs.pointnav.checks",
@@ -92,7 +87,7 @@ MOVED_TARGETS: dict[str, str] = {
 
 
 def moved_target(path: str) -> str | None:
-    """Where the callable at dotted ``path`` is now, if it moved (:data:`MOVED_TARGETS`)."""
+    """Where the callable at dotted ``path`` is now, if it moved."""
     for old, new in MOVED_TARGETS.items():
         if path == old or path.startswith(old + "."):
             return new + path[len(old) :]
@@ -108,7 +103,7 @@ def import_target(path: str) -> Callable[..., Any]:
         obj: Any = importlib.import_module(module_name)
         return getattr(obj, attr)
     except (ImportError, AttributeError):
-        # Nested attribute (e.g. a class attribute): walk from the longest importable module.
+        # A nested attribute (a class attribute): walk from the longest importable module.
         parts = path.split(".")
         for i in range(len(parts) - 1, 0, -1):
             try:
@@ -169,7 +164,6 @@ def _accepts_none(hint: Any) -> bool:
 def check_targets(
     node: Any,
     path: str = "",
-    runtime_kwargs: Mapping[str, set[str]] | None = None,
     framework_keys: Mapping[str, frozenset[str]] | None = None,
 ) -> list[str]:
     """Errors for every ``_target_`` node under ``node``.
@@ -177,33 +171,28 @@ def check_targets(
     Args:
         node: Resolved config (dicts and lists).
         path: Dotted path of ``node`` (for messages).
-        runtime_kwargs: Keys the engine passes at build time, by node path (they must be
-            accepted arguments but need not appear in the YAML).
         framework_keys: Keys the framework reads itself in a node named ``name``, not passed
             to its target (``{"task": {"observations"}}`` applies to ``task`` and its copies
             elsewhere, such as ``...generate.task``); nodes inside them are still checked.
     """
     errors: list[str] = []
-    runtime_kwargs = runtime_kwargs or {}
     framework_keys = framework_keys or {}
     if isinstance(node, Mapping):
         if "_target_" in node:
             name = path.rpartition(".")[2]
             own = {k: v for k, v in node.items() if k not in framework_keys.get(name, ())}
-            errors += _check_target_node(own, path, runtime_kwargs.get(path, set()))
+            errors += _check_target_node(own, path)
         for key, value in node.items():
             if isinstance(key, str) and key.startswith("_"):
                 continue
-            errors += check_targets(
-                value, f"{path}.{key}" if path else str(key), runtime_kwargs, framework_keys
-            )
+            errors += check_targets(value, f"{path}.{key}" if path else str(key), framework_keys)
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            errors += check_targets(value, f"{path}.{i}", runtime_kwargs, framework_keys)
+            errors += check_targets(value, f"{path}.{i}", framework_keys)
     return errors
 
 
-def _check_target_node(node: Mapping[str, Any], path: str, runtime: set[str]) -> list[str]:
+def _check_target_node(node: Mapping[str, Any], path: str) -> list[str]:
     where = path or "<root>"
     target_path = node["_target_"]
     try:
@@ -234,7 +223,6 @@ def _check_target_node(node: Mapping[str, Any], path: str, runtime: set[str]) ->
             if p.default is inspect.Parameter.empty
             and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
             and n not in node
-            and n not in runtime
             and n != "self"
         ]
         if missing:
@@ -293,10 +281,8 @@ def to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in entries.items() if k != "hydra"}
 
 
-# ------------------------------------------------------------------ settings sections
-# Upper bounds of counts (``Check(le=...)``): far above real use (runs use 1 to 64 processes
-# or workers and at most a few thousand evaluation episodes), far below what exhausts memory or
-# runs for days before anything is written. Environments: rl.sampling.base.MAX_NUM_ENVS.
+# Upper bounds of counts: far above real use, far below what exhausts memory or runs for days
+# before anything is written.
 MAX_WORKERS = 1024  # processes of one kind: sampler workers, collection workers, DDP workers
 MAX_EPISODES = 10**6  # episodes of one list: evaluation, validation, expert trajectories
 
@@ -350,8 +336,8 @@ class Check:
 def value_problems(value: Any, checks: list[Check]) -> list[str]:
     """Why a setting's ``value`` fails its ``checks`` (empty: it passes).
 
-    Whatever the checks, a float (or one in a list: loss weights) must be finite unless a check
-    allows ``inf``: a learning rate of ``nan`` would otherwise poison training later, unnamed.
+    A float (or one in a list: loss weights) must be finite unless a check allows ``inf``: a
+    learning rate of ``nan`` would otherwise poison training later, unnamed.
     """
     finite = Check(inf=any(c.inf for c in checks))
     problems = [p for c in checks or [finite] if (p := c.problem(value)) is not None]
@@ -393,10 +379,7 @@ def argument_errors(fn: Callable[..., Any], values: Mapping[str, Any], where: st
 
 
 def section_errors(cls: type, section: Any, where: str) -> list[str]:
-    """Problems of the resolved ``section`` (at ``where``; "": the top) read as dataclass ``cls``.
-
-    One message per unknown or missing key, wrong type or value out of range.
-    """
+    """Problems of the resolved ``section`` at ``where`` ("": the top) as dataclass ``cls``."""
     if not isinstance(section, Mapping):
         return [f"{where}: expected a mapping, got {section!r}"]
     prefix = f"{where}." if where else ""

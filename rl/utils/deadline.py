@@ -1,27 +1,24 @@
 """The rule of every hang watchdog here: a warning at half of a call's budget, then the end.
 
-Child processes, collection workers and a serial sampler's watchdog each keep a
-:class:`Deadline` per call; what to say and what to raise is the caller's.
+What to say and what to raise is the caller's.
 """
 
 from __future__ import annotations
 
 import time
 
-# A warning names a worker that has not answered once this fraction of its budget has passed.
 WARN_FRACTION = 0.5
 
 
 class Deadline:
-    """One call's budget: a warning once :data:`WARN_FRACTION` of it has passed, then the end.
+    """One call's budget in seconds: a warning once :data:`WARN_FRACTION` of it has passed.
 
-    ``budget`` is seconds (None: never warns nor expires; a caller may raise it later),
-    ``start`` a ``time.monotonic()`` (default: now).
+    ``budget`` None never warns nor expires (a caller may set it later).
     """
 
-    def __init__(self, budget: float | None, start: float | None = None) -> None:
+    def __init__(self, budget: float | None) -> None:
         self.budget = budget
-        self.start = time.monotonic() if start is None else start
+        self.start = time.monotonic()
         self.warned = False
 
     def elapsed(self, now: float | None = None) -> float:

@@ -2,10 +2,9 @@
 
 A run folder is untrusted input: a copied one may hold links where the run writes
 (``config.yaml -> ~/.bashrc``, ``checkpoints -> ../other_run/checkpoints``) or a FIFO where it
-reads. Every file a run writes goes through this module: folders checked component by
-component (:func:`run_subdir`), atomic writes whose rename replaces a link, never what it points
-to (:func:`write_atomic`), appends and reads that refuse a link (``O_NOFOLLOW``) and never block
-on a FIFO. A full disk is an :class:`OSError` naming the file (:func:`describe_write_error`).
+reads. So every file a run writes goes through here: folders are checked component by
+component, writes are atomic renames that replace a link rather than follow it, and appends and
+reads refuse links (``O_NOFOLLOW``) and never block on a FIFO.
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-# Mode of the files a run writes (mkstemp creates 0600 files).
-FILE_MODE = 0o644
+FILE_MODE = 0o644  # (mkstemp creates 0600 files)
 TMP_SUFFIX = ".tmp"
 
 
@@ -41,10 +39,9 @@ def _link_error(path: str | Path) -> UnsafePathError:
 def run_subdir(run_dir: str | Path, *parts: str, create: bool = True) -> Path:
     """The folder ``run_dir/parts...`` of a run, checked component by component.
 
-    ``run_dir`` (perhaps reached through a link: ``/var -> /private/var``) is resolved once;
-    each component below it is looked at with ``lstat``: a link (a copied run whose
-    ``checkpoints`` links to another run's) or a non-folder is refused, a missing one is
-    created (``create``, the run folder too) or left missing (for reading).
+    ``run_dir`` itself is resolved (it may legitimately be reached through a link:
+    ``/var -> /private/var``); below it a link or a non-folder is refused, and a missing
+    component is created (``create``) or left missing (for reading).
 
     Raises:
         UnsafePathError: A component is a link or not a folder (the message names it).
@@ -97,8 +94,7 @@ def is_run_folder_write_error(e: BaseException) -> bool:
 def _check_target(path: Path) -> None:
     """Refuse to write ``path`` when its folder is a link or ``path`` is a folder; make its folder.
 
-    Only the file's own folder is looked at: the folders above it are the caller's (checked
-    with :func:`run_subdir` where they lie in a run).
+    The folders above are the caller's to check (:func:`run_subdir`).
     """
     try:
         folder_is_link = stat.S_ISLNK(os.lstat(path.parent).st_mode)
@@ -159,13 +155,9 @@ def write_atomic(
 
     A crash (even ``kill -9``) leaves either the old file or the complete new one under
     ``path``, plus at worst a stray hidden ``.<name>.*.tmp`` file. A link under ``path`` is
-    replaced by the file, never followed.
-
-    Args:
-        path: The file.
-        write: Its content (bytes or text), or a function writing it to the open binary file.
-        what: What the file is (``"evaluation summary"``): an :class:`OSError` (a full disk)
-            is raised again with a message naming the file (None: as raised).
+    replaced by the file, never followed. ``write`` is the content (bytes or text) or a function
+    writing it to the open binary file; ``what`` (``"evaluation summary"``) names the file in
+    the message of an :class:`OSError` such as a full disk.
 
     Raises:
         UnsafePathError: ``path``'s folder is a symbolic link, or ``path`` is a folder.
@@ -186,15 +178,14 @@ def write_atomic_by_name(
 ) -> None:
     """:func:`write_atomic` for a writer that opens its file by name (ffmpeg, an exporter).
 
-    ``write(tmp)`` fills a temporary file beside ``path`` whose name ends in ``path``'s suffix
-    (``.<name>.<random>.tmp.mp4``: a writer that picks its format by the ending picks the
-    right one). It must still be a regular file afterwards.
+    ``write(tmp)`` fills a temporary file beside ``path`` that keeps ``path``'s suffix (a writer
+    may pick its format by it); it must still be a regular file afterwards.
     """
     path = Path(path)
     with _replacing(path, what, path.suffix) as (fd, tmp):
         os.close(fd)
         write(Path(tmp))
-        fd = open_nofollow(tmp, os.O_RDONLY)  # (still a regular file, not a link)
+        fd = open_nofollow(tmp, os.O_RDONLY)  # still a regular file, not a link
         try:
             os.fsync(fd)
         finally:
@@ -202,10 +193,7 @@ def write_atomic_by_name(
 
 
 def check_file_target(path: str | Path) -> None:
-    """Raise an :class:`UnsafePathError` unless ``path`` is missing or a regular file.
-
-    For a file a handler opens later (a link, a folder, a FIFO or a device is named).
-    """
+    """Raise an :class:`UnsafePathError` unless ``path`` is missing or a regular file."""
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:

@@ -1,9 +1,7 @@
 """Non-finite numbers (NaN, infinity) as errors where they enter, never as silent values.
 
-One NaN reward poisons every parameter in the next update, and a checkpoint of that state
-loads as valid. So the sampler checks what environments return, the learner checks each loss
-and gradient norm, and checkpoints refuse non-finite weights; each raises a
-:class:`NonFiniteError` naming where the value came from.
+One NaN reward poisons every parameter in the next update, and a checkpoint of that state loads
+as valid; so environments' outputs, losses, gradient norms and saved weights are all checked.
 """
 
 from __future__ import annotations
@@ -31,11 +29,9 @@ def _floating_tensors(node: Any, prefix: str) -> Iterator[tuple[str, torch.Tenso
 
 
 def nonfinite_tensors(node: Any, prefix: str = "") -> list[str]:
-    """Dotted names of the floating-point tensors under ``node`` holding NaN or infinity.
+    """Dotted names (under ``prefix``) of the float tensors in ``node`` holding NaN or infinity.
 
-    Args:
-        node: A tensor, or mappings and sequences of them (a state dict, an optimizer state).
-        prefix: Name of ``node`` itself.
+    ``node``: a tensor, or mappings and sequences of them (a state dict, an optimizer state).
     """
     return [
         name

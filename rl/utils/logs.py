@@ -1,8 +1,7 @@
 """Fatal errors in the run's ``train.log`` as well as on the console, once each.
 
-Hydra prints a single run's error to the console itself (not through ``logging``), so it would
-be missing from ``train.log``, the file a researcher opens first (and the only one a SLURM job
-leaves). An error logged twice (deep in the engine, then on its way out) has its traceback once.
+Hydra prints a single run's error to the console itself, not through ``logging``, so it would be
+missing from ``train.log``, the file a researcher opens first (and all a SLURM job leaves).
 """
 
 from __future__ import annotations
@@ -17,11 +16,11 @@ def log_fatal(
 ) -> None:
     """Log ``error`` with ``message`` and its traceback to the root logger's file handlers.
 
-    ``console``: to its other handlers too (only multirun jobs: Hydra prints single runs').
+    ``console``: to its other handlers too (multirun jobs: Hydra prints single runs'). An error
+    logged twice (deep in the engine, then on its way out) has its traceback once.
     """
     exc_info = (type(error), error, error.__traceback__)
     full = logger.makeRecord(logger.name, logging.ERROR, __file__, 0, message, (), exc_info)
-    # Already in train.log with its traceback: the message alone there this time.
     in_files = bool(getattr(error, _LOGGED, False))
     brief = logger.makeRecord(logger.name, logging.ERROR, __file__, 0, message, (), None)
     for handler in logging.getLogger().handlers:

@@ -1,22 +1,10 @@
 """The one process runtime: every child process of a run started, called, watched and ended alike.
 
-Each child serves one object built from plain arguments: the multiprocess sampler's workers
-(:class:`~rl.sampling.mp_worker.SamplerWorker`), process collection workers
-(:class:`~rl.collection.worker.CollectionWorker`) and the validation process
-(:class:`~rl.evaluation.validation.Validator`). :class:`ChildProcesses` starts them, calls the
-object's methods by name and gathers the results:
-
-- **Start**: ``forkserver`` by default, its server having imported the served class's module
-  once, so a child costs a fork, not an interpreter's imports.
-- **Calls**: ``(call id, method, args)`` down the pipe, ``(call id, ok, value)`` back (rows of
-  data go through :mod:`rl.utils.shared_memory`, never the pipes).
-- **Faults**: the parent waits on the pipes and the children's pidfds together, so a child
-  that dies is noticed at once; a call that raises sends its traceback and, if the object says
-  (``failure_site()``), where it failed.
-- **End**: :meth:`ChildProcesses.close` (also at garbage collection and interpreter exit); a
-  child never outlives its parent (:func:`die_with_parent`).
-
-DDP ranks are the exception: torchrun or ``torch.multiprocessing`` start and end them
+Each child serves one object built from plain arguments (sampler workers, collection workers,
+the validation process). Calls go down a pipe as ``(call id, method, args)`` and come back as
+``(call id, ok, value)``; rows of data go through :mod:`rl.utils.shared_memory` instead. The
+parent waits on the pipes and the children's pidfds together, so a dead child is noticed at
+once, and a child never outlives its parent. DDP ranks are started elsewhere
 (:mod:`rl.distributed.launch`).
 """
 
@@ -51,6 +39,7 @@ log = logging.getLogger(__name__)
 
 _START = -1  # call id of a child's start (its object built)
 _DEAD = -2  # key of a dead child's result: the result of every call still pending
+_CLOSE = -3  # call id of the close sent while ending the children (its reply is not read)
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -83,9 +72,8 @@ def process_context(method: str | None, preload: Sequence[str] = ()) -> Any:
 class _ByValue(pickle.Pickler):
     """Pickles CPU tensors (of a NumPy dtype, outside autograd) by value, as NumPy arrays.
 
-    A pipe's own pickler sends a CPU tensor as a handle to shared memory, a file descriptor
-    round trip per tensor (about 7 ms per update for a small policy's weights); by value it is
-    well under a millisecond and the receiver holds its own copy.
+    A pipe's own pickler sends a shared-memory handle, a file descriptor round trip per tensor
+    (about 7 ms per update for a small policy's weights, against well under 1 ms by value).
     """
 
     def reducer_override(self, obj: Any) -> Any:
@@ -121,16 +109,13 @@ def receive_from(conn: mpc.Connection) -> Any:
 
 # --------------------------------------------------------------------------- the child
 def die_with_parent(parent_pid: int | None = None) -> None:
-    """Linux: kill this process (SIGKILL) when its parent ends, even while busy; else a no-op.
+    """Linux: SIGKILL this process when its parent ends, even while busy; call it first thing.
 
-    Call it first thing in the child.
-
-    When the forking process is the parent (``parent_pid`` None or ours), the kernel does it
-    (``PR_SET_PDEATHSIG``). A ``forkserver`` child's parent is ``parent_pid``, not the fork
-    server: a thread waits on a pidfd of it. The fork server's own end must not count, since a
-    SIGTERM to the process group (the learner's signal to save and stop) ends it at once while
-    its children must live on until closed; only without pidfds (Linux < 5.3) is
-    ``PR_SET_PDEATHSIG`` set after all.
+    When the forking process is the parent (``parent_pid`` None or ours) the kernel does it
+    (``PR_SET_PDEATHSIG``). A ``forkserver`` child watches ``parent_pid`` through a pidfd instead:
+    a SIGTERM to the process group (the learner's signal to save and stop) ends the fork server
+    at once, while its children must live on until closed. Without pidfds (Linux < 5.3) the
+    fork server's end counts after all.
     """
     if not sys.platform.startswith("linux"):
         return
@@ -187,7 +172,7 @@ def serve(
 
     A call that raises answers with a :class:`_Failure` and the child serves on (its parent
     decides what a failure ends). The child ends after ``close``, when the pipe closes (closing
-    the object first) or with its parent. Signals in ``ignored`` are the parent's business.
+    the object first), or with its parent.
     """
     die_with_parent(parent_pid)
     os.environ.update(environment or {})
@@ -314,7 +299,10 @@ class Call:
 
 
 class ChildProcesses:
-    """Child processes, each serving one object built from its arguments (see the module).
+    """Child processes, each serving one object built from its arguments.
+
+    ``forkserver`` by default, its server having imported the served class's module once: a
+    child costs a fork, not an interpreter's imports.
 
     Args:
         factory: The served class (or function), importable by module and name.
@@ -358,11 +346,11 @@ class ChildProcesses:
         self._results: list[dict[int, tuple[bool, Any]]] = []
         self._ids = itertools.count()
         ignored = tuple(int(s) for s in ignored_signals)
-        # SIGTERM does nothing to a child that ignores it: SIGKILL is the only escalation
+        # SIGTERM does nothing to a child that ignores it
         self._signals = ("kill",) if int(signal.SIGTERM) in ignored else ("terminate", "kill")
-        # A pidfd per child: readable once the child has ended. A ``forkserver`` child's own
-        # sentinel is a pipe from the fork server, which fires (exit code 255) when the server
-        # ends, child alive or not: a SIGTERM to the process group ends the server at once.
+        # A pidfd per child, readable once it has ended. A ``forkserver`` child's own sentinel
+        # is a pipe from the fork server, which fires (exit code 255) when the server ends,
+        # child alive or not: a SIGTERM to the process group ends the server at once.
         self._pidfds: list[int | None] = []
         # Runs at garbage collection, at interpreter exit (before multiprocessing waits for
         # non-daemonic children) and from close.
@@ -393,8 +381,8 @@ class ChildProcesses:
                 self._results.append({})
             #: Process ids of the children, by index.
             self.pids: list[int] = [p.pid for p in self.processes]
-            self.gather([Call(i, _START) for i in range(len(self.processes))], start_timeout,
-                        "starting")  # fmt: skip
+            starts = [Call(i, _START) for i in range(len(self.processes))]
+            self.gather(starts, start_timeout, "starting")
         except BaseException:
             self.close(grace=0.0)
             raise
@@ -406,7 +394,6 @@ class ChildProcesses:
             return self._label(child, pid)
         return f"{self.name} {child} (pid {pid})"
 
-    # ------------------------------------------------------------------ calls
     def call(self, child: int, method: str, *args: Any) -> Call:
         """Send ``child`` the call ``method(*args)``; returns its handle at once."""
         if self.closed:
@@ -455,8 +442,8 @@ class ChildProcesses:
         ``what`` is what the child was doing, for the message (``stepping``).
         """
         self.wait([call], 1, None)
-        results = self._results[call.child]
-        ok, value = results.pop(call.call_id) if call.call_id in results else results[_DEAD]
+        ok, value = self._peek(call)
+        self._results[call.child].pop(call.call_id, None)
         if ok:
             return value
         raise self._failed(call.child, value, what)
@@ -493,7 +480,6 @@ class ChildProcesses:
                 )
         return [self.result(call, what) for call in calls]
 
-    # ------------------------------------------------------------------ ending
     def close(self, grace: float = 2.0) -> None:
         """Close every child's object and end the children (idempotent; never hangs).
 
@@ -506,7 +492,6 @@ class ChildProcesses:
         self._finalizer.cancel()
         _end_children(self.processes, self._conns, self._pidfds, self._signals, grace)
 
-    # ------------------------------------------------------------------ internals
     def _labels(self, calls: Sequence[Call]) -> str:
         return ", ".join(self.label(w) for w in sorted({c.child for c in calls}))
 
@@ -573,6 +558,16 @@ def _ended(pidfd: int) -> bool:
     return bool(select.select([pidfd], [], [], 0)[0])
 
 
+def _running(pidfds: list[int], seconds: float) -> list[int]:
+    """Those of ``pidfds`` whose process is still running after up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    alive = [fd for fd in pidfds if not _ended(fd)]
+    while alive and (left := deadline - time.monotonic()) > 0:
+        select.select(alive, [], [], left)
+        alive = [fd for fd in alive if not _ended(fd)]
+    return alive
+
+
 def _end_children(
     processes: list[Any],
     conns: list[mpc.Connection],
@@ -583,34 +578,23 @@ def _end_children(
     """Ask each child to close, give them ``grace`` seconds in all, then ``signals``; reap all.
 
     Children with a pidfd are watched and signalled through it (a ``forkserver`` child's
-    sentinel fires when its fork server ends); the others by :func:`end_processes`.
+    sentinel fires when its fork server ends); :func:`end_processes` ends the others.
     """
     for conn in conns:
         with contextlib.suppress(Exception):
-            send(conn, (-3, "close", ()))
-    watched = [(p, fd) for p, fd in zip(processes, pidfds, strict=True) if fd is not None]
-    end_processes(
-        [p for p, fd in zip(processes, pidfds, strict=True) if fd is None],
-        grace,
-        signals=signals,
-        wait=2.0,
-        release=False,
-    )
-    deadline = time.monotonic() + grace
-    for name in ("", *signals):
-        alive = [(p, fd) for p, fd in watched if not _ended(fd)]
-        for _, fd in alive if name else ():
-            with contextlib.suppress(OSError):
-                number = signal.SIGTERM if name == "terminate" else signal.SIGKILL
-                signal.pidfd_send_signal(fd, number)
-        if name:
-            deadline = time.monotonic() + 2.0
-        fds = [fd for _, fd in alive]
-        while fds and (left := deadline - time.monotonic()) > 0:
-            select.select(fds, [], [], left)
-            fds = [fd for fd in fds if not _ended(fd)]
-        if not fds:
+            send(conn, (_CLOSE, "close", ()))
+    pairs = list(zip(processes, pidfds, strict=True))
+    watched = [(p, fd) for p, fd in pairs if fd is not None]
+    end_processes([p for p, fd in pairs if fd is None], grace, signals)
+    alive = _running([fd for _, fd in watched], grace)
+    for name in signals:
+        if not alive:
             break
+        number = signal.SIGTERM if name == "terminate" else signal.SIGKILL
+        for fd in alive:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, number)
+        alive = _running(alive, 2.0)
     for process, _ in watched:
         with contextlib.suppress(Exception):
             process.join(0.5)  # reaped (by us, or reported by the fork server)
@@ -623,19 +607,11 @@ def _end_children(
             conn.close()
 
 
-def end_processes(
-    processes: Sequence[Any],
-    grace: float,
-    *,
-    signals: Sequence[str] = ("terminate", "kill"),
-    wait: float = 1.0,
-    release: bool = True,
-) -> None:
+def end_processes(processes: Sequence[Any], grace: float, signals: Sequence[str]) -> None:
     """End ``processes``: ``grace`` seconds in all to exit, then each of ``signals``; reap all.
 
     Each signal (``terminate``, ``kill``: ``Process`` methods) goes to those still alive, which
-    then get ``wait`` seconds. ``release`` closes the ended ``Process`` objects (their ``pid``
-    and ``exitcode`` cannot be read afterwards).
+    then get 2 seconds.
     """
     started = [p for p in processes if p.pid is not None]
     deadline = time.monotonic() + grace
@@ -648,13 +624,9 @@ def end_processes(
         for process in alive:
             with contextlib.suppress(Exception):
                 getattr(process, name)()
-        deadline = time.monotonic() + wait
+        deadline = time.monotonic() + 2.0
         for process in alive:
             process.join(max(0.0, deadline - time.monotonic()))
-    for process in started if release else ():
-        with contextlib.suppress(Exception):
-            if process.exitcode is not None:
-                process.close()
 
 
 def exit_reason(exitcode: int | None) -> str:

@@ -1,10 +1,4 @@
-"""Where a run's code came from: the framework checkout's git commit, and uncommitted changes.
-
-A new run writes it to ``<run>/git.json`` (``{"commit": ..., "dirty": ...}``) and every
-invocation, a resumed one too, logs it (``train.log``). wandb gets the same two values in its
-config (``git_sha``, ``git_dirty``). Outside a git checkout (an installed package) there is
-nothing to record.
-"""
+"""Where a run's code came from: the framework checkout's git commit, and uncommitted changes."""
 
 from __future__ import annotations
 

@@ -24,8 +24,8 @@ def set_seed(seed: int | None) -> None:
 def env_seeds(num_envs: int, initial_seed: int | None) -> list[int]:
     """``num_envs`` distinct seeds in ``[0, 2**31)``, one per environment, from ``initial_seed``.
 
-    From a private generator (AllenAct's ``worker_seeds`` semantics: the global RNGs are
-    untouched; None: OS entropy); the first ``k`` seeds do not depend on ``num_envs``.
+    AllenAct's ``worker_seeds``: a private generator (None: OS entropy), the global RNGs
+    untouched; the first ``k`` seeds do not depend on ``num_envs``.
     """
     rng = random.Random(initial_seed)
     seeds: list[int] = []
@@ -41,7 +41,7 @@ def env_seeds(num_envs: int, initial_seed: int | None) -> list[int]:
 def rng_state() -> dict[str, object]:
     """Python, NumPy and torch global RNG states as plain objects (``weights_only``-safe)."""
     np_state = np.random.get_state()
-    assert isinstance(np_state, tuple)  # (legacy form: the global MT19937's)
+    assert isinstance(np_state, tuple)  # the legacy form: the global MT19937's
     return {
         "python": random.getstate(),
         "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
@@ -58,7 +58,7 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-# cuBLAS needs a fixed workspace for deterministic results; set before its first use.
+# cuBLAS needs a fixed workspace for deterministic results, read when it starts.
 CUBLAS_WORKSPACE = ":4096:8"
 
 
@@ -66,9 +66,9 @@ CUBLAS_WORKSPACE = ":4096:8"
 def deterministic_mode(enabled: bool = True) -> Iterator[None]:
     """Deterministic algorithms only within the block (AllenAct's ``set_deterministic_cudnn``).
 
-    An operation without a deterministic implementation raises; no cuDNN autotuning; cuBLAS's
-    workspace is fixed, read when it starts, so enter before any CUDA work. It costs speed on
-    GPUs. ``enabled=False`` leaves everything as it is.
+    An operation without a deterministic implementation raises, and cuDNN does not autotune.
+    Enter before any CUDA work: cuBLAS reads its workspace setting when it starts.
+    ``enabled=False`` changes nothing.
     """
     if not enabled:
         yield

@@ -1,15 +1,10 @@
-"""Shared memory between the processes of a run: arrays laid out in one block, and named blocks.
+"""Shared memory between the processes of a run: rows of data cross without pickling.
 
-Rows of data cross a process boundary here without pickling:
-
-- **Arrays in one block, made by the parent** (:class:`SharedArrays`): the multiprocess
-  sampler lays out its environments' observations, rewards, flags and actions in one
-  ``RawArray`` passed to its workers, and every process builds the same numpy views over it.
-- **Named blocks, made by a child** (:class:`SharedBuffers`): a process collection worker
-  allocates its rollout storage in named blocks and sends the learner a :class:`SharedRows`,
-  which the learner maps once (by name) and copies from. The worker writes its next rollout
-  only after the learner took the last one, and owns the blocks: it unlinks them (the resource
-  tracker it shares with the learner does if it was killed); the learner never does.
+:class:`SharedArrays`: arrays in one ``RawArray`` made by the parent (the multiprocess
+sampler's). :class:`SharedBuffers`: named blocks made by a child (a collection worker's rollout
+storage), which the learner maps by name (:class:`SharedRows`). The worker writes its next
+rollout only after the learner took the last one. It owns its blocks and unlinks them (the
+resource tracker it shares with the learner does if it was killed); the learner never does.
 """
 
 from __future__ import annotations
@@ -29,16 +24,14 @@ from tensordict.utils import NestedKey
 _ALIGN = 64  # byte alignment of each array in a shared block
 
 
-# ---------------------------------------------------------------- arrays in one block
 class SharedArrays:
     """Numpy arrays carved out of one shared ``RawArray`` by ``layout`` (:meth:`plan`)."""
 
     def __init__(self, raw: Any, layout: Mapping[str, tuple[int, tuple[int, ...], str]]) -> None:
         self.raw = raw
-        self.layout = dict(layout)
         buffer = np.frombuffer(raw, dtype=np.uint8)
         self.arrays: dict[str, np.ndarray] = {}
-        for name, (offset, shape, dtype) in self.layout.items():
+        for name, (offset, shape, dtype) in layout.items():
             dt = np.dtype(dtype)
             size = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
             self.arrays[name] = buffer[offset : offset + size].view(dt).reshape(shape)
@@ -56,7 +49,6 @@ class SharedArrays:
         return layout, max(offset, _ALIGN)
 
 
-# ----------------------------------------------------------------------- named blocks
 @dataclasses.dataclass(frozen=True)
 class SharedRows:
     """Rows ``[length, n]`` of tensors in named shared memory (what the learner is sent).

@@ -1,13 +1,9 @@
 """Host <-> CUDA copies through pinned staging buffers: one transfer each way a step.
 
-A copy from pageable host memory to the GPU is staged by the driver through a pinned buffer of
-its own and returns only when done, one copy a tensor; collection with CPU environments and a
-CUDA policy copies several tensors each step and the actions back. :class:`PinnedTransfers`
-packs a step's CPU tensors into one pinned buffer and copies it with ``non_blocking=True`` (the
-policy's kernels queue behind it on the same stream), and copies the actions back into a pinned
-host tensor. A pinned buffer is not written while a copy from it may be in flight: ``buffers``
-of them are used in turn, each with a CUDA event recorded after its copy. A CPU-only run gets
-none of this (:func:`pinned_transfers` returns None).
+A copy from pageable memory is synchronous, one per tensor. Here a step's CPU tensors are packed
+into one pinned buffer and copied with ``non_blocking=True`` (the policy's kernels queue behind
+it on the same stream). A pinned buffer is not written while a copy from it may be in flight:
+several are used in turn, each with a CUDA event recorded after its copy.
 """
 
 from __future__ import annotations
@@ -20,8 +16,8 @@ import torch
 
 K = TypeVar("K", bound=Hashable)
 
-# Every packed tensor starts at a multiple of this many bytes (any dtype's view of the bytes is
-# aligned, and so are vectorised loads of the device views).
+# Every packed tensor starts at a multiple of this many bytes: any dtype's view is aligned, and
+# so are vectorised loads of the device views.
 ALIGN = 16
 # Layouts remembered (a step with final observations has its own, by how many were truncated).
 MAX_LAYOUTS = 64
@@ -74,7 +70,7 @@ class _Slot:
     def bytes(self, nbytes: int) -> torch.Tensor:
         """The slot's buffer, at least ``nbytes`` long (allocated or grown here)."""
         if self.buffer is None or self.buffer.numel() < nbytes:
-            with torch.inference_mode(False):  # (written to under inference mode and outside)
+            with torch.inference_mode(False):  # written to under inference mode and outside
                 self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
             self.views.clear()
         return self.buffer
@@ -123,8 +119,7 @@ class PinnedTransfers:
     def to_device(self, tensors: Mapping[K, torch.Tensor]) -> dict[K, torch.Tensor]:
         """``tensors`` on the device, the host ones in one non-blocking copy.
 
-        A host tensor comes back as a view of one fresh device buffer (never reused here), a
-        tensor already on the device as it is.
+        Host tensors come back as views of one fresh device buffer (never reused here).
         """
         out: dict[K, torch.Tensor] = {}
         keys: list[K] = []
@@ -164,7 +159,7 @@ class PinnedTransfers:
         self.copies_to_device += 1
         for key, span, value in zip(keys, layout.spans, host, strict=True):
             out[key] = _view(packed, span, value)
-        return {key: out[key] for key in tensors}  # (the caller's order)
+        return {key: out[key] for key in tensors}  # the caller's order
 
     def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` (on the device) in a pinned host tensor, valid for ``buffers - 1`` calls."""
@@ -174,7 +169,7 @@ class PinnedTransfers:
         host = slot.like(tensor)
         host.copy_(tensor, non_blocking=True)
         slot.record()
-        slot.wait()  # (this copy only: the host reads the result next)
+        slot.wait()  # this copy only: the host reads the result next
         self.copies_to_host += 1
         return host
 

@@ -1,10 +1,8 @@
 """How many threads torch uses in each process of a run, and how many processes run.
 
-``auto`` process counts are this process's share of the cores less one for the learner
-(:func:`auto_count`). ``torch_threads: auto`` is one thread per process on the CPU: the
-networks are small, so a second intra-op thread barely helps on an idle machine and
-oversubscribes a busy one severalfold (docs' Speed page); parallelism comes from processes.
-With a GPU the learner's CPU threads only feed it: up to 4.
+``torch_threads: auto`` is one thread per process on the CPU: the networks are small, so a
+second intra-op thread barely helps on an idle machine and oversubscribes a busy one;
+parallelism comes from processes. With a GPU the learner's CPU threads only feed it: up to 4.
 """
 
 from __future__ import annotations
@@ -14,16 +12,15 @@ import os
 import torch
 
 AUTO = "auto"
-#: The environment variable that fixes this process's share of the cores (a collection worker
-#: sets it to 1 for itself and what it starts).
+#: Fixes this process's share of the cores (a collection worker sets 1 for what it starts).
 CORES_ENV = "RL_CORES"
 
 
 def available_cores() -> int:
     """The share of the cores this process may use, at least 1.
 
-    ``RL_CORES`` if set (a collection worker sets 1); else the cores of its CPU affinity
-    divided by the learners on this machine (``LOCAL_WORLD_SIZE`` under DDP).
+    ``RL_CORES`` if set; else the cores of its CPU affinity divided by the learners on this
+    machine (``LOCAL_WORLD_SIZE`` under DDP).
     """
     share = os.environ.get(CORES_ENV)
     if share:
@@ -39,7 +36,8 @@ def available_cores() -> int:
 def auto_count(setting: int | str, cap: int | None = None, what: str = "count") -> int:
     """A process count ``setting`` as a number: ``auto`` is :func:`available_cores` less one.
 
-    ``auto`` is at least 1 and at most ``cap``; another string is a ValueError naming ``what``.
+    ``auto`` (less one: the learner's core) is at least 1 and at most ``cap``; another string
+    is a ValueError naming ``what``.
     """
     if setting == AUTO:
         count = max(1, available_cores() - 1)
