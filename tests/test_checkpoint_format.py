@@ -52,6 +52,7 @@ LAYOUT = {
     "lr_scheduler",
     "pipeline",
     "trackers",
+    "finished_episodes",
     "trainer",
     "rng",
     "sampler",
@@ -95,8 +96,10 @@ def test_a_format2_checkpoint_from_before_the_split_resumes_exactly(
     assert old["format_version"] == 2 and CHECKPOINT_FORMAT == 5
     # (format 3 adds normalizer, None when off; format 4 losses, empty without auxiliary heads;
     # format 5 replaces config_unresolved, dropped unread, by choices: None here, rebuilt on
-    # conf/'s defaults; config_sources, optional in format 5, reads as None when absent)
-    assert set(old) == LAYOUT - {"normalizer", "losses"} and old["choices"] is None
+    # conf/'s defaults; config_sources and finished_episodes, optional in format 5, read as
+    # None when absent)
+    assert set(old) == LAYOUT - {"normalizer", "losses", "finished_episodes"}
+    assert old["choices"] is None
     assert old["config_sources"] is None
     # It names the environment where it was then (rl.tasks), read as where it is now (rl_envs).
     assert old["config"]["task"]["_target_"] == "rl.tasks.PointNavEnv"

@@ -23,6 +23,7 @@ import torch.distributed as dist
 import yaml
 from pipelines import ppo_pipeline
 from ranks import WORLD, run_ranks
+from recorded import Recorded
 from small import SMALL
 
 from rl.checkpoints.invocation import invocation_only
@@ -115,6 +116,8 @@ def make_trainer(
     num_steps: int = 16,
     sync_frac: float | None = None,
     recorder: Recorder | None = None,
+    log_every: int = 128,
+    sink: Recorded | None = None,
 ) -> OnPolicyTrainer:
     torch.manual_seed(0)
     num_envs = 4
@@ -138,7 +141,7 @@ def make_trainer(
         num_steps=num_steps,
         num_mini_batch=2,
         update_repeats=2,
-        metric_accumulate_interval=128,
+        metric_accumulate_interval=log_every,
         save_interval=128,
     )
     ctx = DistContext(
@@ -152,7 +155,7 @@ def make_trainer(
         model=model,
         pipeline=pipe,
         collector=InProcessCollector(model=model, sampler=sampler, dist=ctx, device="cpu"),
-        logger=MetricsLogger([]),
+        logger=MetricsLogger([] if sink is None else [sink]),
         output_dir=out,
         seed=7,
         callbacks=[recorder] if recorder is not None else [],
@@ -172,7 +175,9 @@ def _train_stop_resume(rank: int, tmp: str) -> None:
     obs = [None] * WORLD
     dist.all_gather_object(obs, full.collector.sampler.reset()["obs", "image"].numpy())
     assert not (obs[0] == obs[1]).all()
-    full = make_trainer(rank, base / "full")
+    # One log point, at the end: the stop below falls inside its interval.
+    logged = Recorded()
+    full = make_trainer(rank, base / "full", log_every=384, sink=logged)
     full.train()
     full.collector.close()
     assert full.pipeline.total_steps == 384
@@ -185,7 +190,8 @@ def _train_stop_resume(rank: int, tmp: str) -> None:
     # Rank 1 alone asks to stop after the first rollout; the workers agree on it at the next
     # rollout's all-reduce, so both stop after the second one, with one checkpoint.
     rec = Recorder(stop_at=1 if rank == 1 else None)
-    part = make_trainer(rank, base / "part", recorder=rec)
+    resumed_logged = Recorded()
+    part = make_trainer(rank, base / "part", recorder=rec, log_every=384, sink=resumed_logged)
     part.train()
     part.collector.close()
     assert part.stop_reason == "SIGTERM" and part.pipeline.total_steps == 256
@@ -193,12 +199,16 @@ def _train_stop_resume(rank: int, tmp: str) -> None:
     ckpt = part.last_checkpoint
     state = torch.load(ckpt, weights_only=True)
     assert state["distributed"]["world_size"] == WORLD
-    resumed = make_trainer(rank, base / "part")
+    resumed = make_trainer(rank, base / "part", log_every=384, sink=resumed_logged)
     resumed.load_state_dict(state)
     resumed.train()
     resumed.collector.close()
     assert resumed.pipeline.total_steps == 384
     assert checksums_across_ranks(resumed.model)[rank] == sums[rank], "resume is not exact"
+    # Each rank's unlogged sums and episodes came back as its own: the same means at 384.
+    assert [step for step, _ in logged.logs] == [384]
+    assert resumed_logged.logs == logged.logs, rank
+    assert resumed_logged.episodes == logged.episodes, rank
 
 
 class EvalOnRankZero(Callback):
@@ -462,3 +472,26 @@ def test_cli_spawned_workers_with_several_agents(tmp_path: Path) -> None:
     # global agent-steps: 2 ranks x 4 environments x 2 agents x 16 steps a rollout
     assert [r["env_step"] for r in records if "charts/SPS" in r] == [256]
     assert "eval/success/agent_1" in records[-1] and "eval/success" in records[-1]
+
+
+def test_each_rank_resumes_its_own_unlogged_metrics_and_rank_zero_alone_another_layouts() -> None:
+    """A checkpoint of this layout: each rank's own entries; of another: rank 0's metrics once."""
+    from rl.training.state import rank_view
+
+    def ctx(rank: int) -> DistContext:
+        return DistContext(
+            rank=rank, world_size=WORLD, local_rank=rank, device=torch.device("cpu")
+        )
+
+    ranks = [{"trackers": {"r": r}, "finished_episodes": [{"r": float(r)}]} for r in range(WORLD)]
+    saved = {"trackers": {"r": 0}, "finished_episodes": [{"r": 0.0}], "sampler": {"s": 0}}
+    same = {**saved, "distributed": {"world_size": WORLD, "ranks": ranks}}
+    for r in range(WORLD):
+        view = rank_view(same, ctx(r))
+        assert view["trackers"] == {"r": r} and view["finished_episodes"] == [{"r": float(r)}]
+    other = {**saved, "distributed": {"world_size": WORLD + 1, "ranks": [*ranks, ranks[0]]}}
+    for layout in (saved, other):  # one process's checkpoint, or another number of ranks
+        zero, one = rank_view(layout, ctx(0)), rank_view(layout, ctx(1))
+        assert zero["trackers"] == {"r": 0} and zero["finished_episodes"] == [{"r": 0.0}]
+        assert one["trackers"] is None and one["finished_episodes"] is None
+        assert zero["sampler"] is None and one["sampler"] is None  # fresh episodes everywhere

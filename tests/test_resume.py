@@ -22,6 +22,7 @@ import pytest
 import torch
 from conftest import SMOKE_RUN
 from pipelines import ppo_pipeline
+from recorded import Recorded
 from small import SMALL, obs_of
 
 from rl.checkpoints.files import (
@@ -36,7 +37,7 @@ from rl.checkpoints.resume import plan_start, resolve_resume_path
 from rl.collection import InProcessCollector
 from rl.engine import run
 from rl.evaluation import InferenceAgent
-from rl.loggers import MetricsLogger
+from rl.loggers import MetricsLogger, MetricsSink
 from rl.losses import ImitationLoss, PPOLoss
 from rl.models import ActorCritic, build_policy, policy_input
 from rl.pipeline import LinearDecay, PipelineStage, TrainingPipeline
@@ -91,7 +92,11 @@ def make_pipeline() -> TrainingPipeline:
 
 
 def make_trainer(
-    tmp_path: Path, sampler: SerialSampler, callbacks=(), groups: dict | None = None
+    tmp_path: Path,
+    sampler: SerialSampler,
+    callbacks=(),
+    groups: dict | None = None,
+    sink: MetricsSink | None = None,
 ) -> OnPolicyTrainer:
     """The resume tests' trainer; ``groups``: a task with groups of agents, one policy each."""
     torch.manual_seed(0)
@@ -113,7 +118,7 @@ def make_trainer(
         model=model,
         pipeline=make_pipeline(),
         collector=InProcessCollector(model=model, sampler=sampler, device="cpu"),
-        logger=MetricsLogger([]),
+        logger=MetricsLogger([] if sink is None else [sink]),
         output_dir=tmp_path,
         run=RunRecord(config={"note": "test"}),
         seed=0,
@@ -150,14 +155,18 @@ def test_interrupted_and_resumed_run_is_bitwise_equal_to_uninterrupted(
     if agents != "one_agent":
         pytest.importorskip("pettingzoo")
     groups = GROUPS if agents == "two_groups" else None
+    logged, resumed_logged = Recorded(), Recorded()
     with SAMPLERS[agents]() as sampler:
-        reference = make_trainer(tmp_path / "a", sampler, groups=groups)
+        reference = make_trainer(tmp_path / "a", sampler, groups=groups, sink=logged)
         reference.train()
-    # Stop mid-stage (step 64, episodes in flight) and resume twice more, past the stage switch.
+    # Stop at a log point (step 64, episodes in flight), then past the stage switch between two
+    # (128; logs at 96 and 160: the episodes finished since 96 are in the checkpoint); resume.
     for stop in (64, 128, None):
         with SAMPLERS[agents]() as sampler:
             callbacks = [StopAt(stop)] if stop else []
-            trainer = make_trainer(tmp_path / "b", sampler, callbacks, groups=groups)
+            trainer = make_trainer(
+                tmp_path / "b", sampler, callbacks, groups=groups, sink=resumed_logged
+            )
             found = list_checkpoints(tmp_path / "b")
             if found:
                 trainer.load_state_dict(load_checkpoint(found[-1]))
@@ -165,6 +174,11 @@ def test_interrupted_and_resumed_run_is_bitwise_equal_to_uninterrupted(
             assert trainer.stop_reason == ("test" if stop else None)
             assert trainer.pipeline.total_steps == (stop or 256)
     assert trainer.pipeline.finished and reference.pipeline.finished
+    # The interrupted run logged what the uninterrupted one did: every metric, every episode.
+    assert [step for step, _ in resumed_logged.logs] == [step for step, _ in logged.logs]
+    assert resumed_logged.logs == logged.logs
+    assert resumed_logged.episodes == logged.episodes
+    assert any(episodes for _, episodes in logged.episodes)
     for (name, a), b in zip(
         reference.model.state_dict().items(), trainer.model.state_dict().values(), strict=True
     ):

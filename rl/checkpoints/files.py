@@ -29,7 +29,8 @@ from rl.utils.finite import NonFiniteError, nonfinite_tensors
 CHECKPOINT_DIR = "checkpoints"
 # Layout version (written by rl.training.state.TrainerState.state_dict); 2 to 5 load.
 # 3: recurrent state as a dict (``rollout.state``) and the collector's ``normalizer``;
-# 4: ``losses``; 5: ``choices`` replaces ``config_unresolved`` (never read), ``config_sources``.
+# 4: ``losses``; 5: ``choices`` replaces ``config_unresolved`` (never read), ``config_sources``
+# and ``finished_episodes`` (both optional: absent, they read as None).
 CHECKPOINT_FORMAT = 5
 LATEST = "latest"
 BEST = "best"  # (written by rl.checkpoints.retention, with its record best.json)

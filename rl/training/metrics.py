@@ -162,9 +162,10 @@ class TrainingMetrics:
             self.unchecked.load_state_dict(trackers["criteria"])
         self.last = dict(state.get("last_metrics", {}))
         self.last_log_step = int(state.get("last_log_step", -1))
-        # A checkpoint is untrusted: episodes of names and finite numbers only.
+        # A checkpoint is untrusted: a list of episodes of names and finite numbers only.
+        finished = state.get("finished")
         self.finished = [
             {str(k): float(v) for k, v in e.items() if _number(v)}
-            for e in state.get("finished") or []
+            for e in (finished if isinstance(finished, list) else [])
             if isinstance(e, Mapping)
         ]

@@ -6,13 +6,13 @@ uninterrupted one (single-process sampler, CPU). The layout (:data:`CHECKPOINT_F
 and ``torch.load(weights_only=True)``-safe::
 
     format_version, model, losses, optimizer, lr_scheduler, pipeline,
-    trackers {episode, train, criteria},
+    trackers {episode, train, criteria}, finished_episodes,
     trainer {last_metrics, last_log_step, offpolicy_update_count, nonfinite_skips},
     rng {python, numpy, torch, shuffle, offpolicy}, sampler, rollout, normalizer,
     config, choices, config_sources, wandb_run_id, [distributed {world_size, ranks}]
 
 Distributed, saving is a collective: rank 0's checkpoint also holds every rank's ``sampler``,
-``rollout`` and ``rng``, and each rank resumes from its own (:func:`rank_view`).
+``rollout``, ``rng`` and unlogged metrics, and each rank resumes from its own (:func:`rank_view`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,16 @@ from rl.utils.seeding import rng_state, set_rng_state
 log = logging.getLogger(__name__)
 
 # Per-rank entries of a distributed checkpoint.
-_RANK_KEYS = ("sampler", "rollout", "rng", "collection_workers")
+# Each rank's own: its environments, generators and the metrics it has not logged yet (the
+# trackers' sums and the interval's finished episodes, reduced over the ranks at a log point).
+_RANK_KEYS = (
+    "sampler",
+    "rollout",
+    "rng",
+    "collection_workers",
+    "trackers",
+    "finished_episodes",
+)
 
 
 @dataclasses.dataclass
@@ -71,10 +80,11 @@ def _to_cpu(value: Any) -> Any:
 
 
 def rank_view(state: Mapping[str, Any], dist: DistContext) -> dict[str, Any]:
-    """``state`` with this rank's ``sampler``, ``rollout``, ``rng`` and collection workers.
+    """``state`` with this rank's entries (:data:`_RANK_KEYS`).
 
     A checkpoint saved with another number of ranks (or by one process) has no entries for
-    this layout: every rank then starts fresh episodes (a warning says so).
+    this layout: every rank then starts fresh episodes (a warning says so), and only rank 0
+    keeps the unlogged metrics (the saving process's).
     """
     saved = state.get("distributed") or {}
     ranks = saved.get("ranks")
@@ -87,7 +97,10 @@ def rank_view(state: Mapping[str, Any], dist: DistContext) -> dict[str, Any]:
             dist.world_size,
             saved.get("world_size", "one process"),
         )
-    return {**state, "sampler": None, "rollout": None, "collection_workers": None}
+    fresh = dict.fromkeys(("sampler", "rollout", "collection_workers"), None)
+    if not dist.is_main:  # rank 0's unlogged metrics, counted once
+        fresh.update(trackers=None, finished_episodes=None)
+    return {**state, **fresh}
 
 
 @dataclasses.dataclass
@@ -114,6 +127,7 @@ class TrainerState:
             "lr_scheduler": learner["lr_scheduler"],
             "pipeline": self.pipeline.state_dict(),
             "trackers": metrics["trackers"],
+            "finished_episodes": metrics["finished"],  # since the last log point
             "trainer": {
                 "last_metrics": metrics["last_metrics"],
                 "last_log_step": metrics["last_log_step"],
@@ -157,6 +171,12 @@ class TrainerState:
         self.pipeline.load_state_dict(state["pipeline"])
         if self.run.wandb_run_id is None:
             self.run.wandb_run_id = state.get("wandb_run_id")
-        self.metrics.load_state_dict({"trackers": state.get("trackers"), **trainer})
+        self.metrics.load_state_dict(
+            {
+                **trainer,
+                "trackers": state.get("trackers"),
+                "finished": state.get("finished_episodes"),
+            }
+        )
         self.collector.load_state_dict(state)  # it reads the entries its state_dict wrote
         set_rng_state(rng)  # last: nothing above may draw from the global generators
