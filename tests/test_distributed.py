@@ -26,6 +26,7 @@ from ranks import WORLD, run_ranks
 from recorded import Recorded
 from small import SMALL
 
+from rl.checkpoints.errors import CheckpointError
 from rl.checkpoints.invocation import invocation_only
 from rl.checkpoints.migrations import migrate
 from rl.collection import InProcessCollector
@@ -495,3 +496,9 @@ def test_each_rank_resumes_its_own_unlogged_metrics_and_rank_zero_alone_another_
         assert zero["trackers"] == {"r": 0} and zero["finished_episodes"] == [{"r": 0.0}]
         assert one["trackers"] is None and one["finished_episodes"] is None
         assert zero["sampler"] is None and one["sampler"] is None  # fresh episodes everywhere
+    # A crafted, re-signed checkpoint: another kind where a rank's entries are is refused.
+    crafted = {**saved, "distributed": {"world_size": WORLD, "ranks": [ranks[0], "x"]}}
+    assert rank_view(crafted, ctx(0))["trackers"] == {"r": 0}
+    with pytest.raises(CheckpointError, match=r"distributed\.ranks\[1\]: expected a mapping"):
+        rank_view(crafted, ctx(1))
+    assert rank_view({**saved, "distributed": "x"}, ctx(1))["trackers"] is None  # none of them

@@ -471,3 +471,40 @@ def test_the_inference_agent_takes_a_runs_latest_pointer_and_folder(tmp_path: Pa
     assert checkpoint_file(first) == first
     agent = InferenceAgent.from_checkpoint(pointer, deterministic=True)
     assert agent.act(build_env(SMALL).reset(seed=0)[0]) in range(4)
+
+
+# The unlogged metrics as a crafted, re-signed checkpoint may hold them: each refused by name.
+CRAFTED_METRICS = [
+    ({"finished_episodes": "charts/x"}, r"finished_episodes: expected a list"),
+    ({"finished_episodes": {"charts/x": 1.0}}, r"finished_episodes: expected a list"),
+    ({"finished_episodes": [[1.0, 2.0]]}, r"finished_episodes\[0\]: expected metric names"),
+    ({"finished_episodes": [{"charts/x": "1"}]}, r"finished_episodes\[0\]"),
+    ({"finished_episodes": [{"charts/x": 1.0}, {"charts/x": True}]}, r"finished_episodes\[1\]"),
+    ({"finished_episodes": [{3: 1.0}]}, r"finished_episodes\[0\]"),
+    ({"finished_episodes": [{"charts/x": 10**400}]}, r"finished_episodes\[0\]"),
+    ({"trackers": ["episode"]}, r"trackers: expected a mapping"),
+    ({"trackers": {"episode": "sums"}}, r"trackers\.episode: expected a mapping"),
+    ({"trackers": {"train": {"sums": {"x": [1.0]}, "counts": {}}}}, r"trackers\.train\.sums"),
+    ({"trackers": {"criteria": {"sums": {}, "counts": None}}}, r"trackers\.criteria\.counts"),
+]
+
+
+@pytest.mark.parametrize(("crafted", "message"), CRAFTED_METRICS)
+def test_crafted_unlogged_metrics_in_a_resigned_checkpoint_are_refused_by_name(
+    tmp_path: Path, crafted: dict, message: str
+) -> None:
+    with SAMPLERS["one_agent"]() as sampler:
+        trainer = make_trainer(tmp_path / "run", sampler, [StopAt(128)])
+        trainer.train()
+    genuine = load_checkpoint(trainer.last_checkpoint)
+    assert genuine["finished_episodes"]  # episodes finished since the log at 96
+    # Written as the project writes checkpoints (signed), then resumed as a user would.
+    path = save_checkpoint(tmp_path / "crafted", {**genuine, **crafted}, 1, 128)
+    with SAMPLERS["one_agent"]() as sampler:
+        resumed = make_trainer(tmp_path / "resumed", sampler)
+        with pytest.raises(CheckpointError, match=f"checkpoint entry {message}"):
+            resumed.load_state_dict(load_checkpoint(path))
+    # The genuine one, re-signed the same way, resumes.
+    path = save_checkpoint(tmp_path / "again", genuine, 1, 128)
+    with SAMPLERS["one_agent"]() as sampler:
+        make_trainer(tmp_path / "resumed2", sampler).load_state_dict(load_checkpoint(path))

@@ -7,12 +7,12 @@ value once (:meth:`TrainingMetrics.since_last_check`, AllenAct's tracker semanti
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Mapping
 from typing import Any
 
+from rl.checkpoints.errors import CheckpointError
 from rl.collection.base import Rollout
 from rl.distributed.reduce import broadcast_object, gather_lists, reduce_tracker_states
 from rl.distributed.setup import DistContext
@@ -27,8 +27,22 @@ TIMERS = ("collect", "env", "inference", "update")
 RETURN = episode_metric_key("return")  # charts/episodic_return
 
 
-def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def _numbers(value: object, entry: str) -> dict[str, float]:
+    """A checkpoint's ``{name: number}`` (it is untrusted); another kind is a CheckpointError."""
+    if isinstance(value, Mapping):
+        out = {}
+        for key, number in value.items():
+            if not isinstance(key, str) or isinstance(number, bool):
+                break
+            if not isinstance(number, int | float):
+                break
+            try:
+                out[key] = float(number)
+            except OverflowError:  # an int no float holds
+                break
+        else:
+            return out
+    raise CheckpointError(f"checkpoint entry {entry}: expected metric names mapped to numbers")
 
 
 class TrainingMetrics:
@@ -155,17 +169,25 @@ class TrainingMetrics:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved."""
         trackers = state.get("trackers") or {}
-        if "episode" in trackers:
-            self.episodes.load_state_dict(trackers["episode"])
-            self.train.load_state_dict(trackers["train"])
-        if "criteria" in trackers:  # checkpoints from before criteria had their own tracker
-            self.unchecked.load_state_dict(trackers["criteria"])
+        if not isinstance(trackers, Mapping):
+            raise CheckpointError("checkpoint entry trackers: expected a mapping")
+        for name, tracker in (
+            ("episode", self.episodes), ("train", self.train), ("criteria", self.unchecked)
+        ):  # fmt: skip
+            if name in trackers:  # (criteria: absent from checkpoints of before its tracker)
+                saved = trackers[name]
+                where = f"trackers.{name}"
+                if not isinstance(saved, Mapping):
+                    raise CheckpointError(f"checkpoint entry {where}: expected a mapping")
+                tracker.load_state_dict(
+                    {
+                        "sums": _numbers(saved.get("sums"), f"{where}.sums"),
+                        "counts": _numbers(saved.get("counts"), f"{where}.counts"),
+                    }
+                )
         self.last = dict(state.get("last_metrics", {}))
         self.last_log_step = int(state.get("last_log_step", -1))
-        # A checkpoint is untrusted: a list of episodes of names and finite numbers only.
-        finished = state.get("finished")
-        self.finished = [
-            {str(k): float(v) for k, v in e.items() if _number(v)}
-            for e in (finished if isinstance(finished, list) else [])
-            if isinstance(e, Mapping)
-        ]
+        finished = state.get("finished") or []
+        if not isinstance(finished, list):
+            raise CheckpointError("checkpoint entry finished_episodes: expected a list")
+        self.finished = [_numbers(e, f"finished_episodes[{i}]") for i, e in enumerate(finished)]

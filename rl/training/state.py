@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from rl.checkpoints.errors import CheckpointError
 from rl.checkpoints.files import CHECKPOINT_FORMAT
 from rl.collection.base import Collector
 from rl.distributed.reduce import gather_objects
@@ -87,15 +88,19 @@ def rank_view(state: Mapping[str, Any], dist: DistContext) -> dict[str, Any]:
     keeps the unlogged metrics (the saving process's).
     """
     saved = state.get("distributed") or {}
-    ranks = saved.get("ranks")
-    if ranks is not None and int(saved.get("world_size", 0)) == dist.world_size:
-        return {**state, **ranks[dist.rank]}
+    ranks = saved.get("ranks") if isinstance(saved, Mapping) else None
+    if isinstance(ranks, list) and len(ranks) == dist.world_size:
+        own = ranks[dist.rank]
+        if not isinstance(own, Mapping):
+            where = f"distributed.ranks[{dist.rank}]"
+            raise CheckpointError(f"checkpoint entry {where}: expected a mapping")
+        return {**state, **own}
     if dist.is_main:
         log.warning(
             "the checkpoint holds no per-rank state for %d ranks (saved with %s): "
             "every rank starts fresh episodes",
             dist.world_size,
-            saved.get("world_size", "one process"),
+            saved.get("world_size", "one process") if isinstance(saved, Mapping) else "?",
         )
     fresh = dict.fromkeys(("sampler", "rollout", "collection_workers"), None)
     if not dist.is_main:  # rank 0's unlogged metrics, counted once
