@@ -227,6 +227,7 @@ CRAFTED = {
     "infinity": json.dumps(GOOD).replace("2.0", "Infinity"),
     "a string value": json.dumps({**GOOD, "value": "2.0"}),
     "a boolean value": json.dumps({**GOOD, "value": True}),
+    "an integer no float holds": json.dumps({**GOOD, "value": 10**400}),
     "a step that is not the name's": json.dumps({**GOOD, "step": 64}),
     "an unknown mode": json.dumps({**GOOD, "mode": "median"}),
     "a missing checkpoint": json.dumps(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import stat
 from collections.abc import Mapping
@@ -27,6 +26,7 @@ from rl.checkpoints.files import (
 )
 from rl.pipeline.stages import BEST_MODES
 from rl.utils.files import read_regular_file, run_subdir, write_atomic
+from rl.utils.finite import as_float
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +35,6 @@ BEST_RECORD = "best.json"
 _MAX_RECORD_BYTES = 4096
 # The suffix of a checkpoint's validation result (rl.evaluation.validation.result_path).
 VALID_SUFFIX = ".valid.json"
-
-
-def _metric_value(value: Any) -> float | None:
-    """``value`` as a float if it is a finite number (not a boolean), else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +65,7 @@ def _record_problem(data: Any) -> str | None:
         return f"its metric {metric!r} is not a metric name"
     if mode not in BEST_MODES:
         return f"its mode {mode!r} is not one of {', '.join(BEST_MODES)}"
-    if _metric_value(data.get("value")) is None:
+    if as_float(data.get("value"), finite=True) is None:
         return f"its value {data.get('value')!r} is not a finite number"
     step = data.get("step")
     if type(step) is not int or step != parsed[1]:
@@ -230,7 +223,7 @@ class CheckpointRetention:
         parsed = parse_checkpoint_name(path)
         if parsed is None:
             return False
-        value = _metric_value(metrics.get(self.best_metric))
+        value = as_float(metrics.get(self.best_metric), finite=True)
         if value is None:
             if self.best_metric not in metrics and not self._missing_said:
                 self._missing_said = True

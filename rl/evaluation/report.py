@@ -17,6 +17,7 @@ from typing import Any
 
 from rl.collection.episodes import EvalResult
 from rl.utils.files import read_regular_file, write_atomic
+from rl.utils.finite import as_float
 
 SUMMARY_NAME = "eval_summary"
 # Columns of the printed summary, in this order, when present.
@@ -203,9 +204,4 @@ def plot_checkpoint_metrics(
 
 def _finite(value: Any) -> bool:
     """A real number (no bool) that is finite as a float."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:  # (an integer beyond a float's range)
-        return False
+    return as_float(value, finite=True) is not None

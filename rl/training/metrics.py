@@ -19,6 +19,7 @@ from rl.distributed.setup import DistContext
 from rl.loggers.base import MetricsLogger
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.sampling.convert import episode_metric_key
+from rl.utils.finite import as_float
 
 # Logged as `time/<name>_fraction` of each interval: `collect` is the learner's wait in
 # `Collector.collect`; `env` and `inference` are the collectors' own (in another process they
@@ -30,16 +31,12 @@ RETURN = episode_metric_key("return")  # charts/episodic_return
 def _numbers(value: object, entry: str) -> dict[str, float]:
     """A checkpoint's ``{name: number}`` (it is untrusted); another kind is a CheckpointError."""
     if isinstance(value, Mapping):
-        out = {}
+        out: dict[str, float] = {}
         for key, number in value.items():
-            if not isinstance(key, str) or isinstance(number, bool):
+            as_number = as_float(number)
+            if not isinstance(key, str) or as_number is None:
                 break
-            if not isinstance(number, int | float):
-                break
-            try:
-                out[key] = float(number)
-            except OverflowError:  # an int no float holds
-                break
+            out[key] = as_number
         else:
             return out
     raise CheckpointError(f"checkpoint entry {entry}: expected metric names mapped to numbers")

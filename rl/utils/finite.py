@@ -6,6 +6,7 @@ as valid; so environments' outputs, losses, gradient norms and saved weights are
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -14,6 +15,21 @@ import torch
 
 class NonFiniteError(FloatingPointError):
     """A NaN or infinity where only finite values are valid; the message says where."""
+
+
+def as_float(value: object, *, finite: bool = False) -> float | None:
+    """``value`` as a float where it is a real number (an int or float, not a bool), else None.
+
+    For numbers read from files (checkpoints, run folders): an int beyond a float's range is
+    None, and with ``finite`` so are NaN and infinity.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return None if finite and not math.isfinite(number) else number
 
 
 def _floating_tensors(node: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
