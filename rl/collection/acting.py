@@ -317,14 +317,16 @@ class RolloutRecorder:
         Final observations come as ``("final_obs", key)`` of the truncated rows only, their
         positions under ``_TRUNCATED_AT``.
         """
-        tensors: dict[Any, torch.Tensor] = {("obs", k): v for k, v in step.get("obs").items()}
-        tensors.update((k, step.get(k)) for k in self.field_names)
+        entries: dict[str, Any] = dict(step.items())  # one pass, not a lookup per key
+        tensors: dict[Any, torch.Tensor] = {("obs", k): v for k, v in entries["obs"].items()}
+        tensors.update((k, entries[k]) for k in self.field_names)
         for key in ("rewards", "terminated", "truncated", *self.transition_names):
-            tensors[key] = step.get(key)
-        if "final_obs" in step.keys():
-            at = step.get("truncated").nonzero().squeeze(1)
+            tensors[key] = entries[key]
+        final = entries.get("final_obs")
+        if final is not None:
+            at = entries["truncated"].nonzero().squeeze(1)
             tensors[_TRUNCATED_AT] = at
-            tensors.update((("final_obs", k), v[at]) for k, v in step.get("final_obs").items())
+            tensors.update((("final_obs", k), v[at]) for k, v in final.items())
         if self.device.type == "cpu":
             if self.steps_on.type == "cpu":
                 return tensors
@@ -374,9 +376,10 @@ class RolloutRecorder:
         """
         t2 = time.perf_counter()
         self.env_seconds += t2 - self._acted
+        entries: dict[str, Any] = dict(step.items())  # one pass, not a lookup per key
         # The policy's entries (actions first), the task's fields, then the policy's extras.
-        fields = {k: step.get(k) for k in (ACTIONS, LOGPROBS, VALUES)}
-        fields.update((str(k), step.get(k)) for k in step.keys() if k not in _NOT_RECORDED)
+        fields = {k: entries[k] for k in (ACTIONS, LOGPROBS, VALUES)}
+        fields.update((str(k), v) for k, v in entries.items() if k not in _NOT_RECORDED)
         moved = self._arrived(result)
         obs = {k[1]: v for k, v in moved.items() if isinstance(k, tuple) and k[0] == "obs"}
         fields["truncation_values"] = self._truncation_values(moved, step)
@@ -384,15 +387,15 @@ class RolloutRecorder:
         rewards = moved["rewards"]
         starts = terminated | truncated
         # The state before the next observation: truncated-BPTT chunks start from it.
-        state = step.get(NEXT_STATE)
+        state = entries[NEXT_STATE]
         nxt: dict[NestedKey, Any] = {}
         if self.normalizer is not None:
             nxt[RAW_OBS] = _entries(obs, step.batch_size)
             obs = dict(self.normalizer.observations(obs))
         nxt[OBS] = _entries(obs, step.batch_size)
-        if RETURNS in step.keys() and self.normalizer is not None:  # ALGO: VecNormalize's
+        if RETURNS in entries and self.normalizer is not None:  # ALGO: VecNormalize's
             rewards, nxt[RETURNS] = self.normalizer.rewards(
-                rewards, step.get(RETURNS), starts, self.request.gamma
+                rewards, entries[RETURNS], starts, self.request.gamma
             )
         nxt.update({EPISODE_STARTS: starts, STATE: state})
         nxt.update((key, moved[key]) for key in self.field_names)
@@ -400,9 +403,9 @@ class RolloutRecorder:
         for key in self.transition_names:  # a value of this step, like its reward
             fields[key] = moved[key]
         self.storage.insert(fields, obs, state)
-        entries = result.get(EPISODES, None)
-        if entries is not None:
-            self._episodes.append(entries)
+        episodes = result.get(EPISODES, None)
+        if episodes is not None:
+            self._episodes.append(episodes)
         self.inference_seconds += time.perf_counter() - t2
         return TensorDict._new_unsafe(nxt, batch_size=step.batch_size)
 

@@ -200,10 +200,17 @@ def write_step(
     forced = step.get(FORCED_ACTIONS, None)
     if forced is not None and forced.shape == actions.shape and not actions.is_floating_point():
         actions = torch.where(forced >= 0, forced.to(actions.dtype), actions)
-    step.set(ACTIONS, actions)
-    step.set(LOGPROBS, dist.log_prob(actions))
-    step.set(VALUES, values)
-    step.set(NEXT_STATE, state)
+    n, on = step.batch_size, step.device
+    for key, value in (
+        (ACTIONS, actions), (LOGPROBS, dist.log_prob(actions)), (VALUES, values),
+        (NEXT_STATE, state),
+    ):  # fmt: skip
+        # set() checks the batch and device of every entry; this is every step of every
+        # rollout, so an entry already of the step's batch and device skips those checks.
+        if value.shape[:1] == n and (on is None or value.device == on):
+            step._set_str(key, value, inplace=False, validated=True)
+        else:
+            step.set(key, value)
     return step
 
 

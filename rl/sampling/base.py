@@ -47,29 +47,39 @@ def episode_entries(
     the step, so no episode is silently dropped.
     """
     on = ended.device if isinstance(ended, torch.Tensor) else torch.device("cpu")
-    flags = ended.cpu().numpy() if isinstance(ended, torch.Tensor) else np.asarray(ended)
-    n, rows = len(flags), np.flatnonzero(flags).tolist()
+    flags = np.array(ended.cpu() if isinstance(ended, torch.Tensor) else ended, dtype=bool)
+    n, rows = len(flags), flags.nonzero()[0].tolist()
     if len(rows) != len(records):
         raise ValueError(f"{len(records)} episode records for {len(rows)} rows that ended")
-    names = list(dict.fromkeys(k for r in records for k in r.metrics))
-    # Filled in NumPy, then viewed as tensors: a torch call per value costs more than the step.
-    table = np.full((len(names), n), math.nan)
-    ints = np.full((2, n), -1, dtype=np.int64)
+    if len(records) == 1:
+        names = list(records[0].metrics)
+    else:
+        names = list(dict.fromkeys(k for r in records for k in r.metrics))
+    # Filled in NumPy, then viewed as tensors row by row: a torch call per value, or unbind(),
+    # costs more than the rest of this function (np.full: a Python wrapper of these two calls).
+    table = np.empty((len(names), n))
+    table.fill(math.nan)
+    ints = np.empty((2, n), dtype=np.int64)
+    ints.fill(-1)
     for row, record in zip(rows, records, strict=True):
-        table[:, row] = [record.metrics.get(k, math.nan) for k in names]
-        seed = record.episode_seed
-        ints[:, row] = (record.env_index, -1 if seed is None else seed)
-    metrics, index_seed = torch.from_numpy(table), torch.from_numpy(ints)
-    flags_t = torch.from_numpy(np.array(flags, dtype=bool))
-    if on.type != "cpu":
-        metrics, index_seed, flags_t = metrics.to(on), index_seed.to(on), flags_t.to(on)
+        metrics = record.metrics
+        table[:, row] = [metrics.get(k, math.nan) for k in names]
+        ints[0, row] = record.env_index
+        if record.episode_seed is not None:
+            ints[1, row] = record.episode_seed
+
+    def tensor(values: np.ndarray) -> torch.Tensor:
+        viewed = torch.from_numpy(values)
+        return viewed if on.type == "cpu" else viewed.to(on)
+
     size = torch.Size([n])
-    columns = metrics.unbind(0)
     data: dict[NestedKey, Any] = {
-        "ended": flags_t,
-        "env_index": index_seed[0],
-        "seed": index_seed[1],
-        "metrics": TensorDict._new_unsafe(dict(zip(names, columns, strict=True)), batch_size=size),
+        "ended": tensor(flags),
+        "env_index": tensor(ints[0]),
+        "seed": tensor(ints[1]),
+        "metrics": TensorDict._new_unsafe(
+            {k: tensor(table[j]) for j, k in enumerate(names)}, batch_size=size
+        ),
     }
     return TensorDict._new_unsafe(data, batch_size=size)
 

@@ -89,10 +89,11 @@ class NestedCorridorEnv(gym.Env):
     """Walk a corridor of ``length`` cells and stop on the goal, seen through nested spaces.
 
     Observation: ``{"agent": {"cell": Discrete(length)}, "goal": (Discrete(length),
-    Box([-1, 1], (1,)))}``: the agent's cell, and the goal's cell with its signed offset
-    (scaled by the corridor's length). Actions: ``Discrete(3)``: left, right, stop. Reward:
-    1 for stopping on the goal (``success`` 1), -0.01 a step; stopping elsewhere ends the
-    episode (``success`` 0), as does the time limit (truncation).
+    Box([-(length - 1), length - 1], (1,)))}``: the agent's cell, and the goal's cell with its
+    signed offset in cells (unscaled: scaled by the length, the offsets 0 and 1 lie so close
+    that PPO stalled at stopping one cell short on some seeds). Actions: ``Discrete(3)``: left,
+    right, stop. Reward: 1 for stopping on the goal (``success`` 1), -0.01 a step; stopping
+    elsewhere ends the episode (``success`` 0), as does the time limit (truncation).
 
     Args:
         length: Cells of the corridor.
@@ -113,7 +114,7 @@ class NestedCorridorEnv(gym.Env):
             {
                 "agent": gym.spaces.Dict({"cell": cells}),
                 "goal": gym.spaces.Tuple(
-                    (cells, gym.spaces.Box(-1.0, 1.0, (1,), dtype=np.float32))
+                    (cells, gym.spaces.Box(1 - length, length - 1, (1,), dtype=np.float32))
                 ),
             }
         )
@@ -121,7 +122,7 @@ class NestedCorridorEnv(gym.Env):
         self._cell = self._goal = self._t = 0
 
     def _obs(self) -> dict[str, Any]:
-        offset = np.array([(self._goal - self._cell) / self.length], dtype=np.float32)
+        offset = np.array([self._goal - self._cell], dtype=np.float32)
         return {"agent": {"cell": self._cell}, "goal": (self._goal, offset)}
 
     def reset(
