@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
@@ -226,6 +227,11 @@ class BatchedSampler(FiniteChecks, Sampler):
         self._returns = torch.zeros(num_envs, dtype=torch.float64, device=self.device)
         self._lengths = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
         self._start_seeds: list[int | None] = [None] * num_envs  # each episode's, for messages
+        self._seeded = False  # whether any of them is not None
+        # A training step's constant episode entries (_training_episodes).
+        self._env_index = env_offset + torch.arange(num_envs, device=self.device)
+        self._no_seed = torch.full((num_envs,), -1, dtype=torch.int64, device=self.device)
+        self._nan = torch.tensor(math.nan, dtype=torch.float64, device=self.device)
         self._queues: list[list[int]] = []
         self._next_seeds: list[int | None] | None = None
         self.current_env: int | None = None
@@ -265,6 +271,7 @@ class BatchedSampler(FiniteChecks, Sampler):
         assert self.env is not None
         self._set_active(list(range(self.num_envs)))
         self._start_seeds = list(seeds)
+        self._seeded = any(seed is not None for seed in seeds)
         self._returns.zero_()
         self._lengths.zero_()
         return self._first(self.env.reset(seeds), "the first observation of an episode")
@@ -327,24 +334,58 @@ class BatchedSampler(FiniteChecks, Sampler):
             final = final if rows is None else final[rows]
             self._check_final(final)
             data["final_obs"] = final
-        if ended_any:
+        if ended_any and not self.eval_mode:
+            data[EPISODES] = self._training_episodes(out, ended)
+        elif ended_any:
             episodes, pausing = self._episodes(out, ended)
-            self._returns.masked_fill_(terminated_all | truncated_all, 0.0)
-            self._lengths.masked_fill_(terminated_all | truncated_all, 0)
+            data[EPISODES] = episode_entries(episodes, ended)
             if pausing:
                 paused[pausing] = True
                 self._set_active([i for pos, i in enumerate(self._active) if pos not in pausing])
+        if ended_any:
+            self._returns.masked_fill_(terminated_all | truncated_all, 0.0)
+            self._lengths.masked_fill_(terminated_all | truncated_all, 0)
         data["paused"] = paused
-        if episodes:
-            data[EPISODES] = episode_entries(episodes, ended)
         return TensorDict._new_unsafe(data, batch_size=torch.Size([n]))
+
+    def _training_episodes(self, out: TensorDict, ended: torch.Tensor) -> TensorDict:
+        """The ``episodes`` entries of a training step, on the device, with no host copy.
+
+        What :func:`episode_entries` gives for :meth:`_episodes`' records (every environment
+        active, no seeds): -1 and NaN where no episode ended, NaN where the environment gave no
+        such metric.
+        """
+        if self._seeded:  # until each environment's first (seeded) episode has ended
+            for i in ended.nonzero().squeeze(1).tolist():
+                self._start_seeds[i] = None
+            self._seeded = any(seed is not None for seed in self._start_seeds)
+        nan = self._nan
+
+        def column(values: torch.Tensor) -> torch.Tensor:
+            return torch.where(ended, values.to(torch.float64), nan)
+
+        metrics: dict[Any, Any] = {
+            "return": column(self._returns),
+            "length": column(self._lengths),
+        }
+        extra = out.get(EPISODE_KEY, None)
+        if extra is not None:
+            metrics.update((str(k), column(extra.get(k))) for k in extra.keys())
+        size = torch.Size([len(ended)])
+        data: dict[Any, Any] = {
+            "ended": ended,
+            "env_index": torch.where(ended, self._env_index, self._no_seed),
+            "seed": self._no_seed,  # the same tensor every step: read, never written
+            "metrics": TensorDict._new_unsafe(metrics, batch_size=size),
+        }
+        return TensorDict._new_unsafe(data, batch_size=size)
 
     def _episodes(
         self, out: TensorDict, ended: torch.Tensor
     ) -> tuple[list[EpisodeRecord], list[int]]:
-        """The records of the episodes that ended (one host copy), and the positions that pause.
+        """Evaluation: the records of the episodes that ended, and the positions that pause.
 
-        In evaluation a position pauses where its share of the episode list is done.
+        One host copy; a position pauses where its share of the episode list is done.
         """
         positions = ended.nonzero().squeeze(1)
         envs = positions if self._active_rows is None else self._active_rows[positions]
@@ -354,22 +395,18 @@ class BatchedSampler(FiniteChecks, Sampler):
         columns += [metrics.get(k)[envs] for k in names]
         table = torch.stack([c.to(torch.float64) for c in columns], 1).tolist()
         records, pausing = [], []
+        assert self._next_seeds is not None
         for pos, env, ret, length, *values in table:
             i = int(env)
             record = {"return": ret, "length": length}
             record.update((k, v) for k, v in zip(names, values, strict=True) if v == v)  # not NaN
-            episode_seed = self._start_seeds[i] if self.eval_mode else None
-            records.append(EpisodeRecord(self.env_offset + i, record, episode_seed))
-            next_seed = None  # training: auto-resets go on with each environment's stream
-            if self.eval_mode:
-                queue = self._queues[i]
-                if not queue:
-                    pausing.append(int(pos))
-                    continue
-                next_seed = queue.pop(0)
-                assert self._next_seeds is not None
-                self._next_seeds[i] = queue[0] if queue else None
-            self._start_seeds[i] = next_seed
+            records.append(EpisodeRecord(self.env_offset + i, record, self._start_seeds[i]))
+            queue = self._queues[i]
+            if not queue:
+                pausing.append(int(pos))
+                continue
+            self._start_seeds[i] = queue.pop(0)
+            self._next_seeds[i] = queue[0] if queue else None
         return records, pausing
 
     def _set_active(self, active: list[int]) -> None:
@@ -504,6 +541,7 @@ class BatchedSampler(FiniteChecks, Sampler):
         self._returns.copy_(state["returns"])
         self._lengths.copy_(state["lengths"])
         self._start_seeds = [None if s is None else int(s) for s in state["start_seeds"]]
+        self._seeded = any(seed is not None for seed in self._start_seeds)
         return first
 
     def _guard(self, what: str) -> contextlib.AbstractContextManager[None]:
