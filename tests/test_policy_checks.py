@@ -96,3 +96,23 @@ def test_build_policy_runs_the_check() -> None:
     with pytest.raises(PolicyShapeError):
         build_policy({"_target_": "tests.test_policy_checks.MLP", "_partial_": True,
                       "mistake": "values"}, SPACE, gym.spaces.Discrete(3))  # fmt: skip
+
+
+def test_write_step_writes_matching_entries_as_given_and_checks_the_others() -> None:
+    """write_step skips set()'s checks only for entries already of the step's batch and
+    device: the others still go through them (a wrong batch is refused, not written)."""
+    from rl.models import Categorical, policy_input
+    from rl.models.policy import write_step
+
+    step = policy_input({"x": torch.zeros(4, 2)}, torch.zeros(4, dtype=torch.bool),
+                        TensorDict({}, [4], device="cpu"))  # fmt: skip
+    values, state = torch.arange(4.0), TensorDict({"h": torch.ones(4, 3)}, [4], device="cpu")
+    write_step(step, Categorical(torch.zeros(4, 3)), values, state)
+    assert step["values"] is values and step["next_state", "h"] is state["h"]
+    assert step["actions"].shape == (4,) and step["logprobs"].shape == (4,)
+    with pytest.raises(RuntimeError, match="batch"):
+        write_step(step, Categorical(torch.zeros(4, 3)), torch.zeros(3), state)
+    with pytest.raises(RuntimeError, match="batch"):
+        write_step(
+            step, Categorical(torch.zeros(4, 3)), values, TensorDict({"h": torch.ones(3, 3)}, [3])
+        )
