@@ -230,7 +230,7 @@ class BatchedSampler(FiniteChecks, Sampler):
         self._seeded = False  # whether any of them is not None
         # A training step's constant episode entries (_training_episodes).
         self._env_index = env_offset + torch.arange(num_envs, device=self.device)
-        self._no_seed = torch.full((num_envs,), -1, dtype=torch.int64, device=self.device)
+        self._minus_ones = torch.full((num_envs,), -1, dtype=torch.int64, device=self.device)
         self._nan = torch.tensor(math.nan, dtype=torch.float64, device=self.device)
         self._queues: list[list[int]] = []
         self._next_seeds: list[int | None] | None = None
@@ -374,8 +374,8 @@ class BatchedSampler(FiniteChecks, Sampler):
         size = torch.Size([len(ended)])
         data: dict[Any, Any] = {
             "ended": ended,
-            "env_index": torch.where(ended, self._env_index, self._no_seed),
-            "seed": self._no_seed,  # the same tensor every step: read, never written
+            "env_index": torch.where(ended, self._env_index, self._minus_ones),
+            "seed": self._minus_ones,  # the same tensor every step: read, never written
             "metrics": TensorDict._new_unsafe(metrics, batch_size=size),
         }
         return TensorDict._new_unsafe(data, batch_size=size)
