@@ -27,7 +27,12 @@ from small import assert_same_step, small_nav
 from tensordict import TensorDict
 from test_resume import StopAt, make_trainer
 
-from rl.checkpoints.files import latest_checkpoint, list_checkpoints, load_checkpoint
+from rl.checkpoints.files import (
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
 from rl.sampling import BatchedSampler, SerialSampler, finished_episodes
 from rl.tasks.batched import BatchedEnv
 from rl.tasks.gym_vector import GymVectorEnv
@@ -234,6 +239,39 @@ def test_state_dict_resumes_bitwise(task: dict, kwargs: dict, tmp_path: Path) ->
         for a, expected in zip(actions[13:], reference, strict=True):
             assert_same_step(sampler.step(a), expected)
     assert any(finished_episodes(s) for s in reference)
+
+
+@pytest.mark.parametrize(
+    ("crafted", "message"),
+    [
+        ({"start_seeds": [5]}, "'start_seeds': expected a list of 4 seeds"),
+        ({"start_seeds": ["x", None, None, None]}, "'start_seeds': .* got 'x'"),
+        ({"start_seeds": [True, None, None, None]}, "'start_seeds': .* got True"),
+        ({"start_seeds": [10**400, None, None, None]}, "'start_seeds': .* got 1000"),
+        ({"returns": torch.zeros(9, dtype=torch.float64)}, "'returns': expected 4 finite"),
+        ({"returns": torch.full((4,), torch.nan, dtype=torch.float64)}, "'returns'"),
+        ({"lengths": torch.tensor([-5, 0, 0, 0])}, "'lengths': expected 4 int64 counts"),
+        ({"lengths": [0, 0, 0, 0]}, "'lengths'"),
+    ],
+)
+def test_a_crafted_sampler_state_in_a_resigned_checkpoint_is_refused_by_name(
+    tmp_path: Path, crafted: dict, message: str
+) -> None:
+    # As an attacker would: a genuine checkpoint with episodes in flight, one sampler entry
+    # changed, signed as the project signs. Before the check, a short list was an IndexError
+    # at the first episode's end, and a bool, a float or a NaN return was taken as is.
+    make = functools.partial(BatchedSampler, task=CORRIDOR, num_envs=4, seed=3, device="cpu")
+    with make() as sampler:
+        make_trainer(tmp_path / "run", sampler, [StopAt(64)]).train()
+    genuine = load_checkpoint(list_checkpoints(tmp_path / "run")[-1])
+    assert genuine["sampler"] is not None
+    state = {**genuine, "sampler": {**genuine["sampler"], **crafted}}
+    path = save_checkpoint(tmp_path / "crafted", state, 0, 64)
+    with make() as sampler:
+        with pytest.raises(ValueError, match=f"sampler state {message}"):
+            make_trainer(tmp_path / "resumed", sampler).load_state_dict(load_checkpoint(path))
+        # Refused before anything changed: the genuine state loads on the same sampler.
+        sampler.load_state_dict(genuine["sampler"])
 
 
 def test_evaluation_mode_cannot_be_saved() -> None:

@@ -535,14 +535,56 @@ class BatchedSampler(FiniteChecks, Sampler):
             raise NotImplementedError("a BatchedSampler in evaluation mode cannot be restored")
         assert self.env is not None
         check_state_layout(state, self.num_envs, self.env_offset)
+        returns, lengths, seeds = self._checked_counts(state)
         self._set_active(list(range(self.num_envs)))
         with self._guard("restoring"):
             first = self._first(self.env.load_state_dict(state["env"]), "its restored episode")
-        self._returns.copy_(state["returns"])
-        self._lengths.copy_(state["lengths"])
-        self._start_seeds = [None if s is None else int(s) for s in state["start_seeds"]]
-        self._seeded = any(seed is not None for seed in self._start_seeds)
+        self._returns.copy_(returns)
+        self._lengths.copy_(lengths)
+        self._start_seeds = seeds
+        self._seeded = any(seed is not None for seed in seeds)
         return first
+
+    def _checked_counts(
+        self, state: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int | None]]:
+        """A saved state's returns, lengths and start seeds, or a ValueError naming the entry.
+
+        The state may come from a file: each entry must be of this sampler's size and kind
+        (finite returns, lengths >= 0, seeds None or ints in ``[0, 2**64)``).
+        """
+        n = self.num_envs
+
+        def problem(key: str, expected: str) -> ValueError:
+            return ValueError(f"sampler state {key!r}: expected {expected}")
+
+        returns, lengths, seeds = (
+            state.get("returns"),
+            state.get("lengths"),
+            state.get("start_seeds"),
+        )
+        if not (
+            isinstance(returns, torch.Tensor)
+            and returns.shape == (n,)
+            and returns.is_floating_point()
+            and bool(torch.isfinite(returns).all())
+        ):
+            raise problem("returns", f"{n} finite floats")
+        if not (
+            isinstance(lengths, torch.Tensor)
+            and lengths.shape == (n,)
+            and lengths.dtype == torch.int64
+            and bool((lengths >= 0).all())
+        ):
+            raise problem("lengths", f"{n} int64 counts >= 0")
+        if not isinstance(seeds, list) or len(seeds) != n:
+            raise problem("start_seeds", f"a list of {n} seeds")
+        for seed in seeds:
+            if seed is not None and (
+                isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64
+            ):
+                raise problem("start_seeds", f"None or ints in [0, 2**64), got {repr(seed)[:40]}")
+        return returns, lengths, seeds
 
     def _guard(self, what: str) -> contextlib.AbstractContextManager[None]:
         """The hang watchdog around one call of the environments (started on first use)."""
