@@ -190,9 +190,11 @@ def split_episode_seeds(episode_seeds: Sequence[int], num_envs: int) -> list[lis
 
 def check_state_layout(state: Mapping[str, Any], num_envs: int, env_offset: int) -> None:
     """Raise ValueError unless ``state`` is a sampler's of ``num_envs`` at ``env_offset``."""
-    if int(state["num_envs"]) != num_envs or int(state["env_offset"]) != env_offset:
+    keys = ("num_envs", "env_offset")
+    saved = [state.get(k) if isinstance(state, Mapping) else None for k in keys]
+    if saved != [num_envs, env_offset] or any(isinstance(v, bool) for v in saved):
         raise ValueError(
-            f"sampler state for {state['num_envs']} envs at offset {state['env_offset']}, "
+            f"sampler state for {saved[0]!r:.20} envs at offset {saved[1]!r:.20}, "
             f"but this sampler has {num_envs} at offset {env_offset}"
         )
 

@@ -34,6 +34,7 @@ from rl.sampling.base import (
 )
 from rl.sampling.serial import SerialSampler
 from rl.tasks.agents import num_agents
+from rl.tasks.env_state import checked_episodes
 from rl.tasks.factory import build_env, dict_space, env_name
 from rl.tasks.fields import StepField, step_fields_of
 from rl.tasks.spaces import action_array_spec, check_action_space
@@ -394,6 +395,7 @@ class MultiprocessSampler(Sampler):
                 "a MultiprocessSampler in evaluation mode cannot be restored"
             )
         check_state_layout(state, self.num_envs, self.env_offset)
+        episodes = checked_episodes(state, self.num_envs, self.action_space)
         if self._stepping is not None:
             self.step_wait()
         calls = [
@@ -403,7 +405,7 @@ class MultiprocessSampler(Sampler):
                 {
                     "num_envs": hi - lo,
                     "env_offset": self.env_offset + lo,
-                    "episodes": state["episodes"][lo:hi],
+                    "episodes": episodes[lo:hi],
                 },
             )
             for w, (lo, hi) in enumerate(self.process_envs)

@@ -24,7 +24,7 @@ from rl.sampling.base import (
 from rl.sampling.finite_checks import FiniteChecks, is_float
 from rl.sampling.watchdog import DEFAULT_TIMEOUT_S, Watchdog
 from rl.tasks.agents import num_agents
-from rl.tasks.env_state import np_random_state, reset_state, set_np_random_state
+from rl.tasks.env_state import checked_episodes, np_random_state, replay_episode, reset_state
 from rl.tasks.factory import build_env, env_name, episode_metrics
 from rl.tasks.fields import step_fields_of
 from rl.tasks.spaces import (
@@ -109,7 +109,6 @@ class SerialSampler(FiniteChecks, Sampler):
         self.observation_space = self._flatten.space
         self._action_shape, _ = action_array_spec(self.action_space)
         self._discrete = isinstance(self.action_space, gym.spaces.Discrete)
-        self._action_dtype = getattr(self.action_space, "dtype", np.int64)
         self._active = list(range(num_envs))
         # Python numbers, not arrays: the hot loop updates them one environment at a time
         self._returns: list[float] = [0.0] * num_envs
@@ -124,10 +123,6 @@ class SerialSampler(FiniteChecks, Sampler):
         # Global index of the environment being reset or stepped (None between calls): a
         # caller catching an environment's exception names it.
         self.current_env: int | None = None
-
-    def _env_action(self, action: Any) -> Any:
-        """An action as the environment takes it, from what was recorded for replay."""
-        return int(action) if self._discrete else np.asarray(action, dtype=self._action_dtype)
 
     def _fields(
         self,
@@ -333,39 +328,25 @@ class SerialSampler(FiniteChecks, Sampler):
         """Restore the episodes saved by :meth:`state_dict`; returns what :meth:`reset` would.
 
         Raises:
-            ValueError: The state belongs to a different sampler layout.
+            ValueError: The state belongs to a different sampler layout, or a value of it is
+                of another kind, size or range (named: it may come from a file).
             RuntimeError: Replaying an episode ended it (a nondeterministic environment).
         """
         if self.eval_mode:
             raise NotImplementedError("a SerialSampler in evaluation mode cannot be restored")
         check_state_layout(state, self.num_envs, self.env_offset)
+        episodes = checked_episodes(state, self.num_envs, self.action_space)
         self._active = list(range(self.num_envs))
         rows, infos = [], []
-        for i, episode in enumerate(state["episodes"]):
-            env = self.envs[i]
+        for i, episode in enumerate(episodes):
             self.current_env = self.env_offset + i
-            seed = episode["seed"]
-            self._episode_start[i] = {"seed": seed, "np_random": episode["np_random"]}
-            if "env_state" in episode:
-                env.unwrapped.set_reset_state(episode["env_state"])  # type: ignore[attr-defined]
-                self._episode_start[i]["env_state"] = episode["env_state"]
-            if seed is None and episode["np_random"] is not None:
-                set_np_random_state(env, episode["np_random"])
-            obs, info = env.reset(seed=None if seed is None else int(seed))
-            self._returns[i] = 0.0
-            self._lengths[i] = 0
-            actions = list(episode["actions"])
-            for action in actions:
-                obs, reward, term, trunc, info = env.step(self._env_action(action))
-                self._returns[i] += float(reward)
-                self._lengths[i] += 1
-                if term or trunc:
-                    raise RuntimeError(
-                        f"environment {self.env_offset + i}: replaying its saved episode ended it "
-                        f"after {self._lengths[i]} of {len(actions)} actions; the environment is "
-                        "not deterministic given its seed and np_random"
-                    )
-            self._episode_actions[i] = actions
+            name = f"environment {self.current_env} ({self._name})"
+            obs, info, returned, length = replay_episode(
+                self.envs[i], episode, self.action_space, name
+            )
+            self._episode_start[i] = {k: v for k, v in episode.items() if k != "actions"}
+            self._episode_actions[i] = list(episode["actions"])
+            self._returns[i], self._lengths[i] = returned, length
             rows.append(self._flatten(obs))
             infos.append(info)
         self.current_env = None

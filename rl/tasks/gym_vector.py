@@ -21,7 +21,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, Vecto
 from tensordict import TensorDict
 
 from rl.tasks.batched import EPISODE_KEY, BatchedEnv
-from rl.tasks.env_state import np_random_state, reset_state, set_np_random_state
+from rl.tasks.env_state import checked_episodes, np_random_state, replay_episode, reset_state
 from rl.tasks.factory import FRAMEWORK_KEYS, build_env, env_name, episode_metrics
 from rl.tasks.fields import StepField, declared_step_fields, step_fields_of
 from rl.tasks.spaces import ObservationFlattener
@@ -141,31 +141,16 @@ class TaskEnv(gym.Wrapper):
         return {**self._start, "actions": list(self._actions)}
 
     def restore(self, episodes: Sequence[Mapping[str, Any]]) -> tuple[Any, dict[str, Any]]:
-        """Replay this environment's saved episode (``episodes[index]``); its last obs, info."""
-        episode = episodes[self.index]
-        env = self.env
-        if "env_state" in episode:  # a task that keeps state across episodes
-            env.unwrapped.set_reset_state(episode["env_state"])  # type: ignore[attr-defined]
-        seed = episode["seed"]
-        if seed is None and episode["np_random"] is not None:
-            set_np_random_state(env, episode["np_random"])
-        obs, info = env.reset(seed=None if seed is None else int(seed))
-        actions = list(episode["actions"])
-        for i, action in enumerate(actions):
-            obs, _, terminated, truncated, info = env.step(self._action(action))
-            if terminated or truncated:
-                raise RuntimeError(
-                    f"{self.name}: replaying a saved episode ended it after {i + 1} of "
-                    f"{len(actions)} actions; the environment is not deterministic given its "
-                    "seed and np_random"
-                )
-        self._start = {k: v for k, v in episode.items() if k != "actions"}
-        self._actions = actions
-        return obs, typed_info(info, self.fields, self.name)
+        """Replay this environment's saved episode (``episodes[index]``); its last obs, info.
 
-    def _action(self, action: Any) -> Any:
-        dtype = getattr(self.action_space, "dtype", None)
-        return int(action) if self._discrete else np.asarray(action, dtype=dtype)
+        The episodes were checked by :func:`~rl.tasks.env_state.checked_episodes`.
+        """
+        episode = episodes[self.index]
+        name = f"{self.name} (environment {self.index})"
+        obs, info, _, _ = replay_episode(self.env, episode, self.action_space, name)
+        self._start = {k: v for k, v in episode.items() if k != "actions"}
+        self._actions = list(episode["actions"])
+        return obs, typed_info(info, self.fields, self.name)
 
 
 def _task_env(
@@ -346,7 +331,8 @@ class GymVectorEnv(BatchedEnv):
     def load_state_dict(self, state: dict[str, Any]) -> TensorDict:
         """Replay the saved episodes; what the saved environments were about to act on."""
         if self._typed:
-            results = self.env.call("restore", list(state["episodes"]))  # type: ignore[attr-defined]
+            episodes = checked_episodes(state, self.num_envs, self.action_space)
+            results = self.env.call("restore", episodes)  # type: ignore[attr-defined]
             rows = [self._flatten(obs) for obs, _ in results]
             flat = {
                 k: np.array([r[k] for r in rows], dtype=space.dtype)

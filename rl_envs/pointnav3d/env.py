@@ -25,6 +25,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from rl.tasks.env_state import generator_from_state
 from rl.tasks.fields import EXPERT_ACTIONS, StepField, expert_field
 from rl.tasks.splits import SPLITS, draw_in_split
 from rl.utils.config import Check
@@ -263,15 +264,24 @@ class PointNav3DEnv(gym.Env[dict[str, Any], np.int64]):
 
     def set_reset_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`reset_state`: the floorplan is drawn again from its saved generator."""
-        self._plan_rng = None if state["plan_rng"] is None else dict(state["plan_rng"])
-        self._plan_episodes = int(state["plan_episodes"])
+        plan_rng, episodes = state["plan_rng"], state["plan_episodes"]
+        if not (
+            isinstance(episodes, int)
+            and not isinstance(episodes, bool)
+            and 0 <= episodes <= self.episodes_per_floorplan
+        ):
+            raise ValueError(
+                f"'plan_episodes': expected an int in [0, {self.episodes_per_floorplan}], "
+                f"got {episodes!r:.40}"
+            )
+        generator = None if plan_rng is None else generator_from_state(plan_rng)
+        self._plan_rng = None if plan_rng is None else dict(plan_rng)
+        self._plan_episodes = int(episodes)
         self._scene_built = False
-        if self._plan_rng is None:
+        if generator is None:
             self.plan = self.grid = None
         else:
-            bit_generator = getattr(np.random, self._plan_rng["bit_generator"])()
-            bit_generator.state = self._plan_rng
-            self.plan, self.grid = self._draw_plan(np.random.Generator(bit_generator))
+            self.plan, self.grid = self._draw_plan(generator)
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

@@ -110,8 +110,11 @@ class CorridorEnv(gym.Env):
         return {"rng": self._rng}
 
     def set_reset_state(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`reset_state`."""
-        self._rng = int(state["rng"])
+        """Restore :meth:`reset_state` (from a file: checked)."""
+        rng = state["rng"]
+        if not (isinstance(rng, int) and not isinstance(rng, bool) and 0 <= rng < _MOD):
+            raise ValueError(f"'rng': expected an int in [0, {_MOD}), got {rng!r:.40}")
+        self._rng = rng
 
 
 class BatchedCorridor(BatchedEnv):

@@ -1,0 +1,180 @@
+"""A saved sampler state's episodes in flight come from a file: every value is checked first.
+
+Each crafted state starts from a genuine one with episodes in flight and changes one value, as
+an attacker would (through a re-signed checkpoint where a trainer resumes). It must be refused
+with a ``ValueError`` naming the value, before anything is restored; the same sampler then
+loads the genuine state. Before the check, a saved generator state named any attribute of
+``numpy.random`` to call (``seed`` reseeded the process's global generator), and an action,
+seed or generator value of another kind or range was replayed as is, or failed as a raw
+``TypeError`` or ``OverflowError``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from small import assert_same_step
+from test_nav3d_task import make_env as make_nav3d
+from test_resume import StopAt, make_trainer
+
+from rl.checkpoints.files import list_checkpoints, load_checkpoint, save_checkpoint
+from rl.sampling import BatchedSampler, MultiprocessSampler, SerialSampler
+
+CORRIDOR = {"_target_": "rl_envs.toys.corridor.CorridorEnv", "length": 5, "max_steps": 6}
+PENDULUM = {"_target_": "rl.tasks.make_gym_env", "env_id": "Pendulum-v1",
+            "env_kwargs": {"max_episode_steps": 7}}  # fmt: skip
+Craft = Callable[[dict[str, Any]], None]
+
+
+def numpy_global_state() -> bytes:
+    """NumPy's global generator, exactly (a file's ``np.random.seed`` would change it)."""
+    return pickle.dumps(np.random.get_state())
+
+
+def episode(i: int, key: str, value: Any) -> Craft:
+    """Set ``episodes[i][key]``."""
+    return lambda state: state["episodes"][i].__setitem__(key, value)
+
+
+def generator(key: str, value: Any) -> Craft:
+    """Set one entry of ``episodes[1]``'s saved generator state."""
+    return lambda state: state["episodes"][1]["np_random"].__setitem__(key, value)
+
+
+CRAFTED: list[tuple[str, Craft, str]] = [
+    ("short", lambda s: s["episodes"].pop(), r"'episodes': expected a list of 4 episodes"),
+    ("not-a-dict", lambda s: s["episodes"].__setitem__(1, "x"), r"'episodes'\[1\]: expected a"),
+    ("extra-key", episode(2, "code", "print"), r"'episodes'\[2\]: expected a dict of seed"),
+    ("bool-seed", episode(0, "seed", True), r"'episodes'\[0\]\['seed'\]: expected None or"),
+    ("huge-seed", episode(3, "seed", 2**64), r"'episodes'\[3\]\['seed'\]"),
+    (
+        "generator-by-name",
+        generator("bit_generator", "seed"),
+        r"\['np_random'\]: expected a PCG64",
+    ),
+    ("float-state", generator("has_uint32", 0.5), r"'episodes'\[1\]\['np_random'\]"),
+    ("generator-extra", generator("extra", 1), r"'episodes'\[1\]\['np_random'\]"),
+    ("action-range", episode(0, "actions", [1, 7]), r"\['actions'\]\[1\]: expected an action of"),
+    ("action-string", episode(0, "actions", ["1"]), r"\['actions'\]\[0\]: .* got '1'"),
+    ("action-bool", episode(0, "actions", [True]), r"\['actions'\]\[0\]: .* got True"),
+    ("actions-string", episode(0, "actions", "0,1"), r"'episodes'\[0\]\['actions'\]: expected a"),
+    ("env-state-list", episode(2, "env_state", [1]), r"'episodes'\[2\]\['env_state'\]: expected"),
+    ("env-state-value", episode(2, "env_state", {"rng": "x"}), r"'env_state' was refused.*'rng'"),
+    ("string-layout", lambda s: s.__setitem__("num_envs", "4"), r"sampler state for .4. envs"),
+]
+
+
+@pytest.fixture(scope="module")
+def genuine(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A checkpoint of a corridor run on a serial sampler, with episodes in flight."""
+    folder = tmp_path_factory.mktemp("genuine")
+    with SerialSampler(task=CORRIDOR, num_envs=4, seed=3) as sampler:
+        make_trainer(folder, sampler, [StopAt(64)]).train()
+    state = load_checkpoint(list_checkpoints(folder)[-1])
+    assert all(ep["np_random"] and "env_state" in ep for ep in state["sampler"]["episodes"])
+    return state
+
+
+@pytest.mark.parametrize(
+    ("craft", "message"), [c[1:] for c in CRAFTED], ids=[c[0] for c in CRAFTED]
+)
+def test_a_crafted_episode_in_a_resigned_checkpoint_is_refused_by_name(
+    genuine: dict[str, Any], tmp_path: Path, craft: Craft, message: str
+) -> None:
+    sampler_state = copy.deepcopy(genuine["sampler"])
+    craft(sampler_state)
+    path = save_checkpoint(tmp_path / "crafted", {**genuine, "sampler": sampler_state}, 0, 64)
+    before = numpy_global_state()
+    make = functools.partial(SerialSampler, task=CORRIDOR, num_envs=4, seed=3)
+    with make() as sampler, make() as reference:
+        with pytest.raises(ValueError, match=message):
+            make_trainer(tmp_path / "resumed", sampler).load_state_dict(load_checkpoint(path))
+        # Nothing ran that the file chose: NumPy's global generator is as it was.
+        assert numpy_global_state() == before
+        # Refused before anything changed: the genuine state loads on the same sampler.
+        assert_same_step(
+            sampler.load_state_dict(genuine["sampler"]),
+            reference.load_state_dict(genuine["sampler"]),
+        )
+
+
+def in_flight(sampler: Any, actions: np.ndarray) -> dict[str, Any]:
+    """``sampler``'s state after ``actions`` from a reset."""
+    sampler.reset()
+    for a in actions:
+        sampler.step(a)
+    return sampler.state_dict()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        functools.partial(MultiprocessSampler, num_processes=2, mp_start_method="fork"),
+        functools.partial(BatchedSampler, device="cpu", vectorization_mode="sync"),
+    ],
+    ids=["multiprocess", "batched-gym-vector"],
+)
+def test_every_sampler_that_replays_episodes_checks_them(make: Callable[..., Any]) -> None:
+    actions = np.random.default_rng(0).integers(0, 3, size=(9, 4))
+    with make(task=CORRIDOR, num_envs=4, seed=3) as sampler:
+        state = in_flight(sampler, actions)
+        episodes = state["env"]["episodes"] if "env" in state else state["episodes"]
+        genuine = copy.deepcopy(state)
+        episodes[1]["np_random"]["bit_generator"] = "seed"
+        with pytest.raises(ValueError, match=r"'episodes'\[1\]\['np_random'\]: expected a PCG64"):
+            sampler.load_state_dict(state)
+        episodes[1]["np_random"]["bit_generator"] = "PCG64"
+        episodes[3]["actions"][-1] = 3
+        with pytest.raises(ValueError, match=r"'episodes'\[3\]\['actions'\]\[\d+\]: .* got 3"):
+            sampler.load_state_dict(state)
+        sampler.load_state_dict(genuine)
+
+
+@pytest.mark.parametrize(
+    ("action", "shown"),
+    [
+        ([5.0], r"\[5.0\]"),
+        ([np.nan], r"\[nan\]"),
+        ([[1.0]], r"\[\[1.0\]\]"),
+        ([1], None),
+        ("1", "'1'"),
+    ],
+    ids=["out-of-bounds", "nan", "shape", "int-is-a-number", "string"],
+)
+def test_continuous_actions_are_checked_against_the_box(action: Any, shown: str | None) -> None:
+    actions = np.random.default_rng(0).uniform(-2, 2, size=(4, 2, 1)).astype(np.float32)
+    with SerialSampler(task=PENDULUM, num_envs=2, seed=1) as sampler:
+        state = in_flight(sampler, actions)
+        state["episodes"][0]["actions"][2] = action
+        if shown is None:  # an integer is a number in the box: replayed as the float it is
+            sampler.load_state_dict(state)
+            return
+        with pytest.raises(ValueError, match=rf"\['actions'\]\[2\]: .*Box.* got {shown}"):
+            sampler.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ({"plan_rng": {"bit_generator": "seed"}, "plan_episodes": 1}, "expected a PCG64"),
+        ({"plan_rng": None, "plan_episodes": True}, "'plan_episodes': expected an int"),
+        ({"plan_rng": None, "plan_episodes": 10**9}, "'plan_episodes': expected an int"),
+    ],
+    ids=["generator-by-name", "bool", "out-of-range"],
+)
+def test_a_nav3d_reset_state_from_a_file_is_checked(state: dict, message: str) -> None:
+    env = make_nav3d(episodes_per_floorplan=3)
+    before = numpy_global_state()
+    try:
+        with pytest.raises(ValueError, match=message):
+            env.set_reset_state(state)
+        assert numpy_global_state() == before
+    finally:
+        env.close()
