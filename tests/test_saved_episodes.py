@@ -20,12 +20,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from small import assert_same_step
 from test_nav3d_task import make_env as make_nav3d
 from test_resume import StopAt, make_trainer
 
 from rl.checkpoints.files import list_checkpoints, load_checkpoint, save_checkpoint
 from rl.sampling import BatchedSampler, MultiprocessSampler, SerialSampler
+from rl_envs.pointnav.batched import BatchedPointNav
+from rl_envs.toys.corridor import BatchedCorridor
 
 CORRIDOR = {"_target_": "rl_envs.toys.corridor.CorridorEnv", "length": 5, "max_steps": 6}
 PENDULUM = {"_target_": "rl.tasks.make_gym_env", "env_id": "Pendulum-v1",
@@ -178,3 +181,126 @@ def test_a_nav3d_reset_state_from_a_file_is_checked(state: dict, message: str) -
         assert numpy_global_state() == before
     finally:
         env.close()
+
+
+# ------------------------------------------------ batched environments' own saved states
+NAV_SMALL = {"size": 9, "rooms_per_side": 2, "max_steps": 50, "split": "train"}
+Tensors = dict[str, Any]
+
+
+def nav_in_flight(config: dict[str, Any], steps: int = 23) -> BatchedPointNav:
+    """A BatchedPointNav of 4 environments after ``steps`` random actions."""
+    env = BatchedPointNav(**config, num_envs=4, device="cpu")
+    env.reset([11, 12, 13, 14])
+    rng = np.random.default_rng(5)
+    for _ in range(steps):
+        env.step(torch.from_numpy(rng.integers(0, 4, 4)))
+    return env
+
+
+def at(key: str, index: tuple[int, ...], value: Callable[[int], int]) -> Craft:
+    """Set ``state[key][index]`` (a key path with ``/``) to ``value(old)``."""
+
+    def craft(state: Tensors) -> None:
+        *path, last = key.split("/")
+        for part in path:
+            state = state[part]
+        state[last][index] = value(int(state[last][index]))
+
+    return craft
+
+
+def replaced(key: str, value: Callable[[Any], Any]) -> Craft:
+    """Replace ``state[key]`` by ``value(old)``."""
+    return lambda state: state.__setitem__(key, value(state[key]))
+
+
+DOORS = 4  # NAV_SMALL's 2x2 rooms: the rows are 2 D + 2 of distances, D door offsets, a goal
+NAV_CRAFTED: list[tuple[str, Craft, str]] = [
+    ("float-rows", replaced("state", lambda t: t.double()), r"'state': expected a torch.int64"),
+    ("short-rows", replaced("state", lambda t: t[:, :3]), r"'state': expected .* shape \(8, 4\)"),
+    ("position", at("state", (0, 1), lambda v: 10**6), r"position out of \[0, "),
+    ("negative-position", at("state", (0, 1), lambda v: -1), r"position out of"),
+    ("direction", at("state", (1, 0), lambda v: 4), r"direction out of \[0, 4\)"),
+    ("steps", at("state", (3, 2), lambda v: 50), r"steps out of \[0, 50\)"),
+    ("moved", at("state", (4, 0), lambda v: 10**3), r"moved out of \[0, steps\]"),
+    ("start-distance", at("state", (5, 0), lambda v: 10**4), r"start distance out of"),
+    ("goal", at("state", (2, 3), lambda v: v + 1), r"goals are not the episodes' goals"),
+    ("distance", at("state", (6, 0), lambda v: v + 1), r"distances are not the agents' cells'"),
+    ("ahead", at("state", (7, 1), lambda v: v - 1), r"distances are not the agents' cells'"),
+    ("door-offset", at("episode", (2 * DOORS + 2, 0), lambda v: 10**3), r"'episode': .*values in"),
+    ("goal-index", at("episode", (-1, 0), lambda v: 10**6), r"'episode': expected values in"),
+    ("door-moved", at("episode", (2 * DOORS + 2, 1), lambda v: v ^ 1), r"inconsistent state"),
+    ("addend", at("episode", (DOORS + 2, 0), lambda v: v + 1), r"episodes are not their layouts'"),
+    ("stream-pos", at("streams/pos", (0,), lambda v: -1), r"'pos': expected values in"),
+    ("stream-skip", at("streams/skip", (2,), lambda v: 10**6), r"'skip': expected values in"),
+    ("stream-limb", at("streams/pcg64", (1, 0), lambda v: 1 << 40), r"'pcg64': expected values"),
+    ("stream-kind", lambda s: s["streams"].__setitem__("raw", s["streams"]["raw"].int()), "'raw'"),
+    ("bool-envs", replaced("num_envs", lambda v: True), r"state of True environments"),
+    ("config-string", replaced("config", lambda v: "x"), r"state of a PointNav configured 'x'"),
+    ("extra-key", lambda s: s.__setitem__("code", "print"), r"a BatchedPointNav state is a dict"),
+]
+
+
+@pytest.mark.parametrize(
+    ("craft", "message"), [c[1:] for c in NAV_CRAFTED], ids=[c[0] for c in NAV_CRAFTED]
+)
+def test_a_crafted_batched_pointnav_state_is_refused_before_anything_changes(
+    craft: Craft, message: str
+) -> None:
+    # ppo_nav's default environment. Unchecked, a position or distance past its tables was an
+    # IndexError on the CPU and would be a device-side assert on a GPU; a shorter row, a float
+    # tensor or a negative stream position was broadcast or read as is.
+    genuine = nav_in_flight(NAV_SMALL).state_dict()
+    assert genuine["episode"].shape[0] == 3 * DOORS + 3
+    state = copy.deepcopy(genuine)
+    craft(state)
+    env = BatchedPointNav(**NAV_SMALL, num_envs=4, device="cpu")
+    fresh = BatchedPointNav(**NAV_SMALL, num_envs=4, device="cpu")
+    with pytest.raises(ValueError, match=message):
+        env.load_state_dict(state)
+    assert_same_step(env.load_state_dict(genuine), fresh.load_state_dict(genuine))
+    actions = torch.from_numpy(np.random.default_rng(0).integers(0, 4, 4))
+    assert_same_step(env.step(actions), fresh.step(actions))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {},
+        NAV_SMALL,
+        {"size": 13, "rooms_per_side": 3, "min_start_distance": 13},
+        {"size": 7, "rooms_per_side": 1, "split": "test"},
+    ],  # fmt: skip
+    ids=["nav", "nav_small", "3x3-64bit", "one-room"],
+)
+def test_every_genuine_batched_pointnav_state_passes_the_checks(config: dict[str, Any]) -> None:
+    env = nav_in_flight(config, steps=0)
+    rng = np.random.default_rng(2)
+    for _ in range(4):
+        for _ in range(17):
+            env.step(torch.from_numpy(rng.integers(0, 4, 4)))
+        fresh = BatchedPointNav(**config, num_envs=4, device="cpu")
+        fresh.load_state_dict(env.state_dict())
+        actions = torch.from_numpy(rng.integers(0, 4, 4))
+        assert_same_step(env.step(actions), fresh.step(actions))
+
+
+@pytest.mark.parametrize(
+    ("craft", "message"),
+    [
+        (at("cell", (0,), lambda v: 9), r"'cell': expected values in \[0, 5\)"),
+        (at("t", (1,), lambda v: -3), r"'t': expected values in \[0, 6\)"),
+        (replaced("rng", lambda t: t[:1]), r"'rng': expected a torch.int64 tensor of shape \(3,"),
+        (replaced("start", lambda t: t.float()), r"'start': expected a torch.int64"),
+    ],
+    ids=["cell", "negative-step", "broadcast", "float"],
+)
+def test_a_crafted_batched_corridor_state_is_refused(craft: Craft, message: str) -> None:
+    env = BatchedCorridor(num_envs=3, length=5, max_steps=6, device="cpu")
+    env.reset([1, 2, 3])
+    env.step(torch.tensor([2, 2, 0]))
+    state = copy.deepcopy(env.state_dict())
+    craft(state)
+    with pytest.raises(ValueError, match=message):
+        env.load_state_dict(state)

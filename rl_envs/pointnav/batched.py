@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, cast
 
 import numpy as np
@@ -56,7 +56,7 @@ from gymnasium import spaces
 from gymnasium.utils import seeding
 from tensordict import TensorDict
 
-from rl.tasks.batched import EPISODE_KEY, BatchedEnv
+from rl.tasks.batched import EPISODE_KEY, BatchedEnv, saved_tensor
 from rl.tasks.fields import EXPERT_ACTIONS
 from rl.tasks.splits import _BUCKETS, MAX_SPLIT_DRAWS, SPLITS
 from rl.utils.config import Check
@@ -422,8 +422,19 @@ class _Streams:
         }
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Restore what :meth:`state_dict` saved."""
-        for i, row in enumerate(state["pcg64"].tolist()):
+        """Restore what :meth:`state_dict` saved.
+
+        Raises:
+            ValueError: A value of another kind, size or range (it may come from a file).
+        """
+        n = len(self.bitgens)
+        if not isinstance(state, Mapping):
+            raise ValueError("batched environment state 'streams': expected a dict")
+        limbs = saved_tensor(state, "pcg64", (n, 8), torch.int64, 0, 1 << 32)
+        raw = saved_tensor(state, "raw", (n, self.row), torch.int64)
+        pos = saved_tensor(state, "pos", (n,), torch.int64, 0, 2 * self.row + 1)
+        skip = saved_tensor(state, "skip", (n,), torch.int64, 0, self.row + 1)
+        for i, row in enumerate(limbs.tolist()):
             value = sum(v << (32 * k) for k, v in enumerate(row[:4]))
             inc = sum(v << (32 * k) for k, v in enumerate(row[4:]))
             bitgen = np.random.PCG64()
@@ -434,9 +445,9 @@ class _Streams:
                 "uinteger": 0,
             }
             self.bitgens[i] = bitgen
-        self._write(torch.arange(len(self.bitgens), device=self.device), state["raw"].numpy())
-        self.pos.copy_(state["pos"])
-        self.skip.copy_(state["skip"])
+        self._write(torch.arange(n, device=self.device), raw.numpy())
+        self.pos.copy_(pos)
+        self.skip.copy_(skip)
         self.used_skip = bool(self.skip.any())
 
 
@@ -1210,24 +1221,16 @@ class BatchedPointNav(BatchedEnv):
         """Restore :meth:`state_dict`'s episodes; return what :meth:`reset` returns.
 
         Raises:
-            ValueError: The state is of another number of environments or configuration.
+            ValueError: The state is of another number of environments or configuration, or
+                of another kind, size or range, or inconsistent (it may come from a file).
         """
-        if int(state["num_envs"]) != self.num_envs:
-            raise ValueError(
-                f"state of {state['num_envs']} environments, this has {self.num_envs}"
-            )
-        if dict(state["config"]) != self.config:
-            raise ValueError(
-                f"state of a PointNav configured {state['config']}, this is {self.config}"
-            )
-        saved = state["state"].to(self.device, torch.int64)
-        episode = state["episode"].to(self.device, torch.int32)
+        saved, episode = self._checked_state(state)
         nd = self._n_doors
         door_v, goal_index = episode[2 * nd + 2 :].long().split((nd, 1))
         goal_index = goal_index[0]
         doors = self._doors(door_v)
         goal = self._free_cells(goal_index[None, :], doors)[0]
-        if saved.shape != (_SAVED_ROWS, self.num_envs) or not torch.equal(goal, saved[2]):
+        if not torch.equal(goal, saved[2]):
             raise ValueError("inconsistent state: the goals are not the episodes' goals")
         self._streams.load_state_dict(state["streams"])
         everyone = torch.arange(self.num_envs, device=self.device)
@@ -1246,6 +1249,55 @@ class BatchedPointNav(BatchedEnv):
         self._state[_STEPS], self._state[_MOVED], self._state[_DIST] = steps, moved, dist
         self._started = True
         return self._first()
+
+    def _checked_state(self, state: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """A saved state's rows and episodes, on the device, once every value is checked.
+
+        The episodes' rows must be what their doors and goals make, the goals the episodes'
+        goals, and the distances those at the agents' cells (a crafted value would index
+        past a table: an error on the CPU, a device-side assert on a GPU).
+        """
+        keys = {"num_envs", "config", "state", "episode", "streams"}
+        if not isinstance(state, Mapping) or set(state) != keys:
+            raise ValueError(f"a BatchedPointNav state is a dict of {sorted(keys)}")
+        saved_envs = state["num_envs"]
+        if saved_envs != self.num_envs or isinstance(saved_envs, bool):
+            raise ValueError(f"state of {saved_envs!r:.20} environments, this has {self.num_envs}")
+        if not isinstance(state["config"], Mapping) or dict(state["config"]) != self.config:
+            raise ValueError(
+                f"state of a PointNav configured {state['config']!r:.400}, this is {self.config}"
+            )
+        n, nd = self.num_envs, self._n_doors
+        rows = saved_tensor(state, "state", (_SAVED_ROWS, n), torch.int64)
+        episode = saved_tensor(state, "episode", (3 * nd + 3, n), torch.int32)
+        lengths = torch.tensor([*self._door_lengths, self._n_free])[:, None]
+        saved_tensor({"episode": episode[2 * nd + 2 :]}, "episode", (nd + 1, n), torch.int32,
+                     0, lengths)  # fmt: skip
+        pos, direction, _, steps, moved, start_dist, _, _ = rows
+        for name, values, high in (
+            ("position", pos, self._cells),
+            ("direction", direction, 4),
+            ("steps", steps, self.max_steps),
+            ("start distance", start_dist, self._n_free),
+        ):
+            if bool(((values < 0) | (values >= high)).any()):
+                raise ValueError(f"batched environment state: {name} out of [0, {high})")
+        if bool(((moved < 0) | (moved > steps)).any()):
+            raise ValueError("batched environment state: moved out of [0, steps]")
+        saved, episode = rows.to(self.device), episode.to(self.device)
+        door_v, goal_index = episode[2 * nd + 2 :].long().split((nd, 1))
+        # (a split of one room is by its episodes' starts, which are not saved)
+        if self.split is not None and nd and not bool(self._in_split(door_v.t()).all()):
+            raise ValueError(f"inconsistent state: a door layout not in split {self.split!r}")
+        if not torch.equal(self._episode_rows(goal_index[0], door_v), episode):
+            raise ValueError("inconsistent state: the episodes are not their layouts'")
+        place = saved[1] * self._cells + saved[0]
+        ahead = self._places_of(place)[_AHEAD_POS : _AHEAD_POS + 1]
+        cells = torch.stack((saved[0], ahead[0]))
+        distances = self._distances(episode, cells).long()
+        if bool((distances[0] < 0).any()) or not torch.equal(distances, saved[6:8]):
+            raise ValueError("inconsistent state: the distances are not the agents' cells'")
+        return saved, episode
 
     def _saved_episode(self) -> torch.Tensor:
         """``_episode`` as :meth:`state_dict` saves it (:meth:`_episode_rows`' rows)."""

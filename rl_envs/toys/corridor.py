@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rl.tasks.batched import EPISODE_KEY, BatchedEnv
+from rl.tasks.batched import EPISODE_KEY, BatchedEnv, saved_tensor
 from rl.tasks.fields import EXPERT_ACTIONS, StepField, expert_field
 
 __all__ = ["BatchedCorridor", "CorridorEnv"]
@@ -224,9 +224,16 @@ class BatchedCorridor(BatchedEnv):
         return {k: getattr(self, k).cpu().clone() for k in ("rng", "cell", "t", "start")}
 
     def load_state_dict(self, state: dict[str, Any]) -> TensorDict:
-        """Restore :meth:`state_dict`; what the saved corridors were about to act on."""
-        for key in ("rng", "cell", "t", "start"):
-            setattr(self, key, state[key].to(self.device, torch.int64).clone())
+        """Restore :meth:`state_dict`; what the saved corridors were about to act on.
+
+        Raises:
+            ValueError: A value of another kind, size or range (it may come from a file).
+        """
+        highs = {"rng": _MOD, "cell": self.length, "t": self.max_steps, "start": self.length - 1}
+        n = (self.num_envs,)
+        saved = {k: saved_tensor(state, k, n, torch.int64, 0, high) for k, high in highs.items()}
+        for key, value in saved.items():
+            setattr(self, key, value.to(self.device, copy=True))
         return TensorDict._new_unsafe(self._observed(), batch_size=torch.Size([self.num_envs]))
 
 
