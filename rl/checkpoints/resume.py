@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -199,6 +200,13 @@ def _check_training_state(state: Mapping[str, Any], path: Path) -> None:
     steps = state["pipeline"].get("total_steps")
     if type(steps) is not int or steps < 0:
         raise CheckpointError(f"{path}: cannot resume from it: pipeline.total_steps is {steps!r}")
+    run_id = state.get("wandb_run_id")  # (a wandb sink continues this run: a folder name)
+    if run_id is not None and not (
+        isinstance(run_id, str) and re.fullmatch(r"[\w.-]{1,128}", run_id) and ".." not in run_id
+    ):
+        raise CheckpointError(
+            f"{path}: cannot resume from it: wandb_run_id {run_id!r:.60} is not a wandb run id"
+        )
 
 
 def _resume_plan(

@@ -36,6 +36,7 @@ from rl.sampling.runner import run_steps
 from rl.storage.rollout import RolloutStorage
 from rl.tasks.factory import with_split
 from rl.utils.config import ConfigError
+from rl.utils.saved import saved_like
 from rl.utils.staging import pinned_transfers
 
 log = logging.getLogger(__name__)
@@ -342,6 +343,9 @@ class InProcessCollector:
                 "flight): starting fresh episodes; the run will not match an uninterrupted one"
             )
             return
+        fresh = self.acting_model.initial_state(self.num_envs, self.inference_device)
+        returns = self._fresh_returns()  # (None: rewards are not normalised)
+        _check_rollout(rollout, fresh, returns)
         try:
             first = self.sampler.load_state_dict(sampler_state)
         except NotImplementedError as e:
@@ -361,18 +365,17 @@ class InProcessCollector:
             first,
             field_names=self._field_names(),
             device=self.inference_device,
-            state=self._saved_state(rollout),
+            state=self._saved_state(rollout, fresh),
             episode_starts=rollout["episode_starts"].to(self.inference_device),
-            returns=rollout.get("returns", self._fresh_returns()),
+            returns=None if returns is None else rollout.get("returns", returns),
         )
 
-    def _saved_state(self, rollout: Mapping[str, Any]) -> TensorDict:
-        """The carried recurrent state of a checkpoint's ``rollout`` entry.
+    def _saved_state(self, rollout: Mapping[str, Any], fresh: TensorDict) -> TensorDict:
+        """The carried recurrent state of a checkpoint's ``rollout`` entry (``fresh``: its form).
 
         Format 2 saved a GRU's state as ``hidden`` ``[L, N, H]`` (a dummy ``[1, N, 1]`` for
         memoryless policies); format 3 saves the policy's state as a dict.
         """
-        fresh = self.acting_model.initial_state(self.num_envs, self.inference_device)
         if "state" in rollout:
             saved = TensorDict(rollout["state"], batch_size=fresh.batch_size)
             return saved.to(self.inference_device)
@@ -415,3 +418,29 @@ def resolve_inference_device(value: str, device: torch.device) -> torch.device:
     if text == "cuda" and device.type == "cuda":
         return device
     return torch.device(text)
+
+
+def _check_rollout(
+    rollout: Mapping[str, Any], fresh: TensorDict, returns: torch.Tensor | None
+) -> None:
+    """A ValueError naming the entry of a checkpoint's ``rollout`` of another kind or shape.
+
+    The file may be anyone's: the carried state must be the policy's (``fresh``: its keys,
+    shapes and dtypes), the episode starts a flag per environment, the observations tensors
+    (compared with the restored ones), the returns those reward normalisation keeps.
+    """
+    n = fresh.batch_size[0]
+    if not isinstance(rollout, Mapping) or not {"episode_starts", "obs"} <= set(rollout):
+        raise ValueError("checkpoint entry rollout: expected episode_starts, obs and state")
+    saved_like(
+        rollout["episode_starts"], torch.zeros(n, dtype=torch.bool), "rollout.episode_starts"
+    )
+    if "state" in rollout:
+        saved_like(rollout["state"], fresh.cpu(), "rollout.state")
+    elif set(fresh.keys()) == {"h"}:  # format 2: a GRU's hidden state, [L, N, H]
+        saved_like(rollout.get("hidden"), fresh["h"].cpu().transpose(0, 1), "rollout.hidden")
+    obs = rollout["obs"]
+    if not isinstance(obs, Mapping) or not all(isinstance(v, torch.Tensor) for v in obs.values()):
+        raise ValueError("checkpoint entry rollout.obs: expected tensors by key")
+    if returns is not None and rollout.get("returns") is not None:
+        saved_like(rollout["returns"], returns, "rollout.returns")

@@ -23,7 +23,7 @@ import torch
 
 from rl.distributed.reduce import all_reduce_sum, is_distributed
 from rl.utils.config import Check
-from rl.utils.finite import NonFiniteError
+from rl.utils.finite import NonFiniteError, as_float
 
 __all__ = ["NormalizeSettings", "Normalizer", "RunningMeanStd"]
 
@@ -84,9 +84,12 @@ class RunningMeanStd:
             )
         if not (bool(torch.isfinite(mean).all()) and bool(torch.isfinite(var).all())):
             raise ValueError("statistics are not finite")
+        count = as_float(state["count"], finite=True)
+        if count is None or count < 0 or bool((var < 0).any()):
+            raise ValueError("a count or a variance is negative, or the count not a number")
         self.mean = mean.to(torch.float64).clone()
         self.var = var.to(torch.float64).clone()
-        self.count = float(state["count"])
+        self.count = count
 
 
 class _Moments:
@@ -242,9 +245,12 @@ class Normalizer:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore the statistics of :meth:`state_dict` (the settings are this object's)."""
+        if set(state["obs"]) != set(self.obs_stats):
+            raise ValueError(
+                f"statistics of {sorted(state['obs'])}, expected {sorted(self.obs_stats)}"
+            )
         for k, s in state["obs"].items():
-            if k in self.obs_stats:
-                self.obs_stats[k].load_state_dict(s)
+            self.obs_stats[k].load_state_dict(s)
         self.return_stats.load_state_dict(state["return"])
         self._freeze()
 

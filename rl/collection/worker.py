@@ -29,6 +29,7 @@ from rl.collection.transport import ShippedRollout, ship
 from rl.models.factory import build_policy
 from rl.sampling.factory import build_sampler
 from rl.tasks.factory import with_split
+from rl.utils.finite import as_count
 from rl.utils.seeding import rng_state, set_rng_state, set_seed
 from rl.utils.shared_memory import SharedBuffers
 
@@ -270,9 +271,11 @@ class CollectionWorker:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from :meth:`state_dict` (instead of resetting the environments)."""
+        version, rollouts = as_count(state.get("actor_version")), as_count(state.get("rollouts"))
+        if version is None or rollouts is None:
+            raise ValueError("checkpoint entries actor_version, rollouts: expected ints >= 0")
         self.collector.load_state_dict(state)
-        self.actor_version = int(state["actor_version"])
-        self.rollouts = int(state["rollouts"])
+        self.actor_version, self.rollouts = version, rollouts
         set_rng_state(state["rng"])  # last: the replay above must not draw from them
 
     def close(self) -> None:

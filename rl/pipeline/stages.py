@@ -21,6 +21,7 @@ from rl.pipeline.offpolicy import OffPolicyPipelineComponent
 from rl.pipeline.schedules import Schedule
 from rl.pipeline.verify import budget_errors, stage_errors
 from rl.utils.config import Check, split_hint
+from rl.utils.finite import as_count
 
 log = logging.getLogger(__name__)
 
@@ -401,15 +402,20 @@ class TrainingPipeline:
         A finished pipeline whose budget has since been extended (a resume with a larger
         ``total_env_steps``) reopens its last stage at the matching stage step.
         """
-        index = int(state["current_stage_index"])
-        if not 0 <= index <= len(self.stages):
+        counts: dict[str, int] = {}
+        for key in ("current_stage_index", "stage_steps", "total_steps", "rollout_count"):
+            count = as_count(state.get(key))
+            if count is None:  # (the file may be anyone's: a bool, a float, a negative count)
+                raise ValueError(f"checkpoint entry pipeline.{key}: expected an int >= 0")
+            counts[key] = count
+        index = counts["current_stage_index"]
+        if index > len(self.stages):
             raise ValueError(
                 f"checkpoint stage index {index} but the pipeline has {len(self.stages)} stages"
             )
         self.current_stage_index = index
-        self.stage_steps = int(state["stage_steps"])
-        self.total_steps = int(state["total_steps"])
-        self.rollout_count = int(state["rollout_count"])
+        self.stage_steps, self.total_steps = counts["stage_steps"], counts["total_steps"]
+        self.rollout_count = counts["rollout_count"]
         if self.finished and self.total_steps < self.total_max_steps:
             last = len(self.stages) - 1
             self.current_stage_index = last

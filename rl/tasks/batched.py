@@ -9,7 +9,7 @@ Implementations: the torch grid PointNav (:mod:`rl_envs.pointnav.batched`), any 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -18,50 +18,9 @@ from tensordict import TensorDict
 
 from rl.tasks.fields import StepField
 
-__all__ = ["BatchedEnv", "EPISODE_KEY", "saved_tensor"]
+__all__ = ["BatchedEnv", "EPISODE_KEY"]
 
 EPISODE_KEY = "episode"  # a step's metrics of the episodes that ended in it
-
-
-def saved_tensor(
-    state: Any,
-    key: str,
-    shape: Sequence[int],
-    dtype: torch.dtype,
-    low: int | torch.Tensor | None = None,
-    high: int | torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``state[key]`` of a saved state (it may come from a file), checked.
-
-    It must be a tensor of ``shape`` and ``dtype`` with values in ``[low, high)`` (a bound
-    given as a tensor: elementwise, broadcast against it).
-
-    Raises:
-        ValueError: Anything else, naming ``key``.
-    """
-    value = state.get(key) if isinstance(state, Mapping) else None
-    expected = f"a {dtype} tensor of shape {tuple(shape)}"
-    if not (
-        isinstance(value, torch.Tensor)
-        and value.dtype == dtype
-        and tuple(value.shape) == tuple(shape)
-    ):
-        raise ValueError(f"batched environment state {key!r}: expected {expected}")
-    value = value.cpu()
-    if (low is not None and bool((value < low).any())) or (
-        high is not None and bool((value >= high).any())
-    ):
-        raise ValueError(
-            f"batched environment state {key!r}: expected values in [{_bound(low)}, "
-            f"{_bound(high)})"
-        )
-    return value
-
-
-def _bound(bound: int | torch.Tensor | None) -> str:
-    if bound is None:
-        return "..."
-    return str(bound) if isinstance(bound, int) else str(bound.flatten().tolist())
 
 
 class BatchedEnv(abc.ABC):
@@ -123,7 +82,8 @@ class BatchedEnv(abc.ABC):
         """Restore what :meth:`state_dict` saved; return what :meth:`reset` returns.
 
         ``state`` may come from someone else's checkpoint: check each value's kind, shape and
-        range before using it (:func:`saved_tensor`), and raise ``ValueError`` naming it.
+        range before using it (:func:`rl.utils.saved.saved_tensor`), and raise ``ValueError``
+        naming it.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot restore episodes in flight")
 

@@ -19,7 +19,7 @@ from rl.distributed.setup import DistContext
 from rl.loggers.base import MetricsLogger
 from rl.pipeline.trackers import ScalarMeanTracker
 from rl.sampling.convert import episode_metric_key
-from rl.utils.finite import as_float
+from rl.utils.finite import as_count, as_float
 
 # Logged as `time/<name>_fraction` of each interval: `collect` is the learner's wait in
 # `Collector.collect`; `env` and `inference` are the collectors' own (in another process they
@@ -182,8 +182,11 @@ class TrainingMetrics:
                         "counts": _numbers(saved.get("counts"), f"{where}.counts"),
                     }
                 )
-        self.last = dict(state.get("last_metrics", {}))
-        self.last_log_step = int(state.get("last_log_step", -1))
+        self.last = _numbers(state.get("last_metrics", {}), "trainer.last_metrics")
+        last_log_step = as_count(state.get("last_log_step", -1), low=-1)
+        if last_log_step is None:
+            raise CheckpointError("checkpoint entry trainer.last_log_step: expected an int >= -1")
+        self.last_log_step = last_log_step
         finished = state.get("finished") or []
         if not isinstance(finished, list):
             raise CheckpointError("checkpoint entry finished_episodes: expected a list")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ from rl.models.policy import Policy
 from rl.pipeline.stages import TrainingPipeline
 from rl.training.learner import Learner
 from rl.training.metrics import TrainingMetrics
+from rl.utils.finite import as_count
 from rl.utils.seeding import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -160,19 +162,19 @@ class TrainerState:
         """Continue from a loaded checkpoint written by :meth:`state_dict` (before training)."""
         if self.dist.enabled:
             state = rank_view(state, self.dist)
+        trainer, rng = state.get("trainer") or {}, state["rng"]
+        learner = {
+            "optimizer": state["optimizer"],
+            "lr_scheduler": state.get("lr_scheduler"),
+            "offpolicy_update_count": trainer.get("offpolicy_update_count", 0),
+            "nonfinite_skips": trainer.get("nonfinite_skips", 0),
+            "shuffle": rng.get("shuffle"),
+            "offpolicy": rng.get("offpolicy"),
+        }
+        _check_learner_state(self.learner, learner)  # (the file may be anyone's)
         self.model.load_state_dict(state["model"])
         self.learner.load_losses_state_dict(state.get("losses"))
-        trainer, rng = state.get("trainer") or {}, state["rng"]
-        self.learner.load_state_dict(
-            {
-                "optimizer": state["optimizer"],
-                "lr_scheduler": state.get("lr_scheduler"),
-                "offpolicy_update_count": trainer.get("offpolicy_update_count", 0),
-                "nonfinite_skips": trainer.get("nonfinite_skips", 0),
-                "shuffle": rng.get("shuffle"),
-                "offpolicy": rng.get("offpolicy"),
-            }
-        )
+        self.learner.load_state_dict(learner)
         self.pipeline.load_state_dict(state["pipeline"])
         if self.run.wandb_run_id is None:
             self.run.wandb_run_id = state.get("wandb_run_id")
@@ -185,3 +187,114 @@ class TrainerState:
         )
         self.collector.load_state_dict(state)  # it reads the entries its state_dict wrote
         set_rng_state(rng)  # last: nothing above may draw from the global generators
+
+
+def _check_learner_state(learner: Learner, saved: dict[str, Any]) -> None:
+    """A :class:`CheckpointError` naming the first value of ``saved`` the learner cannot hold.
+
+    The file may be anyone's: nothing is restored before this check. The optimizer's and the
+    LR scheduler's states must have the structure and kinds of the learner's own
+    (:func:`_check_like`); each moment a floating tensor of its parameter's shape, or a step
+    (a scalar >= 0); counters counts. A hyperparameter the file lacks (saved by an older
+    torch) is the config's.
+    """
+    for key in ("offpolicy_update_count", "nonfinite_skips"):
+        if as_count(saved[key]) is None:
+            raise CheckpointError(f"checkpoint entry trainer.{key}: expected an int >= 0")
+    stages = {str(i) for i, s in enumerate(learner.pipeline.stages) if s.offpolicy_component}
+    offpolicy = saved["offpolicy"] or {}
+    if not isinstance(offpolicy, Mapping) or not set(offpolicy) <= stages:
+        where = "checkpoint entry rng.offpolicy"
+        raise CheckpointError(f"{where}: expected states of stages {sorted(stages)}")
+    own = learner.state_dict()
+    optimizer = saved["optimizer"]
+    if not isinstance(optimizer, Mapping) or set(optimizer) != {"state", "param_groups"}:
+        raise CheckpointError("checkpoint entry optimizer: expected a dict of state, param_groups")
+    groups = optimizer["param_groups"]
+    if not isinstance(groups, list) or len(groups) != len(own["optimizer"]["param_groups"]):
+        raise CheckpointError("checkpoint entry optimizer.param_groups: not this optimizer's")
+    groups = [
+        {**mine, **group} if isinstance(group, Mapping) else group
+        for group, mine in zip(groups, own["optimizer"]["param_groups"], strict=True)
+    ]
+    _check_like(groups, own["optimizer"]["param_groups"], "optimizer.param_groups")
+    shapes: dict[Any, torch.Size] = {}
+    for i, (group, current) in enumerate(zip(groups, learner.optimizer.param_groups, strict=True)):
+        ids = group["params"]
+        if not (
+            isinstance(ids, list)
+            and len(ids) == len(current["params"])
+            and all(as_count(k) is not None for k in ids)
+            and len(set(ids)) == len(ids)
+            and not set(ids) & set(shapes)
+        ):
+            raise CheckpointError(
+                f"checkpoint entry optimizer.param_groups[{i}].params: expected "
+                f"{len(current['params'])} distinct parameter indices"
+            )
+        shapes.update(zip(group["params"], (p.shape for p in current["params"]), strict=True))
+    moments = optimizer["state"]
+    if not isinstance(moments, Mapping) or not set(moments) <= set(shapes):
+        raise CheckpointError("checkpoint entry optimizer.state: expected a state per parameter")
+    for index, values in moments.items():
+        if not isinstance(values, Mapping) or not all(
+            isinstance(v, torch.Tensor)
+            and v.is_floating_point()
+            and ((v.shape == shapes[index] and k != "step") or (v.dim() == 0 and bool(v >= 0)))
+            for k, v in values.items()
+        ):
+            raise CheckpointError(
+                f"checkpoint entry optimizer.state.{index}: expected floating tensors of its "
+                "parameter's shape, and scalars >= 0 (its step)"
+            )
+    saved["optimizer"] = {"state": moments, "param_groups": groups}
+    scheduler, mine = saved["lr_scheduler"], own["lr_scheduler"]
+    if mine is not None and scheduler is not None:
+        if not isinstance(scheduler, Mapping) or not set(scheduler) <= set(mine):
+            raise CheckpointError(
+                f"checkpoint entry lr_scheduler: expected keys of {sorted(mine)}"
+            )
+        for key, value in scheduler.items():
+            if key != "lr_lambdas":  # (never restored: the config's functions are kept)
+                _check_like(value, mine[key], f"lr_scheduler.{key}", flags_equal=False)
+
+
+def _check_like(saved: Any, own: Any, where: str, flags_equal: bool = True) -> None:
+    """A :class:`CheckpointError` unless ``saved`` has the structure and kinds of ``own``.
+
+    The same keys (``params`` are checked apart) and lengths; a number of the same type,
+    finite where ``own`` is, not negative where ``own`` is not, an int within int64; a tensor
+    of the same dtype and shape; a flag (bool, None, string) equal to ``own``'s, or of its
+    type where not ``flags_equal``.
+    """
+    if isinstance(own, Mapping):
+        if not isinstance(saved, Mapping) or set(saved) != set(own):
+            raise CheckpointError(f"checkpoint entry {where}: expected keys {sorted(own)}")
+        for key, value in own.items():
+            if key != "params":
+                _check_like(saved[key], value, f"{where}.{key}", flags_equal)
+        return
+    if isinstance(own, list | tuple):
+        if not isinstance(saved, list | tuple) or len(saved) != len(own):
+            raise CheckpointError(f"checkpoint entry {where}: expected {len(own)} values")
+        for i, (a, b) in enumerate(zip(saved, own, strict=True)):
+            _check_like(a, b, f"{where}[{i}]", flags_equal)
+        return
+    if type(saved) is not type(own):
+        raise CheckpointError(
+            f"checkpoint entry {where}: expected a {type(own).__name__}, got {saved!r:.40}"
+        )
+    if isinstance(own, torch.Tensor):
+        ok = saved.dtype == own.dtype and saved.shape == own.shape
+    elif isinstance(own, int | float) and not isinstance(own, bool):
+        ok = (
+            (math.isfinite(saved) or not math.isfinite(own))
+            and (saved >= 0 or own < 0)
+            and (isinstance(saved, float) or abs(saved) < 2**63)
+        )
+    else:  # a flag: bool, None, a string
+        ok = saved == own or not flags_equal
+    if not ok:
+        raise CheckpointError(
+            f"checkpoint entry {where}: {saved!r:.40} where this run has {own!r:.40}"
+        )

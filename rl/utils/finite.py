@@ -32,6 +32,17 @@ def as_float(value: object, *, finite: bool = False) -> float | None:
     return None if finite and not math.isfinite(number) else number
 
 
+def as_count(value: object, low: int = 0) -> int | None:
+    """``value`` where it is an ``int`` (not a bool) in ``[low, 2**63)``, else None.
+
+    For counters read from files (a step count, an index): a float, a string or a count no
+    int64 holds is None.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 2**63:
+        return None
+    return value
+
+
 def _floating_tensors(node: Any, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
     if isinstance(node, torch.Tensor):
         if node.is_floating_point() or node.is_complex():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import random
 from collections.abc import Iterator, Mapping
@@ -50,10 +51,17 @@ def rng_state() -> dict[str, object]:
 
 
 def set_rng_state(state: Mapping[str, Any]) -> None:
-    """Restore states captured by :func:`rng_state`."""
-    py = state["python"]
+    """Restore states captured by :func:`rng_state`.
+
+    Raises:
+        ValueError: A state of another kind (the file may be anyone's: a cached Gaussian
+            must be a finite float, a NaN one would be the next draw), before any is set.
+    """
+    py, (name, keys, *rest) = state["python"], state["numpy"]
+    gauss = (py[2], rest[2] if rest[1] else 0.0)
+    if not all(isinstance(g, float) and math.isfinite(g) for g in gauss if g is not None):
+        raise ValueError("checkpoint entry rng: a cached Gaussian draw is not a finite float")
     random.setstate((py[0], tuple(py[1]), py[2]))
-    name, keys, *rest = state["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
 

@@ -56,10 +56,11 @@ from gymnasium import spaces
 from gymnasium.utils import seeding
 from tensordict import TensorDict
 
-from rl.tasks.batched import EPISODE_KEY, BatchedEnv, saved_tensor
+from rl.tasks.batched import EPISODE_KEY, BatchedEnv
 from rl.tasks.fields import EXPERT_ACTIONS
 from rl.tasks.splits import _BUCKETS, MAX_SPLIT_DRAWS, SPLITS
 from rl.utils.config import Check
+from rl.utils.saved import saved_tensor
 from rl_envs.pointnav.checks import checked_args, observation_space
 from rl_envs.pointnav.env import Actions, PointNavEnv
 from rl_envs.pointnav.layout import RoomLayout
@@ -1263,7 +1264,11 @@ class BatchedPointNav(BatchedEnv):
         saved_envs = state["num_envs"]
         if saved_envs != self.num_envs or isinstance(saved_envs, bool):
             raise ValueError(f"state of {saved_envs!r:.20} environments, this has {self.num_envs}")
-        if not isinstance(state["config"], Mapping) or dict(state["config"]) != self.config:
+        config = state["config"]
+        if not isinstance(config, Mapping) or not (
+            dict(config) == self.config
+            and all(type(config[k]) is type(v) for k, v in self.config.items())
+        ):
             raise ValueError(
                 f"state of a PointNav configured {state['config']!r:.400}, this is {self.config}"
             )

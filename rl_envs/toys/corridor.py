@@ -27,8 +27,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rl.tasks.batched import EPISODE_KEY, BatchedEnv, saved_tensor
+from rl.tasks.batched import EPISODE_KEY, BatchedEnv
 from rl.tasks.fields import EXPERT_ACTIONS, StepField, expert_field
+from rl.utils.saved import saved_tensor
 
 __all__ = ["BatchedCorridor", "CorridorEnv"]
 

@@ -1,4 +1,4 @@
-"""A saved sampler state's episodes in flight come from a file: every value is checked first.
+"""A checkpoint's saved state comes from a file, maybe anyone's: every value is checked first.
 
 Each crafted state starts from a genuine one with episodes in flight and changes one value, as
 an attacker would (through a re-signed checkpoint where a trainer resumes). It must be refused
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import pickle
 from collections.abc import Callable
 from pathlib import Path
@@ -21,11 +22,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from crafted import SMOKE, crafted, resign
 from small import assert_same_step
 from test_nav3d_task import make_env as make_nav3d
 from test_resume import StopAt, make_trainer
 
+from rl.checkpoints.errors import CheckpointError
 from rl.checkpoints.files import list_checkpoints, load_checkpoint, save_checkpoint
+from rl.collection.normalization import RunningMeanStd
+from rl.engine import run
 from rl.sampling import BatchedSampler, MultiprocessSampler, SerialSampler
 from rl_envs.pointnav.batched import BatchedPointNav
 from rl_envs.toys.corridor import BatchedCorridor
@@ -304,3 +309,122 @@ def test_a_crafted_batched_corridor_state_is_refused(craft: Craft, message: str)
     craft(state)
     with pytest.raises(ValueError, match=message):
         env.load_state_dict(state)
+
+
+# ------------------------------------------ the learner's state and the carried rollout
+def entry(path: str, value: Callable[[Any], Any]) -> Craft:
+    """Set the entry at ``path`` (keys and list indices, by ``/``) to ``value(old)``."""
+
+    def craft(state: dict[str, Any]) -> None:
+        *parents, last = (int(k) if k.isdigit() else k for k in path.split("/"))
+        node: Any = state
+        for key in parents:
+            node = node[key]
+        node[last] = value(node[last])
+
+    return craft
+
+
+def shorter(t: torch.Tensor) -> torch.Tensor:
+    return t.flatten()[:-1].clone()
+
+
+TRAINING_CRAFTED: list[tuple[str, Craft, str]] = [
+    # a flag the file would flip: Adam then maximises the loss, silently
+    ("maximize", entry("optimizer/param_groups/0/maximize", lambda v: "yes"), r"\.maximize"),
+    (
+        "foreach",
+        entry("optimizer/param_groups/0/foreach", lambda v: True),
+        r"foreach: expected a None",
+    ),
+    ("negative-eps", entry("optimizer/param_groups/0/eps", lambda v: -1.0), r"\.eps: -1.0"),
+    ("nan-lr", entry("optimizer/param_groups/0/lr", lambda v: math.nan), r"\[0\]\.lr: nan"),
+    ("huge-decay", entry("optimizer/param_groups/0/weight_decay", lambda v: 10**30), "decay"),
+    ("extra-hyper", entry("optimizer/param_groups/0", lambda g: {**g, "x": 1}), "expected keys"),
+    ("same-param", entry("optimizer/param_groups/0/params", lambda p: [0] * len(p)), "distinct"),
+    ("moment-shape", entry("optimizer/state/0/exp_avg", shorter), r"optimizer\.state\.0"),
+    ("moment-none", entry("optimizer/state/1/exp_avg_sq", lambda v: None), r"state\.1: expected"),
+    ("step-negative", entry("optimizer/state/0/step", lambda v: v - 99), r"optimizer\.state\.0"),
+    ("step-tensor", entry("optimizer/state/1/step", lambda v: torch.ones(32)), r"state\.1"),
+    ("scheduler-key", entry("lr_scheduler", lambda s: {**s, "optimizer": {}}), "lr_scheduler:"),
+    ("epoch-string", entry("lr_scheduler/last_epoch", lambda v: "x"), r"lr_scheduler\.last_epoch"),
+    ("epoch-huge", entry("lr_scheduler/_step_count", lambda v: 10**30), r"_step_count"),
+    ("stage-bool", entry("pipeline/current_stage_index", lambda v: True), r"current_stage_index"),
+    ("steps-negative", entry("pipeline/stage_steps", lambda v: -64), r"pipeline\.stage_steps"),
+    ("steps-float", entry("pipeline/total_steps", lambda v: 64.5), r"pipeline\.total_steps"),
+    ("log-step", entry("trainer/last_log_step", lambda v: 1.5), r"trainer\.last_log_step"),
+    ("skips-bool", entry("trainer/nonfinite_skips", lambda v: True), r"trainer\.nonfinite_skips"),
+    ("metric-string", entry("trainer/last_metrics", lambda m: {**m, "x": "y"}), "last_metrics"),
+    ("offpolicy-stage", entry("rng/offpolicy", lambda v: {"7": torch.zeros(3)}), "rng.offpolicy"),
+    ("nan-gaussian", entry("rng/python", lambda p: (*p[:2], math.nan)), "cached Gaussian"),
+    ("state-shape", entry("rollout/state/h", shorter), r"rollout\.state\.h: expected"),
+    ("state-kind", entry("rollout/state/h", lambda h: h.long()), r"rollout\.state\.h"),
+    ("state-keys", entry("rollout/state", lambda s: {"c": s["h"]}), r"rollout\.state: expected"),
+    ("starts-kind", entry("rollout/episode_starts", lambda v: v.float()), "episode_starts"),
+    ("obs-string", entry("rollout/obs", lambda o: {k: "x" for k in o}), r"rollout\.obs"),
+]
+
+
+@pytest.mark.parametrize(
+    ("craft", "message"),
+    [c[1:] for c in TRAINING_CRAFTED],
+    ids=[c[0] for c in TRAINING_CRAFTED],
+)
+def test_a_crafted_training_state_is_refused_by_name(
+    genuine: dict[str, Any], tmp_path: Path, craft: Craft, message: str
+) -> None:
+    # Before the checks, each of these was read as is (a flag, a count, a NaN, a broadcast
+    # state) or failed in the middle of training with a raw error from torch.
+    state = copy.deepcopy(genuine)
+    craft(state)
+    path = save_checkpoint(tmp_path / "crafted", state, 0, 64)
+    with SerialSampler(task=CORRIDOR, num_envs=4, seed=3) as sampler:
+        trainer = make_trainer(tmp_path / "resumed", sampler)
+        with pytest.raises((CheckpointError, ValueError), match=message):
+            trainer.load_state_dict(load_checkpoint(path))
+
+
+def test_the_genuine_training_state_resumes(genuine: dict[str, Any], tmp_path: Path) -> None:
+    with SerialSampler(task=CORRIDOR, num_envs=4, seed=3) as sampler:
+        trainer = make_trainer(tmp_path, sampler)
+        trainer.load_state_dict(copy.deepcopy(genuine))
+        assert trainer.pipeline.total_steps == 64
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("wandb_run_id", "../../elsewhere", "is not a wandb run id"),
+        ("wandb_run_id", ["x"], "is not a wandb run id"),
+        ("optimizer", "maximize", r"optimizer\.param_groups\[0\]\.maximize"),
+    ],
+    ids=["run-id-path", "run-id-list", "maximize"],
+)
+def test_a_resume_names_what_a_crafted_checkpoint_holds(
+    smoke_run: Path, tmp_path: Path, compose_cfg: Any, key: str, value: Any, message: str
+) -> None:
+    # Through train.py's resume=: the wandb run id names a folder of the run's wandb/.
+    folder, path, state = crafted(smoke_run, tmp_path)
+    if key == "optimizer":
+        state["optimizer"]["param_groups"][0]["maximize"] = "yes"
+    else:
+        state[key] = value
+    resign(path, state)
+    before = list_checkpoints(folder)
+    with pytest.raises(CheckpointError, match=message):
+        run.train(compose_cfg([*SMOKE, f"resume={folder}", "total_env_steps=384"]))
+    assert list_checkpoints(folder) == before
+
+
+def test_normalisation_statistics_of_another_kind_are_refused() -> None:
+    stats = RunningMeanStd((2,))
+    genuine = stats.state_dict()
+    for crafted_state in (
+        {**genuine, "count": math.nan},
+        {**genuine, "count": -3.0},
+        {**genuine, "count": "7"},
+        {**genuine, "var": -genuine["var"] - 1},
+    ):
+        with pytest.raises(ValueError, match="negative, or the count not a number"):
+            stats.load_state_dict(crafted_state)
+    stats.load_state_dict(genuine)
