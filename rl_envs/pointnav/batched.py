@@ -1275,9 +1275,10 @@ class BatchedPointNav(BatchedEnv):
         n, nd = self.num_envs, self._n_doors
         rows = saved_tensor(state, "state", (_SAVED_ROWS, n), torch.int64)
         episode = saved_tensor(state, "episode", (3 * nd + 3, n), torch.int32)
-        lengths = torch.tensor([*self._door_lengths, self._n_free])[:, None]
-        saved_tensor({"episode": episode[2 * nd + 2 :]}, "episode", (nd + 1, n), torch.int32,
-                     0, lengths)  # fmt: skip
+        layout = episode[2 * nd + 2 :]  # the doors' offsets, then the goal's free-cell index
+        highs = torch.tensor([*self._door_lengths, self._n_free])[:, None]
+        if bool(((layout < 0) | (layout >= highs)).any()):
+            raise ValueError("batched environment state 'episode': a door or goal out of range")
         pos, direction, _, steps, moved, start_dist, _, _ = rows
         for name, values, high in (
             ("position", pos, self._cells),
