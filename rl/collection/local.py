@@ -436,7 +436,7 @@ def _check_rollout(
         rollout["episode_starts"], torch.zeros(n, dtype=torch.bool), "rollout.episode_starts"
     )
     if "state" in rollout:
-        saved_like(rollout["state"], fresh.cpu(), "rollout.state")
+        saved_like(rollout["state"], fresh.cpu().to_dict(), "rollout.state")
     elif set(fresh.keys()) == {"h"}:  # format 2: a GRU's hidden state, [L, N, H]
         saved_like(rollout.get("hidden"), fresh["h"].cpu().transpose(0, 1), "rollout.hidden")
     obs = rollout["obs"]

@@ -39,6 +39,7 @@ from rl.tasks.factory import FRAMEWORK_KEYS
 from rl.tasks.gym_vector import VECTORIZATION_MODES, GymVectorEnv, builds_vector_env
 from rl.tasks.spaces import action_array_spec, check_action_space, to_env_actions
 from rl.utils.config import Check, import_target
+from rl.utils.finite import as_count
 from rl.utils.seeding import env_seeds
 
 __all__ = ["BatchedSampler", "build_batched_env"]
@@ -580,9 +581,7 @@ class BatchedSampler(FiniteChecks, Sampler):
         if not isinstance(seeds, list) or len(seeds) != n:
             raise problem("start_seeds", f"a list of {n} seeds")
         for seed in seeds:
-            if seed is not None and (
-                isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64
-            ):
+            if seed is not None and (as_count(seed, 0, 2**64) is None):
                 raise problem("start_seeds", f"None or ints in [0, 2**64), got {repr(seed)[:40]}")
         return returns, lengths, seeds
 

@@ -15,6 +15,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from rl.utils.finite import as_count
+
 __all__ = [
     "checked_episodes",
     "generator_from_state",
@@ -37,17 +39,6 @@ def np_random_state(env: gym.Env) -> dict[str, Any] | None:
     return None if rng is None else dict(rng.bit_generator.state)
 
 
-def _is_int(value: Any, low: int, high: int) -> bool:
-    """``value`` is an ``int`` (not a bool) in ``[low, high)``."""
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
-
-
-def _brief(value: Any) -> str:
-    """``repr(value)`` cut to 60 characters (a value from a file may be huge)."""
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:57]}..."
-
-
 def generator_from_state(state: Any) -> np.random.Generator:
     """A ``Generator`` in exactly ``state`` (:func:`np_random_state`'s).
 
@@ -62,12 +53,12 @@ def generator_from_state(state: Any) -> np.random.Generator:
         and set(state) == {"bit_generator", "state", "has_uint32", "uinteger"}
         and isinstance(inner, Mapping)
         and set(inner) == {"state", "inc"}
-        and all(_is_int(inner[k], 0, 2**128) for k in ("state", "inc"))
-        and _is_int(state["has_uint32"], 0, 2)
-        and _is_int(state["uinteger"], 0, 2**32)
+        and all(as_count(inner[k], 0, 2**128) is not None for k in ("state", "inc"))
+        and as_count(state["has_uint32"], 0, 2) is not None
+        and as_count(state["uinteger"], 0, 2**32) is not None
     ):
         raise ValueError(
-            f"expected a PCG64 or PCG64DXSM state of integers in range, got {_brief(state)}"
+            f"expected a PCG64 or PCG64DXSM state of integers in range, got {state!r:.60}"
         )
     bit_generator = kind()
     bit_generator.state = {**state, "state": dict(inner)}
@@ -89,7 +80,7 @@ def reset_state(env: gym.Env) -> dict[str, Any] | None:
 def _action_fits(space: gym.Space, action: Any) -> bool:
     """``action`` as saved (an int, or nested lists of numbers) is one of ``space``'s."""
     if isinstance(space, gym.spaces.Discrete):
-        return _is_int(action, int(space.start), int(space.start + space.n))
+        return as_count(action, int(space.start), int(space.start + space.n)) is not None
     try:
         array = np.asarray(action)
     except ValueError:  # ragged lists
@@ -126,7 +117,7 @@ def checked_episodes(state: Any, num_envs: int, action_space: gym.Space) -> list
         ):
             raise ValueError(f"{where}: expected a dict of seed, np_random, actions[, env_state]")
         seed = episode["seed"]
-        if seed is not None and not _is_int(seed, 0, 2**64):
+        if seed is not None and as_count(seed, 0, 2**64) is None:
             raise ValueError(f"{where}['seed']: expected None or an int in [0, 2**64)")
         if episode["np_random"] is not None:
             try:
@@ -142,7 +133,7 @@ def checked_episodes(state: Any, num_envs: int, action_space: gym.Space) -> list
             if not _action_fits(action_space, action):
                 raise ValueError(
                     f"{where}['actions'][{t}]: expected an action of {action_space}, "
-                    f"got {_brief(action)}"
+                    f"got {action!r:.60}"
                 )
     return episodes
 

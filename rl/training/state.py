@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +34,7 @@ from rl.pipeline.stages import TrainingPipeline
 from rl.training.learner import Learner
 from rl.training.metrics import TrainingMetrics
 from rl.utils.finite import as_count
+from rl.utils.saved import saved_like
 from rl.utils.seeding import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -260,41 +260,8 @@ def _check_learner_state(learner: Learner, saved: dict[str, Any]) -> None:
 
 
 def _check_like(saved: Any, own: Any, where: str, flags_equal: bool = True) -> None:
-    """A :class:`CheckpointError` unless ``saved`` has the structure and kinds of ``own``.
-
-    The same keys (``params`` are checked apart) and lengths; a number of the same type,
-    finite where ``own`` is, not negative where ``own`` is not, an int within int64; a tensor
-    of the same dtype and shape; a flag (bool, None, string) equal to ``own``'s, or of its
-    type where not ``flags_equal``.
-    """
-    if isinstance(own, Mapping):
-        if not isinstance(saved, Mapping) or set(saved) != set(own):
-            raise CheckpointError(f"checkpoint entry {where}: expected keys {sorted(own)}")
-        for key, value in own.items():
-            if key != "params":
-                _check_like(saved[key], value, f"{where}.{key}", flags_equal)
-        return
-    if isinstance(own, list | tuple):
-        if not isinstance(saved, list | tuple) or len(saved) != len(own):
-            raise CheckpointError(f"checkpoint entry {where}: expected {len(own)} values")
-        for i, (a, b) in enumerate(zip(saved, own, strict=True)):
-            _check_like(a, b, f"{where}[{i}]", flags_equal)
-        return
-    if type(saved) is not type(own):
-        raise CheckpointError(
-            f"checkpoint entry {where}: expected a {type(own).__name__}, got {saved!r:.40}"
-        )
-    if isinstance(own, torch.Tensor):
-        ok = saved.dtype == own.dtype and saved.shape == own.shape
-    elif isinstance(own, int | float) and not isinstance(own, bool):
-        ok = (
-            (math.isfinite(saved) or not math.isfinite(own))
-            and (saved >= 0 or own < 0)
-            and (isinstance(saved, float) or abs(saved) < 2**63)
-        )
-    else:  # a flag: bool, None, a string
-        ok = saved == own or not flags_equal
-    if not ok:
-        raise CheckpointError(
-            f"checkpoint entry {where}: {saved!r:.40} where this run has {own!r:.40}"
-        )
+    """:func:`~rl.utils.saved.saved_like` (``params`` checked apart), as a CheckpointError."""
+    try:
+        saved_like(saved, own, where, flags_equal=flags_equal, skip=("params",))
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None

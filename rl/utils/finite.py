@@ -32,13 +32,13 @@ def as_float(value: object, *, finite: bool = False) -> float | None:
     return None if finite and not math.isfinite(number) else number
 
 
-def as_count(value: object, low: int = 0) -> int | None:
-    """``value`` where it is an ``int`` (not a bool) in ``[low, 2**63)``, else None.
+def as_count(value: object, low: int = 0, high: int = 2**63) -> int | None:
+    """``value`` where it is an ``int`` (not a bool) in ``[low, high)``, else None.
 
-    For counters read from files (a step count, an index): a float, a string or a count no
-    int64 holds is None.
+    For counters and seeds read from files (a step count, an index, a generator's state): a
+    float, a string or a count out of range (by default, one no int64 holds) is None.
     """
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 2**63:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < high:
         return None
     return value
 

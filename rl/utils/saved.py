@@ -6,6 +6,7 @@ anything is restored, never broadcast into the run or read past a table.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -51,28 +52,55 @@ def _bound(bound: int | torch.Tensor | None) -> str:
     return str(bound) if isinstance(bound, int) else str(bound.flatten().tolist())
 
 
-def saved_like(saved: Any, like: Any, entry: str) -> None:
-    """Raise ``ValueError`` unless ``saved`` has the structure of ``like``.
+def saved_like(
+    saved: Any, like: Any, entry: str, *, flags_equal: bool = True, skip: Sequence[str] = ()
+) -> None:
+    """Raise ``ValueError`` unless ``saved`` has the structure and kinds of ``like``.
 
-    ``like`` is a tensor or a mapping of them (a ``TensorDict`` too), nested: ``saved`` must
-    have the same keys, and each tensor the same shape and dtype and, where floating, finite
-    values.
+    ``like`` is what this run holds at that place (a tensor, a number, a flag, or mappings and
+    lists of them, nested). ``saved`` must have the same keys (but ``skip``'s, checked apart)
+    and lengths; each tensor ``like``'s dtype and shape and, where floating, finite values; each
+    number ``like``'s type, finite where ``like`` is, not negative where ``like`` is not, an int
+    within int64; each flag (a bool, None, a string) equal to ``like``'s, or of its type where
+    not ``flags_equal``.
     """
+    if isinstance(like, Mapping):
+        if not isinstance(saved, Mapping) or set(saved) != set(like):
+            raise ValueError(f"checkpoint entry {entry}: expected keys {sorted(like)}")
+        for key, value in like.items():
+            if key not in skip:
+                saved_like(saved[key], value, f"{entry}.{key}", flags_equal=flags_equal, skip=skip)
+        return
+    if isinstance(like, list | tuple):
+        if not isinstance(saved, list | tuple) or len(saved) != len(like):
+            raise ValueError(f"checkpoint entry {entry}: expected {len(like)} values")
+        for i, (a, b) in enumerate(zip(saved, like, strict=True)):
+            saved_like(a, b, f"{entry}[{i}]", flags_equal=flags_equal, skip=skip)
+        return
     if isinstance(like, torch.Tensor):
-        ok = (
+        if not (
             isinstance(saved, torch.Tensor)
             and saved.dtype == like.dtype
             and saved.shape == like.shape
             and (not saved.is_floating_point() or bool(torch.isfinite(saved).all()))
-        )
-        if not ok:
+        ):
             raise ValueError(
                 f"checkpoint entry {entry}: expected a finite {like.dtype} tensor of shape "
                 f"{tuple(like.shape)}"
             )
         return
-    keys = list(like.keys())
-    if not isinstance(saved, Mapping) or set(saved.keys()) != set(keys):
-        raise ValueError(f"checkpoint entry {entry}: expected the keys {sorted(keys)}")
-    for key in keys:
-        saved_like(saved[key], like[key], f"{entry}.{key}")
+    if type(saved) is not type(like):
+        raise ValueError(
+            f"checkpoint entry {entry}: expected a {type(like).__name__}, got {saved!r:.40}"
+        )
+    if isinstance(like, int | float) and not isinstance(like, bool):
+        ok = (
+            (math.isfinite(saved) or not math.isfinite(like))
+            and (saved >= 0 or like < 0)
+            and (isinstance(saved, float) or abs(saved) < 2**63)
+        )
+    else:  # a flag: a bool, None, a string
+        ok = saved == like or not flags_equal
+    if not ok:
+        where = f"checkpoint entry {entry}"
+        raise ValueError(f"{where}: {saved!r:.40} where this run has {like!r:.40}")

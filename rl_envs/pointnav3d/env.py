@@ -29,6 +29,7 @@ from rl.tasks.env_state import generator_from_state
 from rl.tasks.fields import EXPERT_ACTIONS, StepField, expert_field
 from rl.tasks.splits import SPLITS, draw_in_split
 from rl.utils.config import Check
+from rl.utils.finite import as_count
 from rl_envs.pointnav3d.checks import check_args, floorplan_spec, observation_space
 from rl_envs.pointnav3d.grid import NavGrid, expert_action
 from rl_envs.pointnav3d.layout import Floorplan, draw_floorplan
@@ -265,11 +266,7 @@ class PointNav3DEnv(gym.Env[dict[str, Any], np.int64]):
     def set_reset_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`reset_state`: the floorplan is drawn again from its saved generator."""
         plan_rng, episodes = state["plan_rng"], state["plan_episodes"]
-        if not (
-            isinstance(episodes, int)
-            and not isinstance(episodes, bool)
-            and 0 <= episodes <= self.episodes_per_floorplan
-        ):
+        if as_count(episodes, 0, self.episodes_per_floorplan + 1) is None:
             raise ValueError(
                 f"'plan_episodes': expected an int in [0, {self.episodes_per_floorplan}], "
                 f"got {episodes!r:.40}"

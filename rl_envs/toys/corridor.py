@@ -29,6 +29,7 @@ from tensordict import TensorDict
 
 from rl.tasks.batched import EPISODE_KEY, BatchedEnv
 from rl.tasks.fields import EXPERT_ACTIONS, StepField, expert_field
+from rl.utils.finite import as_count
 from rl.utils.saved import saved_tensor
 
 __all__ = ["BatchedCorridor", "CorridorEnv"]
@@ -113,7 +114,7 @@ class CorridorEnv(gym.Env):
     def set_reset_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`reset_state` (from a file: checked)."""
         rng = state["rng"]
-        if not (isinstance(rng, int) and not isinstance(rng, bool) and 0 <= rng < _MOD):
+        if as_count(rng, 0, _MOD) is None:
             raise ValueError(f"'rng': expected an int in [0, {_MOD}), got {rng!r:.40}")
         self._rng = rng
 
