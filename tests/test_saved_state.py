@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import copy
 import functools
+import io
 import math
 import pickle
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,16 +24,17 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from crafted import SMOKE, crafted, resign
+from crafted import SMOKE, crafted, entries, resign
 from small import assert_same_step
 from test_nav3d_task import make_env as make_nav3d
 from test_resume import StopAt, make_trainer
 
-from rl.checkpoints.errors import CheckpointError
-from rl.checkpoints.files import list_checkpoints, load_checkpoint, save_checkpoint
+from rl.checkpoints.errors import CheckpointError, UntrustedCheckpointError
+from rl.checkpoints.files import list_checkpoints, load_checkpoint, save_checkpoint, with_digest
 from rl.collection.normalization import RunningMeanStd
 from rl.engine import run
 from rl.sampling import BatchedSampler, MultiprocessSampler, SerialSampler
+from rl.utils.saved import odd_values
 from rl_envs.pointnav.batched import BatchedPointNav
 from rl_envs.toys.corridor import BatchedCorridor
 
@@ -340,7 +343,11 @@ TRAINING_CRAFTED: list[tuple[str, Craft, str]] = [
     ("negative-eps", entry("optimizer/param_groups/0/eps", lambda v: -1.0), r"\.eps: -1.0"),
     ("nan-lr", entry("optimizer/param_groups/0/lr", lambda v: math.nan), r"\[0\]\.lr: nan"),
     ("huge-decay", entry("optimizer/param_groups/0/weight_decay", lambda v: 10**30), "decay"),
-    ("extra-hyper", entry("optimizer/param_groups/0", lambda g: {**g, "x": 1}), "expected keys"),
+    (
+        "extra-hyper",
+        entry("optimizer/param_groups/0", lambda g: {**g, "x": 1}),
+        "unexpected keys .x.",
+    ),
     ("same-param", entry("optimizer/param_groups/0/params", lambda p: [0] * len(p)), "distinct"),
     ("moment-shape", entry("optimizer/state/0/exp_avg", shorter), r"optimizer\.state\.0"),
     ("moment-none", entry("optimizer/state/1/exp_avg_sq", lambda v: None), r"state\.1: expected"),
@@ -359,7 +366,11 @@ TRAINING_CRAFTED: list[tuple[str, Craft, str]] = [
     ("nan-gaussian", entry("rng/python", lambda p: (*p[:2], math.nan)), "cached Gaussian"),
     ("state-shape", entry("rollout/state/h", shorter), r"rollout\.state\.h: expected"),
     ("state-kind", entry("rollout/state/h", lambda h: h.long()), r"rollout\.state\.h"),
-    ("state-keys", entry("rollout/state", lambda s: {"c": s["h"]}), r"rollout\.state: expected"),
+    (
+        "state-keys",
+        entry("rollout/state", lambda s: {"c": s["h"]}),
+        r"rollout\.state: missing keys 'h'",
+    ),
     ("starts-kind", entry("rollout/episode_starts", lambda v: v.float()), "episode_starts"),
     ("obs-string", entry("rollout/obs", lambda o: {k: "x" for k in o}), r"rollout\.obs"),
 ]
@@ -428,3 +439,94 @@ def test_normalisation_statistics_of_another_kind_are_refused() -> None:
         with pytest.raises(ValueError, match="negative, or the count not a number"):
             stats.load_state_dict(crafted_state)
     stats.load_state_dict(genuine)
+
+
+# ------------------------------------------------ tensors and weights of another kind
+def written(path: Path, state: dict[str, Any]) -> None:
+    """``state`` over the checkpoint ``path``, signed as this project signs its files, as is
+    (``save_checkpoint`` refuses some of these states before writing them)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    path.write_bytes(with_digest(buffer.getvalue()))
+
+
+def nested(value: Any, depth: int) -> Any:
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+ODD_TENSORS: list[tuple[str, Callable[[torch.Tensor], Any], str]] = [
+    ("meta", lambda t: torch.empty_like(t, device="meta"), "a meta"),
+    ("sparse", lambda t: t.to_sparse(), "sparse_coo"),
+    ("complex", lambda t: t.to(torch.complex64), "complex64"),
+    ("quantized", lambda t: torch.quantize_per_tensor(t.float(), 0.1, 0, torch.qint8), "qint8"),
+    ("nested", lambda t: nested(t, 100), "nested deeper than 32"),
+]
+ODD_PLACES = [
+    "model/trunk.0.weight",
+    "optimizer/state/0/exp_avg",
+    "sampler/env/state",
+    "rollout/episode_starts",
+]
+
+
+@pytest.mark.parametrize(
+    ("odd", "named"), [o[1:] for o in ODD_TENSORS], ids=[o[0] for o in ODD_TENSORS]
+)
+def test_tensors_of_a_kind_this_code_never_saves_are_refused_when_loaded(
+    smoke_run: Path, tmp_path: Path, odd: Callable[[torch.Tensor], Any], named: str
+) -> None:
+    # Before the check each failed in whatever read it first, as a raw error from torch (a
+    # meta or sparse tensor in the finiteness check, evaluation included), a RecursionError,
+    # or was restored as is (a meta or sparse tensor in a batched sampler's state).
+    for place in ODD_PLACES:
+        _, path, state = crafted(smoke_run, tmp_path, place.replace("/", "_"))
+        entry(place, odd)(state)
+        written(path, state)
+        at = re.escape(place.replace("/", "."))  # (nesting: the place, then its list indices)
+        with pytest.raises(UntrustedCheckpointError, match=rf"never writes at {at}[ .].*{named}"):
+            load_checkpoint(path)
+
+
+def test_any_depth_of_nesting_is_named_not_a_recursion_error() -> None:
+    # torch.save cannot write this (pickle recurses), but a hand-written pickle loads as it:
+    # weights_only's unpickler keeps no Python stack.
+    deep = {"optimizer": {"state": nested(torch.zeros(2), 100_000)}}
+    [odd] = odd_values(deep)
+    assert odd.startswith("optimizer.state.0.0.") and odd.endswith(
+        "(containers nested deeper than 32)"
+    )
+    assert odd_values({"model": {"w": torch.zeros(2)}, "steps": [1, [2, (3,)]]}) == []
+
+
+WEIGHTS_CRAFTED: list[tuple[str, Craft, str]] = [
+    ("float64", entry("model/trunk.0.weight", lambda w: w.double()), r"model\.trunk\.0\.weight"),
+    ("bool", entry("model/trunk.0.weight", lambda w: w > 0), r"model\.trunk\.0\.weight"),
+    (
+        "list",
+        entry("model", lambda m: list(m.values())),
+        "model: expected a mapping|'model' entry is .* not a dict",
+    ),
+    ("int-key", entry("model", lambda m: {**m, 3: m["trunk.0.bias"]}), "unexpected keys 3"),
+]
+
+
+@pytest.mark.parametrize(
+    ("craft", "message"), [c[1:] for c in WEIGHTS_CRAFTED], ids=[c[0] for c in WEIGHTS_CRAFTED]
+)
+def test_weights_of_another_kind_are_refused_by_name_through_every_entry(
+    smoke_run: Path, tmp_path: Path, compose_cfg: Any, craft: Craft, message: str
+) -> None:
+    # Before the check a weight of another dtype was cast as it loaded, and a list of weights
+    # or a key not a string was a raw TypeError or AttributeError from torch (but on resume=).
+    folder, path, state = crafted(smoke_run, tmp_path)
+    craft(state)
+    written(path, state)
+    ways = entries(folder, compose_cfg, tmp_path / "out")
+    init = [*SMOKE, f"init_from={path}", f"output_dir={tmp_path / 'init'}"]
+    ways.append(("init_from", lambda: run.train(compose_cfg(init, set_output_dir=False))))
+    for name, way in ways:
+        with pytest.raises(CheckpointError, match=message):
+            way()
+        assert not (tmp_path / "init" / "checkpoints").exists(), name

@@ -25,6 +25,7 @@ from rl.checkpoints.errors import CheckpointError, UntrustedCheckpointError
 from rl.checkpoints.saved_config import config_data
 from rl.utils.files import TMP_SUFFIX, read_regular_file, run_subdir, write_atomic
 from rl.utils.finite import NonFiniteError, nonfinite_tensors
+from rl.utils.saved import odd_values
 
 CHECKPOINT_DIR = "checkpoints"
 # Layout version (written by rl.training.state.TrainerState.state_dict); 2 to 5 load.
@@ -332,7 +333,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
     The archive is checked before anything is unpickled, then loaded ``weights_only``. The saved
     config must be plain data (never built from here: it is rebuilt on the user's config tree)
-    and ``choices`` names. Non-finite weights or statistics are an
+    and ``choices`` names. A tensor of a kind this code never saves (sparse, meta, complex...)
+    or containers nested too deep, and non-finite weights or statistics, are an
     :class:`UntrustedCheckpointError`, so ``resume=RUN`` never falls back to an older checkpoint.
     """
     path = Path(path)
@@ -364,6 +366,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     state["config"] = config_data(state["config"], str(path))
     state["choices"] = saved_choices(state.get("choices"), str(path))
     state["config_sources"] = saved_sources(state.get("config_sources"), str(path))
+    odd = odd_values({k: v for k, v in state.items() if k != "config"})
+    if odd:  # before any other walk of it: each would fail in its own raw way
+        more = f" and {len(odd) - 5} more" if len(odd) > 5 else ""
+        raise UntrustedCheckpointError(
+            f"{path}: values this code never writes at {', '.join(odd[:5])}{more} (a crafted "
+            "or damaged file): refused"
+        )
     bad = _nonfinite_entries(state)
     if bad:  # never written by this code (save_checkpoint refuses them): damaged or crafted
         raise UntrustedCheckpointError(

@@ -171,7 +171,8 @@ class TrainerState:
             "shuffle": rng.get("shuffle"),
             "offpolicy": rng.get("offpolicy"),
         }
-        _check_learner_state(self.learner, learner)  # (the file may be anyone's)
+        _check_weights(self.model, self.learner, state)  # (the file may be anyone's)
+        _check_learner_state(self.learner, learner)
         self.model.load_state_dict(state["model"])
         self.learner.load_losses_state_dict(state.get("losses"))
         self.learner.load_state_dict(learner)
@@ -187,6 +188,26 @@ class TrainerState:
         )
         self.collector.load_state_dict(state)  # it reads the entries its state_dict wrote
         set_rng_state(rng)  # last: nothing above may draw from the global generators
+
+
+def _check_weights(model: Policy, learner: Learner, state: Mapping[str, Any]) -> None:
+    """A :class:`CheckpointError` unless the model's and the losses' saved weights fit this run.
+
+    The same names, dtypes (a weight of another dtype would be cast as it loads) and shapes,
+    finite; a loss with parameters (an auxiliary head) must have its state in the file.
+    """
+    saved_losses = state.get("losses") or {}
+    if not isinstance(saved_losses, Mapping):
+        raise CheckpointError("checkpoint entry losses: expected a mapping")
+    missing = [name for name in learner.loss_modules if name not in saved_losses]
+    if missing:
+        raise CheckpointError(f"the checkpoint holds no state of the loss {missing[0]!r}")
+    try:
+        saved_like(state["model"], model.state_dict(), "model")
+        for name, module in learner.loss_modules.items():
+            saved_like(saved_losses[name], module.state_dict(), f"losses.{name}")
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def _check_learner_state(learner: Learner, saved: dict[str, Any]) -> None:

@@ -12,7 +12,53 @@ from typing import Any
 
 import torch
 
-__all__ = ["saved_like", "saved_tensor"]
+__all__ = ["MAX_DEPTH", "odd_values", "saved_like", "saved_tensor"]
+
+# Containers nest this deep at most in a checkpoint this code writes (a state dict: 3 levels;
+# a sampler's episodes in flight: about 6), far below Python's recursion limit, which a deeper
+# crafted file would otherwise reach in whatever walks it first.
+MAX_DEPTH = 32
+
+
+def _plain(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is of the kind this code saves: dense, of real values, plain.
+
+    Not meta, sparse, quantized, complex or nested; of the ``Tensor`` or ``Parameter`` class.
+    """
+    return (
+        type(tensor) in (torch.Tensor, torch.nn.Parameter)
+        and tensor.layout == torch.strided
+        and not (tensor.is_meta or tensor.is_quantized or tensor.is_complex() or tensor.is_nested)
+    )
+
+
+def odd_values(state: Any, prefix: str = "") -> list[str]:
+    """The places in ``state`` that no checkpoint of this code holds (dotted names).
+
+    A tensor of another kind (sparse, meta, quantized, complex, nested, a subclass), or
+    containers nested deeper than :data:`MAX_DEPTH`. Walked without recursion, so any depth is
+    reported, not a ``RecursionError``; names start with ``prefix``.
+    """
+    odd: list[str] = []
+    stack: list[tuple[Any, str, int]] = [(state, prefix, 0)]
+    while stack:
+        node, name, depth = stack.pop()
+        if isinstance(node, torch.Tensor):
+            if not _plain(node):
+                odd.append(f"{name} (a {'meta' if node.is_meta else node.layout} {node.dtype})")
+            continue
+        if isinstance(node, Mapping):
+            children = [(f"{name}.{k}" if name else str(k), v) for k, v in node.items()]
+        elif isinstance(node, list | tuple):
+            children = [(f"{name}.{i}" if name else str(i), v) for i, v in enumerate(node)]
+        else:
+            continue
+        if depth == MAX_DEPTH:
+            shown = name if len(name) <= 80 else f"{name[:77]}..."
+            odd.append(f"{shown} (containers nested deeper than {MAX_DEPTH})")
+            continue
+        stack.extend((value, child, depth + 1) for child, value in reversed(children))
+    return odd
 
 
 def saved_tensor(
@@ -46,6 +92,19 @@ def saved_tensor(
     return value
 
 
+def _keys_differ(saved: Mapping[Any, Any], like: Mapping[Any, Any]) -> str:
+    """What keys ``saved`` lacks and has beyond ``like``'s (five of each at most)."""
+    parts = []
+    for what, keys in (
+        ("missing", [k for k in like if k not in saved]),
+        ("unexpected", [k for k in saved if k not in like]),
+    ):
+        if keys:
+            more = f" and {len(keys) - 5} more" if len(keys) > 5 else ""
+            parts.append(f"{what} keys {', '.join(repr(k)[:60] for k in keys[:5])}{more}")
+    return "; ".join(parts)
+
+
 def _bound(bound: int | torch.Tensor | None) -> str:
     if bound is None:
         return "..."
@@ -65,8 +124,10 @@ def saved_like(
     not ``flags_equal``.
     """
     if isinstance(like, Mapping):
-        if not isinstance(saved, Mapping) or set(saved) != set(like):
-            raise ValueError(f"checkpoint entry {entry}: expected keys {sorted(like)}")
+        if not isinstance(saved, Mapping):
+            raise ValueError(f"checkpoint entry {entry}: expected a mapping")
+        if set(saved) != set(like):
+            raise ValueError(f"checkpoint entry {entry}: {_keys_differ(saved, like)}")
         for key, value in like.items():
             if key not in skip:
                 saved_like(saved[key], value, f"{entry}.{key}", flags_equal=flags_equal, skip=skip)
