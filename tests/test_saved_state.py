@@ -457,7 +457,7 @@ def nested(value: Any, depth: int) -> Any:
 
 
 ODD_TENSORS: list[tuple[str, Callable[[torch.Tensor], Any], str]] = [
-    ("meta", lambda t: torch.empty_like(t, device="meta"), "a meta"),
+    ("meta", lambda t: torch.empty_like(t, device="meta"), "meta Tensor of torch"),
     ("sparse", lambda t: t.to_sparse(), "sparse_coo"),
     ("complex", lambda t: t.to(torch.complex64), "complex64"),
     ("quantized", lambda t: torch.quantize_per_tensor(t.float(), 0.1, 0, torch.qint8), "qint8"),

@@ -45,7 +45,8 @@ def odd_values(state: Any, prefix: str = "") -> list[str]:
         node, name, depth = stack.pop()
         if isinstance(node, torch.Tensor):
             if not _plain(node):
-                odd.append(f"{name} (a {'meta' if node.is_meta else node.layout} {node.dtype})")
+                kind = "meta" if node.is_meta else str(node.layout).removeprefix("torch.")
+                odd.append(f"{name} ({kind} {type(node).__name__} of {node.dtype})")
             continue
         if isinstance(node, Mapping):
             children = [(f"{name}.{k}" if name else str(k), v) for k, v in node.items()]
