@@ -459,8 +459,6 @@ def nested(value: Any, depth: int) -> Any:
 ODD_TENSORS: list[tuple[str, Callable[[torch.Tensor], Any], str]] = [
     ("meta", lambda t: torch.empty_like(t, device="meta"), "meta Tensor of torch"),
     ("sparse", lambda t: t.to_sparse(), "sparse_coo"),
-    ("complex", lambda t: t.to(torch.complex64), "complex64"),
-    ("quantized", lambda t: torch.quantize_per_tensor(t.float(), 0.1, 0, torch.qint8), "qint8"),
     ("nested", lambda t: nested(t, 100), "nested deeper than 32"),
 ]
 ODD_PLACES = [
@@ -474,19 +472,32 @@ ODD_PLACES = [
 @pytest.mark.parametrize(
     ("odd", "named"), [o[1:] for o in ODD_TENSORS], ids=[o[0] for o in ODD_TENSORS]
 )
-def test_tensors_of_a_kind_this_code_never_saves_are_refused_when_loaded(
+def test_meta_sparse_and_nested_tensors_are_refused_when_loaded_and_never_saved(
     smoke_run: Path, tmp_path: Path, odd: Callable[[torch.Tensor], Any], named: str
 ) -> None:
     # Before the check each failed in whatever read it first, as a raw error from torch (a
     # meta or sparse tensor in the finiteness check, evaluation included), a RecursionError,
     # or was restored as is (a meta or sparse tensor in a batched sampler's state).
     for place in ODD_PLACES:
-        _, path, state = crafted(smoke_run, tmp_path, place.replace("/", "_"))
+        folder, path, state = crafted(smoke_run, tmp_path, place.replace("/", "_"))
         entry(place, odd)(state)
         written(path, state)
         at = re.escape(place.replace("/", "."))  # (nesting: the place, then its list indices)
-        with pytest.raises(UntrustedCheckpointError, match=rf"never writes at {at}[ .].*{named}"):
+        with pytest.raises(UntrustedCheckpointError, match=rf": {at}[ .].*{named}.*no checkpoint"):
             load_checkpoint(path)
+        # Saving one is refused too, rather than writing a file no run could load.
+        before = list_checkpoints(folder)
+        with pytest.raises(CheckpointError, match=rf"not written: it would hold {at}[ .]"):
+            save_checkpoint(folder, state, 0, 512)
+        assert list_checkpoints(folder) == before
+
+
+def test_complex_and_quantized_tensors_a_policy_may_hold_save_and_load(tmp_path: Path) -> None:
+    q = torch.quantize_per_tensor(torch.randn(3), 0.1, 0, torch.qint8)
+    model = {"phase": torch.randn(3, dtype=torch.complex64), "quantized": q}
+    path = save_checkpoint(tmp_path, {"model": model, "config": {"seed": 0}}, 0, 64)
+    loaded = load_checkpoint(path)["model"]
+    assert torch.equal(loaded["phase"], model["phase"]) and torch.equal(loaded["quantized"], q)
 
 
 def test_any_depth_of_nesting_is_named_not_a_recursion_error() -> None:

@@ -25,7 +25,7 @@ from rl.checkpoints.errors import CheckpointError, UntrustedCheckpointError
 from rl.checkpoints.saved_config import config_data
 from rl.utils.files import TMP_SUFFIX, read_regular_file, run_subdir, write_atomic
 from rl.utils.finite import NonFiniteError, nonfinite_tensors
-from rl.utils.saved import odd_values
+from rl.utils.saved import MAX_DEPTH, odd_values
 
 CHECKPOINT_DIR = "checkpoints"
 # Layout version (written by rl.training.state.TrainerState.state_dict); 2 to 5 load.
@@ -146,11 +146,18 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps:
     Raises:
         NonFiniteError: The weights, the optimizer state or the normalisation statistics hold
             NaN or infinity (nothing is written: it would load as valid and be resumed from).
-        CheckpointError: The file cannot be written; the message says which earlier
-            checkpoint is intact.
+        CheckpointError: ``state`` holds a meta, sparse or nested tensor or nests deeper than
+            :data:`~rl.utils.saved.MAX_DEPTH` (nothing is written: it would not load), or the
+            file cannot be written; the message says which earlier checkpoint is intact.
     """
     run_dir = Path(run_dir)
     path = run_dir / CHECKPOINT_DIR / checkpoint_name(stage, env_steps)
+    odd = _odd_entries(state)
+    if odd:  # it would not load (a policy of yours with such a buffer learns it here)
+        raise CheckpointError(
+            f"checkpoint {path} not written: it would hold {odd}, which a checkpoint cannot "
+            f"(dense tensors only, nested at most {MAX_DEPTH} deep); " + _intact(run_dir)
+        )
     bad = _nonfinite_entries(state)
     if bad:
         raise NonFiniteError(
@@ -180,6 +187,16 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps:
 
 # The entries whose tensors must be finite, when saved and when loaded.
 _FINITE_ENTRIES = ("model", "losses", "optimizer", "normalizer")
+
+
+def _odd_entries(state: dict[str, Any]) -> str:
+    """Where ``state`` holds a meta, sparse or nested tensor, or nests too deep ("": nowhere).
+
+    The saved config aside: it is plain data, checked by ``config_data``.
+    """
+    odd = odd_values({k: v for k, v in state.items() if k != "config"})
+    more = f" and {len(odd) - 5} more" if len(odd) > 5 else ""
+    return f"{', '.join(odd[:5])}{more}"
 
 
 def _nonfinite_entries(state: dict[str, Any]) -> str:
@@ -333,8 +350,8 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
     The archive is checked before anything is unpickled, then loaded ``weights_only``. The saved
     config must be plain data (never built from here: it is rebuilt on the user's config tree)
-    and ``choices`` names. A tensor of a kind this code never saves (sparse, meta, complex...)
-    or containers nested too deep, and non-finite weights or statistics, are an
+    and ``choices`` names. A meta, sparse or nested tensor or containers nested too deep (never
+    written: :func:`save_checkpoint` refuses them), and non-finite weights or statistics, are an
     :class:`UntrustedCheckpointError`, so ``resume=RUN`` never falls back to an older checkpoint.
     """
     path = Path(path)
@@ -366,12 +383,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     state["config"] = config_data(state["config"], str(path))
     state["choices"] = saved_choices(state.get("choices"), str(path))
     state["config_sources"] = saved_sources(state.get("config_sources"), str(path))
-    odd = odd_values({k: v for k, v in state.items() if k != "config"})
+    odd = _odd_entries(state)
     if odd:  # before any other walk of it: each would fail in its own raw way
-        more = f" and {len(odd) - 5} more" if len(odd) > 5 else ""
         raise UntrustedCheckpointError(
-            f"{path}: values this code never writes at {', '.join(odd[:5])}{more} (a crafted "
-            "or damaged file): refused"
+            f"{path}: {odd}, which no checkpoint holds (save_checkpoint refuses them): "
+            "a crafted or damaged file, refused"
         )
     bad = _nonfinite_entries(state)
     if bad:  # never written by this code (save_checkpoint refuses them): damaged or crafted

@@ -14,29 +14,30 @@ import torch
 
 __all__ = ["MAX_DEPTH", "odd_values", "saved_like", "saved_tensor"]
 
-# Containers nest this deep at most in a checkpoint this code writes (a state dict: 3 levels;
-# a sampler's episodes in flight: about 6), far below Python's recursion limit, which a deeper
-# crafted file would otherwise reach in whatever walks it first.
+# Containers nest this deep at most in a checkpoint (a state dict: 3 levels; a sampler's
+# episodes in flight: about 6), far below Python's recursion limit, which a deeper crafted file
+# would otherwise reach in whatever walks it first.
 MAX_DEPTH = 32
 
 
 def _plain(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is of the kind this code saves: dense, of real values, plain.
+    """Whether ``tensor`` is one a checkpoint can hold: dense values of the plain class.
 
-    Not meta, sparse, quantized, complex or nested; of the ``Tensor`` or ``Parameter`` class.
+    Not meta (no values), sparse or nested (each fails as a raw error in whatever reads it: the
+    finiteness check first), nor a subclass; of the ``Tensor`` or ``Parameter`` class.
     """
     return (
         type(tensor) in (torch.Tensor, torch.nn.Parameter)
         and tensor.layout == torch.strided
-        and not (tensor.is_meta or tensor.is_quantized or tensor.is_complex() or tensor.is_nested)
+        and not (tensor.is_meta or tensor.is_nested)
     )
 
 
 def odd_values(state: Any, prefix: str = "") -> list[str]:
-    """The places in ``state`` that no checkpoint of this code holds (dotted names).
+    """The places in ``state`` that no checkpoint holds (dotted names), written or read.
 
-    A tensor of another kind (sparse, meta, quantized, complex, nested, a subclass), or
-    containers nested deeper than :data:`MAX_DEPTH`. Walked without recursion, so any depth is
+    A tensor of another kind (meta, sparse, nested, a subclass), or containers nested deeper
+    than :data:`MAX_DEPTH`. Walked without recursion, so any depth is
     reported, not a ``RecursionError``; names start with ``prefix``.
     """
     odd: list[str] = []
