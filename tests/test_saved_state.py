@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -31,10 +32,10 @@ from test_resume import StopAt, make_trainer
 
 from rl.checkpoints.errors import CheckpointError, UntrustedCheckpointError
 from rl.checkpoints.files import list_checkpoints, load_checkpoint, save_checkpoint, with_digest
-from rl.collection.normalization import RunningMeanStd
+from rl.collection.normalization import Normalizer, NormalizeSettings, RunningMeanStd
 from rl.engine import run
 from rl.sampling import BatchedSampler, MultiprocessSampler, SerialSampler
-from rl.utils.saved import odd_values
+from rl.utils.saved import checked_weights, odd_values
 from rl_envs.pointnav.batched import BatchedPointNav
 from rl_envs.toys.corridor import BatchedCorridor
 
@@ -353,6 +354,14 @@ TRAINING_CRAFTED: list[tuple[str, Craft, str]] = [
     ("moment-none", entry("optimizer/state/1/exp_avg_sq", lambda v: None), r"state\.1: expected"),
     ("step-negative", entry("optimizer/state/0/step", lambda v: v - 99), r"optimizer\.state\.0"),
     ("step-tensor", entry("optimizer/state/1/step", lambda v: torch.ones(32)), r"state\.1"),
+    # each passed the check and failed in Adam's first step, raw, or as a NaN loss
+    ("moments-missing", entry("optimizer/state/1", lambda v: {"step": v["step"]}), "Adam keeps"),
+    ("moment-scalar", entry("optimizer/state/0/exp_avg", lambda v: torch.tensor(3.0)), "Adam"),
+    ("second-moment-negative", entry("optimizer/state/0/exp_avg_sq", lambda v: -v - 1), ">= 0"),
+    # `state.get(key) or {}` asked a tensor for its truth: a raw RuntimeError
+    ("trainer-tensor", entry("trainer", lambda v: torch.zeros(2)), "entry trainer: expected a"),
+    ("trainer-list", entry("trainer", lambda v: [1]), "entry trainer: expected a mapping"),
+    ("losses-tensor", entry("losses", lambda v: torch.zeros(2)), "entry losses: expected a"),
     ("scheduler-key", entry("lr_scheduler", lambda s: {**s, "optimizer": {}}), "lr_scheduler:"),
     ("epoch-string", entry("lr_scheduler/last_epoch", lambda v: "x"), r"lr_scheduler\.last_epoch"),
     ("epoch-huge", entry("lr_scheduler/_step_count", lambda v: 10**30), r"_step_count"),
@@ -541,3 +550,63 @@ def test_weights_of_another_kind_are_refused_by_name_through_every_entry(
         with pytest.raises(CheckpointError, match=message):
             way()
         assert not (tmp_path / "init" / "checkpoints").exists(), name
+
+
+def test_a_reference_bomb_is_refused_at_once(smoke_run: Path, tmp_path: Path) -> None:
+    # Pickle stores a list once however often it is referenced: this 2 MB file stands for 10**9
+    # values, and walking them (the kind check did) took hours, in evaluate.py as in resume=.
+    folder, path, state = crafted(smoke_run, tmp_path)
+    row = [[0.0] * 1000] * 1000
+    state["finished_episodes"] = [row] * 1000
+    written(path, state)
+    with pytest.raises(UntrustedCheckpointError, match=r"episodes\S* \(more than 8388608"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match="not written: it would hold finished_episodes"):
+        save_checkpoint(folder, state, 0, 512)
+
+
+def test_the_file_s_module_metadata_is_never_taken(
+    genuine: dict[str, Any], tmp_path: Path
+) -> None:
+    # A state dict's _metadata holds torch's per-module load flags. The file's asked the load to
+    # assign its tensors in place of the parameters: the resumed run then trained nothing (the
+    # optimizer kept the old ones), with no error. Another kind was a raw AttributeError.
+    state = copy.deepcopy(genuine)
+    weights = state["model"]
+    weights._metadata = {
+        k: {"version": 1, "assign_to_params_buffers": True} for k in weights._metadata
+    }
+    path = save_checkpoint(tmp_path / "crafted", state, 0, 64)
+    with SerialSampler(task=CORRIDOR, num_envs=4, seed=3) as sampler:
+        trainer = make_trainer(tmp_path / "resumed", sampler)
+        trainer.load_state_dict(load_checkpoint(path))
+        optimized = [p for group in trainer.optimizer.param_groups for p in group["params"]]
+        assert [id(p) for p in trainer.model.parameters()] == [id(p) for p in optimized]
+        for key, value in trainer.model.state_dict().items():
+            assert torch.equal(value, weights[key])
+    weights._metadata = 5
+    with pytest.raises(AttributeError):  # (what torch's own load does with it)
+        trainer.model.load_state_dict(weights)
+    assert not isinstance(checked_weights(weights, trainer.model, "model")._metadata, int)
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"clip": "1"}, "clip"),
+        ({"clip": -1.0}, "clip"),  # every observation clipped to -1, silently
+        ({"epsilon": 0.0}, "epsilon"),  # with a variance of 0: infinite observations
+        ({"observations": "yes"}, "observations"),
+    ],
+    ids=["clip-string", "clip-negative", "epsilon-zero", "flag-string"],
+)
+def test_saved_normalisation_settings_are_typed_and_ranged(settings: dict, named: str) -> None:
+    space = gym.spaces.Dict({"x": gym.spaces.Box(-1.0, 1.0, (3,))})
+    genuine = Normalizer(space, NormalizeSettings(True, False, 10.0, None, 1e-8)).state_dict()
+    assert Normalizer.from_state(space, genuine) is not None
+    crafted_state = {**genuine, "settings": {**genuine["settings"], **settings}}
+    with pytest.raises(ValueError, match=rf"normalizer\.settings\.{named}"):
+        Normalizer.from_state(space, crafted_state)
+    stats = {**genuine["obs"]["x"], "var": torch.ones(3, dtype=torch.complex128)}
+    with pytest.raises(ValueError, match="not floating tensors"):
+        Normalizer.from_state(space, {**genuine, "obs": {"x": stats}})

@@ -38,7 +38,7 @@ from rl.checkpoints.resume_config import (
 from rl.checkpoints.saved_config import rebuild_config
 from rl.utils.config import ConfigError
 from rl.utils.files import NoFollowFileHandler, check_file_target, run_subdir
-from rl.utils.saved import saved_like
+from rl.utils.saved import checked_weights
 
 if TYPE_CHECKING:  # (importing the models imports tensordict: loading a checkpoint need not)
     from rl.models.policy import Policy
@@ -125,8 +125,7 @@ class StartPlan:
         if self.init_state is None:
             return
         try:
-            saved_like(self.init_state["model"], model.state_dict(), "model")
-            model.load_state_dict(self.init_state["model"])
+            model.load_state_dict(checked_weights(self.init_state["model"], model, "model"))
         except (RuntimeError, ValueError) as e:
             raise CheckpointError(
                 f"init_from={self.checkpoint}: its weights do not fit this run's model: {e}"

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from rl.distributed.reduce import all_reduce_sum, is_distributed
-from rl.utils.config import Check
+from rl.utils.config import Check, load_section
 from rl.utils.finite import NonFiniteError, as_float
 
 __all__ = ["NormalizeSettings", "Normalizer", "RunningMeanStd"]
@@ -76,8 +76,8 @@ class RunningMeanStd:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`'s values (a ValueError: they do not fit, or not finite)."""
         mean, var = state["mean"], state["var"]
-        if not (isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor)):
-            raise ValueError("mean and var are not tensors")
+        if not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in (mean, var)):
+            raise ValueError("mean and var are not floating tensors")
         if mean.shape != self.mean.shape or var.shape != self.var.shape:
             raise ValueError(
                 f"statistics of shape {tuple(mean.shape)}, expected {tuple(self.mean.shape)}"
@@ -261,8 +261,9 @@ class Normalizer:
         """The normalizer a checkpoint saved (frozen for evaluation), or None if it has none."""
         if state is None:
             return None
-        try:
-            normalizer = cls(observation_space, NormalizeSettings(**state["settings"]))
+        try:  # (the settings too are the file's: typed and ranged like the config's)
+            settings = load_section(NormalizeSettings, state["settings"], "normalizer.settings")
+            normalizer = cls(observation_space, settings)
             normalizer.load_state_dict(state)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
             raise ValueError(

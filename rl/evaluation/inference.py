@@ -33,7 +33,7 @@ from rl.models.factory import build_policy
 from rl.models.policy import Policy
 from rl.tasks.factory import build_env, dict_space
 from rl.tasks.spaces import ObservationFlattener, to_env_actions
-from rl.utils.saved import saved_like
+from rl.utils.saved import checked_weights
 
 
 def _tree(config_dir: str | Path | None, searchpath: Sequence[str] | None) -> ConfigTree:
@@ -71,8 +71,7 @@ def load_trained_policy(
             raise ValueError("load_trained_policy: give the model or its config")
         model = build_policy(dict(model_config), *spaces, groups=groups).to(device)
     try:
-        saved_like(state["model"], model.state_dict(), "model")  # (no dtype cast, no raw error)
-        model.load_state_dict(state["model"])
+        model.load_state_dict(checked_weights(state["model"], model, "model"))
     except (KeyError, RuntimeError, ValueError) as e:
         raise CheckpointError(
             f"{where}: its weights do not fit the model its config describes: "

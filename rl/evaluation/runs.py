@@ -52,6 +52,7 @@ from rl.models.policy import Policy
 from rl.tasks.factory import TaskLayout, task_layout, with_split
 from rl.utils.config import ConfigError, load_section
 from rl.utils.files import write_atomic
+from rl.utils.finite import as_count
 from rl.utils.threads import set_torch_threads
 
 log = logging.getLogger(__name__)
@@ -91,12 +92,15 @@ def checkpoint_ref(path: str | Path) -> CheckpointRef:
     parsed = parse_checkpoint_name(path)
     if parsed is not None:
         return CheckpointRef(path, parsed[0], parsed[1])
-    pipe = load_checkpoint(path).get("pipeline") or {}
-    if not isinstance(pipe, dict):
-        raise CheckpointError(f"{path}: its pipeline position is not a mapping")
-    return CheckpointRef(
-        path, int(pipe.get("current_stage_index", 0)), int(pipe.get("total_steps", 0))
+    pipe = load_checkpoint(path).get("pipeline")
+    pipe = {} if pipe is None else pipe
+    stage, steps = (
+        as_count(pipe.get(key, 0)) if isinstance(pipe, dict) else None
+        for key in ("current_stage_index", "total_steps")
     )
+    if stage is None or steps is None:
+        raise CheckpointError(f"{path}: its pipeline position is not a stage and a step count")
+    return CheckpointRef(path, stage, steps)
 
 
 def find_checkpoints(

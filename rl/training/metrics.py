@@ -165,7 +165,8 @@ class TrainingMetrics:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved."""
-        trackers = state.get("trackers") or {}
+        trackers = state.get("trackers")
+        trackers = {} if trackers is None else trackers  # (not `or`: a tensor has no truth)
         if not isinstance(trackers, Mapping):
             raise CheckpointError("checkpoint entry trackers: expected a mapping")
         for name, tracker in (

@@ -34,7 +34,7 @@ from rl.pipeline.stages import TrainingPipeline
 from rl.training.learner import Learner
 from rl.training.metrics import TrainingMetrics
 from rl.utils.finite import as_count
-from rl.utils.saved import saved_like
+from rl.utils.saved import checked_weights, saved_like
 from rl.utils.seeding import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def rank_view(state: Mapping[str, Any], dist: DistContext) -> dict[str, Any]:
     this layout: every rank then starts fresh episodes (a warning says so), and only rank 0
     keeps the unlogged metrics (the saving process's).
     """
-    saved = state.get("distributed") or {}
+    saved = state.get("distributed")
     ranks = saved.get("ranks") if isinstance(saved, Mapping) else None
     if isinstance(ranks, list) and len(ranks) == dist.world_size:
         own = ranks[dist.rank]
@@ -162,7 +162,7 @@ class TrainerState:
         """Continue from a loaded checkpoint written by :meth:`state_dict` (before training)."""
         if self.dist.enabled:
             state = rank_view(state, self.dist)
-        trainer, rng = state.get("trainer") or {}, state["rng"]
+        trainer, rng = _entry(state, "trainer"), _entry(state, "rng", required=True)
         learner = {
             "optimizer": state["optimizer"],
             "lr_scheduler": state.get("lr_scheduler"),
@@ -171,10 +171,10 @@ class TrainerState:
             "shuffle": rng.get("shuffle"),
             "offpolicy": rng.get("offpolicy"),
         }
-        _check_weights(self.model, self.learner, state)  # (the file may be anyone's)
+        weights, losses = _checked_weights(self.model, self.learner, state)  # (anyone's file)
         _check_learner_state(self.learner, learner)
-        self.model.load_state_dict(state["model"])
-        self.learner.load_losses_state_dict(state.get("losses"))
+        self.model.load_state_dict(weights)
+        self.learner.load_losses_state_dict(losses)
         self.learner.load_state_dict(learner)
         self.pipeline.load_state_dict(state["pipeline"])
         if self.run.wandb_run_id is None:
@@ -190,24 +190,43 @@ class TrainerState:
         set_rng_state(rng)  # last: nothing above may draw from the global generators
 
 
-def _check_weights(model: Policy, learner: Learner, state: Mapping[str, Any]) -> None:
-    """A :class:`CheckpointError` unless the model's and the losses' saved weights fit this run.
+def _checked_weights(
+    model: Policy, learner: Learner, state: Mapping[str, Any]
+) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
+    """The model's and the losses' saved weights, checked to fit this run's, to load.
 
-    The same names, dtypes (a weight of another dtype would be cast as it loads) and shapes,
-    finite; a loss with parameters (an auxiliary head) must have its state in the file.
+    :func:`~rl.utils.saved.checked_weights`: the same names, dtypes (a weight of another dtype
+    would be cast as it loads) and shapes, finite, with this run's module metadata; a loss with
+    parameters (an auxiliary head) must have its state in the file. A :class:`CheckpointError`
+    names the first that does not fit.
     """
-    saved_losses = state.get("losses") or {}
-    if not isinstance(saved_losses, Mapping):
-        raise CheckpointError("checkpoint entry losses: expected a mapping")
+    saved_losses = _entry(state, "losses")
     missing = [name for name in learner.loss_modules if name not in saved_losses]
     if missing:
         raise CheckpointError(f"the checkpoint holds no state of the loss {missing[0]!r}")
     try:
-        saved_like(state["model"], model.state_dict(), "model")
-        for name, module in learner.loss_modules.items():
-            saved_like(saved_losses[name], module.state_dict(), f"losses.{name}")
+        weights = checked_weights(state["model"], model, "model")
+        losses = {
+            name: checked_weights(saved_losses[name], module, f"losses.{name}")
+            for name, module in learner.loss_modules.items()
+        }
     except ValueError as e:
         raise CheckpointError(str(e)) from None
+    return weights, losses
+
+
+def _entry(state: Mapping[str, Any], key: str, required: bool = False) -> Mapping[str, Any]:
+    """``state[key]``, a mapping (absent or None: empty, unless ``required``).
+
+    Raises:
+        CheckpointError: It is not a mapping, or ``required`` and absent.
+    """
+    value = state.get(key)
+    if value is None and not required:
+        return {}
+    if not isinstance(value, Mapping):
+        raise CheckpointError(f"checkpoint entry {key}: expected a mapping")
+    return value
 
 
 def _check_learner_state(learner: Learner, saved: dict[str, Any]) -> None:
@@ -215,15 +234,15 @@ def _check_learner_state(learner: Learner, saved: dict[str, Any]) -> None:
 
     The file may be anyone's: nothing is restored before this check. The optimizer's and the
     LR scheduler's states must have the structure and kinds of the learner's own
-    (:func:`_check_like`); each moment a floating tensor of its parameter's shape, or a step
-    (a scalar >= 0); counters counts. A hyperparameter the file lacks (saved by an older
-    torch) is the config's.
+    (:func:`_check_like`); each parameter's state the keys, dtypes and shapes the optimizer
+    keeps (:func:`_fresh_state`), its step and second moments >= 0; counters counts. A
+    hyperparameter the file lacks (saved by an older torch) is the config's.
     """
     for key in ("offpolicy_update_count", "nonfinite_skips"):
         if as_count(saved[key]) is None:
             raise CheckpointError(f"checkpoint entry trainer.{key}: expected an int >= 0")
     stages = {str(i) for i, s in enumerate(learner.pipeline.stages) if s.offpolicy_component}
-    offpolicy = saved["offpolicy"] or {}
+    offpolicy = {} if saved["offpolicy"] is None else saved["offpolicy"]
     if not isinstance(offpolicy, Mapping) or not set(offpolicy) <= stages:
         where = "checkpoint entry rng.offpolicy"
         raise CheckpointError(f"{where}: expected states of stages {sorted(stages)}")
@@ -239,7 +258,7 @@ def _check_learner_state(learner: Learner, saved: dict[str, Any]) -> None:
         for group, mine in zip(groups, own["optimizer"]["param_groups"], strict=True)
     ]
     _check_like(groups, own["optimizer"]["param_groups"], "optimizer.param_groups")
-    shapes: dict[Any, torch.Size] = {}
+    positions: dict[Any, int] = {}  # a saved parameter index -> the parameter's position
     for i, (group, current) in enumerate(zip(groups, learner.optimizer.param_groups, strict=True)):
         ids = group["params"]
         if not (
@@ -247,26 +266,29 @@ def _check_learner_state(learner: Learner, saved: dict[str, Any]) -> None:
             and len(ids) == len(current["params"])
             and all(as_count(k) is not None for k in ids)
             and len(set(ids)) == len(ids)
-            and not set(ids) & set(shapes)
+            and not set(ids) & set(positions)
         ):
             raise CheckpointError(
                 f"checkpoint entry optimizer.param_groups[{i}].params: expected "
                 f"{len(current['params'])} distinct parameter indices"
             )
-        shapes.update(zip(group["params"], (p.shape for p in current["params"]), strict=True))
+        positions.update({k: n for n, k in enumerate(ids, start=len(positions))})
     moments = optimizer["state"]
-    if not isinstance(moments, Mapping) or not set(moments) <= set(shapes):
+    if not isinstance(moments, Mapping) or not set(moments) <= set(positions):
         raise CheckpointError("checkpoint entry optimizer.state: expected a state per parameter")
+    fresh = _fresh_state(learner.optimizer)
+    kind = type(learner.optimizer).__name__
     for index, values in moments.items():
-        if not isinstance(values, Mapping) or not all(
-            isinstance(v, torch.Tensor)
-            and v.is_floating_point()
-            and ((v.shape == shapes[index] and k != "step") or (v.dim() == 0 and bool(v >= 0)))
-            for k, v in values.items()
+        like = fresh[positions[index]]
+        if not (
+            isinstance(values, Mapping)
+            and set(values) == set(like)
+            and all(_moment_fits(key, values[key], mine) for key, mine in like.items())
         ):
             raise CheckpointError(
-                f"checkpoint entry optimizer.state.{index}: expected floating tensors of its "
-                "parameter's shape, and scalars >= 0 (its step)"
+                f"checkpoint entry optimizer.state.{index}: expected the state {kind} keeps of "
+                f"its parameter: {', '.join(sorted(like))}, each of its dtype and shape, finite "
+                "(the step and second moments >= 0)"
             )
     saved["optimizer"] = {"state": moments, "param_groups": groups}
     scheduler, mine = saved["lr_scheduler"], own["lr_scheduler"]
@@ -278,6 +300,43 @@ def _check_learner_state(learner: Learner, saved: dict[str, Any]) -> None:
         for key, value in scheduler.items():
             if key != "lr_lambdas":  # (never restored: the config's functions are kept)
                 _check_like(value, mine[key], f"lr_scheduler.{key}", flags_equal=False)
+
+
+# Per-parameter optimizer states that are never negative: the step, and torch's second moments
+# (Adam's, AdamW's, RMSprop's, Adagrad's, Adadelta's, Adamax's); a negative one is a NaN step.
+_NONNEGATIVE = frozenset(
+    {"step", "exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum", "acc_delta", "exp_inf"}
+)
+
+
+def _fresh_state(optimizer: torch.optim.Optimizer) -> list[dict[str, torch.Tensor]]:
+    """The state ``optimizer``'s kind keeps per parameter, in parameter order.
+
+    Its keys, dtypes and shapes: one step of a twin on zeros of the parameters, with the same
+    settings and zero gradients (whatever the optimizer, a checkpoint's state must be this).
+    """
+    groups = []
+    for group in optimizer.param_groups:
+        params = [torch.zeros_like(p, requires_grad=True) for p in group["params"]]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        groups.append({**group, "params": params})
+    kind: Any = type(optimizer)  # (its own signature: the settings are in the groups)
+    twin = kind(groups)
+    twin.step()
+    return [dict(twin.state[p]) for group in groups for p in group["params"]]
+
+
+def _moment_fits(key: str, saved: Any, mine: Any) -> bool:
+    """Whether ``saved`` may stand where a fresh state holds ``mine`` (a tensor, or a number)."""
+    if not isinstance(mine, torch.Tensor):
+        return type(saved) is type(mine)
+    return (
+        isinstance(saved, torch.Tensor)
+        and saved.dtype == mine.dtype
+        and saved.shape == mine.shape
+        and (key not in _NONNEGATIVE or not bool((saved < 0).any()))
+    )
 
 
 def _check_like(saved: Any, own: Any, where: str, flags_equal: bool = True) -> None:

@@ -7,17 +7,30 @@ anything is restored, never broadcast into the run or read past a table.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 import torch
 
-__all__ = ["MAX_DEPTH", "odd_values", "saved_like", "saved_tensor"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_VALUES",
+    "checked_weights",
+    "odd_values",
+    "saved_like",
+    "saved_tensor",
+]
 
 # Containers nest this deep at most in a checkpoint (a state dict: 3 levels; a sampler's
 # episodes in flight: about 6), far below Python's recursion limit, which a deeper crafted file
 # would otherwise reach in whatever walks it first.
 MAX_DEPTH = 32
+# Values in a checkpoint besides its config, counted at each place they appear: pickle stores a
+# list referenced many times once, so a file of a few KB can stand for 10**9 values, and every
+# walk of it (this one first) would take hours. A genuine state holds far fewer (a sampler's
+# episodes in flight: an action per step of each environment's episode so far).
+MAX_VALUES = 2**23
 
 
 def _plain(tensor: torch.Tensor) -> bool:
@@ -33,15 +46,19 @@ def _plain(tensor: torch.Tensor) -> bool:
     )
 
 
+_WALKED = (torch.Tensor, Mapping, list, tuple)
+
+
 def odd_values(state: Any, prefix: str = "") -> list[str]:
     """The places in ``state`` that no checkpoint holds (dotted names), written or read.
 
-    A tensor of another kind (meta, sparse, nested, a subclass), or containers nested deeper
-    than :data:`MAX_DEPTH`. Walked without recursion, so any depth is
-    reported, not a ``RecursionError``; names start with ``prefix``.
+    A tensor of another kind (meta, sparse, nested, a subclass), containers nested deeper than
+    :data:`MAX_DEPTH`, or more than :data:`MAX_VALUES` values in all. Walked without recursion,
+    so any depth is reported, not a ``RecursionError``; names start with ``prefix``.
     """
     odd: list[str] = []
     stack: list[tuple[Any, str, int]] = [(state, prefix, 0)]
+    walked = 0
     while stack:
         node, name, depth = stack.pop()
         if isinstance(node, torch.Tensor):
@@ -50,16 +67,31 @@ def odd_values(state: Any, prefix: str = "") -> list[str]:
                 odd.append(f"{name} ({kind} {type(node).__name__} of {node.dtype})")
             continue
         if isinstance(node, Mapping):
-            children = [(f"{name}.{k}" if name else str(k), v) for k, v in node.items()]
+            items: Iterable[tuple[Any, Any]] = node.items()
         elif isinstance(node, list | tuple):
-            children = [(f"{name}.{i}" if name else str(i), v) for i, v in enumerate(node)]
+            items = enumerate(node)
         else:
             continue
+        shown = name if len(name) <= 80 else f"{name[:77]}..."
         if depth == MAX_DEPTH:
-            shown = name if len(name) <= 80 else f"{name[:77]}..."
             odd.append(f"{shown} (containers nested deeper than {MAX_DEPTH})")
             continue
-        stack.extend((value, child, depth + 1) for child, value in reversed(children))
+        walked += len(node)
+        if walked > MAX_VALUES:  # (before looking at them: a bomb is refused at once)
+            where = shown or "the state"
+            return [
+                *odd,
+                f"{where} (more than {MAX_VALUES} values in all, each reference counted)",
+            ]
+        values = node.values() if isinstance(node, Mapping) else node
+        if not any(issubclass(kind, _WALKED) for kind in set(map(type, values))):
+            continue  # plain values only (a list of actions): looked at no further
+        inner = [
+            (value, f"{name}.{key}" if name else str(key), depth + 1)
+            for key, value in items
+            if isinstance(value, _WALKED)
+        ]
+        stack.extend(reversed(inner))
     return odd
 
 
@@ -92,6 +124,28 @@ def saved_tensor(
     ):
         raise ValueError(f"{where} {key!r}: expected values in [{_bound(low)}, {_bound(high)})")
     return value
+
+
+class _Weighted(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+
+def checked_weights(saved: Any, module: _Weighted, entry: str) -> dict[str, torch.Tensor]:
+    """``saved`` as ``module.load_state_dict`` may take it, once it fits the module's own.
+
+    Checked by :func:`saved_like` (names, dtypes, shapes, finite values), and carrying the
+    module's own ``_metadata`` (per-module versions and flags), never the file's: its flags
+    could make the load put the file's tensors in place of the parameters, which the optimizer
+    would then no longer update, or be of a kind torch fails on.
+
+    Raises:
+        ValueError: ``saved`` does not fit, naming the place.
+    """
+    own = module.state_dict()
+    saved_like(saved, own, entry)
+    weights: dict[str, torch.Tensor] = OrderedDict((key, saved[key]) for key in own)
+    weights._metadata = getattr(own, "_metadata", None)  # type: ignore[attr-defined]
+    return weights
 
 
 def _keys_differ(saved: Mapping[Any, Any], like: Mapping[Any, Any]) -> str:
