@@ -362,6 +362,9 @@ TRAINING_CRAFTED: list[tuple[str, Craft, str]] = [
     ("trainer-tensor", entry("trainer", lambda v: torch.zeros(2)), "entry trainer: expected a"),
     ("trainer-list", entry("trainer", lambda v: [1]), "entry trainer: expected a mapping"),
     ("losses-tensor", entry("losses", lambda v: torch.zeros(2)), "entry losses: expected a"),
+    # the learning rate is the config's: 1e30 became a NaN loss at the first update
+    ("base-lr", entry("lr_scheduler/base_lrs", lambda v: [1e30]), r"base_lrs: \[1e\+30\]"),
+    ("initial-lr", entry("optimizer/param_groups/0/initial_lr", lambda v: 1e30), "initial_lr"),
     ("scheduler-key", entry("lr_scheduler", lambda s: {**s, "optimizer": {}}), "lr_scheduler:"),
     ("epoch-string", entry("lr_scheduler/last_epoch", lambda v: "x"), r"lr_scheduler\.last_epoch"),
     ("epoch-huge", entry("lr_scheduler/_step_count", lambda v: 10**30), r"_step_count"),

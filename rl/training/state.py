@@ -258,6 +258,15 @@ def _check_learner_state(learner: Learner, saved: dict[str, Any]) -> None:
         for group, mine in zip(groups, own["optimizer"]["param_groups"], strict=True)
     ]
     _check_like(groups, own["optimizer"]["param_groups"], "optimizer.param_groups")
+    for i, (group, mine) in enumerate(zip(groups, own["optimizer"]["param_groups"], strict=True)):
+        # The learning rate is the config's (not a setting a resume may change): under a
+        # schedule its base (the group's lr moves with the schedule), else the lr itself.
+        key = "initial_lr" if "initial_lr" in mine else "lr"
+        if group[key] != mine[key]:
+            raise CheckpointError(
+                f"checkpoint entry optimizer.param_groups[{i}].{key}: {group[key]!r:.40} where "
+                f"this run's config has {mine[key]!r}"
+            )
     positions: dict[Any, int] = {}  # a saved parameter index -> the parameter's position
     for i, (group, current) in enumerate(zip(groups, learner.optimizer.param_groups, strict=True)):
         ids = group["params"]
@@ -300,6 +309,11 @@ def _check_learner_state(learner: Learner, saved: dict[str, Any]) -> None:
         for key, value in scheduler.items():
             if key != "lr_lambdas":  # (never restored: the config's functions are kept)
                 _check_like(value, mine[key], f"lr_scheduler.{key}", flags_equal=False)
+        if scheduler.get("base_lrs", mine["base_lrs"]) != mine["base_lrs"]:
+            raise CheckpointError(
+                f"checkpoint entry lr_scheduler.base_lrs: {scheduler['base_lrs']!r:.60} where "
+                f"this run's config has {mine['base_lrs']!r} (the learning rate is the config's)"
+            )
 
 
 # Per-parameter optimizer states that are never negative: the step, and torch's second moments
