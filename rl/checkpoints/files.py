@@ -25,7 +25,7 @@ from rl.checkpoints.errors import CheckpointError, UntrustedCheckpointError
 from rl.checkpoints.saved_config import config_data
 from rl.utils.files import TMP_SUFFIX, read_regular_file, run_subdir, write_atomic
 from rl.utils.finite import NonFiniteError, nonfinite_tensors
-from rl.utils.saved import MAX_DEPTH, odd_values
+from rl.utils.saved import MAX_DEPTH, MAX_VALUES, odd_values
 
 CHECKPOINT_DIR = "checkpoints"
 # Layout version (written by rl.training.state.TrainerState.state_dict); 2 to 5 load.
@@ -146,9 +146,10 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps:
     Raises:
         NonFiniteError: The weights, the optimizer state or the normalisation statistics hold
             NaN or infinity (nothing is written: it would load as valid and be resumed from).
-        CheckpointError: ``state`` holds a meta, sparse or nested tensor or nests deeper than
-            :data:`~rl.utils.saved.MAX_DEPTH` (nothing is written: it would not load), or the
-            file cannot be written; the message says which earlier checkpoint is intact.
+        CheckpointError: ``state`` holds what no checkpoint may (:func:`~rl.utils.saved.
+            odd_values`: a meta, sparse or nested tensor, nesting or values beyond its limits;
+            nothing is written: it would not load), or the file cannot be written; the message
+            says which earlier checkpoint is intact.
     """
     run_dir = Path(run_dir)
     path = run_dir / CHECKPOINT_DIR / checkpoint_name(stage, env_steps)
@@ -156,7 +157,8 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps:
     if odd:  # it would not load (a policy of yours with such a buffer learns it here)
         raise CheckpointError(
             f"checkpoint {path} not written: it would hold {odd}, which a checkpoint cannot "
-            f"(dense tensors only, nested at most {MAX_DEPTH} deep); " + _intact(run_dir)
+            f"(dense tensors only, nested at most {MAX_DEPTH} deep, at most {MAX_VALUES} "
+            "values); " + _intact(run_dir)
         )
     bad = _nonfinite_entries(state)
     if bad:
@@ -190,7 +192,7 @@ _FINITE_ENTRIES = ("model", "losses", "optimizer", "normalizer")
 
 
 def _odd_entries(state: dict[str, Any]) -> str:
-    """Where ``state`` holds a meta, sparse or nested tensor, or nests too deep ("": nowhere).
+    """Where ``state`` holds what no checkpoint may (:func:`odd_values`; "": nowhere).
 
     The saved config aside: it is plain data, checked by ``config_data``.
     """
@@ -350,8 +352,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
 
     The archive is checked before anything is unpickled, then loaded ``weights_only``. The saved
     config must be plain data (never built from here: it is rebuilt on the user's config tree)
-    and ``choices`` names. A meta, sparse or nested tensor or containers nested too deep (never
-    written: :func:`save_checkpoint` refuses them), and non-finite weights or statistics, are an
+    and ``choices`` names. A meta, sparse or nested tensor, containers nested too deep or too
+    many values (never written: :func:`save_checkpoint` refuses them), and non-finite weights or
+    statistics, are an
     :class:`UntrustedCheckpointError`, so ``resume=RUN`` never falls back to an older checkpoint.
     """
     path = Path(path)

@@ -49,6 +49,10 @@ def _plain(tensor: torch.Tensor) -> bool:
 _WALKED = (torch.Tensor, Mapping, list, tuple)
 
 
+def _shown(name: str) -> str:
+    return name if len(name) <= 80 else f"{name[:77]}..."
+
+
 def odd_values(state: Any, prefix: str = "") -> list[str]:
     """The places in ``state`` that no checkpoint holds (dotted names), written or read.
 
@@ -72,13 +76,12 @@ def odd_values(state: Any, prefix: str = "") -> list[str]:
             items = enumerate(node)
         else:
             continue
-        shown = name if len(name) <= 80 else f"{name[:77]}..."
         if depth == MAX_DEPTH:
-            odd.append(f"{shown} (containers nested deeper than {MAX_DEPTH})")
+            odd.append(f"{_shown(name)} (containers nested deeper than {MAX_DEPTH})")
             continue
         walked += len(node)
         if walked > MAX_VALUES:  # (before looking at them: a bomb is refused at once)
-            where = shown or "the state"
+            where = _shown(name) or "the state"
             return [
                 *odd,
                 f"{where} (more than {MAX_VALUES} values in all, each reference counted)",
