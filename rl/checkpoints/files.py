@@ -146,10 +146,10 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], stage: int, env_steps:
     Raises:
         NonFiniteError: The weights, the optimizer state or the normalisation statistics hold
             NaN or infinity (nothing is written: it would load as valid and be resumed from).
-        CheckpointError: ``state`` holds what no checkpoint may (:func:`~rl.utils.saved.
-            odd_values`: a meta, sparse or nested tensor, nesting or values beyond its limits;
-            nothing is written: it would not load), or the file cannot be written; the message
-            says which earlier checkpoint is intact.
+        CheckpointError: ``state`` holds what no checkpoint may
+            (:func:`~rl.utils.saved.odd_values`: a meta, sparse or nested tensor, nesting or
+            values beyond its limits; nothing is written: it would not load), or the file
+            cannot be written; the message says which earlier checkpoint is intact.
     """
     run_dir = Path(run_dir)
     path = run_dir / CHECKPOINT_DIR / checkpoint_name(stage, env_steps)
