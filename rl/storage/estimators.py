@@ -45,6 +45,15 @@ def _next_state_values(
     return torch.where(terminated, torch.zeros_like(following), following)
 
 
+def _discounted_sums(deltas: torch.Tensor, carry: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out[t] = deltas[t] + carry[t] * out[t + 1]``, backwards over time (0 after the end)."""
+    last = torch.zeros_like(out[0])
+    for t in range(deltas.shape[0] - 1, -1, -1):
+        last = deltas[t] + carry[t] * last
+        out[t] = last
+    return out
+
+
 def compute_gae(
     *,
     rewards: torch.Tensor,
@@ -74,11 +83,7 @@ def compute_gae(
     next_values = _next_state_values(values, next_value, terminated, truncated, truncation_values)
     deltas = rewards + gamma * next_values - values
     carry = gamma * gae_lambda * (~(terminated | truncated)).to(values.dtype)
-    advantages = torch.empty_like(values)
-    last = torch.zeros_like(next_value)
-    for t in range(values.shape[0] - 1, -1, -1):
-        last = deltas[t] + carry[t] * last
-        advantages[t] = last
+    advantages = _discounted_sums(deltas, carry, torch.empty_like(values))
     return advantages, advantages + values
 
 
@@ -163,12 +168,7 @@ def compute_vtrace(
     cs = vtrace_lambda * ratios.clamp(max=c_bar)
     deltas = rhos * (rewards + gamma * next_values - values)
     carry = gamma * cs * (~ended).to(values.dtype)
-    corrections = torch.empty_like(values)  # v_s - V(x_s)
-    last = torch.zeros_like(next_value)
-    for t in range(values.shape[0] - 1, -1, -1):
-        last = deltas[t] + carry[t] * last
-        corrections[t] = last
-    vs = values + corrections
+    vs = values + _discounted_sums(deltas, carry, torch.empty_like(values))  # v_s - V(x_s)
     # v_{s+1} within the episode; at its end the bootstrap V(x_{s+1}) (0 if terminal).
     following = torch.cat([vs[1:], next_value.unsqueeze(0)], dim=0)
     vs_next = torch.where(ended, next_values, following)
