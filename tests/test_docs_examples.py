@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
+import inspect
 import json
 import re
 import sys
@@ -130,6 +132,40 @@ def test_the_layout_pages_loop_from_python_runs(tmp_path: Path, monkeypatch, cap
     printed = capsys.readouterr().out
     assert "losses/ppo/policy_loss" in printed, printed
     assert (tmp_path / "outputs" / "by_hand" / "checkpoints").is_dir()
+
+
+def _resolve(dotted: str) -> Any:
+    """The object named ``rl.package.module.Name.attr``: its longest importable module, then
+    attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def test_the_layout_pages_ppo_iteration_names_what_is_there() -> None:
+    """docs/layout.md's "One PPO iteration": every name it gives exists, and its count of files
+    is the files those names live in."""
+    text = (ROOT / "docs" / "layout.md").read_text()
+    section = text.split("\n## One PPO iteration, in reading order\n", 1)[1].split("\n## ")[0]
+    steps, files_paragraph = section.rsplit("\nThat is ", 1)
+    named = set(re.findall(r"`(rl\.[\w.]+)`", steps))
+    assert len(named) > 15, named
+    files = set()
+    for dotted in named:
+        obj = _resolve(dotted)
+        module = inspect.getmodule(obj)
+        assert module is not None and module.__file__ is not None, dotted
+        files.add(Path(module.__file__).relative_to(ROOT / "rl").as_posix())
+    count, listed = files_paragraph.split(" files of `rl/`: ", 1)
+    assert set(re.findall(r"`([\w/]+\.py)`", listed)) == files
+    assert int(count) == len(files)
 
 
 def test_a_local_config_as_the_configs_page_writes_it(compose_cfg, resolve_cfg, tmp_path) -> None:
