@@ -272,6 +272,22 @@ def test_linked_videos_wandb_tensorboard_and_superseded_folders_are_refused(
     assert file_hashes(folder / "checkpoints") == checkpoints  # the newer checkpoint stayed
 
 
+def test_a_dot_wandb_link_is_never_written_through(smoke_run: Path, tmp_path: Path) -> None:
+    """wandb writes into ``<dir>/.wandb`` instead of ``<dir>/wandb`` wherever the former exists:
+    a copied run's ``.wandb`` link out of the run is ignored, its files stay in ``wandb/``."""
+    from rl.loggers.wandb import WandbSink
+
+    sentinel = _sentinel(tmp_path)
+    before = file_hashes(sentinel)
+    folder = _copy(smoke_run, tmp_path)
+    (folder / ".wandb").symlink_to(sentinel, target_is_directory=True)
+    sink = WandbSink(context=_context(folder), mode="offline")
+    sink.log(1, {"x": 1.0})
+    sink.close()
+    assert file_hashes(sentinel) == before
+    assert list((folder / "wandb").glob("offline-run-*"))
+
+
 def test_write_atomic_refuses_a_linked_folder_and_a_folder_under_its_name(
     tmp_path: Path,
 ) -> None:

@@ -114,6 +114,9 @@ class WandbSink(MetricsSink):
             dir=str(context.output_dir),
             config=config,
             reinit="finish_previous",
+            # Always <run>/wandb (checked above): wandb would otherwise write into a <run>/.wandb
+            # wherever it exists, a link out of a copied run folder included.
+            settings=wandb.Settings(use_dot_wandb=False),
         )
         # `*` covers every key logged later: scalars of all sections, videos and the summary.
         self.run.define_metric("global_step")
