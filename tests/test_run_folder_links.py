@@ -192,9 +192,6 @@ def test_a_checkpoints_folder_linked_to_another_run_is_refused_everywhere(
         "evaluate ckpt=latest": lambda: run.evaluate(
             compose_cfg([f"ckpt={linked / 'latest'}", *EVALUATE, out], "evaluate")
         ),
-        "evaluate ckpt=glob": lambda: run.evaluate(
-            compose_cfg([f"ckpt={copied}/*/ckpt_*.pt", *EVALUATE, out], "evaluate")
-        ),
         "export": lambda: export_checkpoint(linked / NEWEST, "pt2"),
         "InferenceAgent": lambda: InferenceAgent.from_checkpoint(copied),
         "list_checkpoints": lambda: list_checkpoints(copied),
@@ -211,6 +208,42 @@ def test_a_checkpoints_folder_linked_to_another_run_is_refused_everywhere(
             assert "linked folder" in str(info.value), name
             assert file_hashes(other) == before, name
     assert in_flight.read_bytes() == b"half a checkpoint"
+
+
+def test_a_glob_never_goes_through_a_link_below_its_folder(
+    smoke_run: Path, tmp_path: Path, compose_cfg: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``evaluate.py 'ckpt=FOLDER/**/*.pt'`` on a copied folder: a link to another run of the
+    user's is not evaluated (nor its files written), a link loop does not hang, a linked
+    ``checkpoints`` matches nothing, and each skipped link is named."""
+    other = _copy(smoke_run, tmp_path, "other")
+    shared = tmp_path / "shared"
+    copied = _copy(smoke_run, shared, "run")
+    (shared / "more").symlink_to(other, target_is_directory=True)
+    for name in ("a", "b"):  # 2**depth paths through a loop, to the length limit
+        (copied / name).symlink_to(".", target_is_directory=True)
+    (shared / "alias.pt").symlink_to(other / "checkpoints" / NEWEST)
+    before = file_hashes(other)
+    refs = find_checkpoints(ckpt=f"{shared}/**/*.pt")
+    assert [r.path for r in refs] == [
+        copied / "checkpoints" / FIRST,
+        copied / "checkpoints" / NEWEST,
+    ]
+    skipped = [copied / "a", copied / "b", shared / "alias.pt", shared / "more"]
+    warned = [r.getMessage() for r in caplog.records if "never followed" in r.getMessage()]
+    assert len(warned) == 1 and all(str(p) in warned[0] for p in skipped), warned
+    caplog.clear()
+    run.evaluate(
+        compose_cfg(
+            [f"ckpt={shared}/**/*.pt", *EVALUATE, f"output_dir={tmp_path / 'e'}"], "evaluate"
+        )
+    )
+    assert file_hashes(other) == before
+    (copied / "checkpoints").rename(tmp_path / "moved")
+    (copied / "checkpoints").symlink_to(other / "checkpoints", target_is_directory=True)
+    with pytest.raises(CheckpointError, match="no checkpoint file"):
+        find_checkpoints(ckpt=f"{copied}/*/ckpt_*.pt")
+    assert file_hashes(other) == before
 
 
 def test_the_run_folder_typed_may_be_a_link_and_is_locked_as_itself(

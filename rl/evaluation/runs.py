@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import glob
 import json
 import logging
 import os
@@ -51,14 +50,13 @@ from rl.evaluation.settings import EvaluateSettings
 from rl.models.policy import Policy
 from rl.tasks.factory import TaskLayout, task_layout, with_split
 from rl.utils.config import ConfigError, load_section
-from rl.utils.files import write_atomic
+from rl.utils.files import GLOB_CHARS, glob_without_links, write_atomic
 from rl.utils.finite import as_count
 from rl.utils.threads import set_torch_threads
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt")
-_GLOB_CHARS = frozenset("*?[")
 # What evaluation builds from a checkpoint's config (the rest is never built, so not judged).
 BUILT_FOR_EVALUATION = ("task", "model")
 
@@ -66,7 +64,7 @@ BUILT_FOR_EVALUATION = ("task", "model")
 # ----------------------------------------------------------------- which checkpoints
 def is_glob(value: Any) -> bool:
     """Whether a ``ckpt=`` value is a glob; a path that exists is literal (``run[1]/x.pt``)."""
-    if not value or not _GLOB_CHARS & set(str(value)):
+    if not value or not GLOB_CHARS & set(str(value)):
         return False
     return not os.path.lexists(os.path.expanduser(str(value)))
 
@@ -129,10 +127,17 @@ def find_checkpoints(
         if not paths:
             raise CheckpointError(f"no checkpoint in {Path(run_dir) / CHECKPOINT_DIR}")
     elif is_glob(ckpt):
+        found, links = glob_without_links(str(ckpt))
+        if links:
+            log.warning(
+                "ckpt=%r: %d link(s) below the pattern's folder skipped, never followed (a "
+                "link could lead out of the folder; name a linked run's files directly): %s",
+                ckpt,
+                len(links),
+                ", ".join(map(str, links[:5])) + (", ..." if len(links) > 5 else ""),
+            )
         paths = [
-            checked_file_path(p)
-            for p in glob.glob(str(ckpt), recursive=True)
-            if Path(p).is_file() and Path(p).suffix in CHECKPOINT_SUFFIXES
+            checked_file_path(p) for p in found if p.suffix in CHECKPOINT_SUFFIXES and p.is_file()
         ]
         if not paths:
             raise CheckpointError(

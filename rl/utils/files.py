@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import logging
 import os
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -74,6 +75,68 @@ def run_subdir(run_dir: str | Path, *parts: str, create: bool = True) -> Path:
                 errno.ENOTDIR, f"{path} is not a folder; the run keeps a folder under that name"
             )
     return path
+
+
+GLOB_CHARS = frozenset("*?[")
+
+
+def glob_without_links(pattern: str) -> tuple[list[Path], list[Path]]:
+    """``glob.glob(pattern, recursive=True)``, never going through a link below its fixed part.
+
+    The folders before the first component with a wildcard are the user's own (links allowed);
+    below them, a link (to a file or a folder) is skipped, not followed: a link in a copied
+    folder could lead into another run, and a link loop would never end. Hidden names match only
+    a component that starts with a dot, as in ``glob``. Returns ``(matches, skipped links)``,
+    each sorted and without duplicates; the skipped links are those that could have led to a
+    match (a link the last component matches, or a link to a folder).
+    """
+    parts = Path(os.path.expanduser(pattern)).parts
+    fixed = next((i for i, part in enumerate(parts) if GLOB_CHARS & set(part)), len(parts))
+    matches: set[Path] = set()
+    skipped: set[Path] = set()
+
+    def walk(folder: Path, rest: Sequence[str]) -> None:
+        part, below = rest[0], rest[1:]
+        if part == "**" and not below:  # everything below: as "**/*"
+            below = ["*"]
+        if part == "**":
+            walk_entries(folder, "*", ["**", *below], recurse_only=True)
+            walk(folder, below)
+            return
+        walk_entries(folder, part, below)
+
+    def walk_entries(
+        folder: Path, part: str, below: Sequence[str], recurse_only: bool = False
+    ) -> None:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:  # not a folder, gone, unreadable: nothing matches there (as in glob)
+            return
+        for entry in entries:
+            hidden = entry.name.startswith(".") and not part.startswith(".")
+            if hidden or not fnmatch.fnmatchcase(entry.name, part):
+                continue
+            path = folder / entry.name
+            if entry.is_symlink():
+                # Said where it could have led to a match: as the last component, or to a folder.
+                if not (recurse_only or below) or _links_to_folder(entry):
+                    skipped.add(path)
+            elif not (recurse_only or below):
+                matches.add(path)
+            elif entry.is_dir(follow_symlinks=False):
+                walk(path, below)  # (under "**", below starts with it again)
+
+    if fixed == len(parts):  # no wildcard: the path itself
+        return ([Path(*parts)] if os.path.lexists(Path(*parts)) else []), []
+    walk(Path(*parts[:fixed]) if fixed else Path("."), parts[fixed:])
+    return sorted(matches), sorted(skipped)
+
+
+def _links_to_folder(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()  # (follows the link: a stat, nothing read)
+    except OSError:
+        return False
 
 
 def describe_write_error(path: str | Path, e: OSError, what: str = "") -> str:
