@@ -292,6 +292,34 @@ def test_deep_nesting_and_huge_files_in_a_run_folder_are_named_or_skipped(
     )
 
 
+def _merge_key_bomb(keys: int = 5_000, aliases: int = 10_000) -> str:
+    """YAML of ~100 KB that ``yaml.safe_load`` expands to ``keys x aliases`` copies (minutes)."""
+    anchor = ", ".join(f"k{i}: {i}" for i in range(keys))
+    return f"a: &a {{{anchor}}}\nb: {{<<: [{', '.join(['*a'] * aliases)}]}}\n"
+
+
+def test_yaml_aliases_in_a_run_folder_are_refused_at_once(
+    smoke_run: Path, tmp_path: Path, compose_cfg: Any
+) -> None:
+    """A merge-key bomb as a run folder's ``config.yaml`` (``evaluate.py test_expert=true``)
+    or a sweep job's ``.hydra/overrides.yaml`` (``python -m rl.compare``): refused at its first
+    alias (Hydra writes none), not expanded."""
+    from rl.evaluation.compare import read_run
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.yaml").write_text(_merge_key_bomb())
+    cfg = compose_cfg([f"run_dir={empty}", "test_expert=true", "num_episodes=1",
+                       f"output_dir={tmp_path / 'e'}"], "evaluate")  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"config\.yaml: refused: an alias \(\*name\) at 2:"):
+        run.evaluate(cfg)
+    job = copy_run(smoke_run, tmp_path, "job")
+    (job / ".hydra").mkdir(exist_ok=True)
+    (job / ".hydra" / "overrides.yaml").write_text(_merge_key_bomb())
+    found = read_run(job)
+    assert found.overrides == [] and found.points  # its metrics are still read
+
+
 # ------------------------------------------- major 10: the expert on a run without checkpoints
 def test_expert_of_a_genuine_run_folder_without_checkpoints(
     smoke_run: Path, tmp_path: Path, compose_cfg: Any

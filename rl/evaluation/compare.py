@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from rl.evaluation.report import read_metrics
-from rl.utils.files import read_regular_file, write_atomic
+from rl.utils.files import load_yaml_data, read_regular_file, write_atomic
 
 __all__ = ["Group", "Run", "compare", "find_runs", "format_table", "main", "read_run"]
 
@@ -114,7 +114,7 @@ def read_run(folder: Path) -> Run:
     raw = read_regular_file(folder / ".hydra" / "overrides.yaml", MAX_OVERRIDES_BYTES)
     if raw is not None:
         try:
-            loaded = yaml.safe_load(raw.decode("utf-8", errors="replace"))
+            loaded = load_yaml_data(raw.decode("utf-8", errors="replace"))
         except yaml.YAMLError:
             loaded = None
         if isinstance(loaded, list):

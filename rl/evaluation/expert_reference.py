@@ -24,7 +24,7 @@ from rl.evaluation.report import format_table, write_eval_json
 from rl.evaluation.settings import EvaluateSettings
 from rl.tasks.factory import with_split
 from rl.utils.config import ConfigError
-from rl.utils.files import read_regular_file
+from rl.utils.files import load_yaml_data, read_regular_file
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,7 @@ def load_expert_reference(folder: Path, settings: Mapping[str, Any]) -> dict[str
 def _folder_yaml(path: Path) -> Any:
     """A run folder's YAML file, parsed but unchecked (None: missing, a link, not a regular file).
 
-    ``yaml.safe_load`` shares aliases, never copies them; what is used of it goes through
-    :func:`~rl.checkpoints.saved_config.config_data`.
+    What is used of it goes through :func:`~rl.checkpoints.saved_config.config_data`.
     """
     raw = read_regular_file(path, _MAX_CONFIG_BYTES + 1)
     if raw is None:
@@ -71,11 +70,9 @@ def _folder_yaml(path: Path) -> Any:
     if len(raw) > _MAX_CONFIG_BYTES:
         raise CheckpointError(f"{path}: larger than {_MAX_CONFIG_BYTES:,} bytes; refused")
     try:
-        return yaml.safe_load(raw)
+        return load_yaml_data(raw)
     except yaml.YAMLError as e:
-        raise CheckpointError(f"{path}: not YAML: {str(e).splitlines()[0]}") from e
-    except RecursionError as e:
-        raise CheckpointError(f"{path}: nested too deeply to be a config; refused") from e
+        raise CheckpointError(f"{path}: refused: {str(e).splitlines()[0]}") from e
 
 
 def _hydra_choices(path: Path) -> Any:

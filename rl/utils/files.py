@@ -312,6 +312,33 @@ def read_regular_file(path: str | Path, limit: int) -> bytes | None:
         return f.read(limit)
 
 
+def load_yaml_data(raw: bytes | str) -> Any:
+    """YAML from a run folder (untrusted) as plain data: aliases refused, nesting bounded.
+
+    ``yaml.safe_load`` expands merge keys (``<<: [*a, *a, ...]``) by copying: a file of a few
+    hundred kilobytes costs hours. Hydra never writes an alias, so one is refused at once.
+
+    Raises:
+        yaml.YAMLError: Not YAML, an alias, or nested too deeply (as a ``yaml.YAMLError``).
+    """
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(
+                    f"an alias (*name) at {mark.line + 1}:{mark.column + 1}; "
+                    "a run folder's files hold none, so it is refused"
+                )
+            return super().compose_node(parent, index)
+
+    try:
+        return yaml.load(raw, Loader=NoAliases)  # noqa: S506  (a SafeLoader)
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply to be a run folder's file") from None
+
+
 class NoFollowFileHandler(logging.FileHandler):
     """A :class:`logging.FileHandler` (append) that refuses a link under its file's name."""
 
