@@ -107,6 +107,34 @@ def test_run_folders_are_read_as_untrusted(tmp_path: Path) -> None:
     assert read.final("eval/success") == 0.5
 
 
+def test_metrics_files_are_read_in_bounded_memory(
+    tmp_path: Path, capsys, caplog, monkeypatch
+) -> None:
+    """Only the compared metrics are kept, integers of thousands of digits are skipped, and the
+    points of one file and of all runs together are capped (hard links make many runs of one
+    file: their total, not each file, is what fills memory)."""
+    from rl.evaluation import compare, report
+
+    points = [{"env_step": i, "eval/success": 0.5, "other": 1.0} for i in range(5)]
+    run = write_run(tmp_path / "runs" / "0", ["seed=1"], points)
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"env_step": 9, "eval/success": ' + "1" * 5_000 + "}\n")  # json refuses it
+        f.write('{"env_step": 9, "eval/success": ' + "1" * 400 + "}\n")  # beyond a float
+    assert read_run(run, {"env_step", "eval/success"}).points == [
+        {"env_step": float(i), "eval/success": 0.5} for i in range(5)
+    ] + [{"env_step": 9.0}]
+    assert len(report.read_metrics(run / "metrics.jsonl", max_points=3)) == 3
+    assert "more than 3 log points; the rest is ignored" in caplog.text
+    for job in range(1, 4):
+        (tmp_path / "runs" / str(job)).mkdir()
+        os.link(run / "metrics.jsonl", tmp_path / "runs" / str(job) / "metrics.jsonl")
+    assert main([str(tmp_path / "runs")]) == 0
+    monkeypatch.setattr(compare, "MAX_POINTS", 15)
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "runs")])
+    assert "more than 15 log points in all; compare fewer runs" in capsys.readouterr().err
+
+
 def test_no_run_is_a_clear_error(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         main([str(tmp_path)])

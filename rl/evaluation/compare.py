@@ -17,7 +17,7 @@ import io
 import os
 import statistics
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ DEFAULT_METRICS = (
 )
 MAX_DEPTH = 3  # folders below a given path searched for runs
 MAX_OVERRIDES_BYTES = 2**20
+MAX_POINTS = 2_000_000  # log points of all runs together (a sweep of 100 runs: ~500,000)
 
 
 @dataclass
@@ -108,8 +109,11 @@ def _natural(path: Path) -> tuple[Any, ...]:
     return (0, int(head), name) if head.isdigit() else (1, 0, name)
 
 
-def read_run(folder: Path) -> Run:
-    """A run folder's overrides and numeric log points (what can be read: it is untrusted)."""
+def read_run(folder: Path, metrics: Collection[str] | None = None) -> Run:
+    """A run folder's overrides and numeric log points (what can be read: it is untrusted).
+
+    ``metrics``: the metrics kept of each point (None: all).
+    """
     overrides: list[str] = []
     raw = read_regular_file(folder / ".hydra" / "overrides.yaml", MAX_OVERRIDES_BYTES)
     if raw is not None:
@@ -119,7 +123,8 @@ def read_run(folder: Path) -> Run:
             loaded = None
         if isinstance(loaded, list):
             overrides = [str(o) for o in loaded if isinstance(o, str | int | float)]
-    return Run(path=folder, overrides=overrides, points=read_metrics(folder / "metrics.jsonl"))
+    points = read_metrics(folder / "metrics.jsonl", metrics)
+    return Run(path=folder, overrides=overrides, points=points)
 
 
 def _key(override: str) -> str:
@@ -279,7 +284,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     folders = find_runs(args.paths)
     if not folders:
         parser.error(f"no run folder (one holding metrics.jsonl) at or below {args.paths}")
-    runs = [read_run(f) for f in folders]
+    # Only what can be tabulated or plotted is kept: the metrics asked for, else the defaults.
+    wanted = {"env_step", *(args.metrics or (m for ms in DEFAULT_METRICS for m in ms))}
+    if args.curve:
+        wanted.add(args.curve)
+    runs, points = [], 0
+    for folder in folders:
+        runs.append(read_run(folder, wanted))
+        points += len(runs[-1].points)
+        if points > MAX_POINTS:
+            parser.error(
+                f"the runs up to {folder} hold more than {MAX_POINTS:,} log points in all; "
+                "compare fewer runs at a time"
+            )
     logged = {key for run in runs for point in run.points for key in point}
     defaults = next(
         ([m for m in ms if m in logged] for ms in DEFAULT_METRICS if logged & set(ms)), []

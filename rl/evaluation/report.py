@@ -10,14 +10,17 @@ import csv
 import hashlib
 import io
 import json
+import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rl.collection.episodes import EvalResult
 from rl.utils.files import read_regular_file, write_atomic
 from rl.utils.finite import as_float
+
+log = logging.getLogger(__name__)
 
 SUMMARY_NAME = "eval_summary"
 # Columns of the printed summary, in this order, when present.
@@ -32,6 +35,8 @@ TRAINING_KEYS = {
 }
 # The most of ``metrics.jsonl`` read (a long run logging every few thousand steps writes a few MB).
 MAX_METRICS_BYTES = 256 * 2**20
+# The most log points kept of one (10**9 env steps logged every 1,000).
+MAX_METRIC_POINTS = 1_000_000
 
 
 def settings_tag(settings: Mapping[str, Any]) -> str:
@@ -120,30 +125,41 @@ def write_summary(
 
 
 # ----------------------------------------------------------------- plots
-def read_metrics(path: Path) -> list[dict[str, float]]:
+def read_metrics(
+    path: Path, keys: Collection[str] | None = None, max_points: int = MAX_METRIC_POINTS
+) -> list[dict[str, float]]:
     """The finite numbers of each log point of a ``metrics.jsonl`` (points without any left out).
 
-    The file is untrusted (a run folder may come from anywhere): a regular file only, at most
-    :data:`MAX_METRICS_BYTES` of it, and a line that is not a JSON record is skipped.
+    Only the metrics ``keys`` are kept (None: all). The file is untrusted (a run folder may come
+    from anywhere): a regular file only, at most :data:`MAX_METRICS_BYTES` of it and
+    ``max_points`` points (the rest ignored, with a warning), and a line that is not a JSON
+    record is skipped.
     """
     raw = read_regular_file(Path(path), MAX_METRICS_BYTES)
-    points = []
-    for line in (raw or b"").decode("utf-8", errors="replace").splitlines():
+    points: list[dict[str, float]] = []
+    for line in io.BytesIO(raw or b""):  # (one line at a time: no copy of the whole file)
         try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):  # (nested beyond Python's stack)
+            record = json.loads(line.decode("utf-8", errors="replace"))
+        except (ValueError, RecursionError):  # not JSON, an int of 4,300 digits, too deep
             continue
-        if isinstance(record, dict):
-            point = {str(k): float(v) for k, v in record.items() if _finite(v)}
-            if point:
-                points.append(point)
+        if not isinstance(record, dict):
+            continue
+        point = {
+            k: float(v) for k, v in record.items() if (keys is None or k in keys) and _finite(v)
+        }
+        if not point:
+            continue
+        if len(points) == max_points:
+            log.warning("%s: more than %d log points; the rest is ignored", path, max_points)
+            break
+        points.append(point)
     return points
 
 
 def training_curve(metrics_file: Path) -> list[dict[str, float]]:
     """The plotted metrics of a run's training episodes: ``{"step", "success", ...}`` per log."""
     rows = []
-    for point in read_metrics(metrics_file):
+    for point in read_metrics(metrics_file, {"env_step", *TRAINING_KEYS.values()}):
         row = {key: point[name] for key, name in TRAINING_KEYS.items() if name in point}
         if row and "env_step" in point:
             rows.append({"step": point["env_step"], **row})
