@@ -9,6 +9,7 @@ import pytest
 
 from rl.loggers import EpisodeCsvSink
 from rl.loggers.base import RunContext
+from rl.utils.config import ConfigError
 from rl.utils.files import UnsafePathError
 
 
@@ -42,3 +43,18 @@ def test_a_link_planted_as_the_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UnsafePathError):
         EpisodeCsvSink(context=context(tmp_path))
     assert (tmp_path / "target").read_text() == ""
+
+
+@pytest.mark.parametrize(
+    ("header", "problem"),
+    [(["env_step", *(f"c{i}" for i in range(32_000))], r"[\d,]+ columns, more than 1,024"),
+     (["env_step", "return", "return"], "a column twice")],
+)  # fmt: skip
+def test_a_crafted_header_is_refused_by_name(
+    tmp_path: Path, header: list[str], problem: str
+) -> None:
+    """A resumed run writes each row as wide as the header: 32,000 columns, which fit in the
+    64 KiB read, made every episode's row 640 times longer."""
+    (tmp_path / "episodes.csv").write_text(",".join(header) + "\n")
+    with pytest.raises(ConfigError, match=f"episodes.csv: its header has {problem}"):
+        EpisodeCsvSink(context=context(tmp_path))

@@ -11,10 +11,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rl.loggers.base import MetricsSink, RunContext
+from rl.utils.config import ConfigError
 from rl.utils.files import describe_write_error, open_append, read_regular_file, run_subdir
 
 FIRST = ("episodic_return", "episodic_length")  # episodes.csv's leading columns, where present
 MAX_HEADER_BYTES = 64 * 2**10  # a resumed run's episodes.csv header: read up to this much
+MAX_COLUMNS = 1_024  # of episodes.csv (an episode's metrics: a few per agent)
 
 
 class RunFile:
@@ -116,10 +118,27 @@ class EpisodeCsvSink(MetricsSink):
 
 
 def _header(path: Path) -> list[str] | None:
-    """The columns of an existing file (its first line), None for a missing or empty one."""
+    """The columns of an existing file (its first line), None for a missing or empty one.
+
+    Raises:
+        ConfigError: The header has more than :data:`MAX_COLUMNS` columns or one twice (a
+            crafted header would make every row a resumed run writes that wide).
+    """
     raw = read_regular_file(path, MAX_HEADER_BYTES)
     if not raw:
         return None
     first = raw.decode("utf-8", errors="replace").split("\n", 1)[0]
     columns = next(csv.reader([first]), [])
-    return columns if columns[:1] == ["env_step"] else None
+    if columns[:1] != ["env_step"]:
+        return None
+    if len(columns) > MAX_COLUMNS or len(set(columns)) < len(columns):
+        problem = (
+            f"{len(columns):,} columns, more than {MAX_COLUMNS:,}"
+            if len(columns) > MAX_COLUMNS
+            else "a column twice"
+        )
+        raise ConfigError(
+            f"{path}: its header has {problem}, which this run never writes; move the file "
+            "away to start a new one"
+        )
+    return columns
