@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import sys
 import time
 from pathlib import Path
@@ -416,3 +417,40 @@ def test_a_checkpoint_path_with_glob_characters_is_taken_literally(
     refs = find_checkpoints(ckpt=str(literal))
     assert [r.path for r in refs] == [literal] and refs[0].step == 256
     assert is_glob(str(tmp_path / "runs*" / "ckpt*.pt"))  # a real glob still is one
+
+
+def test_fifos_and_devices_are_judged_before_they_are_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a device (a tar extracted by root keeps device nodes) or a FIFO can have effects
+    of its own: a run folder's ``.lock``, appended logs, capped reads and checkpoints are refused
+    on what they are, before ``os.open`` sees them."""
+    from rl.utils.files import open_append, read_regular_file
+
+    planted = [tmp_path / "fifo"]
+    os.mkfifo(planted[0])
+    try:  # a character device (/dev/null's numbers): root only
+        os.mknod(tmp_path / "device", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        planted.append(tmp_path / "device")
+    except PermissionError:
+        pass
+    opened: list[str] = []
+    real_open = os.open
+
+    def recording_open(path: Any, *args: Any, **kwargs: Any) -> int:
+        opened.append(os.fspath(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording_open)
+    for path in planted:
+        with pytest.raises(UnsafePathError, match="not a regular file"):
+            open_append(path)
+        assert read_regular_file(path, 10) is None
+        with pytest.raises(CheckpointError, match="not a regular file"):
+            load_checkpoint(path)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    os.mkfifo(folder / ".lock")
+    with pytest.raises(UnsafePathError, match="not a regular file"):
+        RunLock(folder).acquire()
+    assert not set(opened) & {*map(str, planted), str(folder / ".lock")}, opened

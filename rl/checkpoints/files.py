@@ -332,6 +332,16 @@ def checked_file_path(path: str | Path) -> Path:
 
 def _open_regular(path: Path) -> BinaryIO:
     """``path`` opened to read if it is a regular file (never blocking on a FIFO)."""
+    not_regular = CheckpointError(
+        f"checkpoint {path} is not a regular file (a folder, a FIFO or a device)"
+    )
+    # Judged before opening too: opening a device can have effects of its own.
+    try:
+        kind: int | None = os.stat(path).st_mode
+    except OSError:  # missing or unreadable: the open says which
+        kind = None
+    if kind is not None and not stat.S_ISREG(kind):
+        raise not_regular
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -340,9 +350,7 @@ def _open_regular(path: Path) -> BinaryIO:
         raise CheckpointError(f"cannot open checkpoint {path}: {e.strerror or e}") from e
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise CheckpointError(
-            f"checkpoint {path} is not a regular file (a folder, a FIFO or a device)"
-        )
+        raise not_regular
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
 

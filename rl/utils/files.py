@@ -274,6 +274,16 @@ def open_nofollow(path: str | Path, flags: int, mode: int = FILE_MODE) -> int:
     Raises:
         UnsafePathError: ``path`` is a link or not a regular file.
     """
+    # Judged before opening too: opening a device or a FIFO can have effects of its own (the
+    # check after opening stays, for a name swapped in between).
+    with contextlib.suppress(FileNotFoundError):  # (created by the open, with O_CREAT)
+        kind = os.lstat(path).st_mode
+        if stat.S_ISLNK(kind):
+            raise _link_error(path)
+        if stat.S_ISDIR(kind):
+            raise UnsafePathError(errno.EISDIR, f"{path} is a folder where the run keeps a file")
+        if not stat.S_ISREG(kind):
+            raise UnsafePathError(errno.EINVAL, f"{path} is not a regular file")
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as e:
