@@ -46,8 +46,10 @@ def episode_entries(
     (float64 by name, NaN where an episode lacks one). Being rows, they follow any indexing of
     the step, so no episode is silently dropped.
     """
-    on = ended.device if isinstance(ended, torch.Tensor) else torch.device("cpu")
-    flags = np.array(ended.cpu() if isinstance(ended, torch.Tensor) else ended, dtype=bool)
+    if isinstance(ended, torch.Tensor):  # (a copy: the entries never alias the caller's flags)
+        on, flags = ended.device, ended.to("cpu", torch.bool, copy=True).numpy()
+    else:
+        on, flags = torch.device("cpu"), np.array(ended, dtype=bool)
     n, rows = len(flags), flags.nonzero()[0].tolist()
     if len(rows) != len(records):
         raise ValueError(f"{len(records)} episode records for {len(rows)} rows that ended")
