@@ -87,3 +87,17 @@ def test_an_intact_file_loads_exactly(good: Path) -> None:
     assert good.name == "ckpt_stage00_step000000000007.pt"
     loaded = load_checkpoint(good)
     assert torch.equal(loaded["model"]["w"], STATE["model"]["w"])
+
+
+def test_only_names_of_int64_steps_are_checkpoint_names(tmp_path: Path) -> None:
+    """A crafted name of a 190-digit step was listed, evaluated, then failed as its result's
+    file name was too long; names of non-ASCII digits are no checkpoint's either."""
+    from rl.checkpoints import list_checkpoints
+    from rl.checkpoints.files import checkpoint_name, parse_checkpoint_name
+
+    assert parse_checkpoint_name(checkpoint_name(3, 2**63 - 1)) == (3, 2**63 - 1)
+    for name in ("ckpt_stage00_step" + "9" * 190 + ".pt", "ckpt_stage00_step\u0663.pt"):
+        assert parse_checkpoint_name(name) is None
+        (tmp_path / "checkpoints").mkdir(exist_ok=True)
+        (tmp_path / "checkpoints" / name).write_bytes(b"")
+    assert list_checkpoints(tmp_path) == []

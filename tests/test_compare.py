@@ -120,14 +120,17 @@ def test_metrics_files_are_read_in_bounded_memory(
     with (run / "metrics.jsonl").open("a") as f:
         f.write('{"env_step": 9, "eval/success": ' + "1" * 5_000 + "}\n")  # json refuses it
         f.write('{"env_step": 9, "eval/success": ' + "1" * 400 + "}\n")  # beyond a float
-    assert read_run(run, {"env_step", "eval/success"}).points == [
-        {"env_step": float(i), "eval/success": 0.5} for i in range(5)
-    ] + [{"env_step": 9.0}]
+        f.write('{"env_step": 9, "eval/success": 1.7e308}\n')  # its mean would overflow
+    assert (
+        read_run(run, {"env_step", "eval/success"}).points
+        == [{"env_step": float(i), "eval/success": 0.5} for i in range(5)]
+        + [{"env_step": 9.0}] * 2
+    )
     assert len(report.read_metrics(run / "metrics.jsonl", max_points=3)) == 3
     assert "more than 3 log points; the rest is ignored" in caplog.text
-    for job in range(1, 4):
-        (tmp_path / "runs" / str(job)).mkdir()
-        os.link(run / "metrics.jsonl", tmp_path / "runs" / str(job) / "metrics.jsonl")
+    for job in ("1", "2", "\u00b2_x"):  # (a superscript two is a digit to str.isdigit only)
+        (tmp_path / "runs" / job).mkdir()
+        os.link(run / "metrics.jsonl", tmp_path / "runs" / job / "metrics.jsonl")
     assert main([str(tmp_path / "runs")]) == 0
     monkeypatch.setattr(compare, "MAX_POINTS", 15)
     with pytest.raises(SystemExit):

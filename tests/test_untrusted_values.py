@@ -278,7 +278,8 @@ def test_deep_nesting_and_huge_files_in_a_run_folder_are_named_or_skipped(
     folder = copy_run(smoke_run, tmp_path)
     settings = {"num_episodes": 1, "episode_seed": 0}
     expert = folder / "expert.eval.json"
-    for content in ("[" * 100_000, '{"episodes": 3, "metrics": []}'):
+    beyond_a_float = '{"episodes": [], "metrics": {"success": 1' + "0" * 400 + "}}"
+    for content in ("[" * 100_000, '{"episodes": 3, "metrics": []}', beyond_a_float):
         expert.write_text(content)
         assert load_expert_reference(folder, settings) is None
     with expert.open("wb") as f:  # a sparse 20 GiB file: never read whole

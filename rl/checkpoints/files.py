@@ -35,7 +35,8 @@ CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_FORMAT = 5
 LATEST = "latest"
 BEST = "best"  # (written by rl.checkpoints.retention, with its record best.json)
-_NAME_RE = re.compile(r"^ckpt_stage(\d+)_step(\d+)\.pt$")
+# (ASCII digits, as many as a stage index and an int64 step take: a longer name is no checkpoint's)
+_NAME_RE = re.compile(r"^ckpt_stage([0-9]{1,9})_step([0-9]{1,19})\.pt$")
 
 
 def checkpoint_name(stage: int, env_steps: int) -> str:

@@ -106,7 +106,7 @@ def _natural(path: Path) -> tuple[Any, ...]:
     """Job folders ``0_<overrides>, 1_<overrides>, ..., 10_<overrides>`` in number order."""
     name = path.name
     head = name.split("_", 1)[0]
-    return (0, int(head), name) if head.isdigit() else (1, 0, name)
+    return (0, int(head), name) if head.isascii() and head.isdigit() else (1, 0, name)
 
 
 def read_run(folder: Path, metrics: Collection[str] | None = None) -> Run:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,9 @@ def load_expert_reference(folder: Path, settings: Mapping[str, Any]) -> dict[str
         data = json.loads(raw)
         seeds = [e["episode_seed"] for e in data["episodes"]]
         metrics = {str(k): float(v) for k, v in data["metrics"].items()}
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        if not all(map(math.isfinite, metrics.values())):
+            raise ValueError("a metric that is not a finite number")
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as e:
         log.warning("ignoring unreadable expert reference %s (%s)", path, type(e).__name__)
         return None
     if seeds != episode_seed_list(int(settings["num_episodes"]), int(settings["episode_seed"])):

@@ -37,6 +37,9 @@ TRAINING_KEYS = {
 MAX_METRICS_BYTES = 256 * 2**20
 # The most log points kept of one (10**9 env steps logged every 1,000).
 MAX_METRIC_POINTS = 1_000_000
+# A logged value larger than this is no metric's (means, deviations and plot axes of values
+# near a float's limit overflow): skipped like a NaN.
+MAX_METRIC_MAGNITUDE = 1e100
 
 
 def settings_tag(settings: Mapping[str, Any]) -> str:
@@ -133,7 +136,8 @@ def read_metrics(
     Only the metrics ``keys`` are kept (None: all). The file is untrusted (a run folder may come
     from anywhere): a regular file only, at most :data:`MAX_METRICS_BYTES` of it and
     ``max_points`` points (the rest ignored, with a warning), and a line that is not a JSON
-    record is skipped.
+    record is skipped, as is a value that is not a number of at most
+    :data:`MAX_METRIC_MAGNITUDE`.
     """
     raw = read_regular_file(Path(path), MAX_METRICS_BYTES)
     points: list[dict[str, float]] = []
@@ -145,7 +149,9 @@ def read_metrics(
         if not isinstance(record, dict):
             continue
         point = {
-            k: float(v) for k, v in record.items() if (keys is None or k in keys) and _finite(v)
+            k: float(v)
+            for k, v in record.items()
+            if (keys is None or k in keys) and _finite(v) and abs(v) <= MAX_METRIC_MAGNITUDE
         }
         if not point:
             continue
