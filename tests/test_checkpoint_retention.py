@@ -162,7 +162,7 @@ def test_a_resume_may_change_the_metric_and_the_count(tmp_path: Path, caplog) ->
     train(out, StopAt(128), keep_last=2, best_metric="test/score")
     with caplog.at_level(logging.WARNING):
         train(out, resume=True, keep_last=1, best_metric="test/score", best_mode="min")
-    assert "records the best by test/score (max)" in caplog.text  # another mode: starts over
+    assert "records the best by 'test/score' ('max')" in caplog.text  # another mode: starts over
     assert record(out)["step"] == 160 and steps_left(out) == [160, 256]
 
 

@@ -103,6 +103,8 @@ def test_run_folders_are_read_as_untrusted(tmp_path: Path) -> None:
     assert find_runs([tmp_path / "runs"]) == [run]
     read = read_run(run)
     assert read.overrides == []  # (an unsafe YAML tag is not loaded)
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["lr=\x1b]0;title\x07\x1b[2J"]))
+    assert read_run(run).overrides == ["lr=\\x1b]0;title\\x07\\x1b[2J"]  # never acted on
     assert read.points == [{"env_step": 1.0, "eval/success": 0.5}, {"env_step": 2.0}]
     assert read.final("eval/success") == 0.5
 
@@ -142,3 +144,20 @@ def test_no_run_is_a_clear_error(tmp_path: Path, capsys) -> None:
     with pytest.raises(SystemExit):
         main([str(tmp_path)])
     assert "no run folder (one holding metrics.jsonl)" in capsys.readouterr().err
+
+
+def test_a_folder_where_the_table_goes_and_an_unreadable_folder_are_one_line(
+    tmp_path: Path, capsys
+) -> None:
+    runs = tmp_path / "runs"
+    write_run(runs / "0", ["seed=1"], [{"env_step": 1, "eval/success": 0.5}])
+    write_run(runs / "1", ["seed=2"], [{"env_step": 1, "eval/success": 0.7}])
+    (runs / "2").mkdir()
+    os.chmod(runs / "2", 0)
+    (runs / "compare.csv").mkdir()
+    try:
+        assert main([str(runs)]) == 1
+    finally:
+        os.chmod(runs / "2", 0o755)
+    err = capsys.readouterr().err
+    assert f"error: {runs / 'compare.csv'} is a folder" in err and "Traceback" not in err

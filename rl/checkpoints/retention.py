@@ -165,7 +165,7 @@ class CheckpointRetention:
             return
         if (record.metric, record.mode) != (self.best_metric, self.best_mode):
             log.warning(
-                "best checkpoint: %s records the best by %s (%s); this run tracks %s (%s): "
+                "best checkpoint: %s records the best by %r (%r); this run tracks %s (%s): "
                 "tracking starts over",
                 BEST_RECORD,
                 record.metric,

@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import logging
 import os
 import statistics
+import sys
 import warnings
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +28,8 @@ import yaml
 
 from rl.evaluation.report import read_metrics
 from rl.utils.files import load_yaml_data, read_regular_file, write_atomic
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Group", "Run", "compare", "find_runs", "format_table", "main", "read_run"]
 
@@ -94,8 +98,12 @@ def _walk(folder: Path, depth: int) -> list[Path]:
         return [folder]
     if depth == 0:
         return []
-    with os.scandir(folder) as entries:
-        subfolders = [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+    try:
+        with os.scandir(folder) as entries:
+            subfolders = [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
+    except OSError as e:  # (unreadable: the runs elsewhere are still compared)
+        log.warning("skipping %s: %s", folder, e.strerror or e)
+        return []
     runs: list[Path] = []
     for sub in sorted(subfolders, key=_natural):
         runs += _walk(sub, depth - 1)
@@ -122,9 +130,19 @@ def read_run(folder: Path, metrics: Collection[str] | None = None) -> Run:
         except yaml.YAMLError:
             loaded = None
         if isinstance(loaded, list):
-            overrides = [str(o) for o in loaded if isinstance(o, str | int | float)]
+            overrides = [_printable(str(o)) for o in loaded if isinstance(o, str | int | float)]
     points = read_metrics(folder / "metrics.jsonl", metrics)
     return Run(path=folder, overrides=overrides, points=points)
+
+
+def _printable(text: str) -> str:
+    """``text`` with its control characters escaped, as ``repr`` writes them.
+
+    Overrides label the table's rows: a terminal would act on an escape sequence from a file.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _key(override: str) -> str:
@@ -310,11 +328,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_table(groups, metrics))
     single = len(args.paths) == 1 and args.paths[0].is_dir() and len(folders) > 1
     out = args.out if args.out is not None else (args.paths[0] if single else Path("."))
-    out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "compare.csv", _csv(compare(groups, metrics), metrics), what="table")
-    print(f"table: {out / 'compare.csv'}")
     curve = args.curve or _first_curve(runs, metrics)
-    plotted = plot_curves(groups, curve, out / "compare.png")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / "compare.csv", _csv(compare(groups, metrics), metrics), what="table")
+        print(f"table: {out / 'compare.csv'}")
+        plotted = plot_curves(groups, curve, out / "compare.png")
+    except OSError as e:  # a full disk, a folder or a link where a file goes: one line
+        print(f"error: {e.strerror or e}", file=sys.stderr)
+        return 1
     print(
         f"no curve: no run logged {curve}" if plotted is None else f"curves of {curve}: {plotted}"
     )
