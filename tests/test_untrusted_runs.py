@@ -286,6 +286,12 @@ def test_the_cli_reports_a_full_disk_as_its_message_alone(
         raise OSError(errno.ENOSPC, "cannot write x: the disk is full")
     assert exited.value.code == 1
     assert capsys.readouterr().err.strip() == "error: cannot write x: the disk is full"
+    # A run folder's file the user may not open (a copied run's .lock of mode 000, for one):
+    # named, as os.open names it (the suite may run as root, whom permission bits never stop).
+    with pytest.raises(SystemExit) as exited, config_errors_reported():
+        raise PermissionError(errno.EACCES, "Permission denied", "/runs/x/.lock")
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.strip() == "error: Permission denied: /runs/x/.lock"
 
 
 # --------------------------------------------------------------------------- the fuzz test

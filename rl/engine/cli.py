@@ -108,7 +108,7 @@ def discard_hydra_folder() -> bool:
 
 @contextlib.contextmanager
 def config_errors_reported() -> Iterator[None]:
-    """A refused config or checkpoint of a single run, or a full disk: its message, exit 1.
+    """A refused config or checkpoint, a full disk or a file denied to a single run: exit 1.
 
     A :class:`~rl.utils.config.ConfigError` or :class:`~rl.checkpoints.files.CheckpointError`
     also removes the run's folder if it holds only Hydra's files; a full disk or a link where
@@ -126,5 +126,8 @@ def config_errors_reported() -> Iterator[None]:
     except OSError as e:
         if in_multirun() or not is_run_folder_write_error(e):
             raise
-        print(f"error: {e.strerror or e}", file=sys.stderr)
+        message = e.strerror or str(e)
+        if e.filename is not None and str(e.filename) not in message:  # (which file)
+            message += f": {e.filename}"
+        print(f"error: {message}", file=sys.stderr)
         sys.exit(1)

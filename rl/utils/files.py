@@ -148,9 +148,13 @@ def describe_write_error(path: str | Path, e: OSError, what: str = "") -> str:
 
 
 def is_run_folder_write_error(e: BaseException) -> bool:
-    """A full disk (or quota), or a link where the run writes: an error a user acts on."""
+    """An error a user acts on: a full disk (or quota), or a link where the run writes.
+
+    Or a file or folder of the run it may not read or write (permissions, a read-only disk).
+    """
     return isinstance(e, UnsafePathError) or (
-        isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+        isinstance(e, OSError)
+        and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS)
     )
 
 
