@@ -92,16 +92,17 @@ def find_runs(paths: Sequence[Path]) -> list[Path]:
 
 
 def _walk(folder: Path, depth: int) -> list[Path]:
-    if folder.is_symlink() or not folder.is_dir():
-        return []
-    if (folder / "metrics.jsonl").is_file() and not (folder / "metrics.jsonl").is_symlink():
-        return [folder]
-    if depth == 0:
-        return []
-    try:
+    try:  # (unreadable: the runs elsewhere are still compared)
+        if folder.is_symlink() or not folder.is_dir():
+            return []
+        metrics = folder / "metrics.jsonl"
+        if metrics.is_file() and not metrics.is_symlink():
+            return [folder]
+        if depth == 0:
+            return []
         with os.scandir(folder) as entries:
             subfolders = [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False)]
-    except OSError as e:  # (unreadable: the runs elsewhere are still compared)
+    except OSError as e:
         log.warning("skipping %s: %s", folder, e.strerror or e)
         return []
     runs: list[Path] = []
