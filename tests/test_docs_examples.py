@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import json
 import re
@@ -18,7 +17,7 @@ from omegaconf import OmegaConf, open_dict
 
 import rl.engine.run
 from rl.engine.settings import verify_train_cfg
-from rl.utils.config import ConfigError
+from rl.utils.config import ConfigError, import_target
 
 ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"```python\n(.*?)```", re.DOTALL)
@@ -134,21 +133,6 @@ def test_the_layout_pages_loop_from_python_runs(tmp_path: Path, monkeypatch, cap
     assert (tmp_path / "outputs" / "by_hand" / "checkpoints").is_dir()
 
 
-def _resolve(dotted: str) -> Any:
-    """The object named ``rl.package.module.Name.attr``: its longest importable module, then
-    attributes."""
-    parts = dotted.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
-            continue
-        for name in parts[cut:]:
-            obj = getattr(obj, name)
-        return obj
-    raise ModuleNotFoundError(dotted)
-
-
 def test_the_layout_pages_ppo_iteration_names_what_is_there() -> None:
     """docs/layout.md's "One PPO iteration": every name it gives exists, and its count of files
     is the files those names live in."""
@@ -159,7 +143,7 @@ def test_the_layout_pages_ppo_iteration_names_what_is_there() -> None:
     assert len(named) > 15, named
     files = set()
     for dotted in named:
-        obj = _resolve(dotted)
+        obj = import_target(dotted)  # (as Hydra's _target_: a class attribute too)
         module = inspect.getmodule(obj)
         assert module is not None and module.__file__ is not None, dotted
         files.add(Path(module.__file__).relative_to(ROOT / "rl").as_posix())
