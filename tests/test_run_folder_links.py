@@ -454,3 +454,30 @@ def test_fifos_and_devices_are_judged_before_they_are_opened(
     with pytest.raises(UnsafePathError, match="not a regular file"):
         RunLock(folder).acquire()
     assert not set(opened) & {*map(str, planted), str(folder / ".lock")}, opened
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["**/*.pt", "*/checkpoints/*.pt", "**", "r?/**/*.pt", "**/checkpoints/*", ".*/*.pt",
+     "r1/.*.pt", "*.pt", "[r]1/*/*", "r2/sub/**/c.pt", "**/deep"],
+)  # fmt: skip
+def test_a_glob_without_links_matches_what_glob_matches(
+    tmp_path: Path, pattern: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where no link is in the way, the link-free walk finds exactly ``glob.glob``'s matches,
+    relative or absolute, hidden names and ``**`` alike."""
+    import glob
+
+    from rl.utils.files import glob_without_links
+
+    for folder in ("r1/checkpoints", "r2/checkpoints", "r2/sub/deep", ".hidden"):
+        (tmp_path / folder).mkdir(parents=True)
+    for file in ("r1/checkpoints/a.pt", "r2/checkpoints/b.pt", "r2/sub/deep/c.pt", "x.pt",
+                 ".hidden/h.pt", "r1/.y.pt", "r1/checkpoints/n.txt"):  # fmt: skip
+        (tmp_path / file).write_text("")
+    expected = sorted({Path(p) for p in glob.glob(str(tmp_path / pattern), recursive=True)})
+    assert expected  # (each pattern matches something here)
+    assert glob_without_links(str(tmp_path / pattern)) == (expected, [])
+    monkeypatch.chdir(tmp_path)
+    relative = sorted({Path(p) for p in glob.glob(pattern, recursive=True)})
+    assert glob_without_links(pattern) == (relative, [])

@@ -128,7 +128,10 @@ def glob_without_links(pattern: str) -> tuple[list[Path], list[Path]]:
 
     if fixed == len(parts):  # no wildcard: the path itself
         return ([Path(*parts)] if os.path.lexists(Path(*parts)) else []), []
-    walk(Path(*parts[:fixed]) if fixed else Path("."), parts[fixed:])
+    root = Path(*parts[:fixed]) if fixed else Path(".")
+    if fixed and parts[fixed:] == ("**",) and root.is_dir():
+        matches.add(root)  # (as glob: "folder/**" is the folder too)
+    walk(root, parts[fixed:])
     return sorted(matches), sorted(skipped)
 
 
