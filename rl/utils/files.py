@@ -275,6 +275,17 @@ def check_file_target(path: str | Path) -> None:
         raise UnsafePathError(errno.EINVAL, f"{path} is {kind} where the run writes a file")
 
 
+def _kind_error(path: str | Path, kind: int) -> UnsafePathError | None:
+    """What is wrong with a file of mode ``kind`` where the run keeps a regular file (or None)."""
+    if stat.S_ISLNK(kind):
+        return _link_error(path)
+    if stat.S_ISDIR(kind):
+        return UnsafePathError(errno.EISDIR, f"{path} is a folder where the run keeps a file")
+    if not stat.S_ISREG(kind):
+        return UnsafePathError(errno.EINVAL, f"{path} is not a regular file")
+    return None
+
+
 def open_nofollow(path: str | Path, flags: int, mode: int = FILE_MODE) -> int:
     """``os.open`` of a regular file, never blocking on a FIFO; a descriptor.
 
@@ -284,28 +295,23 @@ def open_nofollow(path: str | Path, flags: int, mode: int = FILE_MODE) -> int:
     # Judged before opening too: opening a device or a FIFO can have effects of its own (the
     # check after opening stays, for a name swapped in between).
     with contextlib.suppress(FileNotFoundError):  # (created by the open, with O_CREAT)
-        kind = os.lstat(path).st_mode
-        if stat.S_ISLNK(kind):
-            raise _link_error(path)
-        if stat.S_ISDIR(kind):
-            raise UnsafePathError(errno.EISDIR, f"{path} is a folder where the run keeps a file")
-        if not stat.S_ISREG(kind):
-            raise UnsafePathError(errno.EINVAL, f"{path} is not a regular file")
+        error = _kind_error(path, os.lstat(path).st_mode)
+        if error is not None:
+            raise error
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise _link_error(path) from e
-        if e.errno == errno.EISDIR:
-            raise UnsafePathError(
-                errno.EISDIR, f"{path} is a folder where the run keeps a file"
-            ) from e
+        kind = {errno.ELOOP: stat.S_IFLNK, errno.EISDIR: stat.S_IFDIR}.get(e.errno or 0)
+        error = None if kind is None else _kind_error(path, kind)
+        if error is not None:  # (a name swapped for a link or a folder since the lstat)
+            raise error from e
         if e.errno == errno.ENXIO:  # (a FIFO without a reader, opened to write)
             raise UnsafePathError(errno.ENXIO, f"{path} is not a regular file") from e
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    error = _kind_error(path, os.fstat(fd).st_mode)
+    if error is not None:
         os.close(fd)
-        raise UnsafePathError(errno.EINVAL, f"{path} is not a regular file")
+        raise error
     os.set_blocking(fd, True)
     return fd
 
