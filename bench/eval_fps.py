@@ -47,8 +47,7 @@ from rl.collection.episodes import (
     evaluate_expert,
     evaluate_policy,
 )
-from rl.models.factory import build_policy
-from rl.models.policy import Policy
+from rl.models.policy import Policy, build_policy
 from rl.tasks.factory import task_layout, with_split
 from rl.utils.seeding import set_seed
 from rl_envs.pointnav.env import Actions

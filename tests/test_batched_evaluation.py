@@ -33,8 +33,7 @@ from rl.collection.episodes import EvalResult, EvalSampler, episode_seed_list, e
 from rl.collection.local import InProcessCollector
 from rl.engine.run import evaluate, train
 from rl.evaluation.inference import load_trained_policy
-from rl.models.factory import build_policy
-from rl.models.policy import Policy
+from rl.models.policy import Policy, build_policy
 from rl.tasks.factory import task_layout, with_split
 from rl.utils.config import ConfigError
 from rl.utils.seeding import set_seed

@@ -11,7 +11,7 @@ from small import assert_same_step
 from rl.collection.base import RolloutRequest
 from rl.collection.local import InProcessCollector
 from rl.losses import PPOLoss
-from rl.models.factory import build_policy
+from rl.models.policy import build_policy
 from rl.sampling import build_sampler, finished_episodes
 from rl.sampling.agents import AgentRows
 from rl.storage.estimators import GAE

@@ -13,7 +13,7 @@ from torch import nn
 
 import rl.engine.run
 from rl.models import ActionHead, ActorCritic, PolicyBase, PolicyOutput, build_policy
-from rl.models.checks import PolicyShapeError, check_policy
+from rl.models.policy import PolicyShapeError, check_policy
 
 SPACE = gym.spaces.Dict(
     {"x": gym.spaces.Box(-1.0, 1.0, (4,), np.float32), "d": gym.spaces.Discrete(3)}

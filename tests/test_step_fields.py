@@ -175,7 +175,7 @@ def test_a_bad_declaration_names_the_task_and_the_field(declaration, message) ->
 
 
 def test_a_task_without_an_expert_says_so_to_imitation() -> None:
-    from rl.collection.acting import NoExpertError
+    from rl.collection import NoExpertError
 
     with pytest.raises(NoExpertError, match="declares no expert"):
         evaluate_expert(task=TASK, episode_seeds=[0, 1], num_envs=2)

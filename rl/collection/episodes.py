@@ -3,7 +3,8 @@
 Each environment runs a contiguous share of the list and is paused (dropped from the batch,
 recurrent state included) once done, until all are. The environments step serially, or as one
 batch where the run trained with ``sampler=batched`` (:class:`EvalSampler`): the same episodes,
-the same results.
+the same results. :class:`PolicyActor` is the policy acting there (and in probe videos);
+:func:`policy_step` is the same step for :class:`~rl.evaluation.InferenceAgent`.
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rl.collection.acting import PolicyActor
 from rl.collection.normalization import Normalizer
-from rl.models.policy import Policy
-from rl.sampling.base import finished_episodes
+from rl.models.policy import ACTIONS, NEXT_STATE, Policy, policy_input
+from rl.sampling.base import Actor, ExpertActor, finished_episodes, run_steps
 from rl.sampling.batched import MODES
 from rl.sampling.convert import episode_metric_key
 from rl.sampling.factory import build_sampler
-from rl.sampling.runner import Actor, ExpertActor, run_steps
 from rl.sampling.watchdog import DEFAULT_TIMEOUT_S
 from rl.utils.config import Check, load_section
 
@@ -118,6 +117,107 @@ class EvalSampler:
         return (
             f"batched sampler (device={self.device}, vectorization_mode={self.vectorization_mode})"
         )
+
+
+@torch.no_grad()
+def policy_step(
+    model: Policy,
+    obs: Mapping[str, torch.Tensor],
+    starts: torch.Tensor,
+    state: TensorDict,
+    *,
+    deterministic: bool,
+    generator: torch.Generator | None = None,
+    normalizer: Normalizer | None = None,
+) -> tuple[torch.Tensor, TensorDict]:
+    """The one policy step: ``(actions [N, ...], the state after)`` for ``[N, ...]`` inputs.
+
+    ``normalizer``: the run's, applied frozen.
+    """
+    if normalizer is not None:
+        obs = normalizer.observations(obs)
+    step = model.act(
+        policy_input(obs, starts, state), deterministic=deterministic, generator=generator
+    )
+    return step.get(ACTIONS), step.get(NEXT_STATE)
+
+
+def steps_device(step: Mapping[str, Any]) -> torch.device:
+    """Where a sampler's ``step`` lives (its observations'; NumPy: the CPU)."""
+    first = next(iter(step["obs"].values()), None)
+    return first.device if isinstance(first, torch.Tensor) else torch.device("cpu")
+
+
+def actions_for(
+    actions: torch.Tensor,
+    steps_on: torch.device,
+    to_host: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> np.ndarray | torch.Tensor:
+    """``actions`` as a sampler whose steps live ``steps_on`` takes them.
+
+    A sampler on the actions' accelerator takes the tensor where it is; any other takes NumPy
+    (a view of a CPU tensor). ``to_host`` brings accelerator actions to the host (None:
+    ``Tensor.cpu``).
+    """
+    if actions.device.type != "cpu":
+        if steps_on == actions.device:
+            return actions
+        actions = actions.cpu() if to_host is None else to_host(actions)
+    return actions.numpy()
+
+
+class PolicyActor:
+    """A policy acting for ``num_envs`` environments; its state and episode starts in the step.
+
+    :meth:`next_step` drops the environments not kept (their state too).
+
+    Args:
+        model: The policy (the caller puts it in eval mode).
+        generator: Generator of sampled actions (None: the global one).
+        normalizer: The run's observation normalisation, applied frozen.
+    """
+
+    def __init__(
+        self,
+        model: Policy,
+        num_envs: int,
+        *,
+        device: torch.device | str,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+        normalizer: Normalizer | None = None,
+    ) -> None:
+        self.model, self.num_envs, self.device = model, num_envs, torch.device(device)
+        self.deterministic, self.generator, self.normalizer = deterministic, generator, normalizer
+        self.steps_on = torch.device("cpu")  # where the sampler's steps live (set by start)
+
+    def _obs(self, step: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        obs = {k: torch.as_tensor(v).to(self.device) for k, v in step["obs"].items()}
+        return obs if self.normalizer is None else dict(self.normalizer.observations(obs))
+
+    def start(self, first: Mapping[str, Any]) -> TensorDict:
+        """The first step, of a sampler's reset ``first`` (``[N, ...]`` arrays or tensors)."""
+        starts = torch.ones(self.num_envs, dtype=torch.bool, device=self.device)
+        self.steps_on = steps_device(first)
+        state = self.model.initial_state(self.num_envs, self.device)
+        return policy_input(self._obs(first), starts, state)
+
+    def act(self, step: TensorDict) -> np.ndarray | torch.Tensor:
+        """Actions ``[N, ...]`` for ``step``, as the sampler takes them (:func:`actions_for`)."""
+        with torch.no_grad():
+            self.model.act(step, deterministic=self.deterministic, generator=self.generator)
+        return actions_for(step.get(ACTIONS), self.steps_on)
+
+    def next_step(
+        self, step: TensorDict, result: Mapping[str, Any], keep: torch.Tensor | None = None
+    ) -> TensorDict:
+        """Episode starts where ``result`` ended one, the state after; ``keep`` stays."""
+        done = torch.as_tensor(result["terminated"]) | torch.as_tensor(result["truncated"])
+        obs, done, state = self._obs(result), done.to(self.device), step.get(NEXT_STATE)
+        if keep is not None:
+            mask = keep.to(self.device)
+            obs, done, state = {k: v[mask] for k, v in obs.items()}, done[mask], state[mask]
+        return policy_input(obs, done, state)
 
 
 def episode_seed_list(num_episodes: int, first_seed: int) -> list[int]:

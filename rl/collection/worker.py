@@ -26,7 +26,7 @@ from rl.collection.base import CollectionSpec, RolloutRequest
 from rl.collection.episodes import EvalSampler, evaluate_policy
 from rl.collection.local import InProcessCollector
 from rl.collection.transport import ShippedRollout, ship
-from rl.models.factory import build_policy
+from rl.models.policy import build_policy
 from rl.sampling.factory import build_sampler
 from rl.tasks.factory import with_split
 from rl.utils.finite import as_count

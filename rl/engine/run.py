@@ -36,7 +36,7 @@ from rl.evaluation.video import ProbeVideo
 from rl.loggers.base import MetricsLogger, RunContext
 from rl.loggers.factory import build_logger
 from rl.losses.auxiliary import bind_losses, loss_modules
-from rl.models.factory import build_policy
+from rl.models.policy import build_policy
 from rl.pipeline.stages import TrainingPipeline
 from rl.sampling.factory import sampler_num_envs
 from rl.tasks.factory import TaskLayout, task_id, task_layout

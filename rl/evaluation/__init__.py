@@ -5,7 +5,6 @@
 policy outside the engine. The seeded episode lists are :mod:`rl.collection.episodes`'.
 """
 
-from rl.collection.acting import NoExpertError
 from rl.collection.episodes import (
     EvalResult,
     EvalSampler,
@@ -19,6 +18,7 @@ from rl.evaluation.settings import EvalSettings, ValidSettings
 from rl.evaluation.training_eval import TrainingEvaluation
 from rl.evaluation.validation import BackgroundValidation
 from rl.evaluation.video import ProbeVideo
+from rl.sampling.base import NoExpertError
 
 __all__ = [
     "BackgroundValidation",

@@ -27,10 +27,9 @@ from tensordict import TensorDict
 
 from rl.checkpoints.files import CheckpointError, checkpoint_file, load_checkpoint
 from rl.checkpoints.saved_config import ConfigTree, rebuild_config
-from rl.collection.acting import policy_step
+from rl.collection.episodes import policy_step
 from rl.collection.normalization import Normalizer
-from rl.models.factory import build_policy
-from rl.models.policy import Policy
+from rl.models.policy import Policy, build_policy
 from rl.tasks.factory import build_env, dict_space
 from rl.tasks.spaces import ObservationFlattener, to_env_actions
 from rl.utils.saved import checked_weights

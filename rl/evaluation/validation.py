@@ -31,7 +31,7 @@ from rl.evaluation.inference import load_trained_policy
 from rl.evaluation.runs import checkpoint_ref
 from rl.evaluation.settings import ValidSettings
 from rl.loggers.base import MetricsLogger
-from rl.models.factory import build_policy
+from rl.models.policy import build_policy
 from rl.tasks.factory import TaskLayout, task_layout, with_split
 from rl.training.callbacks import Callback, RolloutInfo
 from rl.training.trainer import OnPolicyTrainer

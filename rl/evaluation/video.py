@@ -17,13 +17,12 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rl.collection.acting import PolicyActor
+from rl.collection.episodes import PolicyActor
 from rl.collection.normalization import Normalizer
 from rl.loggers.base import MetricsLogger
 from rl.models.policy import Policy
 from rl.sampling.agents import agent_rows
-from rl.sampling.base import Sampler, finished_episodes
-from rl.sampling.runner import run_steps
+from rl.sampling.base import Sampler, finished_episodes, run_steps
 from rl.sampling.serial import SerialSampler
 from rl.training.callbacks import Callback, RolloutInfo
 from rl.training.trainer import OnPolicyTrainer

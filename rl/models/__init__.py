@@ -8,10 +8,16 @@ from rl.models.distributions import (
     DiagGaussian,
     MultiCategorical,
 )
-from rl.models.factory import build_policy
 from rl.models.grouped import GroupedDistribution, GroupedPolicy
 from rl.models.lstm import lstm_sequence
-from rl.models.policy import Policy, PolicyBase, PolicyOutput, empty_state, policy_input
+from rl.models.policy import (
+    Policy,
+    PolicyBase,
+    PolicyOutput,
+    build_policy,
+    empty_state,
+    policy_input,
+)
 from rl.models.value_norm import ValueNorm
 
 __all__ = [

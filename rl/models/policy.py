@@ -18,19 +18,31 @@ A policy is a ``torch.nn.Module`` (its ``state_dict`` is the checkpoint's ``mode
 Optionally, a critic that learns normalised values has ``value_norms(obs)``: its
 :class:`~rl.models.value_norm.ValueNorm` statistics, each with the ``[T, N]`` mask of the rows
 whose returns it follows (None: every row); the learner updates them with each rollout's returns.
+
+:func:`build_policy` is the one way the framework builds a policy from its config, and checks it
+against this protocol (:func:`check_policy`): a policy of one's own returning values
+``[T, N, 1]`` would otherwise fail far from its cause. The probe (``T = 3`` steps of ``N = 2``
+environments drawn from the task's space, an episode start at the second step) changes nothing:
+no gradients, evaluation mode, its own random stream.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from collections.abc import Iterator, Mapping
+import inspect
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+import gymnasium as gym
+import hydra.utils
+import numpy as np
 import torch
 from tensordict import TensorDict
 from torch import nn
 
 from rl.models.distributions import ActionDistribution
+from rl.utils.config import ConfigError
 
 __all__ = [
     "ACTIONS",
@@ -45,6 +57,9 @@ __all__ = [
     "Policy",
     "PolicyBase",
     "PolicyOutput",
+    "PolicyShapeError",
+    "build_policy",
+    "check_policy",
     "empty_state",
     "first_step",
     "policy_input",
@@ -235,3 +250,137 @@ def first_step(dist: ActionDistribution) -> ActionDistribution:
             "distribution an index(i) method"
         )
     return index(0)
+
+
+# ------------------------------------------------------------ building one, checked
+def build_policy(
+    model_cfg: Mapping[str, Any],
+    observation_space: gym.spaces.Dict,
+    action_space: gym.Space,
+    *,
+    groups: Sequence[Any] | None = None,
+) -> Any:
+    """Instantiate a model config (a ``_partial_`` ``_target_``) for the given spaces.
+
+    The one way the framework builds a policy: ``build_policy(cfg["model"],
+    *task_spaces(cfg["task"]))``, with ``groups`` for a task with groups of agents
+    (:attr:`rl.tasks.TaskLayout.groups`). The policy is checked against the
+    :class:`~rl.models.policy.Policy` protocol, its outputs' shapes included.
+    """
+    build = hydra.utils.instantiate(dict(model_cfg))
+    kwargs: dict[str, Any] = {}
+    if groups:
+        if "groups" not in _parameters(build):
+            names = ", ".join(f"{g.name} (agents {list(g.agents)})" for g in groups)
+            raise ValueError(
+                f"the task has groups of agents with spaces of their own ({names}), one policy "
+                f"each, but model._target_={model_cfg.get('_target_')!r} takes no groups: use "
+                "model=grouped (rl.models.GroupedPolicy)"
+            )
+        kwargs["groups"] = tuple(groups)
+    policy = build(observation_space=observation_space, action_space=action_space, **kwargs)
+    if not isinstance(policy, nn.Module) or not isinstance(policy, Policy):
+        missing = [m for m in ("initial_state", "forward", "act") if not hasattr(policy, m)]
+        raise TypeError(
+            f"model._target_={model_cfg.get('_target_')!r} built a {type(policy).__name__}, "
+            "not a policy: a torch.nn.Module with initial_state, forward and act "
+            "(rl.models.Policy; subclass rl.models.PolicyBase to get act)"
+            + (f"; it lacks {', '.join(missing)}" if missing else "")
+        )
+    check_policy(policy, observation_space)
+    return policy
+
+
+def _parameters(build: Any) -> set[str]:
+    try:
+        return set(inspect.signature(build).parameters)
+    except (TypeError, ValueError):  # (no signature to read: pass nothing more)
+        return set()
+
+
+_T, _N = 3, 2  # the probe's steps and environments
+
+
+class PolicyShapeError(ConfigError, TypeError):
+    """A policy's output does not have the shape the protocol asks for (a config error)."""
+
+
+def _batch(space: gym.spaces.Dict, lead: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    rng = np.random.default_rng(0)
+    out = {}
+    for key, sub in space.spaces.items():
+        sub = copy.deepcopy(sub)  # (the task's space keeps its own random stream)
+        sub.seed(int(rng.integers(2**31)))
+        samples = [np.asarray(sub.sample()) for _ in range(int(np.prod(lead)))]
+        out[key] = torch.as_tensor(np.stack(samples)).reshape(*lead, *samples[0].shape)
+    return out
+
+
+def _expect(policy: Any, what: str, value: Any, shape: tuple[int, ...], hint: str) -> None:
+    got = tuple(value.shape) if isinstance(value, torch.Tensor) else None
+    if got != shape:
+        shown = "not a tensor" if got is None else f"shape {list(got)}"
+        raise PolicyShapeError(
+            f"policy {type(policy).__name__}: {what} has {shown}; expected {list(shape)} "
+            f"({hint}). See rl.models.Policy (docs/howto/add-a-model.md)."
+        )
+
+
+def check_policy(policy: Any, observation_space: gym.spaces.Dict) -> None:
+    """Run ``policy`` once on a small batch; a :class:`PolicyShapeError` names a wrong output."""
+    was_training = policy.training
+    policy.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            _probe(policy, observation_space)
+    finally:
+        policy.train(was_training)
+
+
+def _probe(policy: Any, observation_space: gym.spaces.Dict) -> None:
+    device = next((p.device for p in policy.parameters()), torch.device("cpu"))
+    state = policy.initial_state(_N, device)
+    _check_state(policy, f"initial_state({_N})", state)
+    obs = {k: v.to(device) for k, v in _batch(observation_space, (_T, _N)).items()}
+    starts = torch.zeros(_T, _N, dtype=torch.bool, device=device)
+    starts[1, 0] = True
+    output, after = policy(obs, starts, state)
+    _expect(policy, "forward()'s values", output.values, (_T, _N), "one value per step and "
+            "environment: [T, N], not [T, N, 1]")  # fmt: skip
+    _check_state(policy, "forward()'s state after", after)
+    first = {k: v[0] for k, v in obs.items()}
+    step = policy.act(policy_input(first, starts[0], state), deterministic=True)
+    if not isinstance(step, TensorDict):
+        raise PolicyShapeError(
+            f"policy {type(policy).__name__}: act() returned {type(step).__name__}; expected the "
+            "step TensorDict it was given, its actions, logprobs, values and next_state written "
+            "in (rl.models.Policy.act)"
+        )
+    missing = [k for k in (ACTIONS, LOGPROBS, VALUES, NEXT_STATE) if k not in step.keys()]
+    if missing:
+        raise PolicyShapeError(
+            f"policy {type(policy).__name__}: act() wrote no {', '.join(missing)} into the step "
+            "(rl.models.Policy.act writes actions, logprobs, values and next_state)"
+        )
+    _expect(policy, "act()'s values", step.get(VALUES), (_N,), "one per environment: [N]")
+    _expect(policy, "act()'s logprobs", step.get(LOGPROBS), (_N,), "one per environment: [N]")
+    _check_state(policy, "act()'s next_state", step.get(NEXT_STATE))
+    actions = step.get(ACTIONS)
+    actions = actions.unsqueeze(0).expand(_T, *actions.shape)
+    _expect(policy, "forward()'s dist.log_prob(actions)", output.dist.log_prob(actions),
+            (_T, _N), "[T, N]: one log-probability per step and environment")  # fmt: skip
+    for name, value in output.extras.items():
+        if not isinstance(value, torch.Tensor) or tuple(value.shape[:2]) != (_T, _N):
+            _expect(policy, f"forward()'s extras[{name!r}]", value, (_T, _N), "[T, N, ...]")
+    for name in set(step.keys()) - STEP_KEYS:  # (a TensorDict keeps its entries [N, ...])
+        if not isinstance(step.get(name), torch.Tensor):
+            _expect(policy, f"act()'s extra {name!r}", step.get(name), (_N,), "a [N, ...] tensor")
+
+
+def _check_state(policy: Any, where: str, state: Any) -> None:
+    if not isinstance(state, TensorDict) or tuple(state.batch_size) != (_N,):
+        raise PolicyShapeError(
+            f"policy {type(policy).__name__}: {where} is {type(state).__name__} "
+            f"{getattr(state, 'batch_size', '')}; expected a TensorDict of batch [{_N}] "
+            "(batch-first: one entry per environment)"
+        )

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rl.sampling.runner import ExpertActor, run_steps
+from rl.sampling.base import ExpertActor, run_steps
 from rl.sampling.serial import SerialSampler
 from rl.tasks.fields import EXPERT_ACTIONS
 from rl.utils.config import MAX_EPISODES, Check, ConfigError
