@@ -20,7 +20,14 @@ from tensordict import TensorDict
 
 from rl.collection.normalization import Normalizer
 from rl.models.policy import ACTIONS, NEXT_STATE, Policy, policy_input
-from rl.sampling.base import Actor, ExpertActor, finished_episodes, run_steps
+from rl.sampling.base import (
+    Actor,
+    ExpertActor,
+    actions_for,
+    finished_episodes,
+    run_steps,
+    steps_device,
+)
 from rl.sampling.batched import MODES
 from rl.sampling.convert import episode_metric_key
 from rl.sampling.factory import build_sampler
@@ -140,30 +147,6 @@ def policy_step(
         policy_input(obs, starts, state), deterministic=deterministic, generator=generator
     )
     return step.get(ACTIONS), step.get(NEXT_STATE)
-
-
-def steps_device(step: Mapping[str, Any]) -> torch.device:
-    """Where a sampler's ``step`` lives (its observations'; NumPy: the CPU)."""
-    first = next(iter(step["obs"].values()), None)
-    return first.device if isinstance(first, torch.Tensor) else torch.device("cpu")
-
-
-def actions_for(
-    actions: torch.Tensor,
-    steps_on: torch.device,
-    to_host: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> np.ndarray | torch.Tensor:
-    """``actions`` as a sampler whose steps live ``steps_on`` takes them.
-
-    A sampler on the actions' accelerator takes the tensor where it is; any other takes NumPy
-    (a view of a CPU tensor). ``to_host`` brings accelerator actions to the host (None:
-    ``Tensor.cpu``).
-    """
-    if actions.device.type != "cpu":
-        if steps_on == actions.device:
-            return actions
-        actions = actions.cpu() if to_host is None else to_host(actions)
-    return actions.numpy()
 
 
 class PolicyActor:

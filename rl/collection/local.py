@@ -26,13 +26,7 @@ from tensordict import TensorDict
 from tensordict.utils import NestedKey
 
 from rl.collection.base import CollectionSpec, Preemption, Rollout, RolloutRequest
-from rl.collection.episodes import (
-    EvalResult,
-    EvalSampler,
-    actions_for,
-    evaluate_policy,
-    steps_device,
-)
+from rl.collection.episodes import EvalResult, EvalSampler, evaluate_policy
 from rl.collection.normalization import Normalizer
 from rl.distributed.preemption import RolloutPreemption
 from rl.distributed.setup import DistContext
@@ -49,7 +43,14 @@ from rl.models.policy import (
     policy_input,
 )
 from rl.pipeline.trackers import ScalarMeanTracker
-from rl.sampling.base import EPISODES, Sampler, decode_episodes, run_steps
+from rl.sampling.base import (
+    EPISODES,
+    Sampler,
+    actions_for,
+    decode_episodes,
+    run_steps,
+    steps_device,
+)
 from rl.sampling.factory import build_sampler
 from rl.storage.rollout import RolloutStorage
 from rl.tasks.factory import with_split

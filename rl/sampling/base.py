@@ -304,6 +304,30 @@ class Actor(Protocol):
         ...
 
 
+def steps_device(step: Mapping[str, Any]) -> torch.device:
+    """Where a sampler's ``step`` lives (its observations'; NumPy: the CPU)."""
+    first = next(iter(step["obs"].values()), None)
+    return first.device if isinstance(first, torch.Tensor) else torch.device("cpu")
+
+
+def actions_for(
+    actions: torch.Tensor,
+    steps_on: torch.device,
+    to_host: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> np.ndarray | torch.Tensor:
+    """``actions`` as a sampler whose steps live ``steps_on`` takes them.
+
+    A sampler on the actions' accelerator takes the tensor where it is; any other takes NumPy
+    (a view of a CPU tensor). ``to_host`` brings accelerator actions to the host (None:
+    ``Tensor.cpu``).
+    """
+    if actions.device.type != "cpu":
+        if steps_on == actions.device:
+            return actions
+        actions = actions.cpu() if to_host is None else to_host(actions)
+    return actions.numpy()
+
+
 def run_steps(
     sampler: Sampler,
     actor: Actor,
