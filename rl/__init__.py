@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from rl.utils import dynamo as _dynamo
+
+_dynamo.install()  # before any module of rl imports tensordict: see rl/utils/dynamo.py
+
 __all__ = ["Run", "compose", "evaluate", "train"]
 
 

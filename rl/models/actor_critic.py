@@ -341,14 +341,14 @@ class ActorCritic(PolicyBase):
         h = state["h"].transpose(0, 1)  # [L, N, H]
         if self.rnn_kind == "lstm":
             c = state["c"].transpose(0, 1)
-            out, (h, c) = lstm_sequence(self.rnn, x, episode_starts, h, c)
+            out, (h, c) = lstm_sequence(cast(nn.LSTM, self.rnn), x, episode_starts, h, c)
             after = {"h": h.transpose(0, 1), "c": c.transpose(0, 1)}
         else:
             if x.shape[0] == 1:
                 keep = (~episode_starts[0]).to(x.dtype).view(1, -1, 1)
                 out, h = self.rnn(x, h.contiguous() * keep)
             else:
-                out, h = gru_sequence(self.rnn, x, episode_starts, h.contiguous())
+                out, h = gru_sequence(cast(nn.GRU, self.rnn), x, episode_starts, h.contiguous())
             after = {"h": h.transpose(0, 1)}
         return out, TensorDict(after, batch_size=state.batch_size, device=state.device)
 

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from rl.utils.dynamo import eager_under_compile
+
 
 class _GRULayer(torch.autograd.Function):
     """One GRU layer over ``[T, B]``: ``h_t = cell(gi_t, h_{t-1} * keep_t)``.
@@ -90,7 +92,7 @@ class _GRULayer(torch.autograd.Function):
 # Eager under torch.compile (pipeline.compile): which steps reset is data (a list read from
 # the tensor), and compiled it would be one graph per reset pattern, recompiled minibatch after
 # minibatch up to dynamo's limit. The layers around it are compiled.
-@torch.compiler.disable
+@eager_under_compile
 def gru_sequence(
     rnn: nn.GRU, x: torch.Tensor, episode_starts: torch.Tensor, hidden: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:

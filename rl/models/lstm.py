@@ -10,8 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from rl.utils.dynamo import eager_under_compile
 
-@torch.compiler.disable  # (eager under torch.compile: see rl.models.gru.gru_sequence)
+
+@eager_under_compile  # (eager under torch.compile: see rl.models.gru.gru_sequence)
 def lstm_sequence(
     lstm: nn.LSTM,
     x: torch.Tensor,
