@@ -12,13 +12,15 @@ Both only matter once something compiles, and compiling imports ``torch._dynamo`
 adds an import hook that imports tensordict with those two marks recorded instead of applied,
 and applies them the moment ``torch._dynamo`` has been imported: by ``torch.compile``
 (``pipeline.compile``), or by anyone. A compiled run therefore sees exactly the marks it would
-have had; a run that never compiles never pays for dynamo. The train CLI, each sampler and
-worker process, each DDP rank and each evaluation start that much sooner (``import
-rl.engine.run``: 5.4 CPU-s to 3.2 on the 2-core CI machine, 2026-12).
+have had; a process that never compiles pays for dynamo only if it builds a ``torch.optim``
+optimizer (torch imports dynamo then). ``evaluate.py``, the sampler's fork server, process and
+Ray collection workers and validation start about 2 CPU-s sooner (``import rl.engine.run``:
+5.8 s to 3.1 on the 2-core CI machine, 2026-12; docs/speed.md); ``train.py`` and DDP ranks
+still load dynamo with their optimizer.
 
 Where ``torch._dynamo`` is already imported (a user imported it first), nothing is deferred:
-the marks go straight through. ``tests/test_startup.py`` checks both halves: nothing in the
-training path imports dynamo, and once it is imported every mark is in place.
+the marks go straight through. ``tests/test_startup.py`` checks both halves: no module of
+``rl`` imports dynamo, and once it is imported tensordict carries every mark it would have.
 """
 
 from __future__ import annotations
