@@ -30,11 +30,63 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "action seed and episode list, and the seeds of tests that take the seed_offset "
         "fixture. Learning tests must pass for K = 0, 1 and 2: pytest -m learning --seed-offset 1",
     )
+    parser.addoption(
+        "--cpu-per-test",
+        default=None,
+        metavar="FILE",
+        help="append each test's CPU seconds to FILE (JSON lines: id, cpu, wall): the machine's "
+        "busy time while it ran, so its subprocesses, Ray's daemons and forked children count "
+        "(and so would other load: run it on an idle machine). One test process only: "
+        "make test ARGS='-n 0 --cpu-per-test cpu.jsonl'",
+    )
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     offset = config.getoption("--seed-offset")
     return f"seed offset: {offset} (every test's seeds are shifted by it)" if offset else None
+
+
+def _busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine has been busy (all cores: user, system, IRQ, steal)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:9]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")  # less idle, iowait
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("--cpu-per-test")
+    if path is None:
+        return
+    if getattr(config.option, "numprocesses", None):
+        raise pytest.UsageError(
+            "--cpu-per-test counts the machine's busy time: it needs one test process "
+            "(-n 0), not several sharing the count"
+        )
+    if not os.path.exists("/proc/stat"):
+        raise pytest.UsageError("--cpu-per-test reads /proc/stat (Linux only)")
+    config.pluginmanager.register(_CpuPerTest(Path(path)), "cpu_per_test")
+
+
+class _CpuPerTest:
+    """``--cpu-per-test``: each test's busy CPU seconds and wall seconds, as JSON lines."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
+        import json
+        import time
+
+        busy, start = _busy_cpu_seconds(), time.monotonic()
+        yield
+        record = {
+            "id": item.nodeid,
+            "cpu": round(_busy_cpu_seconds() - busy, 2),
+            "wall": round(time.monotonic() - start, 2),
+        }
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
 
 
 @pytest.fixture(scope="session")
