@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import warm_cli
 from hydra import compose, initialize
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -55,6 +56,9 @@ def _busy_cpu_seconds() -> float:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The suite's train.py and evaluate.py command lines fork a warm interpreter instead of
+    # starting one (tests/warm_cli.py: what that keeps and changes; RL_TEST_COLD_CLI=1: off).
+    warm_cli.install()
     path = config.getoption("--cpu-per-test")
     if path is None:
         return
@@ -66,6 +70,26 @@ def pytest_configure(config: pytest.Config) -> None:
     if not os.path.exists("/proc/stat"):
         raise pytest.UsageError("--cpu-per-test reads /proc/stat (Linux only)")
     config.pluginmanager.register(_CpuPerTest(Path(path)), "cpu_per_test")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    warm_cli.uninstall()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_interpreter() -> None:
+    """Start this test process's warm interpreter with its first test: it imports meanwhile."""
+    warm_cli.start()
+
+
+@pytest.fixture(autouse=True)
+def _cold_cli(request: pytest.FixtureRequest) -> Iterator[None]:
+    """``@pytest.mark.cold_cli``: the test's command lines start real interpreters."""
+    if request.node.get_closest_marker("cold_cli") is None:
+        yield
+        return
+    with warm_cli.cold():
+        yield
 
 
 class _CpuPerTest:
