@@ -119,6 +119,16 @@ def test_start_up_settings_and_other_programs_start_real_interpreters(script) ->
         assert int(done.stdout) == os.getpid(), args
     done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True)
     assert int(done.stdout) == warm_cli.server_pid()
+    # What the warm interpreter's own imports set counts as unchanged: this process has it too
+    # once it imports them (most of the suite's processes do).
+    import torch._dynamo  # noqa: F401  (sets TORCHINDUCTOR_CACHE_DIR)
+
+    assert "TORCHINDUCTOR_CACHE_DIR" in os.environ
+    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True)
+    assert int(done.stdout) == warm_cli.server_pid()
+    moved = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": "/elsewhere"}
+    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=moved)
+    assert int(done.stdout) == os.getpid()
 
 
 @pytest.mark.cold_cli

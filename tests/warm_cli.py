@@ -106,7 +106,7 @@ def serve(fd: int) -> None:
     # What the imports set (torch's TORCHINDUCTOR_CACHE_DIR, ...): each child gets it as a
     # fresh start's imports would give it, unless its own environment sets it.
     added = {k: v for k, v in os.environ.items() if k not in started_with}
-    _send(sock, ("ready", os.getpid(), started_with))
+    _send(sock, ("ready", os.getpid(), (started_with, added)))
     selector = selectors.DefaultSelector()
     selector.register(sock, selectors.EVENT_READ, None)
     children: dict[int, int] = {}  # pid -> pidfd
@@ -287,16 +287,26 @@ class _Client:
         self._ids = itertools.count()
         self._started: dict[int, int | str] = {}
         self._exits: dict[int, int] = {}
-        self._ready: tuple[int, dict[str, str]] | None = None
+        # The server's environment as started, and what its imports added to it
+        self._ready: tuple[dict[str, str], dict[str, str]] | None = None
         self._dead = False
         self.pid = self._process.pid
 
-    def ready(self) -> dict[str, str] | None:
-        """The warm interpreter's environment once it is ready; None if it failed to start."""
+    def ready(self) -> bool:
+        """Wait until the warm interpreter has imported everything (False: it failed to)."""
         deadline = time.monotonic() + START_TIMEOUT
         while self._ready is None and not self._dead and time.monotonic() < deadline:
             self._pump(0.2)
-        return None if self._ready is None else self._ready[1]
+        return self._ready is not None
+
+    def serves(self, env: Mapping[str, str]) -> bool:
+        """Whether a child in ``env`` starts as a fresh interpreter would: ``env`` sets each
+        start-up variable as the server's environment did, or as its imports then set it
+        (a test process that has imported torch's inductor has ``TORCHINDUCTOR_CACHE_DIR``)."""
+        assert self._ready is not None
+        started_with, added = self._ready
+        wanted = {k: v for k, v in _start_up_settings(env).items() if added.get(k) != v}
+        return wanted == _start_up_settings(started_with)
 
     def spawn(self, request: dict[str, Any], fds: list[int]) -> int:
         """Fork a child for ``request``; its pid."""
@@ -339,7 +349,7 @@ class _Client:
                     break
                 (kind, key, value), _ = received
                 if kind == "ready":
-                    self._ready = (key, value)
+                    self._ready = value
                 elif kind == "started":
                     self._started[key] = value
                 elif kind == "exit":
@@ -356,7 +366,7 @@ class _Client:
             self._process.wait()
 
 
-def _warm_client() -> tuple[_Client, dict[str, str]] | None:
+def _warm_client() -> _Client | None:
     """The test process's warm interpreter, started on first use (None: unavailable)."""
     global _client
     with _client_lock:
@@ -364,8 +374,7 @@ def _warm_client() -> tuple[_Client, dict[str, str]] | None:
             if not hasattr(os, "pidfd_open") or os.environ.get("RL_TEST_COLD_CLI") == "1":
                 return None
             _client = _Client()
-    environment = _client.ready()
-    return None if environment is None else (_client, environment)
+    return _client if _client.ready() else None
 
 
 def _start_up_settings(env: Mapping[str, str]) -> dict[str, str]:
@@ -395,18 +404,15 @@ class WarmPopen(_Popen):  # type: ignore[misc,valid-type]
             or (executable is not None and os.fspath(executable) != sys.executable)
             or not _served(args, cwd)
         )
-        served = None if cold else _warm_client()
+        client = None if cold else _warm_client()
         environment = dict(os.environ if env is None else env)
-        if served is not None and _start_up_settings(environment) != _start_up_settings(served[1]):
-            served = None
-        if served is None:
+        if client is None or not client.serves(environment):
             super()._execute_child(
                 args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
                 creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
                 restore_signals, gid, gids, uid, umask, start_new_session, process_group,
             )  # fmt: skip
             return
-        client = served[0]
         try:
             request = {
                 "argv": [os.fsdecode(a) for a in args],
