@@ -131,6 +131,19 @@ def test_start_up_settings_and_other_programs_start_real_interpreters(script) ->
     assert int(done.stdout) == os.getpid()
 
 
+def test_a_moved_environment_gets_a_warm_interpreter_of_its_own(
+    script, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module the test process imported set a start-up variable (joblib: KMP_INIT_AT_FORK)."""
+    path = script("import os; print(os.getppid(), os.environ.get('KMP_INIT_AT_FORK'))")
+    subprocess.run([sys.executable, str(path)], capture_output=True, text=True)
+    first = warm_cli.server_pid()
+    monkeypatch.setenv("KMP_INIT_AT_FORK", "FALSE")
+    done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True)
+    second = warm_cli.server_pid()
+    assert second != first and done.stdout.split() == [str(second), "FALSE"]
+
+
 @pytest.mark.cold_cli
 def test_the_cold_cli_marker_starts_real_interpreters(script) -> None:
     path = script("import os; print(os.getppid())")

@@ -29,7 +29,9 @@ multiprocessing's authentication key are drawn afresh in each). So a call starts
 interpreter where that could show:
 
 - its environment differs from the warm interpreter's in a variable read at start-up or import
-  (``PYTHON*`` but ``PYTHONUNBUFFERED``, ``OMP_*``, ``MKL_*``, ``LD_*``, ``CUDA_*``, ...);
+  (``PYTHON*`` but ``PYTHONUNBUFFERED``, ``OMP_*``, ``MKL_*``, ``LD_*``, ``CUDA_*``, ...),
+  unless the warm interpreter's own imports set it so; where the test process's own
+  environment has moved (a module it imported set one), a new warm interpreter starts in it;
 - it uses ``shell``, ``preexec_fn``, ``pass_fds``, ``close_fds=False``, a user, group or
   umask, an interpreter option or another program;
 - inside :func:`cold` (a test marked ``cold_cli``: one that checks what a start imports), or
@@ -90,7 +92,8 @@ _MAX_MESSAGE = 1 << 20
 _Popen = subprocess.Popen  # the real one, for everything not served warm
 _cold_depth = 0  # >0: inside cold()
 _client: _Client | None = None
-_client_lock = threading.Lock()
+_retired: list[_Client] = []  # earlier warm interpreters, ended at uninstall (children may run)
+_client_lock = threading.RLock()
 
 
 # ------------------------------------------------------------------------------ the server
@@ -366,15 +369,27 @@ class _Client:
             self._process.wait()
 
 
-def _warm_client() -> _Client | None:
-    """The test process's warm interpreter, started on first use (None: unavailable)."""
+def _warm_client(env: Mapping[str, str]) -> _Client | None:
+    """A warm interpreter for a child in ``env``, started on first use (None: a real start).
+
+    Where this process's own start-up settings have moved since its warm interpreter started
+    (a module it imported set one: joblib sets ``KMP_INIT_AT_FORK``), a new one starts in its
+    environment as it is now; one call's own setting gets a real start.
+    """
     global _client
     with _client_lock:
         if _client is None:
-            if not hasattr(os, "pidfd_open") or os.environ.get("RL_TEST_COLD_CLI") == "1":
-                return None
-            _client = _Client()
-    return _client if _client.ready() else None
+            start()
+        client = _client
+        if client is None or not client.ready():
+            return None
+        if client.serves(env):
+            return client
+        if client.serves(os.environ):  # the call's own setting
+            return None
+        _retired.append(client)
+        _client = client = _Client()
+    return client if client.ready() and client.serves(env) else None
 
 
 def _start_up_settings(env: Mapping[str, str]) -> dict[str, str]:
@@ -404,9 +419,9 @@ class WarmPopen(_Popen):  # type: ignore[misc,valid-type]
             or (executable is not None and os.fspath(executable) != sys.executable)
             or not _served(args, cwd)
         )
-        client = None if cold else _warm_client()
         environment = dict(os.environ if env is None else env)
-        if client is None or not client.serves(environment):
+        client = None if cold else _warm_client(environment)
+        if client is None:
             super()._execute_child(
                 args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo,
                 creationflags, shell, p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite,
@@ -474,9 +489,10 @@ def uninstall() -> None:
     global _client
     subprocess.Popen = _Popen  # type: ignore[misc]
     with _client_lock:
-        if _client is not None:
-            _client.close()
-            _client = None
+        for client in [*_retired, *([_client] if _client is not None else [])]:
+            client.close()
+        _retired.clear()
+        _client = None
 
 
 def start() -> None:
