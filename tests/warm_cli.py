@@ -83,7 +83,7 @@ PRELOAD = (  # what those scripts import, before and after Hydra composes
 # from the warm interpreter's environment starts a real interpreter.
 START_UP_VARIABLES = (
     "PYTHON", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "NUMEXPR_", "LD_", "MALLOC_",
-    "CUDA_", "TORCH", "PYTORCH_", "NCCL_", "GLIBC_", "RL_TEST_COLD_CLI",
+    "CUDA_", "TORCH", "PYTORCH_", "NCCL_", "GLIBC_",
 )  # fmt: skip
 UNBUFFERED = "PYTHONUNBUFFERED"  # honoured in the child: its streams are made unbuffered
 START_TIMEOUT = 180.0  # seconds the warm interpreter may take to import (a loaded machine)
@@ -152,7 +152,6 @@ def serve(fd: int) -> None:
 
 def _child(request: Mapping[str, Any], fds: list[int], sock: socket.socket, selector: Any) -> None:
     """In the forked child: become ``python script args...`` and exit as CPython would."""
-    code = 1
     try:
         selector.close()
         sock.close()
