@@ -188,7 +188,7 @@ def _child(request: Mapping[str, Any], fds: list[int], sock: socket.socket, sele
         code = _exit_code(e.code)
     except KeyboardInterrupt as e:
         _print_uncaught(e, script)
-        interrupted = True
+        interrupted, code = True, 128 + signal.SIGINT  # (if the SIGINT below did not end it)
     except BaseException as e:
         _print_uncaught(e, script)
         code = 1
