@@ -264,8 +264,11 @@ def _send(sock: socket.socket, message: object, fds: list[int] | None = None) ->
 
 
 def _receive(sock: socket.socket) -> tuple[Any, list[int]] | None:
-    """One message and its descriptors (None: the other end closed)."""
-    data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 3)
+    """One message and its descriptors (None: the other end closed, or reset as it exited)."""
+    try:
+        data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 3)
+    except ConnectionResetError:
+        return None
     if not data:
         return None
     return pickle.loads(data), list(fds)
