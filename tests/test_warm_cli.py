@@ -107,6 +107,18 @@ def test_waits_time_out_and_signals_reach_the_child(script) -> None:
     proc.stdout.close()
 
 
+def test_a_poll_loop_sees_the_child_end(script) -> None:
+    """``poll()`` alone (no ``wait``) reads the exit: a loop of polls, as tests/test_bench.py
+    watches its runs, ends when the child does."""
+    path = script("import sys; sys.exit(3)")
+    proc = subprocess.Popen([sys.executable, str(path)])
+    assert isinstance(proc, warm_cli.WarmPopen) and proc._warm is not None
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.returncode == 3
+
+
 def test_start_up_settings_and_other_programs_start_real_interpreters(script) -> None:
     path = script("import os; print(os.getppid())")
     hashed = {**os.environ, "PYTHONHASHSEED": "123"}

@@ -5,8 +5,8 @@ interpreter, torch, Hydra, the engine and ``torch._dynamo`` (which every ``torch
 optimizer imports). The suite starts about a hundred of them. So each test process keeps one
 warm interpreter (:func:`serve`: those modules imported, nothing run), and while
 :func:`install` is in effect a ``subprocess.Popen`` of ``[sys.executable, train.py or
-evaluate.py, *args]`` forks that interpreter instead of starting one (``subprocess.run`` and
-``check_output`` go through ``Popen``).
+evaluate.py or bench/<script>.py, *args]`` forks that interpreter instead of starting one
+(``subprocess.run`` and ``check_output`` go through ``Popen``).
 
 The forked child is what a fresh ``python train.py`` is in everything a test looks at:
 
@@ -68,7 +68,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = {ROOT / "train.py", ROOT / "evaluate.py"}  # the command lines served warm
+# The command lines served warm: the two entry points and the benchmark scripts (each
+# imports the engine; a script's own subprocesses, a benchmark's train.py, start cold).
+SCRIPTS = {ROOT / "train.py", ROOT / "evaluate.py", *(ROOT / "bench").glob("*.py")}
 PRELOAD = (  # what those scripts import, before and after Hydra composes
     "hydra",
     "omegaconf",
@@ -335,9 +337,9 @@ class _Client:
                     f"the warm interpreter (tests/warm_cli.py) died before child {pid} ended"
                 )
             left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+            self._pump(max(left, 0.0))  # a poll (0 s) still reads what has arrived
             if left <= 0:
-                return None
-            self._pump(left)
+                return self._exits.get(pid)
         return self._exits[pid]
 
     def _pump(self, timeout: float) -> None:
